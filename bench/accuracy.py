@@ -1,0 +1,156 @@
+"""umemc's estimate vs llama.cpp's own buffer report, per component.
+
+Writes tiny random-weight GGUF models of several shapes (umemc.testing.tinygguf), loads each with
+llama-cpp-python (`Llama(..., use_mmap=False, verbose=True)`) for several contexts, ubatch sizes,
+flash attention on/off and KV types, parses llama.cpp's `model / KV / compute / output buffer size`
+lines and compares them with `umemc check`'s figures for the same stack.
+
+    python bench/accuracy.py            # builds bench/.venv-llama on first use (~5 min)
+    UMEMC_LLAMA_PYTHON=/path/to/python python bench/accuracy.py
+
+Goals (issue 2): weights and KV within 1%, compute within 25%, weights+KV+compute within 5%.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import llama_python, write_section  # noqa: E402
+from umemc.budget import make_plan  # noqa: E402
+from umemc.stack.resolve import load_stack  # noqa: E402
+from umemc.testing.tinygguf import TinySpec, write_tiny_gguf  # noqa: E402
+
+MiB = 1024 * 1024
+
+MODELS = {
+    "gqa-f16": TinySpec(n_layer=4, n_embd=512, n_ff=1536, n_head=8, n_head_kv=2, n_vocab=8000),
+    "mha-f16": TinySpec(n_layer=3, n_embd=512, n_ff=2048, n_head=8, n_head_kv=8, n_vocab=4000),
+    "gqa-q8": TinySpec(n_layer=4, n_embd=1024, n_ff=2816, n_head=16, n_head_kv=4, n_vocab=32000, ftype="Q8_0"),
+    "qwen2-q8": TinySpec(arch="qwen2", n_layer=6, n_embd=768, n_ff=2048, n_head=12, n_head_kv=2, n_vocab=16000,
+                         ftype="Q8_0"),
+    "wide-ffn-tied": TinySpec(n_layer=2, n_embd=256, n_ff=8192, n_head=4, n_head_kv=1, n_vocab=1000, tied=True),
+}
+# (context, ubatch, flash_attn, kv_cache)
+CONFIGS = [
+    (512, 128, True, "f16"), (2048, 512, True, "f16"), (4096, 512, False, "f16"),
+    (4096, 256, True, "q8_0"), (8192, 512, True, "q4_0"), (1024, 512, False, "f32"),
+]
+_KV_ID = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8}
+
+_LOADER = """
+import sys, llama_cpp
+m, ctx, ub, fa, kt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5])
+llm = llama_cpp.Llama(model_path=m, n_ctx=ctx, n_ubatch=ub, n_batch=max(ub, 512), flash_attn=fa,
+                      use_mmap=False, type_k=kt, type_v=kt, verbose=True)
+del llm
+"""
+_PATTERNS = {
+    "weights": r"CPU model buffer size =\s+([\d.]+) MiB",
+    "kv": r"KV buffer size =\s+([\d.]+) MiB",
+    "compute": r"CPU compute buffer size is\s+([\d.]+) MiB",   # 4 decimals, logged at teardown
+    "output": r"output buffer size =\s+([\d.]+) MiB",
+}
+
+
+@dataclass
+class Row:
+    model: str
+    ctx: int
+    ub: int
+    fa: bool
+    kv: str
+    est: dict[str, int]
+    real: dict[str, float]
+
+    def err(self, key: str) -> float:
+        real = self.real[key]
+        return (self.est[key] - real) / real * 100 if real else 0.0
+
+
+def measure(py: str, path: Path, ctx: int, ub: int, fa: bool, kv: str) -> dict[str, float]:
+    out = subprocess.run([py, "-c", _LOADER, str(path), str(ctx), str(ub), "1" if fa else "0", str(_KV_ID[kv])],
+                         capture_output=True, text=True, check=True).stderr
+    found = {k: re.search(p, out) for k, p in _PATTERNS.items()}
+    missing = [k for k, m in found.items() if m is None]
+    if missing:
+        raise RuntimeError(f"llama.cpp log lacks {missing}:\n{out[-2000:]}")
+    real = {k: float(m.group(1)) * MiB for k, m in found.items() if m}
+    real["compute"] += real.pop("output")  # umemc's compute_bytes includes the output buffer
+    return real
+
+
+def estimate(tmp: Path, model: Path, ctx: int, ub: int, fa: bool, kv: str) -> dict[str, int]:
+    stack = tmp / "stack.toml"
+    stack.write_text(f'''version = 1
+name = "accuracy"
+[platform]
+kind = "cpu"
+memory = "24GiB"
+[models.m]
+runtime = "llama-cpp-python"
+model = "{model}"
+context = {ctx}
+ubatch = {ub}
+flash_attn = {"true" if fa else "false"}
+kv_cache = "{kv}"
+''')
+    m = make_plan(load_stack(stack)).models["m"].estimate
+    return {"weights": m.weights.bytes, "kv": m.kv.bytes, "compute": m.compute.bytes}
+
+
+def main() -> int:
+    py = llama_python()
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        for name, spec in MODELS.items():
+            path = write_tiny_gguf(tmp / f"{name}.gguf", spec)
+            for ctx, ub, fa, kv in CONFIGS:
+                if kv not in ("f16", "f32") and not fa:
+                    continue
+                rows.append(Row(name, ctx, ub, fa, kv, estimate(tmp, path, ctx, ub, fa, kv),
+                                measure(py, path, ctx, ub, fa, kv)))
+                print(_line(rows[-1]), flush=True)
+    table = _table(rows)
+    print(table)
+    write_section("Estimate accuracy vs llama.cpp (bench/accuracy.py)", table)
+    return 0
+
+
+def _line(r: Row) -> str:
+    return (f"{r.model:14} ctx {r.ctx:5} ub {r.ub:4} fa {int(r.fa)} kv {r.kv:5} | "
+            + " | ".join(f"{k} {r.est[k] / MiB:8.2f}/{r.real[k] / MiB:8.2f} MiB {r.err(k):+6.2f}%"
+                         for k in ("weights", "kv", "compute")))
+
+
+def _table(rows: list[Row]) -> str:
+    lines = ["llama-cpp-python (llama.cpp on CPU), random-weight GGUF models written by umemc.testing.tinygguf.",
+             "Each cell: umemc estimate / llama.cpp report in MiB (relative error). compute includes the",
+             "output buffer.", "",
+             "| model | ctx | ubatch | fa | kv | weights | KV | compute | weights+KV+compute |",
+             "|---|---:|---:|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        cells = []
+        for k in ("weights", "kv", "compute"):
+            cells.append(f"{r.est[k] / MiB:.2f} / {r.real[k] / MiB:.2f} ({r.err(k):+.1f}%)")
+        tot_e = sum(r.est.values())
+        tot_r = sum(r.real.values())
+        cells.append(f"{tot_e / MiB:.2f} / {tot_r / MiB:.2f} ({(tot_e - tot_r) / tot_r * 100:+.1f}%)")
+        lines.append(f"| {r.model} | {r.ctx} | {r.ub} | {'on' if r.fa else 'off'} | {r.kv} | " + " | ".join(cells) + " |")
+    worst = {k: max(rows, key=lambda r: abs(r.err(k))) for k in ("weights", "kv", "compute")}
+    tot = max(abs(sum(r.est.values()) - sum(r.real.values())) / sum(r.real.values()) * 100 for r in rows)
+    lines += ["", "Worst relative errors: " + ", ".join(f"{k} {w.err(k):+.2f}% ({w.model}, ctx {w.ctx}, ub {w.ub})"
+                                                      for k, w in worst.items()) + f", total {tot:.2f}%.",
+              "Goals: weights and KV within 1%, compute within 25%, weights+KV+compute within 5%. "
+              "llama.cpp prints model and KV sizes with two decimals of MiB."]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

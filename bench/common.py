@@ -1,0 +1,37 @@
+"""Shared by the benchmarks: medians, the llama-cpp-python interpreter, RESULTS.md sections."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+RESULTS = BENCH / "RESULTS.md"
+LLAMA_VENV = BENCH / ".venv-llama"
+
+
+def llama_python() -> str:
+    """An interpreter with llama-cpp-python: $UMEMC_LLAMA_PYTHON, else bench/.venv-llama (created on
+    first use; pip compiles llama.cpp from source, about 5 minutes on 2 cores)."""
+    given = os.environ.get("UMEMC_LLAMA_PYTHON")
+    if given:
+        return given
+    py = LLAMA_VENV / "bin" / "python"
+    if not py.exists():
+        print(f"creating {LLAMA_VENV} and building llama-cpp-python (about 5 minutes)...", file=sys.stderr)
+        venv.create(LLAMA_VENV, with_pip=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "llama-cpp-python", "gguf", "psutil"], check=True)
+    return str(py)
+
+
+def write_section(name: str, body: str) -> None:
+    """Replace (or append) the section `## name` of bench/RESULTS.md."""
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\nWritten by the scripts in bench/.\n"
+    block = f"## {name}\n\n{body.rstrip()}\n"
+    pattern = re.compile(rf"^## {re.escape(name)}\n.*?(?=^## |\Z)", re.S | re.M)
+    text = pattern.sub(lambda _: block + "\n", text) if pattern.search(text) else text.rstrip() + "\n\n" + block
+    RESULTS.write_text(text.rstrip() + "\n")

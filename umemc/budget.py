@@ -1,0 +1,187 @@
+"""The budget stage: capacity ledgers, quotas, fit and cold-admission decisions -> one frozen Plan.
+All arithmetic of the report happens here; renderers only format (DESIGN.md, "Budget report")."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .estimate.estimator import estimate_model, estimate_stack
+from .estimate.figures import Estimate
+from .stack.resolve import LLAMA_RUNTIMES, LoadedStack, ResolvedModel
+from .units import MiB, gib, mul_ceil, mul_floor, round_up
+
+TIGHT = 0.10  # headroom below this share of the budget counts as a tight box
+
+
+@dataclass(frozen=True)
+class Capacity:
+    memory: int
+    os_reserve: int
+    gpu_window: int | None
+    usable: int
+    budget: int
+    gpu_budget: int | None
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    name: str
+    model: ResolvedModel
+    estimate: Estimate
+    quota_soft: int
+    quota_hard: int
+    gpu_quota_hard: int
+
+    @property
+    def hot(self) -> bool:
+        return self.model.spec.mode == "hot"
+
+    @property
+    def priority(self) -> int:
+        return self.model.spec.priority
+
+
+@dataclass(frozen=True)
+class ColdAdmission:
+    fits_alongside_hot: bool
+    admissible: bool
+    evicts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    loaded: LoadedStack
+    capacity: Capacity
+    models: dict[str, ModelPlan]
+    hot_total: int
+    hot_gpu_total: int
+    cold_admission: dict[str, ColdAdmission]
+    warnings: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.loaded.name
+
+    @property
+    def headroom(self) -> int:
+        return self.capacity.budget - self.hot_total
+
+    @property
+    def gpu_headroom(self) -> int | None:
+        return None if self.capacity.gpu_budget is None else self.capacity.gpu_budget - self.hot_gpu_total
+
+    @property
+    def fits_ram(self) -> bool:
+        return self.hot_total <= self.capacity.budget
+
+    @property
+    def fits_gpu(self) -> bool:
+        return self.gpu_headroom is None or self.gpu_headroom >= 0
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_ram and self.fits_gpu
+
+
+def capacity_of(loaded: LoadedStack) -> Capacity:
+    p, margin = loaded.platform, loaded.stack.policy.safety_margin
+    usable = p.memory - p.os_reserve
+    if p.unified and p.gpu_window is not None:
+        usable = min(usable, p.gpu_window)  # the GPU window bounds the models on unified memory
+    gpu_budget = None if p.gpu_window is None else mul_floor(p.gpu_window, 1 - margin)
+    return Capacity(p.memory, p.os_reserve, p.gpu_window, usable, mul_floor(usable, 1 - margin), gpu_budget)
+
+
+def hard_quota(n: int, headroom: float) -> int:
+    """estimate x (1 + quota_headroom), rounded up to a whole MiB (page-aligned for cgroup limits)."""
+    return round_up(mul_ceil(n, 1 + headroom), MiB)
+
+
+def model_plan(loaded: LoadedStack, model: ResolvedModel, est: Estimate) -> ModelPlan:
+    h = loaded.stack.policy.quota_headroom
+    return ModelPlan(model.name, model, est, est.estimate_bytes, hard_quota(est.estimate_bytes, h),
+                     hard_quota(est.gpu.bytes, h) if est.gpu.bytes else 0)
+
+
+def make_plan(loaded: LoadedStack) -> Plan:
+    estimates = estimate_stack(loaded)
+    models = {n: model_plan(loaded, loaded.models[n], e) for n, e in estimates.items()}
+    cap = capacity_of(loaded)
+    hot = [m for m in models.values() if m.hot]
+    hot_total = sum(m.quota_hard for m in hot)
+    hot_gpu = sum(m.gpu_quota_hard for m in hot) if cap.gpu_budget is not None else 0
+    plan = Plan(loaded, cap, models, hot_total, hot_gpu, {}, ())
+    admission = {m.name: admit(plan, m) for m in models.values() if not m.hot}
+    plan = replace(plan, cold_admission=admission)
+    return replace(plan, warnings=tuple(_warnings(plan, estimates)))
+
+
+def admit(plan: Plan, cold: ModelPlan) -> ColdAdmission:
+    """Can a cold model start? Alongside the hot set, or by evicting lower-priority hot models
+    (lowest priority first, then file order; only as many as needed; never an equal or higher one)."""
+    need = cold.quota_hard - plan.headroom
+    gpu_headroom = plan.gpu_headroom
+    need_gpu = 0 if gpu_headroom is None else cold.gpu_quota_hard - gpu_headroom
+    if need <= 0 and need_gpu <= 0:
+        return ColdAdmission(True, True, ())
+    order = list(plan.models)
+    victims = sorted((m for m in plan.models.values() if m.hot and m.priority < cold.priority),
+                     key=lambda m: (m.priority, order.index(m.name)))
+    evicted: list[str] = []
+    for v in victims:
+        if need <= 0 and need_gpu <= 0:
+            break
+        evicted.append(v.name)
+        need -= v.quota_hard
+        need_gpu -= v.gpu_quota_hard
+    if need <= 0 and need_gpu <= 0:
+        return ColdAdmission(False, True, tuple(evicted))
+    return ColdAdmission(False, False, ())
+
+
+def _warnings(plan: Plan, estimates: dict[str, Estimate]) -> list[str]:
+    loaded = plan.loaded
+    out = list(loaded.warnings)
+    for est in estimates.values():
+        out += est.warnings
+    tight = plan.headroom < TIGHT * plan.capacity.budget
+    for m in plan.models.values():
+        spec = m.model.spec
+        if tight and m.hot and spec.runtime in LLAMA_RUNTIMES and m.model.mmap and not spec.mlock:
+            out.append(loaded.source.warning(("models", m.name, "mmap"), "weights memory-mapped without mlock on a "
+                                             f"tight box (headroom {gib(plan.headroom)} GiB): the OS may page them "
+                                             "out; set mlock = true or mmap = false"))
+    for name, adm in plan.cold_admission.items():
+        if not adm.admissible:
+            out.append(f"models.{name}: cold model can never start: even evicting every lower-priority hot "
+                       "model leaves too little memory")
+    if not plan.fits:
+        out += suggestions(plan)
+    return out
+
+
+def suggestions(plan: Plan) -> list[str]:
+    """What would make an over-budget stack fit: exact savings from re-estimating with a change."""
+    loaded = plan.loaded
+    over = -min(plan.headroom, plan.gpu_headroom if plan.gpu_headroom is not None else plan.headroom)
+    lines = [f"does not fit: over budget by {gib(over)} GiB"]
+    options: list[tuple[int, str]] = []
+    for m in plan.models.values():
+        spec = m.model.spec
+        if not m.hot or spec.memory is not None or spec.runtime not in LLAMA_RUNTIMES or m.estimate.kv.bytes == 0:
+            continue
+        changes: list[tuple[str, dict[str, object]]] = []
+        if spec.kv_cache in ("f16", "f32", "bf16"):
+            changes.append((f'kv_cache = "q8_0"{"" if spec.flash_attn else " with flash_attn = true"}',
+                            {"kv_cache": "q8_0", "flash_attn": True}))
+        if spec.context > 2048:
+            changes.append((f"context = {spec.context // 2}", {"context": spec.context // 2}))
+        for text, update in changes:
+            alt = replace(m.model, spec=spec.model_copy(update=update))
+            saved = m.quota_hard - model_plan(loaded, alt, estimate_model(loaded, alt)).quota_hard
+            if saved > 0:
+                options.append((saved, f"models.{m.name}: {text} saves {gib(saved)} GiB"))
+    for m in sorted((m for m in plan.models.values() if m.hot), key=lambda m: m.priority)[:1]:
+        options.append((m.quota_hard, f'models.{m.name}: mode = "cold" (priority {m.priority}) frees '
+                        f"{gib(m.quota_hard)} GiB"))
+    options.sort(key=lambda o: -o[0])
+    return lines + [text for _, text in options[:6]]

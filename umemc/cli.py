@@ -1,0 +1,70 @@
+"""The command line. This wrapper is the only code that catches broad exceptions: it maps them
+to the exit-code contract (DESIGN.md): 0 ok, 1 does not fit / known runtime failure, 2 invalid
+input, 3 internal error (traceback to a log file), 130 interrupted."""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import traceback
+from collections.abc import Sequence
+
+from .commands import check, explain, schema
+from .errors import UmemcError
+
+COMMANDS = (check, explain, schema)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        raise SystemExit(_usage_exit(f"{self.prog}: error: {message}"))
+
+
+def _usage_exit(message: str) -> int:
+    print(message, file=sys.stderr)
+    return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="umemc", description="Memory budgets for several AI models on one unified-memory machine.")
+    parser.add_argument("--version", action="version", version=f"umemc {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    for module in COMMANDS:
+        module.register(sub)
+    return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("umemc")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "0+unknown"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args))
+    except UmemcError as exc:
+        print(exc, file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("umemc: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 0
+    except BrokenPipeError:
+        return 0
+    except Exception:  # the contract: an unexpected error is exit 3 with the traceback in a file
+        return _crash()
+
+
+def _crash() -> int:
+    with tempfile.NamedTemporaryFile("w", prefix="umemc-crash-", suffix=".log", delete=False) as f:
+        traceback.print_exc(file=f)
+        path = f.name
+    print(f"umemc: internal error (a bug in umemc); traceback written to {path}", file=sys.stderr)
+    return 3

@@ -1,0 +1,45 @@
+"""Errors a person can act on. The CLI wrapper (umemc.cli) maps them to exit codes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class UmemcError(Exception):
+    """A known failure with a message for the user. Exit code 2 unless a subclass says otherwise."""
+
+    exit_code = 2
+
+
+class UsageError(UmemcError):
+    """Bad command-line arguments (exit 2)."""
+
+
+class RuntimeFailure(UmemcError):
+    """A known runtime failure: preflight refused, a worker never healthy (exit 1)."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Location:
+    file: str
+    line: int
+    col: int
+
+
+class StackError(UmemcError):
+    """An invalid stack: one message, `FILE:LINE:COL: key.path: what is wrong` + an optional hint."""
+
+    def __init__(self, where: Location | None, path: str, message: str, hint: str | None = None):
+        self.where = where
+        self.path = path
+        self.message = message
+        self.hint = hint
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        prefix = f"{self.where.file}:{self.where.line}:{self.where.col}: " if self.where else ""
+        text = f"{prefix}{self.path}: {self.message}" if self.path else f"{prefix}{self.message}"
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text

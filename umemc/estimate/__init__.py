@@ -1,0 +1,1 @@
+"""The estimate stage: per-model memory figures (see estimator.estimate_stack)."""

@@ -1,0 +1,22 @@
+"""Per-model memory estimates: every figure with the formula and inputs behind it."""
+from __future__ import annotations
+
+from ..stack.resolve import LLAMA_RUNTIMES, LoadedStack, ResolvedModel
+from .figures import Estimate
+from .llama import estimate_llama
+from .other import estimate_command, estimate_torch, estimate_whisper_cpp
+
+def estimate_model(loaded: LoadedStack, model: ResolvedModel) -> Estimate:
+    if model.spec.runtime in LLAMA_RUNTIMES:
+        est = estimate_llama(loaded, model)
+    elif model.spec.runtime == "whisper-server":
+        est = estimate_whisper_cpp(loaded, model)
+    elif model.spec.runtime in ("torch", "comfyui") and model.spec.arch is not None:
+        est = estimate_torch(loaded, model)
+    else:
+        est = estimate_command(loaded, model)
+    return est
+
+
+def estimate_stack(loaded: LoadedStack) -> dict[str, Estimate]:
+    return {name: estimate_model(loaded, m) for name, m in loaded.models.items()}

@@ -1,0 +1,134 @@
+"""Facts from a GGUF header. `gguf` (and numpy) are imported here only, and only when a stack
+names a GGUF file that exists: `umemc check` on presets never pays for them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .archs import LlmShape, VisionShape
+from .quant import FILE_TYPE_IDS
+
+GGUF_MAGIC = b"GGUF"
+# llama.cpp hard-codes the sliding-window layout for some architectures (src/llama-model.cpp,
+# hparams.set_swa_pattern): every n-th layer is global, the others use the window.
+_SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "cohere2": 4, "gemma3n": 5}
+
+
+class NotGguf(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class GgufFacts:
+    path: str
+    tensor_bytes: int
+    n_tensors: int
+    type_counts: dict[str, int]
+    file_type: str | None
+    shape: LlmShape | None          # None for files that are not language models (mmproj)
+    general_arch: str
+    vision: VisionShape | None = None  # a multimodal projector's encoder (clip.vision.* keys)
+
+
+def is_gguf(path: Path) -> bool:
+    with path.open("rb") as f:
+        return f.read(4) == GGUF_MAGIC
+
+
+def read(path: Path) -> GgufFacts:
+    """Read tensor sizes and hyper-parameters; the reader memory-maps, no weight is read."""
+    import gguf  # heavy (numpy): only on this path
+
+    try:
+        reader = gguf.GGUFReader(str(path), "r")
+    except Exception as exc:  # a truncated or corrupt header: the caller reports it with a location
+        raise NotGguf(f"cannot read the GGUF header: {exc}") from None
+    fields = {name: _value(field) for name, field in reader.fields.items() if not name.startswith("tokenizer.ggml.")}
+    counts: dict[str, int] = {}
+    for t in reader.tensors:
+        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+    arch = str(fields.get("general.architecture", ""))
+    ftype = fields.get("general.file_type")
+    vocab = _vocab_size(reader, fields, arch)
+    return GgufFacts(
+        path=str(path),
+        tensor_bytes=sum(int(t.n_bytes) for t in reader.tensors),
+        n_tensors=len(reader.tensors),
+        type_counts=dict(sorted(counts.items())),
+        file_type=FILE_TYPE_IDS.get(int(ftype)) if ftype is not None else None,
+        shape=_shape(fields, arch, vocab) if f"{arch}.block_count" in fields else None,
+        general_arch=arch,
+        vision=_vision(fields),
+    )
+
+
+def _vision(f: dict[str, Any]) -> VisionShape | None:
+    if "clip.vision.block_count" not in f:
+        return None
+    embd = int(f.get("clip.vision.embedding_length", 0))
+    return VisionShape(
+        n_layer=int(f["clip.vision.block_count"]), n_embd=embd,
+        n_ff=int(f.get("clip.vision.feed_forward_length", 4 * embd)),
+        n_head=int(f.get("clip.vision.attention.head_count", 1)),
+        patch=int(f.get("clip.vision.patch_size", 14)),
+        merge=int(f.get("clip.vision.spatial_merge_size", 1)),
+        out_embd=int(f.get("clip.vision.projection_dim", embd)),
+    )
+
+
+def _value(field: Any) -> Any:
+    import gguf
+
+    if not field.types:
+        return None
+    if field.types[0] == gguf.GGUFValueType.ARRAY:
+        if len(field.types) > 1 and field.types[1] == gguf.GGUFValueType.STRING:
+            return None  # string arrays (tokenizer data) are not needed here
+        return [int(field.parts[i][0]) for i in field.data]
+    if field.types[0] == gguf.GGUFValueType.STRING:
+        return bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
+    return field.parts[field.data[0]][0].item()
+
+
+def _vocab_size(reader: Any, fields: dict[str, Any], arch: str) -> int:
+    if f"{arch}.vocab_size" in fields:
+        return int(fields[f"{arch}.vocab_size"])
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is not None:
+        return len(tokens.data)
+    for t in reader.tensors:  # no tokenizer: the embedding table says it
+        if t.name == "token_embd.weight":
+            return int(t.shape[1])
+    return 0
+
+
+def _shape(f: dict[str, Any], arch: str, vocab: int) -> LlmShape:
+    def key(name: str, default: Any = None) -> Any:
+        return f.get(f"{arch}.{name}", default)
+
+    n_layer, n_embd, n_head = int(key("block_count")), int(key("embedding_length")), int(key("attention.head_count"))
+    kv = key("attention.head_count_kv", n_head)
+    n_head_kv = tuple(int(x) for x in kv) if isinstance(kv, list) else (int(kv),) * n_layer
+    hd_k = int(key("attention.key_length", n_embd // n_head))
+    hd_v = int(key("attention.value_length", n_embd // n_head))
+    swa = int(key("attention.sliding_window", 0) or 0)
+    swa_layers: tuple[bool, ...] = ()
+    if swa:
+        pattern = key("attention.sliding_window_pattern")
+        if isinstance(pattern, list):
+            swa_layers = tuple(bool(x) for x in pattern)
+        else:
+            n = int(pattern) if pattern else _SWA_PATTERN.get(arch, 0)
+            swa_layers = tuple(n > 0 and i % n < n - 1 for i in range(n_layer)) if n else (True,) * n_layer
+    causal = bool(key("attention.causal", arch not in ("bert", "nomic-bert", "jina-bert-v2")))
+    return LlmShape(
+        arch=arch, n_layer=n_layer, n_embd=n_embd, n_ff=_max(key("feed_forward_length", 4 * n_embd)),
+        n_head=n_head, n_head_kv=n_head_kv, head_dim_k=hd_k, head_dim_v=hd_v, n_vocab=vocab,
+        n_ctx_train=int(key("context_length", 0)), sliding_window=swa, swa_layers=swa_layers, causal=causal,
+    )
+
+
+def _max(value: Any) -> int:
+    """Per-layer arrays (some architectures vary FFN width by layer): the widest sizes the buffer."""
+    return max(int(x) for x in value) if isinstance(value, list) else int(value)

@@ -1,0 +1,187 @@
+"""GGML tensor types, llama.cpp file types (quantization mixes) and KV-cache types.
+
+Kept free of numpy/gguf so `umemc check` on arch presets never imports them; a test checks the
+block table against `gguf.GGML_QUANT_SIZES` (REFERENCE.md, "GGUF weights").
+"""
+from __future__ import annotations
+
+# type name -> (elements per block, bytes per block); ggml/src/ggml.c type_traits.
+BLOCK: dict[str, tuple[int, int]] = {
+    "F32": (1, 4), "F16": (1, 2), "BF16": (1, 2),
+    "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
+    "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176),
+    "Q6_K": (256, 210), "IQ4_NL": (32, 18), "IQ4_XS": (256, 136), "MXFP4": (32, 17),
+}
+
+
+def row_bytes(type_name: str, n: int) -> int:
+    """ggml_row_size: bytes of `n` consecutive elements of a type (n must fill whole blocks)."""
+    block, size = BLOCK[type_name]
+    return (n // block) * size
+
+
+def tensor_bytes(type_name: str, shape: tuple[int, ...]) -> int:
+    rows = 1
+    for dim in shape[1:]:
+        rows *= dim
+    return row_bytes(type_name, shape[0]) * rows
+
+
+# llama.cpp file types (`llama-quantize` names) -> the base tensor type of the mix
+# (src/llama-quant.cpp, llama_model_quantize_impl: default_type per ftype).
+FILE_TYPES: dict[str, str] = {
+    "F32": "F32", "F16": "F16", "BF16": "BF16",
+    "Q8_0": "Q8_0", "Q6_K": "Q6_K",
+    "Q5_K_M": "Q5_K", "Q5_K_S": "Q5_K", "Q5_0": "Q5_0", "Q5_1": "Q5_1",
+    "Q4_K_M": "Q4_K", "Q4_K_S": "Q4_K", "Q4_0": "Q4_0", "Q4_1": "Q4_1",
+    "IQ4_XS": "IQ4_XS", "IQ4_NL": "IQ4_NL",
+    "Q3_K_L": "Q3_K", "Q3_K_M": "Q3_K", "Q3_K_S": "Q3_K", "Q2_K": "Q2_K",
+}
+
+# gguf `general.file_type` numbers (gguf-py LlamaFileType) for the names above.
+FILE_TYPE_IDS: dict[int, str] = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+    17: "Q5_K_M", 18: "Q6_K", 25: "IQ4_NL", 30: "IQ4_XS", 32: "BF16",
+}
+
+# Bits of precision, to compare a file type with what a model family wants (FIELD-NOTES.md §8).
+FILE_TYPE_BITS: dict[str, float] = {
+    "F32": 32, "F16": 16, "BF16": 16, "Q8_0": 8.5, "Q6_K": 6.56, "Q5_K_M": 5.7, "Q5_K_S": 5.57,
+    "Q5_1": 6.0, "Q5_0": 5.5, "Q4_K_M": 4.89, "Q4_K_S": 4.67, "Q4_1": 5.0, "Q4_0": 4.5,
+    "IQ4_XS": 4.46, "IQ4_NL": 4.5, "Q3_K_L": 4.3, "Q3_K_M": 3.91, "Q3_K_S": 3.64, "Q2_K": 3.16,
+}
+
+# KV cache types (llama-server -ctk/-ctv) -> ggml type. REFERENCE.md "KV cache".
+KV_TYPES: dict[str, str] = {
+    "f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q5_1": "Q5_1",
+    "q5_0": "Q5_0", "q4_1": "Q4_1", "q4_0": "Q4_0", "iq4_nl": "IQ4_NL",
+}
+
+# torch dtypes -> bytes per parameter.
+TORCH_DTYPES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
+
+# whisper.cpp model types (ggml .bin files) -> ggml type.
+WHISPER_TYPES: dict[str, str] = {
+    "f32": "F32", "f16": "F16", "q8_0": "Q8_0", "q5_1": "Q5_1", "q5_0": "Q5_0", "q4_1": "Q4_1", "q4_0": "Q4_0",
+}
+
+_FALLBACK = {  # tensor_type_fallback: 256-element types on rows that are not a multiple of 256
+    "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "Q4_0", "Q3_K": "Q4_0", "IQ4_XS": "IQ4_NL",
+}
+
+
+def _more_bits(i: int, n: int) -> bool:
+    # llama-quant.cpp use_more_bits: the first and last eighth, and every third layer between.
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def category(name: str) -> str:
+    """llama-quant.cpp tensor_get_category, reduced to the categories the mixes below use."""
+    if name == "output.weight":
+        return "output"
+    if name == "token_embd.weight":
+        return "token_embd"
+    for part, cat in (("attn_qkv.weight", "attn_v"), ("attn_v.weight", "attn_v"),
+                      ("attn_output.weight", "attn_output"), ("ffn_down", "ffn_down")):
+        if part in name:
+            return cat
+    return "other"
+
+
+def quantizable(name: str, ndim: int) -> bool:
+    """tensor_allows_quantization: 2-D+ weights, not norms, not BERT position/token-type tables."""
+    return (ndim >= 2 and name.endswith("weight") and "_norm.weight" not in name
+            and "ffn_gate_inp.weight" not in name and name not in ("position_embd.weight", "token_types.weight"))
+
+
+class MixState:
+    """The per-file counters llama-quant.cpp keeps (i_attention_wv, i_ffn_down) while choosing types."""
+
+    def __init__(self, ftype: str, n_attn_v: int, n_ffn_down: int, n_gqa: int, is_70b: bool, tied: bool):
+        self.ftype, self.base = ftype, FILE_TYPES[ftype]
+        self.n_attn_v, self.n_ffn_down = n_attn_v, n_ffn_down
+        self.i_attn_v = self.i_ffn_down = 0
+        self.n_gqa, self.is_70b, self.tied = n_gqa, is_70b, tied
+
+    def choose(self, name: str, shape: tuple[int, ...], source_type: str) -> str:
+        """The type llama-quantize writes for one tensor (llama_tensor_get_type + fallback)."""
+        if not quantizable(name, len(shape)):
+            return source_type
+        base = self.base
+        if base in ("F32", "F16", "BF16"):
+            return base
+        new = self._mix(category(name), shape, base)
+        return _fallback(new, shape[0])
+
+    def _mix(self, cat: str, shape: tuple[int, ...], base: str) -> str:
+        ft = self.ftype
+        if cat == "output" or (self.tied and cat == "token_embd"):
+            if shape[0] % BLOCK[base][0] != 0:
+                return "Q8_0"
+            return base if base == "Q8_0" else "Q6_K"
+        if cat == "attn_v":
+            return self._attn_v(ft, base)
+        if cat == "ffn_down":
+            i, n = self.i_ffn_down, self.n_ffn_down
+            self.i_ffn_down += 1
+            if ft == "Q2_K":
+                return "Q3_K"
+            if ft == "Q3_K_M":
+                return "Q5_K" if i < n // 16 else "Q4_K"
+            if ft == "Q3_K_L":
+                return "Q5_K"
+            if ft in ("Q4_K_M", "Q5_K_M") and _more_bits(i, n):
+                return "Q6_K"
+            if ft in ("IQ4_NL", "IQ4_XS") and i < n // 8:
+                return "Q5_K"
+            if ft == "Q4_K_S" and i < n // 8:
+                return "Q5_K"
+            return base
+        if cat == "attn_output":
+            return {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K"}.get(ft, base)
+        return base
+
+    def _attn_v(self, ft: str, base: str) -> str:
+        i = self.i_attn_v
+        self.i_attn_v += 1
+        new = base
+        if ft == "Q2_K":
+            new = "Q4_K" if self.n_gqa >= 4 else "Q3_K"
+        elif ft == "Q3_K_M":
+            new = "Q5_K" if i < 2 else "Q4_K"
+        elif ft == "Q3_K_L":
+            new = "Q5_K"
+        elif ft in ("IQ4_NL", "IQ4_XS") and self.n_gqa >= 4:
+            new = "Q5_K"
+        elif ft in ("Q4_K_M", "Q5_K_M") and _more_bits(i, self.n_attn_v):
+            new = "Q6_K"
+        elif ft == "Q4_K_S" and i < 4:
+            new = "Q5_K"
+        if self.is_70b and new in ("Q3_K", "Q4_K"):
+            new = "Q5_K"  # 70B-class: attn_v is 8x smaller than attn_q, so more bits cost little
+        return new
+
+
+def _fallback(type_name: str, ncols: int) -> str:
+    if ncols % BLOCK[type_name][0] == 0:
+        return type_name
+    fallback = _FALLBACK.get(type_name, "F16")
+    return fallback if ncols % BLOCK[fallback][0] == 0 else "F16"
+
+
+def mix_types(ftype: str, tensors: list[tuple[str, tuple[int, ...]]], n_gqa: int, is_70b: bool,
+              source_type: str = "F16") -> list[str]:
+    """Types of every tensor in a file of `ftype` (tensors in GGUF order, shapes as ggml ne)."""
+    names = [name for name, _ in tensors]
+    state = MixState(
+        ftype,
+        n_attn_v=sum(category(n) == "attn_v" for n in names),
+        n_ffn_down=sum(category(n) == "ffn_down" for n in names),
+        n_gqa=n_gqa, is_70b=is_70b, tied="output.weight" not in names,
+    )
+    out = []
+    for name, shape in tensors:
+        src = "F32" if len(shape) < 2 or name.endswith("_norm.weight") else source_type
+        out.append(state.choose(name, shape, src))
+    return out

@@ -1,0 +1,209 @@
+"""TOML text -> validated, resolved stack. Every failure is one StackError with file:line:col."""
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ..errors import Location, StackError
+from .models import Stack
+from .positions import Path as KeyPath
+from .positions import PositionIndex, scan
+from .types import toml_repr
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+@dataclass
+class Source:
+    """The stack file as read: its text's position index, for locating any key path."""
+
+    file: str
+    index: PositionIndex
+
+    def at(self, path: KeyPath, what: str = "value") -> Location:
+        pos = {"value": self.index.of_value, "key": self.index.of_key, "table": self.index.of_table}[what](path)
+        return Location(self.file, pos.line, pos.col)
+
+    def error(self, path: KeyPath, message: str, hint: str | None = None, what: str = "value") -> StackError:
+        return StackError(self.at(path, what), dotted(path), message, hint)
+
+    def warning(self, path: KeyPath, message: str, what: str = "value") -> str:
+        where = self.at(path, what)
+        return f"{where.file}:{where.line}:{where.col}: {dotted(path)}: {message}"
+
+
+@dataclass
+class Document:
+    path: Path
+    source: Source
+    data: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)
+
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def dotted(path: KeyPath) -> str:
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            seg = part if _BARE_KEY.match(part) else toml_repr(part)
+            out += f".{seg}" if out else seg
+    return out
+
+
+def read_document(path: Path, shown: str | None = None) -> Document:
+    """Read and parse; TOML syntax errors keep tomllib's own line and column."""
+    shown = shown or str(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise StackError(None, "", f"{shown}: no such file") from None
+    except OSError as exc:
+        raise StackError(None, "", f"{shown}: cannot read: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise StackError(Location(shown, line, col), "", "not valid UTF-8 (TOML files are UTF-8)") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise _syntax_error(shown, text, exc) from None
+    return Document(path, Source(shown, scan(text)), data)
+
+
+_TOML_POS = re.compile(r"^(?P<msg>.*) \(at line (?P<line>\d+), column (?P<col>\d+)\)$", re.S)
+
+
+def _syntax_error(shown: str, text: str, exc: Exception) -> StackError:
+    message = str(exc)
+    match = _TOML_POS.match(message)
+    if match:
+        where = Location(shown, int(match["line"]), int(match["col"]))
+        message = match["msg"]
+    else:  # "(at end of document)"
+        lines = text.split("\n")
+        where = Location(shown, len(lines), len(lines[-1]) + 1)
+        message = message.replace(" (at end of document)", "")
+    return StackError(where, "", f"TOML syntax error: {message[:1].lower()}{message[1:]}")
+
+
+def validate(doc: Document) -> Stack:
+    try:
+        return Stack.model_validate(doc.data)
+    except ValidationError as exc:
+        raise convert_validation_error(exc, doc.source, Stack) from None
+
+
+# -- pydantic error -> one StackError ----------------------------------------------------------
+
+_TYPE_NAMES = {
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+    "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
+    "bool_parsing": "true or false", "string_type": "a string", "list_type": "an array",
+    "dict_type": "a table", "model_type": "a table", "model_attributes_type": "a table",
+}
+_COMPARE = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+_RANK = {"extra_forbidden": 0, "missing": 2}  # unknown keys first: `[plaform]` beats "platform missing"
+
+
+def convert_validation_error(exc: ValidationError, source: Source, root: type[BaseModel]) -> StackError:
+    errors = exc.errors(include_url=False)
+
+    def order(err: dict[str, Any]) -> tuple[int, int, int]:
+        what = "key" if err["type"] == "extra_forbidden" else "table" if err["type"] == "missing" else "value"
+        where = source.at(_loc(err, what), what)
+        return (_RANK.get(err["type"], 1), where.line, where.col)
+
+    return _one_error(min(errors, key=order), source, root)
+
+
+def _loc(err: dict[str, Any], what: str) -> KeyPath:
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    return loc[:-1] if what == "table" else loc
+
+
+def _one_error(err: dict[str, Any], source: Source, root: type[BaseModel]) -> StackError:
+    kind, loc, ctx = err["type"], tuple(err["loc"]), err.get("ctx") or {}
+    got = toml_repr(err.get("input"))
+    if kind == "extra_forbidden":
+        allowed = _fields_at(root, loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.6)
+        hint = f"did you mean '{close[0]}'?" if close else (f"valid keys: {', '.join(allowed)}" if allowed else None)
+        return source.error(loc, "unknown key", hint, what="key")
+    if kind == "missing":
+        return StackError(source.at(loc[:-1], "table"), dotted(loc), "required key is missing", _missing_hint(root, loc))
+    if kind == "literal_error":
+        return _literal_error(err, source, loc)
+    if kind in _TYPE_NAMES:
+        return source.error(loc, f"must be {_TYPE_NAMES[kind]} (got {got})")
+    if kind in _COMPARE:
+        bound = next(iter(ctx.values()))
+        return source.error(loc, f"must be {_COMPARE[kind]} {bound} (got {got})")
+    if kind == "string_pattern_mismatch":
+        return source.error(loc, f"must match {ctx['pattern']} (got {got})",
+                            "lowercase letters, digits, '-' and '_', starting with a letter; it becomes a "
+                            "directory and supervisord program name")
+    if kind in ("too_short", "string_too_short"):
+        return source.error(loc, "must not be empty")
+    return source.error(loc, str(err["msg"]), ctx.get("hint"))
+
+
+def _literal_error(err: dict[str, Any], source: Source, loc: KeyPath) -> StackError:
+    expected = re.findall(r"'([^']*)'|(\d+)", err["ctx"]["expected"])
+    options = [a or b for a, b in expected]
+    value = err.get("input")
+    if loc == ("version",):
+        return source.error(loc, f"unsupported version {toml_repr(value)}", "this umemc reads version = 1")
+    close = difflib.get_close_matches(str(value), options, n=1, cutoff=0.5) if isinstance(value, str) else []
+    hint = f"did you mean '{close[0]}'?" if close else None
+    return source.error(loc, f"must be one of {', '.join(options)} (got {toml_repr(value)})", hint)
+
+
+def _fields_at(root: type[BaseModel], loc: KeyPath) -> list[str]:
+    model: Any = root
+    for part in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return []
+        info = model.model_fields.get(str(part))
+        if info is None:  # a dict key (model name): step into the dict's value type
+            continue
+        model = _inner_model(info.annotation)
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return list(model.model_fields)
+    return []
+
+
+def _inner_model(annotation: Any) -> Any:
+    for arg in (*getattr(annotation, "__args__", ()), annotation):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+        inner = getattr(arg, "__args__", ())
+        for sub in inner:
+            if isinstance(sub, type) and issubclass(sub, BaseModel):
+                return sub
+    return None
+
+
+def _missing_hint(root: type[BaseModel], loc: KeyPath) -> str | None:
+    hints = {
+        "version": "add `version = 1` at the top of the file",
+        "name": 'add `name = "my-stack"` at the top of the file',
+        "platform": 'add a [platform] table with `preset = "strix-halo-128"` or `kind` and `memory`',
+        "models": "add at least one [models.<name>] table",
+        "runtime": "one of llama-server, llama-cpp-python, whisper-server, comfyui, torch, command",
+    }
+    return hints.get(str(loc[-1]))

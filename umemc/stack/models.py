@@ -1,0 +1,108 @@
+"""The stack language: pydantic models with unknown keys forbidden. The JSON Schema in `schema/`
+is generated from these (`umemc schema`), so every field carries its description and default."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..estimate.archs import ARCHS
+from ..estimate.quant import KV_TYPES
+from .presets import KINDS, PLATFORM_PRESETS
+from .types import Duration, Size
+
+NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,62}$"
+RUNTIMES = ("llama-server", "llama-cpp-python", "whisper-server", "comfyui", "torch", "command")
+
+Runtime = Literal[RUNTIMES]  # type: ignore[valid-type]
+Arch = Literal[ARCHS]  # type: ignore[valid-type]
+KvCache = Literal[tuple(KV_TYPES)]  # type: ignore[valid-type]
+Kind = Literal[KINDS]  # type: ignore[valid-type]
+PresetName = Literal[tuple(PLATFORM_PRESETS)]  # type: ignore[valid-type]
+
+
+class _Strict(BaseModel):
+    # strict: TOML is typed, so "8192" for an integer is a mistake to report, not to coerce.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Platform(_Strict):
+    preset: PresetName | None = Field(None, description="A built-in machine: fills kind, memory, os_reserve "
+                                      "and gpu_window; any of them may still be given to override it.")
+    kind: Kind | None = Field(None, description="amd-apu | apple | nvidia-unified | nvidia-discrete | cpu.")
+    memory: Size | None = Field(None, description="Physical RAM.")
+    os_reserve: Size | None = Field(None, description="Memory kept for the OS and everything outside the stack. "
+                                    "Default: the preset's, else min(8 GiB, memory/8).")
+    gpu_window: Size | None = Field(None, description="What the GPU may map: GTT limit (AMD), wired limit "
+                                    "(Apple), VRAM (discrete). Not used for kind = cpu. Default on "
+                                    "nvidia-unified without a preset: memory - os_reserve.")
+
+
+class Policy(_Strict):
+    safety_margin: float = Field(0.15, ge=0, lt=1, description="Share of usable capacity never budgeted.")
+    quota_headroom: float = Field(0.10, ge=0, le=10, description="Hard quota = estimate x (1 + quota_headroom).")
+    sample_interval: Duration = Field(0.1, ge=0.01, description='Enforcer sampling period (default "100ms").')
+    load_below: float = Field(0.70, gt=0, lt=1, description="Cold starts admitted only while pressure is below this.")
+    evict_above: float = Field(0.90, gt=0, le=1, description="Above this pressure, evict by priority then "
+                               "least-recently-used.")
+
+
+class Gateway(_Strict):
+    port: int = Field(10000, ge=1, le=65535, description="Port of the OpenAI-compatible gateway.")
+    host: str = Field("127.0.0.1", description="Address to bind; anything but loopback requires token_env.")
+    token_env: str | None = Field(None, description="Name of the environment variable holding the bearer token.")
+
+
+class ModelSpec(_Strict):
+    runtime: Runtime = Field(description="llama-server | llama-cpp-python | whisper-server | comfyui | torch | command.")
+    model: str | None = Field(None, description="Weights file, relative to the stack file. For llama.cpp "
+                              "runtimes a GGUF whose header gives exact sizes when present.")
+    arch: Arch | None = Field(None, description="Built-in architecture preset, used when the model file is absent.")
+    quant: str | None = Field(None, description="GGUF file type (Q4_K_M, Q8_0, F16, ...), whisper.cpp type "
+                              "(f16, q8_0, ...) or torch dtype (fp16, bf16, fp32, int8). Default: the file's "
+                              "own type, else the preset's default.")
+    context: int = Field(4096, gt=0, le=16_777_216, description="Tokens per sequence.")
+    parallel: int = Field(1, gt=0, le=1024, description="Concurrent sequences (llama-server -np); KV is sized "
+                          "for all of them.")
+    kv_cache: KvCache = Field("f16", description="KV cache type (-ctk/-ctv).")
+    flash_attn: bool = Field(True, description="Flash attention (-fa on|off).")
+    ubatch: int = Field(512, gt=0, le=65536, description="Physical batch (llama-server -ub).")
+    mlock: bool = Field(False, description="Lock the weights in RAM (--mlock); locked memory is fully budgeted.")
+    mmap: bool | None = Field(None, description="Memory-map the weights. Default: false on unified-memory "
+                              "platforms (--no-mmap), true on cpu.")
+    priority: int = Field(50, ge=0, le=100, description="0-100; higher survives eviction longer.")
+    mode: Literal["hot", "cold"] = Field("hot", description="hot: started by `umemc up`; cold: started on demand.")
+    max_concurrency: int | None = Field(None, gt=0, le=4096, description="Requests in flight at once; more "
+                                        "wait in a bounded queue. Default: parallel.")
+    port: int | None = Field(None, ge=1, le=65535, description="Worker port. Default: assigned from 10001 "
+                             "upward in file order, skipping ports used explicitly.")
+    memory: Size | None = Field(None, description="Explicit size of the whole worker; overrides the estimate. "
+                                "Required for runtime = command.")
+    bin: str | None = Field(None, description="The runtime's executable (default: looked up on PATH).")
+    args: list[str] = Field(default_factory=list, description="Extra argv for the runtime.")
+    mmproj: str | None = Field(None, description="Vision projector GGUF (llama.cpp multimodal), counted in weights.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the worker; wins over "
+                                "what umemc sets.")
+    command: list[str] | None = Field(None, min_length=1, description='runtime = "command" only: the argv; '
+                                      '"{port}" is replaced by the port.')
+    module: str | None = Field(None, description='runtime = "torch": the Python worker module to run.')
+    cwd: str | None = Field(None, description="Working directory of the worker, relative to the stack file.")
+    image_size: int = Field(1024, ge=64, le=16384, description="Diffusion/vision: image side in pixels "
+                            "(activation estimate).")
+    batch: int = Field(1, gt=0, le=1024, description="Torch families: batch size (activation estimate).")
+    audio_seconds: float = Field(30.0, gt=0, le=86400, description="Speech: audio length per request in seconds.")
+    aliases: list[str] = Field(default_factory=list, description="Other names the gateway routes to this model.")
+    ttl: Duration | None = Field(None, description='Idle time after which a cold model is unloaded (e.g. "10m").')
+    health: str | None = Field(None, description="Health URL path; overrides the runtime's default.")
+
+
+class Stack(_Strict):
+    version: Literal[1] = Field(description="Stack file format version; this umemc reads 1.")
+    name: str = Field(pattern=NAME_PATTERN, description="Stack name; becomes a directory and program-group name.")
+    platform: Platform = Field(description="The machine: a preset, or kind + memory.")
+    policy: Policy = Field(default_factory=Policy, description="Budget and enforcement policy.")
+    gateway: Gateway | None = Field(None, description="The OpenAI-compatible gateway (optional).")
+    sysctl: dict[str, int | str] = Field(default_factory=dict, description="Overrides of the compiled Linux VM "
+                                         "tunables, e.g. {\"vm.swappiness\" = 5}.")
+    models: dict[str, ModelSpec] = Field(min_length=1, description="The models, by name "
+                                         "(^[a-z][a-z0-9_-]{0,62}$).")

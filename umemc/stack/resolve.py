@@ -1,0 +1,322 @@
+"""Checks that span several keys, and the defaults that depend on other keys (platform presets,
+mmap by platform, ports, quant names). Produces the LoadedStack every later stage reads."""
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..estimate.archs import LLM_PRESETS, TORCH_PRESETS, family_of
+from ..estimate.gguf_file import is_gguf
+from ..estimate.quant import FILE_TYPES, TORCH_DTYPES, WHISPER_TYPES
+from .load import Document, Source, read_document, validate
+from .models import NAME_PATTERN, ModelSpec, Stack
+from .presets import PLATFORM_PRESETS, UNIFIED_KINDS, default_os_reserve
+
+LLAMA_RUNTIMES = frozenset({"llama-server", "llama-cpp-python"})
+FIRST_PORT = 10001
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SYSCTL_KEY = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_-]+)+$")
+_RUNTIMES_FOR = {
+    "llm": ("llama-server", "llama-cpp-python"),
+    "embedding": ("llama-server", "llama-cpp-python", "torch"),
+    "speech": ("whisper-server", "torch"),
+    "diffusion": ("comfyui", "torch"),
+}
+
+
+@dataclass(frozen=True)
+class ResolvedPlatform:
+    preset: str | None
+    kind: str
+    memory: int
+    os_reserve: int
+    gpu_window: int | None   # None on kind = cpu
+
+    @property
+    def unified(self) -> bool:
+        return self.kind in UNIFIED_KINDS
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    name: str
+    spec: ModelSpec
+    family: str              # llm | embedding | speech | diffusion | torch | command
+    quant: str | None        # canonical spelling, None where the file decides
+    model_path: Path | None
+    model_present: bool
+    mmproj_path: Path | None
+    mmproj_present: bool
+    mmap: bool
+    max_concurrency: int
+    port: int
+
+
+@dataclass
+class LoadedStack:
+    path: Path
+    source: Source
+    stack: Stack
+    platform: ResolvedPlatform
+    models: dict[str, ResolvedModel]
+    warnings: list[str]
+
+    @property
+    def name(self) -> str:
+        return self.stack.name
+
+
+def load_stack(path: Path, shown: str | None = None) -> LoadedStack:
+    """The whole load stage: read, parse, validate, check, resolve."""
+    doc = read_document(path, shown)
+    stack = validate(doc)
+    src = doc.source
+    _check_names(stack, src)
+    platform = _platform(stack, src)
+    _check_policy(stack, src)
+    _check_gateway(stack, src)
+    _check_sysctl(stack, src)
+    ports = _ports(stack, src)
+    _check_aliases(stack, src)
+    models = {name: _model(doc, name, spec, platform, ports[name]) for name, spec in stack.models.items()}
+    return LoadedStack(path, src, stack, platform, models, doc.warnings)
+
+
+def _check_names(stack: Stack, src: Source) -> None:
+    for name in stack.models:
+        if not re.match(NAME_PATTERN, name):
+            raise src.error(("models", name), f"bad model name {name!r}: must match {NAME_PATTERN}",
+                            "it becomes a supervisord program name and a file name: lowercase letters, "
+                            "digits, '-' and '_', starting with a letter", what="key")
+
+
+def _platform(stack: Stack, src: Source) -> ResolvedPlatform:
+    p = stack.platform
+    preset = PLATFORM_PRESETS[p.preset] if p.preset else None
+    kind = p.kind or (preset.kind if preset else None)
+    memory = p.memory if p.memory is not None else (preset.memory if preset else None)
+    if kind is None or memory is None:
+        missing = "kind" if kind is None else "memory"
+        raise src.error(("platform", missing), "required key is missing (no preset given)",
+                        f"set preset = one of {', '.join(PLATFORM_PRESETS)}, or give kind and memory",
+                        what="table")
+    if memory <= 0:
+        raise src.error(("platform", "memory"), "must be > 0")
+    os_reserve = p.os_reserve if p.os_reserve is not None else (
+        preset.os_reserve if preset else default_os_reserve(memory))
+    if os_reserve >= memory:
+        raise src.error(("platform", "os_reserve"), f"must be less than memory ({os_reserve} >= {memory} bytes)")
+    window = p.gpu_window if p.gpu_window is not None else (
+        preset.gpu_window if preset and preset.kind == kind else None)
+    if kind == "cpu":
+        if p.gpu_window is not None:
+            raise src.error(("platform", "gpu_window"), 'not used for kind = "cpu"', "remove it")
+        window = None
+    elif window is None:
+        if kind != "nvidia-unified":
+            raise src.error(("platform", "gpu_window"), f'required key is missing for kind = "{kind}"',
+                            _WINDOW_HINT[kind], what="table")
+        window = memory - os_reserve
+    if window is not None and window <= 0:
+        raise src.error(("platform", "gpu_window"), "must be > 0")
+    if window is not None and kind in UNIFIED_KINDS and window > memory:
+        raise src.error(("platform", "gpu_window"), f"larger than memory ({window} > {memory} bytes)",
+                        "on a unified-memory machine the GPU maps system RAM")
+    return ResolvedPlatform(p.preset, kind, memory, os_reserve, window)
+
+
+_WINDOW_HINT = {
+    "amd-apu": "the GTT limit the kernel allows (ttm.pages_limit x 4 KiB), e.g. \"112GiB\"",
+    "apple": "the Metal wired limit (iogpu.wired_limit_mb), e.g. \"107.5GiB\"",
+    "nvidia-discrete": "the card's VRAM, e.g. \"24GiB\"",
+}
+
+
+def _check_policy(stack: Stack, src: Source) -> None:
+    pol = stack.policy
+    if pol.load_below >= pol.evict_above:
+        raise src.error(("policy", "load_below"),
+                        f"must be below evict_above ({pol.load_below} >= {pol.evict_above})",
+                        "the gap between them is the hysteresis that stops load/evict oscillation")
+
+
+def _check_gateway(stack: Stack, src: Source) -> None:
+    gw = stack.gateway
+    if gw is None:
+        return
+    try:
+        loopback = ipaddress.ip_address(gw.host).is_loopback
+    except ValueError:
+        loopback = gw.host == "localhost"
+    if not loopback and not gw.token_env:
+        raise src.error(("gateway", "host"), f"binding {gw.host} needs a token",
+                        'set token_env = "NAME_OF_AN_ENV_VAR" holding the bearer token')
+    if gw.token_env is not None and not _ENV_KEY.match(gw.token_env):
+        raise src.error(("gateway", "token_env"), f"not a valid environment variable name: {gw.token_env!r}")
+
+
+def _check_sysctl(stack: Stack, src: Source) -> None:
+    for key, value in stack.sysctl.items():
+        if not _SYSCTL_KEY.match(key):
+            raise src.error(("sysctl", key), f"not a sysctl name: {key!r}", 'write e.g. "vm.swappiness" = 10',
+                            what="key")
+        if isinstance(value, str) and not re.match(r"^[A-Za-z0-9_ .:+-]*$", value):
+            raise src.error(("sysctl", key), "value has characters a sysctl.d file cannot carry")
+
+
+def _ports(stack: Stack, src: Source) -> dict[str, int]:
+    used: dict[int, str] = {}
+    if stack.gateway is not None:
+        used[stack.gateway.port] = "gateway.port"
+    for name, spec in stack.models.items():
+        if spec.port is None:
+            continue
+        if spec.port in used:
+            raise src.error(("models", name, "port"), f"port {spec.port} is already used by {used[spec.port]}")
+        used[spec.port] = f"models.{name}.port"
+    out, next_port = {}, FIRST_PORT
+    for name, spec in stack.models.items():
+        if spec.port is not None:
+            out[name] = spec.port
+            continue
+        while next_port in used:
+            next_port += 1
+        out[name] = next_port
+        used[next_port] = f"models.{name}"
+    return out
+
+
+def _check_aliases(stack: Stack, src: Source) -> None:
+    seen = {name: f"models.{name}" for name in stack.models}
+    for name, spec in stack.models.items():
+        for i, alias in enumerate(spec.aliases):
+            if alias in seen:
+                raise src.error(("models", name, "aliases", i), f"alias {alias!r} is already used by {seen[alias]}")
+            seen[alias] = f"models.{name}.aliases"
+
+
+def _model(doc: Document, name: str, spec: ModelSpec, platform: ResolvedPlatform, port: int) -> ResolvedModel:
+    src, at = doc.source, ("models", name)
+    _check_env(spec, src, at)
+    _check_runtime_keys(spec, src, at)
+    family = family_of(spec.arch) if spec.arch else _RUNTIME_FAMILY[spec.runtime]
+    if spec.arch and spec.runtime != "command" and spec.runtime not in _RUNTIMES_FOR[family]:
+        raise src.error(at + ("arch",), f'{spec.arch} ({family}) cannot run on runtime = "{spec.runtime}"',
+                        f"use runtime = {' or '.join(repr(r) for r in _RUNTIMES_FOR[family])}")
+    quant = _quant(spec, src, at)
+    model_path, model_present = _file(doc, spec.model, at + ("model",), spec, llama=spec.runtime in LLAMA_RUNTIMES)
+    mmproj_path, mmproj_present = _file(doc, spec.mmproj, at + ("mmproj",), spec, llama=True, is_mmproj=True)
+    _check_size_source(spec, src, at, model_present)
+    mmap = spec.mmap if spec.mmap is not None else not platform.unified
+    return ResolvedModel(name, spec, family, quant, model_path, model_present, mmproj_path, mmproj_present,
+                         mmap, spec.max_concurrency or spec.parallel, port)
+
+
+_RUNTIME_FAMILY = {"llama-server": "llm", "llama-cpp-python": "llm", "whisper-server": "speech",
+                   "comfyui": "diffusion", "torch": "torch", "command": "command"}
+
+
+def _check_env(spec: ModelSpec, src: Source, at: tuple[str, ...]) -> None:
+    for key, value in spec.env.items():
+        if not _ENV_KEY.match(key):
+            raise src.error(at + ("env", key), f"not a valid environment variable name: {key!r}",
+                            "letters, digits and '_', not starting with a digit", what="key")
+        if "\n" in value or "\r" in value or "\0" in value:
+            raise src.error(at + ("env", key), "environment values cannot contain newlines or NUL")
+
+
+def _check_runtime_keys(spec: ModelSpec, src: Source, at: tuple[str, ...]) -> None:
+    rt = spec.runtime
+    if rt == "command":
+        if spec.command is None:
+            raise src.error(at + ("command",), 'required key is missing for runtime = "command"',
+                            'command = ["python", "-m", "my_worker", "--port", "{port}"]', what="table")
+        if spec.memory is None:
+            raise src.error(at + ("memory",), 'required key is missing for runtime = "command"',
+                            'nothing else tells its size: memory = "4GiB"', what="table")
+    elif spec.command is not None:
+        raise src.error(at + ("command",), 'only used with runtime = "command"',
+                        "use bin and args to change how a runtime is started", what="key")
+    if rt == "torch" and spec.module is None:
+        raise src.error(at + ("module",), 'required key is missing for runtime = "torch"',
+                        'module = "my_package.worker" (run as python -m)', what="table")
+    if rt == "llama-cpp-python" and spec.parallel != 1:
+        raise src.error(at + ("parallel",), f"llama-cpp-python serves one sequence (got {spec.parallel})",
+                        'use runtime = "llama-server" for parallel slots')
+    if spec.health is not None and not spec.health.startswith("/"):
+        raise src.error(at + ("health",), f"must be a URL path starting with '/' (got {spec.health!r})")
+    if spec.mmproj is not None and rt not in LLAMA_RUNTIMES:
+        raise src.error(at + ("mmproj",), "only used with llama.cpp runtimes", what="key")
+
+
+def _quant(spec: ModelSpec, src: Source, at: tuple[str, ...]) -> str | None:
+    if spec.quant is None:
+        if spec.arch in LLM_PRESETS and spec.runtime in LLAMA_RUNTIMES:
+            return None  # the file's own type, else the preset default (estimate decides)
+        if spec.arch in TORCH_PRESETS:
+            return TORCH_PRESETS[spec.arch].default_quant if spec.runtime != "whisper-server" else "f16"
+        return None
+    names: tuple[str, ...]
+    if spec.runtime in LLAMA_RUNTIMES:
+        names, what = tuple(FILE_TYPES), "GGUF file type"
+    elif spec.runtime == "whisper-server":
+        names, what = tuple(WHISPER_TYPES), "whisper.cpp model type"
+    elif spec.runtime in ("torch", "comfyui"):
+        names, what = tuple(TORCH_DTYPES), "torch dtype"
+    else:
+        return spec.quant
+    for n in names:
+        if n.lower() == spec.quant.lower():
+            return n
+    close = difflib.get_close_matches(spec.quant.upper() if names[0].isupper() else spec.quant.lower(), names, n=1)
+    hint = f"did you mean '{close[0]}'?" if close else f"one of {', '.join(names)}"
+    raise src.error(at + ("quant",), f"unknown {what} {spec.quant!r} for runtime = \"{spec.runtime}\"", hint)
+
+
+def _file(doc: Document, value: str | None, at: tuple[str, ...], spec: ModelSpec, *, llama: bool,
+          is_mmproj: bool = False) -> tuple[Path | None, bool]:
+    if value is None:
+        return None, False
+    src = doc.source
+    path = (doc.path.parent / value).resolve() if not Path(value).is_absolute() else Path(value)
+    if path.is_dir() or not path.exists():
+        if path.is_dir() and not llama:
+            return path, True  # torch/comfyui model directories
+        fallback = _fallback(spec, is_mmproj)
+        if fallback is None:
+            raise src.error(at, f"file not found: {path}",
+                            "give arch = \"<preset>\" as a fallback, or memory = \"…\"" if not is_mmproj else None)
+        doc.warnings.append(src.warning(at, f"file not found, estimating from {fallback}"))
+        return path, False
+    if llama:
+        try:
+            ok = is_gguf(path)
+        except OSError as exc:
+            raise src.error(at, f"cannot read {path}: {exc.strerror}") from None
+        if not ok:
+            raise src.error(at, f"not a GGUF file: {path}", "llama.cpp runtimes load .gguf files")
+    return path, True
+
+
+def _fallback(spec: ModelSpec, is_mmproj: bool) -> str | None:
+    if is_mmproj:
+        preset = LLM_PRESETS.get(spec.arch or "")
+        return f'the projector of arch = "{spec.arch}"' if preset and preset.vision else None
+    if spec.memory is not None:
+        return "memory = (explicit)"
+    if spec.arch is not None:
+        return f'arch = "{spec.arch}"'
+    return None
+
+
+def _check_size_source(spec: ModelSpec, src: Source, at: tuple[str, ...], model_present: bool) -> None:
+    if spec.memory is not None:
+        if spec.memory == 0:
+            raise src.error(at + ("memory",), "must be > 0")
+        return
+    if spec.arch is None and not (model_present and spec.runtime in (*LLAMA_RUNTIMES, "whisper-server")):
+        raise src.error(at, "no size source: give a model file, an arch preset, or memory",
+                        'e.g. arch = "llama-3-8b" or memory = "6GiB"', what="table")

@@ -1,0 +1,58 @@
+"""Field types shared by the stack models: sizes and durations with units."""
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, WithJsonSchema
+from pydantic_core import PydanticCustomError
+
+from ..units import DURATION_HINT, SIZE_HINT, parse_duration, parse_size
+
+
+def toml_repr(value: Any) -> str:
+    """A value as it was written in TOML, for `(got …)` in messages."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        return f'"{escaped}"'
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    return str(value)
+
+
+def _size(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise PydanticCustomError("size", "must not be negative (got {got})", {"got": value})
+        return value
+    if isinstance(value, str):
+        try:
+            return parse_size(value)
+        except ValueError:
+            raise PydanticCustomError(
+                "size", "not a size (got {got})", {"got": toml_repr(value), "hint": SIZE_HINT}) from None
+    raise PydanticCustomError(
+        "size", "must be a size (got {got})", {"got": toml_repr(value), "hint": SIZE_HINT})
+
+
+def _duration(value: Any) -> float:
+    if isinstance(value, str):
+        try:
+            return parse_duration(value)
+        except ValueError:
+            pass
+    raise PydanticCustomError(
+        "duration", "not a duration (got {got})", {"got": toml_repr(value), "hint": DURATION_HINT})
+
+
+Size = Annotated[int, BeforeValidator(_size), WithJsonSchema({
+    "anyOf": [{"type": "integer", "minimum": 0},
+              {"type": "string", "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*([kKmMgGtT]i?[bB]|[bB])?\s*$"}],
+    "description": 'bytes, or a string with a unit: "512MiB", "8GiB", "1.5GB"'})]
+
+Duration = Annotated[float, BeforeValidator(_duration), WithJsonSchema({
+    "type": "string", "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*(ms|s|m|h)\s*$",
+    "description": 'a duration with a unit: "100ms", "30s", "10m", "1h"'})]

@@ -1,0 +1,88 @@
+"""The budget report: JSON (DESIGN.md contract), Markdown (pull-request comments). Pure: Plan -> text."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..budget import ColdAdmission, Plan
+from ..units import gib
+
+
+def budget_dict(plan: Plan) -> dict[str, Any]:
+    cap = plan.capacity
+    return {
+        "stack": plan.name,
+        "fits": plan.fits,
+        "capacity": {
+            "memory_bytes": cap.memory, "os_reserve_bytes": cap.os_reserve, "gpu_window_bytes": cap.gpu_window,
+            "usable_bytes": cap.usable, "budget_bytes": cap.budget, "gpu_budget_bytes": cap.gpu_budget,
+        },
+        "models": {
+            m.name: {
+                "mode": m.model.spec.mode, "priority": m.priority,
+                "weights_bytes": m.estimate.weights.bytes, "kv_bytes": m.estimate.kv.bytes,
+                "compute_bytes": m.estimate.compute.bytes, "overhead_bytes": m.estimate.overhead.bytes,
+                "estimate_bytes": m.estimate.estimate_bytes, "gpu_bytes": m.estimate.gpu.bytes,
+                "quota_soft_bytes": m.quota_soft, "quota_hard_bytes": m.quota_hard, "source": m.estimate.source,
+            }
+            for m in plan.models.values()
+        },
+        "hot_total_bytes": plan.hot_total,
+        "hot_gpu_total_bytes": plan.hot_gpu_total,
+        "headroom_bytes": plan.headroom,
+        "cold_admission": {
+            name: {"fits_alongside_hot": a.fits_alongside_hot, "admissible": a.admissible, "evicts": list(a.evicts)}
+            for name, a in plan.cold_admission.items()
+        },
+        "warnings": list(plan.warnings),
+    }
+
+
+def budget_json(plan: Plan) -> str:
+    return json.dumps(budget_dict(plan), indent=2) + "\n"
+
+
+def ledger_lines(plan: Plan) -> list[tuple[str, int, int, int | None, bool]]:
+    """(ledger, used, budget, capacity, ok) for each ledger the platform has."""
+    cap = plan.capacity
+    rows = [("all memory", plan.hot_total, cap.budget, cap.usable, plan.fits_ram)]
+    if cap.gpu_budget is not None:
+        rows.append(("GPU window", plan.hot_gpu_total, cap.gpu_budget, cap.gpu_window, plan.fits_gpu))
+    return rows
+
+
+def budget_markdown(plan: Plan) -> str:
+    verdict = "✅ fits" if plan.fits else "❌ does not fit"
+    out = [f"### umemc: `{plan.name}` {verdict}", ""]
+    p = plan.loaded.platform
+    out.append(f"Platform: {p.preset or p.kind} ({p.kind}), {gib(p.memory)} GiB RAM, "
+               f"{gib(p.os_reserve)} GiB OS reserve, safety margin {plan.loaded.stack.policy.safety_margin:.0%}.")
+    out += ["", "| ledger | hot set (hard quotas) | budget | usable | |", "|---|---:|---:|---:|---|"]
+    for name, used, budget, usable, ok in ledger_lines(plan):
+        out.append(f"| {name} | {gib(used)} GiB | {gib(budget)} GiB | {gib(usable)} GiB | {'✅' if ok else '❌'} |")
+    out += ["", "| model | mode | prio | weights | KV | compute | overhead | estimate | hard quota | GPU | source |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for m in plan.models.values():
+        e = m.estimate
+        out.append(f"| {m.name} | {m.model.spec.mode} | {m.priority} | {gib(e.weights.bytes)} | {gib(e.kv.bytes)} | "
+                   f"{gib(e.compute.bytes)} | {gib(e.overhead.bytes)} | {gib(e.estimate_bytes)} | "
+                   f"{gib(m.quota_hard)} | {gib(e.gpu.bytes)} | {e.source} |")
+    out.append("")
+    out.append(f"Sizes in GiB. Headroom: {gib(plan.headroom)} GiB.")
+    if plan.cold_admission:
+        out += ["", "Cold models:", ""]
+        for name, a in plan.cold_admission.items():
+            out.append(f"- `{name}`: {admission_text(a)}")
+    if plan.warnings:
+        out += ["", f"<details><summary>{len(plan.warnings)} warning(s)</summary>", ""]
+        out += [f"- {w}" for w in plan.warnings]
+        out += ["", "</details>"]
+    return "\n".join(out) + "\n"
+
+
+def admission_text(a: ColdAdmission) -> str:
+    if a.fits_alongside_hot:
+        return "fits alongside the hot set"
+    if a.admissible:
+        return "starts by evicting " + ", ".join(a.evicts)
+    return "cannot start: evicting every lower-priority hot model is not enough"
