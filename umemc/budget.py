@@ -147,7 +147,7 @@ def _warnings(plan: Plan, estimates: dict[str, Estimate]) -> list[str]:
     for m in plan.models.values():
         spec = m.model.spec
         if tight and m.hot and spec.runtime in LLAMA_RUNTIMES and m.model.mmap and not spec.mlock:
-            out.append(loaded.source.warning(("models", m.name, "mmap"), "weights memory-mapped without mlock on a "
+            out.append(loaded.source.warning(("models", m.name, "mmap"), "weights memory-mapped (mmap = true) without mlock on a "
                                              f"tight box (headroom {gib(plan.headroom)} GiB): the OS may page them "
                                              "out; set mlock = true or mmap = false"))
     for name, adm in plan.cold_admission.items():

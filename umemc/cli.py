@@ -28,11 +28,19 @@ def _usage_exit(message: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="umemc", description="Memory budgets for several AI models on one unified-memory machine.")
-    parser.add_argument("--version", action="version", version=f"umemc {_version()}")
+    parser.add_argument("--version", action=_VersionAction, nargs=0, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     for module in COMMANDS:
         module.register(sub)
     return parser
+
+
+class _VersionAction(argparse.Action):
+    """--version, resolved only when asked (importlib.metadata costs ~30 ms on every run otherwise)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(f"umemc {_version()}")
+        parser.exit()
 
 
 def _version() -> str:

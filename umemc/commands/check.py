@@ -1,15 +1,17 @@
-"""`umemc check STACK [--format table|json|markdown]`: validate and budget, write nothing.
-Exit 0 when the hot set fits, 1 when it does not, 2 for an invalid stack."""
+"""`umemc check STACK… [--format table|json|markdown]`: validate and budget, write nothing.
+Exit 0 when every hot set fits, 1 when one does not, 2 for an invalid stack (checked first)."""
 from __future__ import annotations
 
 import argparse
+import json
 
+from ..budget import Plan
 from .common import plan_from_arg, print_warnings, write_stdout
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("check", help="validate a stack and print its memory budget (writes nothing)")
-    p.add_argument("stack", help="the stack file (TOML)")
+    p.add_argument("stack", nargs="+", help="the stack file (TOML); several are checked in turn (pre-commit)")
     p.add_argument("--format", choices=("table", "json", "markdown"), default="table",
                    help="table (default), json (the budget.json contract, alone on stdout) or markdown "
                         "(for a pull-request comment)")
@@ -17,13 +19,24 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    plan = plan_from_arg(args.stack)
+    plans = [plan_from_arg(s) for s in args.stack]  # every stack is validated before anything is printed
     if args.format == "json":
-        from ..targets.report import budget_json
+        from ..targets.report import budget_dict, budget_json
 
-        write_stdout(budget_json(plan))
-        print_warnings(plan)
-    elif args.format == "markdown":
+        if len(plans) == 1:
+            write_stdout(budget_json(plans[0]))
+        else:
+            write_stdout(json.dumps({s: budget_dict(p) for s, p in zip(args.stack, plans)}, indent=2) + "\n")
+        for plan in plans:
+            print_warnings(plan)
+    else:
+        for plan in plans:
+            _print(plan, args.format)
+    return 0 if all(p.fits for p in plans) else 1
+
+
+def _print(plan: Plan, fmt: str) -> None:
+    if fmt == "markdown":
         from ..targets.report import budget_markdown
 
         write_stdout(budget_markdown(plan))
@@ -31,4 +44,3 @@ def run(args: argparse.Namespace) -> int:
         from ..targets.table import print_budget
 
         print_budget(plan)
-    return 0 if plan.fits else 1

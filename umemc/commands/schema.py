@@ -16,8 +16,7 @@ def schema_text() -> str:
     from ..stack.models import Stack
 
     schema = Stack.model_json_schema(mode="validation")
-    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema",
-              "$id": "https://umemc.dev/schema/stack.schema.json", **schema}
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
     return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
 
 

@@ -16,6 +16,8 @@ class Figure:
     @staticmethod
     def total(name: str, parts: list[Figure], formula: str | None = None) -> Figure:
         parts = [p for p in parts if p.bytes or p.formula]
+        if len(parts) == 1 and parts[0].name == name:
+            return parts[0]
         return Figure(name, sum(p.bytes for p in parts),
                       formula or " + ".join(p.name for p in parts) or "0", parts=tuple(parts))
 

@@ -3,6 +3,8 @@
 bench/accuracy.py; the constants below say which graph node each term stands for."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 from .archs import LlmPreset, LlmShape, VisionShape
 from .figures import Figure
 from .quant import KV_TYPES, mix_types, row_bytes, tensor_bytes
@@ -16,7 +18,9 @@ def pad(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
+@lru_cache(maxsize=None)
 def weights_from_preset(preset: LlmPreset, ftype: str) -> Figure:
+    """Cached: a stack of many models of one preset computes the mix once (frozen inputs)."""
     tensors = preset.tensors()
     types = mix_types(ftype, tensors, preset.shape.n_gqa, preset.is_70b)
     total = sum(tensor_bytes(t, shape) for (_, shape), t in zip(tensors, types))

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..estimate.archs import ARCHS
 from ..estimate.quant import KV_TYPES
 from .presets import KINDS, PLATFORM_PRESETS
-from .types import Duration, Size
+from .types import Duration, Size, SysctlValue
 
 NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,62}$"
 RUNTIMES = ("llama-server", "llama-cpp-python", "whisper-server", "comfyui", "torch", "command")
@@ -102,7 +102,7 @@ class Stack(_Strict):
     platform: Platform = Field(description="The machine: a preset, or kind + memory.")
     policy: Policy = Field(default_factory=Policy, description="Budget and enforcement policy.")
     gateway: Gateway | None = Field(None, description="The OpenAI-compatible gateway (optional).")
-    sysctl: dict[str, int | str] = Field(default_factory=dict, description="Overrides of the compiled Linux VM "
+    sysctl: dict[str, SysctlValue] = Field(default_factory=dict, description="Overrides of the compiled Linux VM "
                                          "tunables, e.g. {\"vm.swappiness\" = 5}.")
     models: dict[str, ModelSpec] = Field(min_length=1, description="The models, by name "
                                          "(^[a-z][a-z0-9_-]{0,62}$).")

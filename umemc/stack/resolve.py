@@ -11,7 +11,9 @@ from pathlib import Path
 from ..estimate.archs import LLM_PRESETS, TORCH_PRESETS, family_of
 from ..estimate.gguf_file import is_gguf
 from ..estimate.quant import FILE_TYPES, TORCH_DTYPES, WHISPER_TYPES
+from ..units import human
 from .load import Document, Source, read_document, validate
+from .types import toml_repr
 from .models import NAME_PATTERN, ModelSpec, Stack
 from .presets import PLATFORM_PRESETS, UNIFIED_KINDS, default_os_reserve
 
@@ -88,7 +90,7 @@ def load_stack(path: Path, shown: str | None = None) -> LoadedStack:
 def _check_names(stack: Stack, src: Source) -> None:
     for name in stack.models:
         if not re.match(NAME_PATTERN, name):
-            raise src.error(("models", name), f"bad model name {name!r}: must match {NAME_PATTERN}",
+            raise src.error(("models", name), f"bad model name {toml_repr(name)}: must match {NAME_PATTERN}",
                             "it becomes a supervisord program name and a file name: lowercase letters, "
                             "digits, '-' and '_', starting with a letter", what="key")
 
@@ -108,7 +110,7 @@ def _platform(stack: Stack, src: Source) -> ResolvedPlatform:
     os_reserve = p.os_reserve if p.os_reserve is not None else (
         preset.os_reserve if preset else default_os_reserve(memory))
     if os_reserve >= memory:
-        raise src.error(("platform", "os_reserve"), f"must be less than memory ({os_reserve} >= {memory} bytes)")
+        raise src.error(("platform", "os_reserve"), f"must be less than memory ({human(os_reserve)} >= {human(memory)})")
     window = p.gpu_window if p.gpu_window is not None else (
         preset.gpu_window if preset and preset.kind == kind else None)
     if kind == "cpu":
@@ -123,7 +125,7 @@ def _platform(stack: Stack, src: Source) -> ResolvedPlatform:
     if window is not None and window <= 0:
         raise src.error(("platform", "gpu_window"), "must be > 0")
     if window is not None and kind in UNIFIED_KINDS and window > memory:
-        raise src.error(("platform", "gpu_window"), f"larger than memory ({window} > {memory} bytes)",
+        raise src.error(("platform", "gpu_window"), f"larger than memory ({human(window)} > {human(memory)})",
                         "on a unified-memory machine the GPU maps system RAM")
     return ResolvedPlatform(p.preset, kind, memory, os_reserve, window)
 
@@ -155,13 +157,13 @@ def _check_gateway(stack: Stack, src: Source) -> None:
         raise src.error(("gateway", "host"), f"binding {gw.host} needs a token",
                         'set token_env = "NAME_OF_AN_ENV_VAR" holding the bearer token')
     if gw.token_env is not None and not _ENV_KEY.match(gw.token_env):
-        raise src.error(("gateway", "token_env"), f"not a valid environment variable name: {gw.token_env!r}")
+        raise src.error(("gateway", "token_env"), f"not a valid environment variable name: {toml_repr(gw.token_env)}")
 
 
 def _check_sysctl(stack: Stack, src: Source) -> None:
     for key, value in stack.sysctl.items():
         if not _SYSCTL_KEY.match(key):
-            raise src.error(("sysctl", key), f"not a sysctl name: {key!r}", 'write e.g. "vm.swappiness" = 10',
+            raise src.error(("sysctl", key), f"not a sysctl name: {toml_repr(key)}", 'write e.g. "vm.swappiness" = 10',
                             what="key")
         if isinstance(value, str) and not re.match(r"^[A-Za-z0-9_ .:+-]*$", value):
             raise src.error(("sysctl", key), "value has characters a sysctl.d file cannot carry")
@@ -194,7 +196,7 @@ def _check_aliases(stack: Stack, src: Source) -> None:
     for name, spec in stack.models.items():
         for i, alias in enumerate(spec.aliases):
             if alias in seen:
-                raise src.error(("models", name, "aliases", i), f"alias {alias!r} is already used by {seen[alias]}")
+                raise src.error(("models", name, "aliases", i), f"alias {toml_repr(alias)} is already used by {seen[alias]}")
             seen[alias] = f"models.{name}.aliases"
 
 
@@ -205,7 +207,7 @@ def _model(doc: Document, name: str, spec: ModelSpec, platform: ResolvedPlatform
     family = family_of(spec.arch) if spec.arch else _RUNTIME_FAMILY[spec.runtime]
     if spec.arch and spec.runtime != "command" and spec.runtime not in _RUNTIMES_FOR[family]:
         raise src.error(at + ("arch",), f'{spec.arch} ({family}) cannot run on runtime = "{spec.runtime}"',
-                        f"use runtime = {' or '.join(repr(r) for r in _RUNTIMES_FOR[family])}")
+                        f"use runtime = {' or '.join(toml_repr(r) for r in _RUNTIMES_FOR[family])}")
     quant = _quant(spec, src, at)
     model_path, model_present = _file(doc, spec.model, at + ("model",), spec, llama=spec.runtime in LLAMA_RUNTIMES)
     mmproj_path, mmproj_present = _file(doc, spec.mmproj, at + ("mmproj",), spec, llama=True, is_mmproj=True)
@@ -222,7 +224,7 @@ _RUNTIME_FAMILY = {"llama-server": "llm", "llama-cpp-python": "llm", "whisper-se
 def _check_env(spec: ModelSpec, src: Source, at: tuple[str, ...]) -> None:
     for key, value in spec.env.items():
         if not _ENV_KEY.match(key):
-            raise src.error(at + ("env", key), f"not a valid environment variable name: {key!r}",
+            raise src.error(at + ("env", key), f"not a valid environment variable name: {toml_repr(key)}",
                             "letters, digits and '_', not starting with a digit", what="key")
         if "\n" in value or "\r" in value or "\0" in value:
             raise src.error(at + ("env", key), "environment values cannot contain newlines or NUL")
@@ -247,7 +249,7 @@ def _check_runtime_keys(spec: ModelSpec, src: Source, at: tuple[str, ...]) -> No
         raise src.error(at + ("parallel",), f"llama-cpp-python serves one sequence (got {spec.parallel})",
                         'use runtime = "llama-server" for parallel slots')
     if spec.health is not None and not spec.health.startswith("/"):
-        raise src.error(at + ("health",), f"must be a URL path starting with '/' (got {spec.health!r})")
+        raise src.error(at + ("health",), f"must be a URL path starting with '/' (got {toml_repr(spec.health)})")
     if spec.mmproj is not None and rt not in LLAMA_RUNTIMES:
         raise src.error(at + ("mmproj",), "only used with llama.cpp runtimes", what="key")
 
@@ -273,7 +275,7 @@ def _quant(spec: ModelSpec, src: Source, at: tuple[str, ...]) -> str | None:
             return n
     close = difflib.get_close_matches(spec.quant.upper() if names[0].isupper() else spec.quant.lower(), names, n=1)
     hint = f"did you mean '{close[0]}'?" if close else f"one of {', '.join(names)}"
-    raise src.error(at + ("quant",), f"unknown {what} {spec.quant!r} for runtime = \"{spec.runtime}\"", hint)
+    raise src.error(at + ("quant",), f"unknown {what} {toml_repr(spec.quant)} for runtime = \"{spec.runtime}\"", hint)
 
 
 def _file(doc: Document, value: str | None, at: tuple[str, ...], spec: ModelSpec, *, llama: bool,

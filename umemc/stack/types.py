@@ -56,3 +56,12 @@ Size = Annotated[int, BeforeValidator(_size), WithJsonSchema({
 Duration = Annotated[float, BeforeValidator(_duration), WithJsonSchema({
     "type": "string", "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*(ms|s|m|h)\s*$",
     "description": 'a duration with a unit: "100ms", "30s", "10m", "1h"'})]
+
+
+def _sysctl_value(value: Any) -> int | str:
+    if isinstance(value, (int, str)) and not isinstance(value, bool):
+        return value
+    raise PydanticCustomError("sysctl", "must be an integer or a string (got {got})", {"got": toml_repr(value)})
+
+
+SysctlValue = Annotated[int | str, BeforeValidator(_sysctl_value)]

@@ -16,9 +16,9 @@ def budget_renderable(plan: Plan) -> Group:
     verdict = Text(" FITS ", style="bold black on green") if plan.fits else Text(" DOES NOT FIT ", style="bold white on red")
     title = Text.assemble(("umemc ", "bold"), (plan.name, "bold cyan"), "  ", verdict,
                           f"  headroom {gib(plan.headroom)} GiB")
+    window = f"GPU window {gib(p.gpu_window)} GiB" if p.gpu_window is not None else "no GPU window"
     platform = Text(f"{p.preset or p.kind} ({p.kind}): {gib(p.memory)} GiB RAM, {gib(p.os_reserve)} GiB OS reserve, "
-                    f"GPU window {gib(p.gpu_window)} GiB, safety margin {plan.loaded.stack.policy.safety_margin:.0%}",
-                    style="dim")
+                    f"{window}, safety margin {plan.loaded.stack.policy.safety_margin:.0%}", style="dim")
     return Group(title, platform, _ledgers(plan), _models(plan), *_cold(plan), *_warnings(plan))
 
 

@@ -1,0 +1,151 @@
+"""The CLI contract: JSON report shape, markdown, explain, schema in sync, examples valid, exit codes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from umemc.commands.schema import schema_text
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((REPO / "examples").glob("*.toml"))
+
+SMALL = '''version = 1
+name = "small"
+
+[platform]
+kind = "cpu"
+memory = "10GiB"
+os_reserve = "1GiB"
+
+[models.chat]
+runtime = "llama-server"
+arch = "qwen2.5-7b"
+quant = "Q4_K_M"
+context = 2048
+priority = 70
+
+[models.helper]
+runtime = "command"
+command = ["python3", "-m", "http.server", "{port}"]
+memory = "512MiB"
+mode = "cold"
+priority = 20
+'''
+
+
+def test_json_is_exactly_the_contract(tmp_path: Path, run_cli) -> None:
+    (tmp_path / "stack.toml").write_text(SMALL)
+    code, out, err = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
+    assert code == 0 and err == ""
+    r = json.loads(out)
+    assert list(r) == ["stack", "fits", "capacity", "models", "hot_total_bytes", "hot_gpu_total_bytes",
+                       "headroom_bytes", "cold_admission", "warnings"]
+    assert r["capacity"] == {"memory_bytes": 10 << 30, "os_reserve_bytes": 1 << 30, "gpu_window_bytes": None,
+                             "usable_bytes": 9 << 30, "budget_bytes": 8214124953, "gpu_budget_bytes": None}
+    chat = r["models"]["chat"]
+    assert list(chat) == ["mode", "priority", "weights_bytes", "kv_bytes", "compute_bytes", "overhead_bytes",
+                          "estimate_bytes", "gpu_bytes", "quota_soft_bytes", "quota_hard_bytes", "source"]
+    assert chat["estimate_bytes"] == sum(chat[k] for k in ("weights_bytes", "kv_bytes", "compute_bytes",
+                                                            "overhead_bytes"))
+    assert chat["kv_bytes"] == 28 * 2 * 4 * 128 * 2 * 2048           # layers x K,V x kv heads x dim x f16 x cells
+    assert (chat["source"], chat["gpu_bytes"], chat["quota_soft_bytes"]) == ("arch", 0, chat["estimate_bytes"])
+    helper = r["models"]["helper"]
+    assert (helper["estimate_bytes"], helper["quota_hard_bytes"], helper["source"]) == (512 << 20, 564 << 20,
+                                                                                       "explicit")
+    assert r["hot_total_bytes"] == chat["quota_hard_bytes"]
+    assert r["headroom_bytes"] == r["capacity"]["budget_bytes"] - r["hot_total_bytes"]
+    assert r["cold_admission"] == {"helper": {"fits_alongside_hot": True, "admissible": True, "evicts": []}}
+    assert (r["stack"], r["fits"], r["hot_gpu_total_bytes"], r["warnings"]) == ("small", True, 0, [])
+
+
+def test_markdown_for_pull_requests(tmp_path: Path, run_cli) -> None:
+    (tmp_path / "stack.toml").write_text(SMALL)
+    code, out, _ = run_cli("check", "stack.toml", "--format", "markdown", cwd=tmp_path)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "### umemc: `small` ✅ fits"
+    assert "| all memory | 5.4 GiB | 7.6 GiB | 9.0 GiB | ✅ |" in lines
+    assert "| helper | cold | 20 | 0.0 | 0.0 | 0.0 | 0.0 | 0.5 | 0.6 | 0.0 | explicit |" in lines
+    assert lines[-1] == "- `helper`: fits alongside the hot set"
+
+
+def test_table_marks_fit_and_both_ledgers(run_cli) -> None:
+    code, out, _ = run_cli("check", str(REPO / "examples/strix-halo-5.toml"))
+    assert code == 0
+    assert out.splitlines()[0] == "umemc strix-halo-5   FITS   headroom 32.8 GiB"
+    assert any(line.startswith("all memory ") for line in out.splitlines())
+    assert any(line.startswith("GPU window ") for line in out.splitlines())
+    assert "  code: starts by evicting image, vision" in out
+
+
+def test_explain_shows_formulas_and_inputs(run_cli) -> None:
+    code, out, _ = run_cli("explain", str(REPO / "examples/strix-halo-5.toml"), "chat")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "models.chat: runtime llama-server, hot, priority 90, source arch"
+    assert "    = sum over tensors of row_bytes(type, ne0) x rows, types from llama.cpp's Q4_K_M mix " \
+           "(llama-quant.cpp) incl. block-size fallbacks" in lines
+    assert "      cells: pad256(context 8192 x parallel 2) = 16384" in lines
+    assert "  quota hard = estimate x (1 + quota_headroom 0.1), rounded up to a MiB = 50928287744 bytes " \
+           "(47.43 GiB)" in lines
+
+
+def test_explain_unknown_model(run_cli) -> None:
+    assert run_cli("explain", str(REPO / "examples/strix-halo-5.toml"), "chta") == (
+        2, "", f"umemc explain: no model 'chta' in {REPO / 'examples/strix-halo-5.toml'} (did you mean 'chat'?)\n")
+
+
+def test_schema_file_is_the_command_output(run_cli) -> None:
+    code, out, _ = run_cli("schema")
+    assert code == 0 and out == schema_text()
+    assert (REPO / "schema/stack.schema.json").read_text() == out, "regenerate: umemc schema > schema/stack.schema.json"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_examples_validate_and_fit(example: Path, run_cli) -> None:
+    import tomllib
+
+    import jsonschema
+
+    text = example.read_text()
+    assert text.startswith("#:schema ../schema/stack.schema.json\n")
+    jsonschema.validate(tomllib.loads(text), json.loads((REPO / "schema/stack.schema.json").read_text()))
+    code, out, _ = run_cli("check", str(example), "--format", "json")
+    assert code == 0 and json.loads(out)["fits"] is True
+
+
+def test_internal_error_exit_3_with_log(tmp_path: Path, run_cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "stack.toml").write_text(SMALL)
+
+    def boom(*_: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("umemc.commands.common.make_plan", boom)
+    code, out, err = run_cli("check", "stack.toml", cwd=tmp_path)
+    assert (code, out) == (3, "")
+    prefix = "umemc: internal error (a bug in umemc); traceback written to "
+    assert err.startswith(prefix)
+    log = Path(err[len(prefix):].strip())
+    assert "RuntimeError: boom" in log.read_text()
+    log.unlink()
+
+
+def test_interrupt_exit_130(tmp_path: Path, run_cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "stack.toml").write_text(SMALL)
+
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("umemc.commands.common.make_plan", interrupted)
+    assert run_cli("check", "stack.toml", cwd=tmp_path) == (130, "", "umemc: interrupted\n")
+
+
+def test_several_stacks_worst_exit_code(tmp_path: Path, run_cli) -> None:
+    (tmp_path / "ok.toml").write_text(SMALL)
+    (tmp_path / "over.toml").write_text(SMALL.replace('memory = "512MiB"\nmode = "cold"', 'memory = "9GiB"'))
+    code, out, _ = run_cli("check", "ok.toml", "over.toml", "--format", "json", cwd=tmp_path)
+    reports = json.loads(out)
+    assert code == 1 and list(reports) == ["ok.toml", "over.toml"]
+    assert (reports["ok.toml"]["fits"], reports["over.toml"]["fits"]) == (True, False)
