@@ -9,10 +9,10 @@ import tempfile
 import traceback
 from collections.abc import Sequence
 
-from .commands import check, explain, schema
+from .commands import apply, build, check, explain, schema
 from .errors import UmemcError
 
-COMMANDS = (check, explain, schema)
+COMMANDS = (check, build, explain, apply, schema)
 
 
 class _Parser(argparse.ArgumentParser):

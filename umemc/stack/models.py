@@ -36,6 +36,8 @@ class Platform(_Strict):
     gpu_window: Size | None = Field(None, description="What the GPU may map: GTT limit (AMD), wired limit "
                                     "(Apple), VRAM (discrete). Not used for kind = cpu. Default on "
                                     "nvidia-unified without a preset: memory - os_reserve.")
+    cpu_cores: int | None = Field(None, ge=1, le=4096, description="CPU cores; sets OMP_NUM_THREADS per worker "
+                                  "(cores shared among the hot workers). Default: the preset's, else unset.")
 
 
 class Policy(_Strict):
@@ -45,6 +47,9 @@ class Policy(_Strict):
     load_below: float = Field(0.70, gt=0, lt=1, description="Cold starts admitted only while pressure is below this.")
     evict_above: float = Field(0.90, gt=0, le=1, description="Above this pressure, evict by priority then "
                                "least-recently-used.")
+    hsa_enable_sdma: bool = Field(False, description="AMD: HSA_ENABLE_SDMA for workers. Default false (0): the "
+                                  "practitioners ran Strix Halo with the SDMA copy engines off, which avoided "
+                                  "stalls and corruption seen with them on.")
 
 
 class Gateway(_Strict):

@@ -36,6 +36,7 @@ class ResolvedPlatform:
     memory: int
     os_reserve: int
     gpu_window: int | None   # None on kind = cpu
+    cpu_cores: int | None = None
 
     @property
     def unified(self) -> bool:
@@ -127,7 +128,8 @@ def _platform(stack: Stack, src: Source) -> ResolvedPlatform:
     if window is not None and kind in UNIFIED_KINDS and window > memory:
         raise src.error(("platform", "gpu_window"), f"larger than memory ({human(window)} > {human(memory)})",
                         "on a unified-memory machine the GPU maps system RAM")
-    return ResolvedPlatform(p.preset, kind, memory, os_reserve, window)
+    cores = p.cpu_cores if p.cpu_cores is not None else (preset.cpu_cores if preset else None)
+    return ResolvedPlatform(p.preset, kind, memory, os_reserve, window, cores)
 
 
 _WINDOW_HINT = {

@@ -1,0 +1,43 @@
+"""`umemc build STACK [-o DIR]`: write the bundle (default build/<name>/) and print the budget.
+Exit 0 when the hot set fits, 1 when the bundle was written but does not fit, 2 invalid."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..budget import Plan
+from .common import plan_from_arg
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("build", help="compile a stack into a bundle: supervisord config, env, sysctl, kernel knobs")
+    p.add_argument("stack", help="the stack file (TOML)")
+    p.add_argument("-o", "--output", metavar="DIR", help="bundle directory (default: build/<name>/)")
+    p.set_defaults(func=run)
+
+
+def build(plan: Plan, out: Path, socket: str | None = None) -> list[str]:
+    """Compile, render and write atomically; returns the relative paths written."""
+    from ..compile import compile_bundle
+    from ..targets.files import render_bundle
+    from ..write import write_bundle
+
+    files = render_bundle(compile_bundle(plan, socket=socket))
+    write_bundle(out, files)
+    return list(files)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ..targets.table import print_budget
+
+    plan = plan_from_arg(args.stack)
+    out = Path(args.output) if args.output else Path("build") / plan.name
+    written = build(plan, out)
+    console = Console(highlight=False)
+    print_budget(plan, console)
+    console.print(f"\nwrote {out}/ ({len(written)} files):")
+    for rel in written:
+        console.print(f"  {rel}")
+    return 0 if plan.fits else 1

@@ -1,0 +1,28 @@
+"""ComfyUI (`main.py` in its checkout; `cwd` is the checkout, `bin` its Python). ComfyUI sizes
+itself from the device's total memory; `--reserve-vram` leaves the rest of the GPU window to the
+other workers, so ComfyUI's own model management stays inside its quota."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..units import GiB
+
+if TYPE_CHECKING:
+    from ..budget import ModelPlan
+    from . import Context
+
+NAME = "comfyui"
+HEALTH = "/system_stats"
+FLAGS_MATCH = "ComfyUI 0.3.x"
+PINNED = ("--listen", "--port", "--reserve-vram")
+
+
+def reserve_gib(m: ModelPlan, ctx: Context) -> float:
+    window = ctx.plan.loaded.platform.gpu_window or ctx.plan.loaded.platform.memory
+    return max(0.0, (window - m.quota_hard) / GiB)
+
+
+def argv(m: ModelPlan, ctx: Context) -> list[str]:
+    spec, rm = m.model.spec, m.model
+    return [spec.bin or "python3", "main.py", "--listen", "127.0.0.1", "--port", str(rm.port),
+            "--reserve-vram", f"{reserve_gib(m, ctx):.2f}", *spec.args]

@@ -1,0 +1,34 @@
+"""llama-cpp-python's OpenAI-compatible server (`python -m llama_cpp.server`, extra [server]).
+Flag spelling as of llama-cpp-python 0.3.x (settings fields as --snake_case options)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..budget import ModelPlan
+    from . import Context
+
+NAME = "llama-cpp-python"
+HEALTH = "/v1/models"          # the server has no /health
+FLAGS_MATCH = "llama-cpp-python 0.3.x"
+PINNED = ("--model", "--n_ctx", "--n_ubatch", "--n_batch", "--flash_attn", "--type_k", "--type_v", "--use_mmap",
+          "--use_mlock", "--n_gpu_layers", "--host", "--port")
+# ggml type ids (ggml.h enum ggml_type) that --type_k/--type_v take.
+GGML_TYPE_ID = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def argv(m: ModelPlan, ctx: Context) -> list[str]:
+    spec, rm = m.model.spec, m.model
+    kv = str(GGML_TYPE_ID[spec.kv_cache])
+    out = [spec.bin or ctx.python, "-m", "llama_cpp.server", "--model", str(rm.model_path or spec.model),
+           "--n_ctx", str(spec.context), "--n_ubatch", str(spec.ubatch), "--n_batch", str(spec.ubatch),
+           "--flash_attn", _bool(spec.flash_attn), "--type_k", kv, "--type_v", kv,
+           "--use_mmap", _bool(rm.mmap), "--use_mlock", _bool(spec.mlock),
+           "--n_gpu_layers", "0" if ctx.plan.loaded.platform.kind == "cpu" else "-1"]
+    if m.estimate.facts.get("family") == "embedding":
+        out += ["--embedding", "true"]
+    return out + ["--host", "127.0.0.1", "--port", str(rm.port), *spec.args]

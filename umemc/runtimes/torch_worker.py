@@ -1,0 +1,19 @@
+"""A Python worker module (`runtime = "torch"`), run as `python -m MODULE`; it reads its port and
+quota from the environment umemc sets (UMEMC_PORT, UMEMC_QUOTA_*)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..budget import ModelPlan
+    from . import Context
+
+NAME = "torch"
+HEALTH = "/health"
+FLAGS_MATCH = "umemc worker protocol 1"
+PINNED: tuple[str, ...] = ()
+
+
+def argv(m: ModelPlan, ctx: Context) -> list[str]:
+    spec = m.model.spec
+    return [spec.bin or ctx.python, "-m", str(spec.module), *spec.args]

@@ -1,0 +1,88 @@
+"""Every bundle file, one small pure renderer each: Bundle -> {relative path: text}."""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from ..compile import PLAN_VERSION, STATE, Bundle
+from .jinja import render
+from .report import budget_json, budget_markdown
+from .svg import svg_values
+
+Files = dict[str, str]
+
+
+def plan_json(b: Bundle) -> Files:
+    plan, p, pol = b.plan, b.plan.loaded.platform, b.plan.loaded.stack.policy
+    gw = plan.loaded.stack.gateway
+    doc = {
+        "format": "umemc-plan", "version": PLAN_VERSION, "generated_by": b.header, "stack": plan.name,
+        "platform": {"preset": p.preset, "kind": p.kind, "memory_bytes": p.memory, "os_reserve_bytes": p.os_reserve,
+                     "gpu_window_bytes": p.gpu_window, "cpu_cores": p.cpu_cores},
+        "capacity": {"usable_bytes": plan.capacity.usable, "budget_bytes": plan.capacity.budget,
+                     "gpu_budget_bytes": plan.capacity.gpu_budget},
+        "policy": {"safety_margin": pol.safety_margin, "quota_headroom": pol.quota_headroom,
+                   "sample_interval_s": pol.sample_interval, "load_below": pol.load_below,
+                   "evict_above": pol.evict_above, "hsa_enable_sdma": pol.hsa_enable_sdma},
+        "gateway": None if gw is None else {"host": gw.host, "port": gw.port, "token_env": gw.token_env},
+        "supervisor": {"config": "supervisord.conf", "socket": b.socket, "state": STATE},
+        "memlock": b.memlock,
+        "models": {name: _model(b, name) for name in b.programs},
+    }
+    return {"plan.json": json.dumps(doc, indent=2, ensure_ascii=False) + "\n"}
+
+
+def _model(b: Bundle, name: str) -> dict[str, object]:
+    prog = b.programs[name]
+    m, spec = prog.plan, prog.plan.model.spec
+    return {
+        "program": name, "runtime": spec.runtime, "mode": spec.mode, "priority": spec.priority,
+        "port": prog.port, "health": prog.health, "argv": list(prog.argv), "env": dict(prog.env), "cwd": prog.cwd,
+        "estimate_bytes": m.estimate.estimate_bytes, "quota_soft_bytes": m.quota_soft,
+        "quota_hard_bytes": m.quota_hard, "gpu_bytes": m.estimate.gpu.bytes, "gpu_quota_hard_bytes": m.gpu_quota_hard,
+        "max_concurrency": m.model.max_concurrency, "aliases": list(spec.aliases), "ttl_s": spec.ttl,
+        "mlock": spec.mlock,
+    }
+
+
+def budget(b: Bundle) -> Files:
+    md = f"<!-- {b.header} -->\n" + budget_markdown(b.plan)
+    return {"budget.json": budget_json(b.plan), "budget.md": md,
+            "budget.svg": render("budget.svg.j2", bundle=b, **svg_values(b.plan))}
+
+
+def supervisord(b: Bundle) -> Files:
+    return {"supervisord.conf": render("supervisord.conf.j2", bundle=b, state=STATE)}
+
+
+def env_files(b: Bundle) -> Files:
+    return {f"env/{p.name}.env": render("worker.env.j2", bundle=b, p=p) for p in b.programs.values()}
+
+
+def sysctl(b: Bundle) -> Files:
+    return {"sysctl/90-umemc.conf": render("sysctl.conf.j2", bundle=b)}
+
+
+def kernel(b: Bundle) -> Files:
+    out = {"kernel/README.md": render("kernel/README.md.j2", bundle=b, platform=b.plan.loaded.platform)}
+    if b.ttm_pages is not None:
+        out["kernel/amd/cmdline.txt"] = render("kernel/amd-cmdline.txt.j2", bundle=b)
+        out["kernel/amd/umemc-ttm.conf"] = render("kernel/amd-modprobe.conf.j2", bundle=b)
+    if b.wired_limit_mb is not None:
+        out["kernel/apple/umemc-wired-limit.sh"] = render("kernel/apple-wired-limit.sh.j2", bundle=b)
+        out["kernel/apple/com.umemc.wired-limit.plist"] = render("kernel/apple-wired-limit.plist.j2", bundle=b)
+    return out
+
+
+def systemd(b: Bundle) -> Files:
+    return {f"systemd/umemc-{b.plan.name}.service": render("systemd.service.j2", bundle=b)}
+
+
+TARGETS: tuple[Callable[[Bundle], Files], ...] = (plan_json, budget, supervisord, env_files, sysctl, kernel, systemd)
+
+
+def render_bundle(b: Bundle) -> Files:
+    files: Files = {}
+    for target in TARGETS:
+        files.update(target(b))
+    return dict(sorted(files.items()))

@@ -1,0 +1,70 @@
+"""The one place a bundle reaches the disk: atomically (temporary directory, then an atomic swap),
+so a failure or Ctrl-C never leaves half a bundle, and an existing directory is replaced only when
+it is an earlier umemc bundle."""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .errors import UsageError
+
+MARKER = ".umemc-bundle"
+MARKER_TEXT = "umemc bundle v1\n"
+_RENAME_EXCHANGE = 2
+
+
+def is_bundle(path: Path) -> bool:
+    marker = path / MARKER
+    return marker.is_file() and marker.read_text().startswith("umemc bundle")
+
+
+def write_bundle(target: Path, files: dict[str, str]) -> None:
+    """Write `files` (relative path -> text) as the directory `target`."""
+    target = target.absolute()
+    if target.exists() and not (target.is_dir() and is_bundle(target)):
+        raise UsageError(f"refusing to replace {target}: it exists and is not a umemc bundle "
+                         f"(no {MARKER}); choose another -o directory or remove it yourself")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        for rel, text in files.items():
+            _write_file(tmp / rel, text)
+        _write_file(tmp / MARKER, MARKER_TEXT)
+        os.chmod(tmp, 0o755)
+        if target.exists():
+            _swap(tmp, target)   # tmp now holds the previous bundle
+        else:
+            os.rename(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+def _write_file(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(path, 0o755 if path.suffix == ".sh" else 0o644)
+
+
+def _swap(a: Path, b: Path) -> None:
+    """Exchange two directories in one step (Linux renameat2 RENAME_EXCHANGE); elsewhere, two
+    renames with the old bundle kept until the new one is in place."""
+    libc_name = ctypes.util.find_library("c")
+    renameat2 = getattr(ctypes.CDLL(libc_name, use_errno=True), "renameat2", None) if libc_name else None
+    if renameat2 is not None:
+        at_fdcwd = -100
+        if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+            return
+    old = b.with_name(f".{b.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    os.rename(b, old)
+    os.rename(a, b)
+    os.rename(old, a)
