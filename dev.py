@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Set-up and entry points for a fresh checkout; needs nothing but python3.
 
-    python3 dev.py example   # make .venv, install umemc, check the bundled Strix Halo stack
+    python3 dev.py example   # make .venv, install umemc, build the bundled Strix Halo stack
     python3 dev.py test      # make .venv with the test extras, run the whole test suite (pytest)
 
 The venv is (re)installed only when pyproject.toml changed since the last install.
@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
     if what == "example":
         ensure_venv("")
         stack = argv[1] if len(argv) > 1 else "examples/strix-halo-5.toml"
-        return subprocess.run([str(VENV / "bin" / "umemc"), "check", stack], cwd=ROOT).returncode
+        return subprocess.run([str(VENV / "bin" / "umemc"), "build", stack], cwd=ROOT).returncode
     if what == "test":
         ensure_venv("test")
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .budget import ModelPlan, Plan
 from .runtimes import Context, argv_for, health_path
+from .stack.types import toml_repr
 from .units import KiB, MiB
 
 PLAN_VERSION = 1
@@ -169,8 +170,8 @@ def _check_carriable(plan: Plan, m: ModelPlan, argv: list[str]) -> None:
     for i, arg in enumerate(argv):
         problem = ini_problem(arg)
         if problem:
-            raise src.error(at + (key,), f"argument {i} ({arg!r}) cannot be written into supervisord's command=: "
-                            f"{problem}")
+            raise src.error(at + (key,), f"argument {i} ({toml_repr(arg)}) cannot be written into supervisord's "
+                            f"command=: {problem}")
     for key, value in m.model.spec.env.items():
         problem = env_problem(value)
         if problem:

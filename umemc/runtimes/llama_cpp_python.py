@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._common import model_flag
+
 if TYPE_CHECKING:
     from ..budget import ModelPlan
     from . import Context
@@ -24,7 +26,7 @@ def _bool(value: bool) -> str:
 def argv(m: ModelPlan, ctx: Context) -> list[str]:
     spec, rm = m.model.spec, m.model
     kv = str(GGML_TYPE_ID[spec.kv_cache])
-    out = [spec.bin or ctx.python, "-m", "llama_cpp.server", "--model", str(rm.model_path or spec.model),
+    out = [spec.bin or ctx.python, "-m", "llama_cpp.server", *model_flag("--model", rm),
            "--n_ctx", str(spec.context), "--n_ubatch", str(spec.ubatch), "--n_batch", str(spec.ubatch),
            "--flash_attn", _bool(spec.flash_attn), "--type_k", kv, "--type_v", kv,
            "--use_mmap", _bool(rm.mmap), "--use_mlock", _bool(spec.mlock),

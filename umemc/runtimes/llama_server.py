@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._common import model_flag
+
 if TYPE_CHECKING:
     from ..budget import ModelPlan
     from . import Context
@@ -17,7 +19,7 @@ ALL_LAYERS = "999"   # more than any model has: every layer offloaded (the estim
 
 def argv(m: ModelPlan, ctx: Context) -> list[str]:
     spec, rm = m.model.spec, m.model
-    out = [spec.bin or "llama-server", "-m", str(rm.model_path or spec.model),
+    out = [spec.bin or "llama-server", *model_flag("-m", rm),
            "-c", str(spec.context * spec.parallel), "-np", str(spec.parallel),
            "-ub", str(spec.ubatch), "-b", str(max(spec.ubatch, 2048)),
            "-fa", "on" if spec.flash_attn else "off",

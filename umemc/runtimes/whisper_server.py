@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._common import model_flag
+
 if TYPE_CHECKING:
     from ..budget import ModelPlan
     from . import Context
@@ -16,7 +18,7 @@ PINNED = ("--model", "--host", "--port", "--best-of", "--beam-size", "--flash-at
 
 def argv(m: ModelPlan, ctx: Context) -> list[str]:
     spec, rm = m.model.spec, m.model
-    out = [spec.bin or "whisper-server", "--model", str(rm.model_path or spec.model or ""),
+    out = [spec.bin or "whisper-server", *model_flag("--model", rm),
            "--best-of", "1", "--beam-size", "1"]
     if spec.flash_attn:
         out.append("--flash-attn")
