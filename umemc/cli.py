@@ -9,10 +9,10 @@ import tempfile
 import traceback
 from collections.abc import Sequence
 
-from .commands import apply, build, check, explain, schema
+from .commands import apply, build, check, down, events, explain, schema, status, up
 from .errors import UmemcError
 
-COMMANDS = (check, build, explain, apply, schema)
+COMMANDS = (check, build, explain, up, down, status, events, apply, schema)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -21,7 +21,8 @@ VM = "Linux Documentation/admin-guide/sysctl/vm.rst"
 @dataclass(frozen=True)
 class Program:
     name: str
-    argv: tuple[str, ...]
+    argv: tuple[str, ...]          # the worker itself (the runtime, or the placeholder under --simulate)
+    wrap: tuple[str, ...]          # the exec wrapper before it: cgroup placement, then exec argv
     env: tuple[tuple[str, str], ...]
     cwd: str | None
     autostart: bool
@@ -48,6 +49,11 @@ class Bundle:
     memlock: bool                  # any model locks memory: RLIMIT_MEMLOCK must be raised for supervisord
     socket: str                    # supervisord's unix socket (relative to the config unless overridden)
     python: str
+    simulate: bool = False         # workers replaced by placeholders that hold their soft quota
+
+    @property
+    def enforcer(self) -> tuple[str, ...]:
+        return (self.python, "-m", "umemc.runtime.enforcer")
 
     @property
     def header(self) -> str:
@@ -64,30 +70,45 @@ class Bundle:
         return p.gpu_window // MiB if p.kind == "apple" and p.gpu_window else None
 
 
-def compile_bundle(plan: Plan, socket: str | None = None, python: str | None = None) -> Bundle:
+def compile_bundle(plan: Plan, socket: str | None = None, python: str | None = None,
+                   simulate: bool = False) -> Bundle:
     ctx = Context(plan, python or sys.executable)
     programs = {}
     for m in plan.models.values():
         _check_carriable(plan, m, argv_for(m, ctx))
-        programs[m.name] = _program(plan, m, ctx)
+        programs[m.name] = _program(plan, m, ctx, simulate)
     memlock = any(m.model.spec.mlock for m in plan.models.values())
     return Bundle(plan, plan.loaded.path.name, programs, _sysctl(plan), memlock,
-                  socket or f"{STATE}/supervisor.sock", ctx.python)
+                  socket or f"{STATE}/supervisor.sock", ctx.python, simulate)
 
 
-def _program(plan: Plan, m: ModelPlan, ctx: Context) -> Program:
+def _program(plan: Plan, m: ModelPlan, ctx: Context, simulate: bool) -> Program:
     spec, rm = m.model.spec, m.model
-    argv = argv_for(m, ctx)
     port: int | None = rm.port
     if spec.runtime == "command" and spec.port is None and not any("{port}" in a for a in spec.command or []):
         port = None  # a command that was never told a port does not listen on one
+    argv = _placeholder(ctx, m, port) if simulate else argv_for(m, ctx)
+    wrap = (ctx.python, "-m", "umemc.runtime.wrap", "--stack", plan.name, "--model", m.name,
+            "--hard", str(m.quota_hard), "--soft", str(m.quota_soft),
+            "--cgroup", plan.loaded.stack.policy.kernel_enforcement)
     cwd = spec.cwd
     if cwd is not None and not Path(cwd).is_absolute():
         cwd = str((plan.loaded.path.parent / cwd).resolve())
     if spec.runtime == "comfyui" and cwd is None:
         cwd = str(plan.loaded.path.parent.resolve())
-    return Program(m.name, tuple(argv), tuple(worker_env(plan, m, port).items()), cwd, spec.mode == "hot",
+    if simulate:
+        cwd = None
+    return Program(m.name, tuple(argv), wrap, tuple(worker_env(plan, m, port).items()), cwd, spec.mode == "hot",
                    200 - spec.priority, port, health_path(m) if port is not None else None, m)
+
+
+def _placeholder(ctx: Context, m: ModelPlan, port: int | None) -> list[str]:
+    """--simulate: a umemc process that really allocates and touches the soft quota, serves the
+    runtime's health URL and answers requests with a canned reply."""
+    argv = [ctx.python, "-m", "umemc.runtime.placeholder", "--model", m.name, "--bytes", str(m.quota_soft)]
+    if port is not None:
+        argv += ["--port", str(port), "--health", health_path(m) or "/health"]
+    return argv
 
 
 def worker_env(plan: Plan, m: ModelPlan, port: int | None) -> dict[str, str]:

@@ -3,6 +3,7 @@ refused with exit 2 naming the key (supervisord silently corrupts some values: R
 from __future__ import annotations
 
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,8 +66,9 @@ def test_command_round_trip_or_refusal(tmp_path: Path, run_cli, programs, arg: s
                        "supervisord's config\n")
         return
     assert code == 0, err
-    command = programs(tmp_path / "bundle")["w"].command
-    assert shlex.split(command) == ["python3", "-c", "pass", arg.replace("{port}", "10001")]
+    command = shlex.split(programs(tmp_path / "bundle")["w"].command)
+    assert command[command.index("--") + 1:] == ["python3", "-c", "pass", arg.replace("{port}", "10001")]
+    assert command[command.index("--state") + 1] == str(tmp_path / "bundle" / "../state")
 
 
 def test_percent_everywhere(tmp_path: Path, programs) -> None:
@@ -78,3 +80,4 @@ def test_percent_everywhere(tmp_path: Path, programs) -> None:
     pc = programs(build_stack(stack, tmp_path / "bundle"))["w"]
     assert pc.directory == str(tmp_path / "dir 100%")
     assert shlex.split(pc.command)[-1] == "50%" and pc.environment["HOSTILE"] == "5%"
+    assert shlex.split(pc.command)[:3] == [sys.executable, "-m", "umemc.runtime.wrap"]

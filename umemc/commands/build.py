@@ -16,13 +16,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def build(plan: Plan, out: Path, socket: str | None = None) -> list[str]:
+def build(plan: Plan, out: Path, socket: str | None = None, simulate: bool = False) -> list[str]:
     """Compile, render and write atomically; returns the relative paths written."""
     from ..compile import compile_bundle
     from ..targets.files import render_bundle
     from ..write import write_bundle
 
-    files = render_bundle(compile_bundle(plan, socket=socket))
+    files = render_bundle(compile_bundle(plan, socket=socket, simulate=simulate))
     write_bundle(out, files)
     return list(files)
 

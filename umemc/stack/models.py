@@ -47,6 +47,15 @@ class Policy(_Strict):
     load_below: float = Field(0.70, gt=0, lt=1, description="Cold starts admitted only while pressure is below this.")
     evict_above: float = Field(0.90, gt=0, le=1, description="Above this pressure, evict by priority then "
                                "least-recently-used.")
+    kernel_enforcement: Literal["auto", "off"] = Field("auto", description="auto: each worker also gets a memory "
+                                                       "cgroup with its hard quota where the machine allows (cgroup "
+                                                       "v2 delegated, or v1); off: the enforcer's sampling only.")
+    leak_threshold: Size = Field(100 * 1024 * 1024, description='Growth per minute that counts as a leak when '
+                                 'sustained over leak_window (default "100MiB").')
+    leak_window: Duration = Field(300.0, ge=1, description='Sliding window of the leak watch (default "5m").')
+    max_kills: int = Field(3, ge=1, le=1000, description="Hard-limit kills within kill_window after which the "
+                           "worker is left stopped instead of restarted.")
+    kill_window: Duration = Field(600.0, ge=1, description='Window for max_kills (default "10m").')
     hsa_enable_sdma: bool = Field(False, description="AMD: HSA_ENABLE_SDMA for workers. Default false (0): the "
                                   "practitioners ran Strix Halo with the SDMA copy engines off, which avoided "
                                   "stalls and corruption seen with them on.")

@@ -88,8 +88,14 @@ def load_stack(path: Path, shown: str | None = None) -> LoadedStack:
     return LoadedStack(path, src, stack, platform, models, doc.warnings)
 
 
+RESERVED = ("umemc-enforcer", "umemc-gateway")  # umemc's own supervisord programs
+
+
 def _check_names(stack: Stack, src: Source) -> None:
     for name in stack.models:
+        if name in RESERVED:
+            raise src.error(("models", name), f"{toml_repr(name)} is reserved for umemc's own program",
+                            "choose another model name", what="key")
         if not re.match(NAME_PATTERN, name):
             raise src.error(("models", name), f"bad model name {toml_repr(name)}: must match {NAME_PATTERN}",
                             "it becomes a supervisord program name and a file name: lowercase letters, "

@@ -23,10 +23,14 @@ def plan_json(b: Bundle) -> Files:
                      "gpu_budget_bytes": plan.capacity.gpu_budget},
         "policy": {"safety_margin": pol.safety_margin, "quota_headroom": pol.quota_headroom,
                    "sample_interval_s": pol.sample_interval, "load_below": pol.load_below,
-                   "evict_above": pol.evict_above, "hsa_enable_sdma": pol.hsa_enable_sdma},
+                   "evict_above": pol.evict_above, "hsa_enable_sdma": pol.hsa_enable_sdma,
+                   "kernel_enforcement": pol.kernel_enforcement, "leak_threshold_bytes": pol.leak_threshold,
+                   "leak_window_s": pol.leak_window, "max_kills": pol.max_kills, "kill_window_s": pol.kill_window},
         "gateway": None if gw is None else {"host": gw.host, "port": gw.port, "token_env": gw.token_env},
         "supervisor": {"config": "supervisord.conf", "socket": b.socket, "state": STATE},
         "memlock": b.memlock,
+        "simulate": b.simulate,
+        "enforcer": list(b.enforcer),
         "models": {name: _model(b, name) for name in b.programs},
     }
     return {"plan.json": json.dumps(doc, indent=2, ensure_ascii=False) + "\n"}
@@ -37,7 +41,7 @@ def _model(b: Bundle, name: str) -> dict[str, object]:
     m, spec = prog.plan, prog.plan.model.spec
     return {
         "program": name, "runtime": spec.runtime, "mode": spec.mode, "priority": spec.priority,
-        "port": prog.port, "health": prog.health, "argv": list(prog.argv), "env": dict(prog.env), "cwd": prog.cwd,
+        "port": prog.port, "health": prog.health, "argv": list(prog.argv), "wrap": list(prog.wrap), "env": dict(prog.env), "cwd": prog.cwd,
         "estimate_bytes": m.estimate.estimate_bytes, "quota_soft_bytes": m.quota_soft,
         "quota_hard_bytes": m.quota_hard, "gpu_bytes": m.estimate.gpu.bytes, "gpu_quota_hard_bytes": m.gpu_quota_hard,
         "max_concurrency": m.model.max_concurrency, "aliases": list(spec.aliases), "ttl_s": spec.ttl,

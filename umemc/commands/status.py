@@ -1,0 +1,108 @@
+"""`umemc status [--run-dir DIR] [--json]` and `umemc top`: per model state, pid, CPU- and GPU-side
+bytes, quotas, share of the hard quota, restarts, uptime, last event."""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from ..units import gib
+from .up import add_run_dir
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("status", help="per-worker state, memory and quotas of the running stack")
+    add_run_dir(p)
+    p.add_argument("--json", action="store_true", help='print {"models": {...}} (the DESIGN.md contract)')
+    p.set_defaults(func=run)
+    t = sub.add_parser("top", help="the status table, refreshed live")
+    add_run_dir(t)
+    t.add_argument("--interval", type=float, default=1.0, help="refresh period in seconds")
+    t.set_defaults(func=run_top)
+
+
+def collect(run_dir_arg: str) -> dict[str, Any]:
+    """State from supervisord, usage from the enforcer's status file, quotas from plan.json."""
+    from ..runtime.control import Stack
+    from ..runtime.rundir import RunDir
+
+    run_dir = RunDir(Path(run_dir_arg).absolute())
+    if not (run_dir.bundle / "plan.json").exists():
+        raise UsageError(f"no stack in {run_dir_arg} (start one with `umemc up STACK --run-dir {run_dir_arg}`)")
+    stack = Stack(run_dir)
+    plan = stack.plan
+    infos = stack.supervisor.processes() if stack.state() == "running" else {}
+    live: dict[str, Any] = {}
+    if infos and run_dir.status.exists():
+        live = json.loads(run_dir.status.read_text())
+    out: dict[str, Any] = {"stack": plan["stack"], "running": bool(infos), "pressure": live.get("pressure"),
+                           "models": {}}
+    for name, m in plan["models"].items():
+        info, lv = infos.get(name, {}), live.get("models", {}).get(name, {})
+        pid = info.get("pid") or None
+        same = pid is not None and lv.get("pid") == pid
+        out["models"][name] = {
+            "state": info.get("statename", "STOPPED"), "pid": pid,
+            "rss_bytes": lv.get("rss_bytes", 0) if same else 0, "gpu_bytes": lv.get("gpu_bytes", 0) if same else 0,
+            "quota_soft_bytes": m["quota_soft_bytes"], "quota_hard_bytes": m["quota_hard_bytes"],
+            "restarts": lv.get("restarts", 0),
+            "_uptime_s": (time.time() - info["start"]) if pid and info.get("start") else None,
+            "_last_event": lv.get("last_event"), "_priority": m["priority"], "_mode": m["mode"],
+        }
+    return out
+
+
+def contract(status: dict[str, Any]) -> dict[str, Any]:
+    return {"models": {n: {k: v for k, v in m.items() if not k.startswith("_")} for n, m in status["models"].items()}}
+
+
+def table(status: dict[str, Any]) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    pressure = status.get("pressure")
+    title = f"umemc {status['stack']}: " + ("running" if status["running"] else "not running")
+    if pressure is not None:
+        title += f", pressure {pressure:.0%}"
+    t = Table(title=title + "  (GiB)", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
+              pad_edge=False, padding=(0, 1, 0, 1), collapse_padding=True)
+    for col in ("model", "state", "pid", "CPU", "GPU", "%hard", "hard", "rst", "up", "last event"):
+        t.add_column(col, justify="right" if col not in ("model", "state", "last event") else "left", no_wrap=True)
+    for name, m in status["models"].items():
+        used = m["rss_bytes"] + m["gpu_bytes"]
+        share = used / m["quota_hard_bytes"] if m["quota_hard_bytes"] else 0
+        style = "red" if share > 1 else "yellow" if used > m["quota_soft_bytes"] else ""
+        color = {"RUNNING": "green", "STARTING": "yellow", "STOPPED": "dim"}.get(m["state"], "red")
+        uptime = m["_uptime_s"]
+        t.add_row(name, f"[{color}]{m['state']}[/]", str(m["pid"] or "-"), gib(m["rss_bytes"]), gib(m["gpu_bytes"]),
+                  f"[{style}]{share:.0%}[/]" if style else f"{share:.0%}", gib(m["quota_hard_bytes"]),
+                  str(m["restarts"]), "-" if uptime is None else f"{uptime:.0f} s", m["_last_event"] or "")
+    return t
+
+
+def run(args: argparse.Namespace) -> int:
+    status = collect(args.run_dir)
+    if args.json:
+        print(json.dumps(contract(status), indent=2))
+    else:
+        from rich.console import Console
+
+        Console(highlight=False).print(table(status))
+    return 0
+
+
+def run_top(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console(highlight=False)
+    with Live(table(collect(args.run_dir)), console=console, screen=False, auto_refresh=False) as live:
+        try:
+            while True:
+                time.sleep(args.interval)
+                live.update(table(collect(args.run_dir)), refresh=True)
+        except KeyboardInterrupt:
+            return 0

@@ -1,0 +1,162 @@
+"""`umemc up STACK|BUNDLE [--run-dir DIR] [--force] [--simulate] [--foreground]`: build (or copy) the
+bundle into RUN/bundle, run the preflight, start the real supervisord and return once every hot
+worker is RUNNING and healthy. On a running stack it says so and reconciles."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import RuntimeFailure, UsageError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..runtime.control import Stack
+    from ..runtime.rundir import RunDir
+
+DEFAULT_RUN_DIR = ".umemc/run"
+
+
+def add_run_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run-dir", metavar="DIR", default=DEFAULT_RUN_DIR,
+                   help=f"where the bundle and live state go (default {DEFAULT_RUN_DIR})")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("up", help="start the stack under supervisord and enforce its quotas")
+    p.add_argument("target", metavar="STACK|BUNDLE", help="a stack file, or a bundle directory from `umemc build`")
+    add_run_dir(p)
+    p.add_argument("--force", action="store_true", help="start even when the preflight finds problems (warns)")
+    p.add_argument("--simulate", action="store_true",
+                   help="replace every worker by a placeholder that holds its soft quota and answers requests")
+    p.add_argument("--foreground", action="store_true", help="keep supervisord in the foreground (systemd unit)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for hot workers (default 900)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ..runtime.control import Stack
+    from ..runtime.rundir import RunDir
+    from ..runtime.supervisor import start_supervisord
+
+    console = Console(highlight=False)
+    run_dir = RunDir(Path(args.run_dir).absolute())
+    stack = Stack(run_dir)
+    state = stack.state() if run_dir.bundle.exists() else "stopped"
+    if state == "stale":
+        console.print("found state left by a crashed run (pid file or socket without supervisord): cleaned")
+    run_dir.prepare()
+    install_bundle(args, run_dir)
+    plan = stack.plan
+    infos = stack.supervisor.processes() if state == "running" else {}
+    alive = {n for n, i in infos.items() if i["statename"] in ("RUNNING", "STARTING")} & set(plan["models"])
+    if not preflight(console, run_dir, plan, args, alive):
+        return 1
+    hot = [n for n, m in plan["models"].items() if m["mode"] == "hot"]
+    events = stack.events()
+    try:
+        if state == "running":
+            console.print(f"stack {plan['stack']} is already running: reconciling")
+            started = stack.reconcile()
+            restart_enforcer(stack)
+            events.add("reconcile", None, started=started)
+        else:
+            events.add("up", None, bundle=str(run_dir.bundle), simulate=plan.get("simulate", False))
+            events.close()
+            start_supervisord(run_dir.bundle / "supervisord.conf", foreground=args.foreground, memlock=plan["memlock"])
+            stack.wait_started()
+    finally:
+        events.close()
+    wait(console, stack, hot, args.timeout)
+    console.print(f"\n[bold green]up[/]: {plan['stack']}: {len(hot)} hot worker(s) running and healthy "
+                  f"(`umemc status --run-dir {args.run_dir}`)")
+    return 0
+
+
+def install_bundle(args: argparse.Namespace, run_dir: RunDir) -> None:
+    """A stack is built into RUN/bundle; a bundle directory is copied there."""
+    from ..commands.build import build
+    from ..commands.common import plan_from_arg
+    from ..write import is_bundle, write_bundle
+
+    target = Path(args.target)
+    socket = run_dir.socket_override()
+    if not target.is_dir():
+        build(plan_from_arg(args.target), run_dir.bundle, socket=socket, simulate=args.simulate)
+        return
+    if not is_bundle(target):
+        raise UsageError(f"{args.target}: neither a stack file nor a umemc bundle")
+    if args.simulate:
+        raise UsageError("--simulate needs the stack file: it builds placeholders into the bundle")
+    if target.resolve() != run_dir.bundle.resolve():
+        files = {str(p.relative_to(target)): p.read_text() for p in sorted(target.rglob("*"))
+                 if p.is_file() and p.name != ".umemc-bundle"}
+        if socket:
+            default = "%(here)s/../state/supervisor.sock"
+            files = {k: v.replace(default, socket) for k, v in files.items()}
+        write_bundle(run_dir.bundle, files)
+
+
+def preflight(console: Console, run_dir: RunDir, plan: dict[str, Any], args: argparse.Namespace,
+              running: set[str]) -> bool:
+    from ..runtime.preflight import Preflight
+
+    pf = Preflight(run_dir.bundle, plan, simulate=args.simulate)
+    findings = pf.run(running)
+    blocking = pf.blocking()
+    console.print("preflight:")
+    for f in findings:
+        if f.ok:
+            console.print(f"  [green]ok[/]    {f.check}: {f.message}")
+            continue
+        label = "[red]FAIL[/]" if f in blocking and not args.force else "[yellow]warn[/]"
+        console.print(f"  {label}  {f.check}: {f.message}")
+        for fix in f.fix:
+            console.print(f"          fix: {fix}")
+    if blocking and not args.force:
+        print(f"umemc up: preflight refused ({len(blocking)} problem(s) above); fix them or pass --force",
+              file=sys.stderr)
+        return False
+    if blocking:
+        console.print("[yellow]--force: starting despite the preflight[/]")
+    return True
+
+
+def restart_enforcer(stack: Stack) -> None:
+    """The enforcer reads plan.json when it starts: restart it after a reconcile."""
+    sup = stack.supervisor
+    with contextlib.suppress(Exception):
+        sup.stop("umemc-enforcer", True)
+    sup.start("umemc-enforcer", False)
+
+
+def wait(console: Console, stack: Stack, hot: list[str], timeout: float) -> None:
+    from rich.live import Live
+    from rich.table import Table
+
+    states: dict[str, tuple[str, bool]] = {n: ("", False) for n in hot}
+    started = time.monotonic()
+
+    def table() -> Table:
+        t = Table(box=None, show_header=False, pad_edge=False)
+        for name, (state, ok) in states.items():
+            t.add_row(f"  {name}", "[green]healthy[/]" if ok else f"[yellow]{state or 'waiting'}[/]")
+        t.add_row("", f"[dim]{time.monotonic() - started:.0f} s[/]")
+        return t
+
+    with Live(table(), console=console, refresh_per_second=4) as live:
+        def progress(name: str, state: str, ok: bool) -> None:
+            states[name] = (state, ok)
+            live.update(table())
+
+        try:
+            stack.wait_healthy(hot, timeout, progress)
+        except RuntimeFailure:
+            live.update(table())
+            raise

@@ -1,0 +1,358 @@
+"""The enforcer: a program inside the same supervisord (restarted if it dies), reading plan.json.
+
+Every sample_interval it reads each worker's whole process tree (kept-open statm, task children)
+and its GPU-side memory (DRM fdinfo; nvidia-smi now and then), and
+- soft quota crossed: event `soft_limit`, once per crossing (re-armed below 95% of it);
+- hard quota crossed: SIGKILL the worker's process group at once, event `hard_limit_kill`
+  (by enforcer); supervisord restarts it; after max_kills within kill_window it is left stopped;
+- a kernel OOM kill in the worker's cgroup: event `hard_limit_kill` (by kernel);
+- usage climbing faster than leak_threshold per minute over leak_window: `leak_suspected`;
+- system pressure above evict_above: stop workers, lowest priority first, then least recently
+  active, until pressure is below load_below (`evict`).
+A worker near its hard quota is sampled every FAST_S in between, so a fast leak is caught early.
+
+    python -m umemc.runtime.enforcer --bundle BUNDLE_DIR
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .cgroups import Cgroup
+from .events import EventLog
+from .probes import nvidia
+from .probes.drm import DrmProbe
+from .probes.meminfo import read_meminfo
+from .probes.proc import ProcTree
+from .supervisor import Supervisor
+
+FAST_S = 0.005          # sampling period of a worker above NEAR of its hard quota
+NEAR = 0.75
+SOFT_REARM = 0.95
+STATUS_EVERY_S = 0.5
+NVIDIA_EVERY_S = 2.0
+LEAK_MIN_R2 = 0.8
+
+
+@dataclass
+class Worker:
+    name: str
+    hard: int
+    soft: int
+    priority: int
+    pid: int | None = None
+    pids: list[int] = field(default_factory=list)
+    cpu_side: int = 0
+    gpu_side: int = 0
+    peak: int = 0
+    started: float = 0.0
+    restarts: int = -1
+    soft_over: bool = False
+    kills: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    cgroup: Cgroup | None = None
+    oom_seen: int = 0
+    samples: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=3600))
+    leak_reported: bool = False
+    last_active: float = 0.0
+    last_cpu: int = -1
+    state: str = "UNKNOWN"
+    last_event: str | None = None
+    given_up: bool = False
+
+    @property
+    def usage(self) -> int:
+        return self.cpu_side + self.gpu_side
+
+
+class Enforcer:
+    def __init__(self, bundle: Path, proc: str = "/proc"):
+        self.bundle = bundle
+        self.plan = json.loads((bundle / "plan.json").read_text())
+        self.state_dir = (bundle / "../state").resolve()
+        pol = self.plan["policy"]
+        self.interval = float(pol["sample_interval_s"])
+        self.events = EventLog(self.state_dir / "events.db")
+        self.supervisor = Supervisor(Path(self.plan["supervisor"]["socket"].replace("%(here)s", str(bundle))))
+        self.proc = ProcTree(proc)
+        self.drm = DrmProbe(proc)
+        self.kind = self.plan["platform"]["kind"]
+        self.usable = int(self.plan["capacity"]["usable_bytes"])
+        self.workers = {n: Worker(n, m["quota_hard_bytes"], m["quota_soft_bytes"], m["priority"])
+                        for n, m in self.plan["models"].items()}
+        self.run_start = self.events.last_id("up")
+        self.evicting = False
+        self.evict_wait_until = 0.0
+        self.pressure = 0.0
+        self._last_status = 0.0
+        self._nvidia: dict[int, int] = {}
+        self._last_nvidia = 0.0
+        self._stop = False
+
+    # -- main loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_term)
+        self.events.add("enforcer_start", None, pid=os.getpid(), interval_s=self.interval)
+        next_tick = time.monotonic()
+        while not self._stop:
+            try:
+                self.tick()
+            except OSError as exc:  # supervisord restarting or gone: try again next tick
+                print(f"umemc-enforcer: {exc}", file=sys.stderr, flush=True)
+            next_tick += self.interval
+            self._fast_until(next_tick)
+            if time.monotonic() > next_tick + self.interval:
+                next_tick = time.monotonic()  # fell behind: skip, never burst
+        self.events.close()
+
+    def _on_term(self, *_: Any) -> None:
+        self._stop = True
+
+    def _fast_until(self, deadline: float) -> None:
+        """Between ticks, re-read only the workers close to their hard quota (a few preads)."""
+        while (remaining := deadline - time.monotonic()) > 0 and not self._stop:
+            near = [w for w in self.workers.values() if w.pid and w.usage >= NEAR * w.hard]
+            if not near:
+                time.sleep(remaining)
+                return
+            for w in near:
+                w.cpu_side = sum(self.proc.rss(p) for p in w.pids)
+                self._check_hard(w, time.time())
+            time.sleep(min(FAST_S, max(remaining, 0)))
+
+    def tick(self) -> None:
+        now = time.time()
+        infos = self.supervisor.processes()
+        self._refresh_nvidia(now)
+        for w in self.workers.values():
+            self._track(w, infos.get(w.name), now)
+            if w.pid:
+                self._sample(w, now)
+                self._check_kernel(w)
+                self._check_soft(w)
+                self._check_hard(w, now)
+                self._check_leak(w, now)
+        self._pressure_guard(now, infos)
+        if now - self._last_status >= STATUS_EVERY_S:
+            self.write_status(now)
+
+    # -- per worker -----------------------------------------------------------------------------
+    def _track(self, w: Worker, info: dict[str, Any] | None, now: float) -> None:
+        w.state = info["statename"] if info else "UNKNOWN"
+        pid = info["pid"] if info and info["statename"] in ("RUNNING", "STARTING") and info["pid"] else None
+        if pid == w.pid:
+            return
+        if w.pid is not None:
+            self._event(w, "exit", pid=w.pid, state=w.state, exitstatus=info.get("exitstatus") if info else None,
+                        peak_bytes=w.peak)
+            self.proc.prune(set())
+        w.pid, w.pids, w.cpu_side, w.gpu_side, w.peak = pid, [], 0, 0, 0
+        w.samples.clear()
+        w.soft_over = w.leak_reported = False
+        if pid is not None:
+            w.started = now
+            starts = self.events.count("start", w.name, self.run_start)
+            last = self.events.last("start", w.name, self.run_start)
+            if last is not None and last.detail.get("pid") == pid:  # the enforcer restarted, not the worker
+                w.restarts, w.started = starts - 1, last.ts
+            else:
+                w.restarts = starts
+                w.given_up = False
+                self._event(w, "start", pid=pid)
+            w.cgroup = self._cgroup_of(w.name)
+            w.oom_seen = w.cgroup.oom_kills() if w.cgroup else 0
+
+    def _cgroup_of(self, name: str) -> Cgroup | None:
+        try:
+            version, path = (self.state_dir / "cgroups" / name).read_text().split(maxsplit=1)
+        except (OSError, ValueError):
+            return None
+        return Cgroup(int(version), Path(path.strip()))
+
+    def _sample(self, w: Worker, now: float) -> None:
+        assert w.pid is not None
+        w.cpu_side, w.pids = self.proc.tree_rss(w.pid)
+        w.gpu_side = self._gpu(w.pids)
+        w.peak = max(w.peak, w.usage)
+        if not w.samples or now - w.samples[-1][0] >= 1.0:
+            w.samples.append((now, w.usage))
+        cpu = self.proc.cpu_ticks(w.pid)
+        if cpu != w.last_cpu:
+            w.last_cpu, w.last_active = cpu, now
+
+    def _gpu(self, pids: list[int]) -> int:
+        """GPU-side bytes not already in RSS: DRM GTT/VRAM (AMD, Intel), NVIDIA per-process memory."""
+        if self.kind == "amd-apu":
+            return self.drm.gpu_bytes(pids)
+        if self.kind in ("nvidia-discrete", "nvidia-unified") and self._nvidia:
+            return sum(self._nvidia.get(p, 0) for p in pids) if self.kind == "nvidia-discrete" else 0
+        return 0
+
+    def _refresh_nvidia(self, now: float) -> None:
+        if self.kind == "nvidia-discrete" and now - self._last_nvidia >= NVIDIA_EVERY_S:
+            self._nvidia, self._last_nvidia = nvidia.query(), now
+
+    def _check_soft(self, w: Worker) -> None:
+        if not w.soft_over and w.usage > w.soft:
+            w.soft_over = True
+            self._event(w, "soft_limit", usage_bytes=w.usage, soft_bytes=w.soft, pid=w.pid)
+        elif w.soft_over and w.usage < SOFT_REARM * w.soft:
+            w.soft_over = False
+
+    def _check_hard(self, w: Worker, now: float) -> None:
+        if w.pid is None or w.usage <= w.hard:
+            return
+        pid, usage = w.pid, w.usage
+        kill_tree(pid, w.pids)
+        w.kills.append(now)
+        self._event(w, "hard_limit_kill", by="enforcer", pid=pid, usage_bytes=usage, hard_bytes=w.hard,
+                    cpu_bytes=w.cpu_side, gpu_bytes=w.gpu_side)
+        w.pid, w.pids, w.cpu_side, w.gpu_side = None, [], 0, 0
+        self._maybe_give_up(w, now)
+
+    def _check_kernel(self, w: Worker) -> None:
+        if w.cgroup is None:
+            return
+        kills = w.cgroup.oom_kills()
+        if kills > w.oom_seen:
+            now = time.time()
+            for _ in range(kills - w.oom_seen):
+                w.kills.append(now)
+            self._event(w, "hard_limit_kill", by="kernel", pid=w.pid, oom_kills=kills - w.oom_seen,
+                        hard_bytes=w.hard, cgroup=str(w.cgroup.path))
+            w.oom_seen = kills
+            self._maybe_give_up(w, now)
+
+    def _maybe_give_up(self, w: Worker, now: float) -> None:
+        pol = self.plan["policy"]
+        recent = [t for t in w.kills if now - t <= pol["kill_window_s"]]
+        if len(recent) < pol["max_kills"] or w.given_up:
+            return
+        w.given_up = True
+        with contextlib.suppress(Exception):
+            self.supervisor.stop(w.name, False)
+        self._event(w, "give_up", reason=f"{len(recent)} hard-limit kills within {pol['kill_window_s']:g} s: "
+                    "left stopped", kills=len(recent))
+
+    def _check_leak(self, w: Worker, now: float) -> None:
+        window = float(self.plan["policy"]["leak_window_s"])
+        if w.leak_reported or len(w.samples) < 3 or w.samples[-1][0] - w.samples[0][0] < window:
+            return
+        while w.samples and w.samples[-1][0] - w.samples[0][0] > window:
+            w.samples.popleft()
+        slope, r2 = _trend(list(w.samples))
+        per_min = slope * 60
+        if per_min > self.plan["policy"]["leak_threshold_bytes"] and r2 >= LEAK_MIN_R2:
+            w.leak_reported = True
+            left = (w.hard - w.usage) / slope if slope > 0 else None
+            self._event(w, "leak_suspected", bytes_per_min=int(per_min), window_s=window, usage_bytes=w.usage,
+                        hard_bytes=w.hard, seconds_to_hard=None if left is None else round(left, 1))
+
+    # -- pressure -------------------------------------------------------------------------------
+    def measure_pressure(self) -> float:
+        """The conservative one of: 1 - MemAvailable/usable (the OS's view), the workers' own total
+        against usable, and the GPU window's used share where the driver tells it."""
+        try:
+            available = read_meminfo()["MemAvailable"]
+        except (OSError, KeyError):
+            available = self.usable
+        workers = sum(w.usage for w in self.workers.values() if w.pid)
+        return max(1 - available / self.usable, workers / self.usable, gtt_used_share())
+
+    def _pressure_guard(self, now: float, infos: dict[str, Any]) -> None:
+        pol = self.plan["policy"]
+        self.pressure = self.measure_pressure()
+        if self.pressure > pol["evict_above"]:
+            self.evicting = True
+        elif self.pressure < pol["load_below"]:
+            self.evicting = False
+        if not self.evicting or now < self.evict_wait_until:
+            return
+        running = [w for w in self.workers.values() if w.pid and infos.get(w.name, {}).get("statename") == "RUNNING"]
+        if not running:
+            return
+        victim = min(running, key=lambda w: (w.priority, w.last_active))
+        with contextlib.suppress(Exception):
+            self.supervisor.stop(victim.name, False)
+        self._event(victim, "evict", pressure=round(self.pressure, 4), usage_bytes=victim.usage,
+                    priority=victim.priority, evict_above=pol["evict_above"], load_below=pol["load_below"])
+        self.evict_wait_until = now + max(1.0, 5 * self.interval)  # let the memory come back first
+
+    # -- output ---------------------------------------------------------------------------------
+    def _event(self, w: Worker, kind: str, **detail: Any) -> None:
+        w.last_event = kind
+        self.events.add(kind, w.name, **detail)
+
+    def write_status(self, now: float) -> None:
+        self._last_status = now
+        doc = {"time": now, "pid": os.getpid(), "pressure": round(self.pressure, 4), "models": {
+            w.name: {"pid": w.pid, "rss_bytes": w.cpu_side, "gpu_bytes": w.gpu_side, "peak_bytes": w.peak,
+                     "restarts": max(0, w.restarts), "started": w.started if w.pid else None,
+                     "last_event": w.last_event, "given_up": w.given_up} for w in self.workers.values()}}
+        path = self.state_dir / "enforcer.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, path)
+
+
+def kill_tree(root: int, pids: list[int]) -> None:
+    """SIGKILL the worker's process group (supervisord made it the group leader), then any
+    descendant that left the group."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(root, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _trend(samples: list[tuple[float, int]]) -> tuple[float, float]:
+    """Least-squares slope (bytes/s) and R² of usage over time."""
+    n = len(samples)
+    t0 = samples[0][0]
+    xs = [t - t0 for t, _ in samples]
+    ys = [float(u) for _, u in samples]
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    syy = sum((y - my) ** 2 for y in ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    if sxx == 0 or syy == 0:
+        return 0.0, 0.0
+    return sxy / sxx, (sxy * sxy) / (sxx * syy)
+
+
+def gtt_used_share(drm_root: str = "/sys/class/drm") -> float:
+    """AMD: mem_info_gtt_used / mem_info_gtt_total of the first card that has them (bytes)."""
+    try:
+        cards = sorted(os.listdir(drm_root))
+    except OSError:
+        return 0.0
+    for card in cards:
+        base = f"{drm_root}/{card}/device"
+        try:
+            used = int(Path(f"{base}/mem_info_gtt_used").read_text())
+            total = int(Path(f"{base}/mem_info_gtt_total").read_text())
+        except (OSError, ValueError):
+            continue
+        if total:
+            return used / total
+    return 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="umemc-enforcer")
+    p.add_argument("--bundle", required=True)
+    args = p.parse_args(argv)
+    Enforcer(Path(args.bundle).resolve()).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""Before `umemc up` starts anything: compare the live machine with the plan. Each failed check
+says what is wrong and the exact command that fixes it. Host settings (sysctl, GPU window,
+memlock) only warn under --simulate, which proves memory, not host tuning."""
+from __future__ import annotations
+
+import os
+import resource
+import shlex
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..units import gib
+from .probes.meminfo import read_meminfo
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    ok: bool
+    message: str
+    fix: tuple[str, ...] = ()
+    host: bool = False         # a host setting: a warning only under --simulate
+    advisory: bool = False     # never refuses (swap on, no cgroups): shown as a warning
+
+
+@dataclass
+class Preflight:
+    bundle: Path
+    plan: dict[str, Any]
+    simulate: bool = False
+    proc_sys: str = "/proc/sys"
+    findings: list[Finding] = field(default_factory=list)
+
+    def run(self, running: set[str] = frozenset()) -> list[Finding]:  # type: ignore[assignment]
+        self.findings = []
+        self._sysctl()
+        self._memlock()
+        self._memory(running)
+        self._gpu_window()
+        self._swap()
+        self._cgroups()
+        if not self.simulate:
+            self._files_and_executables()
+        self._ports(running)
+        return self.findings
+
+    def blocking(self) -> list[Finding]:
+        return [f for f in self.findings if not f.ok and not f.advisory and not (self.simulate and f.host)]
+
+    def _add(self, *args: Any, **kw: Any) -> None:
+        self.findings.append(Finding(*args, **kw))
+
+    # -- checks ---------------------------------------------------------------------------------
+    def _sysctl(self) -> None:
+        wanted = parse_sysctl_conf((self.bundle / "sysctl/90-umemc.conf").read_text())
+        bad = []
+        for key, value in wanted.items():
+            live = read_sysctl(key, self.proc_sys)
+            if live is None:
+                continue  # not on this kernel
+            if " ".join(live.split()) != " ".join(value.split()):
+                bad.append((key, live, value))
+        if not bad:
+            self._add("sysctl", True, f"{len(wanted)} VM tunables as planned", host=True)
+            return
+        what = "; ".join(f"{k} is {live}, the plan needs {want}" for k, live, want in bad)
+        fix = tuple(f"sudo sysctl -w {k}={shlex.quote(want)}" for k, _, want in bad)
+        self._add("sysctl", False, what, fix + (f"sudo umemc apply {shlex.quote(str(self.bundle))}  # persist",),
+                  host=True)
+
+    def _memlock(self) -> None:
+        locked = sum(m["quota_hard_bytes"] for m in self.plan["models"].values() if m["mlock"] and m["mode"] == "hot")
+        if not locked:
+            return
+        soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+        if os.geteuid() == 0 or hard == resource.RLIM_INFINITY or hard >= locked:
+            self._add("memlock", True, "RLIMIT_MEMLOCK can be raised for supervisord", host=True)
+            return
+        self._add("memlock", False, f"models lock {gib(locked)} GiB but RLIMIT_MEMLOCK is {hard} bytes",
+                  ("sudo prlimit --memlock=unlimited:unlimited --pid $$   # then run umemc up again",
+                   "or run the systemd unit (LimitMEMLOCK=infinity): sudo umemc apply BUNDLE"), host=True)
+
+    def _memory(self, running: set[str]) -> None:
+        need = sum(m["quota_hard_bytes"] for n, m in self.plan["models"].items()
+                   if m["mode"] == "hot" and n not in running)
+        available = read_meminfo().get("MemAvailable", 0)
+        if available >= need:
+            self._add("memory", True, f"MemAvailable {gib(available)} GiB covers the hot set's hard quotas "
+                      f"({gib(need)} GiB)")
+        else:
+            self._add("memory", False, f"MemAvailable is {gib(available)} GiB but the hot set's hard quotas need "
+                      f"{gib(need)} GiB", ("free memory (stop other programs), or make models cold in the stack",))
+
+    def _gpu_window(self) -> None:
+        p = self.plan["platform"]
+        if p["kind"] == "amd-apu":
+            self._amd_window(p["gpu_window_bytes"])
+        elif p["kind"] == "apple":
+            self._apple_window(p["gpu_window_bytes"])
+
+    def _amd_window(self, want: int) -> None:
+        pages = want // 4096
+        try:
+            live = int(Path("/sys/module/ttm/parameters/pages_limit").read_text()) * 4096
+        except (OSError, ValueError):
+            self._add("gpu window", False, "no ttm module parameters: the amdgpu driver is not loaded",
+                      ("sudo modprobe amdgpu",), host=True)
+            return
+        if live == want:
+            self._add("gpu window", True, f"ttm.pages_limit = {pages} ({gib(want)} GiB)", host=True)
+        else:
+            self._add("gpu window", False, f"ttm.pages_limit gives {gib(live)} GiB, the plan needs {gib(want)} GiB",
+                      (f"echo {pages} | sudo tee /sys/module/ttm/parameters/pages_limit   # until reboot",
+                       "persist: see kernel/README.md (modprobe.d + kernel command line)"), host=True)
+
+    def _apple_window(self, want: int) -> None:
+        mb = want // (1024 * 1024)
+        try:
+            live = int(subprocess.run(["sysctl", "-n", "iogpu.wired_limit_mb"], capture_output=True, text=True,
+                                      timeout=5, check=False).stdout.strip() or 0)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            live = -1
+        if live == mb:
+            self._add("gpu window", True, f"iogpu.wired_limit_mb = {mb}", host=True)
+        else:
+            self._add("gpu window", False, f"iogpu.wired_limit_mb is {live}, the plan needs {mb}",
+                      (f"sudo sysctl iogpu.wired_limit_mb={mb}",), host=True)
+
+    def _swap(self) -> None:
+        info = read_meminfo()
+        total, free = info.get("SwapTotal", 0), info.get("SwapFree", 0)
+        if total == 0:
+            self._add("swap", True, "no swap: nothing pages the models out")
+        else:
+            self._add("swap", False, f"swap is on ({gib(total)} GiB, {gib(total - free)} GiB used): idle workers "
+                      "may be paged out (first token 1.2 s -> 18 s in the field notes)",
+                      ("sudo swapoff -a   # or keep it, with vm.swappiness low",), advisory=True)
+
+    def _cgroups(self) -> None:
+        if self.plan["policy"]["kernel_enforcement"] == "off":
+            return
+        from .cgroups import detect
+
+        backend, reason = detect("umemc-preflight-probe")
+        if backend is None:
+            self._add("cgroups", False, f"no kernel enforcement ({reason}); the enforcer's sampling still "
+                      "applies the hard quotas", ("run under systemd with Delegate=yes (umemc apply), or as root",),
+                      advisory=True)
+        else:
+            self._add("cgroups", True, f"kernel enforcement: {reason}")
+
+    def _files_and_executables(self) -> None:
+        checked: dict[str, str | None] = {}
+        for name, m in self.plan["models"].items():
+            for flag in ("-m", "--model", "--mmproj"):
+                if flag in m["argv"]:
+                    path = m["argv"][m["argv"].index(flag) + 1]
+                    if not Path(path).exists():
+                        self._add("files", False, f"models.{name}: {path} does not exist",
+                                  ("download it, or fix models." + name + ".model",))
+            if m["runtime"] in ("llama-server", "llama-cpp-python", "whisper-server") and not any(
+                    f in m["argv"] for f in ("-m", "--model")):
+                self._add("files", False, f"models.{name}: no model file (the stack gives only an arch preset)",
+                          (f"set models.{name}.model, or run with --simulate",))
+            exe = m["argv"][0] if m["argv"] else ""
+            problem = checked.get(exe) if exe in checked else check_executable(m)
+            checked[exe] = problem
+            if problem:
+                self._add("executables", False, f"models.{name}: {problem}",
+                          (f"install {m['runtime']} or set models.{name}.bin",))
+
+    def _ports(self, running: set[str]) -> None:
+        ports = {m["port"]: f"models.{n}" for n, m in self.plan["models"].items()
+                 if m["port"] is not None and n not in running}
+        gw = self.plan.get("gateway")
+        if gw:
+            ports[gw["port"]] = "gateway"
+        busy = [f"{owner}: port {port} is in use" for port, owner in sorted(ports.items()) if not port_free(port)]
+        if busy:
+            self._add("ports", False, "; ".join(busy), ("stop what listens there (ss -ltnp), or change the port",))
+        else:
+            self._add("ports", True, f"{len(ports)} ports free")
+
+
+def parse_sysctl_conf(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", ";")) and "=" in line:
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def read_sysctl(key: str, proc_sys: str = "/proc/sys") -> str | None:
+    try:
+        return Path(proc_sys, *key.split(".")).read_text().strip()
+    except OSError:
+        return None
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+
+def check_executable(m: dict[str, Any]) -> str | None:
+    """None when argv[0] exists and its --help lists every pinned flag of the runtime."""
+    from ..runtimes import RUNTIMES
+
+    argv = m["argv"]
+    exe = argv[0] if argv else ""
+    if not exe or (shutil.which(exe) is None and not Path(exe).is_file()):
+        return f"{exe or '(none)'} not found"
+    pinned = RUNTIMES[m["runtime"]].PINNED
+    if not pinned:
+        return None
+    help_argv = [exe, "-m", "llama_cpp.server", "--help"] if m["runtime"] == "llama-cpp-python" else [exe, "--help"]
+    try:
+        out = subprocess.run(help_argv, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"`{shlex.join(help_argv)}` failed: {exc}"
+    text = out.stdout + out.stderr
+    missing = [f for f in pinned if f not in text]
+    if missing:
+        return f"`{shlex.join(help_argv)}` does not list {', '.join(missing)} (too old a {m['runtime']}?)"
+    return None
