@@ -147,8 +147,8 @@ class Stack:
         bases = set()
         for record in records:
             with contextlib.suppress(OSError, ValueError):
-                version, path = record.read_text().split(maxsplit=1)
-                group = Cgroup(int(version), Path(path.strip()))
+                version, path = record.read_text().split()[:2]
+                group = Cgroup(int(version), Path(path))
                 for _ in range(50):  # a killed worker may still be exiting
                     if group.remove():
                         break

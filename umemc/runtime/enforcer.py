@@ -124,7 +124,7 @@ class Enforcer:
                 time.sleep(remaining)
                 return
             for w in near:
-                w.cpu_side = sum(self.proc.rss(p) for p in w.pids)
+                w.cpu_side = self._cpu_side(w)
                 self._check_hard(w, time.time())
             time.sleep(min(FAST_S, max(remaining, 0)))
 
@@ -133,10 +133,12 @@ class Enforcer:
         infos = self.supervisor.processes()
         self._refresh_nvidia(now)
         for w in self.workers.values():
+            self._check_kernel(w)          # before _track: a kernel kill ends the process it counts
             self._track(w, infos.get(w.name), now)
             if w.pid:
+                if w.cgroup is None:
+                    self._attach_cgroup(w)
                 self._sample(w, now)
-                self._check_kernel(w)
                 self._check_soft(w)
                 self._check_hard(w, now)
                 self._check_leak(w, now)
@@ -167,19 +169,24 @@ class Enforcer:
                 w.restarts = starts
                 w.given_up = False
                 self._event(w, "start", pid=pid)
-            w.cgroup = self._cgroup_of(w.name)
-            w.oom_seen = w.cgroup.oom_kills() if w.cgroup else 0
+            w.cgroup = None
+            self._attach_cgroup(w)
 
-    def _cgroup_of(self, name: str) -> Cgroup | None:
+    def _attach_cgroup(self, w: Worker) -> None:
+        """The exec wrapper records `version path pid` once it has placed the worker; until then
+        (a few ms after start) the worker is sampled by RSS."""
         try:
-            version, path = (self.state_dir / "cgroups" / name).read_text().split(maxsplit=1)
+            version, path, pid = (self.state_dir / "cgroups" / w.name).read_text().split()
         except (OSError, ValueError):
-            return None
-        return Cgroup(int(version), Path(path.strip()))
+            return
+        if int(pid) == w.pid:
+            w.cgroup = Cgroup(int(version), Path(path))
+            w.oom_seen = w.cgroup.oom_kills()
 
     def _sample(self, w: Worker, now: float) -> None:
         assert w.pid is not None
-        w.cpu_side, w.pids = self.proc.tree_rss(w.pid)
+        w.pids = self.proc.descendants(w.pid)
+        w.cpu_side = self._cpu_side(w)
         w.gpu_side = self._gpu(w.pids)
         w.peak = max(w.peak, w.usage)
         if not w.samples or now - w.samples[-1][0] >= 1.0:
@@ -187,6 +194,13 @@ class Enforcer:
         cpu = self.proc.cpu_ticks(w.pid)
         if cpu != w.last_cpu:
             w.last_cpu, w.last_active = cpu, now
+
+    def _cpu_side(self, w: Worker) -> int:
+        """In its own cgroup, a worker's CPU-side memory is what the kernel charges and limits there
+        (RSS would also count shared library pages charged elsewhere); otherwise the tree's RSS."""
+        if w.cgroup is not None:
+            return w.cgroup.usage()
+        return sum(self.proc.rss(p) for p in w.pids)
 
     def _gpu(self, pids: list[int]) -> int:
         """GPU-side bytes not already in RSS: DRM GTT/VRAM (AMD, Intel), NVIDIA per-process memory."""
@@ -219,7 +233,7 @@ class Enforcer:
         self._maybe_give_up(w, now)
 
     def _check_kernel(self, w: Worker) -> None:
-        if w.cgroup is None:
+        if w.cgroup is None or w.pid is None:
             return
         kills = w.cgroup.oom_kills()
         if kills > w.oom_seen:

@@ -57,7 +57,7 @@ def place(stack: str, model: str, hard: int, soft: int, state: Path, record: Pat
         print(f"umemc-wrap: no kernel enforcement for {model}: {exc}", file=sys.stderr)
         return
     tmp = record.with_suffix(".tmp")
-    tmp.write_text(f"{backend.version} {group.path}\n")
+    tmp.write_text(f"{backend.version} {group.path} {os.getpid()}\n")
     os.replace(tmp, record)
 
 

@@ -1,0 +1,138 @@
+"""Real stacks under real supervisord: write a stack of command workers, `umemc up` it, and
+always `umemc down` it afterwards, checking that no process and no cgroup is left."""
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from umemc.cli import main
+from umemc.runtime.preflight import read_sysctl
+
+REPO = Path(__file__).resolve().parents[2]
+WORKERS = REPO / "tests" / "workers"
+PY = sys.executable
+SYSCTL_KEYS = ("vm.swappiness", "vm.overcommit_memory", "vm.vfs_cache_pressure", "vm.min_free_kbytes",
+               "vm.watermark_scale_factor", "vm.max_map_count")
+
+
+def live_sysctl_table(**override: int) -> str:
+    """A [sysctl] table equal to this machine's live values, so the preflight passes here."""
+    lines = ["[sysctl]"]
+    for key in SYSCTL_KEYS:
+        value = override.get(key.replace(".", "_"), read_sysctl(key))
+        lines.append(f'"{key}" = {value}')
+    return "\n".join(lines) + "\n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def worker(name: str, script: str, *args: object, memory: str, priority: int = 50, mode: str = "hot",
+           port: int | None = None) -> str:
+    argv = [PY, str(WORKERS / script), *[str(a) for a in args]]
+    text = (f"\n[models.{name}]\nruntime = \"command\"\ncommand = {json.dumps(argv)}\nmemory = \"{memory}\"\n"
+            f"priority = {priority}\nmode = \"{mode}\"\n")
+    return text + (f"port = {port}\n" if port else "")
+
+
+class Running:
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+
+    def cli(self, *args: str) -> int:
+        return main([*args, "--run-dir", str(self.run_dir)])
+
+    def status(self) -> dict:
+        from umemc.commands.status import collect
+
+        return collect(str(self.run_dir))["models"]
+
+    def events(self, kind: str | None = None, model: str | None = None) -> list[dict]:
+        from umemc.runtime.events import EventLog
+
+        log = EventLog(self.run_dir / "state" / "events.db")
+        try:
+            out = [e.as_json() for e in log.since(0)]
+        finally:
+            log.close()
+        return [e for e in out if (kind is None or e["kind"] == kind) and (model is None or e["model"] == model)]
+
+    def wait_for(self, predicate: Callable[[], object], timeout: float = 30, what: str = "condition") -> object:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.05)
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+    def log_lines(self, name: str) -> list[str]:
+        path = self.run_dir / "state" / "logs" / f"{name}.out.log"
+        return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Callable[..., Running]]:
+    started: list[Running] = []
+
+    def up(text: str, *flags: str, expect: int = 0) -> Running:
+        path = tmp_path / "stack.toml"
+        path.write_text(text)
+        r = Running(tmp_path / "run")
+        started.append(r)
+        code = main(["up", str(path), "--run-dir", str(r.run_dir), "--timeout", "60", *flags])
+        assert code == expect
+        return r
+
+    yield up
+    for r in started:
+        pids = {p.pid for p in psutil.process_iter() if _ours(p, r.run_dir)}
+        if (r.run_dir / "bundle" / "plan.json").exists():
+            for m in r.status().values():
+                if m["pid"]:
+                    pids.add(m["pid"])
+                    pids.update(c.pid for c in _children(m["pid"]))
+        assert main(["down", "--run-dir", str(r.run_dir)]) == 0
+        left = [p for p in pids if _alive(p)] + [p.pid for p in psutil.process_iter() if _ours(p, r.run_dir)]
+        assert not left, f"processes left after down: {left}"
+        assert not list((r.run_dir / "state").glob("cgroups/*")), "cgroup records left"
+        assert not _cgroups_left(r.run_dir), "cgroups left after down"
+
+
+def _children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _ours(p: psutil.Process, run_dir: Path) -> bool:
+    try:
+        return str(run_dir) in " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
+def _cgroups_left(run_dir: Path) -> list[Path]:
+    from umemc.runtime.cgroups import detect, group_name
+
+    stack_name = json.loads((run_dir / "bundle" / "plan.json").read_text())["stack"]
+    backend, _ = detect(group_name(stack_name, run_dir / "state"))
+    return [backend.base] if backend is not None and backend.base.exists() else []
