@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.rundir import RunDir
     from ..runtime.supervisor import start_supervisord
 
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)  # long paths and fix commands stay on one line
     run_dir = RunDir(Path(args.run_dir).absolute())
     stack = Stack(run_dir)
     state = stack.state() if run_dir.bundle.exists() else "stopped"

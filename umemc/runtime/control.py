@@ -82,7 +82,7 @@ class Stack:
 
     def wait_healthy(self, names: list[str], timeout: float, progress: Any = None) -> dict[str, float]:
         """Block until every named worker is RUNNING and healthy; returns seconds each took."""
-        start, done = time.monotonic(), {}
+        start, done, seen = time.monotonic(), {}, set()
         models = self.plan["models"]
         while len(done) < len(names):
             infos = self.supervisor.processes()
@@ -90,7 +90,10 @@ class Stack:
                 if name in done:
                     continue
                 state = infos.get(name, {}).get("statename", "UNKNOWN")
-                if state in ("FATAL", "EXITED") or (state == "BACKOFF" and infos[name].get("spawnerr")):
+                if state in ("STARTING", "RUNNING", "BACKOFF"):
+                    seen.add(name)
+                stopped = state == "STOPPED" and name in seen  # the enforcer stopped it (see `umemc events`)
+                if stopped or state in ("FATAL", "EXITED") or (state == "BACKOFF" and infos[name].get("spawnerr")):
                     raise RuntimeFailure(self._failure(name, state, infos[name]))
                 if state == "RUNNING" and healthy(models[name]):
                     done[name] = time.monotonic() - start
