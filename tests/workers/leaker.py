@@ -40,7 +40,7 @@ def main() -> None:
     print(f"start pid={os.getpid()} rss={rss()}", file=out)
     while held.bytes < cap:
         held.grow(step)
-        print(f"rss {rss()} anon {anon()} t={time.monotonic() - start:.4f}", file=out)
+        print(f"rss {rss()} anon {anon()} t={time.monotonic() - start:.4f} wall={time.time():.4f}", file=out)
         ahead = held.bytes / rate - (time.monotonic() - start)
         if ahead > 0:
             time.sleep(ahead)

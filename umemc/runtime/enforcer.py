@@ -31,14 +31,15 @@ from .cgroups import Cgroup
 from .events import EventLog
 from .probes import nvidia
 from .probes.drm import DrmProbe
-from .probes.meminfo import read_meminfo
+from .probes.meminfo import MemAvailable
 from .probes.proc import ProcTree
 from .supervisor import Supervisor
 
 FAST_S = 0.005          # sampling period of a worker above NEAR of its hard quota
 NEAR = 0.75
 SOFT_REARM = 0.95
-STATUS_EVERY_S = 0.5
+SLOW_EVERY_S = 1.0      # process trees, kernel OOM counters, leak samples, status file
+POLL_EVERY_S = 5.0      # supervisord's process list, also fetched whenever supervisord's children change
 NVIDIA_EVERY_S = 2.0
 LEAK_MIN_R2 = 0.8
 
@@ -92,7 +93,12 @@ class Enforcer:
         self.evicting = False
         self.evict_wait_until = 0.0
         self.pressure = 0.0
-        self._last_status = 0.0
+        self._last_slow = self._last_poll = 0.0
+        self._gone = False
+        self._sv_pid: int | None = None
+        self._sv_children: frozenset[int] = frozenset()
+        self._infos: dict[str, Any] = {}
+        self._meminfo = MemAvailable()
         self._nvidia: dict[int, int] = {}
         self._last_nvidia = 0.0
         self._stop = False
@@ -129,22 +135,52 @@ class Enforcer:
             time.sleep(min(FAST_S, max(remaining, 0)))
 
     def tick(self) -> None:
+        """Every sample_interval: usage of each running worker (kept-open preads), quotas, pressure."""
         now = time.time()
-        infos = self.supervisor.processes()
+        children = self.proc.children(self._sv_pid) if self._sv_pid else frozenset()
+        if self._gone or children != self._sv_children or now - self._last_poll >= POLL_EVERY_S:
+            self._sv_children = children   # supervisord started or lost a process: look now
+            self.poll(now)
+            self.slow_tick(now)
+        elif now - self._last_slow >= SLOW_EVERY_S:
+            self.slow_tick(now)
+        kernel = self.plan["policy"]["kernel_enforcement"] == "auto"
+        for w in self.workers.values():
+            if not w.pid:
+                continue
+            if kernel and w.cgroup is None:
+                self._attach_cgroup(w)    # the wrapper records the group a few ms after the start
+            cpu = self._cpu_side(w)
+            if cpu == 0 and w.cgroup is None:
+                self._gone = True       # its process ended: ask supervisord at once on the next tick
+                continue
+            w.cpu_side, w.gpu_side = cpu, self._gpu(w.pids)
+            w.peak = max(w.peak, w.usage)
+            self._check_soft(w)
+            self._check_hard(w, now)
+        self._pressure_guard(now, self._infos)
+
+    def poll(self, now: float) -> None:
+        """supervisord's view (XML-RPC, a few ms): on a change of its children, else every 5 s."""
+        self._last_poll, self._gone = now, False
+        if self._sv_pid is None:
+            self._sv_pid = int(self.supervisor.call("supervisor.getPID"))
+            self._sv_children = self.proc.children(self._sv_pid)
+        self._infos = self.supervisor.processes()
+
+    def slow_tick(self, now: float) -> None:
+        """Every second: the bookkeeping that needs more syscalls than a sample."""
+        self._last_slow = now
         self._refresh_nvidia(now)
         for w in self.workers.values():
             self._check_kernel(w)          # before _track: a kernel kill ends the process it counts
-            self._track(w, infos.get(w.name), now)
+            self._track(w, self._infos.get(w.name), now)
             if w.pid:
                 if w.cgroup is None:
                     self._attach_cgroup(w)
-                self._sample(w, now)
-                self._check_soft(w)
-                self._check_hard(w, now)
+                self._refresh(w, now)
                 self._check_leak(w, now)
-        self._pressure_guard(now, infos)
-        if now - self._last_status >= STATUS_EVERY_S:
-            self.write_status(now)
+        self.write_status(now)
 
     # -- per worker -----------------------------------------------------------------------------
     def _track(self, w: Worker, info: dict[str, Any] | None, now: float) -> None:
@@ -183,14 +219,15 @@ class Enforcer:
             w.cgroup = Cgroup(int(version), Path(path))
             w.oom_seen = w.cgroup.oom_kills()
 
-    def _sample(self, w: Worker, now: float) -> None:
+    def _refresh(self, w: Worker, now: float) -> None:
+        """The worker's process tree, its GPU descriptors, activity, and a 1 Hz usage sample."""
         assert w.pid is not None
         w.pids = self.proc.descendants(w.pid)
-        w.cpu_side = self._cpu_side(w)
-        w.gpu_side = self._gpu(w.pids)
+        if self.kind == "amd-apu":
+            self.drm.refresh(w.pids)
+        w.cpu_side, w.gpu_side = self._cpu_side(w), self._gpu(w.pids)
         w.peak = max(w.peak, w.usage)
-        if not w.samples or now - w.samples[-1][0] >= 1.0:
-            w.samples.append((now, w.usage))
+        w.samples.append((now, w.usage))
         cpu = self.proc.cpu_ticks(w.pid)
         if cpu != w.last_cpu:
             w.last_cpu, w.last_active = cpu, now
@@ -274,12 +311,11 @@ class Enforcer:
     def measure_pressure(self) -> float:
         """The conservative one of: 1 - MemAvailable/usable (the OS's view), the workers' own total
         against usable, and the GPU window's used share where the driver tells it."""
-        try:
-            available = read_meminfo()["MemAvailable"]
-        except (OSError, KeyError):
-            available = self.usable
+        available = self._meminfo.read()
         workers = sum(w.usage for w in self.workers.values() if w.pid)
-        return max(1 - available / self.usable, workers / self.usable, gtt_used_share())
+        gtt = gtt_used_share() if self.kind == "amd-apu" else 0.0
+        return max(1 - (available if available is not None else self.usable) / self.usable,
+                   workers / self.usable, gtt)
 
     def _pressure_guard(self, now: float, infos: dict[str, Any]) -> None:
         pol = self.plan["policy"]
@@ -306,7 +342,6 @@ class Enforcer:
         self.events.add(kind, w.name, **detail)
 
     def write_status(self, now: float) -> None:
-        self._last_status = now
         doc = {"time": now, "pid": os.getpid(), "pressure": round(self.pressure, 4), "models": {
             w.name: {"pid": w.pid, "rss_bytes": w.cpu_side, "gpu_bytes": w.gpu_side, "peak_bytes": w.peak,
                      "restarts": max(0, w.restarts), "started": w.started if w.pid else None,

@@ -31,19 +31,33 @@ def parse_fdinfo(text: str) -> tuple[tuple[str, str] | None, dict[str, int]]:
 class DrmProbe:
     def __init__(self, proc: str = "/proc"):
         self.proc = proc
+        self._fds: dict[int, list[str]] = {}
+
+    def refresh(self, pids: list[int]) -> None:
+        """Find each process's /dev/dri descriptors (a directory scan: done now and then, not per sample)."""
+        self._fds = {pid: self._scan(pid) for pid in pids}
+
+    def _scan(self, pid: int) -> list[str]:
+        fd_dir = f"{self.proc}/{pid}/fd"
+        out = []
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            return []
+        for fd in fds:
+            try:
+                if os.readlink(f"{fd_dir}/{fd}").startswith("/dev/dri/"):
+                    out.append(fd)
+            except OSError:
+                continue
+        return out
 
     def process_bytes(self, pid: int) -> dict[str, int]:
         """{region: bytes} for one process, each DRM client counted once."""
         seen: dict[tuple[str, str], dict[str, int]] = {}
-        fd_dir = f"{self.proc}/{pid}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            return {}
+        fds = self._fds[pid] if pid in self._fds else self._scan(pid)
         for fd in fds:
             try:
-                if not os.readlink(f"{fd_dir}/{fd}").startswith("/dev/dri/"):
-                    continue
                 with open(f"{self.proc}/{pid}/fdinfo/{fd}") as f:
                     client, mem = parse_fdinfo(f.read())
             except OSError:

@@ -32,6 +32,21 @@ class ProcTree:
                     pass
         return out
 
+    def children(self, pid: int) -> frozenset[int]:
+        """Direct children (one small read per thread: cheap enough to run every sample)."""
+        out: set[int] = set()
+        try:
+            tasks = os.listdir(f"{self.proc}/{pid}/task")
+        except OSError:
+            return frozenset()
+        for tid in tasks:
+            try:
+                with open(f"{self.proc}/{pid}/task/{tid}/children", "rb") as f:
+                    out.update(int(c) for c in f.read().split())
+            except OSError:
+                pass
+        return frozenset(out)
+
     def rss(self, pid: int) -> int:
         fd = self._fds.get(pid)
         try:
