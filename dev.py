@@ -4,6 +4,10 @@
     python3 dev.py example   # make .venv, install umemc, build the bundled Strix Halo stack
     python3 dev.py test      # make .venv with the test extras, run the whole test suite (pytest)
 
+Optional parts the marked tests use (they skip, saying why, where these are absent):
+    python3 dev.py setup-llama   # llama-cpp-python[server]: compiles llama.cpp, ~5 min on 2 cores
+    python3 dev.py setup-torch   # torch==2.13.0 (CPU wheel)
+
 The venv is (re)installed only when pyproject.toml changed since the last install.
 """
 from __future__ import annotations
@@ -44,6 +48,10 @@ def main(argv: list[str]) -> int:
         ensure_venv("")
         stack = argv[1] if len(argv) > 1 else "examples/strix-halo-5.toml"
         return subprocess.run([str(VENV / "bin" / "umemc"), "build", stack], cwd=ROOT).returncode
+    if what in ("setup-llama", "setup-torch"):
+        ensure_venv("test")
+        spec = ["llama-cpp-python[server]"] if what == "setup-llama" else ["torch==2.13.0"]
+        return subprocess.run([str(PY), "-m", "pip", "install", "-q", *spec], cwd=ROOT).returncode
     if what == "test":
         ensure_venv("test")
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")

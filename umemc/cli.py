@@ -9,10 +9,10 @@ import tempfile
 import traceback
 from collections.abc import Sequence
 
-from .commands import apply, build, check, down, events, explain, schema, status, up
+from .commands import apply, build, calibrate, check, down, events, explain, schema, status, up
 from .errors import UmemcError
 
-COMMANDS = (check, build, explain, up, down, status, events, apply, schema)
+COMMANDS = (check, build, explain, calibrate, up, down, status, events, apply, schema)
 
 
 class _Parser(argparse.ArgumentParser):

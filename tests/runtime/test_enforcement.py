@@ -92,6 +92,7 @@ def test_userspace_enforcer_kills_a_fast_leaker(stack) -> None:
         assert peak - HARD <= 1024 * MiB * INTERVAL + 8 * MiB, f"overshoot {(peak - HARD) / MiB:.1f} MiB"
     give_up = r.events("give_up", "leaker")[0]["detail"]
     assert give_up["reason"] == "2 hard-limit kills within 120 s: left stopped"
+    assert r.status()["leaker"]["restarts"] == 1             # supervisord restarted it once before the give-up
 
 
 @pytest.mark.skipif(detect("umemc-test-probe")[0] is None, reason=f"no kernel enforcement: {detect('x')[1]}")
@@ -132,3 +133,14 @@ def test_leak_watch_reports_a_slow_climb(stack) -> None:
     assert 400 <= per_min <= 800, per_min                   # 10 MiB/s = 600 MiB/min
     assert event["detail"]["window_s"] == 3.0
     assert not r.events("hard_limit_kill", "slow")
+
+
+def test_estimate_drift_is_reported_once_settled(stack) -> None:
+    r = stack(base("off", "quota_headroom = 0.5\n")
+              + worker("fat", "steady.py", "{port}", 110, memory="100MiB", priority=50, port=free_port()))
+    event = r.wait_for(lambda: r.events("estimate_drift", "fat"), timeout=30, what="estimate_drift")[0]["detail"]
+    assert event["estimate_bytes"] == 100 * MiB and event["source"] == "explicit"
+    assert event["measured_bytes"] > 1.05 * 100 * MiB and event["over_pct"] > 5
+    assert not r.events("hard_limit_kill", "fat")
+    live = json.loads((r.run_dir / "state" / "enforcer.json").read_text())
+    assert live["models"]["fat"]["drift"] > 0.05

@@ -132,3 +132,20 @@ def test_status_without_a_stack(tmp_path: Path, run_cli, arg: str) -> None:
     args = ["status", "--run-dir", str(tmp_path / "none")] + ([arg] if arg else [])
     assert run_cli(*args) == (2, "", f"no stack in {tmp_path / 'none'} (start one with `umemc up STACK "
                                      f"--run-dir {tmp_path / 'none'}`)\n")
+
+
+def test_top_refreshes_until_interrupted(stack, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    r = stack('version = 1\nname = "top"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n' + live_sysctl_table()
+              + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port()))
+    ticks = []
+
+    def sleep(_: float) -> None:
+        ticks.append(1)
+        if len(ticks) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("umemc.commands.status.time.sleep", sleep)
+    capsys.readouterr()
+    assert r.cli("top") == 0
+    out = capsys.readouterr().out
+    assert "umemc top: running" in out and " w " in out and "RUNNING" in out

@@ -51,6 +51,7 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
             "restarts": lv.get("restarts", 0),
             "_uptime_s": (time.time() - info["start"]) if pid and info.get("start") else None,
             "_last_event": lv.get("last_event"), "_priority": m["priority"], "_mode": m["mode"],
+            "_drift": lv.get("drift") if same else None,
         }
     return out
 
@@ -79,8 +80,16 @@ def table(status: dict[str, Any]) -> Any:
         uptime = m["_uptime_s"]
         t.add_row(name, f"[{color}]{m['state']}[/]", str(m["pid"] or "-"), gib(m["rss_bytes"]), gib(m["gpu_bytes"]),
                   f"[{style}]{share:.0%}[/]" if style else f"{share:.0%}", gib(m["quota_hard_bytes"]),
-                  str(m["restarts"]), "-" if uptime is None else f"{uptime:.0f} s", m["_last_event"] or "")
+                  str(m["restarts"]), "-" if uptime is None else f"{uptime:.0f} s", _last(m))
     return t
+
+
+def _last(m: dict[str, Any]) -> str:
+    text = m["_last_event"] or ""
+    drift = m.get("_drift")
+    if drift is not None and drift > 0.05:
+        text = f"[red]drift {drift:+.0%}[/] " + text
+    return text
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,14 +18,16 @@ _WANTS = {"embedding": ("F16", "embedding models lose recall when quantized belo
 def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
     spec, at = m.spec, ("models", m.name)
     warnings: list[str] = []
-    facts = _read(loaded, m.model_path, at + ("model",)) if m.model_present else None
+    entry = _checked_entry(loaded, m, warnings)
+    facts, source = _facts(loaded, m, entry)
     preset = LLM_PRESETS.get(spec.arch or "")
     if facts is not None:
         if facts.shape is None:
             raise loaded.source.error(at + ("model",), f"GGUF has no {facts.general_arch}.block_count: "
                                       "not a language model", "a projector goes in mmproj")
-        shape, source, ftype = facts.shape, "gguf", facts.file_type or "?"
-        weights = Figure("weights", facts.tensor_bytes, "sum of tensor bytes in the GGUF header (exact)",
+        shape, ftype = facts.shape, facts.file_type or "?"
+        how = "the GGUF header (exact)" if source == "gguf" else "the lock in the calibration file (exact)"
+        weights = Figure("weights", facts.tensor_bytes, f"sum of tensor bytes in {how}",
                          {"file": str(m.model_path), "tensors": facts.n_tensors, "file type": ftype,
                           "tensor types": ", ".join(f"{k}:{v}" for k, v in facts.type_counts.items())})
         if m.quant and facts.file_type and m.quant != facts.file_type:
@@ -45,9 +47,72 @@ def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
     overhead = overhead_figure(spec.runtime, loaded.platform.kind)
     family = "embedding" if not shape.causal else ("vision" if vision else "llm")
     warnings += _warnings(loaded, m, shape, ftype, family)
-    return finish(loaded, m, source, Figure.total("weights", weights_parts), kv,
-                   Figure.total("compute", compute_parts), overhead, warnings,
-                   {"file type": ftype, "family": family, "n_ctx_train": shape.n_ctx_train})
+    weights_fig, compute_fig = Figure.total("weights", weights_parts), Figure.total("compute", compute_parts)
+    measured = _measured(loaded, m, entry, warnings)
+    if measured is not None:
+        source = "measured"
+        weights_fig, kv, compute_fig, overhead = measured
+    return finish(loaded, m, source, weights_fig, kv, compute_fig, overhead, warnings,
+                  {"file type": ftype, "family": family, "n_ctx_train": shape.n_ctx_train})
+
+
+def current_flags(loaded: LoadedStack, m: ResolvedModel) -> dict[str, object]:
+    """The memory-relevant settings a calibration is keyed by."""
+    s = m.spec
+    return {"runtime": s.runtime, "context": s.context, "parallel": s.parallel, "ubatch": s.ubatch,
+            "kv_cache": s.kv_cache, "flash_attn": s.flash_attn, "mmap": m.mmap, "mlock": s.mlock,
+            "kind": loaded.platform.kind}
+
+
+def _checked_entry(loaded: LoadedStack, m: ResolvedModel, warnings: list[str]) -> dict | None:
+    """The model's calibration entry, unless the file present is not the one it recorded."""
+    from ..calibration import identity
+
+    entry = loaded.calibration.get(m.name)
+    if entry is None or not m.model_present or m.model_path is None:
+        return entry
+    now = identity(m.model_path)
+    if now != entry.get("file"):
+        what = "size" if now["size"] != entry.get("file", {}).get("size") else "content"
+        warnings.append(loaded.source.warning(("models", m.name, "model"), f"the calibration file recorded another "
+                                              f"file ({what} changed): its lock and measurements are ignored"))
+        return None
+    return entry
+
+
+def _facts(loaded: LoadedStack, m: ResolvedModel, entry: dict | None) -> tuple[GgufFacts | None, str]:
+    from ..calibration import facts_from_lock
+
+    if m.model_present:
+        return _read(loaded, m.model_path, ("models", m.name, "model")), "gguf"
+    if entry is not None and entry.get("header"):
+        return facts_from_lock(entry, str(m.model_path)), "lock"
+    return None, "arch"
+
+
+def _measured(loaded: LoadedStack, m: ResolvedModel, entry: dict | None,
+              warnings: list[str]) -> tuple[Figure, Figure, Figure, Figure] | None:
+    """llama.cpp's own buffer report and the resident memory after a warm-up, if still valid."""
+    from ..calibration import flag_changes, host_bytes, totals
+
+    if entry is None or not entry.get("measured"):
+        return None
+    changes = flag_changes(entry.get("flags", {}), current_flags(loaded, m))
+    if changes:
+        warnings.append(loaded.source.warning(("models", m.name), "calibration ignored: " + ", ".join(changes),
+                                              what="table"))
+        return None
+    meas = entry["measured"]
+    t = totals(meas["buffers"])
+    when = {"measured": meas.get("at", "?"), "by": meas.get("runtime_version", "?")}
+    rest = max(0, meas["rss_bytes"] - host_bytes(meas["buffers"]))
+    gpu_ctx = overhead_figure(m.spec.runtime, loaded.platform.kind).parts[1:]  # GPU context stays an estimate
+    return (Figure("weights", t["model"], "llama.cpp: model buffer size (calibration)", when),
+            Figure("kv", t["kv"], "llama.cpp: KV buffer size (calibration)", when),
+            Figure("compute", t["compute"] + t["output"], "llama.cpp: compute + output buffer size (calibration)",
+                   when),
+            Figure.total("overhead", [Figure("process", rest, "resident after a warm-up request minus host "
+                                             "buffers (calibration)", {"rss": meas["rss_bytes"]}), *gpu_ctx]))
 
 
 def _read(loaded: LoadedStack, path: object, at: tuple[str, ...]) -> GgufFacts:

@@ -42,6 +42,9 @@ SLOW_EVERY_S = 1.0      # process trees, kernel OOM counters, leak samples, stat
 POLL_EVERY_S = 5.0      # supervisord's process list, also fetched whenever supervisord's children change
 NVIDIA_EVERY_S = 2.0
 LEAK_MIN_R2 = 0.8
+DRIFT = 0.05            # more than 5% over the estimate once settled: estimate_drift
+DRIFT_SETTLE_S = 5.0    # after supervisord calls it RUNNING (itself 5 s after the start)
+LLAMA_RUNTIMES = ("llama-server", "llama-cpp-python")
 
 
 @dataclass
@@ -68,6 +71,9 @@ class Worker:
     state: str = "UNKNOWN"
     last_event: str | None = None
     given_up: bool = False
+    estimate: int = 0
+    drift: float | None = None          # measured / estimate - 1, once reported
+    running_since: float | None = None
 
     @property
     def usage(self) -> int:
@@ -87,8 +93,8 @@ class Enforcer:
         self.drm = DrmProbe(proc)
         self.kind = self.plan["platform"]["kind"]
         self.usable = int(self.plan["capacity"]["usable_bytes"])
-        self.workers = {n: Worker(n, m["quota_hard_bytes"], m["quota_soft_bytes"], m["priority"])
-                        for n, m in self.plan["models"].items()}
+        self.workers = {n: Worker(n, m["quota_hard_bytes"], m["quota_soft_bytes"], m["priority"],
+                                  estimate=m["estimate_bytes"]) for n, m in self.plan["models"].items()}
         self.run_start = self.events.last_id("up")
         self.evicting = False
         self.evict_wait_until = 0.0
@@ -180,6 +186,7 @@ class Enforcer:
                     self._attach_cgroup(w)
                 self._refresh(w, now)
                 self._check_leak(w, now)
+                self._check_drift(w, now)
         self.write_status(now)
 
     # -- per worker -----------------------------------------------------------------------------
@@ -195,6 +202,7 @@ class Enforcer:
         w.pid, w.pids, w.cpu_side, w.gpu_side, w.peak = pid, [], 0, 0, 0
         w.samples.clear()
         w.soft_over = w.leak_reported = False
+        w.drift, w.running_since = None, None
         if pid is not None:
             w.started = now
             starts = self.events.count("start", w.name, self.run_start)
@@ -307,6 +315,45 @@ class Enforcer:
             self._event(w, "leak_suspected", bytes_per_min=int(per_min), window_s=window, usage_bytes=w.usage,
                         hard_bytes=w.hard, seconds_to_hard=None if left is None else round(left, 1))
 
+    def _check_drift(self, w: Worker, now: float) -> None:
+        """Once a worker has settled, compare what it holds (and, for llama.cpp, what its own log
+        says it allocated) with the plan's estimate: more than 5% over is `estimate_drift`."""
+        if w.state != "RUNNING":
+            return
+        if w.running_since is None:
+            w.running_since = now
+        if w.drift is not None or now - w.running_since < DRIFT_SETTLE_S or not w.estimate:
+            return
+        m = self.plan["models"][w.name]
+        detail: dict[str, Any] = {}
+        if m["runtime"] in LLAMA_RUNTIMES:
+            detail = self._llama_log_drift(w.name, m)
+        over = w.usage / w.estimate - 1
+        if detail or over > DRIFT:
+            w.drift = max(over, detail.get("buffers_over", -1.0))
+            self._event(w, "estimate_drift", measured_bytes=w.usage, estimate_bytes=w.estimate,
+                        over_pct=round(over * 100, 1), source=m["estimate_source"], **detail)
+        else:
+            w.drift = over   # within 5%: checked, nothing to report
+
+    def _llama_log_drift(self, name: str, m: dict[str, Any]) -> dict[str, Any]:
+        from ..calibration import parse_buffers, totals
+
+        text = ""
+        for suffix in ("err", "out"):
+            log = self.state_dir / "logs" / f"{name}.{suffix}.log"
+            with contextlib.suppress(OSError), log.open("rb") as f:
+                f.seek(max(0, log.stat().st_size - 512 * 1024))
+                text += f.read().decode(errors="replace")
+        t = totals(parse_buffers(text))
+        reported = t["model"] + t["kv"] + t["compute"] + t["output"]
+        parts = m["estimate_parts"]
+        planned = parts["weights_bytes"] + parts["kv_bytes"] + parts["compute_bytes"]
+        if not reported or not planned or reported <= (1 + DRIFT) * planned:
+            return {}
+        return {"buffers_bytes": reported, "buffers_planned_bytes": planned,
+                "buffers_over": round(reported / planned - 1, 4), "buffers": t}
+
     # -- pressure -------------------------------------------------------------------------------
     def measure_pressure(self) -> float:
         """The conservative one of: 1 - MemAvailable/usable (the OS's view), the workers' own total
@@ -345,7 +392,8 @@ class Enforcer:
         doc = {"time": now, "pid": os.getpid(), "pressure": round(self.pressure, 4), "models": {
             w.name: {"pid": w.pid, "rss_bytes": w.cpu_side, "gpu_bytes": w.gpu_side, "peak_bytes": w.peak,
                      "restarts": max(0, w.restarts), "started": w.started if w.pid else None,
-                     "last_event": w.last_event, "given_up": w.given_up} for w in self.workers.values()}}
+                     "last_event": w.last_event, "given_up": w.given_up,
+                     "drift": None if w.drift is None else round(w.drift, 4)} for w in self.workers.values()}}
         path = self.state_dir / "enforcer.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc))

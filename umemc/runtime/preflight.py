@@ -156,14 +156,12 @@ class Preflight:
     def _files_and_executables(self) -> None:
         checked: dict[str, str | None] = {}
         for name, m in self.plan["models"].items():
-            for flag in ("-m", "--model", "--mmproj"):
-                if flag in m["argv"]:
-                    path = m["argv"][m["argv"].index(flag) + 1]
-                    if not Path(path).exists():
-                        self._add("files", False, f"models.{name}: {path} does not exist",
-                                  ("download it, or fix models." + name + ".model",))
-            if m["runtime"] in ("llama-server", "llama-cpp-python", "whisper-server") and not any(
-                    f in m["argv"] for f in ("-m", "--model")):
+            for key in ("model_file", "mmproj_file"):
+                path = m.get(key)
+                if path is not None and not Path(path).exists():
+                    self._add("files", False, f"models.{name}: {path} does not exist",
+                              (f"download it, or fix models.{name}.{key.split('_')[0]}",))
+            if m["runtime"] in ("llama-server", "llama-cpp-python", "whisper-server") and m.get("model_file") is None:
                 self._add("files", False, f"models.{name}: no model file (the stack gives only an arch preset)",
                           (f"set models.{name}.model, or run with --simulate",))
             exe = m["argv"][0] if m["argv"] else ""

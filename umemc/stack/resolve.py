@@ -5,8 +5,9 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..estimate.archs import LLM_PRESETS, TORCH_PRESETS, family_of
 from ..estimate.gguf_file import is_gguf
@@ -66,6 +67,7 @@ class LoadedStack:
     platform: ResolvedPlatform
     models: dict[str, ResolvedModel]
     warnings: list[str]
+    calibration: dict[str, Any] = field(default_factory=dict)   # <stack>.calibration.json, by model
 
     @property
     def name(self) -> str:
@@ -74,9 +76,12 @@ class LoadedStack:
 
 def load_stack(path: Path, shown: str | None = None) -> LoadedStack:
     """The whole load stage: read, parse, validate, check, resolve."""
+    from .. import calibration
+
     doc = read_document(path, shown)
     stack = validate(doc)
     src = doc.source
+    locks = calibration.load(path)
     _check_names(stack, src)
     platform = _platform(stack, src)
     _check_policy(stack, src)
@@ -84,8 +89,8 @@ def load_stack(path: Path, shown: str | None = None) -> LoadedStack:
     _check_sysctl(stack, src)
     ports = _ports(stack, src)
     _check_aliases(stack, src)
-    models = {name: _model(doc, name, spec, platform, ports[name]) for name, spec in stack.models.items()}
-    return LoadedStack(path, src, stack, platform, models, doc.warnings)
+    models = {name: _model(doc, name, spec, platform, ports[name], locks.get(name)) for name, spec in stack.models.items()}
+    return LoadedStack(path, src, stack, platform, models, doc.warnings, locks)
 
 
 RESERVED = ("umemc-enforcer", "umemc-gateway")  # umemc's own supervisord programs
@@ -208,7 +213,8 @@ def _check_aliases(stack: Stack, src: Source) -> None:
             seen[alias] = f"models.{name}.aliases"
 
 
-def _model(doc: Document, name: str, spec: ModelSpec, platform: ResolvedPlatform, port: int) -> ResolvedModel:
+def _model(doc: Document, name: str, spec: ModelSpec, platform: ResolvedPlatform, port: int,
+           lock: dict[str, Any] | None) -> ResolvedModel:
     src, at = doc.source, ("models", name)
     _check_env(spec, src, at)
     _check_runtime_keys(spec, src, at)
@@ -217,9 +223,11 @@ def _model(doc: Document, name: str, spec: ModelSpec, platform: ResolvedPlatform
         raise src.error(at + ("arch",), f'{spec.arch} ({family}) cannot run on runtime = "{spec.runtime}"',
                         f"use runtime = {' or '.join(toml_repr(r) for r in _RUNTIMES_FOR[family])}")
     quant = _quant(spec, src, at)
-    model_path, model_present = _file(doc, spec.model, at + ("model",), spec, llama=spec.runtime in LLAMA_RUNTIMES)
+    locked = bool(lock and lock.get("header")) and spec.runtime in LLAMA_RUNTIMES
+    model_path, model_present = _file(doc, spec.model, at + ("model",), spec, llama=spec.runtime in LLAMA_RUNTIMES,
+                                      locked=locked)
     mmproj_path, mmproj_present = _file(doc, spec.mmproj, at + ("mmproj",), spec, llama=True, is_mmproj=True)
-    _check_size_source(spec, src, at, model_present)
+    _check_size_source(spec, src, at, model_present or locked)
     mmap = spec.mmap if spec.mmap is not None else not platform.unified
     return ResolvedModel(name, spec, family, quant, model_path, model_present, mmproj_path, mmproj_present,
                          mmap, spec.max_concurrency or spec.parallel, port)
@@ -287,7 +295,7 @@ def _quant(spec: ModelSpec, src: Source, at: tuple[str, ...]) -> str | None:
 
 
 def _file(doc: Document, value: str | None, at: tuple[str, ...], spec: ModelSpec, *, llama: bool,
-          is_mmproj: bool = False) -> tuple[Path | None, bool]:
+          is_mmproj: bool = False, locked: bool = False) -> tuple[Path | None, bool]:
     if value is None:
         return None, False
     src = doc.source
@@ -295,7 +303,7 @@ def _file(doc: Document, value: str | None, at: tuple[str, ...], spec: ModelSpec
     if path.is_dir() or not path.exists():
         if path.is_dir() and not llama:
             return path, True  # torch/comfyui model directories
-        fallback = _fallback(spec, is_mmproj)
+        fallback = f"the lock in {doc.path.stem}.calibration.json" if locked else _fallback(spec, is_mmproj)
         if fallback is None:
             raise src.error(at, f"file not found: {path}",
                             "give arch = \"<preset>\" as a fallback, or memory = \"…\"" if not is_mmproj else None)

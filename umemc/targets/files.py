@@ -41,8 +41,13 @@ def _model(b: Bundle, name: str) -> dict[str, object]:
     m, spec = prog.plan, prog.plan.model.spec
     return {
         "program": name, "runtime": spec.runtime, "mode": spec.mode, "priority": spec.priority,
+        "model_file": None if m.model.model_path is None else str(m.model.model_path),
+        "mmproj_file": None if m.model.mmproj_path is None else str(m.model.mmproj_path),
         "port": prog.port, "health": prog.health, "argv": list(prog.argv), "wrap": list(prog.wrap), "env": dict(prog.env), "cwd": prog.cwd,
-        "estimate_bytes": m.estimate.estimate_bytes, "quota_soft_bytes": m.quota_soft,
+        "estimate_bytes": m.estimate.estimate_bytes, "estimate_source": m.estimate.source,
+        "estimate_parts": {"weights_bytes": m.estimate.weights.bytes, "kv_bytes": m.estimate.kv.bytes,
+                           "compute_bytes": m.estimate.compute.bytes, "overhead_bytes": m.estimate.overhead.bytes},
+        "quota_soft_bytes": m.quota_soft,
         "quota_hard_bytes": m.quota_hard, "gpu_bytes": m.estimate.gpu.bytes, "gpu_quota_hard_bytes": m.gpu_quota_hard,
         "max_concurrency": m.model.max_concurrency, "aliases": list(spec.aliases), "ttl_s": spec.ttl,
         "mlock": spec.mlock,
