@@ -96,3 +96,24 @@ def test_calibrate_round_trip(tmp_path: Path, run_cli) -> None:
     report = json.loads(out)
     assert report["models"]["chat"]["source"] == "gguf"
     assert any("the calibration file recorded another file (size changed)" in w for w in report["warnings"])
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed: python3 dev.py setup-torch")
+def test_example_llama_and_torch_workers(stack) -> None:
+    """examples/cpu-llama-torch.toml: real llama.cpp beside a real torch worker using umemc.worker."""
+    from tests.runtime.conftest import REPO
+
+    text = (REPO / "examples/cpu-llama-torch.toml").read_text()
+    text = text.replace('"models/', f'"{REPO}/examples/models/').replace('cwd = "workers"',
+                                                                            f'cwd = "{REPO}/examples/workers"')
+    r = stack(text + live_sysctl_table())
+    conn = http.client.HTTPConnection("127.0.0.1", 10002, timeout=60)
+    conn.request("POST", "/v1/embeddings", body=json.dumps({"input": ["hello", "world"]}))
+    reply = json.loads(conn.getresponse().read())
+    assert len(reply["data"]) == 2 and len(reply["data"][0]["embedding"]) == 256
+    assert complete(10001, "Hello")["choices"]
+    live = r.wait_for(lambda: json.loads((r.run_dir / "state" / "enforcer.json").read_text())["models"]["embed"]
+                      if json.loads((r.run_dir / "state" / "enforcer.json").read_text())["models"]["embed"]
+                      ["reserved_bytes"] else None, what="the worker's reservation in the enforcer's status")
+    assert live["reserved_bytes"] > 4 * MiB                  # the embedder's parameters, bound to the model

@@ -82,8 +82,9 @@ def _report(name: str, est: Any, entry: dict[str, Any]) -> None:
         print(f"  {label:8} {human(e):>12} vs {human(real):>12}  ({err:+.1f}%)")
 
 
-def measure(program: Any, facts: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run the worker's exact argv, wait for health, warm it up, sample its tree's RSS, stop it."""
+def measure(program: Any, facts: dict[str, Any], timeout: float, fill_tokens: int = 0) -> dict[str, Any]:
+    """Run the worker's exact argv, wait for health, warm it up (optionally with a prompt of about
+    fill_tokens tokens, to fill the context), sample its tree's RSS, stop it."""
     from ..calibration import parse_buffers
     from ..runtime.control import healthy
     from ..runtime.probes.proc import ProcTree
@@ -100,7 +101,7 @@ def measure(program: Any, facts: dict[str, Any], timeout: float) -> dict[str, An
                     log.seek(0)
                     raise RuntimeFailure(f"{program.name} did not become healthy:\n{log.read()[-3000:]}")
                 time.sleep(0.2)
-            _warm_up(program.port, facts.get("family", "llm"))
+            _warm_up(program.port, facts.get("family", "llm"), fill_tokens)
             tree, rss = ProcTree(), 0
             for _ in range(5):          # the peak of a few samples after the warm-up request
                 rss = max(rss, tree.tree_rss(proc.pid)[0])
@@ -122,8 +123,10 @@ def measure(program: Any, facts: dict[str, Any], timeout: float) -> dict[str, An
             "runtime_version": _version(program)}
 
 
-def _warm_up(port: int, family: str) -> None:
+def _warm_up(port: int, family: str, fill_tokens: int = 0) -> None:
     path, body = WARMUP["embedding" if family == "embedding" else "llm"]
+    if fill_tokens:
+        body = dict(body, prompt=" ".join(["a"] * fill_tokens), max_tokens=1)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     try:
         conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})

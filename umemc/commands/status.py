@@ -52,6 +52,7 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
             "_uptime_s": (time.time() - info["start"]) if pid and info.get("start") else None,
             "_last_event": lv.get("last_event"), "_priority": m["priority"], "_mode": m["mode"],
             "_drift": lv.get("drift") if same else None,
+            "_reserved": lv.get("reserved_bytes", 0) if same else 0,
         }
     return out
 
@@ -70,7 +71,7 @@ def table(status: dict[str, Any]) -> Any:
         title += f", pressure {pressure:.0%}"
     t = Table(title=title + "  (GiB)", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
               pad_edge=False, padding=(0, 1, 0, 1), collapse_padding=True)
-    for col in ("model", "state", "pid", "CPU", "GPU", "%hard", "hard", "rst", "up", "last event"):
+    for col in ("model", "state", "pid", "CPU", "GPU", "resv", "%hard", "hard", "rst", "up", "last event"):
         t.add_column(col, justify="right" if col not in ("model", "state", "last event") else "left", no_wrap=True)
     for name, m in status["models"].items():
         used = m["rss_bytes"] + m["gpu_bytes"]
@@ -79,6 +80,7 @@ def table(status: dict[str, Any]) -> Any:
         color = {"RUNNING": "green", "STARTING": "yellow", "STOPPED": "dim"}.get(m["state"], "red")
         uptime = m["_uptime_s"]
         t.add_row(name, f"[{color}]{m['state']}[/]", str(m["pid"] or "-"), gib(m["rss_bytes"]), gib(m["gpu_bytes"]),
+                  gib(m["_reserved"]) if m["_reserved"] else "-",
                   f"[{style}]{share:.0%}[/]" if style else f"{share:.0%}", gib(m["quota_hard_bytes"]),
                   str(m["restarts"]), "-" if uptime is None else f"{uptime:.0f} s", _last(m))
     return t

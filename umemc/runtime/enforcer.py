@@ -74,6 +74,7 @@ class Worker:
     estimate: int = 0
     drift: float | None = None          # measured / estimate - 1, once reported
     running_since: float | None = None
+    reserved: int = 0                   # what the worker's own ledger (umemc.worker) reports
 
     @property
     def usage(self) -> int:
@@ -239,6 +240,14 @@ class Enforcer:
         cpu = self.proc.cpu_ticks(w.pid)
         if cpu != w.last_cpu:
             w.last_cpu, w.last_active = cpu, now
+        w.reserved = self._reserved(w)
+
+    def _reserved(self, w: Worker) -> int:
+        try:
+            doc = json.loads((self.state_dir / "workers" / f"{w.name}.json").read_text())
+        except (OSError, ValueError):
+            return 0
+        return int(doc["reserved_bytes"]) if doc.get("pid") == w.pid else 0
 
     def _cpu_side(self, w: Worker) -> int:
         """In its own cgroup, a worker's CPU-side memory is what the kernel charges and limits there
@@ -393,7 +402,8 @@ class Enforcer:
             w.name: {"pid": w.pid, "rss_bytes": w.cpu_side, "gpu_bytes": w.gpu_side, "peak_bytes": w.peak,
                      "restarts": max(0, w.restarts), "started": w.started if w.pid else None,
                      "last_event": w.last_event, "given_up": w.given_up,
-                     "drift": None if w.drift is None else round(w.drift, 4)} for w in self.workers.values()}}
+                     "drift": None if w.drift is None else round(w.drift, 4), "reserved_bytes": w.reserved}
+            for w in self.workers.values()}}
         path = self.state_dir / "enforcer.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc))

@@ -116,3 +116,27 @@ def write_tiny_gguf(path: Path, spec: TinySpec, seed: int = 0) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m umemc.testing.tinygguf OUT.gguf [--layers N --embd N --ff N --heads N --kv-heads N --vocab N --ftype T]"""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m umemc.testing.tinygguf", description="write a tiny loadable GGUF model")
+    p.add_argument("out")
+    p.add_argument("--arch", default="llama", choices=("llama", "qwen2"))
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--embd", type=int, default=128)
+    p.add_argument("--ff", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=1000)
+    p.add_argument("--ftype", default="F16", choices=sorted(_FILE_TYPE))
+    a = p.parse_args(argv)
+    spec = TinySpec(a.arch, a.layers, a.embd, a.ff, a.heads, a.kv_heads, a.vocab, ftype=a.ftype)
+    print(write_tiny_gguf(Path(a.out), spec))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
