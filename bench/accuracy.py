@@ -104,6 +104,41 @@ kv_cache = "{kv}"
     return {"weights": m.weights.bytes, "kv": m.kv.bytes, "compute": m.compute.bytes}
 
 
+SERVED = {"gqa-f16": (2048, True), "gqa-q8": (1024, False), "qwen2-q8": (2048, True)}
+
+
+def served(tmp: Path) -> str:
+    """The running servers (`python -m llama_cpp.server` with umemc's compiled argv, under the same
+    interpreter as umemc): estimate vs llama.cpp's report vs resident memory after filling the context."""
+    from umemc.budget import make_plan
+    from umemc.commands.calibrate import measure
+    from umemc.compile import compile_bundle
+
+    lines = ["Running `llama_cpp.server` processes started with umemc's compiled argv; resident memory",
+             "sampled after a prompt that fills the context.", "",
+             "| model | ctx | fa | estimate | llama.cpp report | error | resident after fill | hard quota | ok |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---|"]
+    for name, (ctx, fa) in SERVED.items():
+        model = tmp / f"{name}.gguf"
+        stack = tmp / f"serve-{name}.toml"
+        stack.write_text(f'version = 1\nname = "serve"\n[platform]\nkind = "cpu"\nmemory = "24GiB"\n'
+                         f'[models.m]\nruntime = "llama-cpp-python"\nmodel = "{model}"\ncontext = {ctx}\n'
+                         f'flash_attn = {"true" if fa else "false"}\nport = 18931\n')
+        plan = make_plan(load_stack(stack))
+        m = plan.models["m"]
+        meas = measure(compile_bundle(plan).programs["m"], m.estimate.facts, 300, fill_tokens=ctx - 32)
+        report = sum(sum(k.values()) for k in meas["buffers"].values())
+        est = m.estimate.weights.bytes + m.estimate.kv.bytes + m.estimate.compute.bytes
+        err = (est - report) / report * 100
+        ok = meas["rss_bytes"] <= m.quota_hard
+        lines.append(f"| {name} | {ctx} | {'on' if fa else 'off'} | {est / MiB:.2f} MiB | {report / MiB:.2f} MiB | "
+                     f"{err:+.1f}% | {meas['rss_bytes'] / MiB:.1f} MiB | {m.quota_hard / MiB:.0f} MiB | "
+                     f"{'yes' if ok else 'NO'} |")
+        print(lines[-1], flush=True)
+    lines += ["", "Goal: estimate within 5% of llama.cpp's report; resident memory never above the hard quota."]
+    return "\n".join(lines)
+
+
 def main() -> int:
     py = llama_python()
     rows: list[Row] = []
@@ -117,9 +152,17 @@ def main() -> int:
                 rows.append(Row(name, ctx, ub, fa, kv, estimate(tmp, path, ctx, ub, fa, kv),
                                 measure(py, path, ctx, ub, fa, kv)))
                 print(_line(rows[-1]), flush=True)
-    table = _table(rows)
-    print(table)
-    write_section("Estimate accuracy vs llama.cpp (bench/accuracy.py)", table)
+        table = _table(rows)
+        print(table)
+        write_section("Estimate accuracy vs llama.cpp (bench/accuracy.py)", table)
+        try:
+            import llama_cpp.server  # noqa: F401  (served models run under umemc's own interpreter)
+        except ImportError:
+            print("llama-cpp-python[server] is not installed for this interpreter: skipping running servers")
+            return 0
+        text = served(tmp)
+        print(text)
+        write_section("Running llama.cpp servers vs the estimate (bench/accuracy.py)", text)
     return 0
 
 

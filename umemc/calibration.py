@@ -101,5 +101,5 @@ def save(stack: Path, models: dict[str, Any]) -> Path:
     return path
 
 
-def flag_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    return [f"{k} {recorded.get(k)!r} -> {current.get(k)!r}" for k in FLAG_KEYS if recorded.get(k) != current.get(k)]
+def flag_changes(recorded: dict[str, Any], current: dict[str, Any], keys: tuple[str, ...] = FLAG_KEYS) -> list[str]:
+    return [f"{k} {recorded.get(k)!r} -> {current.get(k)!r}" for k in keys if recorded.get(k) != current.get(k)]

@@ -53,7 +53,7 @@ flash_attn = false
     assert b.programs["emb"].argv == (
         sys.executable, "-m", "llama_cpp.server", "--n_ctx", "1024", "--n_ubatch", "1024",
         "--n_batch", "1024", "--flash_attn", "false", "--type_k", "1", "--type_v", "1", "--use_mmap", "true",
-        "--use_mlock", "false", "--n_gpu_layers", "0", "--embedding", "true", "--host", "127.0.0.1", "--port", "10001")
+        "--use_mlock", "false", "--n_gpu_layers", "0", "--logits_all", "false", "--embedding", "true", "--host", "127.0.0.1", "--port", "10001")
     assert b.programs["emb"].health == "/v1/models"
 
 

@@ -117,3 +117,31 @@ def test_example_llama_and_torch_workers(stack) -> None:
                       if json.loads((r.run_dir / "state" / "enforcer.json").read_text())["models"]["embed"]
                       ["reserved_bytes"] else None, what="the worker's reservation in the enforcer's status")
     assert live["reserved_bytes"] > 4 * MiB                  # the embedder's parameters, bound to the model
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed: python3 dev.py setup-torch")
+def test_calibrate_a_torch_worker(tmp_path: Path, run_cli) -> None:
+    """A torch worker is calibrated by running its own warm-up; its peak then replaces the estimate."""
+    from tests.runtime.conftest import REPO
+
+    stack = tmp_path / "stack.toml"
+    stack.write_text(f'version = 1\nname = "t"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n'
+                     f'[models.embed]\nruntime = "torch"\narch = "bge-m3"\nquant = "fp32"\nmodule = "embedder"\n'
+                     f'cwd = "{REPO}/examples/workers"\nport = {free_port()}\n')
+    code, out, err = run_cli("check", str(stack), "--format", "json")
+    before = json.loads(out)["models"]["embed"]
+    assert before["source"] == "arch"
+    code, out, err = run_cli("calibrate", str(stack))
+    assert code == 0, err
+    peak = json.loads((tmp_path / "stack.calibration.json").read_text())["models"]["embed"]["measured"]["peak_bytes"]
+    assert 50 * MiB < peak < 2048 * MiB
+    code, out, _ = run_cli("check", str(stack), "--format", "json")
+    after = json.loads(out)["models"]["embed"]
+    assert after["source"] == "measured" and after["estimate_bytes"] == max(peak, before["weights_bytes"]
+                                                                            + before["overhead_bytes"])
+    stack.write_text(stack.read_text().replace('quant = "fp32"', 'quant = "fp16"'))
+    code, out, _ = run_cli("check", str(stack), "--format", "json")
+    report = json.loads(out)
+    assert report["models"]["embed"]["source"] == "arch"
+    assert any("calibration ignored: quant 'fp32' -> 'fp16'" in w for w in report["warnings"])

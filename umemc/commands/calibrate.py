@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from ..compile import compile_bundle
     from ..estimate.gguf_file import read as read_gguf
     from ..estimate.llama import current_flags
+    from ..estimate.other import torch_flags
     from ..stack.resolve import LLAMA_RUNTIMES, load_stack
 
     stack_path = Path(args.stack)
@@ -47,13 +48,20 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"umemc calibrate: no model {unknown[0]!r} in {args.stack}")
     chosen = [m for m in loaded.models.values() if (not args.models or m.name in args.models)
-              and m.spec.runtime in LLAMA_RUNTIMES and m.model_present]
+              and ((m.spec.runtime in LLAMA_RUNTIMES and m.model_present) or m.spec.runtime == "torch")]
     if not chosen:
-        raise UsageError(f"umemc calibrate: no llama.cpp model with a present file in {args.stack}")
+        raise UsageError(f"umemc calibrate: nothing to calibrate in {args.stack} (llama.cpp models with a present "
+                         "file, torch workers)")
     before = make_plan(loaded)
     bundle = compile_bundle(before)
     entries = calibration.load(stack_path)
     for m in chosen:
+        if m.spec.runtime == "torch":
+            if not args.lock_only:
+                entries[m.name] = {"flags": torch_flags(loaded, m),
+                                   "measured": measure_peak(bundle.programs[m.name], args.timeout)}
+                print(f"{m.name}: peak resident after its warm-up {human(entries[m.name]['measured']['peak_bytes'])}")
+            continue
         assert m.model_path is not None
         facts = read_gguf(m.model_path)
         entry: dict[str, Any] = {"file": calibration.identity(m.model_path), "header": calibration.header(facts)}
@@ -121,6 +129,36 @@ def measure(program: Any, facts: dict[str, Any], timeout: float, fill_tokens: in
         raise RuntimeFailure(f"{program.name}: no llama.cpp buffer report in its log (not a llama.cpp server?)")
     return {"buffers": buffers, "rss_bytes": rss, "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "runtime_version": _version(program)}
+
+
+def measure_peak(program: Any, timeout: float, settle_s: float = 3.0) -> dict[str, Any]:
+    """A torch worker: run it with its compiled argv and environment, let it do its own warm-up
+    (it reports healthy when loaded), and sample its process tree's peak resident memory."""
+    from ..runtime.control import healthy
+    from ..runtime.probes.proc import ProcTree
+
+    env = dict(os.environ, **dict(program.env))
+    proc = subprocess.Popen(list(program.argv), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env, cwd=program.cwd, start_new_session=True)
+    tree, peak = ProcTree(), 0
+    try:
+        deadline = time.monotonic() + timeout
+        model = {"port": program.port, "health": program.health}
+        while not healthy(model):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeFailure(f"{program.name} did not become healthy (exit {proc.poll()})")
+            peak = max(peak, tree.tree_rss(proc.pid)[0])
+            time.sleep(0.05)
+        end = time.monotonic() + settle_s
+        while time.monotonic() < end:
+            peak = max(peak, tree.tree_rss(proc.pid)[0])
+            time.sleep(0.05)
+    finally:
+        tree.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return {"peak_bytes": peak, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
 def _warm_up(port: int, family: str, fill_tokens: int = 0) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..stack.resolve import LLAMA_RUNTIMES, LoadedStack, ResolvedModel
 from .figures import Estimate
 from .llama import estimate_llama
-from .other import estimate_command, estimate_torch, estimate_whisper_cpp
+from .other import apply_measured_peak, estimate_command, estimate_torch, estimate_whisper_cpp
 
 def estimate_model(loaded: LoadedStack, model: ResolvedModel) -> Estimate:
     if model.spec.runtime in LLAMA_RUNTIMES:
@@ -15,6 +15,8 @@ def estimate_model(loaded: LoadedStack, model: ResolvedModel) -> Estimate:
         est = estimate_torch(loaded, model)
     else:
         est = estimate_command(loaded, model)
+    if model.spec.runtime in ("torch", "comfyui"):
+        est = apply_measured_peak(loaded, model, est)
     return est
 
 

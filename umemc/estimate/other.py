@@ -103,3 +103,41 @@ def _torch_encoder(m: ResolvedModel, dtype: str) -> tuple[Figure, Figure]:
                  "attention scores batch x context² x heads x dtype + 4 x tokens x n_ff x dtype",
                  {"context": m.spec.context, "batch": m.spec.batch, "heads": s.n_head})
     return weights, act
+
+
+def torch_flags(loaded: LoadedStack, m: ResolvedModel) -> dict[str, object]:
+    """What a torch worker's calibration is keyed by."""
+    s = m.spec
+    return {"runtime": s.runtime, "module": s.module, "quant": m.quant, "image_size": s.image_size,
+            "batch": s.batch, "audio_seconds": s.audio_seconds, "kind": loaded.platform.kind}
+
+
+def apply_measured_peak(loaded: LoadedStack, m: ResolvedModel, est: Estimate) -> Estimate:
+    """A torch worker calibrated by running its own warm-up: its measured peak replaces the estimate
+    (the parts keep the estimated weights; the rest of the peak is activations). An explicit
+    `memory` still wins, with a warning comparing the two."""
+    from dataclasses import replace
+
+    from ..calibration import flag_changes
+    from ..units import human
+
+    entry = loaded.calibration.get(m.name)
+    if not entry or "peak_bytes" not in entry.get("measured", {}):
+        return est
+    at = ("models", m.name)
+    changes = flag_changes(entry.get("flags", {}), torch_flags(loaded, m), keys=tuple(torch_flags(loaded, m)))
+    if changes:
+        w = loaded.source.warning(at, "calibration ignored: " + ", ".join(changes), what="table")
+        return replace(est, warnings=(*est.warnings, w))
+    peak = int(entry["measured"]["peak_bytes"])
+    if m.spec.memory is not None:
+        w = loaded.source.warning(at + ("memory",), f"measured peak {human(peak)} (calibration) against memory = "
+                                  f"{human(m.spec.memory)}")
+        return replace(est, warnings=(*est.warnings, w))
+    rest = max(0, peak - est.weights.bytes - est.overhead.bytes)
+    compute = Figure("compute", rest, "measured peak resident after the worker's warm-up minus weights and "
+                     "overhead (calibration)", {"peak": peak, "measured": entry["measured"].get("at", "?")})
+    gpu = est.gpu if loaded.platform.kind == "cpu" else Figure("gpu", est.weights.bytes + rest,
+                                                               "weights + measured activations")
+    return replace(est, source="measured", compute=compute, kv=Figure("kv", 0, "no KV cache held between requests"),
+                   gpu=gpu, explicit=None)
