@@ -3,7 +3,6 @@ refusal to replace what is not a bundle, and a real supervisord running a built 
 from __future__ import annotations
 
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import psutil
 import pytest
 
 from tests.bundle.conftest import build_stack, parse_supervisord
+from tests.runtime.conftest import free_port
 from umemc import write
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,12 +98,6 @@ def test_a_failure_mid_write_leaves_the_previous_bundle(tmp_path: Path, monkeypa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]   # no temporary directory left
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _rpc(sock: Path) -> xmlrpc.client.ServerProxy:
     from supervisor.xmlrpc import SupervisorTransport
 
@@ -112,7 +106,7 @@ def _rpc(sock: Path) -> xmlrpc.client.ServerProxy:
 
 def test_real_supervisord_runs_the_bundle(tmp_path: Path) -> None:
     worker = REPO / "tests/workers/steady.py"
-    p1, p2 = _free_port(), _free_port()
+    p1, p2 = free_port(), free_port()
     stack = tmp_path / "stack.toml"
     stack.write_text(f'''version = 1
 name = "live"

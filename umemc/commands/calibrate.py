@@ -20,7 +20,7 @@ from typing import Any
 from ..errors import RuntimeFailure, UsageError
 from ..units import human
 
-WARMUP = {"llm": ("/v1/completions", {"prompt": "Hello, my name is", "max_tokens": 8}),
+WARMUP: dict[str, tuple[str, dict[str, Any]]] = {"llm": ("/v1/completions", {"prompt": "Hello, my name is", "max_tokens": 8}),
           "embedding": ("/v1/embeddings", {"input": "Hello, my name is"})}
 
 

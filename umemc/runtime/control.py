@@ -82,7 +82,9 @@ class Stack:
 
     def wait_healthy(self, names: list[str], timeout: float, progress: Any = None) -> dict[str, float]:
         """Block until every named worker is RUNNING and healthy; returns seconds each took."""
-        start, done, seen = time.monotonic(), {}, set()
+        start = time.monotonic()
+        done: dict[str, float] = {}
+        seen: set[str] = set()
         models = self.plan["models"]
         while len(done) < len(names):
             infos = self.supervisor.processes()
@@ -147,7 +149,7 @@ class Stack:
         """Remove the workers' cgroups (recorded by the exec wrapper); returns what is left."""
         left: list[Path] = []
         records = sorted((self.run.state / "cgroups").glob("*")) if (self.run.state / "cgroups").is_dir() else []
-        bases = set()
+        bases: set[tuple[int, Path]] = set()
         for record in records:
             with contextlib.suppress(OSError, ValueError):
                 version, path = record.read_text().split()[:2]
@@ -160,8 +162,8 @@ class Stack:
                     left.append(group.path)
                 bases.add((int(version), group.path.parent))
             record.unlink()
-        for version, base in bases:
-            left += Backend(version, base).remove_all()
+        for v, base in bases:
+            left += Backend(v, base).remove_all()
         return left
 
     def events(self) -> EventLog:

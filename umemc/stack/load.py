@@ -121,7 +121,7 @@ _RANK = {"extra_forbidden": 0, "missing": 2}  # unknown keys first: `[plaform]` 
 
 
 def convert_validation_error(exc: ValidationError, source: Source, root: type[BaseModel]) -> StackError:
-    errors = exc.errors(include_url=False)
+    errors: list[Any] = list(exc.errors(include_url=False))
 
     def order(err: dict[str, Any]) -> tuple[int, int, int]:
         what = "key" if err["type"] == "extra_forbidden" else "table" if err["type"] == "missing" else "value"

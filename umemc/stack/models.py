@@ -2,7 +2,7 @@
 is generated from these (`umemc schema`), so every field carries its description and default."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -14,11 +14,18 @@ from .types import Duration, Size, SysctlValue
 NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,62}$"
 RUNTIMES = ("llama-server", "llama-cpp-python", "whisper-server", "comfyui", "torch", "command")
 
-Runtime = Literal[RUNTIMES]  # type: ignore[valid-type]
-Arch = Literal[ARCHS]  # type: ignore[valid-type]
-KvCache = Literal[tuple(KV_TYPES)]  # type: ignore[valid-type]
-Kind = Literal[KINDS]  # type: ignore[valid-type]
-PresetName = Literal[tuple(PLATFORM_PRESETS)]  # type: ignore[valid-type]
+if TYPE_CHECKING:  # the literals are built from the tables at run time; to a type checker they are str
+    Runtime: TypeAlias = str
+    Arch: TypeAlias = str
+    KvCache: TypeAlias = str
+    Kind: TypeAlias = str
+    PresetName: TypeAlias = str
+else:
+    Runtime = Literal[RUNTIMES]
+    Arch = Literal[ARCHS]
+    KvCache = Literal[tuple(KV_TYPES)]
+    Kind = Literal[KINDS]
+    PresetName = Literal[tuple(PLATFORM_PRESETS)]
 
 
 class _Strict(BaseModel):
@@ -114,7 +121,7 @@ class Stack(_Strict):
     version: Literal[1] = Field(description="Stack file format version; this umemc reads 1.")
     name: str = Field(pattern=NAME_PATTERN, description="Stack name; becomes a directory and program-group name.")
     platform: Platform = Field(description="The machine: a preset, or kind + memory.")
-    policy: Policy = Field(default_factory=Policy, description="Budget and enforcement policy.")
+    policy: Policy = Field(default_factory=lambda: Policy(), description="Budget and enforcement policy.")
     gateway: Gateway | None = Field(None, description="The OpenAI-compatible gateway (optional).")
     sysctl: dict[str, SysctlValue] = Field(default_factory=dict, description="Overrides of the compiled Linux VM "
                                          "tunables, e.g. {\"vm.swappiness\" = 5}.")

@@ -274,7 +274,7 @@ def _quant(spec: ModelSpec, src: Source, at: tuple[str, ...]) -> str | None:
     if spec.quant is None:
         if spec.arch in LLM_PRESETS and spec.runtime in LLAMA_RUNTIMES:
             return None  # the file's own type, else the preset default (estimate decides)
-        if spec.arch in TORCH_PRESETS:
+        if spec.arch is not None and spec.arch in TORCH_PRESETS:
             return TORCH_PRESETS[spec.arch].default_quant if spec.runtime != "whisper-server" else "f16"
         return None
     names: tuple[str, ...]

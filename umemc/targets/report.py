@@ -45,7 +45,8 @@ def budget_json(plan: Plan) -> str:
 def ledger_lines(plan: Plan) -> list[tuple[str, int, int, int | None, bool]]:
     """(ledger, used, budget, capacity, ok) for each ledger the platform has."""
     cap = plan.capacity
-    rows = [("all memory", plan.hot_total, cap.budget, cap.usable, plan.fits_ram)]
+    rows: list[tuple[str, int, int, int | None, bool]] = [
+        ("all memory", plan.hot_total, cap.budget, cap.usable, plan.fits_ram)]
     if cap.gpu_budget is not None:
         rows.append(("GPU window", plan.hot_gpu_total, cap.gpu_budget, cap.gpu_window, plan.fits_gpu))
     return rows

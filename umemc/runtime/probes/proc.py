@@ -20,16 +20,7 @@ class ProcTree:
         while stack:
             pid = stack.pop()
             out.append(pid)
-            try:
-                tasks = os.listdir(f"{self.proc}/{pid}/task")
-            except OSError:
-                continue
-            for tid in tasks:
-                try:
-                    with open(f"{self.proc}/{pid}/task/{tid}/children", "rb") as f:
-                        stack.extend(int(c) for c in f.read().split())
-                except OSError:
-                    pass
+            stack.extend(self.children(pid))
         return out
 
     def children(self, pid: int) -> frozenset[int]:
