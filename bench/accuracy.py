@@ -111,7 +111,7 @@ def served(tmp: Path) -> str:
     """The running servers (`python -m llama_cpp.server` with umemc's compiled argv, under the same
     interpreter as umemc): estimate vs llama.cpp's report vs resident memory after filling the context."""
     from umemc.budget import make_plan
-    from umemc.commands.calibrate import measure
+    from umemc.runtime.measure import measure
     from umemc.compile import compile_bundle
 
     lines = ["Running `llama_cpp.server` processes started with umemc's compiled argv; resident memory",

@@ -3,8 +3,6 @@ so a failure or Ctrl-C never leaves half a bundle, and an existing directory is 
 it is an earlier umemc bundle."""
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import shutil
 import tempfile
@@ -56,6 +54,9 @@ def _write_file(path: Path, text: str) -> None:
 def _swap(a: Path, b: Path) -> None:
     """Exchange two directories in one step (Linux renameat2 RENAME_EXCHANGE); elsewhere, two
     renames with the old bundle kept until the new one is in place."""
+    import ctypes  # only here: ctypes costs ~40 ms to import, and most writes are to a new directory
+    import ctypes.util
+
     libc_name = ctypes.util.find_library("c")
     renameat2 = getattr(ctypes.CDLL(libc_name, use_errno=True), "renameat2", None) if libc_name else None
     if renameat2 is not None:

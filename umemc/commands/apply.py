@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RuntimeFailure, UsageError
-from ..write import is_bundle
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -72,6 +71,8 @@ def _systemd_quote(arg: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..write import is_bundle
+
     bundle = Path(args.bundle).absolute()
     if not is_bundle(bundle):
         raise UsageError(f"{args.bundle}: not a umemc bundle (run `umemc build STACK -o {args.bundle}` first)")

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..budget import Plan
 from .common import plan_from_arg
+
+if TYPE_CHECKING:
+    from ..budget import Plan
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
