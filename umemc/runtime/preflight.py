@@ -202,7 +202,10 @@ def read_sysctl(key: str, proc_sys: str = "/proc/sys") -> str | None:
 
 
 def port_free(port: int) -> bool:
+    """Free to listen on, as a server would bind it (SO_REUSEADDR: connections of a previous server
+    lingering in TIME_WAIT do not make the port busy)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
