@@ -149,3 +149,21 @@ def test_top_refreshes_until_interrupted(stack, capsys, monkeypatch: pytest.Monk
     assert r.cli("top") == 0
     out = capsys.readouterr().out
     assert "umemc top: running" in out and " w " in out and "RUNNING" in out
+
+
+def test_deep_run_dir_runs_with_a_private_socket(tmp_path: Path) -> None:
+    stack = tmp_path / "stack.toml"
+    stack.write_text('version = 1\nname = "deep"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n' + live_sysctl_table()
+                     + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port()))
+    run = tmp_path / ("d" * 60) / ("e" * 60) / "run"
+    assert main(["up", str(stack), "--run-dir", str(run), "--timeout", "60"]) == 0
+    try:
+        sock = Path((run / "state" / "socket").read_text().strip())
+        assert sock.exists() and len(str(sock)) <= 107
+        assert json.loads((run / "bundle" / "plan.json").read_text())["supervisor"]["socket"] == str(sock)
+        from tests.runtime.conftest import Running
+
+        assert Running(run).status()["w"]["state"] == "RUNNING"
+    finally:
+        assert main(["down", "--run-dir", str(run)]) == 0
+    assert not sock.parent.exists() and not (run / "state" / "socket").exists()

@@ -27,12 +27,14 @@ def run(args: argparse.Namespace) -> int:
     state = stack.state()
     if state != "running":
         left = stack.remove_cgroups()
+        stack.remove_private_socket_dir()
         note = " (cleaned state left by a crashed run)" if state == "stale" else ""
         print(f"stack {stack.plan['stack']} is not running{note}")
         return _cgroups_left(left)
     events = stack.events()
     pids, killed = stack.stop_all()
     left = stack.remove_cgroups()
+    stack.remove_private_socket_dir()
     events.add("down", None, pids=len(pids), killed=killed)
     events.close()
     print(f"down: {stack.plan['stack']} stopped ({len(pids)} processes"

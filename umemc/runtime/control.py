@@ -145,6 +145,18 @@ class Stack:
         tree.close()
         return sorted(pids), killed
 
+    def remove_private_socket_dir(self) -> None:
+        """A deep run dir's socket lived in a private /tmp directory (rundir.socket_override): remove it."""
+        record = self.run.state / "socket"
+        if not record.exists():
+            return
+        sock = Path(record.read_text().strip())
+        with contextlib.suppress(OSError):
+            if sock.exists() or sock.is_symlink():
+                sock.unlink()
+            sock.parent.rmdir()
+        record.unlink()
+
     def remove_cgroups(self) -> list[Path]:
         """Remove the workers' cgroups (recorded by the exec wrapper); returns what is left."""
         left: list[Path] = []
