@@ -167,3 +167,13 @@ def test_deep_run_dir_runs_with_a_private_socket(tmp_path: Path) -> None:
     finally:
         assert main(["down", "--run-dir", str(run)]) == 0
     assert not sock.parent.exists() and not (run / "state" / "socket").exists()
+
+
+def test_up_refuses_a_stack_that_does_not_fit(stack, capsys) -> None:
+    text = ('version = 1\nname = "big"\n[platform]\nkind = "cpu"\nmemory = "1GiB"\n' + live_sysctl_table()
+            + worker("w", "steady.py", "{port}", 5, memory="2GiB", port=free_port()))
+    stack(text, expect=1)
+    out, err = capsys.readouterr()
+    assert "  FAIL  budget: the hot set does not fit its budget (over by 1.5 GiB)" in out
+    assert "          fix: umemc check STACK  # says what would make it fit" in out
+    assert err == "umemc up: preflight refused (1 problem(s) above); fix them or pass --force\n"

@@ -102,7 +102,8 @@ def test_proc_tree_counts_every_descendant() -> None:
     proc = subprocess.Popen([sys.executable, "-c", CHILD, "parent", CHILD], stdout=subprocess.PIPE,
                             start_new_session=True)
     try:
-        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        assert proc.stdout is not None
+        assert [proc.stdout.readline(), proc.stdout.readline()] == [b"ready\n", b"ready\n"]  # both allocated
         tree = ProcTree()
         deadline = time.monotonic() + 20
         while len(tree.descendants(proc.pid)) < 2 or tree.tree_rss(proc.pid)[0] < 80 * 2**20:

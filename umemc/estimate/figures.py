@@ -22,9 +22,6 @@ class Figure:
                       formula or " + ".join(p.name for p in parts) or "0", parts=tuple(parts))
 
 
-ZERO = Figure("none", 0, "0")
-
-
 @dataclass(frozen=True)
 class Estimate:
     name: str

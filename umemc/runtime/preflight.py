@@ -37,6 +37,7 @@ class Preflight:
 
     def run(self, running: set[str] = frozenset()) -> list[Finding]:  # type: ignore[assignment]
         self.findings = []
+        self._budget()
         self._sysctl()
         self._memlock()
         self._memory(running)
@@ -55,6 +56,19 @@ class Preflight:
         self.findings.append(Finding(*args, **kw))
 
     # -- checks ---------------------------------------------------------------------------------
+    def _budget(self) -> None:
+        cap = self.plan["capacity"]
+        if cap.get("fits", True):
+            self._add("budget", True, f"the hot set's hard quotas ({gib(cap['hot_total_bytes'])} GiB) fit the "
+                      f"budget ({gib(cap['budget_bytes'])} GiB)")
+            return
+        over = cap["hot_total_bytes"] - cap["budget_bytes"]
+        gpu = cap.get("gpu_budget_bytes")
+        if gpu is not None and cap["hot_gpu_total_bytes"] - gpu > over:
+            over = cap["hot_gpu_total_bytes"] - gpu
+        self._add("budget", False, f"the hot set does not fit its budget (over by {gib(over)} GiB)",
+                  ("umemc check STACK  # says what would make it fit",))
+
     def _sysctl(self) -> None:
         wanted = parse_sysctl_conf((self.bundle / "sysctl/90-umemc.conf").read_text())
         bad = []
