@@ -7,9 +7,13 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
 from .up import add_run_dir
+
+if TYPE_CHECKING:
+    from ..runtime.events import Event
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -20,8 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def _line(e: object) -> str:
-    doc = e.as_json()  # type: ignore[attr-defined]
+def _line(e: Event) -> str:
+    doc = e.as_json()
     detail = " ".join(f"{k}={v}" for k, v in doc["detail"].items())
     return f"{doc['time']}  {doc['model'] or '-':16} {doc['kind']:16} {detail}"
 

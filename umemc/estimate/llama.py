@@ -1,6 +1,8 @@
 """Estimates for the llama.cpp runtimes (llama-server, llama-cpp-python)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..stack.resolve import LoadedStack, ResolvedModel
 from .archs import LLM_PRESETS, LlmShape, VisionShape
 from .figures import Estimate, Figure
@@ -8,6 +10,7 @@ from .gguf_file import GgufFacts, NotGguf
 from .gguf_file import read as read_gguf
 from .llm import compute_figure, kv_figure, projector_from_preset, vision_compute_figure, weights_from_preset
 from .finish import finish
+from .other import estimate_command
 from .overhead import overhead_figure
 from .quant import FILE_TYPE_BITS
 
@@ -37,7 +40,7 @@ def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
         shape, source, ftype = preset.shape, "arch", m.quant or preset.default_quant
         weights = weights_from_preset(preset, ftype)
     else:  # memory = … only, file absent: nothing to compute from
-        return _explicit_only(loaded, m)
+        return estimate_command(loaded, m)  # memory = … only, file absent: nothing to compute from
     vision = _vision(loaded, m, facts, preset)
     weights_parts = [weights] + ([vision[0]] if vision else [])
     kv = kv_figure(shape, spec.context, spec.parallel, spec.ubatch, spec.kv_cache)
@@ -115,9 +118,10 @@ def _measured(loaded: LoadedStack, m: ResolvedModel, entry: dict | None,
                                              "buffers (calibration)", {"rss": meas["rss_bytes"]}), *gpu_ctx]))
 
 
-def _read(loaded: LoadedStack, path: object, at: tuple[str, ...]) -> GgufFacts:
+def _read(loaded: LoadedStack, path: Path | None, at: tuple[str, ...]) -> GgufFacts:
+    assert path is not None  # only called for files resolve found present
     try:
-        return read_gguf(path)  # type: ignore[arg-type]
+        return read_gguf(path)
     except NotGguf as exc:
         raise loaded.source.error(at, str(exc)) from None
 
@@ -154,9 +158,3 @@ def _warnings(loaded: LoadedStack, m: ResolvedModel, shape: LlmShape, ftype: str
         out.append(src.warning(at + ("ubatch",), f"embedding inputs must fit one ubatch: inputs longer than "
                                f"{spec.ubatch} tokens will be rejected (context is {spec.context})"))
     return out
-
-
-def _explicit_only(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
-    from .other import estimate_command
-
-    return estimate_command(loaded, m)

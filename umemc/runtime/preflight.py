@@ -9,6 +9,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ class Preflight:
     proc_sys: str = "/proc/sys"
     findings: list[Finding] = field(default_factory=list)
 
-    def run(self, running: set[str] = frozenset()) -> list[Finding]:  # type: ignore[assignment]
+    def run(self, running: Collection[str] = frozenset()) -> list[Finding]:
         self.findings = []
         self._budget()
         self._sysctl()
@@ -98,7 +99,7 @@ class Preflight:
                   ("sudo prlimit --memlock=unlimited:unlimited --pid $$   # then run umemc up again",
                    "or run the systemd unit (LimitMEMLOCK=infinity): sudo umemc apply BUNDLE"), host=True)
 
-    def _memory(self, running: set[str]) -> None:
+    def _memory(self, running: Collection[str]) -> None:
         need = sum(m["quota_hard_bytes"] for n, m in self.plan["models"].items()
                    if m["mode"] == "hot" and n not in running)
         available = read_meminfo().get("MemAvailable", 0)
@@ -185,7 +186,7 @@ class Preflight:
                 self._add("executables", False, f"models.{name}: {problem}",
                           (f"install {m['runtime']} or set models.{name}.bin",))
 
-    def _ports(self, running: set[str]) -> None:
+    def _ports(self, running: Collection[str]) -> None:
         ports = {m["port"]: f"models.{n}" for n, m in self.plan["models"].items()
                  if m["port"] is not None and n not in running}
         gw = self.plan.get("gateway")
