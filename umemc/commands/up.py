@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     install_bundle(args, run_dir)
     plan = stack.plan
     infos = stack.supervisor.processes() if state == "running" else {}
-    alive = {n for n, i in infos.items() if i["statename"] in ("RUNNING", "STARTING")} & set(plan["models"])
+    alive = {n for n, i in infos.items() if i["statename"] in ("RUNNING", "STARTING")}
     if not preflight(console, run_dir, plan, args, alive):
         return 1
     hot = [n for n, m in plan["models"].items() if m["mode"] == "hot"]
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         if state == "running":
             console.print(f"stack {plan['stack']} is already running: reconciling")
             started = stack.reconcile()
-            restart_enforcer(stack)
+            stack.restart_own()
             events.add("reconcile", None, started=started)
         else:
             events.add("up", None, bundle=str(run_dir.bundle), simulate=plan.get("simulate", False))
@@ -74,8 +74,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         events.close()
     wait(console, stack, hot, args.timeout)
+    url = stack.wait_gateway()
     console.print(f"\n[bold green]up[/]: {plan['stack']}: {len(hot)} hot worker(s) running and healthy "
                   f"(`umemc status --run-dir {args.run_dir}`)")
+    if url:
+        console.print(f"gateway: {url} (OpenAI-compatible; cold models start on demand)")
     return 0
 
 
@@ -126,14 +129,6 @@ def preflight(console: Console, run_dir: RunDir, plan: dict[str, Any], args: arg
     if blocking:
         console.print("[yellow]--force: starting despite the preflight[/]")
     return True
-
-
-def restart_enforcer(stack: Stack) -> None:
-    """The enforcer reads plan.json when it starts: restart it after a reconcile."""
-    sup = stack.supervisor
-    with contextlib.suppress(Exception):
-        sup.stop("umemc-enforcer", True)
-    sup.start("umemc-enforcer", False)
 
 
 def wait(console: Console, stack: Stack, hot: list[str], timeout: float) -> None:

@@ -22,6 +22,8 @@ from .rundir import RunDir
 from .supervisor import Supervisor
 
 ENFORCER = "umemc-enforcer"
+GATEWAY = "umemc-gateway"
+OWN = (ENFORCER, GATEWAY)      # umemc's own programs in the stack's supervisord
 FAILED = ("FATAL", "EXITED", "BACKOFF")
 
 
@@ -68,9 +70,41 @@ class Stack:
             if m["mode"] == "hot" and infos.get(name, {}).get("statename") not in ("RUNNING", "STARTING"):
                 sup.start(name)
                 started.append(name)
-        if infos.get(ENFORCER, {}).get("statename") != "RUNNING" and ENFORCER not in changed + added:
-            sup.start(ENFORCER)
+        for own in OWN:
+            if own in infos and infos[own]["statename"] != "RUNNING" and own not in changed + added:
+                sup.start(own)
         return started
+
+    def restart_own(self) -> None:
+        """The enforcer and the gateway read plan.json when they start: restart them after a reconcile."""
+        sup = self.supervisor
+        infos = sup.processes()
+        for own in OWN:
+            if own not in infos:
+                continue
+            with contextlib.suppress(xmlrpc.client.Fault):   # not running
+                sup.stop(own, True)
+            sup.start(own, False)
+
+    def wait_gateway(self, timeout: float = 30.0) -> str | None:
+        """Block until the gateway answers /umemc/health; returns its URL (None: the stack has none)."""
+        gw = self.plan.get("gateway")
+        if not gw:
+            return None
+        deadline = time.monotonic() + timeout
+        probe = {"port": gw["port"], "health": "/umemc/health"}
+        while not healthy(probe):
+            info = self.supervisor.processes().get(GATEWAY, {})
+            if info.get("statename") in FAILED or time.monotonic() > deadline:
+                why = f"is {info.get('statename')}" if info.get("statename") in FAILED else \
+                    f"did not answer within {timeout:g} s"
+                log = self.run.logs / f"{GATEWAY}.log"
+                tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
+                raise RuntimeFailure("\n".join([f"the gateway {why}", *(f"  {t}" for t in tail),
+                                                "the workers keep running: `umemc status`, `umemc down`"]))
+            time.sleep(0.1)
+        host = gw["host"] if ":" not in gw["host"] else f"[{gw['host']}]"
+        return f"http://{host}:{gw['port']}/v1"
 
     def wait_started(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout

@@ -53,6 +53,7 @@ def _reply(model: str, path: str, body: dict) -> dict:
 def make_handler(model: str, health: str) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # headers and body go out in separate writes
 
         def _json(self, status: int, doc: dict) -> None:
             data = json.dumps(doc).encode()

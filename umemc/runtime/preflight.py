@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..units import gib
+from .control import GATEWAY
 from .probes.meminfo import read_meminfo
 
 
@@ -48,6 +49,7 @@ class Preflight:
         if not self.simulate:
             self._files_and_executables()
         self._ports(running)
+        self._gateway_token()
         return self.findings
 
     def blocking(self) -> list[Finding]:
@@ -190,13 +192,26 @@ class Preflight:
         ports = {m["port"]: f"models.{n}" for n, m in self.plan["models"].items()
                  if m["port"] is not None and n not in running}
         gw = self.plan.get("gateway")
-        if gw:
+        if gw and GATEWAY not in running:
             ports[gw["port"]] = "gateway"
         busy = [f"{owner}: port {port} is in use" for port, owner in sorted(ports.items()) if not port_free(port)]
         if busy:
             self._add("ports", False, "; ".join(busy), ("stop what listens there (ss -ltnp), or change the port",))
         else:
             self._add("ports", True, f"{len(ports)} ports free")
+
+
+    def _gateway_token(self) -> None:
+        gw = self.plan.get("gateway")
+        if not gw or not gw["token_env"]:
+            return
+        name = gw["token_env"]
+        if os.environ.get(name):
+            self._add("gateway", True, f"bearer token from ${name}")
+        else:
+            self._add("gateway", False, f"gateway.token_env names {name}, which is not set (or empty) here; the "
+                      "gateway inherits this environment and refuses to start without its token",
+                      (f"export {name}=\"$(openssl rand -hex 24)\"  # then give the token to your clients",))
 
 
 def parse_sysctl_conf(text: str) -> dict[str, str]:

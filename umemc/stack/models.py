@@ -69,9 +69,20 @@ class Policy(_Strict):
 
 
 class Gateway(_Strict):
+    enabled: bool = Field(True, description="Run the gateway (a program in the same supervisord).")
     port: int = Field(10000, ge=1, le=65535, description="Port of the OpenAI-compatible gateway.")
     host: str = Field("127.0.0.1", description="Address to bind; anything but loopback requires token_env.")
-    token_env: str | None = Field(None, description="Name of the environment variable holding the bearer token.")
+    token_env: str | None = Field(None, description="Name of the environment variable holding the bearer token "
+                                  "(never the token itself); when set, every request needs it.")
+    queue: int = Field(64, ge=0, le=100_000, description="Requests per model that may wait beyond its "
+                       "max_concurrency (or for its cold start); more are answered 429 with Retry-After.")
+    queue_timeout: Duration = Field(120.0, gt=0, description="How long a request may wait for a slot or for "
+                                    'memory before it is answered 503 with Retry-After (default "2m").')
+    start_timeout: Duration = Field(600.0, gt=0, description="How long a cold start may take to become healthy "
+                                    '(default "10m": big models load for minutes).')
+    drain_timeout: Duration = Field(30.0, gt=0, description="How long an eviction waits for the victim's "
+                                    "requests in flight to finish; then the eviction is abandoned, never "
+                                    'the requests (default "30s").')
 
 
 class ModelSpec(_Strict):
@@ -122,7 +133,7 @@ class Stack(_Strict):
     name: str = Field(pattern=NAME_PATTERN, description="Stack name; becomes a directory and program-group name.")
     platform: Platform = Field(description="The machine: a preset, or kind + memory.")
     policy: Policy = Field(default_factory=lambda: Policy(), description="Budget and enforcement policy.")
-    gateway: Gateway | None = Field(None, description="The OpenAI-compatible gateway (optional).")
+    gateway: Gateway = Field(default_factory=lambda: Gateway(), description="The OpenAI-compatible gateway.")
     sysctl: dict[str, SysctlValue] = Field(default_factory=dict, description="Overrides of the compiled Linux VM "
                                          "tunables, e.g. {\"vm.swappiness\" = 5}.")
     models: dict[str, ModelSpec] = Field(min_length=1, description="The models, by name "

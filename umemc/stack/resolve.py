@@ -93,6 +93,7 @@ def load_stack(path: Path, shown: str | None = None) -> LoadedStack:
     return LoadedStack(path, src, stack, platform, models, doc.warnings, locks)
 
 
+_HOSTNAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}))*$")
 RESERVED = ("umemc-enforcer", "umemc-gateway")  # umemc's own supervisord programs
 
 
@@ -160,11 +161,12 @@ def _check_policy(stack: Stack, src: Source) -> None:
 
 def _check_gateway(stack: Stack, src: Source) -> None:
     gw = stack.gateway
-    if gw is None:
-        return
     try:
         loopback = ipaddress.ip_address(gw.host).is_loopback
     except ValueError:
+        if not _HOSTNAME.match(gw.host):
+            raise src.error(("gateway", "host"), f"not an IP address or host name: {toml_repr(gw.host)}",
+                            'e.g. "127.0.0.1" (default), "0.0.0.0" or "::"') from None
         loopback = gw.host == "localhost"
     if not loopback and not gw.token_env:
         raise src.error(("gateway", "host"), f"binding {gw.host} needs a token",
@@ -184,7 +186,7 @@ def _check_sysctl(stack: Stack, src: Source) -> None:
 
 def _ports(stack: Stack, src: Source) -> dict[str, int]:
     used: dict[int, str] = {}
-    if stack.gateway is not None:
+    if stack.gateway.enabled:
         used[stack.gateway.port] = "gateway.port"
     for name, spec in stack.models.items():
         if spec.port is None:

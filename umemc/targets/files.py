@@ -27,7 +27,10 @@ def plan_json(b: Bundle) -> Files:
                    "evict_above": pol.evict_above, "hsa_enable_sdma": pol.hsa_enable_sdma,
                    "kernel_enforcement": pol.kernel_enforcement, "leak_threshold_bytes": pol.leak_threshold,
                    "leak_window_s": pol.leak_window, "max_kills": pol.max_kills, "kill_window_s": pol.kill_window},
-        "gateway": None if gw is None else {"host": gw.host, "port": gw.port, "token_env": gw.token_env},
+        "gateway": None if not gw.enabled else {
+            "host": gw.host, "port": gw.port, "token_env": gw.token_env, "queue": gw.queue,
+            "queue_timeout_s": gw.queue_timeout, "start_timeout_s": gw.start_timeout,
+            "drain_timeout_s": gw.drain_timeout, "argv": list(b.gateway)},
         "supervisor": {"config": "supervisord.conf", "socket": b.socket, "state": STATE},
         "memlock": b.memlock,
         "simulate": b.simulate,

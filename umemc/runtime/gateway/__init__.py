@@ -1,0 +1,66 @@
+"""The gateway: one OpenAI-compatible endpoint for the whole stack (a program in the same
+supervisord as the workers). See app.py (HTTP), scheduler.py (slots, cold starts, leases),
+ledger.py (admission arithmetic), metrics.py (/metrics).
+
+    python -m umemc.runtime.gateway --bundle BUNDLE_DIR
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
+
+SHUTDOWN_S = 25.0     # in-flight requests get this long on SIGTERM (supervisord waits stopwaitsecs=30)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="umemc-gateway")
+    p.add_argument("--bundle", required=True)
+    args = p.parse_args(argv)
+    bundle = Path(args.bundle).resolve()
+    from .scheduler import Scheduler
+
+    sched = Scheduler(bundle)
+    gw = sched.gw
+    token = None
+    if gw["token_env"]:
+        token = os.environ.get(gw["token_env"], "")
+        if not token:
+            print(f"umemc-gateway: gateway.token_env names {gw['token_env']}, which is not set (or empty) in "
+                  "the environment `umemc up` ran in: set it, then `umemc up` again", file=sys.stderr)
+            return 2
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds (not Windows)
+        asyncio.run(serve(sched, token))
+    else:
+        uvloop.run(serve(sched, token))
+    return 0
+
+
+async def serve(sched: Scheduler, token: str | None) -> None:
+    from aiohttp import web
+
+    from .app import make_app
+
+    app = make_app(sched, token)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_S)
+    await runner.setup()
+    site = web.TCPSite(runner, sched.gw["host"], sched.gw["port"], reuse_address=True, backlog=1024)
+    await site.start()
+    print(f"umemc-gateway: serving {len(sched.models)} model(s) on http://{sched.gw['host']}:{sched.gw['port']}",
+          flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    sched.refuse_queued()    # queued requests get 503 + Retry-After now, not a reset later
+    await runner.cleanup()   # stops accepting, lets requests in flight finish (up to SHUTDOWN_S)

@@ -1,0 +1,328 @@
+"""The gateway's HTTP side (aiohttp on uvloop where installed): OpenAI-compatible routes by the
+request's `model`, `/models/<name>/…` pass-through, the lease API, /metrics and /umemc/status.
+
+Responses with a Content-Length are relayed whole; anything else (SSE, chunked) is relayed chunk
+by chunk as it arrives. A client that goes away cancels its handler (handler_cancellation), which
+closes the upstream connection, so the worker stops generating."""
+from __future__ import annotations
+
+import email.parser
+import email.policy
+import hmac
+import json
+import time
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from ...units import parse_duration, parse_size
+from .ledger import Decision
+from .metrics import Metrics
+from .scheduler import Model, Refused, Scheduler, lease_json
+
+HOP_BY_HOP = frozenset(("connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                        "trailers", "transfer-encoding", "upgrade", "host", "content-length"))
+MAX_BODY = 256 * 1024 * 1024     # audio uploads; OpenAI's own limit is 25 MB
+DEFAULT_LEASE_TTL_S = 600.0
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+               409: "insufficient_memory", 429: "rate_limit_error"}
+
+SCHED: web.AppKey[Scheduler] = web.AppKey("sched", Scheduler)
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
+CLIENT: web.AppKey[aiohttp.ClientSession] = web.AppKey("client", aiohttp.ClientSession)
+
+
+def error(status: int, message: str, code: str, retry_after: int | None = None) -> web.Response:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    body = {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"), "code": code}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+def refused(exc: Refused) -> web.Response:
+    return error(exc.status, exc.message, exc.code, exc.retry_after)
+
+
+# -- routing ------------------------------------------------------------------------------------
+def model_of(content_type: str, body: bytes) -> str:
+    """The `model` field of a JSON body, or of a multipart form (audio transcriptions)."""
+    if content_type.startswith("multipart/form-data"):
+        return _multipart_model(content_type, body)
+    try:
+        doc = json.loads(body) if body else None
+    except ValueError:
+        raise Refused(400, "request body is not JSON", "invalid_json") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("model"), str) or not doc["model"]:
+        raise Refused(400, 'request has no "model" field: name a model of this stack (GET /v1/models)',
+                      "model_missing")
+    return str(doc["model"])
+
+
+def _multipart_model(content_type: str, body: bytes) -> str:
+    head = f"Content-Type: {content_type}\r\n\r\n".encode()
+    msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
+    for part in msg.iter_parts():
+        if part.get_param("name", header="content-disposition") == "model":
+            value = part.get_payload(decode=True)
+            if isinstance(value, bytes) and value.strip():
+                return value.decode(errors="replace").strip()
+    raise Refused(400, 'form has no "model" field: name a model of this stack (GET /v1/models)', "model_missing")
+
+
+async def openai(request: web.Request) -> web.StreamResponse:
+    body = await request.read()
+    sched = request.app[SCHED]
+    try:
+        m = sched.route(model_of(request.headers.get("Content-Type", ""), body))
+    except Refused as exc:
+        return refused(exc)
+    return await forward(request, m, request.path_qs, body)
+
+
+async def passthrough(request: web.Request) -> web.StreamResponse:
+    sched = request.app[SCHED]
+    try:
+        m = sched.route(request.match_info["name"])
+    except Refused as exc:
+        return refused(exc)
+    path = "/" + request.match_info["tail"] + (f"?{request.query_string}" if request.query_string else "")
+    return await forward(request, m, path, await request.read())
+
+
+async def forward(request: web.Request, m: Model, path: str, body: bytes) -> web.StreamResponse:
+    app, t0 = request.app, time.monotonic()
+    code = 499          # the client went away before an answer
+    try:
+        if m.port is None:
+            raise Refused(404, f"model {m.name} has no port: the gateway cannot route to it", "no_port")
+        async with app[SCHED].slot(m):
+            resp = await _relay(request, m, path, body)
+        code = resp.status
+        return resp
+    except Refused as exc:
+        code = exc.status
+        return refused(exc)
+    finally:
+        app[METRICS].request(m.name, code, time.monotonic() - t0)
+
+
+async def _relay(request: web.Request, m: Model, path: str, body: bytes) -> web.StreamResponse:
+    token = request.app.get("token")
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP
+               and not (token and k.lower() == "authorization")}
+    url = f"http://127.0.0.1:{m.port}{path}"
+    try:
+        async with request.app[CLIENT].request(request.method, url, data=body or None, headers=headers) as up:
+            out = {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
+            if up.content_length is not None and not up.headers.get("Content-Type", "").startswith("text/event-stream"):
+                return web.Response(body=await up.read(), status=up.status, headers=out)
+            resp = web.StreamResponse(status=up.status, headers=out)
+            await resp.prepare(request)
+            try:
+                async for chunk in up.content.iter_any():
+                    await resp.write(chunk)
+                await resp.write_eof()
+            except (ConnectionResetError, aiohttp.ClientPayloadError):
+                pass   # one side went away mid-stream; leaving the block closes the upstream connection
+            return resp
+    except aiohttp.ClientConnectorError as exc:
+        m.ready = False                    # it died between two polls: the next request waits for it
+        request.app[SCHED].kick()
+        raise Refused(502, f"worker {m.name} is not answering on port {m.port}: {exc.strerror or exc}",
+                      "upstream_unreachable") from None
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        raise Refused(502, f"worker {m.name} closed the connection: {exc}", "upstream_disconnected") from None
+
+
+async def list_models(request: web.Request) -> web.Response:
+    sched = request.app[SCHED]
+    data = []
+    for m in sched.models.values():
+        info = {"state": m.state, "ready": m.ready, "mode": m.plan["mode"], "aliases": m.plan["aliases"]}
+        data.append({"id": m.name, "object": "model", "created": 0, "owned_by": "umemc", "umemc": info})
+        data += [{"id": a, "object": "model", "created": 0, "owned_by": "umemc", "root": m.name}
+                 for a in m.plan["aliases"]]
+    return web.json_response({"object": "list", "data": data})
+
+
+# -- umemc API ----------------------------------------------------------------------------------
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def status(request: web.Request) -> web.Response:
+    return web.json_response(request.app[SCHED].status())
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[METRICS].render(),
+                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+async def can_load(request: web.Request) -> web.Response:
+    sched = request.app[SCHED]
+    try:
+        m = sched.route(request.match_info["model"])
+    except Refused as exc:
+        return refused(exc)
+    async with sched.lock:
+        decision = sched.decide_model(m)
+    need = sched.need_for(m)
+    return web.json_response({"model": m.name, "loaded": m.live, "state": m.state, "fits_now": decision.fits,
+                              "would_evict": decision.evict, "would_drain": decision.drain,
+                              "blocked_by": decision.blocked_by if not decision.fits else [],
+                              "need_bytes": need.ram, "free_bytes": decision.free_ram,
+                              "reason": None if decision.fits else decision.reason(need)})
+
+
+async def leases_list(request: web.Request) -> web.Response:
+    return web.json_response({"leases": [lease_json(x) for x in request.app[SCHED].leases.values()]})
+
+
+async def lease_create(request: web.Request) -> web.Response:
+    sched = request.app[SCHED]
+    try:
+        doc = await _json_object(request)
+        holder = doc.get("holder")
+        if not isinstance(holder, str) or not holder:
+            raise Refused(400, '"holder" is required: who asks (e.g. "comfyui")', "invalid_lease")
+        ttl = _seconds(doc.get("ttl", DEFAULT_LEASE_TTL_S))
+        ram, gpu, priority, model = _lease_size(sched, doc)
+    except Refused as exc:
+        return refused(exc)
+    lease, decision, need = await sched.grant(holder, ram, gpu, priority, ttl, model)
+    if lease is None:
+        return _lease_refused(decision, need.what, ram)
+    return web.json_response({"granted": True, "lease": lease_json(lease), "evicted": decision.evict}, status=201)
+
+
+def _lease_refused(decision: Decision, what: str, ram: int) -> web.Response:
+    from .ledger import Need
+
+    reason = decision.reason(Need(what, ram, 0, 0, False, False))
+    return web.json_response({"granted": False, "reason": reason, "blocked_by": decision.blocked_by,
+                              "free_bytes": decision.free_ram,
+                              "error": {"message": reason, "type": "insufficient_memory", "code": "lease_refused"}},
+                             status=409)
+
+
+def _lease_size(sched: Scheduler, doc: dict[str, Any]) -> tuple[int, int, int, str | None]:
+    if ("bytes" in doc) == ("model" in doc):
+        raise Refused(400, 'give exactly one of "bytes" (e.g. "8GiB") or "model" (a model of this stack)',
+                      "invalid_lease")
+    if "model" in doc:
+        m = sched.route(str(doc["model"]))
+        p = m.plan
+        return p["quota_hard_bytes"], p["gpu_quota_hard_bytes"], int(doc.get("priority", p["priority"])), m.name
+    raw = doc["bytes"]
+    try:
+        ram = raw if isinstance(raw, int) and not isinstance(raw, bool) else parse_size(str(raw))
+    except ValueError as exc:
+        raise Refused(400, f'"bytes": {exc}', "invalid_lease") from None
+    if ram <= 0:
+        raise Refused(400, f'"bytes" must be > 0 (got {ram})', "invalid_lease")
+    priority = doc.get("priority", 50)
+    if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= 100:
+        raise Refused(400, f'"priority" must be an integer 0-100 (got {priority!r})', "invalid_lease")
+    return ram, ram if sched.budget.gpu is not None else 0, priority, None
+
+
+def _seconds(raw: Any) -> float:
+    try:
+        value = float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else parse_duration(str(raw))
+    except ValueError as exc:
+        raise Refused(400, f'"ttl": {exc}', "invalid_lease") from None
+    if value <= 0:
+        raise Refused(400, f'"ttl" must be > 0 (got {raw!r})', "invalid_lease")
+    return value
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    try:
+        doc = await request.json() if await request.read() else {}
+    except ValueError:
+        raise Refused(400, "request body is not JSON", "invalid_json") from None
+    if not isinstance(doc, dict):
+        raise Refused(400, "request body must be a JSON object", "invalid_json")
+    return doc
+
+
+async def lease_delete(request: web.Request) -> web.Response:
+    lease = request.app[SCHED].release_lease(request.match_info["id"])
+    if lease is None:
+        return error(404, f"no lease {request.match_info['id']!r}", "lease_not_found")
+    return web.json_response({"released": lease_json(lease)})
+
+
+async def lease_extend(request: web.Request) -> web.Response:
+    try:
+        doc = await _json_object(request)
+        ttl = _seconds(doc.get("ttl", DEFAULT_LEASE_TTL_S))
+    except Refused as exc:
+        return refused(exc)
+    lease = request.app[SCHED].extend_lease(request.match_info["id"], ttl)
+    if lease is None:
+        return error(404, f"no lease {request.match_info['id']!r} (released or expired)", "lease_not_found")
+    return web.json_response({"lease": lease_json(lease)})
+
+
+# -- the application ----------------------------------------------------------------------------
+def bearer(token: str) -> Any:
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path != "/umemc/health":
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                resp = error(401, "this gateway needs Authorization: Bearer <token>", "unauthorized")
+                resp.headers["WWW-Authenticate"] = "Bearer"
+                return resp
+        return await handler(request)
+
+    return check
+
+
+def make_app(sched: Scheduler, token: str | None) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY, middlewares=[bearer(token)] if token else [])
+    app[SCHED] = sched
+    app[METRICS] = sched.metrics = Metrics(sched)
+    if token:
+        app["token"] = token
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_post("/v1/{tail:.+}", openai)
+    app.router.add_route("*", "/models/{name}/{tail:.*}", passthrough)
+    app.router.add_get("/umemc/health", health)
+    app.router.add_get("/umemc/status", status)
+    app.router.add_get("/umemc/leases", leases_list)
+    app.router.add_post("/umemc/leases", lease_create)
+    app.router.add_delete("/umemc/leases/{id}", lease_delete)
+    app.router.add_post("/umemc/leases/{id}/extend", lease_extend)
+    app.router.add_get("/umemc/can-load/{model}", can_load)
+    app.router.add_get("/metrics", metrics)
+    app.cleanup_ctx.append(_lifetime)
+    return app
+
+
+async def _lifetime(app: web.Application) -> Any:
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+    client = aiohttp.ClientSession(connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",),
+                                   timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+    app[CLIENT] = client
+    sched = app[SCHED]
+
+    async def probe(m: Model) -> bool:
+        if m.port is None:
+            return True
+        path = m.plan["health"] or "/"
+        try:
+            async with client.get(f"http://127.0.0.1:{m.port}{path}", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                return r.status == 200 if m.plan["health"] else True
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    sched.probe = probe
+    await sched.start()
+    yield
+    await sched.close()
+    await client.close()

@@ -1,0 +1,103 @@
+"""/metrics in the Prometheus text format (prometheus-client): counters and histograms the request
+path updates, plus live gauges read from the scheduler at scrape time (a custom collector, so a
+scrape always shows the current state and nothing accumulates between scrapes)."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
+
+# model servers answer in milliseconds (embeddings) to minutes (long generations)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+START_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+STATES = ("STOPPED", "STARTING", "RUNNING", "BACKOFF", "STOPPING", "EXITED", "FATAL", "UNKNOWN")
+
+
+class Metrics:
+    def __init__(self, sched: Scheduler):
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("umemc_requests", "Requests answered, by model and HTTP status.",
+                                ["model", "code"], registry=r)
+        self.latency = Histogram("umemc_request_duration_seconds", "Time from request to the end of the "
+                                 "response, queueing and cold starts included.", ["model"],
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.cold_starts = Counter("umemc_cold_starts", "Workers started on demand by the gateway.", ["model"],
+                                   registry=r)
+        self.cold_start_seconds = Histogram("umemc_cold_start_seconds", "From the decision to start to "
+                                            "the worker's first healthy answer.", ["model"],
+                                            buckets=START_BUCKETS, registry=r)
+        self.evictions = Counter("umemc_evictions", "Workers stopped by the gateway: evict (to make room) "
+                                 "or ttl_unload (idle).", ["model", "reason"], registry=r)
+        r.register(_Live(sched))
+        self._latency = {name: self.latency.labels(name) for name in sched.models}
+
+    def request(self, model: str, code: int, seconds: float) -> None:
+        self.requests.labels(model, str(code)).inc()
+        child = self._latency.get(model)
+        if child is not None:
+            child.observe(seconds)
+
+    def cold_start(self, model: str, seconds: float) -> None:
+        self.cold_starts.labels(model).inc()
+        self.cold_start_seconds.labels(model).observe(seconds)
+
+    def eviction(self, model: str, reason: str) -> None:
+        self.evictions.labels(model, reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Live(Collector):
+    def __init__(self, sched: Scheduler):
+        self.sched = sched
+
+    def describe(self) -> list[Metric]:
+        return []   # scraped live; nothing to check for name clashes at registration
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.sched
+        g = {name: GaugeMetricFamily(f"umemc_{name}", doc, labels=labels) for name, doc, labels in (
+            ("model_usage_bytes", "Live memory of the worker (CPU side + GPU side), from the enforcer.", ["model"]),
+            ("model_quota_bytes", "The worker's quotas.", ["model", "kind"]),
+            ("model_state", "1 for the worker's current supervisord state.", ["model", "state"]),
+            ("model_ready", "1 when the worker is running and healthy.", ["model"]),
+            ("model_restarts", "Starts of the worker after its first, from the enforcer.", ["model"]),
+            ("model_in_flight", "Requests in flight.", ["model"]),
+            ("model_queue_depth", "Requests waiting for a slot or a cold start.", ["model"]),
+            ("model_max_concurrency", "Requests the worker may have in flight.", ["model"]),
+            ("model_priority", "Eviction priority (higher survives longer).", ["model"]),
+        )}
+        for m in s.models.values():
+            g["model_usage_bytes"].add_metric([m.name], m.usage)
+            g["model_quota_bytes"].add_metric([m.name, "soft"], m.plan["quota_soft_bytes"])
+            g["model_quota_bytes"].add_metric([m.name, "hard"], m.plan["quota_hard_bytes"])
+            for state in STATES:
+                g["model_state"].add_metric([m.name, state], 1 if m.state == state else 0)
+            g["model_ready"].add_metric([m.name], 1 if m.ready else 0)
+            g["model_restarts"].add_metric([m.name], m.restarts)
+            g["model_in_flight"].add_metric([m.name], m.in_flight)
+            g["model_queue_depth"].add_metric([m.name], len(m.waiters))
+            g["model_max_concurrency"].add_metric([m.name], m.max_concurrency)
+            g["model_priority"].add_metric([m.name], m.plan["priority"])
+        yield from g.values()
+        ram, gpu = s.committed()
+        leases = list(s.leases.values())
+        yield GaugeMetricFamily("umemc_budget_bytes", "The plan's memory budget.", value=s.budget.ram)
+        yield GaugeMetricFamily("umemc_committed_bytes", "Budget committed: running or starting workers "
+                                "(max of live usage and hard quota) plus leases.", value=ram)
+        if s.budget.gpu is not None:
+            yield GaugeMetricFamily("umemc_gpu_budget_bytes", "The plan's GPU-window budget.", value=s.budget.gpu)
+            yield GaugeMetricFamily("umemc_gpu_committed_bytes", "GPU-window budget committed.", value=gpu)
+        yield GaugeMetricFamily("umemc_leases", "Leases granted and not yet released or expired.", value=len(leases))
+        yield GaugeMetricFamily("umemc_leased_bytes", "Bytes held by leases.", value=sum(x.ram for x in leases))
+        yield GaugeMetricFamily("umemc_pressure", "System memory pressure as the enforcer measures it "
+                                "(NaN when its status is stale).", value=float("nan") if s.pressure is None
+                                else s.pressure)

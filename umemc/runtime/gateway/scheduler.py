@@ -1,0 +1,541 @@
+"""The gateway's scheduler: per-model slots (max_concurrency in flight, a bounded FIFO queue),
+on-demand cold starts with admission and eviction, drains, TTL unloads, leases.
+
+Everything runs on one event loop. A request for a ready model with a free slot and nobody queued
+takes the fast path (no lock, no await). Everything else queues and wakes the pump, which makes
+each decision under `lock` (shared with lease grants) and records it at once (a starting model
+and the victims being evicted keep counting in the ledger until they are gone), so no two
+decisions can spend the same bytes. Requests for a model that is starting all wait for that one
+start: interleaved A B C A B C loads start each model once."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.client
+import itertools
+import json
+import math
+import os
+import secrets
+import sys
+import time
+import xmlrpc.client
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..events import EventLog
+from ..supervisor import Supervisor
+from .ledger import Budget, Decision, Held, Lease, Need, decide
+
+LIVE = ("RUNNING", "STARTING", "BACKOFF", "STOPPING")
+SERVING = ("RUNNING", "STARTING")   # STARTING: supervisord's startsecs have not passed, yet it may answer
+POLL_S = 0.5             # supervisord's process list and the enforcer's status file
+HEALTH_POLL_S = 0.1
+STATUS_FRESH_S = 5.0
+CONNECT_ERRORS = (OSError, xmlrpc.client.Error, http.client.HTTPException)
+
+
+class Refused(Exception):
+    """A request the gateway answers itself: status, OpenAI-shaped message, Retry-After."""
+
+    def __init__(self, status: int, message: str, code: str, retry_after: int | None = None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.retry_after = status, message, code, retry_after
+
+
+@dataclass
+class Model:
+    name: str
+    plan: dict[str, Any]
+    state: str = "STOPPED"            # as supervisord names it
+    ready: bool = False               # RUNNING and answered its health URL
+    in_flight: int = 0
+    waiters: deque[tuple[float, asyncio.Future[None]]] = field(default_factory=deque)
+    last_used: float = 0.0            # wall clock of the last request finished (or of becoming ready)
+    draining: bool = False
+    evicting: bool = False
+    starting: asyncio.Task[None] | None = None
+    evicted: bool = False             # stopped by the gateway: a hot one comes back when it fits
+    usage: int = 0                    # live bytes from the enforcer's status
+    given_up: bool = False
+    failure: str | None = None
+    no_drain_until: float = 0.0
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
+    cold_starts: int = 0
+    restarts: int = 0
+    latency_ewma: float = 1.0
+
+    @property
+    def port(self) -> int | None:
+        return self.plan["port"]
+
+    @property
+    def max_concurrency(self) -> int:
+        return int(self.plan["max_concurrency"])
+
+    @property
+    def cold(self) -> bool:
+        return self.plan["mode"] == "cold"
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE or self.starting is not None
+
+    @property
+    def busy(self) -> bool:
+        return self.in_flight > 0 or bool(self.waiters)
+
+    def held(self) -> Held:
+        return Held(self.name, self.plan["priority"], self.cold, max(self.usage, self.plan["quota_hard_bytes"]),
+                    self.plan["gpu_quota_hard_bytes"], self.busy or self.starting is not None,
+                    self.ready and self.starting is None, self.last_used, self.evicting or self.draining)
+
+
+class Scheduler:
+    def __init__(self, bundle: Path):
+        self.bundle = bundle
+        self.plan = json.loads((bundle / "plan.json").read_text())
+        self.gw = self.plan["gateway"]
+        self.state_dir = (bundle / "../state").resolve()
+        self.supervisor = Supervisor(Path(self.plan["supervisor"]["socket"].replace("%(here)s", str(bundle))))
+        cap = self.plan["capacity"]
+        self.budget = Budget(int(cap["budget_bytes"]), None if cap["gpu_budget_bytes"] is None
+                             else int(cap["gpu_budget_bytes"]))
+        self.models = {n: Model(n, m) for n, m in self.plan["models"].items()}
+        self.routes = {n: n for n in self.models}
+        for n, m in self.plan["models"].items():
+            self.routes.update({alias: n for alias in m["aliases"]})
+        self.leases: dict[str, Lease] = {}
+        self.lock = asyncio.Lock()
+        self.events = EventLog(self.state_dir / "events.db")
+        self.pressure: float | None = None
+        self._kick = asyncio.Event()
+        self._seq = itertools.count()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.probe: Any = None           # async (model) -> healthy?, given by the app (its HTTP client)
+        self.metrics: Any = None         # the app's metrics: cold starts, evictions (optional)
+        self.closing = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._load_leases()
+        with contextlib.suppress(*CONNECT_ERRORS):
+            await self.refresh()
+        self._tasks = [asyncio.create_task(self._pump()), asyncio.create_task(self._housekeeping())]
+
+    def refuse_queued(self) -> None:
+        self.closing = True
+        for m in self.models.values():
+            self._fail_waiters(m, Refused(503, "the gateway is shutting down", "shutting_down", 5))
+
+    async def close(self) -> None:
+        self.refuse_queued()
+        for t in self._tasks:
+            t.cancel()
+        for m in self.models.values():
+            if m.starting is not None:
+                m.starting.cancel()
+        await asyncio.gather(*self._tasks, *(m.starting for m in self.models.values() if m.starting),
+                             return_exceptions=True)
+        self.events.close()
+
+    def kick(self) -> None:
+        self._kick.set()
+
+    # -- request slots --------------------------------------------------------------------------
+    def route(self, name: str) -> Model:
+        target = self.routes.get(name)
+        if target is None:
+            known = ", ".join(sorted(self.routes))
+            raise Refused(404, f"model {name!r} is not in this stack (known: {known})", "model_not_found")
+        return self.models[target]
+
+    @contextlib.asynccontextmanager
+    async def slot(self, m: Model) -> AsyncIterator[None]:
+        """Hold one of the model's max_concurrency slots while the request runs."""
+        await self.acquire(m)
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            m.latency_ewma = 0.8 * m.latency_ewma + 0.2 * (time.monotonic() - start)
+            self.release(m)
+
+    async def acquire(self, m: Model) -> None:
+        if m.ready and not m.draining and m.in_flight < m.max_concurrency and not m.waiters:
+            m.in_flight += 1
+            return
+        if self.closing:
+            raise Refused(503, "the gateway is shutting down", "shutting_down", 5)
+        if m.given_up:
+            raise Refused(503, f"worker {m.name} was left stopped after repeated hard-limit kills "
+                          "(see `umemc events`); restart the stack to try again", "worker_given_up")
+        if len(m.waiters) >= self.gw["queue"]:
+            raise Refused(429, f"model {m.name}: {m.in_flight} requests in flight and {len(m.waiters)} queued "
+                          f"(max_concurrency {m.max_concurrency}, queue {self.gw['queue']})", "queue_full",
+                          self._queue_retry_after(m))
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (time.monotonic(), fut)
+        m.waiters.append(entry)
+        self.kick()
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), self.gw["queue_timeout_s"])
+        except asyncio.TimeoutError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                return        # granted in the same instant
+            self._forget(m, entry)
+            raise self._timed_out(m) from None
+        except asyncio.CancelledError:
+            self._forget(m, entry)
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self.release(m)   # granted just as the client went away
+            raise
+
+    def _forget(self, m: Model, entry: tuple[float, asyncio.Future[None]]) -> None:
+        with contextlib.suppress(ValueError):
+            m.waiters.remove(entry)
+        if not entry[1].done():
+            entry[1].cancel()
+        self.kick()
+
+    def release(self, m: Model) -> None:
+        m.in_flight -= 1
+        m.last_used = time.time()
+        if m.draining and m.in_flight == 0:
+            m.drained.set()
+        self._dispatch(m)
+        if not m.busy:
+            self.kick()       # an idle model may be what a waiting cold start needs
+
+    def _dispatch(self, m: Model) -> None:
+        while m.ready and not m.draining and m.waiters and m.in_flight < m.max_concurrency:
+            _, fut = m.waiters.popleft()
+            if fut.done():
+                continue
+            m.in_flight += 1
+            fut.set_result(None)
+
+    def _fail_waiters(self, m: Model, exc: Refused) -> None:
+        while m.waiters:
+            _, fut = m.waiters.popleft()
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def _queue_retry_after(self, m: Model) -> int:
+        return max(1, math.ceil(m.latency_ewma * (len(m.waiters) + 1) / m.max_concurrency))
+
+    def _timed_out(self, m: Model) -> Refused:
+        waited = self.gw["queue_timeout_s"]
+        if m.ready:
+            return Refused(503, f"model {m.name}: no slot within {waited:g} s ({m.in_flight} in flight, "
+                           f"{len(m.waiters)} queued)", "queue_timeout", self._queue_retry_after(m))
+        decision = self.decide_model(m)
+        why = m.failure or decision.reason(self.need_for(m))
+        return Refused(503, f"model {m.name} could not start within {waited:g} s: {why}", "insufficient_memory",
+                       self._blocked_retry_after(decision))
+
+    def _blocked_retry_after(self, decision: Decision) -> int:
+        expiries = [b["expires"] - time.time() for b in decision.blocked_by if b["kind"] == "lease"]
+        return max(1, min([math.ceil(e) for e in expiries if e > 0] + [10]))
+
+    # -- admission ------------------------------------------------------------------------------
+    def need_for(self, m: Model) -> Need:
+        p = m.plan
+        return Need(m.name, p["quota_hard_bytes"], p["gpu_quota_hard_bytes"], p["priority"], m.cold, True)
+
+    def held(self, exclude: str | None = None) -> list[Held]:
+        return [m.held() for m in self.models.values() if m.live and m.name != exclude]
+
+    def decide(self, need: Need, exclude: str | None = None) -> Decision:
+        now = time.time()
+        live = [lease for lease in self.leases.values() if lease.expires > now]
+        decision = decide(need, self.held(exclude), live, self.budget)
+        pol = self.plan["policy"]
+        if decision.fits and self.pressure is not None:
+            freed = sum(self.models[v].usage for v in decision.victims) / max(1, self.plan["capacity"]["usable_bytes"])
+            if self.pressure - freed >= pol["load_below"]:
+                decision = Decision(False, blocked_by=[{"kind": "pressure", "pressure": round(self.pressure, 4),
+                                                        "load_below": pol["load_below"]}],
+                                    free_ram=decision.free_ram, free_gpu=decision.free_gpu)
+        return decision
+
+    def decide_model(self, m: Model) -> Decision:
+        need = self.need_for(m)
+        if m.name not in self.models or m.live:
+            return Decision(True, free_ram=0)
+        decision = self.decide(need, exclude=m.name)
+        if time.time() < m.no_drain_until and decision.drain:
+            return Decision(False, blocked_by=[{"kind": "worker", "name": v, "priority": self.models[v].plan["priority"],
+                                                "bytes": self.models[v].held().ram, "why": "requests in flight "
+                                                "(drain timed out)"} for v in decision.drain],
+                            free_ram=decision.free_ram, free_gpu=decision.free_gpu)
+        return decision
+
+    async def _pump(self) -> None:
+        while True:
+            await self._kick.wait()
+            self._kick.clear()
+            async with self.lock:
+                try:
+                    self._pump_once()
+                except Exception as exc:  # noqa: BLE001 - the pump must outlive a bug in one decision
+                    print(f"umemc-gateway: pump: {exc!r}", file=sys.stderr, flush=True)
+
+    def _pump_once(self) -> None:
+        waiting = sorted((m for m in self.models.values() if m.waiters), key=lambda m: m.waiters[0][0])
+        for m in waiting:
+            self._dispatch(m)
+            if m.ready or m.starting is not None or not m.waiters:
+                continue
+            if m.live:   # supervisord runs it (a restart after a crash, or started outside the gateway)
+                m.starting = asyncio.create_task(self._start(m, Decision(True)))
+                continue
+            decision = self.decide_model(m)
+            if decision.fits:
+                for v in decision.evict:
+                    self.models[v].evicting = True
+                for v in decision.drain:
+                    self.models[v].draining = True
+                    self.models[v].drained.clear()
+                m.starting = asyncio.create_task(self._start(m, decision))
+
+    async def _start(self, m: Model, decision: Decision) -> None:
+        t0 = time.monotonic()
+        try:
+            if decision.drain and not await self._drain(decision.drain):
+                m.no_drain_until = time.time() + self.gw["drain_timeout_s"]
+                self.events.add("drain_timeout", m.name, victims=decision.drain,
+                                drain_timeout_s=self.gw["drain_timeout_s"])
+                return
+            await asyncio.gather(*(self._stop(self.models[v], "evict", for_model=m.name) for v in decision.victims))
+            await self._ensure_started(m)
+            await self._wait_healthy(m)
+            m.ready, m.failure, m.last_used, m.evicted = True, None, time.time(), False
+            m.cold_starts += 1
+            seconds = round(time.monotonic() - t0, 3)
+            self.events.add("cold_start", m.name, seconds=seconds, evicted=decision.victims,
+                            waiting=len(m.waiters))
+            if self.metrics is not None:
+                self.metrics.cold_start(m.name, seconds)
+        except Refused as exc:
+            m.failure = exc.message
+            self.events.add("cold_start_failed", m.name, reason=exc.message)
+            self._fail_waiters(m, exc)
+        except CONNECT_ERRORS as exc:
+            m.failure = f"supervisord did not answer: {exc}"
+            self._fail_waiters(m, Refused(503, f"model {m.name} could not start: {m.failure}", "start_failed", 5))
+        finally:
+            for v in decision.drain:
+                self.models[v].draining = False
+                self._dispatch(self.models[v])
+            m.starting = None
+            self._dispatch(m)
+            self.kick()
+
+    async def _drain(self, names: list[str]) -> bool:
+        """Wait until the victims have no request in flight; False when drain_timeout passes first."""
+        waits = [self.models[n].drained.wait() for n in names if self.models[n].in_flight > 0]
+        for n in names:
+            if self.models[n].in_flight == 0:
+                self.models[n].drained.set()
+        try:
+            await asyncio.wait_for(asyncio.gather(*waits), self.gw["drain_timeout_s"])
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    async def _ensure_started(self, m: Model) -> None:
+        """Start it unless supervisord already runs it; one being stopped is started once it is down."""
+        deadline = time.monotonic() + 60
+        while m.state == "STOPPING" and time.monotonic() < deadline:
+            await asyncio.sleep(HEALTH_POLL_S)
+            m.state = (await asyncio.to_thread(self.supervisor.processes)).get(m.name, {}).get("statename", "UNKNOWN")
+        if m.state not in ("RUNNING", "STARTING", "BACKOFF"):
+            await asyncio.to_thread(self.supervisor.start, m.name, False)  # spawns now: STARTING on return
+            m.state = "STARTING"
+
+    async def _wait_healthy(self, m: Model) -> None:
+        deadline = time.monotonic() + self.gw["start_timeout_s"]
+        while time.monotonic() < deadline:
+            info = (await asyncio.to_thread(self.supervisor.processes)).get(m.name, {})
+            m.state = info.get("statename", "UNKNOWN")
+            failed = m.state in ("FATAL", "EXITED", "STOPPED", "UNKNOWN") or (m.state == "BACKOFF" and info.get("spawnerr"))
+            if failed:
+                raise Refused(503, f"worker {m.name} failed to start: it is {m.state}"
+                              + (f" ({info['spawnerr']})" if info.get("spawnerr") else "")
+                              + f"; see {self.state_dir / 'logs' / (m.name + '.err.log')}", "start_failed", 10)
+            if m.state in ("STARTING", "RUNNING") and self.probe is not None and await self.probe(m):
+                return
+            await asyncio.sleep(HEALTH_POLL_S)
+        raise Refused(503, f"worker {m.name} did not become healthy within {self.gw['start_timeout_s']:g} s",
+                      "start_timeout", 10)
+
+    async def _stop(self, m: Model, why: str, **detail: Any) -> None:
+        m.evicting, m.ready = True, False
+        try:
+            usage = m.usage
+            with contextlib.suppress(xmlrpc.client.Fault):   # already stopped
+                await asyncio.to_thread(self.supervisor.stop, m.name, True)
+            m.state, m.usage = "STOPPED", 0
+            m.evicted = why == "evict"
+            self.events.add(why, m.name, by="gateway", usage_bytes=usage, priority=m.plan["priority"], **detail)
+            if self.metrics is not None:
+                self.metrics.eviction(m.name, why)
+        finally:
+            m.evicting = False
+
+    # -- leases ---------------------------------------------------------------------------------
+    async def grant(self, holder: str, ram: int, gpu: int, priority: int, ttl: float,
+                    model: str | None = None) -> tuple[Lease | None, Decision, Need]:
+        need = Need("lease", ram, gpu, priority, False, False)
+        async with self.lock:
+            decision = self.decide(need)
+            if not decision.fits:
+                return None, decision, need
+            lease = Lease(f"l-{secrets.token_hex(6)}", holder, ram, gpu, priority, time.time() + ttl, model)
+            self.leases[lease.id] = lease
+            for v in decision.evict:
+                self.models[v].evicting = True
+        self.events.add("lease_grant", None, id=lease.id, holder=holder, bytes=ram, ttl_s=ttl,
+                        evicted=decision.evict, model=model)
+        await asyncio.gather(*(self._stop(self.models[v], "evict", for_lease=lease.id) for v in decision.evict))
+        return lease, decision, need
+
+    def _load_leases(self) -> None:
+        """Leases outlive a restart of the gateway: they are in RUN/state/gateway.json."""
+        try:
+            doc = json.loads((self.state_dir / "gateway.json").read_text())
+        except (OSError, ValueError):
+            return
+        now = time.time()
+        for x in doc.get("leases", []):
+            if x["expires"] > now:
+                self.leases[x["id"]] = Lease(x["id"], x["holder"], x["bytes"], x["gpu_bytes"], x["priority"],
+                                             x["expires"], x["model"])
+
+    def release_lease(self, lease_id: str, why: str = "lease_release") -> Lease | None:
+        lease = self.leases.pop(lease_id, None)
+        if lease is not None:
+            self.events.add(why, None, id=lease.id, holder=lease.holder, bytes=lease.ram)
+            self.kick()
+        return lease
+
+    def extend_lease(self, lease_id: str, ttl: float) -> Lease | None:
+        lease = self.leases.get(lease_id)
+        if lease is None or lease.expires <= time.time():
+            return None
+        lease = Lease(lease.id, lease.holder, lease.ram, lease.gpu, lease.priority, time.time() + ttl, lease.model)
+        self.leases[lease.id] = lease
+        return lease
+
+    # -- housekeeping ---------------------------------------------------------------------------
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(POLL_S)
+            try:
+                await self.housekeeping_once()
+            except CONNECT_ERRORS as exc:   # supervisord restarting or going down: next time
+                print(f"umemc-gateway: {exc}", file=sys.stderr, flush=True)
+
+    async def housekeeping_once(self) -> None:
+        await self.refresh()
+        now = time.time()
+        for lease in [x for x in self.leases.values() if x.expires <= now]:
+            self.release_lease(lease.id, "lease_expire")
+        await self._unload_idle(now)
+        await self._restore_hot()
+        self.write_state(now)
+
+    async def refresh(self) -> None:
+        """supervisord's states and the enforcer's live usage."""
+        infos = await asyncio.to_thread(self.supervisor.processes)
+        status = self._enforcer_status()
+        changed = False
+        for m in self.models.values():
+            info = infos.get(m.name, {})
+            state = info.get("statename", "UNKNOWN")
+            if m.starting is None and not m.evicting:
+                if m.ready and state not in SERVING:
+                    m.ready, changed = False, True     # crashed, killed over quota, or evicted by the enforcer
+                m.state = state
+                if m.state in SERVING and not m.ready and self.probe is not None and await self.probe(m):
+                    m.ready, m.last_used, changed = True, time.time(), True   # started by `up` or restarted
+            live = (status or {}).get("models", {}).get(m.name) or {}
+            m.usage = int(live.get("rss_bytes") or 0) + int(live.get("gpu_bytes") or 0) if m.live else 0
+            m.given_up = bool(live.get("given_up")) and state not in LIVE
+            m.restarts = int(live.get("restarts") or 0)
+        self.pressure = None if status is None else float(status.get("pressure", 0.0))
+        if changed:
+            self.kick()
+
+    def _enforcer_status(self) -> dict[str, Any] | None:
+        try:
+            doc: dict[str, Any] = json.loads((self.state_dir / "enforcer.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return doc if time.time() - float(doc.get("time", 0)) < STATUS_FRESH_S else None
+
+    async def _unload_idle(self, now: float) -> None:
+        for m in self.models.values():
+            ttl = m.plan["ttl_s"]
+            if (m.cold and ttl is not None and m.ready and not m.busy and m.starting is None
+                    and not m.draining and now - m.last_used >= ttl):
+                await self._stop(m, "ttl_unload", idle_s=round(now - m.last_used, 1), ttl_s=ttl)
+                m.evicted = False
+
+    async def _restore_hot(self) -> None:
+        """A hot worker the gateway evicted comes back once it fits without evicting anything."""
+        for m in self.models.values():
+            if m.plan["mode"] != "hot" or not m.evicted or m.live or m.waiters or m.given_up:
+                continue
+            async with self.lock:
+                decision = self.decide_model(m)
+                if not decision.fits or decision.victims:
+                    continue
+                m.starting = asyncio.create_task(self._start(m, decision))
+            self.events.add("restore", m.name, reason="hot worker evicted earlier fits again")
+
+    def write_state(self, now: float) -> None:
+        """RUN/state/gateway.json: what is in flight (the enforcer's pressure guard spares those
+        workers) and the leases, for `umemc status`."""
+        doc = {"time": now, "pid": os.getpid(), "models": {
+            m.name: {"in_flight": m.in_flight, "queued": len(m.waiters), "ready": m.ready, "starting": m.starting is not None}
+            for m in self.models.values()}, "leases": [lease_json(x) for x in self.leases.values()]}
+        path = self.state_dir / "gateway.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, path)
+
+    # -- views ----------------------------------------------------------------------------------
+    def committed(self) -> tuple[int, int]:
+        held = self.held()
+        leases = [x for x in self.leases.values() if x.expires > time.time()]
+        return sum(h.ram for h in held) + sum(x.ram for x in leases), sum(h.gpu for h in held) + sum(x.gpu for x in leases)
+
+    def status(self) -> dict[str, Any]:
+        ram, gpu = self.committed()
+        now = time.time()
+        return {
+            "gateway": {"pid": os.getpid(), "host": self.gw["host"], "port": self.gw["port"]},
+            "budget": {"budget_bytes": self.budget.ram, "committed_bytes": ram, "free_bytes": self.budget.ram - ram,
+                       "gpu_budget_bytes": self.budget.gpu, "gpu_committed_bytes": gpu},
+            "pressure": self.pressure,
+            "models": {m.name: {
+                "state": m.state, "ready": m.ready, "mode": m.plan["mode"], "priority": m.plan["priority"],
+                "in_flight": m.in_flight, "queued": len(m.waiters), "max_concurrency": m.max_concurrency,
+                "starting": m.starting is not None, "draining": m.draining, "usage_bytes": m.usage,
+                "quota_hard_bytes": m.plan["quota_hard_bytes"], "cold_starts": m.cold_starts,
+                "idle_s": round(now - m.last_used, 1) if m.ready else None, "ttl_s": m.plan["ttl_s"],
+                "aliases": m.plan["aliases"], "failure": m.failure, "given_up": m.given_up}
+                for m in self.models.values()},
+            "leases": [lease_json(x) for x in self.leases.values()],
+        }
+
+
+def lease_json(lease: Lease) -> dict[str, Any]:
+    return {"id": lease.id, "holder": lease.holder, "bytes": lease.ram, "gpu_bytes": lease.gpu,
+            "priority": lease.priority, "model": lease.model, "expires": round(lease.expires, 3),
+            "expires_in_s": round(max(0.0, lease.expires - time.time()), 1)}
