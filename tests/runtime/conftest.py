@@ -86,27 +86,43 @@ def stack(tmp_path: Path) -> Iterator[Callable[..., Running]]:
     started: list[Running] = []
 
     def up(text: str, *flags: str, expect: int = 0) -> Running:
-        path = tmp_path / "stack.toml"
-        path.write_text(text)
-        r = Running(tmp_path / "run")
+        r = bring_up(tmp_path, text, *flags, expect=expect)
         started.append(r)
-        code = main(["up", str(path), "--run-dir", str(r.run_dir), "--timeout", "60", *flags])
-        assert code == expect
         return r
 
     yield up
     for r in started:
-        pids = {p.pid for p in psutil.process_iter() if _ours(p, r.run_dir)}
-        if (r.run_dir / "bundle" / "plan.json").exists():
-            for m in r.status().values():
-                if m["pid"]:
-                    pids.add(m["pid"])
-                    pids.update(c.pid for c in _children(m["pid"]))
-        assert main(["down", "--run-dir", str(r.run_dir)]) == 0
-        left = [p for p in pids if _alive(p)] + [p.pid for p in psutil.process_iter() if _ours(p, r.run_dir)]
-        assert not left, f"processes left after down: {left}"
-        assert not list((r.run_dir / "state").glob("cgroups/*")), "cgroup records left"
-        assert not _cgroups_left(r.run_dir), "cgroups left after down"
+        bring_down(r)
+
+
+def bring_up(where: Path, text: str, *flags: str, expect: int = 0) -> Running:
+    """`umemc up` a stack written to WHERE/stack.toml (run dir WHERE/run). A stack without a
+    [gateway] table gets one on a free port (the default 10000 may be taken on this machine)."""
+    if "[gateway]" not in text:
+        text += f"\n[gateway]\nport = {free_port()}\n"
+    path = where / "stack.toml"
+    path.write_text(text)
+    r = Running(where / "run")
+    code = main(["up", str(path), "--run-dir", str(r.run_dir), "--timeout", "60", *flags])
+    if code != expect:
+        bring_down(r)
+    assert code == expect
+    return r
+
+
+def bring_down(r: Running) -> None:
+    """`umemc down`, then check by PID that nothing of the stack, and none of its cgroups, is left."""
+    pids = {p.pid for p in psutil.process_iter() if _ours(p, r.run_dir)}
+    if (r.run_dir / "bundle" / "plan.json").exists():
+        for m in r.status().values():
+            if m["pid"]:
+                pids.add(m["pid"])
+                pids.update(c.pid for c in _children(m["pid"]))
+    assert main(["down", "--run-dir", str(r.run_dir)]) == 0
+    left = [p for p in pids if _alive(p)] + [p.pid for p in psutil.process_iter() if _ours(p, r.run_dir)]
+    assert not left, f"processes left after down: {left}"
+    assert not list((r.run_dir / "state").glob("cgroups/*")), "cgroup records left"
+    assert not _cgroups_left(r.run_dir), "cgroups left after down"
 
 
 def _children(pid: int) -> list[psutil.Process]:

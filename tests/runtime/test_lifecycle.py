@@ -154,7 +154,8 @@ def test_top_refreshes_until_interrupted(stack, capsys, monkeypatch: pytest.Monk
 def test_deep_run_dir_runs_with_a_private_socket(tmp_path: Path) -> None:
     stack = tmp_path / "stack.toml"
     stack.write_text('version = 1\nname = "deep"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n' + live_sysctl_table()
-                     + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port()))
+                     + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port())
+                     + f"[gateway]\nport = {free_port()}\n")
     run = tmp_path / ("d" * 60) / ("e" * 60) / "run"
     assert main(["up", str(stack), "--run-dir", str(run), "--timeout", "60"]) == 0
     try:

@@ -8,7 +8,8 @@ and its GPU-side memory (DRM fdinfo; nvidia-smi now and then), and
 - a kernel OOM kill in the worker's cgroup: event `hard_limit_kill` (by kernel);
 - usage climbing faster than leak_threshold per minute over leak_window: `leak_suspected`;
 - system pressure above evict_above: stop workers, lowest priority first, then least recently
-  active, until pressure is below load_below (`evict`).
+  active, until pressure is below load_below (`evict`); never one with requests in flight at the
+  gateway.
 A worker near its hard quota is sampled every FAST_S in between, so a fast leak is caught early.
 
     python -m umemc.runtime.enforcer --bundle BUNDLE_DIR
@@ -45,6 +46,7 @@ LEAK_MIN_R2 = 0.8
 DRIFT = 0.05            # more than 5% over the estimate once settled: estimate_drift
 DRIFT_SETTLE_S = 5.0    # after supervisord calls it RUNNING (itself 5 s after the start)
 LLAMA_RUNTIMES = ("llama-server", "llama-cpp-python")
+GATEWAY_FRESH_S = 5.0   # the gateway rewrites its state file every 0.5 s
 
 
 @dataclass
@@ -382,7 +384,9 @@ class Enforcer:
             self.evicting = False
         if not self.evicting or now < self.evict_wait_until:
             return
-        running = [w for w in self.workers.values() if w.pid and infos.get(w.name, {}).get("statename") == "RUNNING"]
+        busy = self._busy()
+        running = [w for w in self.workers.values() if w.pid and infos.get(w.name, {}).get("statename") == "RUNNING"
+                   and w.name not in busy]
         if not running:
             return
         victim = min(running, key=lambda w: (w.priority, w.last_active))
@@ -391,6 +395,17 @@ class Enforcer:
         self._event(victim, "evict", pressure=round(self.pressure, 4), usage_bytes=victim.usage,
                     priority=victim.priority, evict_above=pol["evict_above"], load_below=pol["load_below"])
         self.evict_wait_until = now + max(1.0, 5 * self.interval)  # let the memory come back first
+
+    def _busy(self) -> set[str]:
+        """Workers with requests in flight or queued at the gateway (its RUN/state/gateway.json, when
+        fresh): the pressure guard never evicts one mid-request."""
+        try:
+            doc = json.loads((self.state_dir / "gateway.json").read_text())
+        except (OSError, ValueError):
+            return set()
+        if time.time() - float(doc.get("time", 0)) > GATEWAY_FRESH_S:
+            return set()
+        return {n for n, m in doc.get("models", {}).items() if m.get("in_flight") or m.get("queued")}
 
     # -- output ---------------------------------------------------------------------------------
     def _event(self, w: Worker, kind: str, **detail: Any) -> None:

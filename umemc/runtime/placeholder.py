@@ -1,7 +1,9 @@
 """`umemc up --simulate` stands this in for every worker: it really allocates and touches the
 worker's soft quota, serves the runtime's health URL on its port and answers OpenAI-shaped requests
 with a small canned reply (streaming too), so an owner can prove the box holds the stack, and
-watch the enforcer work, before downloading the weights.
+watch the enforcer and the gateway work, before downloading the weights. A request's `"delay"`
+(seconds) stands for generation time: the whole reply waits that long, or each streamed chunk
+(`"chunks"`: how many, default 4).
 
     python -m umemc.runtime.placeholder --model NAME --bytes N [--port P --health /health]
 """
@@ -83,6 +85,7 @@ def make_handler(model: str, health: str) -> type[http.server.BaseHTTPRequestHan
             elif body.get("stream"):
                 self._stream(body)
             else:
+                time.sleep(float(body.get("delay", 0)))
                 self._json(200, _reply(model, self.path, body))
 
         def _stream(self, body: dict) -> None:
@@ -91,13 +94,20 @@ def make_handler(model: str, health: str) -> type[http.server.BaseHTTPRequestHan
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            for word in ("(simulated", " reply", " from", f" {model})"):
-                delta = {"object": "chat.completion.chunk", "model": model,
-                         "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]}
-                self._chunk(f"data: {json.dumps(delta)}\n\n".encode())
-                time.sleep(float(body.get("delay", 0.01)))
-            self._chunk(b"data: [DONE]\n\n")
-            self._chunk(b"")
+            words = ["(simulated", " reply", " from", f" {model})"]
+            words += [" ..."] * max(0, int(body.get("chunks", 4)) - len(words))
+            try:
+                for i, word in enumerate(words):
+                    delta = {"object": "chat.completion.chunk", "model": model,
+                             "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]}
+                    self._chunk(f"data: {json.dumps(delta)}\n\n".encode())
+                    time.sleep(float(body.get("delay", 0.01)))
+                self._chunk(b"data: [DONE]\n\n")
+                self._chunk(b"")
+            except (BrokenPipeError, ConnectionResetError):
+                # a real server stops generating here; said on stdout so a test can see it
+                print(f"stream cancelled by the client after {i + 1} of {len(words)} chunks", flush=True)
+                self.close_connection = True
 
         def _chunk(self, data: bytes) -> None:
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")

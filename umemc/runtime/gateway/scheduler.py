@@ -56,13 +56,16 @@ class Model:
     waiters: deque[tuple[float, asyncio.Future[None]]] = field(default_factory=deque)
     last_used: float = 0.0            # wall clock of the last request finished (or of becoming ready)
     draining: bool = False
+    drain_since: float = 0.0          # requests queued before this are still served: one batch, then out
     evicting: bool = False
     starting: asyncio.Task[None] | None = None
     evicted: bool = False             # stopped by the gateway: a hot one comes back when it fits
     usage: int = 0                    # live bytes from the enforcer's status
     given_up: bool = False
     failure: str | None = None
-    no_drain_until: float = 0.0
+    touched: float = 0.0              # monotonic time the scheduler itself last changed `state`
+    no_drain: set[str] = field(default_factory=set)   # victims whose drain timed out: not again until idle
+    draining_for: list[str] = field(default_factory=list)
     drained: asyncio.Event = field(default_factory=asyncio.Event)
     cold_starts: int = 0
     restarts: int = 0
@@ -199,24 +202,35 @@ class Scheduler:
             m.waiters.remove(entry)
         if not entry[1].done():
             entry[1].cancel()
+        self._check_drained(m)
         self.kick()
 
     def release(self, m: Model) -> None:
         m.in_flight -= 1
         m.last_used = time.time()
-        if m.draining and m.in_flight == 0:
-            m.drained.set()
         self._dispatch(m)
+        self._check_drained(m)
         if not m.busy:
+            for other in self.models.values():
+                other.no_drain.discard(m.name)
             self.kick()       # an idle model may be what a waiting cold start needs
 
     def _dispatch(self, m: Model) -> None:
-        while m.ready and not m.draining and m.waiters and m.in_flight < m.max_concurrency:
-            _, fut = m.waiters.popleft()
+        """Grant free slots to waiters, first come first served. A draining model still serves
+        the requests that were queued before the drain began (they came for it), no later ones."""
+        while m.ready and m.waiters and m.in_flight < m.max_concurrency:
+            queued_at, fut = m.waiters[0]
+            if m.draining and queued_at > m.drain_since:
+                return
+            m.waiters.popleft()
             if fut.done():
                 continue
             m.in_flight += 1
             fut.set_result(None)
+
+    def _check_drained(self, m: Model) -> None:
+        if m.draining and m.in_flight == 0 and (not m.waiters or m.waiters[0][0] > m.drain_since):
+            m.drained.set()
 
     def _fail_waiters(self, m: Model, exc: Refused) -> None:
         while m.waiters:
@@ -233,7 +247,13 @@ class Scheduler:
             return Refused(503, f"model {m.name}: no slot within {waited:g} s ({m.in_flight} in flight, "
                            f"{len(m.waiters)} queued)", "queue_timeout", self._queue_retry_after(m))
         decision = self.decide_model(m)
-        why = m.failure or decision.reason(self.need_for(m))
+        if m.starting is not None:
+            why = (f"waiting for {', '.join(m.draining_for)} to finish their requests" if m.draining_for
+                   else "still starting")
+        elif m.failure or not decision.fits:
+            why = m.failure or decision.reason(self.need_for(m))
+        else:
+            why = "memory became free just now: try again"
         return Refused(503, f"model {m.name} could not start within {waited:g} s: {why}", "insufficient_memory",
                        self._blocked_retry_after(decision))
 
@@ -267,7 +287,7 @@ class Scheduler:
         if m.name not in self.models or m.live:
             return Decision(True, free_ram=0)
         decision = self.decide(need, exclude=m.name)
-        if time.time() < m.no_drain_until and decision.drain:
+        if m.no_drain & set(decision.drain):
             return Decision(False, blocked_by=[{"kind": "worker", "name": v, "priority": self.models[v].plan["priority"],
                                                 "bytes": self.models[v].held().ram, "why": "requests in flight "
                                                 "(drain timed out)"} for v in decision.drain],
@@ -298,15 +318,18 @@ class Scheduler:
                 for v in decision.evict:
                     self.models[v].evicting = True
                 for v in decision.drain:
-                    self.models[v].draining = True
-                    self.models[v].drained.clear()
+                    victim = self.models[v]
+                    victim.draining, victim.drain_since = True, time.monotonic()
+                    victim.drained.clear()
+                    self._check_drained(victim)
                 m.starting = asyncio.create_task(self._start(m, decision))
 
     async def _start(self, m: Model, decision: Decision) -> None:
         t0 = time.monotonic()
         try:
+            m.draining_for = decision.drain
             if decision.drain and not await self._drain(decision.drain):
-                m.no_drain_until = time.time() + self.gw["drain_timeout_s"]
+                m.no_drain |= set(decision.drain)
                 self.events.add("drain_timeout", m.name, victims=decision.drain,
                                 drain_timeout_s=self.gw["drain_timeout_s"])
                 return
@@ -331,16 +354,13 @@ class Scheduler:
             for v in decision.drain:
                 self.models[v].draining = False
                 self._dispatch(self.models[v])
-            m.starting = None
+            m.starting, m.draining_for, m.touched = None, [], time.monotonic()
             self._dispatch(m)
             self.kick()
 
     async def _drain(self, names: list[str]) -> bool:
-        """Wait until the victims have no request in flight; False when drain_timeout passes first."""
-        waits = [self.models[n].drained.wait() for n in names if self.models[n].in_flight > 0]
-        for n in names:
-            if self.models[n].in_flight == 0:
-                self.models[n].drained.set()
+        """Wait until the victims have served their batch; False when drain_timeout passes first."""
+        waits = [self.models[n].drained.wait() for n in names]
         try:
             await asyncio.wait_for(asyncio.gather(*waits), self.gw["drain_timeout_s"])
         except asyncio.TimeoutError:
@@ -379,7 +399,7 @@ class Scheduler:
             usage = m.usage
             with contextlib.suppress(xmlrpc.client.Fault):   # already stopped
                 await asyncio.to_thread(self.supervisor.stop, m.name, True)
-            m.state, m.usage = "STOPPED", 0
+            m.state, m.usage, m.touched = "STOPPED", 0, time.monotonic()
             m.evicted = why == "evict"
             self.events.add(why, m.name, by="gateway", usage_bytes=usage, priority=m.plan["priority"], **detail)
             if self.metrics is not None:
@@ -400,7 +420,7 @@ class Scheduler:
             for v in decision.evict:
                 self.models[v].evicting = True
         self.events.add("lease_grant", None, id=lease.id, holder=holder, bytes=ram, ttl_s=ttl,
-                        evicted=decision.evict, model=model)
+                        evicted=decision.evict, for_model=model)
         await asyncio.gather(*(self._stop(self.models[v], "evict", for_lease=lease.id) for v in decision.evict))
         return lease, decision, need
 
@@ -451,13 +471,14 @@ class Scheduler:
 
     async def refresh(self) -> None:
         """supervisord's states and the enforcer's live usage."""
+        asked = time.monotonic()
         infos = await asyncio.to_thread(self.supervisor.processes)
         status = self._enforcer_status()
         changed = False
         for m in self.models.values():
             info = infos.get(m.name, {})
             state = info.get("statename", "UNKNOWN")
-            if m.starting is None and not m.evicting:
+            if m.starting is None and not m.evicting and m.touched < asked:   # else newer than this answer
                 if m.ready and state not in SERVING:
                     m.ready, changed = False, True     # crashed, killed over quota, or evicted by the enforcer
                 m.state = state

@@ -1,0 +1,350 @@
+"""The gateway over real HTTP: real supervisord, real placeholder workers (`up --simulate`) that hold
+their memory and answer OpenAI-shaped requests (streaming too), the real gateway process."""
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.runtime.conftest import Running, bring_down, bring_up, free_port, live_sysctl_table
+
+MiB = 2**20
+HARD = 80 * MiB     # a 64MiB placeholder's hard quota at quota_headroom = 0.25
+
+
+def stack_text(name: str, models: str, *, slots: int, gateway: str = "", port: int | None = None) -> str:
+    """A cpu stack whose budget holds exactly `slots` models of 64MiB (hard quota 80MiB each)."""
+    return (f'version = 1\nname = "{name}"\n[platform]\nkind = "cpu"\nmemory = "{slots * 80 + 256}MiB"\n'
+            'os_reserve = "256MiB"\n[policy]\nsafety_margin = 0.0\nquota_headroom = 0.25\nload_below = 0.9\n'
+            f'evict_above = 0.95\n{live_sysctl_table()}[gateway]\nport = {port or free_port()}\n{gateway}{models}')
+
+
+def model(name: str, *, priority: int = 50, mode: str = "cold", extra: str = "") -> str:
+    # the command is never run: --simulate puts a placeholder holding the soft quota in its place
+    return (f'\n[models.{name}]\nruntime = "command"\ncommand = ["true"]\nmemory = "64MiB"\nport = {free_port()}\n'
+            f'priority = {priority}\nmode = "{mode}"\n{extra}')
+
+
+class Gateway:
+    def __init__(self, run: Running):
+        self.run = run
+        plan = json.loads((run.run_dir / "bundle" / "plan.json").read_text())
+        self.port = plan["gateway"]["port"]
+        self.plan = plan
+
+    def call(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
+             timeout: float = 60) -> tuple[int, dict[str, str], Any]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+        resp = conn.getresponse()
+        raw = resp.read()
+        conn.close()
+        ctype = resp.getheader("Content-Type", "")
+        return resp.status, dict(resp.getheaders()), json.loads(raw) if "json" in ctype else raw.decode()
+
+    def complete(self, model_name: str, **extra: Any) -> tuple[int, dict[str, str], Any]:
+        return self.call("POST", "/v1/completions", {"model": model_name, "prompt": "hi", **extra})
+
+    def status(self) -> dict[str, Any]:
+        return self.call("GET", "/umemc/status")[2]
+
+    def kinds(self, *kinds: str) -> list[tuple[str | None, str, dict[str, Any]]]:
+        return [(e["model"], e["kind"], e["detail"]) for e in self.run.events() if e["kind"] in kinds]
+
+
+def later(fn: Any, *args: Any, **kw: Any) -> Any:
+    pool = ThreadPoolExecutor(1)
+    future = pool.submit(fn, *args, **kw)
+    pool.shutdown(wait=False)
+    return future
+
+
+# -- one stack for routing, streaming, metrics ----------------------------------------------------
+@pytest.fixture(scope="module")
+def routing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    models = (model("chat", priority=90, mode="hot", extra='aliases = ["gpt-4o-mini"]\nmax_concurrency = 4\n')
+              + model("embed") + model("speech"))
+    r = bring_up(tmp_path_factory.mktemp("routing"), stack_text("gw-routing", models, slots=3), "--simulate")
+    try:
+        yield Gateway(r)
+    finally:
+        bring_down(r)
+
+
+def test_routes_by_model_and_alias(routing: Gateway) -> None:
+    status, _, body = routing.call("POST", "/v1/chat/completions", {"model": "gpt-4o-mini", "messages": []})
+    assert (status, body["model"], body["choices"][0]["message"]["content"]) == (200, "chat", "(simulated reply from chat)")
+    status, _, body = routing.call("POST", "/v1/embeddings", {"model": "embed", "input": ["a", "b"]})
+    assert (status, body["model"], len(body["data"])) == (200, "embed", 2)      # a cold start, held until healthy
+    form = (b'--XyZ\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\nContent-Type: audio/wav\r\n\r\n'
+            b'RIFF....\r\n--XyZ\r\nContent-Disposition: form-data; name="model"\r\n\r\nspeech\r\n--XyZ--\r\n')
+    status, _, body = routing.call("POST", "/v1/audio/transcriptions", form,
+                                   {"Content-Type": "multipart/form-data; boundary=XyZ"})
+    assert (status, body) == (200, {"text": "(simulated transcription by speech)"})
+    status, _, body = routing.call("GET", "/models/chat/health")
+    assert (status, body["status"], body["model"]) == (200, "ok", "chat")
+    status, _, body = routing.call("GET", "/v1/models")
+    assert [m["id"] for m in body["data"]] == ["chat", "gpt-4o-mini", "embed", "speech"]
+    assert body["data"][1]["root"] == "chat"
+
+
+def test_unknown_or_missing_model_is_a_clear_error(routing: Gateway) -> None:
+    assert routing.complete("gpt-5")[::2] == (404, {"error": {
+        "message": "model 'gpt-5' is not in this stack (known: chat, embed, gpt-4o-mini, speech)",
+        "type": "invalid_request_error", "code": "model_not_found"}})
+    assert routing.call("POST", "/v1/completions", {"prompt": "hi"})[::2] == (400, {"error": {
+        "message": 'request has no "model" field: name a model of this stack (GET /v1/models)',
+        "type": "invalid_request_error", "code": "model_missing"}})
+    assert routing.call("POST", "/v1/completions", b"{not json")[::2] == (400, {"error": {
+        "message": "request body is not JSON", "type": "invalid_request_error", "code": "invalid_json"}})
+
+
+def test_streaming_passes_through_unbuffered(routing: Gateway) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", routing.port, timeout=30)
+    t0 = time.monotonic()
+    conn.request("POST", "/v1/chat/completions", json.dumps({"model": "chat", "stream": True, "chunks": 5,
+                                                              "delay": 0.3}))
+    resp = conn.getresponse()
+    assert (resp.status, resp.getheader("Content-Type")) == (200, "text/event-stream")
+    arrivals, words = [], []
+    for line in resp:
+        if line.startswith(b"data: {"):
+            arrivals.append(time.monotonic() - t0)
+            words.append(json.loads(line[6:])["choices"][0]["delta"]["content"])
+    conn.close()
+    assert words == ["(simulated", " reply", " from", " chat)", " ..."]
+    assert arrivals[0] < 0.25                             # the first chunk did not wait for the rest
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    assert all(0.2 < g < 0.6 for g in gaps), gaps         # each chunk as the worker sent it
+
+
+def test_client_disconnect_cancels_the_upstream_request(routing: Gateway) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", routing.port, timeout=30)
+    conn.request("POST", "/v1/chat/completions", json.dumps({"model": "chat", "stream": True, "chunks": 20,
+                                                              "delay": 0.2}))
+    resp = conn.getresponse()
+    assert resp.readline().startswith(b"data: {")
+    conn.sock.close()           # the client goes away after the first chunk of twenty
+    conn.close()
+
+    def cancelled() -> list[str]:
+        return [x for x in routing.run.log_lines("chat") if x.startswith("stream cancelled by the client")]
+
+    lines = routing.run.wait_for(cancelled, timeout=5, what="the placeholder to see its stream cancelled")
+    assert lines[-1] in {f"stream cancelled by the client after {k} of 20 chunks" for k in range(2, 6)}
+    routing.run.wait_for(lambda: routing.status()["models"]["chat"]["in_flight"] == 0, timeout=5,
+                         what="the slot to be released")
+
+
+def test_metrics_in_prometheus_format(routing: Gateway) -> None:
+    def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        status, headers, text = routing.call("GET", "/metrics")
+        assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    before = scrape()
+    for _ in range(3):
+        assert routing.complete("chat")[0] == 200
+    after = scrape()
+    key = ("umemc_requests_total", (("code", "200"), ("model", "chat")))
+    assert after[key] - before.get(key, 0) == 3
+    count = ("umemc_request_duration_seconds_count", (("model", "chat"),))
+    assert after[count] - before[count] == 3
+    plan = routing.plan
+    assert after[("umemc_budget_bytes", ())] == plan["capacity"]["budget_bytes"] == 3 * HARD
+    assert after[("umemc_model_quota_bytes", (("kind", "hard"), ("model", "chat")))] == HARD
+    assert after[("umemc_model_ready", (("model", "chat"),))] == 1
+    assert after[("umemc_model_state", (("model", "chat"), ("state", "RUNNING")))] in (0, 1)
+    assert sum(v for (n, labels), v in after.items() if n == "umemc_model_state" and ("model", "chat") in labels) == 1
+    assert after[("umemc_model_in_flight", (("model", "chat"),))] == 0
+    assert after[("umemc_model_max_concurrency", (("model", "chat"),))] == 4
+    assert after[("umemc_leases", ())] == 0
+    assert after[("umemc_cold_starts_total", (("model", "embed"),))] == 1
+
+
+# -- admission, eviction, drains ------------------------------------------------------------------
+def test_eviction_order_is_priority_then_lru_and_drains_requests_in_flight(stack: Any) -> None:
+    models = (model("l1", priority=10) + model("l2", priority=10) + model("m", priority=20)
+              + model("h", priority=90))
+    gw = Gateway(stack(stack_text("gw-evict", models, slots=3), "--simulate"))
+    for name in ("l1", "l2", "m", "l1"):       # l2 is now the least recently used of the two lowest
+        assert gw.complete(name)[0] == 200
+    assert gw.complete("h")[0] == 200
+    evictions = gw.kinds("evict")
+    assert [(m, d["for_model"]) for m, _, d in evictions] == [("l2", "h")]
+    # l1 has a request in flight: l2 (same priority, both cold) may swap it out only once it is done
+    slow = later(gw.complete, "l1", delay=2.0)
+    gw.run.wait_for(lambda: gw.status()["models"]["l1"]["in_flight"] == 1, what="l1's request in flight")
+    t0 = time.monotonic()
+    assert gw.complete("l2")[0] == 200
+    assert time.monotonic() - t0 > 1.0                     # it waited for the drain
+    status, _, body = slow.result(timeout=30)
+    assert (status, body["model"]) == (200, "l1")           # never cut off
+    assert [(m, d["for_model"]) for m, _, d in gw.kinds("evict")] == [("l2", "h"), ("l1", "l2")]
+    states = {n: m["state"] for n, m in gw.status()["models"].items()}
+    assert states["l1"] == "STOPPED" and states["m"] in ("RUNNING", "STARTING") and states["h"] in ("RUNNING", "STARTING")
+
+
+def test_drain_timeout_abandons_the_eviction_never_the_request(stack: Any) -> None:
+    models = model("busy", priority=10) + model("other", priority=10)
+    text = stack_text("gw-drain", models, slots=1, gateway='drain_timeout = "1s"\nqueue_timeout = "2s"\n')
+    gw = Gateway(stack(text, "--simulate"))
+    slow = later(gw.complete, "busy", delay=4.0)
+    gw.run.wait_for(lambda: gw.status()["models"]["busy"]["in_flight"] == 1, what="busy's request in flight")
+    status, headers, body = gw.complete("other")
+    assert status == 503 and headers["Retry-After"] == "10"
+    assert body["error"] == {
+        "message": f"model other could not start within 2 s: other needs {HARD} bytes, 0 bytes free; "
+                   "blocked by busy (requests in flight (drain timed out))",
+        "type": "server_error", "code": "insufficient_memory"}
+    assert slow.result(timeout=30)[0] == 200
+    assert [(m, k) for m, k, _ in gw.kinds("drain_timeout", "evict")] == [("other", "drain_timeout")]
+
+
+def test_queue_bound_429_and_queue_timeout_503(stack: Any) -> None:
+    text = stack_text("gw-queue", model("q", extra="max_concurrency = 1\n"), slots=1,
+                      gateway='queue = 1\nqueue_timeout = "1.5s"\n')
+    gw = Gateway(stack(text, "--simulate"))
+    assert gw.complete("q")[0] == 200                      # started
+    first = later(gw.complete, "q", delay=1.0)
+    gw.run.wait_for(lambda: gw.status()["models"]["q"]["in_flight"] == 1, what="one in flight")
+    second = later(gw.complete, "q")
+    gw.run.wait_for(lambda: gw.status()["models"]["q"]["queued"] == 1, what="one queued")
+    status, headers, body = gw.complete("q")
+    assert status == 429 and int(headers["Retry-After"]) >= 1
+    assert body["error"] == {"message": "model q: 1 requests in flight and 1 queued (max_concurrency 1, queue 1)",
+                             "type": "rate_limit_error", "code": "queue_full"}
+    assert first.result(timeout=10)[0] == 200 and second.result(timeout=10)[0] == 200   # the queue is FIFO
+    blocker = later(gw.complete, "q", delay=3.0)
+    gw.run.wait_for(lambda: gw.status()["models"]["q"]["in_flight"] == 1, what="one in flight")
+    status, headers, body = gw.complete("q")
+    assert status == 503 and int(headers["Retry-After"]) >= 1
+    assert body["error"] == {"message": "model q: no slot within 1.5 s (1 in flight, 0 queued)",
+                             "type": "server_error", "code": "queue_timeout"}
+    assert blocker.result(timeout=10)[0] == 200
+
+
+def test_ttl_unloads_an_idle_cold_model(stack: Any) -> None:
+    gw = Gateway(stack(stack_text("gw-ttl", model("t", extra='ttl = "1s"\n'), slots=1), "--simulate"))
+    assert gw.complete("t")[0] == 200
+    gw.run.wait_for(lambda: gw.status()["models"]["t"]["state"] == "STOPPED", timeout=10, what="the TTL unload")
+    [(name, kind, detail)] = gw.kinds("ttl_unload")
+    assert (name, detail["by"], detail["ttl_s"]) == ("t", "gateway", 1.0) and detail["idle_s"] >= 1.0
+    assert gw.complete("t")[0] == 200                      # and it comes back on demand
+    assert len(gw.kinds("cold_start")) == 2
+
+
+def test_interleaved_abcabc_starts_each_model_once(stack: Any) -> None:
+    gw = Gateway(stack(stack_text("gw-swap", model("a") + model("b") + model("c"), slots=1), "--simulate"))
+    futures = []
+    for name in "abcabc":
+        futures.append(later(gw.complete, name, delay=0.2))
+        time.sleep(0.02)
+    assert [f.result(timeout=60)[2]["model"] for f in futures] == list("abcabc")
+    starts = [m for m, _, _ in gw.kinds("cold_start")]
+    assert sorted(starts) == ["a", "b", "c"]
+
+
+# -- leases ---------------------------------------------------------------------------------------
+def test_leases_grant_evict_refuse_extend_expire_release(stack: Any) -> None:
+    text = stack_text("gw-lease", model("lo", priority=10) + model("hi", priority=90), slots=3,
+                      gateway='queue_timeout = "1s"\n')
+    gw = Gateway(stack(text, "--simulate"))
+    assert gw.complete("lo")[0] == 200
+    status, _, a = gw.call("POST", "/umemc/leases", {"bytes": "160MiB", "holder": "comfyui", "ttl": "10m"})
+    assert (status, a["granted"], a["evicted"], a["lease"]["bytes"]) == (201, True, [], 160 * MiB)
+    status, _, b = gw.call("POST", "/umemc/leases", {"bytes": 80 * MiB, "holder": "batch", "ttl": 600})
+    assert (status, b["evicted"]) == (201, ["lo"])          # lower priority (10 < 50) and idle: evicted
+    assert gw.status()["models"]["lo"]["state"] == "STOPPED"
+    status, _, refused = gw.call("POST", "/umemc/leases", {"bytes": "1MiB", "holder": "late"})
+    assert status == 409 and refused["granted"] is False
+    assert refused["reason"] == (f"lease needs {MiB} bytes, 0 bytes free; blocked by lease {a['lease']['id']} of "
+                                 f"comfyui ({160 * MiB} bytes), lease {b['lease']['id']} of batch ({HARD} bytes)")
+    status, _, can = gw.call("GET", "/umemc/can-load/hi")
+    assert (status, can["fits_now"], can["would_evict"], [x["kind"] for x in can["blocked_by"]]) == \
+        (200, False, [], ["lease", "lease"])
+    status, headers, body = gw.complete("hi")                # blocked by the leases: 503 after queue_timeout
+    assert status == 503 and headers["Retry-After"] == "10" and body["error"]["code"] == "insufficient_memory"
+    # a restart of the gateway keeps the leases (they are in RUN/state/gateway.json)
+    sup = gw.run.run_dir / "state" / "supervisor.sock"
+    from umemc.runtime.supervisor import Supervisor
+
+    Supervisor(sup).stop("umemc-gateway")
+    Supervisor(sup).start("umemc-gateway", True)
+    gw.run.wait_for(lambda: _answers(gw), what="the gateway back")
+    assert [x["id"] for x in gw.call("GET", "/umemc/leases")[2]["leases"]] == [a["lease"]["id"], b["lease"]["id"]]
+    assert gw.call("DELETE", f"/umemc/leases/{b['lease']['id']}")[0] == 200
+    assert gw.call("DELETE", f"/umemc/leases/{b['lease']['id']}")[::2] == (404, {"error": {
+        "message": f"no lease {b['lease']['id']!r}", "type": "invalid_request_error", "code": "lease_not_found"}})
+    status, _, ext = gw.call("POST", f"/umemc/leases/{a['lease']['id']}/extend", {"ttl": "1s"})
+    assert status == 200 and ext["lease"]["expires_in_s"] <= 1.0
+    gw.run.wait_for(lambda: gw.kinds("lease_expire"), timeout=10, what="the lease to expire")
+    assert gw.call("GET", "/umemc/can-load/hi")[2]["fits_now"] is True
+    assert gw.complete("hi")[0] == 200
+    assert [k for _, k, _ in gw.kinds("lease_grant", "lease_release", "lease_expire")] == \
+        ["lease_grant", "lease_grant", "lease_release", "lease_expire"]
+
+
+def _answers(gw: Gateway) -> bool:
+    try:
+        return gw.call("GET", "/umemc/health", timeout=1)[0] == 200
+    except OSError:
+        return False
+
+
+def test_bad_lease_requests_are_clear_errors(stack: Any) -> None:
+    gw = Gateway(stack(stack_text("gw-lease-bad", model("x"), slots=1), "--simulate"))
+    cases = {
+        json.dumps({"bytes": "1GiB"}): '"holder" is required: who asks (e.g. "comfyui")',
+        json.dumps({"holder": "h"}): 'give exactly one of "bytes" (e.g. "8GiB") or "model" (a model of this stack)',
+        json.dumps({"holder": "h", "bytes": "lots"}): "\"bytes\": not a size: 'lots'",
+        json.dumps({"holder": "h", "bytes": 1, "ttl": "soon"}): "\"ttl\": not a duration: 'soon'",
+        json.dumps({"holder": "h", "bytes": 1, "priority": 101}): '"priority" must be an integer 0-100 (got 101)',
+        "[1]": "request body must be a JSON object",
+    }
+    for body, message in cases.items():
+        assert gw.call("POST", "/umemc/leases", body.encode())[::2] == (400, {"error": {
+            "message": message, "type": "invalid_request_error", "code": "invalid_lease" if "{" in body else "invalid_json"}})
+    status, _, granted = gw.call("POST", "/umemc/leases", {"model": "x", "holder": "h"})
+    assert (status, granted["lease"]["bytes"], granted["lease"]["model"], granted["lease"]["priority"]) == \
+        (201, HARD, "x", 50)
+
+
+# -- security -------------------------------------------------------------------------------------
+def test_off_loopback_needs_the_bearer_token(stack: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    text = stack_text("gw-token", model("x"), slots=1, gateway='host = "0.0.0.0"\ntoken_env = "UMEMC_TEST_TOKEN"\n')
+    monkeypatch.delenv("UMEMC_TEST_TOKEN", raising=False)
+    stack(text, "--simulate", expect=1)
+    out = capsys.readouterr().out
+    assert ("  FAIL  gateway: gateway.token_env names UMEMC_TEST_TOKEN, which is not set (or empty) here; the gateway "
+            "inherits this environment and refuses to start without its token") in out
+    monkeypatch.setenv("UMEMC_TEST_TOKEN", "s3cret-token")
+    gw = Gateway(stack(text, "--simulate"))
+    unauthorized = (401, {"error": {"message": "this gateway needs Authorization: Bearer <token>",
+                                    "type": "authentication_error", "code": "unauthorized"}})
+    assert gw.call("GET", "/v1/models")[::2] == unauthorized
+    assert gw.call("GET", "/v1/models", headers={"Authorization": "Bearer wrong"})[::2] == unauthorized
+    assert gw.call("GET", "/metrics")[0] == 401
+    assert gw.call("GET", "/umemc/health")[0] == 200     # liveness only: says nothing about the stack
+    assert gw.call("GET", "/v1/models", headers={"Authorization": "Bearer s3cret-token"})[0] == 200
+    assert gw.complete("x")[0] == 401
+    status, _, body = gw.call("POST", "/v1/completions", {"model": "x", "prompt": "hi"},
+                              {"Authorization": "Bearer s3cret-token"})
+    assert (status, body["model"]) == (200, "x")
+
+
+def test_gateway_disabled_runs_no_gateway(stack: Any) -> None:
+    text = stack_text("gw-off", model("x", mode="hot"), slots=1).replace("[gateway]\n", "[gateway]\nenabled = false\n")
+    r = stack(text, "--simulate")
+    plan = json.loads((r.run_dir / "bundle" / "plan.json").read_text())
+    assert plan["gateway"] is None
+    assert "umemc-gateway" not in (r.run_dir / "bundle" / "supervisord.conf").read_text()
