@@ -3,17 +3,23 @@ their memory and answer OpenAI-shaped requests (streaming too), the real gateway
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.runtime.conftest import Running, bring_down, bring_up, free_port, live_sysctl_table
+from tests.runtime.conftest import (
+    Running,
+    bring_down,
+    bring_up,
+    free_port,
+    live_sysctl_table,
+)
 
 MiB = 2**20
 HARD = 80 * MiB     # a 64MiB placeholder's hard quota at quota_headroom = 0.25
@@ -122,7 +128,7 @@ def test_streaming_passes_through_unbuffered(routing: Gateway) -> None:
     conn.close()
     assert words == ["(simulated", " reply", " from", " chat)", " ..."]
     assert arrivals[0] < 0.25                             # the first chunk did not wait for the rest
-    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
     assert all(0.2 < g < 0.6 for g in gaps), gaps         # each chunk as the worker sent it
 
 
@@ -237,7 +243,7 @@ def test_ttl_unloads_an_idle_cold_model(stack: Any) -> None:
     gw = Gateway(stack(stack_text("gw-ttl", model("t", extra='ttl = "1s"\n'), slots=1), "--simulate"))
     assert gw.complete("t")[0] == 200
     gw.run.wait_for(lambda: gw.status()["models"]["t"]["state"] == "STOPPED", timeout=10, what="the TTL unload")
-    [(name, kind, detail)] = gw.kinds("ttl_unload")
+    [(name, _, detail)] = gw.kinds("ttl_unload")
     assert (name, detail["by"], detail["ttl_s"]) == ("t", "gateway", 1.0) and detail["idle_s"] >= 1.0
     assert gw.complete("t")[0] == 200                      # and it comes back on demand
     assert len(gw.kinds("cold_start")) == 2

@@ -1,5 +1,6 @@
 """`umemc status [--run-dir DIR] [--json]` and `umemc top`: per model state, pid, CPU- and GPU-side
-bytes, quotas, share of the hard quota, restarts, uptime, last event."""
+bytes, quotas, share of the hard quota, restarts, uptime, last event; requests in flight and queued
+at the gateway, and its leases."""
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,11 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
     live: dict[str, Any] = {}
     if infos and run_dir.status.exists():
         live = json.loads(run_dir.status.read_text())
+    gateway: dict[str, Any] = {}
+    if infos and (run_dir.state / "gateway.json").exists():
+        gateway = json.loads((run_dir.state / "gateway.json").read_text())
     out: dict[str, Any] = {"stack": plan["stack"], "running": bool(infos), "pressure": live.get("pressure"),
-                           "models": {}}
+                           "models": {}, "_gateway": plan.get("gateway"), "_leases": gateway.get("leases", [])}
     for name, m in plan["models"].items():
         info, lv = infos.get(name, {}), live.get("models", {}).get(name, {})
         pid = info.get("pid") or None
@@ -53,6 +57,7 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
             "_last_event": lv.get("last_event"), "_priority": m["priority"], "_mode": m["mode"],
             "_drift": lv.get("drift") if same else None,
             "_reserved": lv.get("reserved_bytes", 0) if same else 0,
+            "_requests": gateway.get("models", {}).get(name),
         }
     return out
 
@@ -69,9 +74,14 @@ def table(status: dict[str, Any]) -> Any:
     title = f"umemc {status['stack']}: " + ("running" if status["running"] else "not running")
     if pressure is not None:
         title += f", pressure {pressure:.0%}"
+    if status["running"] and status.get("_gateway"):
+        leases = status["_leases"]
+        title += f", gateway :{status['_gateway']['port']}"
+        if leases:
+            title += f", {len(leases)} lease(s) {gib(sum(x['bytes'] for x in leases))}"
     t = Table(title=title + "  (GiB)", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
               pad_edge=False, padding=(0, 1, 0, 1), collapse_padding=True)
-    for col in ("model", "state", "pid", "CPU", "GPU", "resv", "%hard", "hard", "rst", "up", "last event"):
+    for col in ("model", "state", "pid", "CPU", "GPU", "resv", "%hard", "hard", "req", "rst", "up", "last event"):
         t.add_column(col, justify="right" if col not in ("model", "state", "last event") else "left", no_wrap=True)
     for name, m in status["models"].items():
         used = m["rss_bytes"] + m["gpu_bytes"]
@@ -82,8 +92,16 @@ def table(status: dict[str, Any]) -> Any:
         t.add_row(name, f"[{color}]{m['state']}[/]", str(m["pid"] or "-"), gib(m["rss_bytes"]), gib(m["gpu_bytes"]),
                   gib(m["_reserved"]) if m["_reserved"] else "-",
                   f"[{style}]{share:.0%}[/]" if style else f"{share:.0%}", gib(m["quota_hard_bytes"]),
-                  str(m["restarts"]), "-" if uptime is None else f"{uptime:.0f} s", _last(m))
+                  _requests(m), str(m["restarts"]), "-" if uptime is None else f"{uptime:.0f} s", _last(m))
     return t
+
+
+def _requests(m: dict[str, Any]) -> str:
+    """In flight at the gateway, +queued."""
+    r = m.get("_requests")
+    if not r:
+        return "-"
+    return f"{r['in_flight']}" + (f"+{r['queued']}" if r["queued"] else "")
 
 
 def _last(m: dict[str, Any]) -> str:

@@ -186,7 +186,7 @@ class Scheduler:
         self.kick()
         try:
             await asyncio.wait_for(asyncio.shield(fut), self.gw["queue_timeout_s"])
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 return        # granted in the same instant
             self._forget(m, entry)
@@ -363,7 +363,7 @@ class Scheduler:
         waits = [self.models[n].drained.wait() for n in names]
         try:
             await asyncio.wait_for(asyncio.gather(*waits), self.gw["drain_timeout_s"])
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True
 
