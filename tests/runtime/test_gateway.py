@@ -307,8 +307,9 @@ def _answers(gw: Gateway) -> bool:
         return False
 
 
-def test_bad_lease_requests_are_clear_errors(stack: Any) -> None:
-    gw = Gateway(stack(stack_text("gw-lease-bad", model("x"), slots=1), "--simulate"))
+def test_bad_lease_requests_are_clear_errors_and_leases_end_with_the_stack(stack: Any) -> None:
+    text = stack_text("gw-lease-bad", model("x"), slots=1)
+    gw = Gateway(stack(text, "--simulate"))
     cases = {
         json.dumps({"bytes": "1GiB"}): '"holder" is required: who asks (e.g. "comfyui")',
         json.dumps({"holder": "h"}): 'give exactly one of "bytes" (e.g. "8GiB") or "model" (a model of this stack)',
@@ -323,6 +324,9 @@ def test_bad_lease_requests_are_clear_errors(stack: Any) -> None:
     status, _, granted = gw.call("POST", "/umemc/leases", {"model": "x", "holder": "h"})
     assert (status, granted["lease"]["bytes"], granted["lease"]["model"], granted["lease"]["priority"]) == \
         (201, HARD, "x", 50)
+    assert gw.run.cli("down") == 0          # a new run of the stack starts without the old run's leases
+    gw = Gateway(stack(text, "--simulate"))
+    assert gw.call("GET", "/umemc/leases")[2] == {"leases": []}
 
 
 # -- security -------------------------------------------------------------------------------------
@@ -354,3 +358,22 @@ def test_gateway_disabled_runs_no_gateway(stack: Any) -> None:
     plan = json.loads((r.run_dir / "bundle" / "plan.json").read_text())
     assert plan["gateway"] is None
     assert "umemc-gateway" not in (r.run_dir / "bundle" / "supervisord.conf").read_text()
+
+
+def test_pressure_guard_waits_for_a_worker_with_requests_in_flight(stack: Any) -> None:
+    models = model("low", priority=10) + model("mid", priority=50) + model("high", priority=90, mode="hot")
+    text = stack_text("gw-press", models, slots=3).replace("load_below = 0.9\nevict_above = 0.95",
+                                                           "load_below = 0.55\nevict_above = 0.6")
+    gw = Gateway(stack(text, "--simulate"))
+    assert gw.complete("low")[0] == 200
+    gw.run.wait_for(lambda: gw.run.status()["low"]["state"] == "RUNNING", what="low past startsecs")
+    slow = later(gw.complete, "low", delay=4.0)
+    gw.run.wait_for(lambda: gw.status()["models"]["low"]["in_flight"] == 1, what="low's request in flight")
+    assert gw.complete("mid")[0] == 200          # pressure goes from ~0.52 to ~0.78
+    deferred = gw.run.wait_for(lambda: gw.run.events("evict_deferred"), timeout=10, what="a deferred eviction")
+    assert deferred[0]["model"] == "low" and not gw.run.events("evict")
+    status, _, body = slow.result(timeout=30)
+    assert (status, body["model"]) == (200, "low")             # never cut off
+    evicted = gw.run.wait_for(lambda: gw.run.events("evict"), timeout=10, what="the eviction")
+    assert [e["model"] for e in evicted] == ["low"]            # then evicted: still the lowest priority
+    assert evicted[0]["time"] > deferred[0]["time"]

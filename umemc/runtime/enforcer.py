@@ -8,8 +8,8 @@ and its GPU-side memory (DRM fdinfo; nvidia-smi now and then), and
 - a kernel OOM kill in the worker's cgroup: event `hard_limit_kill` (by kernel);
 - usage climbing faster than leak_threshold per minute over leak_window: `leak_suspected`;
 - system pressure above evict_above: stop workers, lowest priority first, then least recently
-  active, until pressure is below load_below (`evict`); never one with requests in flight at the
-  gateway.
+  active, until pressure is below load_below (`evict`); the victim with requests in flight at the
+  gateway is waited for (`evict_deferred`), never cut off, and no higher priority taken instead.
 A worker near its hard quota is sampled every FAST_S in between, so a fast leak is caught early.
 
     python -m umemc.runtime.enforcer --bundle BUNDLE_DIR
@@ -100,6 +100,7 @@ class Enforcer:
                                   estimate=m["estimate_bytes"]) for n, m in self.plan["models"].items()}
         self.run_start = self.events.last_id("up")
         self.evicting = False
+        self.deferred = False
         self.evict_wait_until = 0.0
         self.pressure = 0.0
         self._last_slow = self._last_poll = 0.0
@@ -384,12 +385,18 @@ class Enforcer:
             self.evicting = False
         if not self.evicting or now < self.evict_wait_until:
             return
-        busy = self._busy()
-        running = [w for w in self.workers.values() if w.pid and infos.get(w.name, {}).get("statename") == "RUNNING"
-                   and w.name not in busy]
+        running = [w for w in self.workers.values() if w.pid and infos.get(w.name, {}).get("statename") == "RUNNING"]
         if not running:
             return
         victim = min(running, key=lambda w: (w.priority, w.last_active))
+        if victim.name in self._busy():
+            # requests in flight at the gateway: wait for them rather than cut them off, and never
+            # take a higher priority instead (the hard quotas still hold meanwhile)
+            if not self.deferred:
+                self._event(victim, "evict_deferred", pressure=round(self.pressure, 4), reason="requests in flight")
+            self.deferred = True
+            return
+        self.deferred = False
         with contextlib.suppress(Exception):
             self.supervisor.stop(victim.name, False)
         self._event(victim, "evict", pressure=round(self.pressure, 4), usage_bytes=victim.usage,

@@ -115,6 +115,8 @@ class Scheduler:
         self.lock = asyncio.Lock()
         self.events = EventLog(self.state_dir / "events.db")
         self.pressure: float | None = None
+        self.supervisord_pid: int | None = None
+        self._published_busy: set[str] = set()   # models gateway.json says are busy (or about to be)
         self._kick = asyncio.Event()
         self._seq = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
@@ -124,6 +126,8 @@ class Scheduler:
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
+        with contextlib.suppress(*CONNECT_ERRORS):
+            self.supervisord_pid = int(await asyncio.to_thread(self.supervisor.call, "supervisor.getPID"))
         self._load_leases()
         with contextlib.suppress(*CONNECT_ERRORS):
             await self.refresh()
@@ -168,6 +172,8 @@ class Scheduler:
             self.release(m)
 
     async def acquire(self, m: Model) -> None:
+        if m.name not in self._published_busy:
+            self.write_state(time.time(), arriving=m.name)   # the enforcer's pressure guard must know first
         if m.ready and not m.draining and m.in_flight < m.max_concurrency and not m.waiters:
             m.in_flight += 1
             return
@@ -425,10 +431,13 @@ class Scheduler:
         return lease, decision, need
 
     def _load_leases(self) -> None:
-        """Leases outlive a restart of the gateway: they are in RUN/state/gateway.json."""
+        """Leases outlive a restart of the gateway (they are in RUN/state/gateway.json), not a
+        restart of the stack: only those written under this same supervisord come back."""
         try:
             doc = json.loads((self.state_dir / "gateway.json").read_text())
         except (OSError, ValueError):
+            return
+        if self.supervisord_pid is None or doc.get("supervisord_pid") != self.supervisord_pid:
             return
         now = time.time()
         for x in doc.get("leases", []):
@@ -519,16 +528,20 @@ class Scheduler:
                 m.starting = asyncio.create_task(self._start(m, decision))
             self.events.add("restore", m.name, reason="hot worker evicted earlier fits again")
 
-    def write_state(self, now: float) -> None:
-        """RUN/state/gateway.json: what is in flight (the enforcer's pressure guard spares those
-        workers) and the leases, for `umemc status`."""
-        doc = {"time": now, "pid": os.getpid(), "models": {
-            m.name: {"in_flight": m.in_flight, "queued": len(m.waiters), "ready": m.ready, "starting": m.starting is not None}
-            for m in self.models.values()}, "leases": [lease_json(x) for x in self.leases.values()]}
+    def write_state(self, now: float, arriving: str | None = None) -> None:
+        """RUN/state/gateway.json: what is in flight or queued (the enforcer's pressure guard spares
+        those workers; `arriving` is a request about to be counted) and the leases, for `umemc status`."""
+        if self.closing:
+            return
+        models = {m.name: {"in_flight": m.in_flight, "queued": len(m.waiters) + (m.name == arriving),
+                           "ready": m.ready, "starting": m.starting is not None} for m in self.models.values()}
+        doc = {"time": now, "pid": os.getpid(), "supervisord_pid": self.supervisord_pid, "models": models,
+               "leases": [lease_json(x) for x in self.leases.values()]}
         path = self.state_dir / "gateway.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc))
         os.replace(tmp, path)
+        self._published_busy = {n for n, x in models.items() if x["in_flight"] or x["queued"]}
 
     # -- views ----------------------------------------------------------------------------------
     def committed(self) -> tuple[int, int]:
