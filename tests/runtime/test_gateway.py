@@ -216,7 +216,7 @@ def test_drain_timeout_abandons_the_eviction_never_the_request(stack: Any) -> No
     assert [(m, k) for m, k, _ in gw.kinds("drain_timeout", "evict")] == [("other", "drain_timeout")]
 
 
-def test_queue_bound_429_and_queue_timeout_503(stack: Any) -> None:
+def test_queue_bound_429_and_queue_timeout_503(stack: Any, capsys: Any) -> None:
     text = stack_text("gw-queue", model("q", extra="max_concurrency = 1\n"), slots=1,
                       gateway='queue = 1\nqueue_timeout = "1.5s"\n')
     gw = Gateway(stack(text, "--simulate"))
@@ -225,6 +225,14 @@ def test_queue_bound_429_and_queue_timeout_503(stack: Any) -> None:
     gw.run.wait_for(lambda: gw.status()["models"]["q"]["in_flight"] == 1, what="one in flight")
     second = later(gw.complete, "q")
     gw.run.wait_for(lambda: gw.status()["models"]["q"]["queued"] == 1, what="one queued")
+    published = gw.run.run_dir / "state" / "gateway.json"     # rewritten every 0.5 s
+    gw.run.wait_for(lambda: json.loads(published.read_text())["models"]["q"] | {"ready": 0} ==
+                    {"in_flight": 1, "queued": 1, "ready": 0, "starting": False}, what="gateway.json")
+    capsys.readouterr()
+    assert gw.run.cli("status") == 0      # `umemc status` shows the gateway: 1 in flight + 1 queued
+    out = capsys.readouterr().out
+    row = next((x for x in out.splitlines() if x.strip().startswith("q ")), out)
+    assert " 1+1 " in row, row
     status, headers, body = gw.complete("q")
     assert status == 429 and int(headers["Retry-After"]) >= 1
     assert body["error"] == {"message": "model q: 1 requests in flight and 1 queued (max_concurrency 1, queue 1)",

@@ -119,6 +119,15 @@ CASES: dict[str, tuple[str, str]] = {
     "gateway off loopback without a token": (BASE + '\n[gateway]\nhost = "0.0.0.0"\n' + M,
                                              'stack.toml:9:8: gateway.host: binding 0.0.0.0 needs a token\n'
                                              '  hint: set token_env = "NAME_OF_AN_ENV_VAR" holding the bearer token'),
+    "gateway host that could inject config": (BASE + '\n[gateway]\nhost = "127.0.0.1\\n[program:x]"\n' + M,
+                                              'stack.toml:9:8: gateway.host: not an IP address or host name: '
+                                              '"127.0.0.1\\n[program:x]"\n'
+                                              '  hint: e.g. "127.0.0.1" (default), "0.0.0.0" or "::"'),
+    "port used by the default gateway": (BASE + M + "port = 10000\n",
+                                         "stack.toml:11:8: models.chat.port: port 10000 is already used by "
+                                         "gateway.port"),
+    "gateway queue_timeout": (BASE + '\n[gateway]\nqueue_timeout = "0s"\n' + M,
+                              'stack.toml:9:17: gateway.queue_timeout: must be > 0.0 (got 0.0)'),
     "llama-cpp-python with parallel slots": (BASE + '\n[models.c]\nruntime = "llama-cpp-python"\n'
                                              'arch = "llama-3-8b"\nparallel = 2\n',
                                              "stack.toml:11:12: models.c.parallel: llama-cpp-python serves one "
