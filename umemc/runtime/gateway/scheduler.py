@@ -314,8 +314,8 @@ class Scheduler:
         waiting = sorted((m for m in self.models.values() if m.waiters), key=lambda m: m.waiters[0][0])
         for m in waiting:
             self._dispatch(m)
-            if m.ready or m.starting is not None or not m.waiters:
-                continue
+            if m.ready or m.starting is not None or m.evicting or not m.waiters:
+                continue      # served, starting, or being stopped (it is started afresh once down)
             if m.live:   # supervisord runs it (a restart after a crash, or started outside the gateway)
                 m.starting = asyncio.create_task(self._start(m, Decision(True)))
                 continue
@@ -412,6 +412,7 @@ class Scheduler:
                 self.metrics.eviction(m.name, why)
         finally:
             m.evicting = False
+            self.kick()       # requests that arrived for it meanwhile start it again
 
     # -- leases ---------------------------------------------------------------------------------
     async def grant(self, holder: str, ram: int, gpu: int, priority: int, ttl: float,
