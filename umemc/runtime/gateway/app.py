@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import web
 
 from ...units import parse_duration, parse_size
-from .ledger import Decision
+from .ledger import Decision, Need
 from .metrics import Metrics
 from .scheduler import Model, Refused, Scheduler, lease_json
 
@@ -71,20 +71,12 @@ def _multipart_model(content_type: str, body: bytes) -> str:
 
 async def openai(request: web.Request) -> web.StreamResponse:
     body = await request.read()
-    sched = request.app[SCHED]
-    try:
-        m = sched.route(model_of(request.headers.get("Content-Type", ""), body))
-    except Refused as exc:
-        return refused(exc)
+    m = request.app[SCHED].route(model_of(request.headers.get("Content-Type", ""), body))
     return await forward(request, m, request.path_qs, body)
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
-    sched = request.app[SCHED]
-    try:
-        m = sched.route(request.match_info["name"])
-    except Refused as exc:
-        return refused(exc)
+    m = request.app[SCHED].route(request.match_info["name"])
     path = "/" + request.match_info["tail"] + (f"?{request.query_string}" if request.query_string else "")
     return await forward(request, m, path, await request.read())
 
@@ -161,10 +153,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def can_load(request: web.Request) -> web.Response:
     sched = request.app[SCHED]
-    try:
-        m = sched.route(request.match_info["model"])
-    except Refused as exc:
-        return refused(exc)
+    m = sched.route(request.match_info["model"])
     async with sched.lock:
         decision = sched.decide_model(m)
     need = sched.need_for(m)
@@ -181,25 +170,20 @@ async def leases_list(request: web.Request) -> web.Response:
 
 async def lease_create(request: web.Request) -> web.Response:
     sched = request.app[SCHED]
-    try:
-        doc = await _json_object(request)
-        holder = doc.get("holder")
-        if not isinstance(holder, str) or not holder:
-            raise Refused(400, '"holder" is required: who asks (e.g. "comfyui")', "invalid_lease")
-        ttl = _seconds(doc.get("ttl", DEFAULT_LEASE_TTL_S))
-        ram, gpu, priority, model = _lease_size(sched, doc)
-    except Refused as exc:
-        return refused(exc)
+    doc = await _json_object(request)
+    holder = doc.get("holder")
+    if not isinstance(holder, str) or not holder:
+        raise Refused(400, '"holder" is required: who asks (e.g. "comfyui")', "invalid_lease")
+    ttl = _seconds(doc.get("ttl", DEFAULT_LEASE_TTL_S))
+    ram, gpu, priority, model = _lease_size(sched, doc)
     lease, decision, need = await sched.grant(holder, ram, gpu, priority, ttl, model)
     if lease is None:
-        return _lease_refused(decision, need.what, ram)
+        return _lease_refused(decision, need)
     return web.json_response({"granted": True, "lease": lease_json(lease), "evicted": decision.evict}, status=201)
 
 
-def _lease_refused(decision: Decision, what: str, ram: int) -> web.Response:
-    from .ledger import Need
-
-    reason = decision.reason(Need(what, ram, 0, 0, False, False))
+def _lease_refused(decision: Decision, need: Need) -> web.Response:
+    reason = decision.reason(need)
     return web.json_response({"granted": False, "reason": reason, "blocked_by": decision.blocked_by,
                               "free_bytes": decision.free_ram,
                               "error": {"message": reason, "type": "insufficient_memory", "code": "lease_refused"}},
@@ -238,8 +222,9 @@ def _seconds(raw: Any) -> float:
 
 
 async def _json_object(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
     try:
-        doc = await request.json() if await request.read() else {}
+        doc = json.loads(raw) if raw else {}
     except ValueError:
         raise Refused(400, "request body is not JSON", "invalid_json") from None
     if not isinstance(doc, dict):
@@ -255,11 +240,7 @@ async def lease_delete(request: web.Request) -> web.Response:
 
 
 async def lease_extend(request: web.Request) -> web.Response:
-    try:
-        doc = await _json_object(request)
-        ttl = _seconds(doc.get("ttl", DEFAULT_LEASE_TTL_S))
-    except Refused as exc:
-        return refused(exc)
+    ttl = _seconds((await _json_object(request)).get("ttl", DEFAULT_LEASE_TTL_S))
     lease = request.app[SCHED].extend_lease(request.match_info["id"], ttl)
     if lease is None:
         return error(404, f"no lease {request.match_info['id']!r} (released or expired)", "lease_not_found")
@@ -283,8 +264,17 @@ def bearer(token: str) -> Any:
     return check
 
 
+@web.middleware
+async def refusals(request: web.Request, handler: Any) -> web.StreamResponse:
+    """A handler raises Refused; it is answered here (OpenAI-shaped, with Retry-After)."""
+    try:
+        return await handler(request)
+    except Refused as exc:
+        return refused(exc)
+
+
 def make_app(sched: Scheduler, token: str | None) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY, middlewares=[bearer(token)] if token else [])
+    app = web.Application(client_max_size=MAX_BODY, middlewares=[*([bearer(token)] if token else []), refusals])
     app[SCHED] = sched
     app[METRICS] = sched.metrics = Metrics(sched)
     if token:

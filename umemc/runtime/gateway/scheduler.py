@@ -275,10 +275,12 @@ class Scheduler:
     def held(self, exclude: str | None = None) -> list[Held]:
         return [m.held() for m in self.models.values() if m.live and m.name != exclude]
 
-    def decide(self, need: Need, exclude: str | None = None) -> Decision:
+    def live_leases(self) -> list[Lease]:
         now = time.time()
-        live = [lease for lease in self.leases.values() if lease.expires > now]
-        decision = decide(need, self.held(exclude), live, self.budget)
+        return [lease for lease in self.leases.values() if lease.expires > now]
+
+    def decide(self, need: Need, exclude: str | None = None) -> Decision:
+        decision = decide(need, self.held(exclude), self.live_leases(), self.budget)
         pol = self.plan["policy"]
         if decision.fits and self.pressure is not None:
             freed = sum(self.models[v].usage for v in decision.victims) / max(1, self.plan["capacity"]["usable_bytes"])
@@ -290,7 +292,7 @@ class Scheduler:
 
     def decide_model(self, m: Model) -> Decision:
         need = self.need_for(m)
-        if m.name not in self.models or m.live:
+        if m.live:
             return Decision(True, free_ram=0)
         decision = self.decide(need, exclude=m.name)
         if m.no_drain & set(decision.drain):
@@ -515,7 +517,6 @@ class Scheduler:
             if (m.cold and ttl is not None and m.ready and not m.busy and m.starting is None
                     and not m.draining and now - m.last_used >= ttl):
                 await self._stop(m, "ttl_unload", idle_s=round(now - m.last_used, 1), ttl_s=ttl)
-                m.evicted = False
 
     async def _restore_hot(self) -> None:
         """A hot worker the gateway evicted comes back once it fits without evicting anything."""
@@ -546,8 +547,7 @@ class Scheduler:
 
     # -- views ----------------------------------------------------------------------------------
     def committed(self) -> tuple[int, int]:
-        held = self.held()
-        leases = [x for x in self.leases.values() if x.expires > time.time()]
+        held, leases = self.held(), self.live_leases()
         return sum(h.ram for h in held) + sum(x.ram for x in leases), sum(h.gpu for h in held) + sum(x.gpu for x in leases)
 
     def status(self) -> dict[str, Any]:
