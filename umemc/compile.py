@@ -9,7 +9,8 @@ from pathlib import Path
 
 from .budget import ModelPlan, Plan
 from .runtimes import Context, argv_for, health_path
-from .stack.types import toml_repr
+from .errors import UsageError
+from .stack.types import CONTROL, toml_repr
 from .units import KiB, MiB
 
 PLAN_VERSION = 1
@@ -79,7 +80,7 @@ def compile_bundle(plan: Plan, socket: str | None = None, python: str | None = N
     ctx = Context(plan, python or sys.executable)
     programs = {}
     for m in plan.models.values():
-        _check_carriable(plan, m, argv_for(m, ctx))
+        _check_carriable(plan, m, argv_for(m, ctx), ctx.python)
         programs[m.name] = _program(plan, m, ctx, simulate)
     memlock = any(m.model.spec.mlock for m in plan.models.values())
     return Bundle(plan, plan.loaded.path.name, programs, _sysctl(plan), memlock,
@@ -95,15 +96,19 @@ def _program(plan: Plan, m: ModelPlan, ctx: Context, simulate: bool) -> Program:
     wrap = (ctx.python, "-m", "umemc.runtime.wrap", "--stack", plan.name, "--model", m.name,
             "--hard", str(m.quota_hard), "--soft", str(m.quota_soft),
             "--cgroup", plan.loaded.stack.policy.kernel_enforcement)
-    cwd = spec.cwd
-    if cwd is not None and not Path(cwd).is_absolute():
-        cwd = str((plan.loaded.path.parent / cwd).resolve())
-    if spec.runtime == "comfyui" and cwd is None:
-        cwd = str(plan.loaded.path.parent.resolve())
-    if simulate:
-        cwd = None
+    cwd = None if simulate else _cwd(plan, m)
     return Program(m.name, tuple(argv), wrap, tuple(worker_env(plan, m, port).items()), cwd, spec.mode == "hot",
                    200 - spec.priority, port, health_path(m) if port is not None else None, m)
+
+
+def _cwd(plan: Plan, m: ModelPlan) -> str | None:
+    """The worker's directory: `cwd` relative to the stack file; ComfyUI defaults to the stack's directory."""
+    spec = m.model.spec
+    if spec.cwd is not None:
+        return spec.cwd if Path(spec.cwd).is_absolute() else str((plan.loaded.path.parent / spec.cwd).resolve())
+    if spec.runtime == "comfyui":
+        return str(plan.loaded.path.parent.resolve())
+    return None
 
 
 def _placeholder(ctx: Context, m: ModelPlan, port: int | None) -> list[str]:
@@ -187,21 +192,46 @@ def _sysctl(plan: Plan) -> tuple[Tunable, ...]:
 
 # -- what supervisord's config format can carry ---------------------------------------------------
 
-def _check_carriable(plan: Plan, m: ModelPlan, argv: list[str]) -> None:
-    """supervisord silently corrupts some environment values (REFERENCE.md, supervisord pitfalls);
-    refuse them with the key that holds them instead of writing a config that lies."""
-    src, at = plan.loaded.source, ("models", m.name)
-    key = "command" if m.model.spec.runtime == "command" else "args"
+def _check_carriable(plan: Plan, m: ModelPlan, argv: list[str], python: str) -> None:
+    """supervisord's INI layer truncates values at ' ;'/' #' and strips surrounding whitespace, and
+    its environment= parser corrupts some quotes: refuse such values with the key that holds them
+    instead of writing a config that lies. (Control characters were refused when the stack loaded.)"""
+    src, at, spec = plan.loaded.source, ("models", m.name), m.model.spec
+    if ini_problem(python):
+        raise UsageError(f"umemc's interpreter path {python!r} cannot be written into supervisord.conf: "
+                         f"{ini_problem(python)}; install umemc under a path without it")
     for i, arg in enumerate(argv):
         problem = ini_problem(arg)
         if problem:
-            raise src.error(at + (key,), f"argument {i} ({toml_repr(arg)}) cannot be written into supervisord's "
-                            f"command=: {problem}")
-    for key, value in m.model.spec.env.items():
+            where = _argv_key(m, arg, i)
+            hint = "rename the file or directory" if where[0] in ("bin", "model", "mmproj") else \
+                "write the value without a space before '#' or ';'"
+            raise src.error(at + where, f"{toml_repr(arg)} cannot be written into supervisord's command=: {problem}",
+                            hint)
+    for key, value in spec.env.items():
         problem = env_problem(value)
         if problem:
             raise src.error(at + ("env", key), f"supervisord's environment= cannot carry this value: {problem}",
                             "remove the quote characters or the ' #'/' ;' sequence")
+    cwd = _cwd(plan, m)
+    problem = None if cwd is None else ini_problem(cwd) or _edge_space(cwd)
+    if problem:
+        raise src.error(at + ("cwd",), f"{toml_repr(cwd)} cannot be written into supervisord's directory=: "
+                        f"{problem}", "use a directory whose path has no ' #'/' ;' and no surrounding spaces")
+
+
+def _argv_key(m: ModelPlan, arg: str, i: int) -> tuple[str | int, ...]:
+    """The stack key an argv element came from, for the error's location."""
+    spec, rm = m.model.spec, m.model
+    if spec.command is not None:
+        return ("command", i) if i < len(spec.command) else ("command",)
+    if arg in spec.args:
+        return ("args", spec.args.index(arg))
+    for key, value in (("bin", spec.bin), ("model", rm.model_path), ("mmproj", rm.mmproj_path),
+                       ("module", spec.module)):
+        if value is not None and arg == str(value):
+            return (key,)
+    return ("runtime",)
 
 
 _INLINE_COMMENT = re.compile(r"\s[#;]")
@@ -209,10 +239,16 @@ _INLINE_COMMENT = re.compile(r"\s[#;]")
 
 def ini_problem(value: str) -> str | None:
     """What supervisord's INI layer cannot carry in any option value."""
-    if "\n" in value or "\r" in value or "\0" in value:
-        return "it contains a newline or NUL"
+    if CONTROL.search(value):
+        return "it contains a control character"
     if _INLINE_COMMENT.search(value):
         return "whitespace followed by '#' or ';' starts an inline comment in supervisord's config"
+    return None
+
+
+def _edge_space(value: str) -> str | None:
+    if value != value.strip():
+        return "supervisord strips leading and trailing whitespace from a value"
     return None
 
 
@@ -223,4 +259,3 @@ def env_problem(value: str) -> str | None:
     if value[:1] in ("'", '"') or value[-1:] in ("'", '"'):
         return "it begins or ends with a quote character (supervisord strips those)"
     return ini_problem(value)
-

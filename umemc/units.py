@@ -25,7 +25,7 @@ DURATION_HINT = 'write a number with a unit: "100ms", "30s", "10m", "1h"'
 
 def parse_size(text: str) -> int:
     """'8GiB' -> 8589934592. Raises ValueError with a message fit for a person."""
-    match = _SIZE_RE.match(text)
+    match = _SIZE_RE.fullmatch(text)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _SIZE_UNITS:
         raise ValueError(f"not a size: {text!r}")
@@ -40,7 +40,7 @@ def parse_size(text: str) -> int:
 
 def parse_duration(text: str) -> float:
     """'100ms' -> 0.1 (seconds)."""
-    match = _DURATION_RE.match(text)
+    match = _DURATION_RE.fullmatch(text)
     if match is None:
         raise ValueError(f"not a duration: {text!r}")
     return float(Decimal(match.group(1)) * _DURATION_UNITS[match.group(2)])

@@ -1,6 +1,7 @@
 """The one place a bundle reaches the disk: atomically (temporary directory, then an atomic swap),
 so a failure or Ctrl-C never leaves half a bundle, and an existing directory is replaced only when
-it is an earlier umemc bundle."""
+it is an earlier umemc bundle. A bundle holds the workers' environments (tokens, keys): directories
+are 0700 and files 0600 (scripts 0700), whatever the umask."""
 from __future__ import annotations
 
 import os
@@ -23,6 +24,9 @@ def is_bundle(path: Path) -> bool:
 def write_bundle(target: Path, files: dict[str, str]) -> None:
     """Write `files` (relative path -> text) as the directory `target`."""
     target = target.absolute()
+    if target.is_symlink():
+        raise UsageError(f"refusing to write a bundle through the symbolic link {target} "
+                         f"(it points to {os.readlink(target)}); give the real directory")
     if target.exists() and not (target.is_dir() and is_bundle(target)):
         raise UsageError(f"refusing to replace {target}: it exists and is not a umemc bundle "
                          f"(no {MARKER}); choose another -o directory or remove it yourself")
@@ -32,7 +36,7 @@ def write_bundle(target: Path, files: dict[str, str]) -> None:
         for rel, text in files.items():
             _write_file(tmp / rel, text)
         _write_file(tmp / MARKER, MARKER_TEXT)
-        os.chmod(tmp, 0o755)
+        os.chmod(tmp, 0o700)   # worker environments may hold secrets: the bundle is its owner's alone
         if target.exists():
             _swap(tmp, target)   # tmp now holds the previous bundle
         else:
@@ -43,12 +47,14 @@ def write_bundle(target: Path, files: dict[str, str]) -> None:
 
 
 def _write_file(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = 0o700 if path.suffix == ".sh" else 0o600
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with open(fd, "w", encoding="utf-8", newline="\n") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    os.chmod(path, 0o755 if path.suffix == ".sh" else 0o644)
+    os.chmod(path, mode)   # exactly, whatever the umask
 
 
 def _swap(a: Path, b: Path) -> None:

@@ -88,8 +88,9 @@ CASES: dict[str, tuple[str, str]] = {
                                     'stack.toml:12:1: models.chat.env.1BAD: not a valid environment variable '
                                     'name: "1BAD"\n  hint: letters, digits and \'_\', not starting with a digit'),
     "env value with a newline": (BASE + M + '[models.chat.env]\nGOOD = "a\\nb"\n',
-                                 "stack.toml:12:8: models.chat.env.GOOD: environment values cannot contain "
-                                 "newlines or NUL"),
+                                 "stack.toml:12:8: models.chat.env.GOOD: contains a control character (U+000A, a "
+                                 "newline)\n  hint: generated files (supervisord.conf, sysctl.d, env files) are "
+                                 "line-based: newlines, tabs and other control characters cannot be carried"),
     "load_below >= evict_above": (BASE + "\n[policy]\nload_below = 0.9\nevict_above = 0.8\n" + M,
                                   "stack.toml:9:14: policy.load_below: must be below evict_above (0.9 >= 0.8)\n"
                                   "  hint: the gap between them is the hysteresis that stops load/evict oscillation"),
@@ -119,9 +120,9 @@ CASES: dict[str, tuple[str, str]] = {
     "gateway off loopback without a token": (BASE + '\n[gateway]\nhost = "0.0.0.0"\n' + M,
                                              'stack.toml:9:8: gateway.host: binding 0.0.0.0 needs a token\n'
                                              '  hint: set token_env = "NAME_OF_AN_ENV_VAR" holding the bearer token'),
-    "gateway host that could inject config": (BASE + '\n[gateway]\nhost = "127.0.0.1\\n[program:x]"\n' + M,
+    "gateway host that could inject config": (BASE + '\n[gateway]\nhost = "127.0.0.1 ;[program:x]"\n' + M,
                                               'stack.toml:9:8: gateway.host: not an IP address or host name: '
-                                              '"127.0.0.1\\n[program:x]"\n'
+                                              '"127.0.0.1 ;[program:x]"\n'
                                               '  hint: e.g. "127.0.0.1" (default), "0.0.0.0" or "::"'),
     "port used by the default gateway": (BASE + M + "port = 10000\n",
                                          "stack.toml:11:8: models.chat.port: port 10000 is already used by "

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..errors import UsageError
 from .common import plan_from_arg
 
 if TYPE_CHECKING:
@@ -25,9 +26,21 @@ def build(plan: Plan, out: Path, socket: str | None = None, simulate: bool = Fal
     from ..targets.files import render_bundle
     from ..write import write_bundle
 
+    check_bundle_dir(out)
     files = render_bundle(compile_bundle(plan, socket=socket, simulate=simulate))
     write_bundle(out, files)
     return list(files)
+
+
+def check_bundle_dir(out: Path) -> None:
+    """supervisord.conf names its own directory as "%(here)s" inside double quotes (the bundle can move):
+    a directory whose path holds a quote, a backslash or a control character cannot be carried."""
+    from ..stack.types import CONTROL
+
+    path = str(out.absolute())
+    if '"' in path or "\\" in path or CONTROL.search(path):
+        raise UsageError(f"cannot write a bundle to {path!r}: supervisord.conf cannot name a directory whose "
+                         "path holds a double quote, a backslash or a control character; choose another -o")
 
 
 def run(args: argparse.Namespace) -> int:

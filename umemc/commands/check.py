@@ -6,6 +6,7 @@ import argparse
 import json
 
 from ..budget import Plan
+from ..compile import compile_bundle
 from .common import plan_from_arg, print_warnings, write_stdout
 
 
@@ -20,6 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     plans = [plan_from_arg(s) for s in args.stack]  # every stack is validated before anything is printed
+    for plan in plans:
+        compile_bundle(plan)   # what `build` would refuse, `check` refuses too (values a config cannot carry)
     if args.format == "json":
         from ..targets.report import budget_dict, budget_json
 

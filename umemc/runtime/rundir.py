@@ -54,6 +54,7 @@ class RunDir:
     def prepare(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)    # the bundle and the state hold environments and the gateway token
         os.chmod(self.state, 0o700)
 
     def socket_override(self) -> str | None:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import difflib
+import os
 import re
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +16,7 @@ from ..errors import Location, StackError
 from .models import Stack
 from .positions import Path as KeyPath
 from .positions import PositionIndex, scan
-from .types import toml_repr
+from .types import CONTROL, toml_repr
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -49,7 +51,7 @@ class Document:
     warnings: list[str] = field(default_factory=list)
 
 
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def dotted(path: KeyPath) -> str:
@@ -58,20 +60,18 @@ def dotted(path: KeyPath) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            seg = part if _BARE_KEY.match(part) else toml_repr(part)
+            seg = part if _BARE_KEY.fullmatch(part) else toml_repr(part)
             out += f".{seg}" if out else seg
     return out
+
+
+MAX_STACK_BYTES = 4 * 1024 * 1024   # a stack file is a few KiB; /dev/zero is not one
 
 
 def read_document(path: Path, shown: str | None = None) -> Document:
     """Read and parse; TOML syntax errors keep tomllib's own line and column."""
     shown = shown or str(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise StackError(None, "", f"{shown}: no such file") from None
-    except OSError as exc:
-        raise StackError(None, "", f"{shown}: cannot read: {exc.strerror}") from None
+    raw = _read_regular(path, shown)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -82,7 +82,77 @@ def read_document(path: Path, shown: str | None = None) -> Document:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise _syntax_error(shown, text, exc) from None
-    return Document(path, Source(shown, scan(text)), data)
+    except RecursionError:
+        raise StackError(Location(shown, 1, 1), "", "arrays or inline tables nested too deeply",
+                         "a stack file needs at most a few levels") from None
+    try:
+        doc = Document(path, Source(shown, scan(text)), data)
+    except RecursionError:
+        raise StackError(Location(shown, 1, 1), "", "arrays or inline tables nested too deeply",
+                         "a stack file needs at most a few levels") from None
+    refuse_control_characters(doc.source, data)
+    return doc
+
+
+def _read_regular(path: Path, shown: str) -> bytes:
+    """The file's bytes: a regular file of sane size only (a FIFO would block, /dev/zero never end)."""
+    try:
+        with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise StackError(None, "", f"{shown}: not a regular file", "give the path of a .toml stack file")
+            if st.st_size > MAX_STACK_BYTES:
+                raise StackError(None, "", f"{shown}: too large for a stack file ({st.st_size} bytes; "
+                                 f"the limit is {MAX_STACK_BYTES})")
+            raw = f.read(MAX_STACK_BYTES + 1)
+    except FileNotFoundError:
+        raise StackError(None, "", f"{shown}: no such file") from None
+    except IsADirectoryError:
+        raise StackError(None, "", f"{shown}: is a directory", "give the path of a .toml stack file") from None
+    except OSError as exc:
+        raise StackError(None, "", f"{shown}: cannot read: {exc.strerror}") from None
+    if len(raw) > MAX_STACK_BYTES:
+        raise StackError(None, "", f"{shown}: too large for a stack file (over {MAX_STACK_BYTES} bytes)")
+    return raw
+
+
+
+
+def control_problem(text: str) -> str | None:
+    found = CONTROL.search(text)
+    if found is None:
+        return None
+    code = ord(found.group())
+    name = _CONTROL_NAMES.get(code)
+    return f"contains a control character (U+{code:04X}{', ' + name if name else ''})"
+
+
+_CONTROL_NAMES = {0: "NUL", 9: "a tab", 10: "a newline", 13: "a carriage return", 0x1B: "escape", 0x7F: "DEL",
+                  0x85: "next line", 0x2028: "line separator", 0x2029: "paragraph separator"}
+
+
+MAX_DEPTH = 16
+
+
+def refuse_control_characters(source: Source, data: Any, path: KeyPath = ()) -> None:
+    """Every key and string value of the document, checked before anything else reads it."""
+    hint = "generated files (supervisord.conf, sysctl.d, env files) are line-based: newlines, tabs " \
+           "and other control characters cannot be carried"
+    if len(path) > MAX_DEPTH:
+        raise source.error(path, f"nested more than {MAX_DEPTH} levels deep", "a stack file needs at most a few levels")
+    if isinstance(data, dict):
+        for key, value in data.items():
+            problem = control_problem(key)
+            if problem:
+                raise StackError(source.at(path + (key,), "key"), dotted(path + (key,)), f"key {problem}", hint)
+            refuse_control_characters(source, value, path + (key,))
+    elif isinstance(data, list):
+        for i, item in enumerate(data):
+            refuse_control_characters(source, item, path + (i,))
+    elif isinstance(data, str):
+        problem = control_problem(data)
+        if problem:
+            raise source.error(path, problem, hint)
 
 
 _TOML_POS = re.compile(r"^(?P<msg>.*) \(at line (?P<line>\d+), column (?P<col>\d+)\)$", re.S)

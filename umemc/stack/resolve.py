@@ -20,6 +20,7 @@ from .presets import PLATFORM_PRESETS, UNIFIED_KINDS, default_os_reserve
 
 LLAMA_RUNTIMES = frozenset({"llama-server", "llama-cpp-python"})
 FIRST_PORT = 10001
+MAX_PORT = 65535
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SYSCTL_KEY = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_-]+)+$")
 _RUNTIMES_FOR = {
@@ -102,7 +103,7 @@ def _check_names(stack: Stack, src: Source) -> None:
         if name in RESERVED:
             raise src.error(("models", name), f"{toml_repr(name)} is reserved for umemc's own program",
                             "choose another model name", what="key")
-        if not re.match(NAME_PATTERN, name):
+        if not re.fullmatch(NAME_PATTERN, name):
             raise src.error(("models", name), f"bad model name {toml_repr(name)}: must match {NAME_PATTERN}",
                             "it becomes a supervisord program name and a file name: lowercase letters, "
                             "digits, '-' and '_', starting with a letter", what="key")
@@ -164,23 +165,23 @@ def _check_gateway(stack: Stack, src: Source) -> None:
     try:
         loopback = ipaddress.ip_address(gw.host).is_loopback
     except ValueError:
-        if not _HOSTNAME.match(gw.host):
+        if not _HOSTNAME.fullmatch(gw.host):
             raise src.error(("gateway", "host"), f"not an IP address or host name: {toml_repr(gw.host)}",
                             'e.g. "127.0.0.1" (default), "0.0.0.0" or "::"') from None
         loopback = gw.host == "localhost"
     if not loopback and not gw.token_env:
         raise src.error(("gateway", "host"), f"binding {gw.host} needs a token",
                         'set token_env = "NAME_OF_AN_ENV_VAR" holding the bearer token')
-    if gw.token_env is not None and not _ENV_KEY.match(gw.token_env):
+    if gw.token_env is not None and not _ENV_KEY.fullmatch(gw.token_env):
         raise src.error(("gateway", "token_env"), f"not a valid environment variable name: {toml_repr(gw.token_env)}")
 
 
 def _check_sysctl(stack: Stack, src: Source) -> None:
     for key, value in stack.sysctl.items():
-        if not _SYSCTL_KEY.match(key):
+        if not _SYSCTL_KEY.fullmatch(key):
             raise src.error(("sysctl", key), f"not a sysctl name: {toml_repr(key)}", 'write e.g. "vm.swappiness" = 10',
                             what="key")
-        if isinstance(value, str) and not re.match(r"^[A-Za-z0-9_ .:+-]*$", value):
+        if isinstance(value, str) and not re.fullmatch(r"[A-Za-z0-9_ .:+-]*", value):
             raise src.error(("sysctl", key), "value has characters a sysctl.d file cannot carry")
 
 
@@ -201,6 +202,9 @@ def _ports(stack: Stack, src: Source) -> dict[str, int]:
             continue
         while next_port in used:
             next_port += 1
+        if next_port > MAX_PORT:
+            raise src.error(("models", name), f"no port left to assign (the next free one would be {next_port})",
+                            "give this model an explicit port = 1024-65535", what="table")
         out[name] = next_port
         used[next_port] = f"models.{name}"
     return out
@@ -218,7 +222,7 @@ def _check_aliases(stack: Stack, src: Source) -> None:
 def _model(doc: Document, name: str, spec: ModelSpec, platform: ResolvedPlatform, port: int,
            lock: dict[str, Any] | None) -> ResolvedModel:
     src, at = doc.source, ("models", name)
-    _check_env(spec, src, at)
+    _check_env(spec, src, at, doc_token_env(doc))
     _check_runtime_keys(spec, src, at)
     family = family_of(spec.arch) if spec.arch else _RUNTIME_FAMILY[spec.runtime]
     if spec.arch and spec.runtime != "command" and spec.runtime not in _RUNTIMES_FOR[family]:
@@ -235,17 +239,23 @@ def _model(doc: Document, name: str, spec: ModelSpec, platform: ResolvedPlatform
                          mmap, spec.max_concurrency or spec.parallel, port)
 
 
+def doc_token_env(doc: Document) -> str | None:
+    gateway = doc.data.get("gateway")
+    return gateway.get("token_env") if isinstance(gateway, dict) else None
+
+
 _RUNTIME_FAMILY = {"llama-server": "llm", "llama-cpp-python": "llm", "whisper-server": "speech",
                    "comfyui": "diffusion", "torch": "torch", "command": "command"}
 
 
-def _check_env(spec: ModelSpec, src: Source, at: tuple[str, ...]) -> None:
-    for key, value in spec.env.items():
-        if not _ENV_KEY.match(key):
+def _check_env(spec: ModelSpec, src: Source, at: tuple[str, ...], token_env: str | None) -> None:
+    for key in spec.env:
+        if not _ENV_KEY.fullmatch(key):
             raise src.error(at + ("env", key), f"not a valid environment variable name: {toml_repr(key)}",
                             "letters, digits and '_', not starting with a digit", what="key")
-        if "\n" in value or "\r" in value or "\0" in value:
-            raise src.error(at + ("env", key), "environment values cannot contain newlines or NUL")
+        if key == token_env:
+            raise src.error(at + ("env", key), "is the gateway's token variable (gateway.token_env): workers "
+                            "never receive the gateway's token", "give the worker its own variable", what="key")
 
 
 def _check_runtime_keys(spec: ModelSpec, src: Source, at: tuple[str, ...]) -> None:

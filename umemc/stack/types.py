@@ -1,12 +1,21 @@
 """Field types shared by the stack models: sizes and durations with units."""
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from ..units import DURATION_HINT, SIZE_HINT, parse_duration, parse_size
+
+MAX_SIZE = 2**60                  # 1 EiB: far beyond any machine, far below 64-bit overflow
+MAX_DURATION_S = 365 * 24 * 3600
+
+
+# C0 controls, DEL, C1 controls and the Unicode line/paragraph separators: none can be carried by the
+# line-based formats a stack compiles into (supervisord's INI, sysctl.d, systemd env files).
+CONTROL = re.compile("[\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]")
 
 
 def toml_repr(value: Any) -> str:
@@ -15,7 +24,8 @@ def toml_repr(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
-        return f'"{escaped}"'
+        escaped = CONTROL.sub(lambda m: f"\\u{ord(m.group()):04X}", escaped)
+        return f'"{escaped[:60]}…"' if len(escaped) > 64 else f'"{escaped}"'   # a message stays readable
     if isinstance(value, dict):
         return "a table"
     if isinstance(value, list):
@@ -27,13 +37,19 @@ def _size(value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
             raise PydanticCustomError("size", "must not be negative (got {got})", {"got": value})
+        if value > MAX_SIZE:
+            raise PydanticCustomError("size", "too large (got {got}; at most {most} bytes)", {"got": value, "most": MAX_SIZE})
         return value
     if isinstance(value, str):
         try:
-            return parse_size(value)
+            size = parse_size(value)
         except ValueError:
             raise PydanticCustomError(
                 "size", "not a size (got {got})", {"got": toml_repr(value), "hint": SIZE_HINT}) from None
+        if size > MAX_SIZE:
+            raise PydanticCustomError("size", "too large (got {got}; at most {most} bytes)",
+                                      {"got": toml_repr(value), "most": MAX_SIZE})
+        return size
     raise PydanticCustomError(
         "size", "must be a size (got {got})", {"got": toml_repr(value), "hint": SIZE_HINT})
 
@@ -41,9 +57,14 @@ def _size(value: Any) -> int:
 def _duration(value: Any) -> float:
     if isinstance(value, str):
         try:
-            return parse_duration(value)
+            seconds = parse_duration(value)
         except ValueError:
             pass
+        else:
+            if seconds > MAX_DURATION_S:
+                raise PydanticCustomError("duration", "too long (got {got}; at most 365 days)",
+                                          {"got": toml_repr(value)})
+            return seconds
     raise PydanticCustomError(
         "duration", "not a duration (got {got})", {"got": toml_repr(value), "hint": DURATION_HINT})
 
