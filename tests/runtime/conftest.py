@@ -122,6 +122,7 @@ def bring_down(r: Running) -> None:
     left = [p for p in pids if _alive(p)] + [p.pid for p in psutil.process_iter() if _ours(p, r.run_dir)]
     assert not left, f"processes left after down: {left}"
     assert not list((r.run_dir / "state").glob("cgroups/*")), "cgroup records left"
+    assert not list((r.run_dir / "state").glob("pids/*")), "process records left"
     assert not _cgroups_left(r.run_dir), "cgroups left after down"
 
 
@@ -147,8 +148,10 @@ def _ours(p: psutil.Process, run_dir: Path) -> bool:
 
 
 def _cgroups_left(run_dir: Path) -> list[Path]:
-    from umemc.runtime.cgroups import detect, group_name
+    """Any group named after this run (umemc-*-<run id>) below the cgroup the tests run in."""
+    from umemc.runtime.cgroups import detect, run_id
 
-    stack_name = json.loads((run_dir / "bundle" / "plan.json").read_text())["stack"]
-    backend, _ = detect(group_name(stack_name, run_dir / "state"))
-    return [backend.base] if backend is not None and backend.base.exists() else []
+    backend, _ = detect("probe")
+    if backend is None:
+        return []
+    return sorted(backend.base.parent.glob(f"umemc-*-{run_id(run_dir / 'state')}"))

@@ -227,7 +227,8 @@ def test_queue_bound_429_and_queue_timeout_503(stack: Any, capsys: Any) -> None:
     gw.run.wait_for(lambda: gw.status()["models"]["q"]["queued"] == 1, what="one queued")
     published = gw.run.run_dir / "state" / "gateway.json"     # rewritten every 0.5 s
     gw.run.wait_for(lambda: json.loads(published.read_text())["models"]["q"] | {"ready": 0} ==
-                    {"in_flight": 1, "queued": 1, "ready": 0, "starting": False}, what="gateway.json")
+                    {"in_flight": 1, "queued": 1, "ready": 0, "starting": False, "health": "ok", "unhealthy": None},
+                    what="gateway.json")
     capsys.readouterr()
     assert gw.run.cli("status") == 0      # `umemc status` shows the gateway: 1 in flight + 1 queued
     out = capsys.readouterr().out
@@ -319,7 +320,7 @@ def test_bad_lease_requests_are_clear_errors_and_leases_end_with_the_stack(stack
     text = stack_text("gw-lease-bad", model("x"), slots=1)
     gw = Gateway(stack(text, "--simulate"))
     cases = {
-        json.dumps({"bytes": "1GiB"}): '"holder" is required: who asks (e.g. "comfyui")',
+        json.dumps({"bytes": "1GiB"}): '"holder" is required: who asks (e.g. "comfyui"), 1-128 printable characters',
         json.dumps({"holder": "h"}): 'give exactly one of "bytes" (e.g. "8GiB") or "model" (a model of this stack)',
         json.dumps({"holder": "h", "bytes": "lots"}): "\"bytes\": not a size: 'lots'",
         json.dumps({"holder": "h", "bytes": 1, "ttl": "soon"}): "\"ttl\": not a duration: 'soon'",
@@ -343,8 +344,8 @@ def test_off_loopback_needs_the_bearer_token(stack: Any, monkeypatch: pytest.Mon
     monkeypatch.delenv("UMEMC_TEST_TOKEN", raising=False)
     stack(text, "--simulate", expect=1)
     out = capsys.readouterr().out
-    assert ("  FAIL  gateway: gateway.token_env names UMEMC_TEST_TOKEN, which is not set (or empty) here; the gateway "
-            "inherits this environment and refuses to start without its token") in out
+    assert ("  FAIL  gateway: gateway.token_env names UMEMC_TEST_TOKEN, which is not set (or empty) here; `umemc up` "
+            "hands the token to the gateway (never to the workers) and the gateway refuses to start without it") in out
     monkeypatch.setenv("UMEMC_TEST_TOKEN", "s3cret-token")
     gw = Gateway(stack(text, "--simulate"))
     unauthorized = (401, {"error": {"message": "this gateway needs Authorization: Bearer <token>",

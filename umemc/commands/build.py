@@ -35,7 +35,7 @@ def build(plan: Plan, out: Path, socket: str | None = None, simulate: bool = Fal
 def check_bundle_dir(out: Path) -> None:
     """supervisord.conf names its own directory as "%(here)s" inside double quotes (the bundle can move):
     a directory whose path holds a quote, a backslash or a control character cannot be carried."""
-    from ..stack.types import CONTROL
+    from ..chars import CONTROL
 
     path = str(out.absolute())
     if '"' in path or "\\" in path or CONTROL.search(path):

@@ -1,12 +1,19 @@
-"""`umemc down [--run-dir DIR]`: stop every worker and supervisord; verify by PID that nothing of
-the stack survives (killing stragglers); remove the workers' cgroups. Idempotent."""
+"""`umemc down [--run-dir DIR]`: stop every worker and supervisord; then find whatever of the run is
+still alive by cgroup membership and recorded pids (orphans of a killed supervisord, double-forked
+children) and kill it; remove the cgroups. Idempotent, and it works whatever state is corrupt or
+missing (plan.json, the event log, the pid file): exit 0 when nothing of the stack is left, 1 when
+something could not be stopped (its records are kept, so a later `down` still knows it)."""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import RuntimeFailure
 from .up import add_run_dir
+
+if TYPE_CHECKING:
+    from ..runtime.rundir import RunDir
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -20,29 +27,50 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.rundir import RunDir
 
     run_dir = RunDir(Path(args.run_dir).absolute())
-    if not run_dir.bundle.exists():
+    if not run_dir.bundle.exists() and not run_dir.state.exists():
         print(f"nothing to stop: no stack in {args.run_dir}")
         return 0
     stack = Stack(run_dir)
-    state = stack.state()
-    if state != "running":
-        left = stack.remove_cgroups()
-        stack.remove_private_socket_dir()
-        note = " (cleaned state left by a crashed run)" if state == "stale" else ""
-        print(f"stack {stack.plan['stack']} is not running{note}")
-        return _cgroups_left(left)
-    events = stack.events()
-    pids, killed = stack.stop_all()
-    left = stack.remove_cgroups()
+    name = stack.name()
+    try:
+        running = stack.state() == "running"
+    except RuntimeFailure:   # supervisord alive but deaf: it is in the run's cgroup or records; the sweep ends it
+        running = False
+    pids: list[int] = []
+    killed: list[int] = []
+    if running:
+        pids, killed = stack.stop_all()
+    orphans, left = stack.sweep()
+    stale = stack.clean_stale()
     stack.remove_private_socket_dir()
-    events.add("down", None, pids=len(pids), killed=killed)
-    events.close()
-    print(f"down: {stack.plan['stack']} stopped ({len(pids)} processes"
-          + (f"; {len(killed)} survived the stop and were killed: {killed}" if killed else "") + ")")
-    return _cgroups_left(left)
-
-
-def _cgroups_left(left: list[Path]) -> int:
+    _record(run_dir, running, pids, killed, orphans, left)
     if left:
-        raise RuntimeFailure("could not remove cgroups (processes still inside?): " + ", ".join(map(str, left)))
+        what = "; ".join(f"{n}: {', '.join(map(str, p))}" for n, p in left.items())
+        raise RuntimeFailure(f"down: could not stop every process of stack {name} ({what}); their records are "
+                             f"kept: run `umemc down --run-dir {args.run_dir}` again, or kill them yourself")
+    groups = stack.groups_left()
+    if groups:
+        raise RuntimeFailure("could not remove cgroups (processes still inside?): " + ", ".join(map(str, groups)))
+    if running:
+        print(f"down: {name} stopped ({len(pids)} processes"
+              + (f"; {len(killed)} survived the stop and were killed: {killed}" if killed else "") + ")"
+              + (f"; {len(orphans)} left outside supervisord killed: {orphans}" if orphans else ""))
+    elif orphans:
+        print(f"down: stack {name} had no supervisord; killed {len(orphans)} process(es) it left: {orphans}")
+    else:
+        note = " (cleaned state left by a crashed run)" if stale else ""
+        print(f"stack {name} is not running{note}")
     return 0
+
+
+def _record(run_dir: RunDir, running: bool, pids: list[int], killed: list[int], orphans: list[int],
+            left: dict[str, list[int]]) -> None:
+    """The `down` event, best effort: a broken event log never stops `down` (it says so on stderr)."""
+    from ..runtime.events import EventLog
+
+    if not run_dir.state.exists():
+        return
+    log = EventLog(run_dir.events)
+    log.add("down", None, pids=len(pids), killed=killed, orphans=orphans, running=running,
+            left={n: p for n, p in left.items()})
+    log.close()

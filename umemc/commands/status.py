@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,40 +27,65 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def collect(run_dir_arg: str) -> dict[str, Any]:
-    """State from supervisord, usage from the enforcer's status file, quotas from plan.json."""
-    from ..runtime.control import Stack
+    """State from supervisord, usage from the enforcer's status file, quotas from plan.json. Read-only:
+    it changes no file. Processes of the run alive without a supervisord are shown as ORPHANED; a
+    corrupt plan.json or status file is said, never a traceback."""
+    from ..runtime.control import PlanUnreadable, Stack
     from ..runtime.rundir import RunDir
 
     run_dir = RunDir(Path(run_dir_arg).absolute())
-    if not (run_dir.bundle / "plan.json").exists():
+    if not run_dir.bundle.exists() and not run_dir.state.exists():
         raise UsageError(f"no stack in {run_dir_arg} (start one with `umemc up STACK --run-dir {run_dir_arg}`)")
     stack = Stack(run_dir)
-    plan = stack.plan
-    infos = stack.supervisor.processes() if stack.state() == "running" else {}
-    live: dict[str, Any] = {}
-    if infos and run_dir.status.exists():
-        live = json.loads(run_dir.status.read_text())
-    gateway: dict[str, Any] = {}
-    if infos and (run_dir.state / "gateway.json").exists():
-        gateway = json.loads((run_dir.state / "gateway.json").read_text())
-    out: dict[str, Any] = {"stack": plan["stack"], "running": bool(infos), "pressure": live.get("pressure"),
-                           "models": {}, "_gateway": plan.get("gateway"), "_leases": gateway.get("leases", [])}
-    for name, m in plan["models"].items():
+    problems: list[str] = []
+    try:
+        plan = stack.plan
+    except PlanUnreadable as exc:
+        plan, problems = {"stack": stack.name(), "models": {}}, [str(exc)]
+    running = stack.state() == "running"
+    infos = stack.supervisor.processes() if running else {}
+    orphans = {} if running else stack.leftovers()
+    live = _read_json(run_dir.status, problems) if running else {}
+    gateway = _read_json(run_dir.state / "gateway.json", problems) if running else {}
+    if live.get("events_error"):
+        problems.append(f"event log: {live['events_error']} (events go to the enforcer's log meanwhile)")
+    out: dict[str, Any] = {"stack": plan["stack"], "running": running, "pressure": live.get("pressure"),
+                           "models": {}, "_gateway": plan.get("gateway"), "_leases": gateway.get("leases", []),
+                           "_orphans": orphans, "_problems": problems}
+    names = list(plan["models"]) or [n for n in infos if n not in OWN_PROGRAMS]
+    for name in names:
+        m = plan["models"].get(name, {})
         info, lv = infos.get(name, {}), live.get("models", {}).get(name, {})
-        pid = info.get("pid") or None
+        pid = info.get("pid") or (orphans[name][0] if name in orphans else None)
         same = pid is not None and lv.get("pid") == pid
         out["models"][name] = {
-            "state": info.get("statename", "STOPPED"), "pid": pid,
+            "state": "ORPHANED" if name in orphans else info.get("statename", "STOPPED"), "pid": pid,
             "rss_bytes": lv.get("rss_bytes", 0) if same else 0, "gpu_bytes": lv.get("gpu_bytes", 0) if same else 0,
-            "quota_soft_bytes": m["quota_soft_bytes"], "quota_hard_bytes": m["quota_hard_bytes"],
+            "quota_soft_bytes": m.get("quota_soft_bytes"), "quota_hard_bytes": m.get("quota_hard_bytes"),
             "restarts": lv.get("restarts", 0),
-            "_uptime_s": (time.time() - info["start"]) if pid and info.get("start") else None,
-            "_last_event": lv.get("last_event"), "_priority": m["priority"], "_mode": m["mode"],
+            "_uptime_s": (time.time() - info["start"]) if info.get("pid") and info.get("start") else None,
+            "_last_event": lv.get("last_event"), "_priority": m.get("priority"), "_mode": m.get("mode"),
             "_drift": lv.get("drift") if same else None,
             "_reserved": lv.get("reserved_bytes", 0) if same else 0,
-            "_requests": gateway.get("models", {}).get(name),
+            "_requests": (gateway.get("models") or {}).get(name),
+            "_health": (gateway.get("models") or {}).get(name, {}).get("health"),
         }
     return out
+
+
+OWN_PROGRAMS = ("umemc-enforcer", "umemc-gateway")
+
+
+def _read_json(path: Path, problems: list[str]) -> dict[str, Any]:
+    """A live status file; a missing one is normal (just started), a corrupt one is said."""
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        problems.append(f"{path.name} is unreadable ({exc}): live figures missing")
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def contract(status: dict[str, Any]) -> dict[str, Any]:
@@ -72,6 +98,10 @@ def table(status: dict[str, Any]) -> Any:
 
     pressure = status.get("pressure")
     title = f"umemc {status['stack']}: " + ("running" if status["running"] else "not running")
+    orphans = status.get("_orphans") or {}
+    if orphans:
+        title += (f" — [red]{sum(len(p) for p in orphans.values())} process(es) left without supervisord "
+                  f"({', '.join(orphans)}): `umemc down` stops them[/]")
     if pressure is not None:
         title += f", pressure {pressure:.0%}"
     if status["running"] and status.get("_gateway"):
@@ -86,10 +116,13 @@ def table(status: dict[str, Any]) -> Any:
     for name, m in status["models"].items():
         used = m["rss_bytes"] + m["gpu_bytes"]
         share = used / m["quota_hard_bytes"] if m["quota_hard_bytes"] else 0
-        style = "red" if share > 1 else "yellow" if used > m["quota_soft_bytes"] else ""
+        soft = m["quota_soft_bytes"] or 0
+        style = "red" if share > 1 else "yellow" if soft and used > soft else ""
         color = {"RUNNING": "green", "STARTING": "yellow", "STOPPED": "dim"}.get(m["state"], "red")
+        state = m["state"] if m.get("_health") != "unhealthy" else f"{m['state']} (unhealthy)"
+        color = "red" if m.get("_health") == "unhealthy" else color
         uptime = m["_uptime_s"]
-        t.add_row(name, f"[{color}]{m['state']}[/]", str(m["pid"] or "-"), gib(m["rss_bytes"]), gib(m["gpu_bytes"]),
+        t.add_row(name, f"[{color}]{state}[/]", str(m["pid"] or "-"), gib(m["rss_bytes"]), gib(m["gpu_bytes"]),
                   gib(m["_reserved"]) if m["_reserved"] else "-",
                   f"[{style}]{share:.0%}[/]" if style else f"{share:.0%}", gib(m["quota_hard_bytes"]),
                   _requests(m), str(m["restarts"]), "-" if uptime is None else f"{uptime:.0f} s", _last(m))
@@ -114,6 +147,8 @@ def _last(m: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     status = collect(args.run_dir)
+    for problem in status["_problems"]:
+        print(f"warning: {problem}", file=sys.stderr)
     if args.json:
         print(json.dumps(contract(status), indent=2))
     else:

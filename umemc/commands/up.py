@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -49,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
     run_dir = RunDir(Path(args.run_dir).absolute())
     stack = Stack(run_dir)
     state = stack.state() if run_dir.bundle.exists() else "stopped"
-    if state == "stale":
-        console.print("found state left by a crashed run (pid file or socket without supervisord): cleaned")
+    if state != "running":
+        clean_crashed_run(console, stack)
     run_dir.prepare()
     install_bundle(args, run_dir)
     plan = stack.plan
@@ -59,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if not preflight(console, run_dir, plan, args, alive):
         return 1
     hot = [n for n, m in plan["models"].items() if m["mode"] == "hot"]
+    write_token(run_dir, plan)
     events = stack.events()
     try:
         if state == "running":
@@ -69,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             events.add("up", None, bundle=str(run_dir.bundle), simulate=plan.get("simulate", False))
             events.close()
-            start_supervisord(run_dir.bundle / "supervisord.conf", foreground=args.foreground, memlock=plan["memlock"])
+            start_supervisord(run_dir.bundle / "supervisord.conf", plan, run_dir.state, foreground=args.foreground)
             stack.wait_started()
     finally:
         events.close()
@@ -80,6 +82,28 @@ def run(args: argparse.Namespace) -> int:
     if url:
         console.print(f"gateway: {url} (OpenAI-compatible; cold models start on demand)")
     return 0
+
+
+def clean_crashed_run(console: Console, stack: Stack) -> None:
+    """Before a fresh start: processes a killed supervisord left behind (found by cgroup and record)
+    are stopped, never adopted, and its stale pid file and socket removed."""
+    left = stack.leftovers()
+    if left:
+        killed, survived = stack.sweep()
+        console.print(f"found {len(killed)} process(es) of an earlier run whose supervisord is gone "
+                      f"({', '.join(left)}): stopped")
+        if survived:
+            raise RuntimeFailure(f"processes of an earlier run survived SIGKILL: {survived}; stop them first")
+    if stack.clean_stale():
+        console.print("found state left by a crashed run (pid file or socket without supervisord): cleaned")
+
+
+def write_token(run_dir: RunDir, plan: dict[str, Any]) -> None:
+    """The gateway's token goes to RUN/state/secrets (0600), read by the gateway; supervisord is started
+    without the variable, so no worker inherits it. Unset: the preflight refuses (or --force warns)."""
+    name = (plan.get("gateway") or {}).get("token_env")
+    if name and os.environ.get(name):
+        run_dir.write_secret(run_dir.token_file, os.environ[name])
 
 
 def install_bundle(args: argparse.Namespace, run_dir: RunDir) -> None:

@@ -16,6 +16,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
+import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,6 +82,23 @@ class Cgroup:
         except OSError:
             return []
 
+    def kill_all(self, rounds: int = 50) -> list[int]:
+        """SIGKILL every process in the group, again and again until it is empty (a process may fork
+        while we read the list); cgroup v2's `cgroup.kill` does it in one step where the kernel has it.
+        Returns the pids still inside (none, normally)."""
+        if self.version == 2 and (self.path / "cgroup.kill").exists():
+            with contextlib.suppress(OSError):
+                (self.path / "cgroup.kill").write_text("1")
+        for _ in range(rounds):
+            pids = [p for p in self.pids() if _alive(p)]
+            if not pids:
+                return []
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+        return [p for p in self.pids() if _alive(p)]
+
     def remove(self) -> bool:
         """rmdir the group (it must hold no process). True when it is gone."""
         try:
@@ -91,13 +111,19 @@ class Cgroup:
 
 
 def _own_cgroup(version: int, proc_self: str = "/proc/self/cgroup") -> str | None:
+    """The cgroup this process runs in; a process already inside a umemc run's group (a worker
+    spawned by supervisord, which sits in the run's `umemc-supervisord` group) gets the cgroup that
+    run was created in, so every group of a run is a sibling below one base, never nested."""
     for line in Path(proc_self).read_text().splitlines():
         hid, controllers, path = line.split(":", 2)
-        if version == 2 and hid == "0" and controllers == "":
-            return path
-        if version == 1 and "memory" in controllers.split(","):
-            return path
+        if (version == 2 and hid == "0" and controllers == "") or (version == 1 and "memory" in controllers.split(",")):
+            parts = path.split("/")
+            inside = [i for i, part in enumerate(parts) if part.startswith("umemc-") and _RUN_SUFFIX.search(part)]
+            return "/".join(parts[:inside[0]]) or "/" if inside else path
     return None
+
+
+_RUN_SUFFIX = re.compile(r"-[0-9a-f]{8}$")   # umemc-<stack>-<run id>
 
 
 def _v2_mount() -> Path | None:
@@ -123,19 +149,66 @@ class Backend:
                 (self.base / "cgroup.subtree_control").write_text("+memory")
         g = self.group(model)
         g.path.mkdir(exist_ok=True)
-        g.set_limits(hard, soft)
+        if hard:   # 0: no limit (supervisord and the enforcer: grouped to be found, never to be killed)
+            g.set_limits(hard, soft)
         return g
+
+    def groups(self) -> list[Cgroup]:
+        if not self.base.is_dir():
+            return []
+        return [Cgroup(self.version, p) for p in sorted(self.base.iterdir()) if p.is_dir()]
+
+    def pids(self) -> list[int]:
+        """Every live process in the run's groups: the way to find what a lost supervisord left."""
+        return sorted(p for g in self.groups() for p in g.pids() if _alive(p))
+
+    def kill_all(self) -> list[int]:
+        """SIGKILL every process in every group of the run; returns the pids that survived."""
+        left: list[int] = []
+        for g in self.groups():
+            left += g.kill_all()
+        return left
 
     def remove_all(self) -> list[Path]:
         """Remove every worker group and the base; returns what could not be removed."""
         left = []
         if self.base.is_dir():
             for child in sorted(p for p in self.base.iterdir() if p.is_dir()):
-                if not Cgroup(self.version, child).remove():
+                group = Cgroup(self.version, child)
+                for _ in range(50):   # a killed process may still be exiting
+                    if group.remove():
+                        break
+                    time.sleep(0.1)
+                else:
                     left.append(child)
             if not left and not Cgroup(self.version, self.base).remove():
                 left.append(self.base)
         return left
+
+
+def run_backends(state_dir: Path) -> list[Backend]:
+    """The cgroup bases of the run whose state is STATE_DIR, found by name (umemc-*-<run id>) below the
+    cgroup umemc runs in: no record, no plan.json needed (either may be lost or corrupt)."""
+    backend, _ = detect("probe")
+    if backend is None:
+        return []
+    rid = run_id(state_dir)
+    parent = backend.base.parent
+    try:
+        names = sorted(p.name for p in parent.iterdir() if p.is_dir() and p.name.startswith("umemc-")
+                       and p.name.endswith(f"-{rid}"))
+    except OSError:
+        return []
+    return [Backend(backend.version, parent / n) for n in names]
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie (a zombie stays listed in cgroup.procs until its parent reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def detect(name: str) -> tuple[Backend | None, str]:

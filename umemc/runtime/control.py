@@ -14,17 +14,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import RuntimeFailure
-from .cgroups import Backend, Cgroup
+from ..errors import RuntimeFailure, UmemcError
+from .cgroups import Cgroup, run_backends
 from .events import EventLog
 from .probes.proc import ProcTree
-from .rundir import RunDir
+from .rundir import ENFORCER, GATEWAY, SUPERVISORD, ProcRecord, RunDir
 from .supervisor import Supervisor
+from .wrap import start_time
 
-ENFORCER = "umemc-enforcer"
-GATEWAY = "umemc-gateway"
 OWN = (ENFORCER, GATEWAY)      # umemc's own programs in the stack's supervisord
+RPC_ERRORS = (OSError, xmlrpc.client.Error, http.client.HTTPException)
 FAILED = ("FATAL", "EXITED", "BACKOFF")
+
+
+class PlanUnreadable(UmemcError):
+    """RUN/bundle/plan.json is missing or corrupt (exit 2); `umemc down` still stops everything."""
 
 
 @dataclass
@@ -33,24 +37,107 @@ class Stack:
 
     @property
     def plan(self) -> dict[str, Any]:
-        return json.loads((self.run.bundle / "plan.json").read_text())
+        path = self.run.bundle / "plan.json"
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else f"not valid JSON ({exc})"
+            raise PlanUnreadable(f"{path} is unreadable: {why}; `umemc down --run-dir {self.run.root}` "
+                                 "still stops everything the stack started") from None
+        if not isinstance(doc, dict) or doc.get("format") != "umemc-plan" or not isinstance(doc.get("models"), dict):
+            raise PlanUnreadable(f"{path} is not a umemc plan; `umemc down --run-dir {self.run.root}` still stops "
+                                 "everything the stack started")
+        return doc
+
+    def name(self) -> str:
+        """The stack's name for messages; a corrupt plan still leaves the run dir to name it by."""
+        try:
+            return str(self.plan["stack"])
+        except PlanUnreadable:
+            return f"in {self.run.root}"
 
     @property
     def supervisor(self) -> Supervisor:
         return Supervisor(self.run.socket())
 
     def state(self) -> str:
-        """running | stale (left over by a crash: cleaned) | stopped."""
-        pid = self.run.supervisord_pid()
-        if pid is not None and self.supervisor.alive():
+        """running | stopped. Read-only: it never removes a file (a stale socket is `clean_stale`'s).
+        The socket is asked first, so a deleted pid file does not lose a running stack."""
+        if self.supervisor.alive():
             return "running"
+        pid = self.run.supervisord_pid()
         if pid is not None and _is_supervisord(pid):
             raise RuntimeFailure(f"supervisord (pid {pid}) runs but does not answer on {self.run.socket()}; "
-                                 f"stop it: kill {pid}")
+                                 f"`umemc down --run-dir {self.run.root}` stops it and everything it started")
+        return "stopped"
+
+    def clean_stale(self) -> bool:
+        """With supervisord gone, remove its pid file and socket; True when there were any."""
         stale = [p for p in (self.run.pidfile, self.run.socket()) if p.exists() or p.is_symlink()]
         for p in stale:
-            p.unlink()
-        return "stale" if stale else "stopped"
+            with contextlib.suppress(OSError):
+                p.unlink()
+        return bool(stale)
+
+    def leftovers(self) -> dict[str, list[int]]:
+        """Processes of this run still alive, by name: members of the run's cgroups (found by name, so
+        no record is needed) and recorded pids whose start time still matches. With supervisord
+        running these are its programs; without it, orphans."""
+        out: dict[str, set[int]] = {}
+        for group in self._groups():
+            pids = [p for p in group.pids() if _alive(p)]
+            if pids:
+                out.setdefault(group.path.name, set()).update(pids)
+        for record in self.run.records():
+            if _same_process(record):
+                out.setdefault(record.name, set()).add(record.pid)
+        return {name: sorted(pids) for name, pids in sorted(out.items())}
+
+    def _groups(self) -> list[Cgroup]:
+        """The run's cgroups: by name below umemc's own cgroup, plus any recorded elsewhere."""
+        groups = {g.path: g for b in run_backends(self.run.state) for g in b.groups()}
+        folder = self.run.state / "cgroups"
+        with contextlib.suppress(OSError):
+            for record in folder.iterdir():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    version, path = record.read_text().split()[:2]
+                    if Path(path).is_dir():
+                        groups.setdefault(Path(path), Cgroup(int(version), Path(path)))
+        return list(groups.values())
+
+    def sweep(self) -> tuple[list[int], dict[str, list[int]]]:
+        """Kill every process of the run that is still alive, whatever supervisord's fate: all members
+        of its cgroups (double-forked `setsid` children too), then recorded pids with their process
+        groups. Then remove the cgroups, and forget only the records of what is gone.
+        Returns (pids killed, what survived by name: records of those are kept)."""
+        before = self.leftovers()
+        for group in self._groups():
+            group.kill_all()
+        for record in self.run.records():
+            if _same_process(record):
+                _kill_group(record.pid)
+            elif not Path(f"/proc/{record.pid}").exists():
+                _kill_group(record.pid)   # the leader is gone, its group may not be: a free pid is never a pgid
+        deadline = time.monotonic() + 5
+        while (left := self.leftovers()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for backend in run_backends(self.run.state):
+            backend.remove_all()
+        for group in self._groups():
+            group.remove()
+        left = self.leftovers()
+        for record in self.run.records():
+            if record.name not in left:
+                self.run.forget(record.name)
+        with contextlib.suppress(OSError):
+            for path in (self.run.state / "cgroups").iterdir():
+                if path.name not in left:
+                    path.unlink()
+        killed = sorted({p for pids in before.values() for p in pids})
+        return killed, left
+
+    def groups_left(self) -> list[Path]:
+        return [g.path for g in self._groups()]
 
     # -- up -------------------------------------------------------------------------------------
     def reconcile(self) -> list[str]:
@@ -107,12 +194,18 @@ class Stack:
         return f"http://{host}:{gw['port']}/v1"
 
     def wait_started(self, timeout: float = 30.0) -> None:
+        """Until supervisord answers on its socket; fails at once when its recorded process ended."""
         deadline = time.monotonic() + timeout
         while not self.supervisor.alive():
+            record = next((r for r in self.run.records() if r.name == SUPERVISORD), None)
+            if record is not None and not _alive(record.pid):
+                log = self.run.state / "supervisord.stderr.log"
+                tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log.exists() else []
+                raise RuntimeFailure("\n".join(["supervisord did not start", *(f"  {t}" for t in tail)]))
             if time.monotonic() > deadline:
                 raise RuntimeFailure(f"supervisord did not answer on {self.run.socket()} within {timeout:g} s; "
                                      f"see {self.run.state / 'supervisord.log'}")
-            time.sleep(0.1)
+            time.sleep(0.05)
 
     def wait_healthy(self, names: list[str], timeout: float, progress: Any = None) -> dict[str, float]:
         """Block until every named worker is RUNNING and healthy; returns seconds each took."""
@@ -161,13 +254,16 @@ class Stack:
         survives. Returns (pids that were running, pids that had to be killed)."""
         sup, tree = self.supervisor, ProcTree()
         pids: set[int] = set()
-        for info in sup.processes().values():
-            if info["pid"]:
-                pids.update(tree.descendants(info["pid"]))
+        with contextlib.suppress(*RPC_ERRORS):
+            for info in sup.processes().values():
+                if info["pid"]:
+                    pids.update(tree.descendants(info["pid"]))
         sv_pid = self.run.supervisord_pid()
-        with contextlib.suppress(OSError, xmlrpc.client.Error, http.client.HTTPException):
+        with contextlib.suppress(*RPC_ERRORS):   # the pid file may have been deleted: ask supervisord
+            sv_pid = int(sup.call("supervisor.getPID"))
+        with contextlib.suppress(*RPC_ERRORS):
             sup.call("supervisor.stopAllProcesses", True)
-        with contextlib.suppress(OSError, xmlrpc.client.Error, http.client.HTTPException):
+        with contextlib.suppress(*RPC_ERRORS):
             sup.call("supervisor.shutdown")
         deadline = time.monotonic() + timeout
         while sv_pid is not None and _alive(sv_pid) and time.monotonic() < deadline:
@@ -182,35 +278,16 @@ class Stack:
     def remove_private_socket_dir(self) -> None:
         """A deep run dir's socket lived in a private /tmp directory (rundir.socket_override): remove it."""
         record = self.run.state / "socket"
-        if not record.exists():
+        try:
+            sock = Path(record.read_text().strip())
+        except OSError:
             return
-        sock = Path(record.read_text().strip())
         with contextlib.suppress(OSError):
             if sock.exists() or sock.is_symlink():
                 sock.unlink()
             sock.parent.rmdir()
-        record.unlink()
-
-    def remove_cgroups(self) -> list[Path]:
-        """Remove the workers' cgroups (recorded by the exec wrapper); returns what is left."""
-        left: list[Path] = []
-        records = sorted((self.run.state / "cgroups").glob("*")) if (self.run.state / "cgroups").is_dir() else []
-        bases: set[tuple[int, Path]] = set()
-        for record in records:
-            with contextlib.suppress(OSError, ValueError):
-                version, path = record.read_text().split()[:2]
-                group = Cgroup(int(version), Path(path))
-                for _ in range(50):  # a killed worker may still be exiting
-                    if group.remove():
-                        break
-                    time.sleep(0.1)
-                else:
-                    left.append(group.path)
-                bases.add((int(version), group.path.parent))
+        with contextlib.suppress(OSError):
             record.unlink()
-        for v, base in bases:
-            left += Backend(v, base).remove_all()
-        return left
 
     def events(self) -> EventLog:
         return EventLog(self.run.events)
@@ -246,6 +323,17 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _same_process(record: ProcRecord) -> bool:
+    """The recorded pid still names the recorded process (not a later one that reused the pid)."""
+    return _alive(record.pid) and start_time(record.pid) == record.start
+
+
+def _kill_group(pid: int) -> None:
+    for kill in (os.killpg, os.kill):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(pid, signal.SIGKILL)
 
 
 def _is_supervisord(pid: int) -> bool:

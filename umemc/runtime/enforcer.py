@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import signal
 import sys
 import time
+import xmlrpc.client
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +79,8 @@ class Worker:
     drift: float | None = None          # measured / estimate - 1, once reported
     running_since: float | None = None
     reserved: int = 0                   # what the worker's own ledger (umemc.worker) reports
+    oom_pending: bool = False
+    ended: deque[int] = field(default_factory=lambda: deque(maxlen=8))   # pids killed and recorded as exited
 
     @property
     def usage(self) -> int:
@@ -112,6 +116,7 @@ class Enforcer:
         self._nvidia: dict[int, int] = {}
         self._last_nvidia = 0.0
         self._stop = False
+        self._status_error: str | None = None
 
     # -- main loop ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -121,8 +126,9 @@ class Enforcer:
         while not self._stop:
             try:
                 self.tick()
-            except OSError as exc:  # supervisord restarting or gone: try again next tick
-                print(f"umemc-enforcer: {exc}", file=sys.stderr, flush=True)
+            except (OSError, xmlrpc.client.Error, http.client.HTTPException) as exc:
+                # supervisord restarting or gone, a full disk: say so and keep enforcing next tick
+                print(f"umemc-enforcer: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             next_tick += self.interval
             self._fast_until(next_tick)
             if time.monotonic() > next_tick + self.interval:
@@ -197,11 +203,16 @@ class Enforcer:
     def _track(self, w: Worker, info: dict[str, Any] | None, now: float) -> None:
         w.state = info["statename"] if info else "UNKNOWN"
         pid = info["pid"] if info and info["statename"] in ("RUNNING", "STARTING") and info["pid"] else None
+        if pid in w.ended:
+            pid = None      # killed and recorded; supervisord has not noticed yet
         if pid == w.pid:
             return
         if w.pid is not None:
-            self._event(w, "exit", pid=w.pid, state=w.state, exitstatus=info.get("exitstatus") if info else None,
-                        peak_bytes=w.peak)
+            cause = exit_cause(info, pid)
+            if w.oom_pending:
+                cause = {"exitstatus": None, "signal": "SIGKILL", "cause": "hard quota (kernel, cgroup OOM)"}
+            self._event(w, "exit", pid=w.pid, state=w.state, **cause, peak_bytes=w.peak)
+            w.oom_pending = False
             self.proc.prune(set())
         w.pid, w.pids, w.cpu_side, w.gpu_side, w.peak = pid, [], 0, 0, 0
         w.samples.clear()
@@ -286,6 +297,10 @@ class Enforcer:
         w.kills.append(now)
         self._event(w, "hard_limit_kill", by="enforcer", pid=pid, usage_bytes=usage, hard_bytes=w.hard,
                     cpu_bytes=w.cpu_side, gpu_bytes=w.gpu_side)
+        # the kill is its exit: recorded as one (the next poll must not report an exit status for it)
+        self._event(w, "exit", pid=pid, state="KILLED", exitstatus=None, signal="SIGKILL",
+                    cause="hard quota (enforcer)", peak_bytes=max(w.peak, usage))
+        w.ended.append(pid)
         w.pid, w.pids, w.cpu_side, w.gpu_side = None, [], 0, 0
         self._maybe_give_up(w, now)
 
@@ -300,6 +315,7 @@ class Enforcer:
             self._event(w, "hard_limit_kill", by="kernel", pid=w.pid, oom_kills=kills - w.oom_seen,
                         hard_bytes=w.hard, cgroup=str(w.cgroup.path))
             w.oom_seen = kills
+            w.oom_pending = True     # its exit, when seen, was this kill (v1 may have killed a child only)
             self._maybe_give_up(w, now)
 
     def _maybe_give_up(self, w: Worker, now: float) -> None:
@@ -420,7 +436,8 @@ class Enforcer:
         self.events.add(kind, w.name, **detail)
 
     def write_status(self, now: float) -> None:
-        doc = {"time": now, "pid": os.getpid(), "pressure": round(self.pressure, 4), "models": {
+        doc = {"time": now, "pid": os.getpid(), "pressure": round(self.pressure, 4),
+               "events_error": self.events.error, "models": {
             w.name: {"pid": w.pid, "rss_bytes": w.cpu_side, "gpu_bytes": w.gpu_side, "peak_bytes": w.peak,
                      "restarts": max(0, w.restarts), "started": w.started if w.pid else None,
                      "last_event": w.last_event, "given_up": w.given_up,
@@ -428,8 +445,29 @@ class Enforcer:
             for w in self.workers.values()}}
         path = self.state_dir / "enforcer.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, path)
+        except OSError as exc:   # a full or read-only state dir: enforcement goes on, status goes stale
+            if str(exc) != self._status_error:
+                print(f"umemc-enforcer: cannot write {path}: {exc}", file=sys.stderr, flush=True)
+            self._status_error = str(exc)
+        else:
+            self._status_error = None
+
+
+def exit_cause(info: dict[str, Any] | None, new_pid: int | None) -> dict[str, Any]:
+    """What supervisord can tell of a worker's end. Its `exitstatus` is `process.exitstatus or 0`: 0
+    also when unknown, -1 for a signal, and stale once the worker was restarted; only an EXITED or
+    STOPPED worker's own status is reported (null otherwise, never a made-up 0)."""
+    if info is None or new_pid is not None or info.get("statename") not in ("EXITED", "STOPPED"):
+        return {"exitstatus": None, "cause": "restarted before it was sampled" if new_pid else "unknown"}
+    status = int(info.get("exitstatus") or 0)
+    if status == -1:
+        return {"exitstatus": None, "cause": "killed by a signal"}
+    if info["statename"] == "STOPPED":
+        return {"exitstatus": status, "cause": "stopped"}
+    return {"exitstatus": status, "cause": "exited"}
 
 
 def kill_tree(root: int, pids: list[int]) -> None:

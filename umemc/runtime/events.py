@@ -1,9 +1,15 @@
-"""The event log: SQLite (WAL) in the run dir's state, bounded by rows and age. Never an in-memory
-list that grows (FIELD-NOTES.md §11: the manager itself leaked 8 GB of request history)."""
+"""The event log: SQLite (WAL) in the run dir's state, bounded by rows and age; never an in-memory
+list that grows (a manager that keeps its history in memory leaks it).
+
+The log must never stop what it records: a corrupt database is moved aside (events.db.corrupt-TIME)
+and a new one started; a log that cannot be written (full disk, read-only state, locked) degrades to
+lines on stderr, says why in `error`, and tries the database again later. Readers get an empty
+history rather than an exception."""
 from __future__ import annotations
 
 import json
 import sqlite3
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -13,6 +19,7 @@ from typing import Any
 MAX_ROWS = 100_000
 MAX_AGE_S = 30 * 24 * 3600
 PRUNE_EVERY = 500
+RETRY_S = 10.0          # a degraded log tries its database again this often
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -40,45 +47,169 @@ class Event:
 
 
 class EventLog:
-    def __init__(self, path: Path, max_rows: int = MAX_ROWS, max_age_s: float = MAX_AGE_S):
-        self.path, self.max_rows, self.max_age_s = path, max_rows, max_age_s
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(path), timeout=5, isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.executescript(_SCHEMA)
+    def __init__(self, path: Path, max_rows: int = MAX_ROWS, max_age_s: float = MAX_AGE_S,
+                 readonly: bool = False):
+        self.path, self.max_rows, self.max_age_s, self.readonly = path, max_rows, max_age_s, readonly
+        self.db: sqlite3.Connection | None = None
+        self.error: str | None = None       # why the log is degraded; None when it works
+        self.moved_to: Path | None = None   # where a corrupt database was moved
         self._since_prune = 0
+        self._next_try = 0.0
+        self._open()
 
+    # -- opening, recovering ----------------------------------------------------------------------
+    def _open(self) -> None:
+        self._next_try = time.monotonic() + RETRY_S
+        try:
+            self.db = self._connect()
+        except sqlite3.DatabaseError as exc:
+            if self.readonly or not _corrupt(exc):
+                self._degrade(exc)
+                return
+            self._move_aside(exc)
+        except OSError as exc:
+            self._degrade(exc)
+            return
+        else:
+            self.error = None
+            return
+        try:
+            self.db = self._connect()
+            self.error = None
+        except (sqlite3.Error, OSError) as exc:
+            self._degrade(exc)
+            return
+        self.add("event_log_reset", None, moved_to=str(self.moved_to), reason="the event log was corrupt")
+
+    def _connect(self) -> sqlite3.Connection:
+        if self.readonly:
+            db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5, isolation_level=None)
+            db.execute("SELECT COUNT(*) FROM events").fetchone()   # a corrupt file fails here, not later
+            return db
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(str(self.path), timeout=5, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(_SCHEMA)
+            db.execute("SELECT COUNT(*) FROM events").fetchone()
+        except sqlite3.Error:
+            db.close()
+            raise
+        return db
+
+    def _move_aside(self, exc: BaseException) -> None:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+        self.moved_to = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(f"{self.path}{suffix}")
+            if src.exists():
+                try:
+                    src.rename(Path(f"{self.moved_to}{suffix}"))
+                except OSError:
+                    src.unlink(missing_ok=True)
+        _say(f"event log {self.path} was unreadable ({exc}): moved to {self.moved_to}, a new one started")
+
+    def _degrade(self, exc: BaseException) -> None:
+        if self.db is not None:
+            try:
+                self.db.close()
+            except sqlite3.Error:
+                pass
+            self.db = None
+        reason = f"{type(exc).__name__}: {exc}"
+        if reason != self.error:
+            _say(f"event log {self.path} is unusable ({reason}); events go to stderr until it works again")
+        self.error = reason
+
+    def _usable(self) -> bool:
+        if self.db is None and time.monotonic() >= self._next_try:
+            self._open()
+        return self.db is not None
+
+    # -- writing --------------------------------------------------------------------------------
     def add(self, kind: str, model: str | None = None, **detail: Any) -> None:
-        self.db.execute("INSERT INTO events(ts, model, kind, detail) VALUES (?, ?, ?, ?)",
-                        (time.time(), model, kind, json.dumps(detail, sort_keys=True)))
-        self._since_prune += 1
-        if self._since_prune >= PRUNE_EVERY:
-            self.prune()
+        ts = time.time()
+        text = json.dumps(detail, sort_keys=True, default=str)
+        if self._usable():
+            assert self.db is not None
+            try:
+                self.db.execute("INSERT INTO events(ts, model, kind, detail) VALUES (?, ?, ?, ?)",
+                                (ts, model, kind, text))
+            except sqlite3.Error as exc:
+                self._degrade(exc)
+            else:
+                self._since_prune += 1
+                if self._since_prune >= PRUNE_EVERY:
+                    self.prune()
+                return
+        _say(json.dumps({"time": ts, "model": model, "kind": kind, "detail": detail}, default=str))
 
     def prune(self) -> None:
         self._since_prune = 0
-        self.db.execute("DELETE FROM events WHERE ts < ?", (time.time() - self.max_age_s,))
-        self.db.execute("DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?", (self.max_rows,))
+        try:
+            if self.db is not None:
+                self.db.execute("DELETE FROM events WHERE ts < ?", (time.time() - self.max_age_s,))
+                self.db.execute("DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?", (self.max_rows,))
+        except sqlite3.Error as exc:
+            self._degrade(exc)
+
+    # -- reading (an unusable log reads as empty) -----------------------------------------------
+    def _rows(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
+        if not self._usable():
+            return []
+        assert self.db is not None
+        try:
+            return self.db.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            self._degrade(exc)
+            return []
 
     def since(self, after_id: int = 0, limit: int | None = None) -> list[Event]:
         sql = "SELECT id, ts, model, kind, detail FROM events WHERE id > ? ORDER BY id"
-        rows = self.db.execute(sql + (f" LIMIT {int(limit)}" if limit else ""), (after_id,)).fetchall()
-        return [Event(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows]
+        rows = self._rows(sql + (f" LIMIT {int(limit)}" if limit else ""), (after_id,))
+        return [_event(r) for r in rows]
 
     def last_id(self, kind: str) -> int:
-        row = self.db.execute("SELECT MAX(id) FROM events WHERE kind = ?", (kind,)).fetchone()
-        return int(row[0] or 0)
+        rows = self._rows("SELECT MAX(id) FROM events WHERE kind = ?", (kind,))
+        return int(rows[0][0] or 0) if rows else 0
 
     def count(self, kind: str, model: str, after_id: int = 0) -> int:
-        row = self.db.execute("SELECT COUNT(*) FROM events WHERE kind = ? AND model = ? AND id > ?",
-                              (kind, model, after_id)).fetchone()
-        return int(row[0])
+        rows = self._rows("SELECT COUNT(*) FROM events WHERE kind = ? AND model = ? AND id > ?",
+                          (kind, model, after_id))
+        return int(rows[0][0]) if rows else 0
 
     def last(self, kind: str, model: str, after_id: int = 0) -> Event | None:
-        row = self.db.execute("SELECT id, ts, model, kind, detail FROM events WHERE kind = ? AND model = ? AND id > ? "
-                              "ORDER BY id DESC LIMIT 1", (kind, model, after_id)).fetchone()
-        return None if row is None else Event(row[0], row[1], row[2], row[3], json.loads(row[4]))
+        rows = self._rows("SELECT id, ts, model, kind, detail FROM events WHERE kind = ? AND model = ? AND id > ? "
+                          "ORDER BY id DESC LIMIT 1", (kind, model, after_id))
+        return _event(rows[0]) if rows else None
 
     def close(self) -> None:
-        self.db.close()
+        if self.db is not None:
+            try:
+                self.db.close()
+            except sqlite3.Error:
+                pass
+            self.db = None
+
+
+def _event(row: Any) -> Event:
+    try:
+        detail = json.loads(row[4])
+    except (TypeError, ValueError):
+        detail = {"unreadable": str(row[4])[:200]}
+    return Event(row[0], row[1], row[2], row[3], detail if isinstance(detail, dict) else {"value": detail})
+
+
+def _corrupt(exc: sqlite3.DatabaseError) -> bool:
+    """Damage to the file itself (worth moving aside), as opposed to a full disk or a lock."""
+    text = str(exc).lower()
+    return isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError) or any(
+        s in text for s in ("not a database", "malformed", "corrupt", "no such table"))
+
+
+def _say(line: str) -> None:
+    try:
+        print(f"umemc events: {line}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):   # stderr closed: nothing left to tell
+        pass

@@ -209,8 +209,9 @@ class Preflight:
         if os.environ.get(name):
             self._add("gateway", True, f"bearer token from ${name}")
         else:
-            self._add("gateway", False, f"gateway.token_env names {name}, which is not set (or empty) here; the "
-                      "gateway inherits this environment and refuses to start without its token",
+            self._add("gateway", False, f"gateway.token_env names {name}, which is not set (or empty) here; `umemc "
+                      "up` hands the token to the gateway (never to the workers) and the gateway refuses to start "
+                      "without it",
                       (f"export {name}=\"$(openssl rand -hex 24)\"  # then give the token to your clients",))
 
 

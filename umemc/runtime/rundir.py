@@ -1,8 +1,14 @@
 """The run dir: RUN/bundle (the bundle being run), RUN/state (socket, pid file, logs, events.db,
-enforcer status). Unix socket paths are limited to 107 bytes: when RUN/state is too deep, the
-socket goes into a short private (0700) directory and RUN/state/socket records where."""
+enforcer status, records). Unix socket paths are limited to 107 bytes: when RUN/state is too deep,
+the socket goes into a short private (0700) directory and RUN/state/socket records where.
+
+Records the exec wrapper writes, one file per process umemc starts (workers and umemc's own):
+`state/pids/NAME` (`pid starttime`) and, where a cgroup could be had, `state/cgroups/NAME`
+(`version path pid`). Any of these, plan.json included, may be missing or corrupt: `umemc down`
+then finds the processes by the run's cgroups (named after the run, see cgroups.run_backends)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -10,6 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SOCKET_MAX = 107
+ENFORCER, GATEWAY, SUPERVISORD = "umemc-enforcer", "umemc-gateway", "umemc-supervisord"  # umemc's own processes
+DEFAULT_SOCKET = "%(here)s/../state/supervisor.sock"
+
+
+@dataclass(frozen=True)
+class ProcRecord:
+    name: str
+    pid: int
+    start: int      # /proc/PID/stat field 22: the pid names this process only while it matches
 
 
 @dataclass(frozen=True)
@@ -40,15 +55,27 @@ class RunDir:
     def logs(self) -> Path:
         return self.state / "logs"
 
+    @property
+    def token_file(self) -> Path:
+        """The gateway's bearer token, written by `umemc up` (0600 in a 0700 directory); supervisord and
+        the workers never see the variable it came from."""
+        return self.state / "secrets" / "gateway-token"
+
     def default_socket(self) -> Path:
         return self.state / "supervisor.sock"
 
     def socket(self) -> Path:
-        """Where the running stack's socket is (from the bundle's plan, else the default)."""
-        plan = self.bundle / "plan.json"
-        if plan.exists():
-            sock = json.loads(plan.read_text())["supervisor"]["socket"]
-            return Path(sock.replace("%(here)s", str(self.bundle)))
+        """Where the running stack's socket is: the bundle's plan, else the private directory recorded
+        for a deep run dir, else the default. A corrupt plan.json never hides the socket."""
+        try:
+            sock = json.loads((self.bundle / "plan.json").read_text())["supervisor"]["socket"]
+            return Path(str(sock).replace("%(here)s", str(self.bundle)))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        with contextlib.suppress(OSError):
+            recorded = (self.state / "socket").read_text().strip()
+            if recorded:
+                return Path(recorded)
         return self.default_socket()
 
     def prepare(self) -> None:
@@ -73,6 +100,8 @@ class RunDir:
         return str(sock)
 
     def supervisord_pid(self) -> int | None:
+        """The pid file's pid when that process still runs (the file may be stale, or deleted: callers
+        ask the socket first)."""
         try:
             pid = int(self.pidfile.read_text().strip())
         except (OSError, ValueError):
@@ -84,3 +113,33 @@ class RunDir:
         except PermissionError:
             return pid
         return pid
+
+    def records(self) -> list[ProcRecord]:
+        """Every `state/pids/NAME` record that parses (a corrupt one is skipped: cgroups still find it)."""
+        out = []
+        folder = self.state / "pids"
+        with contextlib.suppress(OSError):
+            for path in sorted(folder.iterdir()):
+                if path.name.startswith("."):
+                    continue
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    pid, start = path.read_text().split()[:2]
+                    out.append(ProcRecord(path.name, int(pid), int(start)))
+        return out
+
+    def forget(self, name: str) -> None:
+        for folder in ("pids", "cgroups"):
+            with contextlib.suppress(OSError):
+                (self.state / folder / name).unlink()
+
+    def write_secret(self, path: Path, text: str) -> None:
+        """A file only its owner may read, written atomically (never briefly world-readable)."""
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(path.parent, 0o700)
+        tmp = path.with_name(f".{path.name}.tmp")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with open(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)

@@ -66,20 +66,31 @@ class Supervisor:
         self.call("supervisor.stopProcess", name, wait)
 
 
-def start_supervisord(config: Path, *, foreground: bool, memlock: bool) -> int:
-    """Start the real supervisord (daemonized, or exec'd in the foreground for a systemd unit).
-    Children inherit RLIMIT_MEMLOCK from supervisord, so it is raised here when a model locks memory."""
-    argv = [sys.executable, "-m", "supervisor.supervisord", "-c", str(config)]
-    if memlock:
-        _raise_memlock()
-    if foreground:
-        os.execv(sys.executable, [*argv, "-n"])
-    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        from ..errors import RuntimeFailure
+def start_supervisord(config: Path, plan: dict[str, Any], state: Path, *, foreground: bool) -> None:
+    """Start the real supervisord in the foreground mode (-n) through the exec wrapper, so it sits in
+    the run's own cgroup (everything it starts is found there even if it is killed) and its pid is
+    the one recorded (state/pids/umemc-supervisord). `up` leaves it running as a daemon in a session
+    of its own, never its own child (its exit would leave a zombie in the cgroup); --foreground execs it instead
+    (for a systemd unit). Children inherit RLIMIT_MEMLOCK from supervisord, so it is raised here when
+    a model locks memory. The gateway token's variable is not passed on: the gateway reads the
+    token from RUN/state/secrets, and no worker ever sees it."""
+    from .rundir import SUPERVISORD
 
-        raise RuntimeFailure(f"supervisord did not start (exit {done.returncode}): {done.stderr.strip()}")
-    return done.returncode
+    wrap = [sys.executable, "-m", "umemc.runtime.wrap", "--stack", plan["stack"], "--model", SUPERVISORD,
+            "--hard", "0", "--soft", "0", "--cgroup", plan["policy"]["kernel_enforcement"], "--state", str(state),
+            "--outlive-parent"]
+    argv = [*wrap, "--", sys.executable, "-m", "supervisor.supervisord", "-n", "-c", str(config)]
+    if plan["memlock"]:
+        _raise_memlock()
+    env = dict(os.environ)
+    token = (plan.get("gateway") or {}).get("token_env")
+    if token:
+        env.pop(token, None)
+    if foreground:
+        os.execve(sys.executable, argv, env)
+    argv.insert(argv.index("--outlive-parent"), "--daemon")
+    with open(state / "supervisord.stderr.log", "ab") as log:  # what it says before its own log exists
+        subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env, check=True)
 
 
 def _raise_memlock() -> None:

@@ -1,16 +1,27 @@
-"""The exec wrapper every worker starts through:
+"""The exec wrapper every process of a stack starts through (workers, the enforcer, the gateway, and
+supervisord itself):
 
-    python -m umemc.runtime.wrap --stack S --model M --hard N --soft N --cgroup auto|off --state DIR -- ARGV…
+    python -m umemc.runtime.wrap --stack S --model M --hard N --soft N --cgroup auto|off --state DIR
+                                 [--unset VAR]... [--outlive-parent] -- ARGV…
 
-It places itself in the worker's own memory cgroup (hard quota = the kernel's limit) before anything
-allocates, records the group's path in DIR/cgroups/M, then execs ARGV: the worker keeps this pid,
-so supervisord, the enforcer and the kernel all see one process."""
+Before anything allocates it
+- asks the kernel to SIGKILL it when its parent (supervisord) dies (PR_SET_PDEATHSIG): a `kill -9`
+  of supervisord takes every worker with it instead of leaving orphans that hold memory;
+- places itself in its own memory cgroup (hard quota = the kernel's limit; 0 = no limit), recorded
+  in DIR/cgroups/M, so `umemc down` finds every process of the stack by cgroup membership, double-
+  forked `setsid` children included, even when supervisord and every other record are gone;
+- records `pid starttime` in DIR/pids/M (the fallback where no cgroup can be had);
+- removes the variables named by --unset (the gateway's token) from the environment;
+then execs ARGV: the worker keeps this pid, so supervisord, the enforcer and the kernel see one process."""
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
+
+PR_SET_PDEATHSIG = 1   # linux/prctl.h
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,17 +32,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--soft", type=int, required=True)
     p.add_argument("--cgroup", choices=("auto", "off"), default="auto")
     p.add_argument("--state", required=True)
+    p.add_argument("--unset", action="append", default=[], metavar="VAR")
+    p.add_argument("--outlive-parent", action="store_true", help="no parent-death signal (supervisord itself)")
+    p.add_argument("--daemon", action="store_true", help="fork into a new session first; the caller's child "
+                   "exits at once (so the command is never the caller's zombie)")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         p.error("no command after --")
+    if args.daemon:
+        if os.fork() > 0:
+            os._exit(0)
+        os.setsid()
+    if not args.outlive_parent and not die_with_parent():
+        print(f"umemc-wrap: the parent of {args.model} died before it started; not starting", file=sys.stderr)
+        return 1
     state = Path(args.state)
     record = state / "cgroups" / args.model
     if args.cgroup == "auto":
         place(args.stack, args.model, args.hard, args.soft, state, record)
     elif record.exists():
         record.unlink()
+    write_record(state / "pids" / args.model, f"{os.getpid()} {start_time(os.getpid())}\n")
+    for name in args.unset:
+        os.environ.pop(name, None)
     try:
         os.execvp(command[0], command)
     except OSError as exc:
@@ -40,11 +65,44 @@ def main(argv: list[str] | None = None) -> int:
     return 0  # pragma: no cover - exec does not return
 
 
+def die_with_parent() -> bool:
+    """PR_SET_PDEATHSIG(SIGKILL); it survives the exec. False when the parent is already gone (we
+    were reparented before the call, so the signal would never come)."""
+    import ctypes  # only here: ctypes costs ~40 ms to import
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux: the process group still dies together
+        return True
+    return os.getppid() == parent
+
+
+def start_time(pid: int) -> int:
+    """Field 22 of /proc/PID/stat (clock ticks since boot): with the pid, it names one process for
+    good, so a record never makes `down` kill an unrelated process that reused the pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def write_record(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as exc:   # a full disk must not stop the worker: cgroups and process groups still find it
+        print(f"umemc-wrap: cannot record {path}: {exc.strerror}", file=sys.stderr)
+
+
 def place(stack: str, model: str, hard: int, soft: int, state: Path, record: Path) -> None:
     from .cgroups import detect, group_name
 
     backend, reason = detect(group_name(stack, state))
-    record.parent.mkdir(parents=True, exist_ok=True)
     if backend is None:
         print(f"umemc-wrap: no kernel enforcement for {model}: {reason}", file=sys.stderr)
         if record.exists():
@@ -56,9 +114,7 @@ def place(stack: str, model: str, hard: int, soft: int, state: Path, record: Pat
     except OSError as exc:
         print(f"umemc-wrap: no kernel enforcement for {model}: {exc}", file=sys.stderr)
         return
-    tmp = record.with_suffix(".tmp")
-    tmp.write_text(f"{backend.version} {group.path} {os.getpid()}\n")
-    os.replace(tmp, record)
+    write_record(record, f"{backend.version} {group.path} {os.getpid()}\n")
 
 
 if __name__ == "__main__":

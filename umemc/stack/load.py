@@ -16,7 +16,8 @@ from ..errors import Location, StackError
 from .models import Stack
 from .positions import Path as KeyPath
 from .positions import PositionIndex, scan
-from .types import CONTROL, toml_repr
+from ..chars import CONTROL
+from .types import toml_repr
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -83,6 +83,22 @@ class Gateway(_Strict):
     drain_timeout: Duration = Field(30.0, gt=0, description="How long an eviction waits for the victim's "
                                     "requests in flight to finish; then the eviction is abandoned, never "
                                     'the requests (default "30s").')
+    max_body: Size = Field(32 * 1024 * 1024, ge=1024, le=4 * 1024**3, description="Largest request body "
+                           'accepted (default "32MiB": an audio upload; OpenAI allows 25 MB); larger ones get 413.')
+    header_timeout: Duration = Field(15.0, ge=1, le=3600, description="A connection must send a request's "
+                                     "headers within this long, and an idle keep-alive connection is closed "
+                                     'after it (default "15s": slow-header clients cannot hold connections).')
+    body_timeout: Duration = Field(60.0, ge=1, le=3600, description="A request body must arrive within this "
+                                   'long (default "60s").')
+    upstream_timeout: Duration = Field(600.0, ge=1, le=86400, description="Longest silence from a worker "
+                                       "while it answers a request (no byte for this long: 504, the worker is "
+                                       'marked unhealthy). Default "10m": a long completion without streaming.')
+    health_interval: Duration = Field(5.0, ge=0.1, le=3600, description="How often the gateway probes each "
+                                      "ready worker's health URL; two failures in a row (2 s timeout each) "
+                                      'mark it unhealthy (e.g. a stopped process). Default "5s".')
+    memory: Size = Field(512 * 1024 * 1024, ge=64 * 1024 * 1024, description="Hard memory limit of the gateway "
+                         "process (its own cgroup, like a worker's). It comes out of os_reserve, not the models' "
+                         'budget (default "512MiB").')
 
 
 class ModelSpec(_Strict):

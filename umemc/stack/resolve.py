@@ -95,7 +95,7 @@ def load_stack(path: Path, shown: str | None = None) -> LoadedStack:
 
 
 _HOSTNAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}))*$")
-RESERVED = ("umemc-enforcer", "umemc-gateway")  # umemc's own supervisord programs
+RESERVED = ("umemc-enforcer", "umemc-gateway", "umemc-supervisord")  # umemc's own processes
 
 
 def _check_names(stack: Stack, src: Source) -> None:

@@ -1,21 +1,18 @@
 """Field types shared by the stack models: sizes and durations with units."""
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
+from ..chars import CONTROL
 from ..units import DURATION_HINT, SIZE_HINT, parse_duration, parse_size
 
 MAX_SIZE = 2**60                  # 1 EiB: far beyond any machine, far below 64-bit overflow
 MAX_DURATION_S = 365 * 24 * 3600
 
 
-# C0 controls, DEL, C1 controls and the Unicode line/paragraph separators: none can be carried by the
-# line-based formats a stack compiles into (supervisord's INI, sysctl.d, systemd env files).
-CONTROL = re.compile("[\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]")
 
 
 def toml_repr(value: Any) -> str:

@@ -30,7 +30,10 @@ def plan_json(b: Bundle) -> Files:
         "gateway": None if not gw.enabled else {
             "host": gw.host, "port": gw.port, "token_env": gw.token_env, "queue": gw.queue,
             "queue_timeout_s": gw.queue_timeout, "start_timeout_s": gw.start_timeout,
-            "drain_timeout_s": gw.drain_timeout, "argv": list(b.gateway)},
+            "drain_timeout_s": gw.drain_timeout, "max_body_bytes": gw.max_body,
+            "header_timeout_s": gw.header_timeout, "body_timeout_s": gw.body_timeout,
+            "upstream_timeout_s": gw.upstream_timeout, "health_interval_s": gw.health_interval,
+            "memory_bytes": gw.memory, "argv": list(b.gateway)},
         "supervisor": {"config": "supervisord.conf", "socket": b.socket, "state": STATE},
         "memlock": b.memlock,
         "simulate": b.simulate,

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     gw = sched.gw
     token = None
     if gw["token_env"]:
-        token = os.environ.get(gw["token_env"], "")
+        token = read_token(bundle, gw["token_env"])
         if not token:
             print(f"umemc-gateway: gateway.token_env names {gw['token_env']}, which is not set (or empty) in "
                   "the environment `umemc up` ran in: set it, then `umemc up` again", file=sys.stderr)
@@ -45,13 +45,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def read_token(bundle: Path, name: str) -> str:
+    """The token `umemc up` wrote to RUN/state/secrets (0600); the variable itself only when supervisord
+    was started by hand with it in its environment."""
+    try:
+        return (bundle / ".." / "state" / "secrets" / "gateway-token").read_text()
+    except OSError:
+        return os.environ.get(name, "")
+
+
 async def serve(sched: Scheduler, token: str | None) -> None:
     from aiohttp import web
 
     from .app import make_app
 
     app = make_app(sched, token)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_S)
+    # keepalive_timeout also bounds how long a connection may take to send a request's headers
+    # (aiohttp closes a connection whose next request is incomplete then): no slow-header hold-outs
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_S,
+                           keepalive_timeout=sched.gw["header_timeout_s"])
     await runner.setup()
     site = web.TCPSite(runner, sched.gw["host"], sched.gw["port"], reuse_address=True, backlog=1024)
     await site.start()

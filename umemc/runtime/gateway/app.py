@@ -6,16 +6,21 @@ by chunk as it arrives. A client that goes away cancels its handler (handler_can
 closes the upstream connection, so the worker stops generating."""
 from __future__ import annotations
 
+import asyncio
 import email.parser
 import email.policy
 import hmac
+import ipaddress
 import json
+import math
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
 
+from ...chars import CONTROL
 from ...units import parse_duration, parse_size
 from .ledger import Decision, Need
 from .metrics import Metrics
@@ -23,10 +28,12 @@ from .scheduler import Model, Refused, Scheduler, lease_json
 
 HOP_BY_HOP = frozenset(("connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                         "trailers", "transfer-encoding", "upgrade", "host", "content-length"))
-MAX_BODY = 256 * 1024 * 1024     # audio uploads; OpenAI's own limit is 25 MB
 DEFAULT_LEASE_TTL_S = 600.0
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-               409: "insufficient_memory", 429: "rate_limit_error"}
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "invalid_request_error", 408: "invalid_request_error", 409: "insufficient_memory",
+               413: "invalid_request_error", 415: "invalid_request_error", 429: "rate_limit_error"}
+MUTATING = frozenset(("POST", "PUT", "PATCH", "DELETE"))
+OPEN_PATHS = frozenset(("/umemc/health",))   # liveness only: says nothing about the stack
 
 SCHED: web.AppKey[Scheduler] = web.AppKey("sched", Scheduler)
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
@@ -49,7 +56,7 @@ def model_of(content_type: str, body: bytes) -> str:
     if content_type.startswith("multipart/form-data"):
         return _multipart_model(content_type, body)
     try:
-        doc = json.loads(body) if body else None
+        doc = strict_json(body) if body else None
     except ValueError:
         raise Refused(400, "request body is not JSON", "invalid_json") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("model"), str) or not doc["model"]:
@@ -69,8 +76,27 @@ def _multipart_model(content_type: str, body: bytes) -> str:
     raise Refused(400, 'form has no "model" field: name a model of this stack (GET /v1/models)', "model_missing")
 
 
+async def read_body(request: web.Request) -> bytes:
+    """The whole body within gateway.body_timeout (a client trickling bytes cannot hold a handler),
+    at most gateway.max_body bytes (aiohttp answers 413 beyond)."""
+    try:
+        async with asyncio.timeout(request.app[SCHED].gw["body_timeout_s"]):
+            return await request.read()
+    except TimeoutError:
+        raise Refused(408, f"request body not received within {request.app[SCHED].gw['body_timeout_s']:g} s",
+                      "body_timeout") from None
+
+
+def strict_json(raw: bytes) -> Any:
+    """json.loads without NaN/Infinity (Python accepts them; JSON does not)."""
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(raw, parse_constant=refuse)
+
+
 async def openai(request: web.Request) -> web.StreamResponse:
-    body = await request.read()
+    body = await read_body(request)
     m = request.app[SCHED].route(model_of(request.headers.get("Content-Type", ""), body))
     return await forward(request, m, request.path_qs, body)
 
@@ -78,7 +104,7 @@ async def openai(request: web.Request) -> web.StreamResponse:
 async def passthrough(request: web.Request) -> web.StreamResponse:
     m = request.app[SCHED].route(request.match_info["name"])
     path = "/" + request.match_info["tail"] + (f"?{request.query_string}" if request.query_string else "")
-    return await forward(request, m, path, await request.read())
+    return await forward(request, m, path, await read_body(request))
 
 
 async def forward(request: web.Request, m: Model, path: str, body: bytes) -> web.StreamResponse:
@@ -103,8 +129,11 @@ async def _relay(request: web.Request, m: Model, path: str, body: bytes) -> web.
     headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP
                and not (token and k.lower() == "authorization")}
     url = f"http://127.0.0.1:{m.port}{path}"
+    sched = request.app[SCHED]
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=sched.gw["upstream_timeout_s"])
     try:
-        async with request.app[CLIENT].request(request.method, url, data=body or None, headers=headers) as up:
+        async with request.app[CLIENT].request(request.method, url, data=body or None, headers=headers,
+                                               timeout=timeout) as up:
             out = {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
             if up.content_length is not None and not up.headers.get("Content-Type", "").startswith("text/event-stream"):
                 return web.Response(body=await up.read(), status=up.status, headers=out)
@@ -116,6 +145,8 @@ async def _relay(request: web.Request, m: Model, path: str, body: bytes) -> web.
                 await resp.write_eof()
             except (ConnectionResetError, aiohttp.ClientPayloadError):
                 pass   # one side went away mid-stream; leaving the block closes the upstream connection
+            except TimeoutError:   # the worker stopped sending mid-stream: end the stream, mark it
+                sched.mark_unhealthy(m, f"no byte for {sched.gw['upstream_timeout_s']:g} s while streaming")
             return resp
     except aiohttp.ClientConnectorError as exc:
         m.ready = False                    # it died between two polls: the next request waits for it
@@ -124,6 +155,11 @@ async def _relay(request: web.Request, m: Model, path: str, body: bytes) -> web.
                       "upstream_unreachable") from None
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
         raise Refused(502, f"worker {m.name} closed the connection: {exc}", "upstream_disconnected") from None
+    except TimeoutError:
+        waited = sched.gw["upstream_timeout_s"]
+        sched.mark_unhealthy(m, f"no answer within {waited:g} s")
+        raise Refused(504, f"worker {m.name} did not answer within {waited:g} s (gateway.upstream_timeout); it is "
+                      "marked unhealthy until its health URL answers again", "upstream_timeout", 10) from None
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -168,12 +204,22 @@ async def leases_list(request: web.Request) -> web.Response:
     return web.json_response({"leases": [lease_json(x) for x in request.app[SCHED].leases.values()]})
 
 
+LEASE_KEYS = frozenset({"holder", "bytes", "model", "priority", "ttl"})
+MAX_LEASE_TTL_S = 7 * 24 * 3600.0
+MAX_LEASE_BYTES = 2**60
+
+
 async def lease_create(request: web.Request) -> web.Response:
     sched = request.app[SCHED]
     doc = await _json_object(request)
+    unknown = sorted(set(doc) - LEASE_KEYS)
+    if unknown:
+        raise Refused(400, f"unknown lease field(s): {', '.join(unknown)} (known: {', '.join(sorted(LEASE_KEYS))})",
+                      "invalid_lease")
     holder = doc.get("holder")
-    if not isinstance(holder, str) or not holder:
-        raise Refused(400, '"holder" is required: who asks (e.g. "comfyui")', "invalid_lease")
+    if not isinstance(holder, str) or not holder.strip() or len(holder) > 128 or CONTROL.search(holder):
+        raise Refused(400, '"holder" is required: who asks (e.g. "comfyui"), 1-128 printable characters',
+                      "invalid_lease")
     ttl = _seconds(doc.get("ttl", DEFAULT_LEASE_TTL_S))
     ram, gpu, priority, model = _lease_size(sched, doc)
     lease, decision, need = await sched.grant(holder, ram, gpu, priority, ttl, model)
@@ -195,36 +241,47 @@ def _lease_size(sched: Scheduler, doc: dict[str, Any]) -> tuple[int, int, int, s
         raise Refused(400, 'give exactly one of "bytes" (e.g. "8GiB") or "model" (a model of this stack)',
                       "invalid_lease")
     if "model" in doc:
-        m = sched.route(str(doc["model"]))
+        if not isinstance(doc["model"], str):
+            raise Refused(400, f'"model" must be a model name (got {doc["model"]!r})', "invalid_lease")
+        m = sched.route(doc["model"])
         p = m.plan
-        return p["quota_hard_bytes"], p["gpu_quota_hard_bytes"], int(doc.get("priority", p["priority"])), m.name
+        return p["quota_hard_bytes"], p["gpu_quota_hard_bytes"], _priority(doc, p["priority"]), m.name
     raw = doc["bytes"]
     try:
-        ram = raw if isinstance(raw, int) and not isinstance(raw, bool) else parse_size(str(raw))
+        if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+            raise ValueError(f"not a size: {raw!r}")
+        ram = raw if isinstance(raw, int) else parse_size(raw)
     except ValueError as exc:
         raise Refused(400, f'"bytes": {exc}', "invalid_lease") from None
-    if ram <= 0:
-        raise Refused(400, f'"bytes" must be > 0 (got {ram})', "invalid_lease")
-    priority = doc.get("priority", 50)
+    if not 0 < ram <= MAX_LEASE_BYTES:
+        raise Refused(400, f'"bytes" must be > 0 and at most {MAX_LEASE_BYTES} (got {ram})', "invalid_lease")
+    return ram, ram if sched.budget.gpu is not None else 0, _priority(doc, 50), None
+
+
+def _priority(doc: dict[str, Any], default: int) -> int:
+    priority = doc.get("priority", default)
     if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= 100:
         raise Refused(400, f'"priority" must be an integer 0-100 (got {priority!r})', "invalid_lease")
-    return ram, ram if sched.budget.gpu is not None else 0, priority, None
+    return priority
 
 
 def _seconds(raw: Any) -> float:
     try:
-        value = float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else parse_duration(str(raw))
+        if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+            raise ValueError(f"not a duration: {raw!r}")
+        value = float(raw) if isinstance(raw, (int, float)) else parse_duration(raw)
     except ValueError as exc:
         raise Refused(400, f'"ttl": {exc}', "invalid_lease") from None
-    if value <= 0:
-        raise Refused(400, f'"ttl" must be > 0 (got {raw!r})', "invalid_lease")
+    if not math.isfinite(value) or not 0 < value <= MAX_LEASE_TTL_S:
+        raise Refused(400, f'"ttl" must be more than 0 s and at most {MAX_LEASE_TTL_S:g} s (7 days) (got {raw!r})',
+                      "invalid_lease")
     return value
 
 
 async def _json_object(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
+    raw = await read_body(request)
     try:
-        doc = json.loads(raw) if raw else {}
+        doc = strict_json(raw) if raw else {}
     except ValueError:
         raise Refused(400, "request body is not JSON", "invalid_json") from None
     if not isinstance(doc, dict):
@@ -240,7 +297,10 @@ async def lease_delete(request: web.Request) -> web.Response:
 
 
 async def lease_extend(request: web.Request) -> web.Response:
-    ttl = _seconds((await _json_object(request)).get("ttl", DEFAULT_LEASE_TTL_S))
+    doc = await _json_object(request)
+    if set(doc) - {"ttl"}:
+        raise Refused(400, f"unknown field(s): {', '.join(sorted(set(doc) - {'ttl'}))} (known: ttl)", "invalid_lease")
+    ttl = _seconds(doc.get("ttl", DEFAULT_LEASE_TTL_S))
     lease = request.app[SCHED].extend_lease(request.match_info["id"], ttl)
     if lease is None:
         return error(404, f"no lease {request.match_info['id']!r} (released or expired)", "lease_not_found")
@@ -248,12 +308,68 @@ async def lease_extend(request: web.Request) -> web.Response:
 
 
 # -- the application ----------------------------------------------------------------------------
+def allowed_hosts(host: str, port: int) -> frozenset[str] | None:
+    """Host header values a loopback gateway answers to: a page on another name that resolves to
+    127.0.0.1 (DNS rebinding) is refused. None off loopback, where every request needs the token."""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        return None
+    names = {"127.0.0.1", "localhost", "[::1]", f"[{host}]" if ":" in host else host}
+    return frozenset(n for name in names for n in (name, f"{name}:{port}"))
+
+
+def browser_guard(hosts: frozenset[str] | None) -> Any:
+    """What a hostile web page can make a browser send to loopback, refused before anything else:
+    a foreign Host (DNS rebinding), a cross-origin request (Origin, Sec-Fetch-Site), and a body of
+    a type a page may send without a CORS preflight (text/plain, forms) to a JSON endpoint (CSRF)."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path in OPEN_PATHS:
+            return await handler(request)
+        host = request.headers.get("Host", "").lower()
+        if hosts is not None and host not in hosts:
+            return error(403, f"Host {host!r} is not this gateway's address (use 127.0.0.1 or localhost)",
+                         "forbidden_host")
+        origin = request.headers.get("Origin")
+        if origin is not None and urlsplit(origin).netloc.lower() != host:
+            return error(403, f"cross-origin request from {origin!r} refused", "cross_origin")
+        site = request.headers.get("Sec-Fetch-Site")
+        if site is not None and site not in ("same-origin", "none"):
+            return error(403, f"cross-site request refused (Sec-Fetch-Site: {site})", "cross_origin")
+        if request.method in MUTATING and request.body_exists and not _accepted_type(request):
+            return error(415, f"Content-Type {request.content_type!r} is not accepted here: send application/json"
+                         + (" or multipart/form-data" if _multipart_allowed(request.path) else ""),
+                         "unsupported_media_type")
+        return await handler(request)
+
+    return guard
+
+
+def _multipart_allowed(path: str) -> bool:
+    return path.startswith(("/v1/", "/models/"))   # audio uploads; never the umemc API
+
+
+def _accepted_type(request: web.Request) -> bool:
+    """JSON (multipart for uploads to workers), or no Content-Type at all: a browser sends one with
+    every cross-origin body except a typeless Blob, and that request carries an Origin (refused)."""
+    if "Content-Type" not in request.headers:
+        return True
+    ctype = request.content_type.lower()
+    if ctype == "application/json" or (ctype.startswith("application/") and ctype.endswith("+json")):
+        return True
+    return ctype == "multipart/form-data" and _multipart_allowed(request.path)
+
+
 def bearer(token: str) -> Any:
     expected = f"Bearer {token}".encode()
 
     @web.middleware
     async def check(request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.path != "/umemc/health":
+        if request.path not in OPEN_PATHS:
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 resp = error(401, "this gateway needs Authorization: Bearer <token>", "unauthorized")
@@ -271,10 +387,15 @@ async def refusals(request: web.Request, handler: Any) -> web.StreamResponse:
         return await handler(request)
     except Refused as exc:
         return refused(exc)
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[SCHED].gw["max_body_bytes"]
+        return error(413, f"request body larger than {limit} bytes (gateway.max_body)", "body_too_large")
 
 
 def make_app(sched: Scheduler, token: str | None) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY, middlewares=[*([bearer(token)] if token else []), refusals])
+    gw = sched.gw
+    guards = [browser_guard(allowed_hosts(gw["host"], gw["port"])), *([bearer(token)] if token else [])]
+    app = web.Application(client_max_size=gw["max_body_bytes"], middlewares=[*guards, refusals])
     app[SCHED] = sched
     app[METRICS] = sched.metrics = Metrics(sched)
     if token:

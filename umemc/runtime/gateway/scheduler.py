@@ -70,6 +70,8 @@ class Model:
     cold_starts: int = 0
     restarts: int = 0
     latency_ewma: float = 1.0
+    health_failures: int = 0          # health probes failed in a row while ready
+    unhealthy: str | None = None      # why it stopped answering (a hung or stopped process), until it answers
 
     @property
     def port(self) -> int | None:
@@ -123,6 +125,7 @@ class Scheduler:
         self.probe: Any = None           # async (model) -> healthy?, given by the app (its HTTP client)
         self.metrics: Any = None         # the app's metrics: cold starts, evictions (optional)
         self.closing = False
+        self._state_error: str | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -131,7 +134,8 @@ class Scheduler:
         self._load_leases()
         with contextlib.suppress(*CONNECT_ERRORS):
             await self.refresh()
-        self._tasks = [asyncio.create_task(self._pump()), asyncio.create_task(self._housekeeping())]
+        self._tasks = [asyncio.create_task(self._pump()), asyncio.create_task(self._housekeeping()),
+                       asyncio.create_task(self._health_watch())]
 
     def refuse_queued(self) -> None:
         self.closing = True
@@ -179,6 +183,9 @@ class Scheduler:
             return
         if self.closing:
             raise Refused(503, "the gateway is shutting down", "shutting_down", 5)
+        if m.unhealthy is not None:
+            raise Refused(503, f"worker {m.name} is not answering ({m.unhealthy}); requests are refused until its "
+                          "health URL answers again", "worker_unhealthy", 10)
         if m.given_up:
             raise Refused(503, f"worker {m.name} was left stopped after repeated hard-limit kills "
                           "(see `umemc events`); restart the stack to try again", "worker_given_up")
@@ -345,6 +352,7 @@ class Scheduler:
             await self._ensure_started(m)
             await self._wait_healthy(m)
             m.ready, m.failure, m.last_used, m.evicted = True, None, time.time(), False
+            self.mark_healthy(m)
             m.cold_starts += 1
             seconds = round(time.monotonic() - t0, 3)
             self.events.add("cold_start", m.name, seconds=seconds, evicted=decision.victims,
@@ -463,6 +471,39 @@ class Scheduler:
         self.leases[lease.id] = lease
         return lease
 
+    # -- health -----------------------------------------------------------------------------------
+    def mark_unhealthy(self, m: Model, why: str) -> None:
+        """A ready worker that stopped answering (SIGSTOP, a deadlock): no new request goes to it; the
+        queue waits for it to answer its health URL again (or for it to be restarted)."""
+        m.ready = False
+        if m.unhealthy is None:
+            m.unhealthy = why
+            self.events.add("unhealthy", m.name, reason=why, state=m.state)
+        self.kick()
+
+    def mark_healthy(self, m: Model) -> None:
+        m.health_failures = 0
+        if m.unhealthy is not None:
+            self.events.add("recovered", m.name, was=m.unhealthy)
+            m.unhealthy = None
+
+    async def _health_watch(self) -> None:
+        """Every health_interval: probe each ready, idle-or-busy worker (2 s timeout); two failures in a
+        row mark it unhealthy."""
+        while True:
+            await asyncio.sleep(self.gw["health_interval_s"])
+            ready = [m for m in self.models.values() if m.ready and m.starting is None and not m.evicting]
+            if self.probe is None or not ready:
+                continue
+            results = await asyncio.gather(*(self.probe(m) for m in ready))
+            for m, ok in zip(ready, results):
+                if ok:
+                    self.mark_healthy(m)
+                    continue
+                m.health_failures += 1
+                if m.health_failures >= 2 and m.ready:
+                    self.mark_unhealthy(m, f"its health URL did not answer {m.health_failures} times in a row")
+
     # -- housekeeping ---------------------------------------------------------------------------
     async def _housekeeping(self) -> None:
         while True:
@@ -495,7 +536,8 @@ class Scheduler:
                     m.ready, changed = False, True     # crashed, killed over quota, or evicted by the enforcer
                 m.state = state
                 if m.state in SERVING and not m.ready and self.probe is not None and await self.probe(m):
-                    m.ready, m.last_used, changed = True, time.time(), True   # started by `up` or restarted
+                    m.ready, m.last_used, changed = True, time.time(), True   # started by `up`, restarted, recovered
+                    self.mark_healthy(m)
             live = (status or {}).get("models", {}).get(m.name) or {}
             m.usage = int(live.get("rss_bytes") or 0) + int(live.get("gpu_bytes") or 0) if m.live else 0
             m.given_up = bool(live.get("given_up")) and state not in LIVE
@@ -536,13 +578,24 @@ class Scheduler:
         if self.closing:
             return
         models = {m.name: {"in_flight": m.in_flight, "queued": len(m.waiters) + (m.name == arriving),
-                           "ready": m.ready, "starting": m.starting is not None} for m in self.models.values()}
+                           "ready": m.ready, "starting": m.starting is not None,
+                           "health": "unhealthy" if m.unhealthy else "ok", "unhealthy": m.unhealthy}
+                  for m in self.models.values()}
         doc = {"time": now, "pid": os.getpid(), "supervisord_pid": self.supervisord_pid, "models": models,
                "leases": [lease_json(x) for x in self.leases.values()]}
         path = self.state_dir / "gateway.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, path)
+        except OSError as exc:
+            # a full or read-only state dir never fails a request: the enforcer sees a stale file (its
+            # pressure guard then spares no one it cannot see), `status` loses in-flight counts
+            if str(exc) != self._state_error:
+                print(f"umemc-gateway: cannot write {path}: {exc}", file=sys.stderr, flush=True)
+            self._state_error = str(exc)
+            return
+        self._state_error = None
         self._published_busy = {n for n, x in models.items() if x["in_flight"] or x["queued"]}
 
     # -- views ----------------------------------------------------------------------------------
@@ -564,7 +617,8 @@ class Scheduler:
                 "starting": m.starting is not None, "draining": m.draining, "usage_bytes": m.usage,
                 "quota_hard_bytes": m.plan["quota_hard_bytes"], "cold_starts": m.cold_starts,
                 "idle_s": round(now - m.last_used, 1) if m.ready else None, "ttl_s": m.plan["ttl_s"],
-                "aliases": m.plan["aliases"], "failure": m.failure, "given_up": m.given_up}
+                "aliases": m.plan["aliases"], "failure": m.failure, "given_up": m.given_up,
+                "unhealthy": m.unhealthy}
                 for m in self.models.values()},
             "leases": [lease_json(x) for x in self.leases.values()],
         }

@@ -1,0 +1,41 @@
+"""A worker that escapes its process group the way daemons do: it double-forks a `setsid`
+grandchild that sleeps, writes the grandchild's pid to PIDFILE, then serves HTTP on PORT.
+
+    python forker.py PORT PIDFILE
+"""
+from __future__ import annotations
+
+import http.server
+import os
+import sys
+import time
+
+
+def main() -> None:
+    port, pidfile = int(sys.argv[1]), sys.argv[2]
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            tmp = f"{pidfile}.tmp"
+            with open(tmp, "w") as f:
+                f.write(str(os.getpid()))
+            os.replace(tmp, pidfile)
+            while True:
+                time.sleep(1)
+        os._exit(0)
+    os.wait()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    main()

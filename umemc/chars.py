@@ -1,0 +1,8 @@
+"""Characters no generated file can carry: C0 controls, DEL, C1 controls and the Unicode line and
+paragraph separators. supervisord's INI, sysctl.d and systemd environment files are line-based, so
+a stack refuses them in every key and value, and the gateway in every name a client gives it."""
+from __future__ import annotations
+
+import re
+
+CONTROL = re.compile("[\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]")
