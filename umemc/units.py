@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import re
-from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, InvalidOperation
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+from fractions import Fraction
 
 KiB = 1024
 MiB = 1024**2
@@ -29,11 +30,8 @@ def parse_size(text: str) -> int:
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _SIZE_UNITS:
         raise ValueError(f"not a size: {text!r}")
-    try:
-        value = Decimal(match.group(1)) * _SIZE_UNITS[unit]
-    except InvalidOperation:  # pragma: no cover - the regex admits only decimals
-        raise ValueError(f"not a size: {text!r}") from None
-    if value != value.to_integral_value():
+    value = Fraction(match.group(1)) * _SIZE_UNITS[unit]   # exact, however many digits
+    if value.denominator != 1:
         raise ValueError(f"not a whole number of bytes: {text!r}")
     return int(value)
 

@@ -1,6 +1,7 @@
 """`umemc apply`: dry run, staging into a root directory (no command run), refusal without root."""
 from __future__ import annotations
 
+import stat
 import sys
 from pathlib import Path
 
@@ -41,6 +42,12 @@ def test_staging_root_installs_files_and_runs_nothing(tmp_path: Path, run_cli) -
     assert f'ExecStart={sys.executable} -m umemc up --foreground --run-dir "/srv/umemc run" {bundle}\n' in unit
     assert "@" not in unit.replace("network-online.target", "")
     assert "LimitMEMLOCK=infinity\n" in unit and "Delegate=yes\n" in unit
+    # the bundle is private (0700/0600: worker environments may hold keys); what apply installs holds
+    # none of them and gets the modes its readers need, whatever the bundle's or the umask's
+    installed = ["etc/sysctl.d/90-umemc.conf", "etc/modprobe.d/umemc-ttm.conf",
+                 "etc/systemd/system/umemc-strix-halo-5.service"]
+    assert {f: stat.S_IMODE((root / f).stat().st_mode) for f in installed} == dict.fromkeys(installed, 0o644)
+    assert stat.S_IMODE((bundle / "sysctl/90-umemc.conf").stat().st_mode) == 0o600
 
 
 def test_apple_bundle_installs_the_launch_daemon(tmp_path: Path, run_cli) -> None:

@@ -37,7 +37,10 @@ def run(args: argparse.Namespace) -> int:
     run_dir = RunDir(Path(args.run_dir).absolute())
     if not run_dir.events.exists():
         raise UsageError(f"no event log in {args.run_dir} (nothing has run there)")
-    log = EventLog(run_dir.events)
+    log = EventLog(run_dir.events, recover=False)
+    if log.error is not None:
+        raise UsageError(f"the event log {run_dir.events} is unusable ({log.error}); the runtime writes events to "
+                         "its logs in state/logs/ meanwhile")
     events = log.since(0)
     if args.json and not args.follow:
         print(json.dumps([e.as_json() for e in events], indent=2))

@@ -49,6 +49,8 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
     gateway = _read_json(run_dir.state / "gateway.json", problems) if running else {}
     if live.get("events_error"):
         problems.append(f"event log: {live['events_error']} (events go to the enforcer's log meanwhile)")
+    if live.get("events_moved_to"):
+        problems.append(f"the event log was corrupt: moved to {live['events_moved_to']}, a new one started")
     out: dict[str, Any] = {"stack": plan["stack"], "running": running, "pressure": live.get("pressure"),
                            "models": {}, "_gateway": plan.get("gateway"), "_leases": gateway.get("leases", []),
                            "_orphans": orphans, "_problems": problems}
@@ -154,7 +156,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         from rich.console import Console
 
-        Console(highlight=False).print(table(status))
+        console = Console(highlight=False)
+        if not console.is_terminal:   # a log or a pipe: never cut a figure at 80 columns
+            console = Console(highlight=False, width=200)
+        console.print(table(status))
     return 0
 
 

@@ -437,7 +437,8 @@ class Enforcer:
 
     def write_status(self, now: float) -> None:
         doc = {"time": now, "pid": os.getpid(), "pressure": round(self.pressure, 4),
-               "events_error": self.events.error, "models": {
+               "events_error": self.events.error,
+               "events_moved_to": None if self.events.moved_to is None else str(self.events.moved_to), "models": {
             w.name: {"pid": w.pid, "rss_bytes": w.cpu_side, "gpu_bytes": w.gpu_side, "peak_bytes": w.peak,
                      "restarts": max(0, w.restarts), "started": w.started if w.pid else None,
                      "last_event": w.last_event, "given_up": w.given_up,

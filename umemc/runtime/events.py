@@ -47,9 +47,10 @@ class Event:
 
 
 class EventLog:
-    def __init__(self, path: Path, max_rows: int = MAX_ROWS, max_age_s: float = MAX_AGE_S,
-                 readonly: bool = False):
-        self.path, self.max_rows, self.max_age_s, self.readonly = path, max_rows, max_age_s, readonly
+    def __init__(self, path: Path, max_rows: int = MAX_ROWS, max_age_s: float = MAX_AGE_S, recover: bool = True):
+        """recover: move a corrupt database aside and start a new one (the runtime's writers); a reader
+        (`umemc events`) passes False and only reports what it found."""
+        self.path, self.max_rows, self.max_age_s, self.recover = path, max_rows, max_age_s, recover
         self.db: sqlite3.Connection | None = None
         self.error: str | None = None       # why the log is degraded; None when it works
         self.moved_to: Path | None = None   # where a corrupt database was moved
@@ -63,7 +64,7 @@ class EventLog:
         try:
             self.db = self._connect()
         except sqlite3.DatabaseError as exc:
-            if self.readonly or not _corrupt(exc):
+            if not self.recover or not _corrupt(exc):
                 self._degrade(exc)
                 return
             self._move_aside(exc)
@@ -82,10 +83,6 @@ class EventLog:
         self.add("event_log_reset", None, moved_to=str(self.moved_to), reason="the event log was corrupt")
 
     def _connect(self) -> sqlite3.Connection:
-        if self.readonly:
-            db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5, isolation_level=None)
-            db.execute("SELECT COUNT(*) FROM events").fetchone()   # a corrupt file fails here, not later
-            return db
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(str(self.path), timeout=5, isolation_level=None)
         try:
@@ -118,7 +115,7 @@ class EventLog:
                 pass
             self.db = None
         reason = f"{type(exc).__name__}: {exc}"
-        if reason != self.error:
+        if reason != self.error and self.recover:   # a reader reports it its own way
             _say(f"event log {self.path} is unusable ({reason}); events go to stderr until it works again")
         self.error = reason
 

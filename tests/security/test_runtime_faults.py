@@ -1,0 +1,224 @@
+"""A failing machine: `kill -9` of supervisord, deleted and corrupt state files, an unusable event log.
+Real supervisord, real worker processes, real cgroups (where the machine has them). The promise under
+test: nothing of a stack outlives `umemc down`, and nothing stops the enforcer or `down`."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.runtime.conftest import free_port, live_sysctl_table, stack, worker  # noqa: F401 - a fixture
+from umemc.cli import main
+from umemc.runtime.cgroups import detect
+
+MiB = 2**20
+
+
+def head(name: str, policy: str = "") -> str:
+    return (f'version = 1\nname = "{name}"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n'
+            + (f"[policy]\n{policy}\n" if policy else "") + live_sysctl_table())
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def record(run_dir: Path, name: str) -> int:
+    return int((run_dir / "state" / "pids" / name).read_text().split()[0])
+
+
+needs_cgroups = pytest.mark.skipif(detect("probe")[0] is None,
+                                   reason=f"no writable memory cgroup here: {detect('probe')[1]}")
+
+
+def forker_stack(tmp_path: Path, name: str) -> tuple[str, Path]:
+    pidfile = tmp_path / "grandchild.pid"
+    text = (head(name) + worker("w", "forker.py", "{port}", pidfile, memory="64MiB", port=free_port())
+            + worker("s", "steady.py", "{port}", 5, memory="64MiB", port=free_port()))
+    return text, pidfile
+
+
+def kill_supervisord(r) -> list[int]:  # type: ignore[no-untyped-def]
+    """SIGKILL supervisord; wait until the kernel has taken its children with it (PR_SET_PDEATHSIG)."""
+    status = r.status()
+    children = [status[n]["pid"] for n in status if status[n]["pid"]]
+    children += [record(r.run_dir, n) for n in ("umemc-enforcer", "umemc-gateway")]
+    sv = record(r.run_dir, "umemc-supervisord")
+    assert sv == int((r.run_dir / "state" / "supervisord.pid").read_text())
+    os.kill(sv, signal.SIGKILL)
+    r.wait_for(lambda: not any(alive(p) for p in [sv, *children]), timeout=15,
+               what="supervisord's children to die with it")
+    return children
+
+
+@needs_cgroups
+def test_kill9_supervisord_then_status_and_down_find_the_escaped_grandchild(stack, tmp_path: Path, capsys) -> None:
+    text, pidfile = forker_stack(tmp_path, "k9")
+    r = stack(text)
+    grandchild = int(r.wait_for(lambda: pidfile.exists() and pidfile.read_text(), what="the grandchild"))
+    kill_supervisord(r)
+    assert alive(grandchild)            # it left the worker's process group: only its cgroup knows it
+    sock = r.run_dir / "state" / "supervisor.sock"
+    assert sock.exists()
+    status = r.status()
+    assert (status["w"]["state"], status["w"]["pid"], status["s"]["state"]) == ("ORPHANED", grandchild, "STOPPED")
+    assert sock.exists(), "a read-only status removed the socket"
+    capsys.readouterr()
+    assert r.cli("down") == 0
+    assert capsys.readouterr().out == f"down: stack k9 had no supervisord; killed 1 process(es) it left: [{grandchild}]\n"
+    assert not alive(grandchild)
+    assert not list((r.run_dir / "state").glob("pids/*"))
+    assert r.cli("down") == 0
+    assert capsys.readouterr().out == "stack k9 is not running\n"
+
+
+@needs_cgroups
+def test_up_after_kill9_stops_the_orphans_instead_of_adopting_them(stack, tmp_path: Path, capsys) -> None:
+    text, pidfile = forker_stack(tmp_path, "adopt")
+    r = stack(text)
+    grandchild = int(r.wait_for(lambda: pidfile.exists() and pidfile.read_text(), what="the grandchild"))
+    kill_supervisord(r)
+    pidfile.unlink()
+    capsys.readouterr()
+    assert main(["up", str(tmp_path / "stack.toml"), "--run-dir", str(r.run_dir), "--timeout", "60"]) == 0
+    out = capsys.readouterr().out
+    assert "found 1 process(es) of an earlier run whose supervisord is gone (w): stopped" in out
+    assert "found state left by a crashed run (pid file or socket without supervisord): cleaned" in out
+    assert not alive(grandchild)
+    status = r.status()
+    assert (status["w"]["state"], status["s"]["state"]) == ("RUNNING", "RUNNING")
+
+
+def test_deleted_pid_file_does_not_lose_the_stack(stack, tmp_path: Path, capsys) -> None:
+    r = stack(head("nopid") + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port()))
+    sv = record(r.run_dir, "umemc-supervisord")
+    (r.run_dir / "state" / "supervisord.pid").unlink()
+    assert r.status()["w"]["state"] == "RUNNING"
+    capsys.readouterr()
+    assert main(["up", str(tmp_path / "stack.toml"), "--run-dir", str(r.run_dir)]) == 0
+    assert "stack nopid is already running: reconciling" in capsys.readouterr().out
+    assert record(r.run_dir, "umemc-supervisord") == sv          # no second supervisord
+    assert r.cli("down") == 0
+    assert not alive(sv)
+
+
+def test_corrupt_plan_json_status_says_so_and_down_stops_everything(stack, run_cli, capsys) -> None:
+    r = stack(head("badplan") + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port()))
+    capsys.readouterr()
+    pid = r.status()["w"]["pid"]
+    plan = r.run_dir / "bundle" / "plan.json"
+    plan.write_text('{"format": "umemc-plan", "models": ')
+    code, out, err = run_cli("status", "--json", "--run-dir", str(r.run_dir))
+    assert code == 0
+    assert err == (f"warning: {plan} is unreadable: not valid JSON (Expecting value: line 1 column 36 (char 35)); "
+                   f"`umemc down --run-dir {r.run_dir}` still stops everything the stack started\n")
+    shown = json.loads(out)["models"]["w"]
+    assert shown | {"rss_bytes": 0} == {"state": "RUNNING", "pid": pid, "rss_bytes": 0, "gpu_bytes": 0,
+                                        "quota_soft_bytes": None, "quota_hard_bytes": None, "restarts": 0}
+    assert shown["rss_bytes"] > 5 * MiB     # live figures still come from the enforcer
+    code, out, err = run_cli("down", "--run-dir", str(r.run_dir))
+    assert (code, err) == (0, "")
+    assert out.startswith(f"down: in {r.run_dir} stopped (")
+    assert not alive(pid)
+
+
+LEAK = "leaker.py"
+
+
+def leaking_stack(name: str) -> str:
+    # hard quota 110 MiB (quota_headroom 0.1); the leaker waits 10 s, then grows 100 MiB/s to 400 MiB
+    return (head(name, 'kernel_enforcement = "off"\nmax_kills = 100')
+            + worker("leak", LEAK, 100, 2, 400, 10, memory="100MiB"))
+
+
+def test_corrupt_event_log_is_moved_aside_and_the_enforcer_keeps_enforcing(stack, run_cli, capsys) -> None:
+    r = stack(leaking_stack("evcorrupt"))
+    state = r.run_dir / "state"
+    for suffix in ("-wal", "-shm"):
+        Path(f"{state / 'events.db'}{suffix}").unlink(missing_ok=True)
+    (state / "events.db").write_bytes(b"this is not a database\n" * 512)
+    enforcer = record(r.run_dir, "umemc-enforcer")
+    os.kill(enforcer, signal.SIGKILL)          # supervisord restarts it; it opens the corrupt log
+    r.wait_for(lambda: record(r.run_dir, "umemc-enforcer") != enforcer, what="the enforcer's restart")
+    moved = r.wait_for(lambda: list(state.glob("events.db.corrupt-*")), what="the corrupt log moved aside")
+    assert moved[0].read_bytes() == b"this is not a database\n" * 512
+    kill = r.wait_for(lambda: r.events("hard_limit_kill", "leak"), timeout=40, what="the leaker killed")
+    assert kill[0]["detail"]["by"] == "enforcer"
+    assert kill[0]["detail"]["usage_bytes"] > kill[0]["detail"]["hard_bytes"] == 110 * MiB
+    assert [e["detail"]["moved_to"] for e in r.events("event_log_reset")] == [str(moved[0])]
+    capsys.readouterr()
+    code, out, err = run_cli("status", "--run-dir", str(r.run_dir))
+    assert (code, err) == (0, f"warning: the event log was corrupt: moved to {moved[0]}, a new one started\n")
+    (state / "events.db").write_bytes(b"corrupt again\n" * 512)     # down must not care
+    pid = r.status()["leak"]["pid"]
+    capsys.readouterr()
+    code, out, err = run_cli("down", "--run-dir", str(r.run_dir))
+    assert code == 0 and out.startswith("down: evcorrupt stopped (")
+    assert not alive(pid)
+
+
+def test_unusable_event_log_degrades_to_stderr_and_enforcement_goes_on(stack, tmp_path: Path, run_cli,
+                                                                        capsys) -> None:
+    events = tmp_path / "run" / "state" / "events.db"
+    events.mkdir(parents=True)                  # not a database and never one: SQLite cannot open it
+    r = stack(leaking_stack("evgone"))
+    log = r.run_dir / "state" / "logs" / "umemc-enforcer.log"
+    line = r.wait_for(lambda: next((x for x in log.read_text().splitlines() if '"kind": "hard_limit_kill"' in x), None),
+                      timeout=40, what="the kill in the enforcer's log")
+    assert json.loads(line.removeprefix("umemc events: "))["detail"]["by"] == "enforcer"
+    capsys.readouterr()
+    code, out, err = run_cli("status", "--run-dir", str(r.run_dir))
+    assert code == 0
+    assert err.startswith("warning: event log: OperationalError: unable to open database file (events go to the "
+                          "enforcer's log meanwhile)\n")
+    code, out, err = run_cli("events", "--run-dir", str(r.run_dir))
+    assert (code, out) == (2, "")
+    assert err == (f"the event log {events} is unusable (OperationalError: unable to open database file); the "
+                   "runtime writes events to its logs in state/logs/ meanwhile\n")
+
+
+def test_exit_after_sigkill_reports_no_exit_status(stack) -> None:
+    r = stack(head("sigkill", 'kernel_enforcement = "off"')
+              + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port()))
+    pid = r.status()["w"]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    exits = r.wait_for(lambda: r.events("exit", "w"), what="the exit event")
+    assert exits[0]["detail"]["pid"] == pid
+    assert exits[0]["detail"]["exitstatus"] is None
+    assert exits[0]["detail"]["cause"] in ("killed by a signal", "restarted before it was sampled")
+
+
+def test_workers_never_see_the_gateway_token(stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UMEMC_SEC_TOKEN", "t0ken-value")
+    dump = tmp_path / "env.json"
+    r = stack(head("tok") + f'[gateway]\nport = {free_port()}\ntoken_env = "UMEMC_SEC_TOKEN"\n'
+              + worker("w", "envdump.py", "{port}", dump, memory="64MiB", port=free_port()))
+    env = json.loads(dump.read_text())
+    assert env["UMEMC_MODEL"] == "w" and "UMEMC_SEC_TOKEN" not in env
+    sv = record(r.run_dir, "umemc-supervisord")
+    assert b"UMEMC_SEC_TOKEN" not in Path(f"/proc/{sv}/environ").read_bytes()
+    token = r.run_dir / "state" / "secrets" / "gateway-token"
+    assert token.read_text() == "t0ken-value"
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    assert stat.S_IMODE(token.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(r.run_dir.stat().st_mode) == stat.S_IMODE((r.run_dir / "state").stat().st_mode) == 0o700
+    assert stat.S_IMODE((r.run_dir / "bundle").stat().st_mode) == 0o700
+
+
+@needs_cgroups
+def test_gateway_runs_in_its_own_budgeted_cgroup(stack) -> None:
+    r = stack(head("gwcg") + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port())
+              + f'[gateway]\nport = {free_port()}\nmemory = "300MiB"\n')
+    version, path, pid = (r.run_dir / "state" / "cgroups" / "umemc-gateway").read_text().split()
+    assert int(pid) == record(r.run_dir, "umemc-gateway")
+    assert int(pid) in [int(p) for p in (Path(path) / "cgroup.procs").read_text().split()]
+    limit = "memory.max" if version == "2" else "memory.limit_in_bytes"
+    assert int((Path(path) / limit).read_text()) == 300 * MiB
