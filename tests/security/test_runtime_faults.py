@@ -39,11 +39,14 @@ needs_cgroups = pytest.mark.skipif(detect("probe")[0] is None,
                                    reason=f"no writable memory cgroup here: {detect('probe')[1]}")
 
 
-def forker_stack(tmp_path: Path, name: str) -> tuple[str, Path]:
+def up_with_a_grandchild(stack, tmp_path: Path, name: str):  # type: ignore[no-untyped-def]
+    """A stack whose worker `w` leaves a double-forked `setsid` grandchild, beside a plain worker `s`;
+    returns (the running stack, the grandchild's pid file, its pid)."""
     pidfile = tmp_path / "grandchild.pid"
-    text = (head(name) + worker("w", "forker.py", "{port}", pidfile, memory="64MiB", port=free_port())
-            + worker("s", "steady.py", "{port}", 5, memory="64MiB", port=free_port()))
-    return text, pidfile
+    r = stack(head(name) + worker("w", "forker.py", "{port}", pidfile, memory="64MiB", port=free_port())
+              + worker("s", "steady.py", "{port}", 5, memory="64MiB", port=free_port()))
+    grandchild = int(r.wait_for(lambda: pidfile.exists() and pidfile.read_text(), what="the grandchild"))
+    return r, pidfile, grandchild
 
 
 def kill_supervisord(r) -> list[int]:  # type: ignore[no-untyped-def]
@@ -61,9 +64,7 @@ def kill_supervisord(r) -> list[int]:  # type: ignore[no-untyped-def]
 
 @needs_cgroups
 def test_kill9_supervisord_then_status_and_down_find_the_escaped_grandchild(stack, tmp_path: Path, capsys) -> None:
-    text, pidfile = forker_stack(tmp_path, "k9")
-    r = stack(text)
-    grandchild = int(r.wait_for(lambda: pidfile.exists() and pidfile.read_text(), what="the grandchild"))
+    r, _, grandchild = up_with_a_grandchild(stack, tmp_path, "k9")
     kill_supervisord(r)
     assert alive(grandchild)            # it left the worker's process group: only its cgroup knows it
     sock = r.run_dir / "state" / "supervisor.sock"
@@ -82,9 +83,7 @@ def test_kill9_supervisord_then_status_and_down_find_the_escaped_grandchild(stac
 
 @needs_cgroups
 def test_up_after_kill9_stops_the_orphans_instead_of_adopting_them(stack, tmp_path: Path, capsys) -> None:
-    text, pidfile = forker_stack(tmp_path, "adopt")
-    r = stack(text)
-    grandchild = int(r.wait_for(lambda: pidfile.exists() and pidfile.read_text(), what="the grandchild"))
+    r, pidfile, grandchild = up_with_a_grandchild(stack, tmp_path, "adopt")
     kill_supervisord(r)
     pidfile.unlink()
     capsys.readouterr()

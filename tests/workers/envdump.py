@@ -1,13 +1,14 @@
-"""A worker that writes its environment to PATH (JSON) and its port's health answer, then serves.
+"""A worker that writes its environment to PATH (JSON), then answers every GET on PORT with 200.
 
     python envdump.py PORT PATH
 """
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import sys
+
+from _serve import serve_empty  # beside this script
 
 
 def main() -> None:
@@ -16,16 +17,7 @@ def main() -> None:
         json.dump(dict(os.environ), f)
     os.replace(f"{path}.tmp", path)
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+    serve_empty(port)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@ grandchild that sleeps, writes the grandchild's pid to PIDFILE, then serves HTTP
 """
 from __future__ import annotations
 
-import http.server
 import os
 import sys
+
+from _serve import serve_empty  # beside this script
 import time
 
 
@@ -25,16 +26,7 @@ def main() -> None:
         os._exit(0)
     os.wait()
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+    serve_empty(port)
 
 
 if __name__ == "__main__":

@@ -108,12 +108,7 @@ class EventLog:
         _say(f"event log {self.path} was unreadable ({exc}): moved to {self.moved_to}, a new one started")
 
     def _degrade(self, exc: BaseException) -> None:
-        if self.db is not None:
-            try:
-                self.db.close()
-            except sqlite3.Error:
-                pass
-            self.db = None
+        self.close()
         reason = f"{type(exc).__name__}: {exc}"
         if reason != self.error and self.recover:   # a reader reports it its own way
             _say(f"event log {self.path} is unusable ({reason}); events go to stderr until it works again")
