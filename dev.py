@@ -10,6 +10,7 @@ Optional parts the marked tests use (they skip, saying why, where these are abse
 
 The venv is (re)installed only when pyproject.toml changed since the last install.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,7 +34,7 @@ def ensure_venv(extras: str) -> None:
         print(f"creating {VENV} ...", flush=True)
         try:
             venv.create(VENV, with_pip=True)
-        except Exception as exc:  # Debian's python3 lacks ensurepip until python3-venv is installed
+        except Exception as exc:  # noqa: BLE001 - Debian's python3 lacks ensurepip until python3-venv is installed
             sys.exit(f"cannot create a virtual environment ({exc}); on Debian: apt-get install python3-venv")
     spec = f".[{extras}]" if extras else "."
     print(f"installing umemc{f'[{extras}]' if extras else ''} into {VENV} ...", flush=True)

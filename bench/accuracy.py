@@ -10,6 +10,7 @@ lines and compares them with `umemc check`'s figures for the same stack.
 
 Goals (issue 2): weights and KV within 1%, compute within 25%, weights+KV+compute within 5%.
 """
+
 from __future__ import annotations
 
 import re
@@ -21,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import llama_python, write_section  # noqa: E402
-from umemc.budget import make_plan  # noqa: E402
-from umemc.stack.resolve import load_stack  # noqa: E402
-from umemc.testing.tinygguf import TinySpec, write_tiny_gguf  # noqa: E402
+from bench.common import llama_python, write_section
+from umemc.budget import make_plan
+from umemc.stack.resolve import load_stack
+from umemc.testing.tinygguf import TinySpec, write_tiny_gguf
 
 MiB = 1024 * 1024
 
@@ -32,14 +33,19 @@ MODELS = {
     "gqa-f16": TinySpec(n_layer=4, n_embd=512, n_ff=1536, n_head=8, n_head_kv=2, n_vocab=8000),
     "mha-f16": TinySpec(n_layer=3, n_embd=512, n_ff=2048, n_head=8, n_head_kv=8, n_vocab=4000),
     "gqa-q8": TinySpec(n_layer=4, n_embd=1024, n_ff=2816, n_head=16, n_head_kv=4, n_vocab=32000, ftype="Q8_0"),
-    "qwen2-q8": TinySpec(arch="qwen2", n_layer=6, n_embd=768, n_ff=2048, n_head=12, n_head_kv=2, n_vocab=16000,
-                         ftype="Q8_0"),
+    "qwen2-q8": TinySpec(
+        arch="qwen2", n_layer=6, n_embd=768, n_ff=2048, n_head=12, n_head_kv=2, n_vocab=16000, ftype="Q8_0"
+    ),
     "wide-ffn-tied": TinySpec(n_layer=2, n_embd=256, n_ff=8192, n_head=4, n_head_kv=1, n_vocab=1000, tied=True),
 }
 # (context, ubatch, flash_attn, kv_cache)
 CONFIGS = [
-    (512, 128, True, "f16"), (2048, 512, True, "f16"), (4096, 512, False, "f16"),
-    (4096, 256, True, "q8_0"), (8192, 512, True, "q4_0"), (1024, 512, False, "f32"),
+    (512, 128, True, "f16"),
+    (2048, 512, True, "f16"),
+    (4096, 512, False, "f16"),
+    (4096, 256, True, "q8_0"),
+    (8192, 512, True, "q4_0"),
+    (1024, 512, False, "f32"),
 ]
 _KV_ID = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8}
 
@@ -53,7 +59,7 @@ del llm
 _PATTERNS = {
     "weights": r"CPU model buffer size =\s+([\d.]+) MiB",
     "kv": r"KV buffer size =\s+([\d.]+) MiB",
-    "compute": r"CPU compute buffer size is\s+([\d.]+) MiB",   # 4 decimals, logged at teardown
+    "compute": r"CPU compute buffer size is\s+([\d.]+) MiB",  # 4 decimals, logged at teardown
     "output": r"output buffer size =\s+([\d.]+) MiB",
 }
 
@@ -74,8 +80,12 @@ class Row:
 
 
 def measure(py: str, path: Path, ctx: int, ub: int, fa: bool, kv: str) -> dict[str, float]:
-    out = subprocess.run([py, "-c", _LOADER, str(path), str(ctx), str(ub), "1" if fa else "0", str(_KV_ID[kv])],
-                         capture_output=True, text=True, check=True).stderr
+    out = subprocess.run(
+        [py, "-c", _LOADER, str(path), str(ctx), str(ub), "1" if fa else "0", str(_KV_ID[kv])],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stderr
     found = {k: re.search(p, out) for k, p in _PATTERNS.items()}
     missing = [k for k, m in found.items() if m is None]
     if missing:
@@ -111,19 +121,24 @@ def served(tmp: Path) -> str:
     """The running servers (`python -m llama_cpp.server` with umemc's compiled argv, under the same
     interpreter as umemc): estimate vs llama.cpp's report vs resident memory after filling the context."""
     from umemc.budget import make_plan
-    from umemc.runtime.measure import measure
     from umemc.compile import compile_bundle
+    from umemc.runtime.measure import measure
 
-    lines = ["Running `llama_cpp.server` processes started with umemc's compiled argv; resident memory",
-             "sampled after a prompt that fills the context.", "",
-             "| model | ctx | fa | estimate | llama.cpp report | error | resident after fill | hard quota | ok |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "Running `llama_cpp.server` processes started with umemc's compiled argv; resident memory",
+        "sampled after a prompt that fills the context.",
+        "",
+        "| model | ctx | fa | estimate | llama.cpp report | error | resident after fill | hard quota | ok |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
     for name, (ctx, fa) in SERVED.items():
         model = tmp / f"{name}.gguf"
         stack = tmp / f"serve-{name}.toml"
-        stack.write_text(f'version = 1\nname = "serve"\n[platform]\nkind = "cpu"\nmemory = "24GiB"\n'
-                         f'[models.m]\nruntime = "llama-cpp-python"\nmodel = "{model}"\ncontext = {ctx}\n'
-                         f'flash_attn = {"true" if fa else "false"}\nport = 18931\n')
+        stack.write_text(
+            f'version = 1\nname = "serve"\n[platform]\nkind = "cpu"\nmemory = "24GiB"\n'
+            f'[models.m]\nruntime = "llama-cpp-python"\nmodel = "{model}"\ncontext = {ctx}\n'
+            f"flash_attn = {'true' if fa else 'false'}\nport = 18931\n"
+        )
         plan = make_plan(load_stack(stack))
         m = plan.models["m"]
         meas = measure(compile_bundle(plan).programs["m"], m.estimate.facts, 300, fill_tokens=ctx - 32)
@@ -131,9 +146,11 @@ def served(tmp: Path) -> str:
         est = m.estimate.weights.bytes + m.estimate.kv.bytes + m.estimate.compute.bytes
         err = (est - report) / report * 100
         ok = meas["rss_bytes"] <= m.quota_hard
-        lines.append(f"| {name} | {ctx} | {'on' if fa else 'off'} | {est / MiB:.2f} MiB | {report / MiB:.2f} MiB | "
-                     f"{err:+.1f}% | {meas['rss_bytes'] / MiB:.1f} MiB | {m.quota_hard / MiB:.0f} MiB | "
-                     f"{'yes' if ok else 'NO'} |")
+        lines.append(
+            f"| {name} | {ctx} | {'on' if fa else 'off'} | {est / MiB:.2f} MiB | {report / MiB:.2f} MiB | "
+            f"{err:+.1f}% | {meas['rss_bytes'] / MiB:.1f} MiB | {m.quota_hard / MiB:.0f} MiB | "
+            f"{'yes' if ok else 'NO'} |"
+        )
         print(lines[-1], flush=True)
     lines += ["", "Goal: estimate within 5% of llama.cpp's report; resident memory never above the hard quota."]
     return "\n".join(lines)
@@ -149,8 +166,9 @@ def main() -> int:
             for ctx, ub, fa, kv in CONFIGS:
                 if kv not in ("f16", "f32") and not fa:
                     continue
-                rows.append(Row(name, ctx, ub, fa, kv, estimate(tmp, path, ctx, ub, fa, kv),
-                                measure(py, path, ctx, ub, fa, kv)))
+                rows.append(
+                    Row(name, ctx, ub, fa, kv, estimate(tmp, path, ctx, ub, fa, kv), measure(py, path, ctx, ub, fa, kv))
+                )
                 print(_line(rows[-1]), flush=True)
         table = _table(rows)
         print(table)
@@ -167,17 +185,20 @@ def main() -> int:
 
 
 def _line(r: Row) -> str:
-    return (f"{r.model:14} ctx {r.ctx:5} ub {r.ub:4} fa {int(r.fa)} kv {r.kv:5} | "
-            + " | ".join(f"{k} {r.est[k] / MiB:8.2f}/{r.real[k] / MiB:8.2f} MiB {r.err(k):+6.2f}%"
-                         for k in ("weights", "kv", "compute")))
+    return f"{r.model:14} ctx {r.ctx:5} ub {r.ub:4} fa {int(r.fa)} kv {r.kv:5} | " + " | ".join(
+        f"{k} {r.est[k] / MiB:8.2f}/{r.real[k] / MiB:8.2f} MiB {r.err(k):+6.2f}%" for k in ("weights", "kv", "compute")
+    )
 
 
 def _table(rows: list[Row]) -> str:
-    lines = ["llama-cpp-python (llama.cpp on CPU), random-weight GGUF models written by umemc.testing.tinygguf.",
-             "Each cell: umemc estimate / llama.cpp report in MiB (relative error). compute includes the",
-             "output buffer.", "",
-             "| model | ctx | ubatch | fa | kv | weights | KV | compute | weights+KV+compute |",
-             "|---|---:|---:|---|---|---:|---:|---:|---:|"]
+    lines = [
+        "llama-cpp-python (llama.cpp on CPU), random-weight GGUF models written by umemc.testing.tinygguf.",
+        "Each cell: umemc estimate / llama.cpp report in MiB (relative error). compute includes the",
+        "output buffer.",
+        "",
+        "| model | ctx | ubatch | fa | kv | weights | KV | compute | weights+KV+compute |",
+        "|---|---:|---:|---|---|---:|---:|---:|---:|",
+    ]
     for r in rows:
         cells = []
         for k in ("weights", "kv", "compute"):
@@ -185,13 +206,19 @@ def _table(rows: list[Row]) -> str:
         tot_e = sum(r.est.values())
         tot_r = sum(r.real.values())
         cells.append(f"{tot_e / MiB:.2f} / {tot_r / MiB:.2f} ({(tot_e - tot_r) / tot_r * 100:+.1f}%)")
-        lines.append(f"| {r.model} | {r.ctx} | {r.ub} | {'on' if r.fa else 'off'} | {r.kv} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {r.model} | {r.ctx} | {r.ub} | {'on' if r.fa else 'off'} | {r.kv} | " + " | ".join(cells) + " |"
+        )
     worst = {k: max(rows, key=lambda r: abs(r.err(k))) for k in ("weights", "kv", "compute")}
     tot = max(abs(sum(r.est.values()) - sum(r.real.values())) / sum(r.real.values()) * 100 for r in rows)
-    lines += ["", "Worst relative errors: " + ", ".join(f"{k} {w.err(k):+.2f}% ({w.model}, ctx {w.ctx}, ub {w.ub})"
-                                                      for k, w in worst.items()) + f", total {tot:.2f}%.",
-              "Goals: weights and KV within 1%, compute within 25%, weights+KV+compute within 5%. "
-              "llama.cpp prints model and KV sizes with two decimals of MiB."]
+    lines += [
+        "",
+        "Worst relative errors: "
+        + ", ".join(f"{k} {w.err(k):+.2f}% ({w.model}, ctx {w.ctx}, ub {w.ub})" for k, w in worst.items())
+        + f", total {tot:.2f}%.",
+        "Goals: weights and KV within 1%, compute within 25%, weights+KV+compute within 5%. "
+        "llama.cpp prints model and KV sizes with two decimals of MiB.",
+    ]
     return "\n".join(lines)
 
 

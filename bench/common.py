@@ -1,4 +1,5 @@
 """Shared by the benchmarks: medians, the llama-cpp-python interpreter, RESULTS.md sections."""
+
 from __future__ import annotations
 
 import os

@@ -8,6 +8,7 @@ Latency and overshoot come from the leaker's own log (tests/workers/leaker.py): 
 size and time it logged before it died, against the moment it crossed the quota. The leaker is
 capped at 3 GiB so a late enforcer cannot take the machine down. Medians and worst cases.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,16 +22,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, write_section  # noqa: E402
-from umemc.runtime.preflight import read_sysctl  # noqa: E402
-from umemc.runtime.supervisor import Supervisor  # noqa: E402
+from bench.common import ROOT, write_section
+from umemc.runtime.preflight import read_sysctl
+from umemc.runtime.supervisor import Supervisor
 
 PY = sys.executable
 MiB = 2**20
 HARD = 300 * MiB
 LEAKER = ROOT / "tests" / "workers" / "leaker.py"
-SYSCTL = ("vm.swappiness", "vm.overcommit_memory", "vm.vfs_cache_pressure", "vm.min_free_kbytes",
-          "vm.watermark_scale_factor", "vm.max_map_count")
+SYSCTL = (
+    "vm.swappiness",
+    "vm.overcommit_memory",
+    "vm.vfs_cache_pressure",
+    "vm.min_free_kbytes",
+    "vm.watermark_scale_factor",
+    "vm.max_map_count",
+)
 
 
 def umemc(*args: str) -> None:
@@ -100,13 +107,16 @@ def _add_memmon(run_dir: Path, sup: Supervisor) -> None:
     """The anchor, as its users run it: an event listener in the same supervisord; umemc's enforcer off."""
     sup.stop("umemc-enforcer")
     conf = run_dir / "bundle" / "supervisord.conf"
-    conf.write_text(conf.read_text() + f"""
+    conf.write_text(
+        conf.read_text()
+        + f"""
 [eventlistener:memmon]
 command={PY} -m superlance.memmon -p leaker=300MB
 events=TICK_5
 stdout_logfile=%(here)s/../state/logs/memmon.log
 stderr_logfile=%(here)s/../state/logs/memmon.err.log
-""")
+"""
+    )
     sup.call("supervisor.reloadConfig")
     sup.call("supervisor.addProcessGroup", "memmon")
 
@@ -114,16 +124,21 @@ stderr_logfile=%(here)s/../state/logs/memmon.err.log
 def _stats(done: list[list[tuple[int, int, float]]], mode: str) -> dict[str, float]:
     over, late, rates = [], [], []
     for run in done:
-        field = 1 if mode == "kernel" else 0          # kernel: the charged (anon) size is what is limited
+        field = 1 if mode == "kernel" else 0  # kernel: the charged (anon) size is what is limited
         cross = next((s for s in run if s[field] > HARD), None)
         last = run[-1]
         over.append(max(0, last[field] - HARD) / MiB)
         late.append(0.0 if cross is None else (last[2] - cross[2]) * 1000)
         if len(run) > 2:
             rates.append((run[-1][0] - run[0][0]) / (run[-1][2] - run[0][2]) / 2**30)
-    return {"n": len(done), "over_med": statistics.median(over), "over_max": max(over),
-            "late_med": statistics.median(late), "late_max": max(late),
-            "rate": statistics.median(rates) if rates else 0.0}
+    return {
+        "n": len(done),
+        "over_med": statistics.median(over),
+        "over_max": max(over),
+        "late_med": statistics.median(late),
+        "late_max": max(late),
+        "rate": statistics.median(rates) if rates else 0.0,
+    }
 
 
 def enforcer_cpu(idle: int, work: Path, seconds: float = 20.0) -> float:
@@ -172,24 +187,38 @@ def main() -> int:
             for rate in (int(r) for r in args.rates.split(",")):
                 s = measure(mode, rate, args.kills, work)
                 rows.append((mode, rate, s))
-                print(f"{mode:9} {rate:5} MiB/s (achieved {s['rate']:.2f} GiB/s) n={s['n']}: late median "
-                      f"{s['late_med']:.0f} ms worst {s['late_max']:.0f} ms; over median {s['over_med']:.0f} MiB "
-                      f"worst {s['over_max']:.0f} MiB", flush=True)
+                print(
+                    f"{mode:9} {rate:5} MiB/s (achieved {s['rate']:.2f} GiB/s) n={s['n']}: late median "
+                    f"{s['late_med']:.0f} ms worst {s['late_max']:.0f} ms; over median {s['over_med']:.0f} MiB "
+                    f"worst {s['over_max']:.0f} MiB",
+                    flush=True,
+                )
         cpu = {n: enforcer_cpu(n, work) for n in (5, 50)}
-    lines = ["Leaker against a 300 MiB hard quota, same supervisord; latency = time from crossing the quota",
-             "to the last size the leaker logged, overshoot = that size - 300 MiB (kernel mode: the",
-             "charged/anonymous size, which is what the cgroup limits). Leak capped at 3 GiB. This VM faults",
-             "fresh pages at only ~0.7-1 GiB/s, so the achieved rate is shown next to the requested one.", "",
-             "| enforcer | requested | achieved | kills | latency median / worst | overshoot median / worst |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "Leaker against a 300 MiB hard quota, same supervisord; latency = time from crossing the quota",
+        "to the last size the leaker logged, overshoot = that size - 300 MiB (kernel mode: the",
+        "charged/anonymous size, which is what the cgroup limits). Leak capped at 3 GiB. This VM faults",
+        "fresh pages at only ~0.7-1 GiB/s, so the achieved rate is shown next to the requested one.",
+        "",
+        "| enforcer | requested | achieved | kills | latency median / worst | overshoot median / worst |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for mode, rate, s in rows:
-        name = {"userspace": "umemc userspace (100 ms)", "kernel": "umemc kernel (cgroup v1)",
-                "memmon": "superlance memmon (TICK_5)"}[mode]
-        lines.append(f"| {name} | {rate / 1024:.1f} GiB/s | {s['rate']:.2f} GiB/s | {s['n']} | "
-                     f"{s['late_med']:.0f} / {s['late_max']:.0f} ms | {s['over_med']:.0f} / {s['over_max']:.0f} MiB |")
-    lines += ["", f"Enforcer CPU at a 100 ms interval: {cpu[5]:.2f}% of a core with 5 idle workers, "
-              f"{cpu[50]:.2f}% with 50 (20 s each).",
-              "Goals: userspace overshoot <= 100 MiB at 1 GiB/s; kernel mode 0; enforcer CPU <= 1% with 5 workers."]
+        name = {
+            "userspace": "umemc userspace (100 ms)",
+            "kernel": "umemc kernel (cgroup v1)",
+            "memmon": "superlance memmon (TICK_5)",
+        }[mode]
+        lines.append(
+            f"| {name} | {rate / 1024:.1f} GiB/s | {s['rate']:.2f} GiB/s | {s['n']} | "
+            f"{s['late_med']:.0f} / {s['late_max']:.0f} ms | {s['over_med']:.0f} / {s['over_max']:.0f} MiB |"
+        )
+    lines += [
+        "",
+        f"Enforcer CPU at a 100 ms interval: {cpu[5]:.2f}% of a core with 5 idle workers, "
+        f"{cpu[50]:.2f}% with 50 (20 s each).",
+        "Goals: userspace overshoot <= 100 MiB at 1 GiB/s; kernel mode 0; enforcer CPU <= 1% with 5 workers.",
+    ]
     text = "\n".join(lines)
     print(text)
     write_section("Enforcement (bench/enforce.py)", text)

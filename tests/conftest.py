@@ -1,4 +1,5 @@
 """Shared fixtures: inline stacks, tiny GGUF files, and a guard that makes touching /etc fail."""
+
 from __future__ import annotations
 
 import builtins

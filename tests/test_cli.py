@@ -1,4 +1,5 @@
 """The CLI contract: JSON report shape, markdown, explain, schema in sync, examples valid, exit codes."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ from umemc.commands.schema import schema_text
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((REPO / "examples").glob("*.toml"))
 
-SMALL = '''version = 1
+SMALL = """version = 1
 name = "small"
 
 [platform]
@@ -32,7 +33,7 @@ command = ["python3", "-m", "http.server", "{port}"]
 memory = "512MiB"
 mode = "cold"
 priority = 20
-'''
+"""
 
 
 def test_json_is_exactly_the_contract(tmp_path: Path, run_cli) -> None:
@@ -40,20 +41,50 @@ def test_json_is_exactly_the_contract(tmp_path: Path, run_cli) -> None:
     code, out, err = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
     assert code == 0 and err == ""
     r = json.loads(out)
-    assert list(r) == ["stack", "fits", "capacity", "models", "hot_total_bytes", "hot_gpu_total_bytes",
-                       "headroom_bytes", "cold_admission", "warnings"]
-    assert r["capacity"] == {"memory_bytes": 10 << 30, "os_reserve_bytes": 1 << 30, "gpu_window_bytes": None,
-                             "usable_bytes": 9 << 30, "budget_bytes": 8214124953, "gpu_budget_bytes": None}
+    assert list(r) == [
+        "stack",
+        "fits",
+        "capacity",
+        "models",
+        "hot_total_bytes",
+        "hot_gpu_total_bytes",
+        "headroom_bytes",
+        "cold_admission",
+        "warnings",
+    ]
+    assert r["capacity"] == {
+        "memory_bytes": 10 << 30,
+        "os_reserve_bytes": 1 << 30,
+        "gpu_window_bytes": None,
+        "usable_bytes": 9 << 30,
+        "budget_bytes": 8214124953,
+        "gpu_budget_bytes": None,
+    }
     chat = r["models"]["chat"]
-    assert list(chat) == ["mode", "priority", "weights_bytes", "kv_bytes", "compute_bytes", "overhead_bytes",
-                          "estimate_bytes", "gpu_bytes", "quota_soft_bytes", "quota_hard_bytes", "source"]
-    assert chat["estimate_bytes"] == sum(chat[k] for k in ("weights_bytes", "kv_bytes", "compute_bytes",
-                                                            "overhead_bytes"))
-    assert chat["kv_bytes"] == 28 * 2 * 4 * 128 * 2 * 2048           # layers x K,V x kv heads x dim x f16 x cells
+    assert list(chat) == [
+        "mode",
+        "priority",
+        "weights_bytes",
+        "kv_bytes",
+        "compute_bytes",
+        "overhead_bytes",
+        "estimate_bytes",
+        "gpu_bytes",
+        "quota_soft_bytes",
+        "quota_hard_bytes",
+        "source",
+    ]
+    assert chat["estimate_bytes"] == sum(
+        chat[k] for k in ("weights_bytes", "kv_bytes", "compute_bytes", "overhead_bytes")
+    )
+    assert chat["kv_bytes"] == 28 * 2 * 4 * 128 * 2 * 2048  # layers x K,V x kv heads x dim x f16 x cells
     assert (chat["source"], chat["gpu_bytes"], chat["quota_soft_bytes"]) == ("arch", 0, chat["estimate_bytes"])
     helper = r["models"]["helper"]
-    assert (helper["estimate_bytes"], helper["quota_hard_bytes"], helper["source"]) == (512 << 20, 564 << 20,
-                                                                                       "explicit")
+    assert (helper["estimate_bytes"], helper["quota_hard_bytes"], helper["source"]) == (
+        512 << 20,
+        564 << 20,
+        "explicit",
+    )
     assert r["hot_total_bytes"] == chat["quota_hard_bytes"]
     assert r["headroom_bytes"] == r["capacity"]["budget_bytes"] - r["hot_total_bytes"]
     assert r["cold_admission"] == {"helper": {"fits_alongside_hot": True, "admissible": True, "evicts": []}}
@@ -85,16 +116,23 @@ def test_explain_shows_formulas_and_inputs(run_cli) -> None:
     assert code == 0
     lines = out.splitlines()
     assert lines[0] == "models.chat: runtime llama-server, hot, priority 90, source arch"
-    assert "    = sum over tensors of row_bytes(type, ne0) x rows, types from llama.cpp's Q4_K_M mix " \
-           "(llama-quant.cpp) incl. block-size fallbacks" in lines
+    assert (
+        "    = sum over tensors of row_bytes(type, ne0) x rows, types from llama.cpp's Q4_K_M mix "
+        "(llama-quant.cpp) incl. block-size fallbacks" in lines
+    )
     assert "      cells: pad256(context 8192 x parallel 2) = 16384" in lines
-    assert "  quota hard = estimate x (1 + quota_headroom 0.1), rounded up to a MiB = 50928287744 bytes " \
-           "(47.43 GiB)" in lines
+    assert (
+        "  quota hard = estimate x (1 + quota_headroom 0.1), rounded up to a MiB = 50928287744 bytes "
+        "(47.43 GiB)" in lines
+    )
 
 
 def test_explain_unknown_model(run_cli) -> None:
     assert run_cli("explain", str(REPO / "examples/strix-halo-5.toml"), "chta") == (
-        2, "", f"umemc explain: no model 'chta' in {REPO / 'examples/strix-halo-5.toml'} (did you mean 'chat'?)\n")
+        2,
+        "",
+        f"umemc explain: no model 'chta' in {REPO / 'examples/strix-halo-5.toml'} (did you mean 'chat'?)\n",
+    )
 
 
 def test_schema_file_is_the_command_output(run_cli) -> None:
@@ -127,7 +165,7 @@ def test_internal_error_exit_3_with_log(tmp_path: Path, run_cli, monkeypatch: py
     assert (code, out) == (3, "")
     prefix = "umemc: internal error (a bug in umemc); traceback written to "
     assert err.startswith(prefix)
-    log = Path(err[len(prefix):].strip())
+    log = Path(err[len(prefix) :].strip())
     assert "RuntimeError: boom" in log.read_text()
     log.unlink()
 

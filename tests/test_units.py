@@ -5,10 +5,20 @@ import pytest
 from umemc.units import GiB, MiB, parse_duration, parse_size
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("512MiB", 512 * MiB), ("8GiB", 8 * GiB), ("1.5GB", 1_500_000_000), ("0.5GiB", GiB // 2),
-    ("100", 100), ("64 KiB", 65536), ("2tib", 2 * 1024**4), ("107.5GiB", 115_427_246_080), ("1B", 1),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("512MiB", 512 * MiB),
+        ("8GiB", 8 * GiB),
+        ("1.5GB", 1_500_000_000),
+        ("0.5GiB", GiB // 2),
+        ("100", 100),
+        ("64 KiB", 65536),
+        ("2tib", 2 * 1024**4),
+        ("107.5GiB", 115_427_246_080),
+        ("1B", 1),
+    ],
+)
 def test_parse_size(text: str, expected: int) -> None:
     assert parse_size(text) == expected
 

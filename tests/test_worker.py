@@ -1,5 +1,6 @@
 """umemc.worker, the in-process quota hook: reservations against the hard quota, returned with the
 owner object, reported to the run's state; device initialisation serialised."""
+
 from __future__ import annotations
 
 import gc
@@ -18,9 +19,17 @@ has_torch = importlib.util.find_spec("torch") is not None
 
 
 def ledger(tmp_path: Path, hard: int = 100 * MiB) -> worker.Ledger:
-    return worker.Ledger(worker.Quota.from_env({"UMEMC_MODEL": "emb", "UMEMC_QUOTA_SOFT_BYTES": str(hard // 2),
-                                                "UMEMC_QUOTA_HARD_BYTES": str(hard), "UMEMC_PORT": "9000",
-                                                "UMEMC_STATE": str(tmp_path)}))
+    return worker.Ledger(
+        worker.Quota.from_env(
+            {
+                "UMEMC_MODEL": "emb",
+                "UMEMC_QUOTA_SOFT_BYTES": str(hard // 2),
+                "UMEMC_QUOTA_HARD_BYTES": str(hard),
+                "UMEMC_PORT": "9000",
+                "UMEMC_STATE": str(tmp_path),
+            }
+        )
+    )
 
 
 class Model:
@@ -32,11 +41,13 @@ def test_quota_exceeded_before_the_allocation(tmp_path: Path) -> None:
     first = led.reserve(60 * MiB, what="weights")
     with pytest.raises(worker.QuotaExceeded) as exc:
         led.reserve(50 * MiB, what="adapter")
-    assert str(exc.value) == ("reserving 0.05 GiB for adapter would take worker 'emb' past its hard quota of "
-                              "0.10 GiB (0.06 GiB already reserved)")
+    assert str(exc.value) == (
+        "reserving 0.05 GiB for adapter would take worker 'emb' past its hard quota of "
+        "0.10 GiB (0.06 GiB already reserved)"
+    )
     assert led.reserved == 60 * MiB
     first.release()
-    first.release()                                   # idempotent
+    first.release()  # idempotent
     assert led.reserved == 0
 
 
@@ -52,7 +63,7 @@ def test_reservation_returns_with_its_owner(tmp_path: Path) -> None:
     gc.collect()
     assert led.reserved == 0
     assert json.loads((tmp_path / "workers" / "emb.json").read_text())["reserved_bytes"] == 0
-    with led.reserve(40 * MiB):                       # context manager form
+    with led.reserve(40 * MiB):  # context manager form
         assert led.reserved == 40 * MiB
     assert led.reserved == 0
 
@@ -92,14 +103,13 @@ def test_with_real_torch_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("UMEMC_STATE", str(tmp_path))
     monkeypatch.setattr(worker, "_ledger", None)
     assert worker.configure() == {"device": "cpu", "fraction": None, "total_bytes": None}
-    small = torch.nn.Linear(1024, 1024)               # 4 MiB of fp32 weights + bias
+    small = torch.nn.Linear(1024, 1024)  # 4 MiB of fp32 weights + bias
     assert worker.nbytes_of(small) == (1024 * 1024 + 1024) * 4
     worker.reserve(worker.nbytes_of(small), owner=small)
-    big_state = torch.nn.Linear(2048, 1024).state_dict()   # 8 MiB: would pass the 10 MiB quota
+    big_state = torch.nn.Linear(2048, 1024).state_dict()  # 8 MiB: would pass the 10 MiB quota
     with pytest.raises(worker.QuotaExceeded):
         worker.reserve(worker.nbytes_of(big_state), what="load_state_dict")
     del small
     gc.collect()
     assert worker.ledger().reserved == 0
     worker.reserve(worker.nbytes_of(big_state), what="load_state_dict").release()
-

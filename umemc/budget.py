@@ -1,5 +1,6 @@
 """The budget stage: capacity ledgers, quotas, fit and cold-admission decisions -> one frozen Plan.
 All arithmetic of the report happens here; renderers only format (DESIGN.md, "Budget report")."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -98,8 +99,14 @@ def hard_quota(n: int, headroom: float) -> int:
 
 def model_plan(loaded: LoadedStack, model: ResolvedModel, est: Estimate) -> ModelPlan:
     h = loaded.stack.policy.quota_headroom
-    return ModelPlan(model.name, model, est, est.estimate_bytes, hard_quota(est.estimate_bytes, h),
-                     hard_quota(est.gpu.bytes, h) if est.gpu.bytes else 0)
+    return ModelPlan(
+        model.name,
+        model,
+        est,
+        est.estimate_bytes,
+        hard_quota(est.estimate_bytes, h),
+        hard_quota(est.gpu.bytes, h) if est.gpu.bytes else 0,
+    )
 
 
 def make_plan(loaded: LoadedStack) -> Plan:
@@ -124,8 +131,10 @@ def admit(plan: Plan, cold: ModelPlan) -> ColdAdmission:
     if need <= 0 and need_gpu <= 0:
         return ColdAdmission(True, True, ())
     order = list(plan.models)
-    victims = sorted((m for m in plan.models.values() if m.hot and m.priority < cold.priority),
-                     key=lambda m: (m.priority, order.index(m.name)))
+    victims = sorted(
+        (m for m in plan.models.values() if m.hot and m.priority < cold.priority),
+        key=lambda m: (m.priority, order.index(m.name)),
+    )
     evicted: list[str] = []
     for v in victims:
         if need <= 0 and need_gpu <= 0:
@@ -147,13 +156,20 @@ def _warnings(plan: Plan, estimates: dict[str, Estimate]) -> list[str]:
     for m in plan.models.values():
         spec = m.model.spec
         if tight and m.hot and spec.runtime in LLAMA_RUNTIMES and m.model.mmap and not spec.mlock:
-            out.append(loaded.source.warning(("models", m.name, "mmap"), "weights memory-mapped (mmap = true) without mlock on a "
-                                             f"tight box (headroom {gib(plan.headroom)} GiB): the OS may page them "
-                                             "out; set mlock = true or mmap = false"))
+            out.append(
+                loaded.source.warning(
+                    ("models", m.name, "mmap"),
+                    "weights memory-mapped (mmap = true) without mlock on a "
+                    f"tight box (headroom {gib(plan.headroom)} GiB): the OS may page them "
+                    "out; set mlock = true or mmap = false",
+                )
+            )
     for name, adm in plan.cold_admission.items():
         if not adm.admissible:
-            out.append(f"models.{name}: cold model can never start: even evicting every lower-priority hot "
-                       "model leaves too little memory")
+            out.append(
+                f"models.{name}: cold model can never start: even evicting every lower-priority hot "
+                "model leaves too little memory"
+            )
     if not plan.fits:
         out += suggestions(plan)
     return out
@@ -171,8 +187,12 @@ def suggestions(plan: Plan) -> list[str]:
             continue
         changes: list[tuple[str, dict[str, object]]] = []
         if spec.kv_cache in ("f16", "f32", "bf16"):
-            changes.append((f'kv_cache = "q8_0"{"" if spec.flash_attn else " with flash_attn = true"}',
-                            {"kv_cache": "q8_0", "flash_attn": True}))
+            changes.append(
+                (
+                    f'kv_cache = "q8_0"{"" if spec.flash_attn else " with flash_attn = true"}',
+                    {"kv_cache": "q8_0", "flash_attn": True},
+                )
+            )
         if spec.context > 2048:
             changes.append((f"context = {spec.context // 2}", {"context": spec.context // 2}))
         for text, update in changes:
@@ -181,7 +201,8 @@ def suggestions(plan: Plan) -> list[str]:
             if saved > 0:
                 options.append((saved, f"models.{m.name}: {text} saves {gib(saved)} GiB"))
     for m in sorted((m for m in plan.models.values() if m.hot), key=lambda m: m.priority)[:1]:
-        options.append((m.quota_hard, f'models.{m.name}: mode = "cold" (priority {m.priority}) frees '
-                        f"{gib(m.quota_hard)} GiB"))
+        options.append(
+            (m.quota_hard, f'models.{m.name}: mode = "cold" (priority {m.priority}) frees {gib(m.quota_hard)} GiB')
+        )
     options.sort(key=lambda o: -o[0])
     return lines + [text for _, text in options[:6]]

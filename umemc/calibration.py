@@ -9,6 +9,7 @@ For each llama.cpp-family model with a real file it records
   estimate (source "measured") while the key still matches, ignored with a warning naming what
   changed otherwise.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -42,9 +43,14 @@ def identity(path: Path) -> dict[str, Any]:
 
 
 def header(facts: GgufFacts) -> dict[str, Any]:
-    return {"tensor_bytes": facts.tensor_bytes, "n_tensors": facts.n_tensors, "type_counts": facts.type_counts,
-            "file_type": facts.file_type, "general_arch": facts.general_arch,
-            "shape": None if facts.shape is None else asdict(facts.shape)}
+    return {
+        "tensor_bytes": facts.tensor_bytes,
+        "n_tensors": facts.n_tensors,
+        "type_counts": facts.type_counts,
+        "file_type": facts.file_type,
+        "general_arch": facts.general_arch,
+        "shape": None if facts.shape is None else asdict(facts.shape),
+    }
 
 
 def facts_from_lock(entry: dict[str, Any], path: str) -> GgufFacts:
@@ -55,9 +61,15 @@ def facts_from_lock(entry: dict[str, Any], path: str) -> GgufFacts:
         fields["n_head_kv"] = tuple(fields["n_head_kv"])
         fields["swa_layers"] = tuple(fields["swa_layers"])
         shape = LlmShape(**fields)
-    return GgufFacts(path=path, tensor_bytes=h["tensor_bytes"], n_tensors=h["n_tensors"],
-                     type_counts=h["type_counts"], file_type=h["file_type"], shape=shape,
-                     general_arch=h["general_arch"])
+    return GgufFacts(
+        path=path,
+        tensor_bytes=h["tensor_bytes"],
+        n_tensors=h["n_tensors"],
+        type_counts=h["type_counts"],
+        file_type=h["file_type"],
+        shape=shape,
+        general_arch=h["general_arch"],
+    )
 
 
 def parse_buffers(log: str) -> dict[str, dict[str, int]]:

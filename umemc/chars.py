@@ -1,6 +1,7 @@
 """Characters no generated file can carry: C0 controls, DEL, C1 controls and the Unicode line and
 paragraph separators. supervisord's INI, sysctl.d and systemd environment files are line-based, so
 a stack refuses them in every key and value, and the gateway in every name a client gives it."""
+
 from __future__ import annotations
 
 import re

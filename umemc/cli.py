@@ -1,6 +1,7 @@
 """The command line. This wrapper is the only code that catches broad exceptions: it maps them
 to the exit-code contract (DESIGN.md): 0 ok, 1 does not fit / known runtime failure, 2 invalid
 input, 3 internal error (traceback to a log file), 130 interrupted."""
+
 from __future__ import annotations
 
 import argparse
@@ -66,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 0
     except BrokenPipeError:
         return 0
-    except Exception:  # the contract: an unexpected error is exit 3 with the traceback in a file
+    except Exception:  # noqa: BLE001 - the contract: an unexpected error is exit 3 with the traceback in a file
         return _crash()
 
 

@@ -1,5 +1,6 @@
 """Plan -> everything the bundle says, as values: each worker's argv, environment and supervisord
 settings, the VM tunables, the platform knobs. Arithmetic lives here; targets/ only formats."""
+
 from __future__ import annotations
 
 import re
@@ -8,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .budget import ModelPlan, Plan
-from .runtimes import Context, argv_for, health_path
+from .chars import CONTROL
 from .errors import UsageError
 from .runtime.rundir import ENFORCER, GATEWAY
-from .chars import CONTROL
+from .runtimes import Context, argv_for, health_path
 from .stack.types import toml_repr
 from .units import KiB, MiB
 
@@ -24,12 +25,12 @@ VM = "Linux Documentation/admin-guide/sysctl/vm.rst"
 @dataclass(frozen=True)
 class Program:
     name: str
-    argv: tuple[str, ...]          # the worker itself (the runtime, or the placeholder under --simulate)
-    wrap: tuple[str, ...]          # the exec wrapper before it: cgroup placement, then exec argv
+    argv: tuple[str, ...]  # the worker itself (the runtime, or the placeholder under --simulate)
+    wrap: tuple[str, ...]  # the exec wrapper before it: cgroup placement, then exec argv
     env: tuple[tuple[str, str], ...]
     cwd: str | None
     autostart: bool
-    order: int                     # supervisord priority: lower starts first
+    order: int  # supervisord priority: lower starts first
     port: int | None
     health: str | None
     plan: ModelPlan
@@ -46,13 +47,13 @@ class Tunable:
 @dataclass(frozen=True)
 class Bundle:
     plan: Plan
-    source: str                    # the stack file's name, for headers
+    source: str  # the stack file's name, for headers
     programs: dict[str, Program]
     sysctl: tuple[Tunable, ...]
-    memlock: bool                  # any model locks memory: RLIMIT_MEMLOCK must be raised for supervisord
-    socket: str                    # supervisord's unix socket (relative to the config unless overridden)
+    memlock: bool  # any model locks memory: RLIMIT_MEMLOCK must be raised for supervisord
+    socket: str  # supervisord's unix socket (relative to the config unless overridden)
     python: str
-    simulate: bool = False         # workers replaced by placeholders that hold their soft quota
+    simulate: bool = False  # workers replaced by placeholders that hold their soft quota
 
     @property
     def enforcer(self) -> tuple[str, ...]:
@@ -88,16 +89,23 @@ class Bundle:
         return p.gpu_window // MiB if p.kind == "apple" and p.gpu_window else None
 
 
-def compile_bundle(plan: Plan, socket: str | None = None, python: str | None = None,
-                   simulate: bool = False) -> Bundle:
+def compile_bundle(plan: Plan, socket: str | None = None, python: str | None = None, simulate: bool = False) -> Bundle:
     ctx = Context(plan, python or sys.executable)
     programs = {}
     for m in plan.models.values():
         _check_carriable(plan, m, argv_for(m, ctx), ctx.python)
         programs[m.name] = _program(plan, m, ctx, simulate)
     memlock = any(m.model.spec.mlock for m in plan.models.values())
-    return Bundle(plan, plan.loaded.path.name, programs, _sysctl(plan), memlock,
-                  socket or f"{STATE}/supervisor.sock", ctx.python, simulate)
+    return Bundle(
+        plan,
+        plan.loaded.path.name,
+        programs,
+        _sysctl(plan),
+        memlock,
+        socket or f"{STATE}/supervisor.sock",
+        ctx.python,
+        simulate,
+    )
 
 
 def _program(plan: Plan, m: ModelPlan, ctx: Context, simulate: bool) -> Program:
@@ -108,15 +116,38 @@ def _program(plan: Plan, m: ModelPlan, ctx: Context, simulate: bool) -> Program:
     argv = _placeholder(ctx, m, port) if simulate else argv_for(m, ctx)
     wrap = wrap_argv(plan, ctx.python, m.name, m.quota_hard, m.quota_soft, unset=True)
     cwd = None if simulate else _cwd(plan, m)
-    return Program(m.name, tuple(argv), wrap, tuple(worker_env(plan, m, port).items()), cwd, spec.mode == "hot",
-                   200 - spec.priority, port, health_path(m) if port is not None else None, m)
+    return Program(
+        m.name,
+        tuple(argv),
+        wrap,
+        tuple(worker_env(plan, m, port).items()),
+        cwd,
+        spec.mode == "hot",
+        200 - spec.priority,
+        port,
+        health_path(m) if port is not None else None,
+        m,
+    )
 
 
 def wrap_argv(plan: Plan, python: str, name: str, hard: int, soft: int, *, unset: bool) -> tuple[str, ...]:
     """The exec wrapper's argv (umemc.runtime.wrap): its cgroup, its records, and the gateway token's
     variable removed from every environment but the gateway's."""
-    argv = (python, "-m", "umemc.runtime.wrap", "--stack", plan.name, "--model", name, "--hard", str(hard),
-            "--soft", str(soft), "--cgroup", plan.loaded.stack.policy.kernel_enforcement)
+    argv = (
+        python,
+        "-m",
+        "umemc.runtime.wrap",
+        "--stack",
+        plan.name,
+        "--model",
+        name,
+        "--hard",
+        str(hard),
+        "--soft",
+        str(soft),
+        "--cgroup",
+        plan.loaded.stack.policy.kernel_enforcement,
+    )
     token = plan.loaded.stack.gateway.token_env
     return argv + ("--unset", token) if unset and token else argv
 
@@ -143,8 +174,11 @@ def _placeholder(ctx: Context, m: ModelPlan, port: int | None) -> list[str]:
 def worker_env(plan: Plan, m: ModelPlan, port: int | None) -> dict[str, str]:
     """The worker's environment: umemc's quota contract, platform knobs, then the model's own env."""
     p, spec = plan.loaded.platform, m.model.spec
-    env = {"UMEMC_MODEL": m.name, "UMEMC_QUOTA_SOFT_BYTES": str(m.quota_soft),
-           "UMEMC_QUOTA_HARD_BYTES": str(m.quota_hard)}
+    env = {
+        "UMEMC_MODEL": m.name,
+        "UMEMC_QUOTA_SOFT_BYTES": str(m.quota_soft),
+        "UMEMC_QUOTA_HARD_BYTES": str(m.quota_hard),
+    }
     if port is not None:
         env["UMEMC_PORT"] = str(port)
     if p.kind == "amd-apu":
@@ -173,8 +207,10 @@ def _torch_allocator(plan: Plan, m: ModelPlan) -> dict[str, str]:
     if p.kind == "apple" and p.gpu_window:
         # MPS watermarks are fractions of the recommended maximum (the wired limit): hard = the worker's
         # hard quota, low (where the allocator starts freeing cached blocks) = its soft quota.
-        return {"PYTORCH_MPS_HIGH_WATERMARK_RATIO": f"{m.quota_hard / p.gpu_window:.4f}",
-                "PYTORCH_MPS_LOW_WATERMARK_RATIO": f"{m.quota_soft / p.gpu_window:.4f}"}
+        return {
+            "PYTORCH_MPS_HIGH_WATERMARK_RATIO": f"{m.quota_hard / p.gpu_window:.4f}",
+            "PYTORCH_MPS_LOW_WATERMARK_RATIO": f"{m.quota_soft / p.gpu_window:.4f}",
+        }
     return {}
 
 
@@ -190,21 +226,39 @@ def _sysctl(plan: Plan) -> tuple[Tunable, ...]:
     mem = plan.loaded.platform.memory
     min_free = min(max(mem // 256 // KiB, 65536), 1048576)  # ~512 MiB on 128 GiB, within 64 MiB..1 GiB
     defaults = [
-        Tunable("vm.swappiness", 10, "keep weights and KV cache in RAM; swap only under real pressure "
-                "(kernel default 60; practitioners run 1-10)", VM),
-        Tunable("vm.overcommit_memory", 0, "heuristic overcommit; 2 (strict) breaks the large virtual "
-                "reservations of GPU runtimes (ROCm, CUDA)", "Linux Documentation/mm/overcommit-accounting.rst"),
+        Tunable(
+            "vm.swappiness",
+            10,
+            "keep weights and KV cache in RAM; swap only under real pressure "
+            "(kernel default 60; practitioners run 1-10)",
+            VM,
+        ),
+        Tunable(
+            "vm.overcommit_memory",
+            0,
+            "heuristic overcommit; 2 (strict) breaks the large virtual reservations of GPU runtimes (ROCm, CUDA)",
+            "Linux Documentation/mm/overcommit-accounting.rst",
+        ),
         Tunable("vm.vfs_cache_pressure", 50, "keep the dentry/inode cache of model files (kernel default 100)", VM),
-        Tunable("vm.min_free_kbytes", min_free, f"free-memory reserve for atomic and driver allocations: "
-                f"memory/256, {min_free // 1024} MiB here", VM),
-        Tunable("vm.watermark_scale_factor", 125, "wake kswapd earlier (1.25% of memory) so model loads rarely "
-                "stall in direct reclaim (100-200 recommended)", VM),
-        Tunable("vm.max_map_count", 262144, "several large models map many regions; the default 65530 is too low",
-                VM),
+        Tunable(
+            "vm.min_free_kbytes",
+            min_free,
+            f"free-memory reserve for atomic and driver allocations: memory/256, {min_free // 1024} MiB here",
+            VM,
+        ),
+        Tunable(
+            "vm.watermark_scale_factor",
+            125,
+            "wake kswapd earlier (1.25% of memory) so model loads rarely stall in direct reclaim (100-200 recommended)",
+            VM,
+        ),
+        Tunable("vm.max_map_count", 262144, "several large models map many regions; the default 65530 is too low", VM),
     ]
     overrides = plan.loaded.stack.sysctl
-    out = [Tunable(t.key, overrides[t.key], f"overridden (umemc's default: {t.value})") if t.key in overrides else t
-           for t in defaults]
+    out = [
+        Tunable(t.key, overrides[t.key], f"overridden (umemc's default: {t.value})") if t.key in overrides else t
+        for t in defaults
+    ]
     known = {t.key for t in defaults}
     out += [Tunable(k, v, "added by the stack") for k, v in sorted(overrides.items()) if k not in known]
     return tuple(out)
@@ -212,32 +266,45 @@ def _sysctl(plan: Plan) -> tuple[Tunable, ...]:
 
 # -- what supervisord's config format can carry ---------------------------------------------------
 
+
 def _check_carriable(plan: Plan, m: ModelPlan, argv: list[str], python: str) -> None:
     """supervisord's INI layer truncates values at ' ;'/' #' and strips surrounding whitespace, and
     its environment= parser corrupts some quotes: refuse such values with the key that holds them
     instead of writing a config that lies. (Control characters were refused when the stack loaded.)"""
     src, at, spec = plan.loaded.source, ("models", m.name), m.model.spec
     if ini_problem(python):
-        raise UsageError(f"umemc's interpreter path {python!r} cannot be written into supervisord.conf: "
-                         f"{ini_problem(python)}; install umemc under a path without it")
+        raise UsageError(
+            f"umemc's interpreter path {python!r} cannot be written into supervisord.conf: "
+            f"{ini_problem(python)}; install umemc under a path without it"
+        )
     for i, arg in enumerate(argv):
         problem = ini_problem(arg)
         if problem:
             where = _argv_key(m, arg, i)
-            hint = "rename the file or directory" if where[0] in ("bin", "model", "mmproj") else \
-                "write the value without a space before '#' or ';'"
-            raise src.error(at + where, f"{toml_repr(arg)} cannot be written into supervisord's command=: {problem}",
-                            hint)
+            hint = (
+                "rename the file or directory"
+                if where[0] in ("bin", "model", "mmproj")
+                else "write the value without a space before '#' or ';'"
+            )
+            raise src.error(
+                at + where, f"{toml_repr(arg)} cannot be written into supervisord's command=: {problem}", hint
+            )
     for key, value in spec.env.items():
         problem = env_problem(value)
         if problem:
-            raise src.error(at + ("env", key), f"supervisord's environment= cannot carry this value: {problem}",
-                            "remove the quote characters or the ' #'/' ;' sequence")
+            raise src.error(
+                at + ("env", key),
+                f"supervisord's environment= cannot carry this value: {problem}",
+                "remove the quote characters or the ' #'/' ;' sequence",
+            )
     cwd = _cwd(plan, m)
     problem = None if cwd is None else ini_problem(cwd) or _edge_space(cwd)
     if problem:
-        raise src.error(at + ("cwd",), f"{toml_repr(cwd)} cannot be written into supervisord's directory=: "
-                        f"{problem}", "use a directory whose path has no ' #'/' ;' and no surrounding spaces")
+        raise src.error(
+            at + ("cwd",),
+            f"{toml_repr(cwd)} cannot be written into supervisord's directory=: {problem}",
+            "use a directory whose path has no ' #'/' ;' and no surrounding spaces",
+        )
 
 
 def _argv_key(m: ModelPlan, arg: str, i: int) -> tuple[str | int, ...]:
@@ -247,8 +314,12 @@ def _argv_key(m: ModelPlan, arg: str, i: int) -> tuple[str | int, ...]:
         return ("command", i) if i < len(spec.command) else ("command",)
     if arg in spec.args:
         return ("args", spec.args.index(arg))
-    for key, value in (("bin", spec.bin), ("model", rm.model_path), ("mmproj", rm.mmproj_path),
-                       ("module", spec.module)):
+    for key, value in (
+        ("bin", spec.bin),
+        ("model", rm.model_path),
+        ("mmproj", rm.mmproj_path),
+        ("module", spec.module),
+    ):
         if value is not None and arg == str(value):
             return (key,)
     return ("runtime",)

@@ -1,4 +1,5 @@
 """Errors a person can act on. The CLI wrapper (umemc.cli) maps them to exit codes."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """Sizes and durations as a person writes them in a stack file, and back."""
+
 from __future__ import annotations
 
 import re
@@ -11,9 +12,16 @@ GiB = 1024**3
 
 # Binary units are powers of 1024, decimal ones powers of 1000, as in IEC 80000-13.
 _SIZE_UNITS = {
-    "": 1, "b": 1,
-    "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
-    "kib": KiB, "mib": MiB, "gib": GiB, "tib": 1024**4,
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": KiB,
+    "mib": MiB,
+    "gib": GiB,
+    "tib": 1024**4,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
@@ -30,7 +38,7 @@ def parse_size(text: str) -> int:
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _SIZE_UNITS:
         raise ValueError(f"not a size: {text!r}")
-    value = Fraction(match.group(1)) * _SIZE_UNITS[unit]   # exact, however many digits
+    value = Fraction(match.group(1)) * _SIZE_UNITS[unit]  # exact, however many digits
     if value.denominator != 1:
         raise ValueError(f"not a whole number of bytes: {text!r}")
     return int(value)

@@ -13,6 +13,7 @@ lifetime (FIELD-NOTES.md: "when the object is gone, the quota returns").
 Reservations are reported to the enforcer in RUN/state/workers/<model>.json so `umemc status`
 shows them. Nothing here imports torch unless configure() or nbytes_of() needs it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,9 +43,13 @@ class Quota:
     def from_env(env: dict[str, str] | None = None) -> Quota:
         env = dict(os.environ if env is None else env)
         try:
-            return Quota(env.get("UMEMC_MODEL", "worker"), int(env["UMEMC_QUOTA_SOFT_BYTES"]),
-                         int(env["UMEMC_QUOTA_HARD_BYTES"]), int(env["UMEMC_PORT"]) if env.get("UMEMC_PORT") else None,
-                         Path(env["UMEMC_STATE"]) if env.get("UMEMC_STATE") else None)
+            return Quota(
+                env.get("UMEMC_MODEL", "worker"),
+                int(env["UMEMC_QUOTA_SOFT_BYTES"]),
+                int(env["UMEMC_QUOTA_HARD_BYTES"]),
+                int(env["UMEMC_PORT"]) if env.get("UMEMC_PORT") else None,
+                Path(env["UMEMC_STATE"]) if env.get("UMEMC_STATE") else None,
+            )
         except KeyError as exc:
             raise RuntimeError(f"not started by umemc: {exc.args[0]} is not set") from None
 
@@ -88,7 +93,8 @@ class Ledger:
                 raise QuotaExceeded(
                     f"reserving {_gib(nbytes)} GiB{f' for {what}' if what else ''} would take worker "
                     f"{self.quota.model!r} past its hard quota of {_gib(self.quota.hard_bytes)} GiB "
-                    f"({_gib(used)} GiB already reserved)")
+                    f"({_gib(used)} GiB already reserved)"
+                )
             r = Reservation(self, nbytes, what or (type(owner).__name__ if owner is not None else "reservation"))
             self._live[id(r)] = r
         if owner is not None:
@@ -107,8 +113,13 @@ class Ledger:
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             items = [{"what": r.what, "bytes": r.nbytes} for r in self._live.values()]
-        return {"model": self.quota.model, "pid": os.getpid(), "reserved_bytes": sum(i["bytes"] for i in items),
-                "hard_bytes": self.quota.hard_bytes, "reservations": items}
+        return {
+            "model": self.quota.model,
+            "pid": os.getpid(),
+            "reserved_bytes": sum(i["bytes"] for i in items),
+            "hard_bytes": self.quota.hard_bytes,
+            "reservations": items,
+        }
 
     def _report(self) -> None:
         """A small file in the run's state, replaced atomically, for the enforcer and `umemc status`."""

@@ -2,6 +2,7 @@
 so a failure or Ctrl-C never leaves half a bundle, and an existing directory is replaced only when
 it is an earlier umemc bundle. A bundle holds the workers' environments (tokens, keys): directories
 are 0700 and files 0600 (scripts 0700), whatever the umask."""
+
 from __future__ import annotations
 
 import os
@@ -25,20 +26,24 @@ def write_bundle(target: Path, files: dict[str, str]) -> None:
     """Write `files` (relative path -> text) as the directory `target`."""
     target = target.absolute()
     if target.is_symlink():
-        raise UsageError(f"refusing to write a bundle through the symbolic link {target} "
-                         f"(it points to {os.readlink(target)}); give the real directory")
+        raise UsageError(
+            f"refusing to write a bundle through the symbolic link {target} "
+            f"(it points to {os.readlink(target)}); give the real directory"
+        )
     if target.exists() and not (target.is_dir() and is_bundle(target)):
-        raise UsageError(f"refusing to replace {target}: it exists and is not a umemc bundle "
-                         f"(no {MARKER}); choose another -o directory or remove it yourself")
+        raise UsageError(
+            f"refusing to replace {target}: it exists and is not a umemc bundle "
+            f"(no {MARKER}); choose another -o directory or remove it yourself"
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         for rel, text in files.items():
             _write_file(tmp / rel, text)
         _write_file(tmp / MARKER, MARKER_TEXT)
-        os.chmod(tmp, 0o700)   # worker environments may hold secrets: the bundle is its owner's alone
+        os.chmod(tmp, 0o700)  # worker environments may hold secrets: the bundle is its owner's alone
         if target.exists():
-            _swap(tmp, target)   # tmp now holds the previous bundle
+            _swap(tmp, target)  # tmp now holds the previous bundle
         else:
             os.rename(tmp, target)
     finally:
@@ -54,7 +59,7 @@ def _write_file(path: Path, text: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    os.chmod(path, mode)   # exactly, whatever the umask
+    os.chmod(path, mode)  # exactly, whatever the umask
 
 
 def _swap(a: Path, b: Path) -> None:

@@ -10,6 +10,7 @@ with the model object.
     cwd = "workers"
     memory = "700MiB"
 """
+
 from __future__ import annotations
 
 import http.server
@@ -32,9 +33,12 @@ def build(c: dict[str, int]):  # type: ignore[no-untyped-def]
 
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(c["width"], c["heads"], c["ffn"], batch_first=True)
-    return torch.nn.ModuleDict({"embed": torch.nn.Embedding(c["vocab"], c["width"]),
-                                "encoder": torch.nn.TransformerEncoder(layer, c["layers"],
-                                                                       enable_nested_tensor=False)}).eval()
+    return torch.nn.ModuleDict(
+        {
+            "embed": torch.nn.Embedding(c["vocab"], c["width"]),
+            "encoder": torch.nn.TransformerEncoder(layer, c["layers"], enable_nested_tensor=False),
+        }
+    ).eval()
 
 
 def embed(model, text: str) -> list[float]:  # type: ignore[no-untyped-def]
@@ -48,12 +52,12 @@ def embed(model, text: str) -> list[float]:  # type: ignore[no-untyped-def]
 
 
 def main() -> int:
-    worker.configure()                                       # CPU here: nothing to set, still accounted
+    worker.configure()  # CPU here: nothing to set, still accounted
     reservation = worker.reserve(param_bytes(CONFIG), what="embedder weights")  # before allocating them
     with worker.device_init():
         model = build(CONFIG)
     reservation.release()
-    worker.reserve(worker.nbytes_of(model), owner=model, what="embedder")       # bound to the model's life
+    worker.reserve(worker.nbytes_of(model), owner=model, what="embedder")  # bound to the model's life
     name = worker.quota().model
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -65,13 +69,13 @@ def main() -> int:
             self.end_headers()
             self.wfile.write(body)
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             if self.path == "/health":
                 self._send(200, {"status": "ok", "reserved_bytes": worker.ledger().reserved})
             else:
                 self._send(404, {"error": {"message": "not found"}})
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             if self.path != "/v1/embeddings":
                 self._send(404, {"error": {"message": "not found"}})
                 return
@@ -79,8 +83,15 @@ def main() -> int:
             inputs = req.get("input", "")
             items = inputs if isinstance(inputs, list) else [inputs]
             data = [{"object": "embedding", "index": i, "embedding": embed(model, str(t))} for i, t in enumerate(items)]
-            self._send(200, {"object": "list", "model": name, "data": data,
-                             "usage": {"prompt_tokens": sum(len(str(t)) for t in items), "total_tokens": 0}})
+            self._send(
+                200,
+                {
+                    "object": "list",
+                    "model": name,
+                    "data": data,
+                    "usage": {"prompt_tokens": sum(len(str(t)) for t in items), "total_tokens": 0},
+                },
+            )
 
         def log_message(self, *args: object) -> None:
             pass

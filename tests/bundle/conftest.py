@@ -1,4 +1,5 @@
 """Helpers for bundle tests: build a stack into a bundle, parse it with supervisor's own parser."""
+
 from __future__ import annotations
 
 from pathlib import Path

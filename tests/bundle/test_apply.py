@@ -1,4 +1,5 @@
 """`umemc apply`: dry run, staging into a root directory (no command run), refusal without root."""
+
 from __future__ import annotations
 
 import stat
@@ -44,8 +45,11 @@ def test_staging_root_installs_files_and_runs_nothing(tmp_path: Path, run_cli) -
     assert "LimitMEMLOCK=infinity\n" in unit and "Delegate=yes\n" in unit
     # the bundle is private (0700/0600: worker environments may hold keys); what apply installs holds
     # none of them and gets the modes its readers need, whatever the bundle's or the umask's
-    installed = ["etc/sysctl.d/90-umemc.conf", "etc/modprobe.d/umemc-ttm.conf",
-                 "etc/systemd/system/umemc-strix-halo-5.service"]
+    installed = [
+        "etc/sysctl.d/90-umemc.conf",
+        "etc/modprobe.d/umemc-ttm.conf",
+        "etc/systemd/system/umemc-strix-halo-5.service",
+    ]
     assert {f: stat.S_IMODE((root / f).stat().st_mode) for f in installed} == dict.fromkeys(installed, 0o644)
     assert stat.S_IMODE((bundle / "sysctl/90-umemc.conf").stat().st_mode) == 0o600
 
@@ -69,10 +73,15 @@ def test_refuses_without_root(tmp_path: Path, run_cli, monkeypatch: pytest.Monke
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     code, out, err = run_cli("apply", str(bundle))
     assert (code, out) == (1, "")
-    assert err == (f"umemc apply changes /etc and needs root; run:\n  sudo {sys.executable} -m umemc apply {bundle}\n"
-                   f"(or `umemc apply {bundle} --dry-run` to see what it would do)\n")
+    assert err == (
+        f"umemc apply changes /etc and needs root; run:\n  sudo {sys.executable} -m umemc apply {bundle}\n"
+        f"(or `umemc apply {bundle} --dry-run` to see what it would do)\n"
+    )
 
 
 def test_not_a_bundle(tmp_path: Path, run_cli) -> None:
     assert run_cli("apply", str(tmp_path)) == (
-        2, "", f"{tmp_path}: not a umemc bundle (run `umemc build STACK -o {tmp_path}` first)\n")
+        2,
+        "",
+        f"{tmp_path}: not a umemc bundle (run `umemc build STACK -o {tmp_path}` first)\n",
+    )

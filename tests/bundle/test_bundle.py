@@ -1,5 +1,6 @@
 """`umemc build`: golden bundles for every example, byte-identical rebuilds, atomic replacement,
 refusal to replace what is not a bundle, and a real supervisord running a built bundle."""
+
 from __future__ import annotations
 
 import os
@@ -54,7 +55,7 @@ def test_golden_bundle(tmp_path: Path, example: Path) -> None:
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_rebuild_is_byte_identical(tmp_path: Path, example: Path) -> None:
     first = tree(build_stack(example, tmp_path / "a"))
-    second = tree(build_stack(example, tmp_path / "a"))   # replaces the previous bundle
+    second = tree(build_stack(example, tmp_path / "a"))  # replaces the previous bundle
     third = tree(build_stack(example, tmp_path / "b"))
     assert first == second == third
 
@@ -75,8 +76,10 @@ def test_refuses_to_replace_a_directory_that_is_not_a_bundle(tmp_path: Path, run
     (precious / "thesis.tex").write_text("do not lose me")
     code, out, err = run_cli("build", str(REPO / "examples/small-16g.toml"), "-o", str(precious))
     assert (code, out) == (2, "")
-    assert err == (f"refusing to replace {precious}: it exists and is not a umemc bundle (no .umemc-bundle); "
-                   "choose another -o directory or remove it yourself\n")
+    assert err == (
+        f"refusing to replace {precious}: it exists and is not a umemc bundle (no .umemc-bundle); "
+        "choose another -o directory or remove it yourself\n"
+    )
     assert (precious / "thesis.tex").read_text() == "do not lose me"
 
 
@@ -95,7 +98,7 @@ def test_a_failure_mid_write_leaves_the_previous_bundle(tmp_path: Path, monkeypa
     with pytest.raises(KeyboardInterrupt):
         build_stack(REPO / "examples/strix-halo-5.toml", bundle)
     assert tree(bundle) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]   # no temporary directory left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]  # no temporary directory left
 
 
 def _rpc(sock: Path) -> xmlrpc.client.ServerProxy:
@@ -133,8 +136,12 @@ mode = "cold"
     bundle = build_stack(stack, tmp_path / "run" / "bundle")
     state = tmp_path / "run" / "state"
     (state / "logs").mkdir(parents=True)
-    proc = subprocess.Popen([sys.executable, "-m", "supervisor.supervisord", "-n", "-c", str(bundle / "supervisord.conf")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "supervisor.supervisord", "-n", "-c", str(bundle / "supervisord.conf")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     sock = state / "supervisor.sock"
     worker_pids: list[int] = []
     try:
@@ -149,7 +156,7 @@ mode = "cold"
                 pass
             assert time.monotonic() < deadline, "alpha never reached RUNNING"
             time.sleep(0.1)
-        assert info["beta"]["statename"] == "STOPPED"             # cold: not autostarted
+        assert info["beta"]["statename"] == "STOPPED"  # cold: not autostarted
         assert stat.S_IMODE(os.stat(sock).st_mode) == 0o700
         pid = info["alpha"]["pid"]
         worker_pids.append(pid)

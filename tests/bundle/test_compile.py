@@ -1,5 +1,6 @@
 """What each worker is started with: argv per runtime (every memory-relevant flag pinned),
 environment by platform and policy, VM tunables with overrides."""
+
 from __future__ import annotations
 
 import sys
@@ -9,11 +10,11 @@ from umemc.budget import make_plan
 from umemc.compile import compile_bundle
 from umemc.stack.resolve import load_stack
 
-HEAD = '''version = 1
+HEAD = """version = 1
 name = "c"
 [platform]
 {platform}
-'''
+"""
 
 
 def bundle(write_stack, platform: str, models: str, extra: str = ""):  # type: ignore[no-untyped-def]
@@ -21,7 +22,10 @@ def bundle(write_stack, platform: str, models: str, extra: str = ""):  # type: i
 
 
 def test_llama_server_argv(write_stack, tmp_path: Path) -> None:
-    b = bundle(write_stack, 'preset = "strix-halo-128"', '''
+    b = bundle(
+        write_stack,
+        'preset = "strix-halo-128"',
+        """
 [models.chat]
 runtime = "llama-server"
 model = "m.gguf"
@@ -33,32 +37,91 @@ kv_cache = "q8_0"
 mlock = true
 args = ["--jinja"]
 port = 9100
-''')
+""",
+    )
     assert b.programs["chat"].argv == (
-        "llama-server", "-m", str(tmp_path / "m.gguf"), "-c", "12288", "-np", "3", "-ub", "256", "-b", "2048",
-        "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", "-ngl", "999", "--mlock", "--no-mmap",
-        "--host", "127.0.0.1", "--port", "9100", "--jinja")
+        "llama-server",
+        "-m",
+        str(tmp_path / "m.gguf"),
+        "-c",
+        "12288",
+        "-np",
+        "3",
+        "-ub",
+        "256",
+        "-b",
+        "2048",
+        "-fa",
+        "on",
+        "-ctk",
+        "q8_0",
+        "-ctv",
+        "q8_0",
+        "-ngl",
+        "999",
+        "--mlock",
+        "--no-mmap",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "9100",
+        "--jinja",
+    )
     assert b.programs["chat"].health == "/health"
 
 
 def test_llama_cpp_python_argv_on_cpu(write_stack, tmp_path: Path) -> None:
-    b = bundle(write_stack, 'kind = "cpu"\nmemory = "8GiB"', '''
+    b = bundle(
+        write_stack,
+        'kind = "cpu"\nmemory = "8GiB"',
+        """
 [models.emb]
 runtime = "llama-cpp-python"
 arch = "bge-m3"
 context = 1024
 ubatch = 1024
 flash_attn = false
-''')
+""",
+    )
     assert b.programs["emb"].argv == (
-        sys.executable, "-m", "llama_cpp.server", "--n_ctx", "1024", "--n_ubatch", "1024",
-        "--n_batch", "1024", "--flash_attn", "false", "--type_k", "1", "--type_v", "1", "--use_mmap", "true",
-        "--use_mlock", "false", "--n_gpu_layers", "0", "--logits_all", "false", "--embedding", "true", "--host", "127.0.0.1", "--port", "10001")
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--n_ctx",
+        "1024",
+        "--n_ubatch",
+        "1024",
+        "--n_batch",
+        "1024",
+        "--flash_attn",
+        "false",
+        "--type_k",
+        "1",
+        "--type_v",
+        "1",
+        "--use_mmap",
+        "true",
+        "--use_mlock",
+        "false",
+        "--n_gpu_layers",
+        "0",
+        "--logits_all",
+        "false",
+        "--embedding",
+        "true",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "10001",
+    )
     assert b.programs["emb"].health == "/v1/models"
 
 
 def test_other_runtimes_argv(write_stack, tmp_path: Path) -> None:
-    b = bundle(write_stack, 'preset = "apple-silicon-128"', '''
+    b = bundle(
+        write_stack,
+        'preset = "apple-silicon-128"',
+        """
 [models.speech]
 runtime = "whisper-server"
 arch = "whisper-large-v3"
@@ -80,13 +143,32 @@ memory = "1GiB"
 runtime = "command"
 command = ["batch-job"]
 memory = "1GiB"
-''')
+""",
+    )
     p = b.programs
-    assert p["speech"].argv == ("/opt/whisper/bin/whisper-server", "--best-of", "1", "--beam-size", "1",
-                                "--flash-attn", "--host", "127.0.0.1", "--port", "10001")
+    assert p["speech"].argv == (
+        "/opt/whisper/bin/whisper-server",
+        "--best-of",
+        "1",
+        "--beam-size",
+        "1",
+        "--flash-attn",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "10001",
+    )
     reserve = (b.plan.loaded.platform.gpu_window - b.plan.models["img"].quota_hard) / 2**30
-    assert p["img"].argv == ("python3", "main.py", "--listen", "127.0.0.1", "--port", "10002", "--reserve-vram",
-                             f"{reserve:.2f}")
+    assert p["img"].argv == (
+        "python3",
+        "main.py",
+        "--listen",
+        "127.0.0.1",
+        "--port",
+        "10002",
+        "--reserve-vram",
+        f"{reserve:.2f}",
+    )
     assert p["img"].cwd == str(tmp_path / "ComfyUI")
     assert p["emb"].argv == (sys.executable, "-m", "my.worker", "--fast")
     assert p["tool"].argv == ("tool", "--listen", "127.0.0.1:10004") and p["tool"].health is None
@@ -94,7 +176,7 @@ memory = "1GiB"
 
 
 def test_environment_by_platform_and_policy(write_stack) -> None:
-    models = '''
+    models = """
 [models.chat]
 runtime = "llama-server"
 arch = "llama-3-8b"
@@ -103,16 +185,25 @@ OMP_NUM_THREADS = "2"
 [models.img]
 runtime = "comfyui"
 arch = "sdxl"
-'''
-    amd = bundle(write_stack, 'preset = "strix-halo-128"', models, '[policy]\nhsa_enable_sdma = true\n')
+"""
+    amd = bundle(write_stack, 'preset = "strix-halo-128"', models, "[policy]\nhsa_enable_sdma = true\n")
     env = dict(amd.programs["chat"].env)
     m = amd.plan.models["chat"]
-    assert env == {"UMEMC_MODEL": "chat", "UMEMC_QUOTA_SOFT_BYTES": str(m.quota_soft),
-                   "UMEMC_QUOTA_HARD_BYTES": str(m.quota_hard), "UMEMC_PORT": "10001", "HSA_ENABLE_SDMA": "1",
-                   "HIP_VISIBLE_DEVICES": "0", "ROCR_VISIBLE_DEVICES": "0", "OMP_NUM_THREADS": "2"}  # env wins
-    assert dict(amd.programs["img"].env)["PYTORCH_HIP_ALLOC_CONF"] == \
-        "expandable_segments:True,garbage_collection_threshold:0.8"
-    assert dict(amd.programs["img"].env)["OMP_NUM_THREADS"] == "8"              # 16 cores / 2 hot workers
+    assert env == {
+        "UMEMC_MODEL": "chat",
+        "UMEMC_QUOTA_SOFT_BYTES": str(m.quota_soft),
+        "UMEMC_QUOTA_HARD_BYTES": str(m.quota_hard),
+        "UMEMC_PORT": "10001",
+        "HSA_ENABLE_SDMA": "1",
+        "HIP_VISIBLE_DEVICES": "0",
+        "ROCR_VISIBLE_DEVICES": "0",
+        "OMP_NUM_THREADS": "2",
+    }  # env wins
+    assert (
+        dict(amd.programs["img"].env)["PYTORCH_HIP_ALLOC_CONF"]
+        == "expandable_segments:True,garbage_collection_threshold:0.8"
+    )
+    assert dict(amd.programs["img"].env)["OMP_NUM_THREADS"] == "8"  # 16 cores / 2 hot workers
     apple = bundle(write_stack, 'preset = "apple-silicon-128"', models)
     img, window = apple.plan.models["img"], apple.plan.loaded.platform.gpu_window
     assert dict(apple.programs["img"].env)["PYTORCH_MPS_HIGH_WATERMARK_RATIO"] == f"{img.quota_hard / window:.4f}"
@@ -124,11 +215,20 @@ arch = "sdxl"
 
 
 def test_sysctl_overrides_and_additions(write_stack) -> None:
-    b = bundle(write_stack, 'kind = "cpu"\nmemory = "64GiB"', '[models.a]\nruntime = "llama-server"\narch = "phi-4"\n',
-               '[sysctl]\n"vm.swappiness" = 1\n"kernel.numa_balancing" = 0\n')
+    b = bundle(
+        write_stack,
+        'kind = "cpu"\nmemory = "64GiB"',
+        '[models.a]\nruntime = "llama-server"\narch = "phi-4"\n',
+        '[sysctl]\n"vm.swappiness" = 1\n"kernel.numa_balancing" = 0\n',
+    )
     assert [(t.key, t.value) for t in b.sysctl] == [
-        ("vm.swappiness", 1), ("vm.overcommit_memory", 0), ("vm.vfs_cache_pressure", 50),
-        ("vm.min_free_kbytes", 262144), ("vm.watermark_scale_factor", 125), ("vm.max_map_count", 262144),
-        ("kernel.numa_balancing", 0)]
+        ("vm.swappiness", 1),
+        ("vm.overcommit_memory", 0),
+        ("vm.vfs_cache_pressure", 50),
+        ("vm.min_free_kbytes", 262144),
+        ("vm.watermark_scale_factor", 125),
+        ("vm.max_map_count", 262144),
+        ("kernel.numa_balancing", 0),
+    ]
     assert b.sysctl[0].why == "overridden (umemc's default: 10)"
     assert b.ttm_pages is None and b.wired_limit_mb is None and not b.memlock

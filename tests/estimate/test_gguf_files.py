@@ -1,5 +1,6 @@
 """Estimates from real GGUF files written with the gguf package: weights must equal the header's
 tensor bytes exactly, and the KV cache the llama.cpp formula exactly."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,19 +15,27 @@ SHAPES = {
     "mha-f16": TinySpec(n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=4, n_vocab=300),
     "gqa-f16": TinySpec(n_layer=3, n_embd=128, n_ff=352, n_head=8, n_head_kv=2, n_vocab=400),
     "gqa-q8": TinySpec(n_layer=2, n_embd=256, n_ff=512, n_head=8, n_head_kv=1, n_vocab=512, ftype="Q8_0"),
-    "qwen2-q8-tied": TinySpec(arch="qwen2", n_layer=2, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, n_vocab=320,
-                              ftype="Q8_0", tied=True),
+    "qwen2-q8-tied": TinySpec(
+        arch="qwen2", n_layer=2, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, n_vocab=320, ftype="Q8_0", tied=True
+    ),
 }
 
 
 def expected_weight_bytes(s: TinySpec) -> int:
     """Independent of umemc and gguf: element counts from the shape, bytes from the ggml types."""
+
     def matrix(rows: int, cols: int) -> int:
         return rows * cols * 2 if s.ftype == "F16" else rows * (cols // 32) * 34
 
     q, kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
-    per_layer = (matrix(q, s.n_embd) + 2 * matrix(kv, s.n_embd) + matrix(s.n_embd, q)
-                 + 2 * matrix(s.n_ff, s.n_embd) + matrix(s.n_embd, s.n_ff) + 2 * s.n_embd * 4)
+    per_layer = (
+        matrix(q, s.n_embd)
+        + 2 * matrix(kv, s.n_embd)
+        + matrix(s.n_embd, q)
+        + 2 * matrix(s.n_ff, s.n_embd)
+        + matrix(s.n_embd, s.n_ff)
+        + 2 * s.n_embd * 4
+    )
     if s.arch == "qwen2":
         per_layer += (q + 2 * kv) * 4
     outputs = 0 if s.tied else matrix(s.n_vocab, s.n_embd)
@@ -35,8 +44,10 @@ def expected_weight_bytes(s: TinySpec) -> int:
 
 def stack_for(tmp_path: Path, model: Path, extra: str = "") -> Path:
     path = tmp_path / "stack.toml"
-    path.write_text(f'version = 1\nname = "t"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n'
-                    f'[models.m]\nruntime = "llama-server"\nmodel = "{model.name}"\n{extra}')
+    path.write_text(
+        f'version = 1\nname = "t"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n'
+        f'[models.m]\nruntime = "llama-server"\nmodel = "{model.name}"\n{extra}'
+    )
     return path
 
 
@@ -50,8 +61,10 @@ def test_weights_equal_header_tensor_bytes(tmp_path: Path, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", SHAPES)
-@pytest.mark.parametrize("context,parallel,kv,bytes_per_elem", [
-    (1000, 1, "f16", 2), (4096, 3, "f32", 4), (300, 2, "q8_0", 34 / 32), (2048, 1, "q4_0", 18 / 32)])
+@pytest.mark.parametrize(
+    "context,parallel,kv,bytes_per_elem",
+    [(1000, 1, "f16", 2), (4096, 3, "f32", 4), (300, 2, "q8_0", 34 / 32), (2048, 1, "q4_0", 18 / 32)],
+)
 def test_kv_exact(tmp_path: Path, name: str, context: int, parallel: int, kv: str, bytes_per_elem: float) -> None:
     spec = SHAPES[name]
     model = write_tiny_gguf(tmp_path / f"{name}.gguf", spec)
@@ -66,14 +79,18 @@ def test_file_type_mismatch_warns_and_uses_the_file(tmp_path: Path) -> None:
     model = write_tiny_gguf(tmp_path / "m.gguf", SHAPES["gqa-q8"])
     plan = make_plan(load_stack(stack_for(tmp_path, model, 'quant = "Q4_K_M"\n')))
     assert plan.models["m"].estimate.facts["file type"] == "Q8_0"
-    assert f"{tmp_path / 'stack.toml'}:9:9: models.m.quant: quant = \"Q4_K_M\" but the file is Q8_0; " \
-           "the estimate uses the file" in plan.warnings
+    assert (
+        f'{tmp_path / "stack.toml"}:9:9: models.m.quant: quant = "Q4_K_M" but the file is Q8_0; '
+        "the estimate uses the file" in plan.warnings
+    )
 
 
 def test_missing_file_falls_back_to_arch_with_warning(tmp_path: Path) -> None:
     stack = tmp_path / "stack.toml"
-    stack.write_text('version = 1\nname = "t"\n[platform]\nkind = "cpu"\nmemory = "32GiB"\n'
-                     '[models.m]\nruntime = "llama-server"\nmodel = "absent.gguf"\narch = "llama-3-8b"\n')
+    stack.write_text(
+        'version = 1\nname = "t"\n[platform]\nkind = "cpu"\nmemory = "32GiB"\n'
+        '[models.m]\nruntime = "llama-server"\nmodel = "absent.gguf"\narch = "llama-3-8b"\n'
+    )
     plan = make_plan(load_stack(stack))
     assert plan.models["m"].estimate.source == "arch"
     assert plan.warnings[0] == f'{stack}:8:9: models.m.model: file not found, estimating from arch = "llama-3-8b"'
@@ -85,10 +102,13 @@ def test_check_reads_gguf_only_when_a_file_exists(tmp_path: Path) -> None:
     import sys
 
     repo = Path(__file__).resolve().parents[2]
-    code = ("import sys; from umemc.cli import main; rc = main(['check', sys.argv[1], '--format', 'json']); "
-            "print(sorted(m for m in ('torch', 'gguf', 'numpy') if m in sys.modules), file=sys.stderr)")
-    out = subprocess.run([sys.executable, "-c", code, str(repo / "examples/strix-halo-5.toml")],
-                         capture_output=True, text=True)
+    code = (
+        "import sys; from umemc.cli import main; rc = main(['check', sys.argv[1], '--format', 'json']); "
+        "print(sorted(m for m in ('torch', 'gguf', 'numpy') if m in sys.modules), file=sys.stderr)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(repo / "examples/strix-halo-5.toml")], capture_output=True, text=True
+    )
     assert out.stderr.strip().splitlines()[-1] == "[]"
     model = write_tiny_gguf(tmp_path / "m.gguf", SHAPES["mha-f16"])
     out = subprocess.run([sys.executable, "-c", code, str(stack_for(tmp_path, model))], capture_output=True, text=True)

@@ -1,5 +1,6 @@
 """Architecture presets: llama.cpp's quantization mix reproduces published files, KV matches the
 reference figures of REFERENCE.md, and the block table matches gguf's."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,10 +18,13 @@ def test_block_table_matches_gguf() -> None:
         assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]] == (block, size), name
 
 
-@pytest.mark.parametrize("arch,ftype,published_gb", [
-    ("llama-3-70b", "Q4_K_M", 42.52),   # Meta-Llama-3-70B-Instruct Q4_K_M (REFERENCE.md)
-    ("qwen2-72b", "Q4_K_M", 47.41),     # Qwen2-72B-Instruct Q4_K_M (REFERENCE.md)
-])
+@pytest.mark.parametrize(
+    "arch,ftype,published_gb",
+    [
+        ("llama-3-70b", "Q4_K_M", 42.52),  # Meta-Llama-3-70B-Instruct Q4_K_M (REFERENCE.md)
+        ("qwen2-72b", "Q4_K_M", 47.41),  # Qwen2-72B-Instruct Q4_K_M (REFERENCE.md)
+    ],
+)
 def test_mix_reproduces_published_files(arch: str, ftype: str, published_gb: float) -> None:
     got = weights_from_preset(LLM_PRESETS[arch], ftype).bytes / 1e9
     assert abs(got - published_gb) / published_gb < 0.001
@@ -28,12 +32,14 @@ def test_mix_reproduces_published_files(arch: str, ftype: str, published_gb: flo
 
 def test_mix_rules_for_llama_3_70b_q4_k_m() -> None:
     p = LLM_PRESETS["llama-3-70b"]
-    types = dict(zip((n for n, _ in p.tensors()), mix_types("Q4_K_M", p.tensors(), p.shape.n_gqa, p.is_70b)))
+    types = dict(
+        zip((n for n, _ in p.tensors()), mix_types("Q4_K_M", p.tensors(), p.shape.n_gqa, p.is_70b), strict=True)
+    )
     assert types["output.weight"] == "Q6_K"
-    assert types["token_embd.weight"] == "Q4_K"          # untied: the embedding keeps the base type
-    assert types["blk.0.attn_v.weight"] == "Q6_K"        # first eighth: more bits
-    assert types["blk.11.attn_v.weight"] == "Q5_K"       # (11 - 10) % 3 != 2, but 70B lifts Q4_K to Q5_K
-    assert types["blk.12.ffn_down.weight"] == "Q6_K"     # (12 - 10) % 3 == 2
+    assert types["token_embd.weight"] == "Q4_K"  # untied: the embedding keeps the base type
+    assert types["blk.0.attn_v.weight"] == "Q6_K"  # first eighth: more bits
+    assert types["blk.11.attn_v.weight"] == "Q5_K"  # (11 - 10) % 3 != 2, but 70B lifts Q4_K to Q5_K
+    assert types["blk.12.ffn_down.weight"] == "Q6_K"  # (12 - 10) % 3 == 2
     assert types["blk.11.ffn_down.weight"] == "Q4_K"
     assert types["blk.40.attn_norm.weight"] == "F32"
 
@@ -42,18 +48,22 @@ def test_qwen2_ffn_width_falls_back() -> None:
     """29568 is not a multiple of 256: every ffn_down row falls back (Q4_K->Q5_0, Q6_K->Q8_0)."""
     p = LLM_PRESETS["qwen2-72b"]
     types = mix_types("Q4_K_M", p.tensors(), p.shape.n_gqa, p.is_70b)
-    downs = [t for (n, _), t in zip(p.tensors(), types) if n.endswith("ffn_down.weight")]
+    downs = [t for (n, _), t in zip(p.tensors(), types, strict=True) if n.endswith("ffn_down.weight")]
     assert sorted(set(downs)) == ["Q5_0", "Q8_0"] and len(downs) == 80
 
 
 def test_tied_embedding_takes_the_output_rule() -> None:
     p = LLM_PRESETS["gemma-3-27b"]
-    types = dict(zip((n for n, _ in p.tensors()), mix_types("Q4_K_M", p.tensors(), p.shape.n_gqa, p.is_70b)))
+    types = dict(
+        zip((n for n, _ in p.tensors()), mix_types("Q4_K_M", p.tensors(), p.shape.n_gqa, p.is_70b), strict=True)
+    )
     assert "output.weight" not in types and types["token_embd.weight"] == "Q6_K"
 
 
-@pytest.mark.parametrize("arch,per_token", [("llama-3-8b", 128 * KiB), ("llama-3-70b", 320 * KiB),
-                                             ("qwen2-72b", 320 * KiB), ("qwen2.5-7b", 56 * KiB)])
+@pytest.mark.parametrize(
+    "arch,per_token",
+    [("llama-3-8b", 128 * KiB), ("llama-3-70b", 320 * KiB), ("qwen2-72b", 320 * KiB), ("qwen2.5-7b", 56 * KiB)],
+)
 def test_kv_reference_models(arch: str, per_token: int) -> None:
     shape = LLM_PRESETS[arch].shape
     assert kv_figure(shape, 8192, 1, 512, "f16").bytes == per_token * 8192
@@ -62,12 +72,12 @@ def test_kv_reference_models(arch: str, per_token: int) -> None:
 
 def test_kv_context_times_parallel_padded() -> None:
     shape = LLM_PRESETS["llama-3-8b"].shape
-    assert kv_figure(shape, 1000, 3, 512, "f16").bytes == 128 * KiB * 3072   # 3000 -> 3072 cells
+    assert kv_figure(shape, 1000, 3, 512, "f16").bytes == 128 * KiB * 3072  # 3000 -> 3072 cells
 
 
 def test_sliding_window_layers_are_capped() -> None:
     shape = LLM_PRESETS["gemma-3-27b"].shape
-    per_cell = 16 * 128 * 2 * 2   # kv heads x head dim x (K and V) x f16
+    per_cell = 16 * 128 * 2 * 2  # kv heads x head dim x (K and V) x f16
     assert sum(shape.swa_layers) == 52
     assert kv_figure(shape, 32768, 1, 512, "f16").bytes == (52 * 1536 + 10 * 32768) * per_cell
 

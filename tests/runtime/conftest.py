@@ -1,5 +1,6 @@
 """Real stacks under real supervisord: write a stack of command workers, `umemc up` it, and
 always `umemc down` it afterwards, checking that no process and no cgroup is left."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,14 @@ from umemc.runtime.preflight import read_sysctl
 REPO = Path(__file__).resolve().parents[2]
 WORKERS = REPO / "tests" / "workers"
 PY = sys.executable
-SYSCTL_KEYS = ("vm.swappiness", "vm.overcommit_memory", "vm.vfs_cache_pressure", "vm.min_free_kbytes",
-               "vm.watermark_scale_factor", "vm.max_map_count")
+SYSCTL_KEYS = (
+    "vm.swappiness",
+    "vm.overcommit_memory",
+    "vm.vfs_cache_pressure",
+    "vm.min_free_kbytes",
+    "vm.watermark_scale_factor",
+    "vm.max_map_count",
+)
 
 
 def live_sysctl_table(**override: int) -> str:
@@ -37,11 +44,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def worker(name: str, script: str, *args: object, memory: str, priority: int = 50, mode: str = "hot",
-           port: int | None = None) -> str:
+def worker(
+    name: str, script: str, *args: object, memory: str, priority: int = 50, mode: str = "hot", port: int | None = None
+) -> str:
     argv = [PY, str(WORKERS / script), *[str(a) for a in args]]
-    text = (f"\n[models.{name}]\nruntime = \"command\"\ncommand = {json.dumps(argv)}\nmemory = \"{memory}\"\n"
-            f"priority = {priority}\nmode = \"{mode}\"\n")
+    text = (
+        f'\n[models.{name}]\nruntime = "command"\ncommand = {json.dumps(argv)}\nmemory = "{memory}"\n'
+        f'priority = {priority}\nmode = "{mode}"\n'
+    )
     return text + (f"port = {port}\n" if port else "")
 
 

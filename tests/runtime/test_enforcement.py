@@ -1,6 +1,7 @@
 """The enforcer with real processes under real supervisord: a leaker is cut off within one sampling
 period of crossing its hard quota, restarted, cut off again, finally left stopped; neighbours keep
 their PIDs and keep answering; the kernel enforces the same quota with zero overshoot (cgroups)."""
+
 from __future__ import annotations
 
 import http.client
@@ -14,7 +15,7 @@ from tests.runtime.conftest import free_port, live_sysctl_table, worker
 from umemc.runtime.cgroups import detect
 
 MiB = 2**20
-HARD = 297 * MiB          # memory = "270MiB" x 1.1
+HARD = 297 * MiB  # memory = "270MiB" x 1.1
 INTERVAL = 0.1
 
 
@@ -36,8 +37,9 @@ kill_window = "120s"
 
 def neighbours() -> tuple[str, int, int]:
     pa, pb = free_port(), free_port()
-    text = (worker("steady-a", "steady.py", "{port}", 30, memory="100MiB", priority=80, port=pa)
-            + worker("steady-b", "steady.py", "{port}", 20, memory="100MiB", priority=70, port=pb))
+    text = worker("steady-a", "steady.py", "{port}", 30, memory="100MiB", priority=80, port=pa) + worker(
+        "steady-b", "steady.py", "{port}", 20, memory="100MiB", priority=70, port=pb
+    )
     return text, pa, pb
 
 
@@ -85,14 +87,14 @@ def test_userspace_enforcer_kills_a_fast_leaker(stack) -> None:
     kills, lines = run_leaker(r, pa, pb)
     peaks = last_logged(lines, "rss")
     assert [k["detail"]["by"] for k in kills] == ["enforcer", "enforcer"]
-    assert len(peaks) == 2                                    # started, killed, restarted, killed: then left stopped
-    for kill, peak in zip(kills, peaks):
+    assert len(peaks) == 2  # started, killed, restarted, killed: then left stopped
+    for kill, peak in zip(kills, peaks, strict=True):
         assert kill["detail"]["usage_bytes"] > HARD and kill["detail"]["hard_bytes"] == HARD
         # within one sampling period of crossing: at <= 1 GiB/s, 100 ms is <= 102.4 MiB of growth (+ one 8 MiB step)
         assert peak - HARD <= 1024 * MiB * INTERVAL + 8 * MiB, f"overshoot {(peak - HARD) / MiB:.1f} MiB"
     give_up = r.events("give_up", "leaker")[0]["detail"]
     assert give_up["reason"] == "2 hard-limit kills within 120 s: left stopped"
-    assert r.status()["leaker"]["restarts"] == 1             # supervisord restarted it once before the give-up
+    assert r.status()["leaker"]["restarts"] == 1  # supervisord restarted it once before the give-up
 
 
 @pytest.mark.skipif(detect("umemc-test-probe")[0] is None, reason=f"no kernel enforcement: {detect('x')[1]}")
@@ -102,7 +104,7 @@ def test_kernel_enforcement_zero_overshoot(stack) -> None:
     kills, lines = run_leaker(r, pa, pb)
     charged = last_logged(lines, "anon")
     assert [k["detail"]["by"] for k in kills] == ["kernel", "kernel"]
-    assert len(charged) == 2 and max(charged) <= HARD             # the kernel never let it past the limit
+    assert len(charged) == 2 and max(charged) <= HARD  # the kernel never let it past the limit
     group = kills[0]["detail"]["cgroup"].split("/")
     assert group[-1] == "leaker" and group[-2].startswith("umemc-enf-")
 
@@ -115,29 +117,36 @@ def test_enforcer_restarted_by_supervisord_keeps_enforcing(stack) -> None:
     sup = Supervisor(r.run_dir / "state" / "supervisor.sock")
     old = sup.processes()["umemc-enforcer"]["pid"]
     os.kill(old, signal.SIGKILL)
-    r.wait_for(lambda: sup.processes()["umemc-enforcer"]["statename"] == "RUNNING"
-               and sup.processes()["umemc-enforcer"]["pid"] != old, what="supervisord to restart the enforcer")
+    r.wait_for(
+        lambda: sup.processes()["umemc-enforcer"]["statename"] == "RUNNING"
+        and sup.processes()["umemc-enforcer"]["pid"] != old,
+        what="supervisord to restart the enforcer",
+    )
     sup.start("leaker")
     kill = r.wait_for(lambda: r.events("hard_limit_kill", "leaker"), what="the restarted enforcer to kill")
     assert kill[0]["detail"]["by"] == "enforcer"
     starts = [e for e in r.events("enforcer_start")]
     assert len(starts) == 2
-    assert len(r.events("start", "steady-a")) == 1          # the new enforcer did not count a restart
+    assert len(r.events("start", "steady-a")) == 1  # the new enforcer did not count a restart
 
 
 def test_leak_watch_reports_a_slow_climb(stack) -> None:
-    r = stack(base("off", 'leak_window = "3s"\nleak_threshold = "100MiB"\n')
-              + worker("slow", "leaker.py", 10, 2, 120, memory="300MiB", priority=10))
+    r = stack(
+        base("off", 'leak_window = "3s"\nleak_threshold = "100MiB"\n')
+        + worker("slow", "leaker.py", 10, 2, 120, memory="300MiB", priority=10)
+    )
     event = r.wait_for(lambda: r.events("leak_suspected", "slow"), timeout=20, what="leak_suspected")[0]
     per_min = event["detail"]["bytes_per_min"] / MiB
-    assert 400 <= per_min <= 800, per_min                   # 10 MiB/s = 600 MiB/min
+    assert 400 <= per_min <= 800, per_min  # 10 MiB/s = 600 MiB/min
     assert event["detail"]["window_s"] == 3.0
     assert not r.events("hard_limit_kill", "slow")
 
 
 def test_estimate_drift_is_reported_once_settled(stack) -> None:
-    r = stack(base("off", "quota_headroom = 0.5\n")
-              + worker("fat", "steady.py", "{port}", 110, memory="100MiB", priority=50, port=free_port()))
+    r = stack(
+        base("off", "quota_headroom = 0.5\n")
+        + worker("fat", "steady.py", "{port}", 110, memory="100MiB", priority=50, port=free_port())
+    )
     event = r.wait_for(lambda: r.events("estimate_drift", "fat"), timeout=30, what="estimate_drift")[0]["detail"]
     assert event["estimate_bytes"] == 100 * MiB and event["source"] == "explicit"
     assert event["measured_bytes"] > 1.05 * 100 * MiB and event["over_pct"] > 5

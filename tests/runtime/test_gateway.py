@@ -1,5 +1,6 @@
 """The gateway over real HTTP: real supervisord, real placeholder workers (`up --simulate`) that hold
 their memory and answer OpenAI-shaped requests (streaming too), the real gateway process."""
+
 from __future__ import annotations
 
 import http.client
@@ -22,20 +23,24 @@ from tests.runtime.conftest import (
 )
 
 MiB = 2**20
-HARD = 80 * MiB     # a 64MiB placeholder's hard quota at quota_headroom = 0.25
+HARD = 80 * MiB  # a 64MiB placeholder's hard quota at quota_headroom = 0.25
 
 
 def stack_text(name: str, models: str, *, slots: int, gateway: str = "", port: int | None = None) -> str:
     """A cpu stack whose budget holds exactly `slots` models of 64MiB (hard quota 80MiB each)."""
-    return (f'version = 1\nname = "{name}"\n[platform]\nkind = "cpu"\nmemory = "{slots * 80 + 256}MiB"\n'
-            'os_reserve = "256MiB"\n[policy]\nsafety_margin = 0.0\nquota_headroom = 0.25\nload_below = 0.9\n'
-            f'evict_above = 0.95\n{live_sysctl_table()}[gateway]\nport = {port or free_port()}\n{gateway}{models}')
+    return (
+        f'version = 1\nname = "{name}"\n[platform]\nkind = "cpu"\nmemory = "{slots * 80 + 256}MiB"\n'
+        'os_reserve = "256MiB"\n[policy]\nsafety_margin = 0.0\nquota_headroom = 0.25\nload_below = 0.9\n'
+        f"evict_above = 0.95\n{live_sysctl_table()}[gateway]\nport = {port or free_port()}\n{gateway}{models}"
+    )
 
 
 def model(name: str, *, priority: int = 50, mode: str = "cold", extra: str = "") -> str:
     # the command is never run: --simulate puts a placeholder holding the soft quota in its place
-    return (f'\n[models.{name}]\nruntime = "command"\ncommand = ["true"]\nmemory = "64MiB"\nport = {free_port()}\n'
-            f'priority = {priority}\nmode = "{mode}"\n{extra}')
+    return (
+        f'\n[models.{name}]\nruntime = "command"\ncommand = ["true"]\nmemory = "64MiB"\nport = {free_port()}\n'
+        f'priority = {priority}\nmode = "{mode}"\n{extra}'
+    )
 
 
 class Gateway:
@@ -45,8 +50,9 @@ class Gateway:
         self.port = plan["gateway"]["port"]
         self.plan = plan
 
-    def call(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
-             timeout: float = 60) -> tuple[int, dict[str, str], Any]:
+    def call(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None, timeout: float = 60
+    ) -> tuple[int, dict[str, str], Any]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
         conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
@@ -76,8 +82,11 @@ def later(fn: Any, *args: Any, **kw: Any) -> Any:
 # -- one stack for routing, streaming, metrics ----------------------------------------------------
 @pytest.fixture(scope="module")
 def routing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    models = (model("chat", priority=90, mode="hot", extra='aliases = ["gpt-4o-mini"]\nmax_concurrency = 4\n')
-              + model("embed") + model("speech"))
+    models = (
+        model("chat", priority=90, mode="hot", extra='aliases = ["gpt-4o-mini"]\nmax_concurrency = 4\n')
+        + model("embed")
+        + model("speech")
+    )
     r = bring_up(tmp_path_factory.mktemp("routing"), stack_text("gw-routing", models, slots=3), "--simulate")
     try:
         yield Gateway(r)
@@ -87,13 +96,20 @@ def routing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
 
 def test_routes_by_model_and_alias(routing: Gateway) -> None:
     status, _, body = routing.call("POST", "/v1/chat/completions", {"model": "gpt-4o-mini", "messages": []})
-    assert (status, body["model"], body["choices"][0]["message"]["content"]) == (200, "chat", "(simulated reply from chat)")
+    assert (status, body["model"], body["choices"][0]["message"]["content"]) == (
+        200,
+        "chat",
+        "(simulated reply from chat)",
+    )
     status, _, body = routing.call("POST", "/v1/embeddings", {"model": "embed", "input": ["a", "b"]})
-    assert (status, body["model"], len(body["data"])) == (200, "embed", 2)      # a cold start, held until healthy
-    form = (b'--XyZ\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\nContent-Type: audio/wav\r\n\r\n'
-            b'RIFF....\r\n--XyZ\r\nContent-Disposition: form-data; name="model"\r\n\r\nspeech\r\n--XyZ--\r\n')
-    status, _, body = routing.call("POST", "/v1/audio/transcriptions", form,
-                                   {"Content-Type": "multipart/form-data; boundary=XyZ"})
+    assert (status, body["model"], len(body["data"])) == (200, "embed", 2)  # a cold start, held until healthy
+    form = (
+        b'--XyZ\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\nContent-Type: audio/wav\r\n\r\n'
+        b'RIFF....\r\n--XyZ\r\nContent-Disposition: form-data; name="model"\r\n\r\nspeech\r\n--XyZ--\r\n'
+    )
+    status, _, body = routing.call(
+        "POST", "/v1/audio/transcriptions", form, {"Content-Type": "multipart/form-data; boundary=XyZ"}
+    )
     assert (status, body) == (200, {"text": "(simulated transcription by speech)"})
     status, _, body = routing.call("GET", "/models/chat/health")
     assert (status, body["status"], body["model"]) == (200, "ok", "chat")
@@ -103,21 +119,38 @@ def test_routes_by_model_and_alias(routing: Gateway) -> None:
 
 
 def test_unknown_or_missing_model_is_a_clear_error(routing: Gateway) -> None:
-    assert routing.complete("gpt-5")[::2] == (404, {"error": {
-        "message": "model 'gpt-5' is not in this stack (known: chat, embed, gpt-4o-mini, speech)",
-        "type": "invalid_request_error", "code": "model_not_found"}})
-    assert routing.call("POST", "/v1/completions", {"prompt": "hi"})[::2] == (400, {"error": {
-        "message": 'request has no "model" field: name a model of this stack (GET /v1/models)',
-        "type": "invalid_request_error", "code": "model_missing"}})
-    assert routing.call("POST", "/v1/completions", b"{not json")[::2] == (400, {"error": {
-        "message": "request body is not JSON", "type": "invalid_request_error", "code": "invalid_json"}})
+    assert routing.complete("gpt-5")[::2] == (
+        404,
+        {
+            "error": {
+                "message": "model 'gpt-5' is not in this stack (known: chat, embed, gpt-4o-mini, speech)",
+                "type": "invalid_request_error",
+                "code": "model_not_found",
+            }
+        },
+    )
+    assert routing.call("POST", "/v1/completions", {"prompt": "hi"})[::2] == (
+        400,
+        {
+            "error": {
+                "message": 'request has no "model" field: name a model of this stack (GET /v1/models)',
+                "type": "invalid_request_error",
+                "code": "model_missing",
+            }
+        },
+    )
+    assert routing.call("POST", "/v1/completions", b"{not json")[::2] == (
+        400,
+        {"error": {"message": "request body is not JSON", "type": "invalid_request_error", "code": "invalid_json"}},
+    )
 
 
 def test_streaming_passes_through_unbuffered(routing: Gateway) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", routing.port, timeout=30)
     t0 = time.monotonic()
-    conn.request("POST", "/v1/chat/completions", json.dumps({"model": "chat", "stream": True, "chunks": 5,
-                                                              "delay": 0.3}))
+    conn.request(
+        "POST", "/v1/chat/completions", json.dumps({"model": "chat", "stream": True, "chunks": 5, "delay": 0.3})
+    )
     resp = conn.getresponse()
     assert (resp.status, resp.getheader("Content-Type")) == (200, "text/event-stream")
     arrivals, words = [], []
@@ -127,18 +160,19 @@ def test_streaming_passes_through_unbuffered(routing: Gateway) -> None:
             words.append(json.loads(line[6:])["choices"][0]["delta"]["content"])
     conn.close()
     assert words == ["(simulated", " reply", " from", " chat)", " ..."]
-    assert arrivals[0] < 0.25                             # the first chunk did not wait for the rest
+    assert arrivals[0] < 0.25  # the first chunk did not wait for the rest
     gaps = [b - a for a, b in itertools.pairwise(arrivals)]
-    assert all(0.2 < g < 0.6 for g in gaps), gaps         # each chunk as the worker sent it
+    assert all(0.2 < g < 0.6 for g in gaps), gaps  # each chunk as the worker sent it
 
 
 def test_client_disconnect_cancels_the_upstream_request(routing: Gateway) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", routing.port, timeout=30)
-    conn.request("POST", "/v1/chat/completions", json.dumps({"model": "chat", "stream": True, "chunks": 20,
-                                                              "delay": 0.2}))
+    conn.request(
+        "POST", "/v1/chat/completions", json.dumps({"model": "chat", "stream": True, "chunks": 20, "delay": 0.2})
+    )
     resp = conn.getresponse()
     assert resp.readline().startswith(b"data: {")
-    conn.sock.close()           # the client goes away after the first chunk of twenty
+    conn.sock.close()  # the client goes away after the first chunk of twenty
     conn.close()
 
     def cancelled() -> list[str]:
@@ -146,16 +180,20 @@ def test_client_disconnect_cancels_the_upstream_request(routing: Gateway) -> Non
 
     lines = routing.run.wait_for(cancelled, timeout=5, what="the placeholder to see its stream cancelled")
     assert lines[-1] in {f"stream cancelled by the client after {k} of 20 chunks" for k in range(2, 6)}
-    routing.run.wait_for(lambda: routing.status()["models"]["chat"]["in_flight"] == 0, timeout=5,
-                         what="the slot to be released")
+    routing.run.wait_for(
+        lambda: routing.status()["models"]["chat"]["in_flight"] == 0, timeout=5, what="the slot to be released"
+    )
 
 
 def test_metrics_in_prometheus_format(routing: Gateway) -> None:
     def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         status, headers, text = routing.call("GET", "/metrics")
         assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for fam in text_string_to_metric_families(text) for s in fam.samples}
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+        }
 
     before = scrape()
     for _ in range(3):
@@ -179,10 +217,9 @@ def test_metrics_in_prometheus_format(routing: Gateway) -> None:
 
 # -- admission, eviction, drains ------------------------------------------------------------------
 def test_eviction_order_is_priority_then_lru_and_drains_requests_in_flight(stack: Any) -> None:
-    models = (model("l1", priority=10) + model("l2", priority=10) + model("m", priority=20)
-              + model("h", priority=90))
+    models = model("l1", priority=10) + model("l2", priority=10) + model("m", priority=20) + model("h", priority=90)
     gw = Gateway(stack(stack_text("gw-evict", models, slots=3), "--simulate"))
-    for name in ("l1", "l2", "m", "l1"):       # l2 is now the least recently used of the two lowest
+    for name in ("l1", "l2", "m", "l1"):  # l2 is now the least recently used of the two lowest
         assert gw.complete(name)[0] == 200
     assert gw.complete("h")[0] == 200
     evictions = gw.kinds("evict")
@@ -192,12 +229,14 @@ def test_eviction_order_is_priority_then_lru_and_drains_requests_in_flight(stack
     gw.run.wait_for(lambda: gw.status()["models"]["l1"]["in_flight"] == 1, what="l1's request in flight")
     t0 = time.monotonic()
     assert gw.complete("l2")[0] == 200
-    assert time.monotonic() - t0 > 1.0                     # it waited for the drain
+    assert time.monotonic() - t0 > 1.0  # it waited for the drain
     status, _, body = slow.result(timeout=30)
-    assert (status, body["model"]) == (200, "l1")           # never cut off
+    assert (status, body["model"]) == (200, "l1")  # never cut off
     assert [(m, d["for_model"]) for m, _, d in gw.kinds("evict")] == [("l2", "h"), ("l1", "l2")]
     states = {n: m["state"] for n, m in gw.status()["models"].items()}
-    assert states["l1"] == "STOPPED" and states["m"] in ("RUNNING", "STARTING") and states["h"] in ("RUNNING", "STARTING")
+    assert (
+        states["l1"] == "STOPPED" and states["m"] in ("RUNNING", "STARTING") and states["h"] in ("RUNNING", "STARTING")
+    )
 
 
 def test_drain_timeout_abandons_the_eviction_never_the_request(stack: Any) -> None:
@@ -210,41 +249,52 @@ def test_drain_timeout_abandons_the_eviction_never_the_request(stack: Any) -> No
     assert status == 503 and headers["Retry-After"] == "10"
     assert body["error"] == {
         "message": f"model other could not start within 2 s: other needs {HARD} bytes, 0 bytes free; "
-                   "blocked by busy (requests in flight (drain timed out))",
-        "type": "server_error", "code": "insufficient_memory"}
+        "blocked by busy (requests in flight (drain timed out))",
+        "type": "server_error",
+        "code": "insufficient_memory",
+    }
     assert slow.result(timeout=30)[0] == 200
     assert [(m, k) for m, k, _ in gw.kinds("drain_timeout", "evict")] == [("other", "drain_timeout")]
 
 
 def test_queue_bound_429_and_queue_timeout_503(stack: Any, capsys: Any) -> None:
-    text = stack_text("gw-queue", model("q", extra="max_concurrency = 1\n"), slots=1,
-                      gateway='queue = 1\nqueue_timeout = "1.5s"\n')
+    text = stack_text(
+        "gw-queue", model("q", extra="max_concurrency = 1\n"), slots=1, gateway='queue = 1\nqueue_timeout = "1.5s"\n'
+    )
     gw = Gateway(stack(text, "--simulate"))
-    assert gw.complete("q")[0] == 200                      # started
+    assert gw.complete("q")[0] == 200  # started
     first = later(gw.complete, "q", delay=1.0)
     gw.run.wait_for(lambda: gw.status()["models"]["q"]["in_flight"] == 1, what="one in flight")
     second = later(gw.complete, "q")
     gw.run.wait_for(lambda: gw.status()["models"]["q"]["queued"] == 1, what="one queued")
-    published = gw.run.run_dir / "state" / "gateway.json"     # rewritten every 0.5 s
-    gw.run.wait_for(lambda: json.loads(published.read_text())["models"]["q"] | {"ready": 0} ==
-                    {"in_flight": 1, "queued": 1, "ready": 0, "starting": False, "health": "ok", "unhealthy": None},
-                    what="gateway.json")
+    published = gw.run.run_dir / "state" / "gateway.json"  # rewritten every 0.5 s
+    gw.run.wait_for(
+        lambda: json.loads(published.read_text())["models"]["q"] | {"ready": 0}
+        == {"in_flight": 1, "queued": 1, "ready": 0, "starting": False, "health": "ok", "unhealthy": None},
+        what="gateway.json",
+    )
     capsys.readouterr()
-    assert gw.run.cli("status") == 0      # `umemc status` shows the gateway: 1 in flight + 1 queued
+    assert gw.run.cli("status") == 0  # `umemc status` shows the gateway: 1 in flight + 1 queued
     out = capsys.readouterr().out
     row = next((x for x in out.splitlines() if x.strip().startswith("q ")), out)
     assert " 1+1 " in row, row
     status, headers, body = gw.complete("q")
     assert status == 429 and int(headers["Retry-After"]) >= 1
-    assert body["error"] == {"message": "model q: 1 requests in flight and 1 queued (max_concurrency 1, queue 1)",
-                             "type": "rate_limit_error", "code": "queue_full"}
-    assert first.result(timeout=10)[0] == 200 and second.result(timeout=10)[0] == 200   # the queue is FIFO
+    assert body["error"] == {
+        "message": "model q: 1 requests in flight and 1 queued (max_concurrency 1, queue 1)",
+        "type": "rate_limit_error",
+        "code": "queue_full",
+    }
+    assert first.result(timeout=10)[0] == 200 and second.result(timeout=10)[0] == 200  # the queue is FIFO
     blocker = later(gw.complete, "q", delay=3.0)
     gw.run.wait_for(lambda: gw.status()["models"]["q"]["in_flight"] == 1, what="one in flight")
     status, headers, body = gw.complete("q")
     assert status == 503 and int(headers["Retry-After"]) >= 1
-    assert body["error"] == {"message": "model q: no slot within 1.5 s (1 in flight, 0 queued)",
-                             "type": "server_error", "code": "queue_timeout"}
+    assert body["error"] == {
+        "message": "model q: no slot within 1.5 s (1 in flight, 0 queued)",
+        "type": "server_error",
+        "code": "queue_timeout",
+    }
     assert blocker.result(timeout=10)[0] == 200
 
 
@@ -254,7 +304,7 @@ def test_ttl_unloads_an_idle_cold_model(stack: Any) -> None:
     gw.run.wait_for(lambda: gw.status()["models"]["t"]["state"] == "STOPPED", timeout=10, what="the TTL unload")
     [(name, _, detail)] = gw.kinds("ttl_unload")
     assert (name, detail["by"], detail["ttl_s"]) == ("t", "gateway", 1.0) and detail["idle_s"] >= 1.0
-    assert gw.complete("t")[0] == 200                      # and it comes back on demand
+    assert gw.complete("t")[0] == 200  # and it comes back on demand
     assert len(gw.kinds("cold_start")) == 2
 
 
@@ -271,23 +321,30 @@ def test_interleaved_abcabc_starts_each_model_once(stack: Any) -> None:
 
 # -- leases ---------------------------------------------------------------------------------------
 def test_leases_grant_evict_refuse_extend_expire_release(stack: Any) -> None:
-    text = stack_text("gw-lease", model("lo", priority=10) + model("hi", priority=90), slots=3,
-                      gateway='queue_timeout = "1s"\n')
+    text = stack_text(
+        "gw-lease", model("lo", priority=10) + model("hi", priority=90), slots=3, gateway='queue_timeout = "1s"\n'
+    )
     gw = Gateway(stack(text, "--simulate"))
     assert gw.complete("lo")[0] == 200
     status, _, a = gw.call("POST", "/umemc/leases", {"bytes": "160MiB", "holder": "comfyui", "ttl": "10m"})
     assert (status, a["granted"], a["evicted"], a["lease"]["bytes"]) == (201, True, [], 160 * MiB)
     status, _, b = gw.call("POST", "/umemc/leases", {"bytes": 80 * MiB, "holder": "batch", "ttl": 600})
-    assert (status, b["evicted"]) == (201, ["lo"])          # lower priority (10 < 50) and idle: evicted
+    assert (status, b["evicted"]) == (201, ["lo"])  # lower priority (10 < 50) and idle: evicted
     assert gw.status()["models"]["lo"]["state"] == "STOPPED"
     status, _, refused = gw.call("POST", "/umemc/leases", {"bytes": "1MiB", "holder": "late"})
     assert status == 409 and refused["granted"] is False
-    assert refused["reason"] == (f"lease needs {MiB} bytes, 0 bytes free; blocked by lease {a['lease']['id']} of "
-                                 f"comfyui ({160 * MiB} bytes), lease {b['lease']['id']} of batch ({HARD} bytes)")
+    assert refused["reason"] == (
+        f"lease needs {MiB} bytes, 0 bytes free; blocked by lease {a['lease']['id']} of "
+        f"comfyui ({160 * MiB} bytes), lease {b['lease']['id']} of batch ({HARD} bytes)"
+    )
     status, _, can = gw.call("GET", "/umemc/can-load/hi")
-    assert (status, can["fits_now"], can["would_evict"], [x["kind"] for x in can["blocked_by"]]) == \
-        (200, False, [], ["lease", "lease"])
-    status, headers, body = gw.complete("hi")                # blocked by the leases: 503 after queue_timeout
+    assert (status, can["fits_now"], can["would_evict"], [x["kind"] for x in can["blocked_by"]]) == (
+        200,
+        False,
+        [],
+        ["lease", "lease"],
+    )
+    status, headers, body = gw.complete("hi")  # blocked by the leases: 503 after queue_timeout
     assert status == 503 and headers["Retry-After"] == "10" and body["error"]["code"] == "insufficient_memory"
     # a restart of the gateway keeps the leases (they are in RUN/state/gateway.json)
     sup = gw.run.run_dir / "state" / "supervisor.sock"
@@ -298,15 +355,27 @@ def test_leases_grant_evict_refuse_extend_expire_release(stack: Any) -> None:
     gw.run.wait_for(lambda: _answers(gw), what="the gateway back")
     assert [x["id"] for x in gw.call("GET", "/umemc/leases")[2]["leases"]] == [a["lease"]["id"], b["lease"]["id"]]
     assert gw.call("DELETE", f"/umemc/leases/{b['lease']['id']}")[0] == 200
-    assert gw.call("DELETE", f"/umemc/leases/{b['lease']['id']}")[::2] == (404, {"error": {
-        "message": f"no lease {b['lease']['id']!r}", "type": "invalid_request_error", "code": "lease_not_found"}})
+    assert gw.call("DELETE", f"/umemc/leases/{b['lease']['id']}")[::2] == (
+        404,
+        {
+            "error": {
+                "message": f"no lease {b['lease']['id']!r}",
+                "type": "invalid_request_error",
+                "code": "lease_not_found",
+            }
+        },
+    )
     status, _, ext = gw.call("POST", f"/umemc/leases/{a['lease']['id']}/extend", {"ttl": "1s"})
     assert status == 200 and ext["lease"]["expires_in_s"] <= 1.0
     gw.run.wait_for(lambda: gw.kinds("lease_expire"), timeout=10, what="the lease to expire")
     assert gw.call("GET", "/umemc/can-load/hi")[2]["fits_now"] is True
     assert gw.complete("hi")[0] == 200
-    assert [k for _, k, _ in gw.kinds("lease_grant", "lease_release", "lease_expire")] == \
-        ["lease_grant", "lease_grant", "lease_release", "lease_expire"]
+    assert [k for _, k, _ in gw.kinds("lease_grant", "lease_release", "lease_expire")] == [
+        "lease_grant",
+        "lease_grant",
+        "lease_release",
+        "lease_expire",
+    ]
 
 
 def _answers(gw: Gateway) -> bool:
@@ -328,12 +397,24 @@ def test_bad_lease_requests_are_clear_errors_and_leases_end_with_the_stack(stack
         "[1]": "request body must be a JSON object",
     }
     for body, message in cases.items():
-        assert gw.call("POST", "/umemc/leases", body.encode())[::2] == (400, {"error": {
-            "message": message, "type": "invalid_request_error", "code": "invalid_lease" if "{" in body else "invalid_json"}})
+        assert gw.call("POST", "/umemc/leases", body.encode())[::2] == (
+            400,
+            {
+                "error": {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "code": "invalid_lease" if "{" in body else "invalid_json",
+                }
+            },
+        )
     status, _, granted = gw.call("POST", "/umemc/leases", {"model": "x", "holder": "h"})
-    assert (status, granted["lease"]["bytes"], granted["lease"]["model"], granted["lease"]["priority"]) == \
-        (201, HARD, "x", 50)
-    assert gw.run.cli("down") == 0          # a new run of the stack starts without the old run's leases
+    assert (status, granted["lease"]["bytes"], granted["lease"]["model"], granted["lease"]["priority"]) == (
+        201,
+        HARD,
+        "x",
+        50,
+    )
+    assert gw.run.cli("down") == 0  # a new run of the stack starts without the old run's leases
     gw = Gateway(stack(text, "--simulate"))
     assert gw.call("GET", "/umemc/leases")[2] == {"leases": []}
 
@@ -344,20 +425,31 @@ def test_off_loopback_needs_the_bearer_token(stack: Any, monkeypatch: pytest.Mon
     monkeypatch.delenv("UMEMC_TEST_TOKEN", raising=False)
     stack(text, "--simulate", expect=1)
     out = capsys.readouterr().out
-    assert ("  FAIL  gateway: gateway.token_env names UMEMC_TEST_TOKEN, which is not set (or empty) here; `umemc up` "
-            "hands the token to the gateway (never to the workers) and the gateway refuses to start without it") in out
+    assert (
+        "  FAIL  gateway: gateway.token_env names UMEMC_TEST_TOKEN, which is not set (or empty) here; `umemc up` "
+        "hands the token to the gateway (never to the workers) and the gateway refuses to start without it"
+    ) in out
     monkeypatch.setenv("UMEMC_TEST_TOKEN", "s3cret-token")
     gw = Gateway(stack(text, "--simulate"))
-    unauthorized = (401, {"error": {"message": "this gateway needs Authorization: Bearer <token>",
-                                    "type": "authentication_error", "code": "unauthorized"}})
+    unauthorized = (
+        401,
+        {
+            "error": {
+                "message": "this gateway needs Authorization: Bearer <token>",
+                "type": "authentication_error",
+                "code": "unauthorized",
+            }
+        },
+    )
     assert gw.call("GET", "/v1/models")[::2] == unauthorized
     assert gw.call("GET", "/v1/models", headers={"Authorization": "Bearer wrong"})[::2] == unauthorized
     assert gw.call("GET", "/metrics")[0] == 401
-    assert gw.call("GET", "/umemc/health")[0] == 200     # liveness only: says nothing about the stack
+    assert gw.call("GET", "/umemc/health")[0] == 200  # liveness only: says nothing about the stack
     assert gw.call("GET", "/v1/models", headers={"Authorization": "Bearer s3cret-token"})[0] == 200
     assert gw.complete("x")[0] == 401
-    status, _, body = gw.call("POST", "/v1/completions", {"model": "x", "prompt": "hi"},
-                              {"Authorization": "Bearer s3cret-token"})
+    status, _, body = gw.call(
+        "POST", "/v1/completions", {"model": "x", "prompt": "hi"}, {"Authorization": "Bearer s3cret-token"}
+    )
     assert (status, body["model"]) == (200, "x")
 
 
@@ -371,18 +463,19 @@ def test_gateway_disabled_runs_no_gateway(stack: Any) -> None:
 
 def test_pressure_guard_waits_for_a_worker_with_requests_in_flight(stack: Any) -> None:
     models = model("low", priority=10) + model("mid", priority=50) + model("high", priority=90, mode="hot")
-    text = stack_text("gw-press", models, slots=3).replace("load_below = 0.9\nevict_above = 0.95",
-                                                           "load_below = 0.55\nevict_above = 0.6")
+    text = stack_text("gw-press", models, slots=3).replace(
+        "load_below = 0.9\nevict_above = 0.95", "load_below = 0.55\nevict_above = 0.6"
+    )
     gw = Gateway(stack(text, "--simulate"))
     assert gw.complete("low")[0] == 200
     gw.run.wait_for(lambda: gw.run.status()["low"]["state"] == "RUNNING", what="low past startsecs")
     slow = later(gw.complete, "low", delay=4.0)
     gw.run.wait_for(lambda: gw.status()["models"]["low"]["in_flight"] == 1, what="low's request in flight")
-    assert gw.complete("mid")[0] == 200          # pressure goes from ~0.52 to ~0.78
+    assert gw.complete("mid")[0] == 200  # pressure goes from ~0.52 to ~0.78
     deferred = gw.run.wait_for(lambda: gw.run.events("evict_deferred"), timeout=10, what="a deferred eviction")
     assert deferred[0]["model"] == "low" and not gw.run.events("evict")
     status, _, body = slow.result(timeout=30)
-    assert (status, body["model"]) == (200, "low")             # never cut off
+    assert (status, body["model"]) == (200, "low")  # never cut off
     evicted = gw.run.wait_for(lambda: gw.run.events("evict"), timeout=10, what="the eviction")
-    assert [e["model"] for e in evicted] == ["low"]            # then evicted: still the lowest priority
+    assert [e["model"] for e in evicted] == ["low"]  # then evicted: still the lowest priority
     assert evicted[0]["time"] > deferred[0]["time"]

@@ -1,4 +1,5 @@
 """The gateway's admission arithmetic (umemc.runtime.gateway.ledger), exact to the byte."""
+
 from __future__ import annotations
 
 from umemc.runtime.gateway.ledger import Budget, Held, Lease, Need, decide
@@ -6,8 +7,17 @@ from umemc.runtime.gateway.ledger import Budget, Held, Lease, Need, decide
 MiB = 1024 * 1024
 
 
-def held(name: str, priority: int, ram: int, *, cold: bool = True, busy: bool = False, drainable: bool = True,
-         last_used: float = 0.0, gpu: int = 0) -> Held:
+def held(
+    name: str,
+    priority: int,
+    ram: int,
+    *,
+    cold: bool = True,
+    busy: bool = False,
+    drainable: bool = True,
+    last_used: float = 0.0,
+    gpu: int = 0,
+) -> Held:
     return Held(name, priority, cold, ram * MiB, gpu * MiB, busy, drainable, last_used)
 
 
@@ -21,8 +31,12 @@ def test_fits_in_free_memory_without_evicting() -> None:
 
 
 def test_lowest_priority_first_then_least_recently_used() -> None:
-    workers = [held("p30-new", 30, 200, last_used=20), held("p20", 20, 200, last_used=30),
-               held("p30-old", 30, 200, last_used=10), held("p90", 90, 100)]
+    workers = [
+        held("p30-new", 30, 200, last_used=20),
+        held("p20", 20, 200, last_used=30),
+        held("p30-old", 30, 200, last_used=10),
+        held("p90", 90, 100),
+    ]
     d = decide(need(350, 50), workers, [], Budget(768 * MiB, None))
     assert (d.fits, d.evict) == (True, ["p20", "p30-old"])
 
@@ -33,22 +47,29 @@ def test_idle_before_busy_and_busy_only_by_draining() -> None:
     d = decide(need(600), workers, [], Budget(700 * MiB, None))
     assert (d.fits, d.evict, d.drain) == (True, ["idle"], ["busy"])
     lease = decide(need(600, drain=False), workers, [], Budget(700 * MiB, None))
-    assert (lease.fits, lease.blocked_by) == (False, [
-        {"kind": "worker", "name": "busy", "priority": 10, "bytes": 300 * MiB, "why": "requests in flight"}])
+    assert (lease.fits, lease.blocked_by) == (
+        False,
+        [{"kind": "worker", "name": "busy", "priority": 10, "bytes": 300 * MiB, "why": "requests in flight"}],
+    )
 
 
 def test_never_a_higher_or_equal_hot_priority_and_a_starting_worker_never() -> None:
-    workers = [held("hot50", 50, 300, cold=False), held("high", 60, 300),
-               held("starting", 10, 100, busy=True, drainable=False)]
+    workers = [
+        held("hot50", 50, 300, cold=False),
+        held("high", 60, 300),
+        held("starting", 10, 100, busy=True, drainable=False),
+    ]
     d = decide(need(400, 50), workers, [], Budget(800 * MiB, None))
     assert not d.fits
     assert d.blocked_by == [
         {"kind": "worker", "name": "hot50", "priority": 50, "bytes": 300 * MiB, "why": "priority 50 >= 50"},
         {"kind": "worker", "name": "high", "priority": 60, "bytes": 300 * MiB, "why": "priority 60 >= 50"},
-        {"kind": "worker", "name": "starting", "priority": 10, "bytes": 100 * MiB, "why": "starting"}]
+        {"kind": "worker", "name": "starting", "priority": 10, "bytes": 100 * MiB, "why": "starting"},
+    ]
     assert d.reason(need(400, 50)) == (
         f"x needs {400 * MiB} bytes, {100 * MiB} bytes free; blocked by hot50 (priority 50 >= 50), "
-        "high (priority 60 >= 50), starting (starting)")
+        "high (priority 60 >= 50), starting (starting)"
+    )
 
 
 def test_equal_priority_cold_models_swap() -> None:

@@ -1,5 +1,6 @@
 """up/down/status/events end to end: --simulate on the bundled 16 GB example, preflight refusal
 and --force, idempotent up (reconcile) and down, stale state from a crash, the pressure guard."""
+
 from __future__ import annotations
 
 import json
@@ -20,17 +21,26 @@ def test_simulate_small_16g_end_to_end(stack, capsys) -> None:
     r = stack(text, "--simulate")
     status = r.status()
     assert [status[n]["state"] for n in ("chat", "embed", "speech")] == ["RUNNING", "RUNNING", "STOPPED"]
-    for name in ("chat", "embed"):       # the placeholder really holds its soft quota, just under it
-        r.wait_for(lambda n=name: r.status()[n]["rss_bytes"] > 0.97 * r.status()[n]["quota_soft_bytes"],
-                   what=f"{name} to be sampled")
+    for name in ("chat", "embed"):  # the placeholder really holds its soft quota, just under it
+        r.wait_for(
+            lambda n=name: r.status()[n]["rss_bytes"] > 0.97 * r.status()[n]["quota_soft_bytes"],
+            what=f"{name} to be sampled",
+        )
         m = r.status()[name]
         assert m["rss_bytes"] <= m["quota_soft_bytes"]
     capsys.readouterr()
     assert r.cli("status", "--json") == 0
     doc = json.loads(capsys.readouterr().out)
     assert list(doc) == ["models"]
-    assert list(doc["models"]["chat"]) == ["state", "pid", "rss_bytes", "gpu_bytes", "quota_soft_bytes",
-                                           "quota_hard_bytes", "restarts"]
+    assert list(doc["models"]["chat"]) == [
+        "state",
+        "pid",
+        "rss_bytes",
+        "gpu_bytes",
+        "quota_soft_bytes",
+        "quota_hard_bytes",
+        "restarts",
+    ]
     assert r.cli("events", "--json") == 0
     events = json.loads(capsys.readouterr().out)
     assert [e["kind"] for e in events[:2]] == ["up", "enforcer_start"]
@@ -48,9 +58,11 @@ def test_simulate_small_16g_end_to_end(stack, capsys) -> None:
 def test_preflight_refuses_a_wrong_sysctl_then_force(stack, capsys) -> None:
     live = int(read_sysctl("vm.swappiness"))
     wrong = live + 1
-    text = ('version = 1\nname = "pf"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n'
-            + live_sysctl_table(vm_swappiness=wrong)
-            + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port()))
+    text = (
+        'version = 1\nname = "pf"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n'
+        + live_sysctl_table(vm_swappiness=wrong)
+        + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port())
+    )
     stack(text, expect=1)
     out, err = capsys.readouterr()
     assert f"  FAIL  sysctl: vm.swappiness is {live}, the plan needs {wrong}" in out
@@ -65,21 +77,24 @@ def test_preflight_refuses_a_wrong_sysctl_then_force(stack, capsys) -> None:
 
 def test_up_twice_reconciles_and_down_twice_is_fine(stack, capsys, tmp_path: Path) -> None:
     port = free_port()
-    text = ('version = 1\nname = "idem"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n' + live_sysctl_table()
-            + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=port)
-            + worker("c", "steady.py", "{port}", 5, memory="64MiB", port=free_port(), mode="cold"))
+    text = (
+        'version = 1\nname = "idem"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n'
+        + live_sysctl_table()
+        + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=port)
+        + worker("c", "steady.py", "{port}", 5, memory="64MiB", port=free_port(), mode="cold")
+    )
     r = stack(text)
     pid = r.status()["w"]["pid"]
     from umemc.runtime.supervisor import Supervisor
 
     sup = Supervisor(r.run_dir / "state" / "supervisor.sock")
-    sup.stop("w")                                           # someone stopped a hot worker
+    sup.stop("w")  # someone stopped a hot worker
     capsys.readouterr()
     assert main(["up", str(tmp_path / "stack.toml"), "--run-dir", str(r.run_dir)]) == 0
     out, _ = capsys.readouterr()
     assert "stack idem is already running: reconciling" in out
     assert r.status()["w"]["state"] == "RUNNING" and r.status()["w"]["pid"] != pid
-    assert r.status()["c"]["state"] == "STOPPED"            # cold stays cold
+    assert r.status()["c"]["state"] == "STOPPED"  # cold stays cold
     assert r.events("reconcile")[0]["detail"] == {"started": ["w"]}
     assert r.cli("down") == 0
     capsys.readouterr()
@@ -88,31 +103,37 @@ def test_up_twice_reconciles_and_down_twice_is_fine(stack, capsys, tmp_path: Pat
 
 
 def test_stale_pid_file_and_socket_are_cleaned(stack, capsys, tmp_path: Path) -> None:
-    text = ('version = 1\nname = "stale"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n' + live_sysctl_table()
-            + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port()))
+    text = (
+        'version = 1\nname = "stale"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n'
+        + live_sysctl_table()
+        + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port())
+    )
     r = stack(text)
     assert r.cli("down") == 0
     state = r.run_dir / "state"
     dead = os.fork()
     if dead == 0:
         os._exit(0)
-    os.waitpid(dead, 0)                                     # a pid that surely is not running
+    os.waitpid(dead, 0)  # a pid that surely is not running
     (state / "supervisord.pid").write_text(f"{dead}\n")
     (state / "supervisor.sock").write_text("")
     capsys.readouterr()
     assert main(["up", str(tmp_path / "stack.toml"), "--run-dir", str(r.run_dir)]) == 0
-    assert "found state left by a crashed run (pid file or socket without supervisord): cleaned" in \
-        capsys.readouterr().out
+    assert (
+        "found state left by a crashed run (pid file or socket without supervisord): cleaned" in capsys.readouterr().out
+    )
     assert r.status()["w"]["state"] == "RUNNING"
 
 
 def test_pressure_guard_evicts_lowest_priority_first(stack) -> None:
-    text = ('version = 1\nname = "press"\n[platform]\nkind = "cpu"\nmemory = "1400MiB"\nos_reserve = "100MiB"\n'
-            '[policy]\nsafety_margin = 0.0\nkernel_enforcement = "off"\nevict_above = 0.5\nload_below = 0.4\n'
-            + live_sysctl_table()
-            + worker("low", "leaker.py", 100, 2, 340, 6, memory="400MiB", priority=10)   # grows after 6 s
-            + worker("mid", "leaker.py", 100, 2, 340, 6, memory="400MiB", priority=50)
-            + worker("high", "steady.py", free_port(), 80, memory="150MiB", priority=90))
+    text = (
+        'version = 1\nname = "press"\n[platform]\nkind = "cpu"\nmemory = "1400MiB"\nos_reserve = "100MiB"\n'
+        '[policy]\nsafety_margin = 0.0\nkernel_enforcement = "off"\nevict_above = 0.5\nload_below = 0.4\n'
+        + live_sysctl_table()
+        + worker("low", "leaker.py", 100, 2, 340, 6, memory="400MiB", priority=10)  # grows after 6 s
+        + worker("mid", "leaker.py", 100, 2, 340, 6, memory="400MiB", priority=50)
+        + worker("high", "steady.py", free_port(), 80, memory="150MiB", priority=90)
+    )
     r = stack(text)
     evicted = r.wait_for(lambda: r.events("evict"), timeout=30, what="an eviction")
     assert evicted[0]["model"] == "low"
@@ -121,22 +142,31 @@ def test_pressure_guard_evicts_lowest_priority_first(stack) -> None:
     import time
 
     time.sleep(1.0)
-    assert [e["model"] for e in r.events("evict")] == ["low"]       # below load_below after one eviction
+    assert [e["model"] for e in r.events("evict")] == ["low"]  # below load_below after one eviction
     status = r.status()
-    assert (status["low"]["state"], status["mid"]["state"], status["high"]["state"]) == \
-        ("STOPPED", "RUNNING", "RUNNING")
+    assert (status["low"]["state"], status["mid"]["state"], status["high"]["state"]) == (
+        "STOPPED",
+        "RUNNING",
+        "RUNNING",
+    )
 
 
 @pytest.mark.parametrize("arg", ["--json", ""])
 def test_status_without_a_stack(tmp_path: Path, run_cli, arg: str) -> None:
     args = ["status", "--run-dir", str(tmp_path / "none")] + ([arg] if arg else [])
-    assert run_cli(*args) == (2, "", f"no stack in {tmp_path / 'none'} (start one with `umemc up STACK "
-                                     f"--run-dir {tmp_path / 'none'}`)\n")
+    assert run_cli(*args) == (
+        2,
+        "",
+        f"no stack in {tmp_path / 'none'} (start one with `umemc up STACK --run-dir {tmp_path / 'none'}`)\n",
+    )
 
 
 def test_top_refreshes_until_interrupted(stack, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
-    r = stack('version = 1\nname = "top"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n' + live_sysctl_table()
-              + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port()))
+    r = stack(
+        'version = 1\nname = "top"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n'
+        + live_sysctl_table()
+        + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port())
+    )
     ticks = []
 
     def sleep(_: float) -> None:
@@ -153,9 +183,12 @@ def test_top_refreshes_until_interrupted(stack, capsys, monkeypatch: pytest.Monk
 
 def test_deep_run_dir_runs_with_a_private_socket(tmp_path: Path) -> None:
     stack = tmp_path / "stack.toml"
-    stack.write_text('version = 1\nname = "deep"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n' + live_sysctl_table()
-                     + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port())
-                     + f"[gateway]\nport = {free_port()}\n")
+    stack.write_text(
+        'version = 1\nname = "deep"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n'
+        + live_sysctl_table()
+        + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port())
+        + f"[gateway]\nport = {free_port()}\n"
+    )
     run = tmp_path / ("d" * 60) / ("e" * 60) / "run"
     assert main(["up", str(stack), "--run-dir", str(run), "--timeout", "60"]) == 0
     try:
@@ -171,8 +204,11 @@ def test_deep_run_dir_runs_with_a_private_socket(tmp_path: Path) -> None:
 
 
 def test_up_refuses_a_stack_that_does_not_fit(stack, capsys) -> None:
-    text = ('version = 1\nname = "big"\n[platform]\nkind = "cpu"\nmemory = "1GiB"\n' + live_sysctl_table()
-            + worker("w", "steady.py", "{port}", 5, memory="2GiB", port=free_port()))
+    text = (
+        'version = 1\nname = "big"\n[platform]\nkind = "cpu"\nmemory = "1GiB"\n'
+        + live_sysctl_table()
+        + worker("w", "steady.py", "{port}", 5, memory="2GiB", port=free_port())
+    )
     stack(text, expect=1)
     out, err = capsys.readouterr()
     assert "  FAIL  budget: the hot set does not fit its budget (over by 1.5 GiB)" in out

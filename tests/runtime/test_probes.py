@@ -1,5 +1,6 @@
 """Probes against fixture trees in the exact format of the real interfaces (GPU driver files cannot
 exist here), and against real processes where they can."""
+
 from __future__ import annotations
 
 import os
@@ -53,12 +54,16 @@ def test_parse_fdinfo() -> None:
 
 def test_drm_dedupes_clients_and_ignores_other_files(tmp_path: Path) -> None:
     same = AMDGPU_FDINFO.format(client=7, vram=512, gtt=3 * 1024 * 1024)
-    fake_process(tmp_path, 100, {
-        3: ("/dev/dri/renderD128", same),
-        4: ("/dev/dri/renderD128", same),                      # a second fd of the same client
-        5: ("/dev/dri/card1", AMDGPU_FDINFO.format(client=8, vram=0, gtt=1024)),
-        6: ("/work/model.gguf", "pos:\t0\nflags:\t0100000\n"),
-    })
+    fake_process(
+        tmp_path,
+        100,
+        {
+            3: ("/dev/dri/renderD128", same),
+            4: ("/dev/dri/renderD128", same),  # a second fd of the same client
+            5: ("/dev/dri/card1", AMDGPU_FDINFO.format(client=8, vram=0, gtt=1024)),
+            6: ("/work/model.gguf", "pos:\t0\nflags:\t0100000\n"),
+        },
+    )
     fake_process(tmp_path, 101, {3: ("/dev/dri/renderD128", AMDGPU_FDINFO.format(client=9, vram=0, gtt=4096))})
     probe = DrmProbe(str(tmp_path))
     assert probe.process_bytes(100) == {"vram": 512 * 1024, "gtt": (3 * 1024 * 1024 + 1024) * 1024, "cpu": 0}
@@ -82,8 +87,10 @@ def test_nvidia_smi_compute_apps() -> None:
 
 
 def test_meminfo(tmp_path: Path) -> None:
-    (tmp_path / "meminfo").write_text("MemTotal:       131072000 kB\nMemAvailable:    1024 kB\n"
-                                      "SwapTotal:             0 kB\nNvMapMemUsed:     2048 kB\nHugePages_Total:       0\n")
+    (tmp_path / "meminfo").write_text(
+        "MemTotal:       131072000 kB\nMemAvailable:    1024 kB\n"
+        "SwapTotal:             0 kB\nNvMapMemUsed:     2048 kB\nHugePages_Total:       0\n"
+    )
     info = read_meminfo(str(tmp_path / "meminfo"))
     assert (info["MemAvailable"], info["NvMapMemUsed"], info["HugePages_Total"]) == (1048576, 2097152, 0)
 
@@ -99,8 +106,9 @@ time.sleep(60)
 
 
 def test_proc_tree_counts_every_descendant() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, "parent", CHILD], stdout=subprocess.PIPE,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, "parent", CHILD], stdout=subprocess.PIPE, start_new_session=True
+    )
     try:
         assert proc.stdout is not None
         assert [proc.stdout.readline(), proc.stdout.readline()] == [b"ready\n", b"ready\n"]  # both allocated

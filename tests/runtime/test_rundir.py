@@ -1,5 +1,6 @@
 """Unix socket paths are limited to 107 bytes: a deep run dir gets its socket in a short private
 directory, recorded in the run dir and reused."""
+
 from __future__ import annotations
 
 import os
@@ -26,6 +27,6 @@ def test_deep_run_dir_gets_a_private_short_socket(tmp_path: Path) -> None:
     try:
         assert stat.S_IMODE(os.stat(private).st_mode) == 0o700 and private.stat().st_uid == os.getuid()
         assert (deep / "state" / "socket").read_text() == f"{sock}\n"
-        assert run.socket_override() == sock          # recorded: the same one next time
+        assert run.socket_override() == sock  # recorded: the same one next time
     finally:
         shutil.rmtree(private)

@@ -1,6 +1,7 @@
 """A hostile web page and hostile clients against the gateway, over real HTTP: real supervisord, real
 placeholder workers (`up --simulate`), the real gateway process. A page on any site can make the
 browser send requests to 127.0.0.1 (CSRF) or rebind its own name to 127.0.0.1 (DNS rebinding)."""
+
 from __future__ import annotations
 
 import json
@@ -9,16 +10,16 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.runtime.conftest import bring_down, bring_up, stack  # noqa: F401 - a fixture
+from tests.runtime.conftest import bring_down, bring_up
 from tests.runtime.test_gateway import Gateway, model, stack_text
 
-LIMITS = ('header_timeout = "1s"\nbody_timeout = "1s"\nmax_body = "4KiB"\nupstream_timeout = "2s"\n'
-          'health_interval = "0.2s"\n')
+LIMITS = (
+    'header_timeout = "1s"\nbody_timeout = "1s"\nmax_body = "4KiB"\nupstream_timeout = "2s"\nhealth_interval = "0.2s"\n'
+)
 
 
 def err(message: str, code: str, kind: str = "invalid_request_error") -> dict[str, Any]:
@@ -28,8 +29,9 @@ def err(message: str, code: str, kind: str = "invalid_request_error") -> dict[st
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     models = model("a", mode="hot") + model("b", mode="hot")
-    r = bring_up(tmp_path_factory.mktemp("attacks"), stack_text("gw-attacks", models, slots=3, gateway=LIMITS),
-                 "--simulate")
+    r = bring_up(
+        tmp_path_factory.mktemp("attacks"), stack_text("gw-attacks", models, slots=3, gateway=LIMITS), "--simulate"
+    )
     try:
         yield Gateway(r)
     finally:
@@ -45,9 +47,14 @@ def hot_workers_untouched(gw: Gateway) -> None:
 
 def test_dns_rebinding_foreign_host_refused(gw: Gateway) -> None:
     port = gw.port
-    assert gw.call("GET", "/v1/models", headers={"Host": f"evil.example:{port}"})[::2] == (403, err(
-        f"Host 'evil.example:{port}' is not this gateway's address (use 127.0.0.1 or localhost)", "forbidden_host",
-        "permission_error"))
+    assert gw.call("GET", "/v1/models", headers={"Host": f"evil.example:{port}"})[::2] == (
+        403,
+        err(
+            f"Host 'evil.example:{port}' is not this gateway's address (use 127.0.0.1 or localhost)",
+            "forbidden_host",
+            "permission_error",
+        ),
+    )
     lease = {"holder": "page", "bytes": "150MiB", "priority": 90}
     assert gw.call("POST", "/umemc/leases", lease, {"Host": "rebound.attacker.example"})[0] == 403
     hot_workers_untouched(gw)
@@ -56,63 +63,99 @@ def test_dns_rebinding_foreign_host_refused(gw: Gateway) -> None:
 
 
 def test_csrf_simple_requests_and_cross_origin_refused(gw: Gateway) -> None:
-    lease = json.dumps({"holder": "page", "bytes": "150MiB", "priority": 90}).encode()   # it would evict a and b
+    lease = json.dumps({"holder": "page", "bytes": "150MiB", "priority": 90}).encode()  # it would evict a and b
     evil = {"Origin": "http://evil.example"}
-    assert gw.call("POST", "/umemc/leases", lease, {"Content-Type": "text/plain", **evil})[::2] == (403, err(
-        "cross-origin request from 'http://evil.example' refused", "cross_origin", "permission_error"))
-    assert gw.call("POST", "/umemc/leases", lease, {"Content-Type": "text/plain"})[::2] == (415, err(
-        "Content-Type 'text/plain' is not accepted here: send application/json", "unsupported_media_type"))
-    assert gw.call("POST", "/umemc/leases", lease, evil)[0] == 403                      # JSON, foreign Origin
-    assert gw.call("POST", "/umemc/leases", lease, {"Sec-Fetch-Site": "cross-site"})[::2] == (403, err(
-        "cross-site request refused (Sec-Fetch-Site: cross-site)", "cross_origin", "permission_error"))
-    assert gw.call("POST", "/umemc/leases", lease, {"Origin": "null"})[0] == 403      # sandboxed iframes
+    assert gw.call("POST", "/umemc/leases", lease, {"Content-Type": "text/plain", **evil})[::2] == (
+        403,
+        err("cross-origin request from 'http://evil.example' refused", "cross_origin", "permission_error"),
+    )
+    assert gw.call("POST", "/umemc/leases", lease, {"Content-Type": "text/plain"})[::2] == (
+        415,
+        err("Content-Type 'text/plain' is not accepted here: send application/json", "unsupported_media_type"),
+    )
+    assert gw.call("POST", "/umemc/leases", lease, evil)[0] == 403  # JSON, foreign Origin
+    assert gw.call("POST", "/umemc/leases", lease, {"Sec-Fetch-Site": "cross-site"})[::2] == (
+        403,
+        err("cross-site request refused (Sec-Fetch-Site: cross-site)", "cross_origin", "permission_error"),
+    )
+    assert gw.call("POST", "/umemc/leases", lease, {"Origin": "null"})[0] == 403  # sandboxed iframes
     form = {"Content-Type": "application/x-www-form-urlencoded"}
-    assert gw.call("POST", "/v1/completions", b"model=a&prompt=hi", form)[::2] == (415, err(
-        "Content-Type 'application/x-www-form-urlencoded' is not accepted here: send application/json or "
-        "multipart/form-data", "unsupported_media_type"))
+    assert gw.call("POST", "/v1/completions", b"model=a&prompt=hi", form)[::2] == (
+        415,
+        err(
+            "Content-Type 'application/x-www-form-urlencoded' is not accepted here: send application/json or "
+            "multipart/form-data",
+            "unsupported_media_type",
+        ),
+    )
     assert gw.call("DELETE", "/umemc/leases/l-x", b"x", {"Content-Type": "text/plain"})[0] == 415
     hot_workers_untouched(gw)
     same_origin = {"Origin": f"http://127.0.0.1:{gw.port}", "Sec-Fetch-Site": "same-origin"}
     status, _, granted = gw.call("POST", "/umemc/leases", {"holder": "ok", "bytes": "1MiB"}, same_origin)
     assert (status, granted["evicted"]) == (201, [])
     assert gw.call("DELETE", f"/umemc/leases/{granted['lease']['id']}")[0] == 200
-    assert gw.call("GET", "/umemc/health", headers={"Host": "anything.example"})[0] == 200   # liveness only
+    assert gw.call("GET", "/umemc/health", headers={"Host": "anything.example"})[0] == 200  # liveness only
 
 
 LEASE_CASES = {
     '{"holder": "h", "bytes": 1, "ttl": NaN}': ("request body is not JSON", "invalid_json"),
     '{"holder": "h", "bytes": 1, "ttl": Infinity}': ("request body is not JSON", "invalid_json"),
     '{"holder": "h", "bytes": 1, "ttl": -Infinity}': ("request body is not JSON", "invalid_json"),
-    '{"holder": "h", "bytes": 1, "ttl": 1e308}':
-        ('"ttl" must be more than 0 s and at most 604800 s (7 days) (got 1e+308)', "invalid_lease"),
-    '{"holder": "h", "bytes": 1, "ttl": 100000000}':
-        ('"ttl" must be more than 0 s and at most 604800 s (7 days) (got 100000000)', "invalid_lease"),
-    '{"holder": "h", "bytes": 1, "ttl": 0}': ('"ttl" must be more than 0 s and at most 604800 s (7 days) (got 0)',
-                                              "invalid_lease"),
+    '{"holder": "h", "bytes": 1, "ttl": 1e308}': (
+        '"ttl" must be more than 0 s and at most 604800 s (7 days) (got 1e+308)',
+        "invalid_lease",
+    ),
+    '{"holder": "h", "bytes": 1, "ttl": 100000000}': (
+        '"ttl" must be more than 0 s and at most 604800 s (7 days) (got 100000000)',
+        "invalid_lease",
+    ),
+    '{"holder": "h", "bytes": 1, "ttl": 0}': (
+        '"ttl" must be more than 0 s and at most 604800 s (7 days) (got 0)',
+        "invalid_lease",
+    ),
     '{"holder": "h", "bytes": 1, "ttl": [1]}': ('"ttl": not a duration: [1]', "invalid_lease"),
-    '{"holder": "h", "bytes": 1, "priority": 100000}': ('"priority" must be an integer 0-100 (got 100000)',
-                                                        "invalid_lease"),
-    '{"holder": "h", "bytes": 1, "priority": 1e308}': ('"priority" must be an integer 0-100 (got 1e+308)',
-                                                       "invalid_lease"),
-    '{"holder": "h", "bytes": 1, "priority": true}': ('"priority" must be an integer 0-100 (got True)',
-                                                      "invalid_lease"),
-    '{"holder": "h", "model": "a", "priority": 101}': ('"priority" must be an integer 0-100 (got 101)',
-                                                       "invalid_lease"),
-    '{"holder": "h", "model": "a", "priority": "50"}': ("\"priority\" must be an integer 0-100 (got '50')",
-                                                        "invalid_lease"),
+    '{"holder": "h", "bytes": 1, "priority": 100000}': (
+        '"priority" must be an integer 0-100 (got 100000)',
+        "invalid_lease",
+    ),
+    '{"holder": "h", "bytes": 1, "priority": 1e308}': (
+        '"priority" must be an integer 0-100 (got 1e+308)',
+        "invalid_lease",
+    ),
+    '{"holder": "h", "bytes": 1, "priority": true}': (
+        '"priority" must be an integer 0-100 (got True)',
+        "invalid_lease",
+    ),
+    '{"holder": "h", "model": "a", "priority": 101}': (
+        '"priority" must be an integer 0-100 (got 101)',
+        "invalid_lease",
+    ),
+    '{"holder": "h", "model": "a", "priority": "50"}': (
+        "\"priority\" must be an integer 0-100 (got '50')",
+        "invalid_lease",
+    ),
     '{"holder": "h", "model": 5}': ('"model" must be a model name (got 5)', "invalid_lease"),
     '{"holder": "h", "bytes": 1e308}': ('"bytes": not a size: 1e+308', "invalid_lease"),
-    '{"holder": "h", "bytes": 99999999999999999999999}':
-        ('"bytes" must be > 0 and at most 1152921504606846976 (got 99999999999999999999999)', "invalid_lease"),
-    '{"holder": "h", "bytes": "9999999999999999999999999GiB"}':
-        ('"bytes" must be > 0 and at most 1152921504606846976 (got 10737418239999999999999998926258176)',
-         "invalid_lease"),
-    '{"holder": "h", "bytes": 1, "evil": 1}':
-        ("unknown lease field(s): evil (known: bytes, holder, model, priority, ttl)", "invalid_lease"),
-    '{"holder": "h\\n[x]", "bytes": 1}':
-        ('"holder" is required: who asks (e.g. "comfyui"), 1-128 printable characters', "invalid_lease"),
-    '{"holder": "' + "h" * 129 + '", "bytes": 1}':
-        ('"holder" is required: who asks (e.g. "comfyui"), 1-128 printable characters', "invalid_lease"),
+    '{"holder": "h", "bytes": 99999999999999999999999}': (
+        '"bytes" must be > 0 and at most 1152921504606846976 (got 99999999999999999999999)',
+        "invalid_lease",
+    ),
+    '{"holder": "h", "bytes": "9999999999999999999999999GiB"}': (
+        '"bytes" must be > 0 and at most 1152921504606846976 (got 10737418239999999999999998926258176)',
+        "invalid_lease",
+    ),
+    '{"holder": "h", "bytes": 1, "evil": 1}': (
+        "unknown lease field(s): evil (known: bytes, holder, model, priority, ttl)",
+        "invalid_lease",
+    ),
+    '{"holder": "h\\n[x]", "bytes": 1}': (
+        '"holder" is required: who asks (e.g. "comfyui"), 1-128 printable characters',
+        "invalid_lease",
+    ),
+    '{"holder": "' + "h" * 129 + '", "bytes": 1}': (
+        '"holder" is required: who asks (e.g. "comfyui"), 1-128 printable characters',
+        "invalid_lease",
+    ),
 }
 
 
@@ -127,24 +170,33 @@ def test_lease_extend_is_validated(gw: Gateway) -> None:
     lease = granted["lease"]["id"]
     try:
         assert gw.call("POST", f"/umemc/leases/{lease}/extend", b'{"ttl": NaN}')[::2] == (
-            400, err("request body is not JSON", "invalid_json"))
+            400,
+            err("request body is not JSON", "invalid_json"),
+        )
         assert gw.call("POST", f"/umemc/leases/{lease}/extend", b'{"ttl": 1e308}')[::2] == (
-            400, err('"ttl" must be more than 0 s and at most 604800 s (7 days) (got 1e+308)', "invalid_lease"))
+            400,
+            err('"ttl" must be more than 0 s and at most 604800 s (7 days) (got 1e+308)', "invalid_lease"),
+        )
         assert gw.call("POST", f"/umemc/leases/{lease}/extend", b'{"ttl": 5, "bytes": 1}')[::2] == (
-            400, err("unknown field(s): bytes (known: ttl)", "invalid_lease"))
+            400,
+            err("unknown field(s): bytes (known: ttl)", "invalid_lease"),
+        )
     finally:
         assert gw.call("DELETE", f"/umemc/leases/{lease}")[0] == 200
 
 
 def test_body_limit(gw: Gateway) -> None:
     big = {"model": "a", "prompt": "x" * 8192}
-    assert gw.call("POST", "/v1/completions", big)[::2] == (413, err(
-        "request body larger than 4096 bytes (gateway.max_body)", "body_too_large"))
+    assert gw.call("POST", "/v1/completions", big)[::2] == (
+        413,
+        err("request body larger than 4096 bytes (gateway.max_body)", "body_too_large"),
+    )
     assert gw.complete("a")[0] == 200
 
 
-def raw_exchange(port: int, first: bytes, trickle: bytes = b"", every: float = 0.3, limit: float = 10.0,
-                 until: bytes | None = None) -> tuple[bytes, float]:
+def raw_exchange(
+    port: int, first: bytes, trickle: bytes = b"", every: float = 0.3, limit: float = 10.0, until: bytes | None = None
+) -> tuple[bytes, float]:
     """Send FIRST, then TRICKLE one byte at a time; return (what the server answered before closing, or
     once UNTIL arrived, and the seconds that took)."""
     s = socket.create_connection(("127.0.0.1", port))
@@ -152,7 +204,7 @@ def raw_exchange(port: int, first: bytes, trickle: bytes = b"", every: float = 0
     got, t0 = b"", time.monotonic()
     try:
         s.sendall(first)
-        for byte in [trickle[i:i + 1] for i in range(len(trickle))] or [b""] * 1000:
+        for byte in [trickle[i : i + 1] for i in range(len(trickle))] or [b""] * 1000:
             if time.monotonic() - t0 > limit:
                 break
             try:
@@ -178,13 +230,15 @@ def test_slow_headers_are_cut_off(gw: Gateway) -> None:
     start = f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{gw.port}\r\n".encode()
     got, took = raw_exchange(gw.port, start, b"X-Slow: " + b"y" * 200)
     assert got == b"" and took < 4, (got, took)
-    got, took = raw_exchange(gw.port, b"")          # connect and say nothing
+    got, took = raw_exchange(gw.port, b"")  # connect and say nothing
     assert got == b"" and took < 4, (got, took)
 
 
 def test_slow_body_is_answered_408(gw: Gateway) -> None:
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{gw.port}\r\nContent-Type: application/json\r\n"
-            "Content-Length: 100\r\n\r\n").encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{gw.port}\r\nContent-Type: application/json\r\n"
+        "Content-Length: 100\r\n\r\n"
+    ).encode()
     got, took = raw_exchange(gw.port, head + b'{"model": "a"', limit=6, until=b"}}")
     assert got.startswith(b"HTTP/1.1 408 "), got
     assert got.endswith(json.dumps(err("request body not received within 1 s", "body_timeout")).encode())
@@ -195,14 +249,15 @@ def test_requests_survive_an_unwritable_state_dir(gw: Gateway) -> None:
     state = gw.run.run_dir / "state"
     published = state / "gateway.json"
     published.unlink()
-    published.mkdir()                       # the gateway's state file can no longer be replaced
+    published.mkdir()  # the gateway's state file can no longer be replaced
     (published / "keep").write_text("")
     try:
         for _ in range(3):
             assert gw.complete("a")[0] == 200
         log = state / "logs" / "umemc-gateway.log"
-        gw.run.wait_for(lambda: f"umemc-gateway: cannot write {published}" in log.read_text(),
-                        what="the gateway to say so")
+        gw.run.wait_for(
+            lambda: f"umemc-gateway: cannot write {published}" in log.read_text(), what="the gateway to say so"
+        )
     finally:
         (published / "keep").unlink()
         published.rmdir()
@@ -214,16 +269,30 @@ def test_hung_worker_is_marked_unhealthy_and_recovers(stack: Any, capsys: Any) -
     assert gw.complete("h")[0] == 200
     os.kill(pid, signal.SIGSTOP)
     try:
-        assert gw.complete("h")[::2] == (504, err(
-            "worker h did not answer within 2 s (gateway.upstream_timeout); it is marked unhealthy until its "
-            "health URL answers again", "upstream_timeout", "server_error"))
-        assert gw.complete("h")[::2] == (503, err(
-            "worker h is not answering (no answer within 2 s); requests are refused until its health URL "
-            "answers again", "worker_unhealthy", "server_error"))
+        assert gw.complete("h")[::2] == (
+            504,
+            err(
+                "worker h did not answer within 2 s (gateway.upstream_timeout); it is marked unhealthy until its "
+                "health URL answers again",
+                "upstream_timeout",
+                "server_error",
+            ),
+        )
+        assert gw.complete("h")[::2] == (
+            503,
+            err(
+                "worker h is not answering (no answer within 2 s); requests are refused until its health URL "
+                "answers again",
+                "worker_unhealthy",
+                "server_error",
+            ),
+        )
         assert [(m, d["reason"]) for m, _, d in gw.kinds("unhealthy")] == [("h", "no answer within 2 s")]
         published = gw.run.run_dir / "state" / "gateway.json"
-        gw.run.wait_for(lambda: json.loads(published.read_text())["models"]["h"]["health"] == "unhealthy",
-                        what="gateway.json to say so")
+        gw.run.wait_for(
+            lambda: json.loads(published.read_text())["models"]["h"]["health"] == "unhealthy",
+            what="gateway.json to say so",
+        )
         capsys.readouterr()
         assert gw.run.cli("status") == 0
         row = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("h "))

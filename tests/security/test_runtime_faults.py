@@ -1,6 +1,7 @@
 """A failing machine: `kill -9` of supervisord, deleted and corrupt state files, an unusable event log.
 Real supervisord, real worker processes, real cgroups (where the machine has them). The promise under
 test: nothing of a stack outlives `umemc down`, and nothing stops the enforcer or `down`."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.runtime.conftest import free_port, live_sysctl_table, stack, worker  # noqa: F401 - a fixture
+from tests.runtime.conftest import free_port, live_sysctl_table, worker
 from umemc.cli import main
 from umemc.runtime.cgroups import detect
 
@@ -20,8 +21,11 @@ MiB = 2**20
 
 
 def head(name: str, policy: str = "") -> str:
-    return (f'version = 1\nname = "{name}"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n'
-            + (f"[policy]\n{policy}\n" if policy else "") + live_sysctl_table())
+    return (
+        f'version = 1\nname = "{name}"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n'
+        + (f"[policy]\n{policy}\n" if policy else "")
+        + live_sysctl_table()
+    )
 
 
 def alive(pid: int) -> bool:
@@ -35,16 +39,20 @@ def record(run_dir: Path, name: str) -> int:
     return int((run_dir / "state" / "pids" / name).read_text().split()[0])
 
 
-needs_cgroups = pytest.mark.skipif(detect("probe")[0] is None,
-                                   reason=f"no writable memory cgroup here: {detect('probe')[1]}")
+needs_cgroups = pytest.mark.skipif(
+    detect("probe")[0] is None, reason=f"no writable memory cgroup here: {detect('probe')[1]}"
+)
 
 
 def up_with_a_grandchild(stack, tmp_path: Path, name: str):  # type: ignore[no-untyped-def]
     """A stack whose worker `w` leaves a double-forked `setsid` grandchild, beside a plain worker `s`;
     returns (the running stack, the grandchild's pid file, its pid)."""
     pidfile = tmp_path / "grandchild.pid"
-    r = stack(head(name) + worker("w", "forker.py", "{port}", pidfile, memory="64MiB", port=free_port())
-              + worker("s", "steady.py", "{port}", 5, memory="64MiB", port=free_port()))
+    r = stack(
+        head(name)
+        + worker("w", "forker.py", "{port}", pidfile, memory="64MiB", port=free_port())
+        + worker("s", "steady.py", "{port}", 5, memory="64MiB", port=free_port())
+    )
     grandchild = int(r.wait_for(lambda: pidfile.exists() and pidfile.read_text(), what="the grandchild"))
     return r, pidfile, grandchild
 
@@ -57,8 +65,9 @@ def kill_supervisord(r) -> list[int]:  # type: ignore[no-untyped-def]
     sv = record(r.run_dir, "umemc-supervisord")
     assert sv == int((r.run_dir / "state" / "supervisord.pid").read_text())
     os.kill(sv, signal.SIGKILL)
-    r.wait_for(lambda: not any(alive(p) for p in [sv, *children]), timeout=15,
-               what="supervisord's children to die with it")
+    r.wait_for(
+        lambda: not any(alive(p) for p in [sv, *children]), timeout=15, what="supervisord's children to die with it"
+    )
     return children
 
 
@@ -66,7 +75,7 @@ def kill_supervisord(r) -> list[int]:  # type: ignore[no-untyped-def]
 def test_kill9_supervisord_then_status_and_down_find_the_escaped_grandchild(stack, tmp_path: Path, capsys) -> None:
     r, _, grandchild = up_with_a_grandchild(stack, tmp_path, "k9")
     kill_supervisord(r)
-    assert alive(grandchild)            # it left the worker's process group: only its cgroup knows it
+    assert alive(grandchild)  # it left the worker's process group: only its cgroup knows it
     sock = r.run_dir / "state" / "supervisor.sock"
     assert sock.exists()
     status = r.status()
@@ -74,7 +83,9 @@ def test_kill9_supervisord_then_status_and_down_find_the_escaped_grandchild(stac
     assert sock.exists(), "a read-only status removed the socket"
     capsys.readouterr()
     assert r.cli("down") == 0
-    assert capsys.readouterr().out == f"down: stack k9 had no supervisord; killed 1 process(es) it left: [{grandchild}]\n"
+    assert (
+        capsys.readouterr().out == f"down: stack k9 had no supervisord; killed 1 process(es) it left: [{grandchild}]\n"
+    )
     assert not alive(grandchild)
     assert not list((r.run_dir / "state").glob("pids/*"))
     assert r.cli("down") == 0
@@ -104,7 +115,7 @@ def test_deleted_pid_file_does_not_lose_the_stack(stack, tmp_path: Path, capsys)
     capsys.readouterr()
     assert main(["up", str(tmp_path / "stack.toml"), "--run-dir", str(r.run_dir)]) == 0
     assert "stack nopid is already running: reconciling" in capsys.readouterr().out
-    assert record(r.run_dir, "umemc-supervisord") == sv          # no second supervisord
+    assert record(r.run_dir, "umemc-supervisord") == sv  # no second supervisord
     assert r.cli("down") == 0
     assert not alive(sv)
 
@@ -117,12 +128,21 @@ def test_corrupt_plan_json_status_says_so_and_down_stops_everything(stack, run_c
     plan.write_text('{"format": "umemc-plan", "models": ')
     code, out, err = run_cli("status", "--json", "--run-dir", str(r.run_dir))
     assert code == 0
-    assert err == (f"warning: {plan} is unreadable: not valid JSON (Expecting value: line 1 column 36 (char 35)); "
-                   f"`umemc down --run-dir {r.run_dir}` still stops everything the stack started\n")
+    assert err == (
+        f"warning: {plan} is unreadable: not valid JSON (Expecting value: line 1 column 36 (char 35)); "
+        f"`umemc down --run-dir {r.run_dir}` still stops everything the stack started\n"
+    )
     shown = json.loads(out)["models"]["w"]
-    assert shown | {"rss_bytes": 0} == {"state": "RUNNING", "pid": pid, "rss_bytes": 0, "gpu_bytes": 0,
-                                        "quota_soft_bytes": None, "quota_hard_bytes": None, "restarts": 0}
-    assert shown["rss_bytes"] > 5 * MiB     # live figures still come from the enforcer
+    assert shown | {"rss_bytes": 0} == {
+        "state": "RUNNING",
+        "pid": pid,
+        "rss_bytes": 0,
+        "gpu_bytes": 0,
+        "quota_soft_bytes": None,
+        "quota_hard_bytes": None,
+        "restarts": 0,
+    }
+    assert shown["rss_bytes"] > 5 * MiB  # live figures still come from the enforcer
     code, out, err = run_cli("down", "--run-dir", str(r.run_dir))
     assert (code, err) == (0, "")
     assert out.startswith(f"down: in {r.run_dir} stopped (")
@@ -134,8 +154,9 @@ LEAK = "leaker.py"
 
 def leaking_stack(name: str) -> str:
     # hard quota 110 MiB (quota_headroom 0.1); the leaker waits 10 s, then grows 100 MiB/s to 400 MiB
-    return (head(name, 'kernel_enforcement = "off"\nmax_kills = 100')
-            + worker("leak", LEAK, 100, 2, 400, 10, memory="100MiB"))
+    return head(name, 'kernel_enforcement = "off"\nmax_kills = 100') + worker(
+        "leak", LEAK, 100, 2, 400, 10, memory="100MiB"
+    )
 
 
 def test_corrupt_event_log_is_moved_aside_and_the_enforcer_keeps_enforcing(stack, run_cli, capsys) -> None:
@@ -145,7 +166,7 @@ def test_corrupt_event_log_is_moved_aside_and_the_enforcer_keeps_enforcing(stack
         Path(f"{state / 'events.db'}{suffix}").unlink(missing_ok=True)
     (state / "events.db").write_bytes(b"this is not a database\n" * 512)
     enforcer = record(r.run_dir, "umemc-enforcer")
-    os.kill(enforcer, signal.SIGKILL)          # supervisord restarts it; it opens the corrupt log
+    os.kill(enforcer, signal.SIGKILL)  # supervisord restarts it; it opens the corrupt log
     r.wait_for(lambda: record(r.run_dir, "umemc-enforcer") != enforcer, what="the enforcer's restart")
     moved = r.wait_for(lambda: list(state.glob("events.db.corrupt-*")), what="the corrupt log moved aside")
     assert moved[0].read_bytes() == b"this is not a database\n" * 512
@@ -156,7 +177,7 @@ def test_corrupt_event_log_is_moved_aside_and_the_enforcer_keeps_enforcing(stack
     capsys.readouterr()
     code, out, err = run_cli("status", "--run-dir", str(r.run_dir))
     assert (code, err) == (0, f"warning: the event log was corrupt: moved to {moved[0]}, a new one started\n")
-    (state / "events.db").write_bytes(b"corrupt again\n" * 512)     # down must not care
+    (state / "events.db").write_bytes(b"corrupt again\n" * 512)  # down must not care
     pid = r.status()["leak"]["pid"]
     capsys.readouterr()
     code, out, err = run_cli("down", "--run-dir", str(r.run_dir))
@@ -164,29 +185,37 @@ def test_corrupt_event_log_is_moved_aside_and_the_enforcer_keeps_enforcing(stack
     assert not alive(pid)
 
 
-def test_unusable_event_log_degrades_to_stderr_and_enforcement_goes_on(stack, tmp_path: Path, run_cli,
-                                                                        capsys) -> None:
+def test_unusable_event_log_degrades_to_stderr_and_enforcement_goes_on(stack, tmp_path: Path, run_cli, capsys) -> None:
     events = tmp_path / "run" / "state" / "events.db"
-    events.mkdir(parents=True)                  # not a database and never one: SQLite cannot open it
+    events.mkdir(parents=True)  # not a database and never one: SQLite cannot open it
     r = stack(leaking_stack("evgone"))
     log = r.run_dir / "state" / "logs" / "umemc-enforcer.log"
-    line = r.wait_for(lambda: next((x for x in log.read_text().splitlines() if '"kind": "hard_limit_kill"' in x), None),
-                      timeout=40, what="the kill in the enforcer's log")
+    line = r.wait_for(
+        lambda: next((x for x in log.read_text().splitlines() if '"kind": "hard_limit_kill"' in x), None),
+        timeout=40,
+        what="the kill in the enforcer's log",
+    )
     assert json.loads(line.removeprefix("umemc events: "))["detail"]["by"] == "enforcer"
     capsys.readouterr()
     code, out, err = run_cli("status", "--run-dir", str(r.run_dir))
     assert code == 0
-    assert err.startswith("warning: event log: OperationalError: unable to open database file (events go to the "
-                          "enforcer's log meanwhile)\n")
+    assert err.startswith(
+        "warning: event log: OperationalError: unable to open database file (events go to the "
+        "enforcer's log meanwhile)\n"
+    )
     code, out, err = run_cli("events", "--run-dir", str(r.run_dir))
     assert (code, out) == (2, "")
-    assert err == (f"the event log {events} is unusable (OperationalError: unable to open database file); the "
-                   "runtime writes events to its logs in state/logs/ meanwhile\n")
+    assert err == (
+        f"the event log {events} is unusable (OperationalError: unable to open database file); the "
+        "runtime writes events to its logs in state/logs/ meanwhile\n"
+    )
 
 
 def test_exit_after_sigkill_reports_no_exit_status(stack) -> None:
-    r = stack(head("sigkill", 'kernel_enforcement = "off"')
-              + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port()))
+    r = stack(
+        head("sigkill", 'kernel_enforcement = "off"')
+        + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port())
+    )
     pid = r.status()["w"]["pid"]
     os.kill(pid, signal.SIGKILL)
     exits = r.wait_for(lambda: r.events("exit", "w"), what="the exit event")
@@ -198,8 +227,11 @@ def test_exit_after_sigkill_reports_no_exit_status(stack) -> None:
 def test_workers_never_see_the_gateway_token(stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("UMEMC_SEC_TOKEN", "t0ken-value")
     dump = tmp_path / "env.json"
-    r = stack(head("tok") + f'[gateway]\nport = {free_port()}\ntoken_env = "UMEMC_SEC_TOKEN"\n'
-              + worker("w", "envdump.py", "{port}", dump, memory="64MiB", port=free_port()))
+    r = stack(
+        head("tok")
+        + f'[gateway]\nport = {free_port()}\ntoken_env = "UMEMC_SEC_TOKEN"\n'
+        + worker("w", "envdump.py", "{port}", dump, memory="64MiB", port=free_port())
+    )
     env = json.loads(dump.read_text())
     assert env["UMEMC_MODEL"] == "w" and "UMEMC_SEC_TOKEN" not in env
     sv = record(r.run_dir, "umemc-supervisord")
@@ -214,8 +246,11 @@ def test_workers_never_see_the_gateway_token(stack, tmp_path: Path, monkeypatch:
 
 @needs_cgroups
 def test_gateway_runs_in_its_own_budgeted_cgroup(stack) -> None:
-    r = stack(head("gwcg") + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port())
-              + f'[gateway]\nport = {free_port()}\nmemory = "300MiB"\n')
+    r = stack(
+        head("gwcg")
+        + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port())
+        + f'[gateway]\nport = {free_port()}\nmemory = "300MiB"\n'
+    )
     version, path, pid = (r.run_dir / "state" / "cgroups" / "umemc-gateway").read_text().split()
     assert int(pid) == record(r.run_dir, "umemc-gateway")
     assert int(pid) in [int(p) for p in (Path(path) / "cgroup.procs").read_text().split()]

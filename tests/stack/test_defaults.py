@@ -1,4 +1,5 @@
 """Defaults that depend on other keys: ports, mmap by platform, max_concurrency, paths."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +8,7 @@ from umemc.stack.resolve import load_stack
 
 
 def test_ports_mmap_concurrency_and_paths(write_stack, tmp_path: Path) -> None:
-    path = write_stack('''
+    path = write_stack("""
         version = 1
         name = "d"
         [platform]
@@ -26,18 +27,18 @@ def test_ports_mmap_concurrency_and_paths(write_stack, tmp_path: Path) -> None:
         model = "weights/c.gguf"
         arch = "llama-3-8b"
         max_concurrency = 7
-        ''')
+        """)
     loaded = load_stack(path)
     m = loaded.models
-    assert [m[n].port for n in "abc"] == [10001, 10002, 10003]        # 10002 is taken explicitly
-    assert [m[n].mmap for n in "abc"] == [False, True, False]         # unified platform: --no-mmap
-    assert [m[n].max_concurrency for n in "abc"] == [3, 1, 7]          # default = parallel
+    assert [m[n].port for n in "abc"] == [10001, 10002, 10003]  # 10002 is taken explicitly
+    assert [m[n].mmap for n in "abc"] == [False, True, False]  # unified platform: --no-mmap
+    assert [m[n].max_concurrency for n in "abc"] == [3, 1, 7]  # default = parallel
     assert m["c"].model_path == tmp_path / "weights" / "c.gguf" and not m["c"].model_present
     assert loaded.platform.gpu_window == 120 * 1024**3
 
 
 def test_cpu_defaults_to_mmap(write_stack) -> None:
-    path = write_stack('''
+    path = write_stack("""
         version = 1
         name = "d"
         [platform]
@@ -46,7 +47,7 @@ def test_cpu_defaults_to_mmap(write_stack) -> None:
         [models.a]
         runtime = "llama-server"
         arch = "llama-3-8b"
-        ''')
+        """)
     loaded = load_stack(path)
     assert loaded.models["a"].mmap is True
-    assert loaded.platform.os_reserve == 1024**3                       # min(8 GiB, memory / 8)
+    assert loaded.platform.os_reserve == 1024**3  # min(8 GiB, memory / 8)

@@ -1,6 +1,7 @@
 """The position index must agree with tomllib's own line/column numbering. tomllib reports
 positions only for syntax errors, so each recorded position is checked by corrupting the
 document exactly there and asking tomllib where the error is."""
+
 from __future__ import annotations
 
 import re
@@ -57,7 +58,7 @@ def _tomllib_position(text: str) -> tuple[int, int]:
 def _corrupt(text: str, pos: Pos) -> str:
     lines = text.split("\n")
     line = lines[pos.line - 1]
-    lines[pos.line - 1] = line[: pos.col - 1] + "@" + line[pos.col:]
+    lines[pos.line - 1] = line[: pos.col - 1] + "@" + line[pos.col :]
     return "\n".join(lines)
 
 

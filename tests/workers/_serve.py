@@ -1,4 +1,5 @@
 """What the small test workers share: answer every GET with 200 and an empty body until stopped."""
+
 from __future__ import annotations
 
 import http.server
@@ -6,7 +7,7 @@ import http.server
 
 def serve_empty(port: int) -> None:
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             self.send_response(200)
             self.send_header("Content-Length", "0")
             self.end_headers()

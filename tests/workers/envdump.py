@@ -1,7 +1,8 @@
 """A worker that writes its environment to PATH (JSON), then answers every GET on PORT with 200.
 
-    python envdump.py PORT PATH
+python envdump.py PORT PATH
 """
+
 from __future__ import annotations
 
 import json

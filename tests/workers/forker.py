@@ -3,13 +3,14 @@ grandchild that sleeps, writes the grandchild's pid to PIDFILE, then serves HTTP
 
     python forker.py PORT PIDFILE
 """
+
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 from _serve import serve_empty  # beside this script
-import time
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ was killed: that is the overshoot it reached).
 
     python leaker.py RATE_MIB_S [STEP_MIB] [CAP_MIB] [START_DELAY_S]
 """
+
 from __future__ import annotations
 
 import os

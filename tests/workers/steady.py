@@ -1,7 +1,8 @@
 """A steady test worker: allocates and touches N MiB, then answers HTTP on a port until stopped.
 
-    python steady.py PORT MIB
+python steady.py PORT MIB
 """
+
 from __future__ import annotations
 
 import http.server
@@ -17,7 +18,7 @@ def main() -> None:
         held[i] = 1
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             body = json.dumps({"pid": os.getpid(), "model": os.environ.get("UMEMC_MODEL"), "held_mib": mib}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")

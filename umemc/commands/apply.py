@@ -1,5 +1,6 @@
 """`umemc apply BUNDLE [--dry-run] [--root DIR]`: install the host files that need root — the sysctl
 file, the kernel/macOS knobs and the systemd unit — printing each action. Commands are argv lists."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import RuntimeFailure, UsageError
 
@@ -19,8 +21,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("apply", help="install a bundle's host files (sysctl, kernel/macOS knobs, systemd unit) as root")
     p.add_argument("bundle", help="a bundle directory written by `umemc build`")
     p.add_argument("--dry-run", action="store_true", help="print what would be done, change nothing")
-    p.add_argument("--root", metavar="DIR", default="/",
-                   help="install below DIR instead of / and run no command (staging, packaging, tests)")
+    p.add_argument(
+        "--root",
+        metavar="DIR",
+        default="/",
+        help="install below DIR instead of / and run no command (staging, packaging, tests)",
+    )
     p.add_argument("--run-dir", metavar="DIR", help="run dir for the systemd unit (default /var/lib/umemc/<name>)")
     p.set_defaults(func=run)
 
@@ -28,29 +34,39 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 @dataclass(frozen=True)
 class Action:
     text: str
-    install: tuple[str, str, int] | None = None   # (bundle-relative source or rendered text key, destination, mode)
+    install: tuple[str, str, int] | None = None  # (bundle-relative source or rendered text key, destination, mode)
     argv: tuple[str, ...] | None = None
 
 
-def plan_actions(bundle: Path, plan: dict, run_dir: str) -> tuple[list[Action], dict[str, str]]:
+def plan_actions(bundle: Path, plan: dict[str, Any], run_dir: str) -> tuple[list[Action], dict[str, str]]:
     """The actions for this bundle's platform, and any text rendered at install time (the unit)."""
     name, kind = plan["stack"], plan["platform"]["kind"]
     actions: list[Action] = []
     rendered: dict[str, str] = {}
     if kind != "apple":
-        actions += [Action("VM tunables", ("sysctl/90-umemc.conf", "/etc/sysctl.d/90-umemc.conf", 0o644)),
-                    Action("load them", argv=("sysctl", "--system"))]
+        actions += [
+            Action("VM tunables", ("sysctl/90-umemc.conf", "/etc/sysctl.d/90-umemc.conf", 0o644)),
+            Action("load them", argv=("sysctl", "--system")),
+        ]
     if (bundle / "kernel/amd/umemc-ttm.conf").exists():
         pages = (bundle / "kernel/amd/cmdline.txt").read_text().strip()
-        actions += [Action("GTT limit as a ttm module option",
-                           ("kernel/amd/umemc-ttm.conf", "/etc/modprobe.d/umemc-ttm.conf", 0o644)),
-                    Action(f"not changed automatically: add `{pages}` to the kernel command line and reboot "
-                           "(kernel/README.md shows the GRUB commands)")]
+        actions += [
+            Action(
+                "GTT limit as a ttm module option",
+                ("kernel/amd/umemc-ttm.conf", "/etc/modprobe.d/umemc-ttm.conf", 0o644),
+            ),
+            Action(
+                f"not changed automatically: add `{pages}` to the kernel command line and reboot "
+                "(kernel/README.md shows the GRUB commands)"
+            ),
+        ]
     if (bundle / "kernel/apple/com.umemc.wired-limit.plist").exists():
         plist = "/Library/LaunchDaemons/com.umemc.wired-limit.plist"
-        actions += [Action("wired limit at every boot", ("kernel/apple/com.umemc.wired-limit.plist", plist, 0o644)),
-                    Action("load the LaunchDaemon", argv=("launchctl", "bootstrap", "system", plist)),
-                    Action("wired limit now", argv=("sh", str(bundle / "kernel/apple/umemc-wired-limit.sh")))]
+        actions += [
+            Action("wired limit at every boot", ("kernel/apple/com.umemc.wired-limit.plist", plist, 0o644)),
+            Action("load the LaunchDaemon", argv=("launchctl", "bootstrap", "system", plist)),
+            Action("wired limit now", argv=("sh", str(bundle / "kernel/apple/umemc-wired-limit.sh"))),
+        ]
     unit_rel = f"systemd/umemc-{name}.service"
     if kind != "apple" and (bundle / unit_rel).exists():
         umemc = " ".join(_systemd_quote(a) for a in (sys.executable, "-m", "umemc"))
@@ -58,9 +74,11 @@ def plan_actions(bundle: Path, plan: dict, run_dir: str) -> tuple[list[Action], 
         text = text.replace("@BUNDLE@", _systemd_quote(str(bundle))).replace("@RUN_DIR@", _systemd_quote(run_dir))
         rendered[unit_rel] = text
         dest = f"/etc/systemd/system/umemc-{name}.service"
-        actions += [Action("run the stack at boot", (unit_rel, dest, 0o644)),
-                    Action("reload systemd", argv=("systemctl", "daemon-reload")),
-                    Action(f"then: systemctl enable --now umemc-{name}")]
+        actions += [
+            Action("run the stack at boot", (unit_rel, dest, 0o644)),
+            Action("reload systemd", argv=("systemctl", "daemon-reload")),
+            Action(f"then: systemctl enable --now umemc-{name}"),
+        ]
     return actions, rendered
 
 
@@ -83,8 +101,10 @@ def run(args: argparse.Namespace) -> int:
     staging = root.resolve() != Path("/")
     if not args.dry_run and not staging and os.geteuid() != 0:
         cmd = shlex.join(["sudo", sys.executable, "-m", "umemc", "apply", str(bundle)])
-        raise RuntimeFailure(f"umemc apply changes /etc and needs root; run:\n  {cmd}\n"
-                             f"(or `umemc apply {args.bundle} --dry-run` to see what it would do)")
+        raise RuntimeFailure(
+            f"umemc apply changes /etc and needs root; run:\n  {cmd}\n"
+            f"(or `umemc apply {args.bundle} --dry-run` to see what it would do)"
+        )
     for action in actions:
         _do(action, bundle, root, rendered, dry=args.dry_run, staging=staging)
     return 0

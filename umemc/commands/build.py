@@ -1,5 +1,6 @@
 """`umemc build STACK [-o DIR]`: write the bundle (default build/<name>/) and print the budget.
 Exit 0 when the hot set fits, 1 when the bundle was written but does not fit, 2 invalid."""
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,10 @@ def check_bundle_dir(out: Path) -> None:
 
     path = str(out.absolute())
     if '"' in path or "\\" in path or CONTROL.search(path):
-        raise UsageError(f"cannot write a bundle to {path!r}: supervisord.conf cannot name a directory whose "
-                         "path holds a double quote, a backslash or a control character; choose another -o")
+        raise UsageError(
+            f"cannot write a bundle to {path!r}: supervisord.conf cannot name a directory whose "
+            "path holds a double quote, a backslash or a control character; choose another -o"
+        )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,6 +2,7 @@
 file once, with exactly the compiled flags; read llama.cpp's own buffer report from its log and the
 process's resident memory after a warm-up request; stop it; store the result (and the GGUF header
 facts: the stack's lock) in `<stack>.calibration.json` beside the stack."""
+
 from __future__ import annotations
 
 import argparse
@@ -36,19 +37,27 @@ def run(args: argparse.Namespace) -> int:
     unknown = [m for m in args.models if m not in loaded.models]
     if unknown:
         raise UsageError(f"umemc calibrate: no model {unknown[0]!r} in {args.stack}")
-    chosen = [m for m in loaded.models.values() if (not args.models or m.name in args.models)
-              and ((m.spec.runtime in LLAMA_RUNTIMES and m.model_present) or m.spec.runtime == "torch")]
+    chosen = [
+        m
+        for m in loaded.models.values()
+        if (not args.models or m.name in args.models)
+        and ((m.spec.runtime in LLAMA_RUNTIMES and m.model_present) or m.spec.runtime == "torch")
+    ]
     if not chosen:
-        raise UsageError(f"umemc calibrate: nothing to calibrate in {args.stack} (llama.cpp models with a present "
-                         "file, torch workers)")
+        raise UsageError(
+            f"umemc calibrate: nothing to calibrate in {args.stack} (llama.cpp models with a present "
+            "file, torch workers)"
+        )
     before = make_plan(loaded)
     bundle = compile_bundle(before)
     entries = calibration.load(stack_path)
     for m in chosen:
         if m.spec.runtime == "torch":
             if not args.lock_only:
-                entries[m.name] = {"flags": torch_flags(loaded, m),
-                                   "measured": measure_peak(bundle.programs[m.name], args.timeout)}
+                entries[m.name] = {
+                    "flags": torch_flags(loaded, m),
+                    "measured": measure_peak(bundle.programs[m.name], args.timeout),
+                }
                 print(f"{m.name}: peak resident after its warm-up {human(entries[m.name]['measured']['peak_bytes'])}")
             continue
         assert m.model_path is not None
@@ -71,8 +80,11 @@ def _report(name: str, est: Any, entry: dict[str, Any]) -> None:
     from ..calibration import totals
 
     t, meas = totals(entry["measured"]["buffers"]), entry["measured"]
-    rows = [("weights", est.weights.bytes, t["model"]), ("kv", est.kv.bytes, t["kv"]),
-            ("compute", est.compute.bytes, t["compute"] + t["output"])]
+    rows = [
+        ("weights", est.weights.bytes, t["model"]),
+        ("kv", est.kv.bytes, t["kv"]),
+        ("compute", est.compute.bytes, t["compute"] + t["output"]),
+    ]
     print(f"{name}: estimate vs llama.cpp, resident after warm-up {human(meas['rss_bytes'])}")
     for label, e, real in rows:
         err = (e - real) / real * 100 if real else 0.0

@@ -1,5 +1,6 @@
 """`umemc check STACK… [--format table|json|markdown]`: validate and budget, write nothing.
 Exit 0 when every hot set fits, 1 when one does not, 2 for an invalid stack (checked first)."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,23 +14,29 @@ from .common import plan_from_arg, print_warnings, write_stdout
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("check", help="validate a stack and print its memory budget (writes nothing)")
     p.add_argument("stack", nargs="+", help="the stack file (TOML); several are checked in turn (pre-commit)")
-    p.add_argument("--format", choices=("table", "json", "markdown"), default="table",
-                   help="table (default), json (the budget.json contract, alone on stdout) or markdown "
-                        "(for a pull-request comment)")
+    p.add_argument(
+        "--format",
+        choices=("table", "json", "markdown"),
+        default="table",
+        help="table (default), json (the budget.json contract, alone on stdout) or markdown "
+        "(for a pull-request comment)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     plans = [plan_from_arg(s) for s in args.stack]  # every stack is validated before anything is printed
     for plan in plans:
-        compile_bundle(plan)   # what `build` would refuse, `check` refuses too (values a config cannot carry)
+        compile_bundle(plan)  # what `build` would refuse, `check` refuses too (values a config cannot carry)
     if args.format == "json":
         from ..targets.report import budget_dict, budget_json
 
         if len(plans) == 1:
             write_stdout(budget_json(plans[0]))
         else:
-            write_stdout(json.dumps({s: budget_dict(p) for s, p in zip(args.stack, plans)}, indent=2) + "\n")
+            write_stdout(
+                json.dumps({s: budget_dict(p) for s, p in zip(args.stack, plans, strict=True)}, indent=2) + "\n"
+            )
         for plan in plans:
             print_warnings(plan)
     else:

@@ -1,4 +1,5 @@
 """Helpers the subcommands share: loading a stack from an argument, printing to stdout."""
+
 from __future__ import annotations
 
 import sys

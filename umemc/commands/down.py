@@ -3,6 +3,7 @@ still alive by cgroup membership and recorded pids (orphans of a killed supervis
 children) and kill it; remove the cgroups. Idempotent, and it works whatever state is corrupt or
 missing (plan.json, the event log, the pid file): exit 0 when nothing of the stack is left, 1 when
 something could not be stopped (its records are kept, so a later `down` still knows it)."""
+
 from __future__ import annotations
 
 import argparse
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     name = stack.name()
     try:
         running = stack.state() == "running"
-    except RuntimeFailure:   # supervisord alive but deaf: it is in the run's cgroup or records; the sweep ends it
+    except RuntimeFailure:  # supervisord alive but deaf: it is in the run's cgroup or records; the sweep ends it
         running = False
     pids: list[int] = []
     killed: list[int] = []
@@ -46,15 +47,20 @@ def run(args: argparse.Namespace) -> int:
     _record(run_dir, running, pids, killed, orphans, left)
     if left:
         what = "; ".join(f"{n}: {', '.join(map(str, p))}" for n, p in left.items())
-        raise RuntimeFailure(f"down: could not stop every process of stack {name} ({what}); their records are "
-                             f"kept: run `umemc down --run-dir {args.run_dir}` again, or kill them yourself")
+        raise RuntimeFailure(
+            f"down: could not stop every process of stack {name} ({what}); their records are "
+            f"kept: run `umemc down --run-dir {args.run_dir}` again, or kill them yourself"
+        )
     groups = stack.groups_left()
     if groups:
         raise RuntimeFailure("could not remove cgroups (processes still inside?): " + ", ".join(map(str, groups)))
     if running:
-        print(f"down: {name} stopped ({len(pids)} processes"
-              + (f"; {len(killed)} survived the stop and were killed: {killed}" if killed else "") + ")"
-              + (f"; {len(orphans)} left outside supervisord killed: {orphans}" if orphans else ""))
+        print(
+            f"down: {name} stopped ({len(pids)} processes"
+            + (f"; {len(killed)} survived the stop and were killed: {killed}" if killed else "")
+            + ")"
+            + (f"; {len(orphans)} left outside supervisord killed: {orphans}" if orphans else "")
+        )
     elif orphans:
         print(f"down: stack {name} had no supervisord; killed {len(orphans)} process(es) it left: {orphans}")
     else:
@@ -63,14 +69,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _record(run_dir: RunDir, running: bool, pids: list[int], killed: list[int], orphans: list[int],
-            left: dict[str, list[int]]) -> None:
+def _record(
+    run_dir: RunDir, running: bool, pids: list[int], killed: list[int], orphans: list[int], left: dict[str, list[int]]
+) -> None:
     """The `down` event, best effort: a broken event log never stops `down` (it says so on stderr)."""
     from ..runtime.events import EventLog
 
     if not run_dir.state.exists():
         return
     log = EventLog(run_dir.events)
-    log.add("down", None, pids=len(pids), killed=killed, orphans=orphans, running=running,
-            left={n: p for n, p in left.items()})
+    log.add(
+        "down",
+        None,
+        pids=len(pids),
+        killed=killed,
+        orphans=orphans,
+        running=running,
+        left={n: p for n, p in left.items()},
+    )
     log.close()

@@ -1,6 +1,7 @@
 """`umemc events [--run-dir DIR] [--json] [--follow]`: the event log (start, exit, soft_limit,
 hard_limit_kill, evict, leak_suspected, give_up, ...). `--json` prints a JSON array; with
 `--follow`, one JSON object per line as events arrive."""
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"no event log in {args.run_dir} (nothing has run there)")
     log = EventLog(run_dir.events, recover=False)
     if log.error is not None:
-        raise UsageError(f"the event log {run_dir.events} is unusable ({log.error}); the runtime writes events to "
-                         "its logs in state/logs/ meanwhile")
+        raise UsageError(
+            f"the event log {run_dir.events} is unusable ({log.error}); the runtime writes events to "
+            "its logs in state/logs/ meanwhile"
+        )
     events = log.since(0)
     if args.json and not args.follow:
         print(json.dumps([e.as_json() for e in events], indent=2))

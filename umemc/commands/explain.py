@@ -1,4 +1,5 @@
 """`umemc explain STACK MODEL`: every figure of one model's estimate with formula and inputs."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """`umemc schema`: print the stack file's JSON Schema (schema/stack.schema.json is this output)."""
+
 from __future__ import annotations
 
 import argparse

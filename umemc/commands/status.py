@@ -1,6 +1,7 @@
 """`umemc status [--run-dir DIR] [--json]` and `umemc top`: per model state, pid, CPU- and GPU-side
 bytes, quotas, share of the hard quota, restarts, uptime, last event; requests in flight and queued
 at the gateway, and its leases."""
+
 from __future__ import annotations
 
 import argparse
@@ -51,9 +52,16 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
         problems.append(f"event log: {live['events_error']} (events go to the enforcer's log meanwhile)")
     if live.get("events_moved_to"):
         problems.append(f"the event log was corrupt: moved to {live['events_moved_to']}, a new one started")
-    out: dict[str, Any] = {"stack": plan["stack"], "running": running, "pressure": live.get("pressure"),
-                           "models": {}, "_gateway": plan.get("gateway"), "_leases": gateway.get("leases", []),
-                           "_orphans": orphans, "_problems": problems}
+    out: dict[str, Any] = {
+        "stack": plan["stack"],
+        "running": running,
+        "pressure": live.get("pressure"),
+        "models": {},
+        "_gateway": plan.get("gateway"),
+        "_leases": gateway.get("leases", []),
+        "_orphans": orphans,
+        "_problems": problems,
+    }
     names = list(plan["models"]) or [n for n in infos if n not in OWN_PROGRAMS]
     for name in names:
         m = plan["models"].get(name, {})
@@ -61,12 +69,17 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
         pid = info.get("pid") or (orphans[name][0] if name in orphans else None)
         same = pid is not None and lv.get("pid") == pid
         out["models"][name] = {
-            "state": "ORPHANED" if name in orphans else info.get("statename", "STOPPED"), "pid": pid,
-            "rss_bytes": lv.get("rss_bytes", 0) if same else 0, "gpu_bytes": lv.get("gpu_bytes", 0) if same else 0,
-            "quota_soft_bytes": m.get("quota_soft_bytes"), "quota_hard_bytes": m.get("quota_hard_bytes"),
+            "state": "ORPHANED" if name in orphans else info.get("statename", "STOPPED"),
+            "pid": pid,
+            "rss_bytes": lv.get("rss_bytes", 0) if same else 0,
+            "gpu_bytes": lv.get("gpu_bytes", 0) if same else 0,
+            "quota_soft_bytes": m.get("quota_soft_bytes"),
+            "quota_hard_bytes": m.get("quota_hard_bytes"),
             "restarts": lv.get("restarts", 0),
             "_uptime_s": (time.time() - info["start"]) if info.get("pid") and info.get("start") else None,
-            "_last_event": lv.get("last_event"), "_priority": m.get("priority"), "_mode": m.get("mode"),
+            "_last_event": lv.get("last_event"),
+            "_priority": m.get("priority"),
+            "_mode": m.get("mode"),
             "_drift": lv.get("drift") if same else None,
             "_reserved": lv.get("reserved_bytes", 0) if same else 0,
             "_requests": (gateway.get("models") or {}).get(name),
@@ -102,8 +115,10 @@ def table(status: dict[str, Any]) -> Any:
     title = f"umemc {status['stack']}: " + ("running" if status["running"] else "not running")
     orphans = status.get("_orphans") or {}
     if orphans:
-        title += (f" — [red]{sum(len(p) for p in orphans.values())} process(es) left without supervisord "
-                  f"({', '.join(orphans)}): `umemc down` stops them[/]")
+        title += (
+            f" — [red]{sum(len(p) for p in orphans.values())} process(es) left without supervisord "
+            f"({', '.join(orphans)}): `umemc down` stops them[/]"
+        )
     if pressure is not None:
         title += f", pressure {pressure:.0%}"
     if status["running"] and status.get("_gateway"):
@@ -111,8 +126,15 @@ def table(status: dict[str, Any]) -> Any:
         title += f", gateway :{status['_gateway']['port']}"
         if leases:
             title += f", {len(leases)} lease(s) {gib(sum(x['bytes'] for x in leases))}"
-    t = Table(title=title + "  (GiB)", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
-              pad_edge=False, padding=(0, 1, 0, 1), collapse_padding=True)
+    t = Table(
+        title=title + "  (GiB)",
+        title_justify="left",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 1, 0, 1),
+        collapse_padding=True,
+    )
     for col in ("model", "state", "pid", "CPU", "GPU", "resv", "%hard", "hard", "req", "rst", "up", "last event"):
         t.add_column(col, justify="right" if col not in ("model", "state", "last event") else "left", no_wrap=True)
     for name, m in status["models"].items():
@@ -124,10 +146,20 @@ def table(status: dict[str, Any]) -> Any:
         state = m["state"] if m.get("_health") != "unhealthy" else f"{m['state']} (unhealthy)"
         color = "red" if m.get("_health") == "unhealthy" else color
         uptime = m["_uptime_s"]
-        t.add_row(name, f"[{color}]{state}[/]", str(m["pid"] or "-"), gib(m["rss_bytes"]), gib(m["gpu_bytes"]),
-                  gib(m["_reserved"]) if m["_reserved"] else "-",
-                  f"[{style}]{share:.0%}[/]" if style else f"{share:.0%}", gib(m["quota_hard_bytes"]),
-                  _requests(m), str(m["restarts"]), "-" if uptime is None else f"{uptime:.0f} s", _last(m))
+        t.add_row(
+            name,
+            f"[{color}]{state}[/]",
+            str(m["pid"] or "-"),
+            gib(m["rss_bytes"]),
+            gib(m["gpu_bytes"]),
+            gib(m["_reserved"]) if m["_reserved"] else "-",
+            f"[{style}]{share:.0%}[/]" if style else f"{share:.0%}",
+            gib(m["quota_hard_bytes"]),
+            _requests(m),
+            str(m["restarts"]),
+            "-" if uptime is None else f"{uptime:.0f} s",
+            _last(m),
+        )
     return t
 
 
@@ -157,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         from rich.console import Console
 
         console = Console(highlight=False)
-        if not console.is_terminal:   # a log or a pipe: never cut a figure at 80 columns
+        if not console.is_terminal:  # a log or a pipe: never cut a figure at 80 columns
             console = Console(highlight=False, width=200)
         console.print(table(status))
     return 0

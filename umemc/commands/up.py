@@ -1,10 +1,10 @@
 """`umemc up STACK|BUNDLE [--run-dir DIR] [--force] [--simulate] [--foreground]`: build (or copy) the
 bundle into RUN/bundle, run the preflight, start the real supervisord and return once every hot
 worker is RUNNING and healthy. On a running stack it says so and reconciles."""
+
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import time
@@ -23,8 +23,12 @@ DEFAULT_RUN_DIR = ".umemc/run"
 
 
 def add_run_dir(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run-dir", metavar="DIR", default=DEFAULT_RUN_DIR,
-                   help=f"where the bundle and live state go (default {DEFAULT_RUN_DIR})")
+    p.add_argument(
+        "--run-dir",
+        metavar="DIR",
+        default=DEFAULT_RUN_DIR,
+        help=f"where the bundle and live state go (default {DEFAULT_RUN_DIR})",
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -32,8 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("target", metavar="STACK|BUNDLE", help="a stack file, or a bundle directory from `umemc build`")
     add_run_dir(p)
     p.add_argument("--force", action="store_true", help="start even when the preflight finds problems (warns)")
-    p.add_argument("--simulate", action="store_true",
-                   help="replace every worker by a placeholder that holds its soft quota and answers requests")
+    p.add_argument(
+        "--simulate",
+        action="store_true",
+        help="replace every worker by a placeholder that holds its soft quota and answers requests",
+    )
     p.add_argument("--foreground", action="store_true", help="keep supervisord in the foreground (systemd unit)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for hot workers (default 900)")
     p.set_defaults(func=run)
@@ -77,8 +84,10 @@ def run(args: argparse.Namespace) -> int:
         events.close()
     wait(console, stack, hot, args.timeout)
     url = stack.wait_gateway()
-    console.print(f"\n[bold green]up[/]: {plan['stack']}: {len(hot)} hot worker(s) running and healthy "
-                  f"(`umemc status --run-dir {args.run_dir}`)")
+    console.print(
+        f"\n[bold green]up[/]: {plan['stack']}: {len(hot)} hot worker(s) running and healthy "
+        f"(`umemc status --run-dir {args.run_dir}`)"
+    )
     if url:
         console.print(f"gateway: {url} (OpenAI-compatible; cold models start on demand)")
     return 0
@@ -90,8 +99,9 @@ def clean_crashed_run(console: Console, stack: Stack) -> None:
     left = stack.leftovers()
     if left:
         killed, survived = stack.sweep()
-        console.print(f"found {len(killed)} process(es) of an earlier run whose supervisord is gone "
-                      f"({', '.join(left)}): stopped")
+        console.print(
+            f"found {len(killed)} process(es) of an earlier run whose supervisord is gone ({', '.join(left)}): stopped"
+        )
         if survived:
             raise RuntimeFailure(f"processes of an earlier run survived SIGKILL: {survived}; stop them first")
     if stack.clean_stale():
@@ -122,16 +132,20 @@ def install_bundle(args: argparse.Namespace, run_dir: RunDir) -> None:
     if args.simulate:
         raise UsageError("--simulate needs the stack file: it builds placeholders into the bundle")
     if target.resolve() != run_dir.bundle.resolve():
-        files = {str(p.relative_to(target)): p.read_text() for p in sorted(target.rglob("*"))
-                 if p.is_file() and p.name != ".umemc-bundle"}
+        files = {
+            str(p.relative_to(target)): p.read_text()
+            for p in sorted(target.rglob("*"))
+            if p.is_file() and p.name != ".umemc-bundle"
+        }
         if socket:
             default = "%(here)s/../state/supervisor.sock"
             files = {k: v.replace(default, socket) for k, v in files.items()}
         write_bundle(run_dir.bundle, files)
 
 
-def preflight(console: Console, run_dir: RunDir, plan: dict[str, Any], args: argparse.Namespace,
-              running: set[str]) -> bool:
+def preflight(
+    console: Console, run_dir: RunDir, plan: dict[str, Any], args: argparse.Namespace, running: set[str]
+) -> bool:
     from ..runtime.preflight import Preflight
 
     pf = Preflight(run_dir.bundle, plan, simulate=args.simulate)
@@ -147,8 +161,9 @@ def preflight(console: Console, run_dir: RunDir, plan: dict[str, Any], args: arg
         for fix in f.fix:
             console.print(f"          fix: {fix}")
     if blocking and not args.force:
-        print(f"umemc up: preflight refused ({len(blocking)} problem(s) above); fix them or pass --force",
-              file=sys.stderr)
+        print(
+            f"umemc up: preflight refused ({len(blocking)} problem(s) above); fix them or pass --force", file=sys.stderr
+        )
         return False
     if blocking:
         console.print("[yellow]--force: starting despite the preflight[/]")
@@ -170,6 +185,7 @@ def wait(console: Console, stack: Stack, hot: list[str], timeout: float) -> None
         return t
 
     with Live(table(), console=console, refresh_per_second=4) as live:
+
         def progress(name: str, state: str, ok: bool) -> None:
             states[name] = (state, ok)
             live.update(table())

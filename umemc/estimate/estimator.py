@@ -1,10 +1,12 @@
 """Per-model memory estimates: every figure with the formula and inputs behind it."""
+
 from __future__ import annotations
 
 from ..stack.resolve import LLAMA_RUNTIMES, LoadedStack, ResolvedModel
 from .figures import Estimate
 from .llama import estimate_llama
 from .other import apply_measured_peak, estimate_command, estimate_torch, estimate_whisper_cpp
+
 
 def estimate_model(loaded: LoadedStack, model: ResolvedModel) -> Estimate:
     if model.spec.runtime in LLAMA_RUNTIMES:

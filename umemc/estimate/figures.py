@@ -1,5 +1,6 @@
 """A figure is a number of bytes together with the formula and inputs that produced it, so that
 `umemc explain` can show where every byte of an estimate comes from."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -18,20 +19,21 @@ class Figure:
         parts = [p for p in parts if p.bytes or p.formula]
         if len(parts) == 1 and parts[0].name == name:
             return parts[0]
-        return Figure(name, sum(p.bytes for p in parts),
-                      formula or " + ".join(p.name for p in parts) or "0", parts=tuple(parts))
+        return Figure(
+            name, sum(p.bytes for p in parts), formula or " + ".join(p.name for p in parts) or "0", parts=tuple(parts)
+        )
 
 
 @dataclass(frozen=True)
 class Estimate:
     name: str
-    source: str                     # gguf | arch | explicit | measured | lock
+    source: str  # gguf | arch | explicit | measured | lock
     weights: Figure
     kv: Figure
     compute: Figure
     overhead: Figure
     gpu: Figure
-    explicit: int | None = None     # `memory = …` overrides the sum
+    explicit: int | None = None  # `memory = …` overrides the sum
     facts: dict[str, object] = field(default_factory=dict)  # quant used, file type, context, ...
     warnings: tuple[str, ...] = ()
 

@@ -1,5 +1,6 @@
 """Facts from a GGUF header. `gguf` (and numpy) are imported here only, and only when a stack
 names a GGUF file that exists: `umemc check` on presets never pays for them."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ class GgufFacts:
     n_tensors: int
     type_counts: dict[str, int]
     file_type: str | None
-    shape: LlmShape | None          # None for files that are not language models (mmproj)
+    shape: LlmShape | None  # None for files that are not language models (mmproj)
     general_arch: str
     vision: VisionShape | None = None  # a multimodal projector's encoder (clip.vision.* keys)
 
@@ -42,7 +43,7 @@ def read(path: Path) -> GgufFacts:
 
     try:
         reader = gguf.GGUFReader(str(path), "r")
-    except Exception as exc:  # a truncated or corrupt header: the caller reports it with a location
+    except Exception as exc:  # noqa: BLE001 - gguf raises anything on a truncated or corrupt header; reported with a location
         raise NotGguf(f"cannot read the GGUF header: {exc}") from None
     fields = {name: _value(field) for name, field in reader.fields.items() if not name.startswith("tokenizer.ggml.")}
     counts: dict[str, int] = {}
@@ -68,7 +69,8 @@ def _vision(f: dict[str, Any]) -> VisionShape | None:
         return None
     embd = int(f.get("clip.vision.embedding_length", 0))
     return VisionShape(
-        n_layer=int(f["clip.vision.block_count"]), n_embd=embd,
+        n_layer=int(f["clip.vision.block_count"]),
+        n_embd=embd,
         n_ff=int(f.get("clip.vision.feed_forward_length", 4 * embd)),
         n_head=int(f.get("clip.vision.attention.head_count", 1)),
         patch=int(f.get("clip.vision.patch_size", 14)),
@@ -123,9 +125,19 @@ def _shape(f: dict[str, Any], arch: str, vocab: int) -> LlmShape:
             swa_layers = tuple(n > 0 and i % n < n - 1 for i in range(n_layer)) if n else (True,) * n_layer
     causal = bool(key("attention.causal", arch not in ("bert", "nomic-bert", "jina-bert-v2")))
     return LlmShape(
-        arch=arch, n_layer=n_layer, n_embd=n_embd, n_ff=_max(key("feed_forward_length", 4 * n_embd)),
-        n_head=n_head, n_head_kv=n_head_kv, head_dim_k=hd_k, head_dim_v=hd_v, n_vocab=vocab,
-        n_ctx_train=int(key("context_length", 0)), sliding_window=swa, swa_layers=swa_layers, causal=causal,
+        arch=arch,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_ff=_max(key("feed_forward_length", 4 * n_embd)),
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim_k=hd_k,
+        head_dim_v=hd_v,
+        n_vocab=vocab,
+        n_ctx_train=int(key("context_length", 0)),
+        sliding_window=swa,
+        swa_layers=swa_layers,
+        causal=causal,
     )
 
 

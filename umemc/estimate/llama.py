@@ -1,21 +1,25 @@
 """Estimates for the llama.cpp runtimes (llama-server, llama-cpp-python)."""
+
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ..stack.resolve import LoadedStack, ResolvedModel
 from .archs import LLM_PRESETS, LlmShape, VisionShape
 from .figures import Estimate, Figure
+from .finish import finish
 from .gguf_file import GgufFacts, NotGguf
 from .gguf_file import read as read_gguf
 from .llm import compute_figure, kv_figure, projector_from_preset, vision_compute_figure, weights_from_preset
-from .finish import finish
 from .other import estimate_command
 from .overhead import overhead_figure
 from .quant import FILE_TYPE_BITS
 
-_WANTS = {"embedding": ("F16", "embedding models lose recall when quantized below F16"),
-          "vision": ("Q8_0", "vision models lose accuracy below Q8 (practitioners saw ~15 mAP points at Q4)")}
+_WANTS = {
+    "embedding": ("F16", "embedding models lose recall when quantized below F16"),
+    "vision": ("Q8_0", "vision models lose accuracy below Q8 (practitioners saw ~15 mAP points at Q4)"),
+}
 
 
 def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
@@ -26,16 +30,31 @@ def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
     preset = LLM_PRESETS.get(spec.arch or "")
     if facts is not None:
         if facts.shape is None:
-            raise loaded.source.error(at + ("model",), f"GGUF has no {facts.general_arch}.block_count: "
-                                      "not a language model", "a projector goes in mmproj")
+            raise loaded.source.error(
+                at + ("model",),
+                f"GGUF has no {facts.general_arch}.block_count: not a language model",
+                "a projector goes in mmproj",
+            )
         shape, ftype = facts.shape, facts.file_type or "?"
         how = "the GGUF header (exact)" if source == "gguf" else "the lock in the calibration file (exact)"
-        weights = Figure("weights", facts.tensor_bytes, f"sum of tensor bytes in {how}",
-                         {"file": str(m.model_path), "tensors": facts.n_tensors, "file type": ftype,
-                          "tensor types": ", ".join(f"{k}:{v}" for k, v in facts.type_counts.items())})
+        weights = Figure(
+            "weights",
+            facts.tensor_bytes,
+            f"sum of tensor bytes in {how}",
+            {
+                "file": str(m.model_path),
+                "tensors": facts.n_tensors,
+                "file type": ftype,
+                "tensor types": ", ".join(f"{k}:{v}" for k, v in facts.type_counts.items()),
+            },
+        )
         if m.quant and facts.file_type and m.quant != facts.file_type:
-            warnings.append(loaded.source.warning(at + ("quant",), f"quant = \"{m.quant}\" but the file is "
-                                                  f"{facts.file_type}; the estimate uses the file"))
+            warnings.append(
+                loaded.source.warning(
+                    at + ("quant",),
+                    f'quant = "{m.quant}" but the file is {facts.file_type}; the estimate uses the file',
+                )
+            )
     elif preset is not None:
         shape, source, ftype = preset.shape, "arch", m.quant or preset.default_quant
         weights = weights_from_preset(preset, ftype)
@@ -55,35 +74,56 @@ def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
     if measured is not None:
         source = "measured"
         weights_fig, kv, compute_fig, overhead = measured
-    return finish(loaded, m, source, weights_fig, kv, compute_fig, overhead, warnings,
-                  {"file type": ftype, "family": family, "n_ctx_train": shape.n_ctx_train})
+    return finish(
+        loaded,
+        m,
+        source,
+        weights_fig,
+        kv,
+        compute_fig,
+        overhead,
+        warnings,
+        {"file type": ftype, "family": family, "n_ctx_train": shape.n_ctx_train},
+    )
 
 
 def current_flags(loaded: LoadedStack, m: ResolvedModel) -> dict[str, object]:
     """The memory-relevant settings a calibration is keyed by."""
     s = m.spec
-    return {"runtime": s.runtime, "context": s.context, "parallel": s.parallel, "ubatch": s.ubatch,
-            "kv_cache": s.kv_cache, "flash_attn": s.flash_attn, "mmap": m.mmap, "mlock": s.mlock,
-            "kind": loaded.platform.kind}
+    return {
+        "runtime": s.runtime,
+        "context": s.context,
+        "parallel": s.parallel,
+        "ubatch": s.ubatch,
+        "kv_cache": s.kv_cache,
+        "flash_attn": s.flash_attn,
+        "mmap": m.mmap,
+        "mlock": s.mlock,
+        "kind": loaded.platform.kind,
+    }
 
 
-def _checked_entry(loaded: LoadedStack, m: ResolvedModel, warnings: list[str]) -> dict | None:
+def _checked_entry(loaded: LoadedStack, m: ResolvedModel, warnings: list[str]) -> dict[str, Any] | None:
     """The model's calibration entry, unless the file present is not the one it recorded."""
     from ..calibration import identity
 
-    entry = loaded.calibration.get(m.name)
+    entry: dict[str, Any] | None = loaded.calibration.get(m.name)
     if entry is None or not m.model_present or m.model_path is None:
         return entry
     now = identity(m.model_path)
     if now != entry.get("file"):
         what = "size" if now["size"] != entry.get("file", {}).get("size") else "content"
-        warnings.append(loaded.source.warning(("models", m.name, "model"), f"the calibration file recorded another "
-                                              f"file ({what} changed): its lock and measurements are ignored"))
+        warnings.append(
+            loaded.source.warning(
+                ("models", m.name, "model"),
+                f"the calibration file recorded another file ({what} changed): its lock and measurements are ignored",
+            )
+        )
         return None
     return entry
 
 
-def _facts(loaded: LoadedStack, m: ResolvedModel, entry: dict | None) -> tuple[GgufFacts | None, str]:
+def _facts(loaded: LoadedStack, m: ResolvedModel, entry: dict[str, Any] | None) -> tuple[GgufFacts | None, str]:
     from ..calibration import facts_from_lock
 
     if m.model_present:
@@ -93,8 +133,9 @@ def _facts(loaded: LoadedStack, m: ResolvedModel, entry: dict | None) -> tuple[G
     return None, "arch"
 
 
-def _measured(loaded: LoadedStack, m: ResolvedModel, entry: dict | None,
-              warnings: list[str]) -> tuple[Figure, Figure, Figure, Figure] | None:
+def _measured(
+    loaded: LoadedStack, m: ResolvedModel, entry: dict[str, Any] | None, warnings: list[str]
+) -> tuple[Figure, Figure, Figure, Figure] | None:
     """llama.cpp's own buffer report and the resident memory after a warm-up, if still valid."""
     from ..calibration import flag_changes, host_bytes, totals
 
@@ -102,20 +143,32 @@ def _measured(loaded: LoadedStack, m: ResolvedModel, entry: dict | None,
         return None
     changes = flag_changes(entry.get("flags", {}), current_flags(loaded, m))
     if changes:
-        warnings.append(loaded.source.warning(("models", m.name), "calibration ignored: " + ", ".join(changes),
-                                              what="table"))
+        warnings.append(
+            loaded.source.warning(("models", m.name), "calibration ignored: " + ", ".join(changes), what="table")
+        )
         return None
     meas = entry["measured"]
     t = totals(meas["buffers"])
     when = {"measured": meas.get("at", "?"), "by": meas.get("runtime_version", "?")}
     rest = max(0, meas["rss_bytes"] - host_bytes(meas["buffers"]))
     gpu_ctx = overhead_figure(m.spec.runtime, loaded.platform.kind).parts[1:]  # GPU context stays an estimate
-    return (Figure("weights", t["model"], "llama.cpp: model buffer size (calibration)", when),
-            Figure("kv", t["kv"], "llama.cpp: KV buffer size (calibration)", when),
-            Figure("compute", t["compute"] + t["output"], "llama.cpp: compute + output buffer size (calibration)",
-                   when),
-            Figure.total("overhead", [Figure("process", rest, "resident after a warm-up request minus host "
-                                             "buffers (calibration)", {"rss": meas["rss_bytes"]}), *gpu_ctx]))
+    return (
+        Figure("weights", t["model"], "llama.cpp: model buffer size (calibration)", when),
+        Figure("kv", t["kv"], "llama.cpp: KV buffer size (calibration)", when),
+        Figure("compute", t["compute"] + t["output"], "llama.cpp: compute + output buffer size (calibration)", when),
+        Figure.total(
+            "overhead",
+            [
+                Figure(
+                    "process",
+                    rest,
+                    "resident after a warm-up request minus host buffers (calibration)",
+                    {"rss": meas["rss_bytes"]},
+                ),
+                *gpu_ctx,
+            ],
+        ),
+    )
 
 
 def _read(loaded: LoadedStack, path: Path | None, at: tuple[str, ...]) -> GgufFacts:
@@ -126,13 +179,19 @@ def _read(loaded: LoadedStack, path: Path | None, at: tuple[str, ...]) -> GgufFa
         raise loaded.source.error(at, str(exc)) from None
 
 
-def _vision(loaded: LoadedStack, m: ResolvedModel, facts: GgufFacts | None, preset: object) -> tuple[Figure, Figure] | None:
+def _vision(
+    loaded: LoadedStack, m: ResolvedModel, facts: GgufFacts | None, preset: object
+) -> tuple[Figure, Figure] | None:
     spec = m.spec
     vshape: VisionShape | None = getattr(preset, "vision", None)
     if m.mmproj_present:
         proj = _read(loaded, m.mmproj_path, ("models", m.name, "mmproj"))
-        weights = Figure("projector", proj.tensor_bytes, "sum of tensor bytes in the mmproj GGUF header (exact)",
-                         {"file": str(m.mmproj_path), "tensors": proj.n_tensors})
+        weights = Figure(
+            "projector",
+            proj.tensor_bytes,
+            "sum of tensor bytes in the mmproj GGUF header (exact)",
+            {"file": str(m.mmproj_path), "tensors": proj.n_tensors},
+        )
         vshape = proj.vision or vshape
     elif vshape is not None and (spec.mmproj is not None or preset is not None):
         weights = projector_from_preset(vshape, spec.arch or "")
@@ -149,12 +208,27 @@ def _warnings(loaded: LoadedStack, m: ResolvedModel, shape: LlmShape, ftype: str
     if want and FILE_TYPE_BITS.get(ftype, 99) < FILE_TYPE_BITS[want[0]]:
         out.append(src.warning(at + ("quant",), f"{family} model quantized to {ftype}: {want[1]}; consider {want[0]}"))
     if spec.kv_cache not in ("f16", "f32", "bf16") and not spec.flash_attn:
-        out.append(src.warning(at + ("kv_cache",), f"kv_cache = \"{spec.kv_cache}\" without flash attention: "
-                               "llama.cpp refuses a quantized V cache unless flash_attn = true"))
+        out.append(
+            src.warning(
+                at + ("kv_cache",),
+                f'kv_cache = "{spec.kv_cache}" without flash attention: '
+                "llama.cpp refuses a quantized V cache unless flash_attn = true",
+            )
+        )
     if shape.n_ctx_train and spec.context > shape.n_ctx_train:
-        out.append(src.warning(at + ("context",), f"context {spec.context} is above the model's trained "
-                               f"context {shape.n_ctx_train}: quality degrades without RoPE scaling"))
+        out.append(
+            src.warning(
+                at + ("context",),
+                f"context {spec.context} is above the model's trained "
+                f"context {shape.n_ctx_train}: quality degrades without RoPE scaling",
+            )
+        )
     if not shape.causal and spec.context > spec.ubatch:
-        out.append(src.warning(at + ("ubatch",), f"embedding inputs must fit one ubatch: inputs longer than "
-                               f"{spec.ubatch} tokens will be rejected (context is {spec.context})"))
+        out.append(
+            src.warning(
+                at + ("ubatch",),
+                f"embedding inputs must fit one ubatch: inputs longer than "
+                f"{spec.ubatch} tokens will be rejected (context is {spec.context})",
+            )
+        )
     return out

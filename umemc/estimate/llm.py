@@ -1,16 +1,17 @@
 """llama.cpp memory: weights, KV cache, compute and output buffers (REFERENCE.md, "KV cache" and
 "Compute buffers"). The compute model is calibrated against llama.cpp's own buffer report by
 bench/accuracy.py; the constants below say which graph node each term stands for."""
+
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 from .archs import LlmPreset, LlmShape, VisionShape
 from .figures import Figure
 from .quant import KV_TYPES, mix_types, row_bytes, tensor_bytes
 
-CTX_PAD = 256            # llama.cpp pads n_ctx (KV cells) to a multiple of 256
-KQ_MASK_PAD = 64         # GGML_KQ_MASK_PAD: the mask's token dimension is padded to 64
+CTX_PAD = 256  # llama.cpp pads n_ctx (KV cells) to a multiple of 256
+KQ_MASK_PAD = 64  # GGML_KQ_MASK_PAD: the mask's token dimension is padded to 64
 F32 = 4
 
 
@@ -18,26 +19,38 @@ def pad(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
-@lru_cache(maxsize=None)
+@cache
 def weights_from_preset(preset: LlmPreset, ftype: str) -> Figure:
     """Cached: a stack of many models of one preset computes the mix once (frozen inputs)."""
     tensors = preset.tensors()
     types = mix_types(ftype, tensors, preset.shape.n_gqa, preset.is_70b)
-    total = sum(tensor_bytes(t, shape) for (_, shape), t in zip(tensors, types))
+    total = sum(tensor_bytes(t, shape) for (_, shape), t in zip(tensors, types, strict=True))
     counts: dict[str, int] = {}
     for t in types:
         counts[t] = counts.get(t, 0) + 1
-    return Figure("weights", total, "sum over tensors of row_bytes(type, ne0) x rows, types from llama.cpp's "
-                  f"{ftype} mix (llama-quant.cpp) incl. block-size fallbacks",
-                  {"preset": preset.name, "file type": ftype, "tensors": len(tensors),
-                   "tensor types": ", ".join(f"{k}:{v}" for k, v in sorted(counts.items()))})
+    return Figure(
+        "weights",
+        total,
+        "sum over tensors of row_bytes(type, ne0) x rows, types from llama.cpp's "
+        f"{ftype} mix (llama-quant.cpp) incl. block-size fallbacks",
+        {
+            "preset": preset.name,
+            "file type": ftype,
+            "tensors": len(tensors),
+            "tensor types": ", ".join(f"{k}:{v}" for k, v in sorted(counts.items())),
+        },
+    )
 
 
 def projector_from_preset(vision: VisionShape, arch: str) -> Figure:
     tensors = vision.tensors()
     total = sum(tensor_bytes("F32" if len(s) < 2 else "F16", s) for _, s in tensors)
-    return Figure("projector", total, "mmproj tensors, F16 weights and F32 biases/norms (published mmproj-f16)",
-                  {"preset": arch, "tensors": len(tensors), "vit layers": vision.n_layer, "vit width": vision.n_embd})
+    return Figure(
+        "projector",
+        total,
+        "mmproj tensors, F16 weights and F32 biases/norms (published mmproj-f16)",
+        {"preset": arch, "tensors": len(tensors), "vit layers": vision.n_layer, "vit width": vision.n_embd},
+    )
 
 
 def cells(context: int, parallel: int) -> int:
@@ -56,14 +69,19 @@ def kv_figure(shape: LlmShape, context: int, parallel: int, ubatch: int, kv_type
         c = swa_cells if shape.swa_layers and shape.swa_layers[layer] else n_cells
         total += (row_bytes(gtype, shape.head_dim_k * n_kv) + row_bytes(gtype, shape.head_dim_v * n_kv)) * c
     inputs: dict[str, object] = {
-        "layers": shape.n_layer, "kv heads": _heads(shape.n_head_kv), "head dim k/v": f"{shape.head_dim_k}/{shape.head_dim_v}",
-        "cells": f"pad256(context {context} x parallel {parallel}) = {n_cells}", "type": kv_type,
+        "layers": shape.n_layer,
+        "kv heads": _heads(shape.n_head_kv),
+        "head dim k/v": f"{shape.head_dim_k}/{shape.head_dim_v}",
+        "cells": f"pad256(context {context} x parallel {parallel}) = {n_cells}",
+        "type": kv_type,
     }
     formula = "sum over layers of (row_bytes(type, hd_k x kv_heads) + row_bytes(type, hd_v x kv_heads)) x cells"
     if shape.sliding_window:
         n_swa = sum(shape.swa_layers)
-        inputs["sliding-window layers"] = f"{n_swa} of {shape.n_layer} hold pad256(min(cells, window "\
+        inputs["sliding-window layers"] = (
+            f"{n_swa} of {shape.n_layer} hold pad256(min(cells, window "
             f"{shape.sliding_window} x parallel + ubatch)) = {swa_cells} cells"
+        )
     return Figure("kv", total, formula, inputs)
 
 
@@ -79,31 +97,57 @@ def compute_figure(shape: LlmShape, context: int, parallel: int, ubatch: int, fl
     n_ub = min(ubatch, context * parallel) if shape.causal else ubatch
     n_kv = cells(context, parallel) if shape.causal else pad(n_ub, CTX_PAD)  # an encoder attends to its batch
     e, e_kv = shape.n_embd, max(shape.n_head_kv) * shape.head_dim_k
-    mask = Figure("kq_mask", n_kv * pad(n_ub, KQ_MASK_PAD) * (2 if flash_attn else F32),
-                  "n_kv x pad64(n_ubatch) x (2 bytes with flash attention, else 4)", {"n_kv": n_kv})
+    mask = Figure(
+        "kq_mask",
+        n_kv * pad(n_ub, KQ_MASK_PAD) * (2 if flash_attn else F32),
+        "n_kv x pad64(n_ubatch) x (2 bytes with flash attention, else 4)",
+        {"n_kv": n_kv},
+    )
     acts = (5 * e + 2 * e_kv + (e if flash_attn else 0)) * n_ub * F32
     if flash_attn:
-        attn = Figure("attention", acts, "(5 x n_embd + 2 x n_embd_kv + n_embd flash-attention output) x n_ubatch x 4",
-                      {"n_embd_kv": e_kv})
+        attn = Figure(
+            "attention",
+            acts,
+            "(5 x n_embd + 2 x n_embd_kv + n_embd flash-attention output) x n_ubatch x 4",
+            {"n_embd_kv": e_kv},
+        )
     else:
-        attn = Figure("attention", n_kv * n_ub * shape.n_head * F32 + acts,
-                      "KQ scores n_kv x n_ubatch x heads x 4 (softmax in place) + (5 x n_embd + 2 x n_embd_kv) "
-                      "x n_ubatch x 4", {"heads": shape.n_head, "n_embd_kv": e_kv})
-    ffn = Figure("ffn", (3 * shape.n_ff + 4 * e) * n_ub * F32,
-                 "(3 x n_ff: gate, up and their product + 4 x n_embd) x n_ubatch x 4", {"n_ff": shape.n_ff})
+        attn = Figure(
+            "attention",
+            n_kv * n_ub * shape.n_head * F32 + acts,
+            "KQ scores n_kv x n_ubatch x heads x 4 (softmax in place) + (5 x n_embd + 2 x n_embd_kv) x n_ubatch x 4",
+            {"heads": shape.n_head, "n_embd_kv": e_kv},
+        )
+    ffn = Figure(
+        "ffn",
+        (3 * shape.n_ff + 4 * e) * n_ub * F32,
+        "(3 x n_ff: gate, up and their product + 4 x n_embd) x n_ubatch x 4",
+        {"n_ff": shape.n_ff},
+    )
     width = shape.n_vocab if shape.causal else 0
-    end = Figure("logits", (width + 2 * e) * n_ub * F32,
-                 "(n_vocab + 2 x n_embd) x n_ubatch x 4: the reserve graph outputs every token",
-                 {"n_vocab": shape.n_vocab})
+    end = Figure(
+        "logits",
+        (width + 2 * e) * n_ub * F32,
+        "(n_vocab + 2 x n_embd) x n_ubatch x 4: the reserve graph outputs every token",
+        {"n_vocab": shape.n_vocab},
+    )
     layer = max(attn, ffn, key=lambda f: f.bytes)
     graph_bytes = max(mask.bytes + layer.bytes, end.bytes)
     peak = f"kq_mask + {layer.name}" if graph_bytes > end.bytes else "logits"
-    graph = Figure("compute buffer", graph_bytes, f"max(kq_mask + max(attention, ffn), logits) [= {peak}]",
-                   {"n_ubatch": n_ub, "flash_attn": flash_attn}, parts=(mask, attn, ffn, end))
+    graph = Figure(
+        "compute buffer",
+        graph_bytes,
+        f"max(kq_mask + max(attention, ffn), logits) [= {peak}]",
+        {"n_ubatch": n_ub, "flash_attn": flash_attn},
+        parts=(mask, attn, ffn, end),
+    )
     rows = shape.n_vocab if shape.causal else shape.n_embd
-    output = Figure("output buffer", rows * parallel * F32,
-                    ("n_vocab" if shape.causal else "n_embd") + " x n_seq x 4 (llama.cpp output_reserve)",
-                    {"n_seq": parallel})
+    output = Figure(
+        "output buffer",
+        rows * parallel * F32,
+        ("n_vocab" if shape.causal else "n_embd") + " x n_seq x 4 (llama.cpp output_reserve)",
+        {"n_seq": parallel},
+    )
     return Figure.total("compute", [graph, output])
 
 
@@ -118,5 +162,9 @@ def vision_compute_figure(vision: VisionShape, image_size: int, flash_attn: bool
     else:
         attn = n_patches * n_patches * vision.n_head * F32
         formula = "patches² x heads x 4 (full-attention scores) + 6 activations of patches x width x 4"
-    return Figure("projector compute", attn + 6 * act + n_patches * vision.n_ff * F32 * 2, formula + " + ffn",
-                  {"image": f"{image_size}x{image_size}", "patches": n_patches, "heads": vision.n_head})
+    return Figure(
+        "projector compute",
+        attn + 6 * act + n_patches * vision.n_ff * F32 * 2,
+        formula + " + ffn",
+        {"image": f"{image_size}x{image_size}", "patches": n_patches, "heads": vision.n_head},
+    )

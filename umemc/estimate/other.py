@@ -1,5 +1,6 @@
 """Estimates for whisper.cpp, torch-family workers (diffusion, speech, embeddings) and opaque
 `command` workers."""
+
 from __future__ import annotations
 
 from ..stack.resolve import LoadedStack, ResolvedModel
@@ -22,13 +23,21 @@ def estimate_whisper_cpp(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
     preset = TORCH_PRESETS.get(spec.arch or "")
     gtype = WHISPER_TYPES[m.quant or "f16"]
     if m.model_present and m.model_path is not None and m.model_path.is_file():
-        weights = Figure("weights", m.model_path.stat().st_size, "size of the ggml model file (weights + vocab)",
-                         {"file": str(m.model_path)})
+        weights = Figure(
+            "weights",
+            m.model_path.stat().st_size,
+            "size of the ggml model file (weights + vocab)",
+            {"file": str(m.model_path)},
+        )
         source = "gguf"
     elif preset is not None:
         block, size = BLOCK[gtype]
-        weights = Figure("weights", preset.params * size // block, "parameters x bytes per parameter of the type",
-                         {"parameters": preset.params, "type": m.quant or "f16"})
+        weights = Figure(
+            "weights",
+            preset.params * size // block,
+            "parameters x bytes per parameter of the type",
+            {"parameters": preset.params, "type": m.quant or "f16"},
+        )
         source = "arch"
     else:
         return estimate_command(loaded, m)
@@ -36,13 +45,21 @@ def estimate_whisper_cpp(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
     n_layer, n_state, n_head = dims["n_layer"], dims["n_state"], dims["n_head"]
     kv_cross = dims["n_audio_ctx"] * n_layer * n_state * 2 * 2
     kv_self = dims["n_text_ctx"] * n_layer * n_state * 2 * 2
-    kv = Figure("kv", kv_cross + kv_self, "cross: audio_ctx x layers x width x 2 (k,v) x 2 bytes + "
-                "self: text_ctx x layers x width x 2 x 2 bytes (one decoder)",
-                {"audio_ctx": dims["n_audio_ctx"], "text_ctx": dims["n_text_ctx"], "layers": n_layer, "width": n_state})
+    kv = Figure(
+        "kv",
+        kv_cross + kv_self,
+        "cross: audio_ctx x layers x width x 2 (k,v) x 2 bytes + "
+        "self: text_ctx x layers x width x 2 x 2 bytes (one decoder)",
+        {"audio_ctx": dims["n_audio_ctx"], "text_ctx": dims["n_text_ctx"], "layers": n_layer, "width": n_state},
+    )
     attn = 0 if spec.flash_attn else dims["n_audio_ctx"] ** 2 * n_head * F32
-    enc = Figure("encoder graph", attn + 8 * dims["n_audio_ctx"] * n_state * F32 + 2 * 3000 * n_state * F32,
-                 "audio_ctx² x heads x 4 (scores, without flash attention) + 8 activations of audio_ctx x "
-                 "width x 4 + conv 2 x 3000 x width x 4", {"flash_attn": spec.flash_attn})
+    enc = Figure(
+        "encoder graph",
+        attn + 8 * dims["n_audio_ctx"] * n_state * F32 + 2 * 3000 * n_state * F32,
+        "audio_ctx² x heads x 4 (scores, without flash attention) + 8 activations of audio_ctx x "
+        "width x 4 + conv 2 x 3000 x width x 4",
+        {"flash_attn": spec.flash_attn},
+    )
     compute = Figure.total("compute", [enc])
     overhead = overhead_figure(spec.runtime, loaded.platform.kind)
     return finish(loaded, m, source, weights, kv, compute, overhead, [], {"family": "speech", "type": m.quant})
@@ -56,32 +73,53 @@ def estimate_torch(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
         weights, act = _torch_encoder(m, dtype)
     else:
         preset = TORCH_PRESETS[spec.arch or ""]
-        weights = Figure("weights", preset.params * nbytes, "parameters x bytes per parameter",
-                         {"parameters": preset.params, "dtype": dtype,
-                          **{f"{k} params": v for k, v in preset.parts.items()}})
+        weights = Figure(
+            "weights",
+            preset.params * nbytes,
+            "parameters x bytes per parameter",
+            {"parameters": preset.params, "dtype": dtype, **{f"{k} params": v for k, v in preset.parts.items()}},
+        )
         act = _activation(preset, dtype, spec.image_size, spec.batch, spec.audio_seconds)
     kv = Figure("kv", 0, "no KV cache held between requests")
     overhead = overhead_figure(spec.runtime, loaded.platform.kind)
     warnings = []
     if m.family == "speech" and dtype == "int8":
-        warnings.append(loaded.source.warning(("models", m.name, "quant"),
-                                              "speech model at int8: practitioners keep speech at 8 bits or more; "
-                                              "check word error rate"))
-    return finish(loaded, m, "arch", weights, kv, Figure.total("compute", [act]), overhead, warnings,
-                  {"family": m.family, "dtype": dtype})
+        warnings.append(
+            loaded.source.warning(
+                ("models", m.name, "quant"),
+                "speech model at int8: practitioners keep speech at 8 bits or more; check word error rate",
+            )
+        )
+    return finish(
+        loaded,
+        m,
+        "arch",
+        weights,
+        kv,
+        Figure.total("compute", [act]),
+        overhead,
+        warnings,
+        {"family": m.family, "dtype": dtype},
+    )
 
 
 def _activation(preset: TorchPreset, dtype: str, image_size: int, batch: int, audio_seconds: float) -> Figure:
     base = preset.activation_bytes[dtype]
     if preset.family == "diffusion":
         scale = (image_size / 1024) ** 2 * batch
-        return Figure("activations", int(base * scale), "peak activations at the reference workload x "
-                      "(image_size/1024)² x batch", {"reference": preset.reference, "reference bytes": base,
-                                                    "image_size": image_size, "batch": batch})
-    return Figure("activations", base * batch, "peak activations at the reference workload x batch; whisper pads "
-                  "every window to 30 s, so longer audio is processed window by window",
-                  {"reference": preset.reference, "reference bytes": base, "batch": batch,
-                   "audio_seconds": audio_seconds})
+        return Figure(
+            "activations",
+            int(base * scale),
+            "peak activations at the reference workload x (image_size/1024)² x batch",
+            {"reference": preset.reference, "reference bytes": base, "image_size": image_size, "batch": batch},
+        )
+    return Figure(
+        "activations",
+        base * batch,
+        "peak activations at the reference workload x batch; whisper pads "
+        "every window to 30 s, so longer audio is processed window by window",
+        {"reference": preset.reference, "reference bytes": base, "batch": batch, "audio_seconds": audio_seconds},
+    )
 
 
 def _torch_encoder(m: ResolvedModel, dtype: str) -> tuple[Figure, Figure]:
@@ -95,21 +133,35 @@ def _torch_encoder(m: ResolvedModel, dtype: str) -> tuple[Figure, Figure]:
         params += n
     nbytes = TORCH_DTYPES[dtype]
     s = preset.shape
-    weights = Figure("weights", params * nbytes, "parameters (from the preset's tensor shapes) x bytes per parameter",
-                     {"parameters": params, "dtype": dtype})
+    weights = Figure(
+        "weights",
+        params * nbytes,
+        "parameters (from the preset's tensor shapes) x bytes per parameter",
+        {"parameters": params, "dtype": dtype},
+    )
     tokens = m.spec.context * m.spec.batch
-    scores = m.spec.batch * m.spec.context ** 2 * s.n_head * nbytes
-    act = Figure("activations", scores + 4 * tokens * s.n_ff * nbytes,
-                 "attention scores batch x context² x heads x dtype + 4 x tokens x n_ff x dtype",
-                 {"context": m.spec.context, "batch": m.spec.batch, "heads": s.n_head})
+    scores = m.spec.batch * m.spec.context**2 * s.n_head * nbytes
+    act = Figure(
+        "activations",
+        scores + 4 * tokens * s.n_ff * nbytes,
+        "attention scores batch x context² x heads x dtype + 4 x tokens x n_ff x dtype",
+        {"context": m.spec.context, "batch": m.spec.batch, "heads": s.n_head},
+    )
     return weights, act
 
 
 def torch_flags(loaded: LoadedStack, m: ResolvedModel) -> dict[str, object]:
     """What a torch worker's calibration is keyed by."""
     s = m.spec
-    return {"runtime": s.runtime, "module": s.module, "quant": m.quant, "image_size": s.image_size,
-            "batch": s.batch, "audio_seconds": s.audio_seconds, "kind": loaded.platform.kind}
+    return {
+        "runtime": s.runtime,
+        "module": s.module,
+        "quant": m.quant,
+        "image_size": s.image_size,
+        "batch": s.batch,
+        "audio_seconds": s.audio_seconds,
+        "kind": loaded.platform.kind,
+    }
 
 
 def apply_measured_peak(loaded: LoadedStack, m: ResolvedModel, est: Estimate) -> Estimate:
@@ -131,13 +183,27 @@ def apply_measured_peak(loaded: LoadedStack, m: ResolvedModel, est: Estimate) ->
         return replace(est, warnings=(*est.warnings, w))
     peak = int(entry["measured"]["peak_bytes"])
     if m.spec.memory is not None:
-        w = loaded.source.warning(at + ("memory",), f"measured peak {human(peak)} (calibration) against memory = "
-                                  f"{human(m.spec.memory)}")
+        w = loaded.source.warning(
+            at + ("memory",), f"measured peak {human(peak)} (calibration) against memory = {human(m.spec.memory)}"
+        )
         return replace(est, warnings=(*est.warnings, w))
     rest = max(0, peak - est.weights.bytes - est.overhead.bytes)
-    compute = Figure("compute", rest, "measured peak resident after the worker's warm-up minus weights and "
-                     "overhead (calibration)", {"peak": peak, "measured": entry["measured"].get("at", "?")})
-    gpu = est.gpu if loaded.platform.kind == "cpu" else Figure("gpu", est.weights.bytes + rest,
-                                                               "weights + measured activations")
-    return replace(est, source="measured", compute=compute, kv=Figure("kv", 0, "no KV cache held between requests"),
-                   gpu=gpu, explicit=None)
+    compute = Figure(
+        "compute",
+        rest,
+        "measured peak resident after the worker's warm-up minus weights and overhead (calibration)",
+        {"peak": peak, "measured": entry["measured"].get("at", "?")},
+    )
+    gpu = (
+        est.gpu
+        if loaded.platform.kind == "cpu"
+        else Figure("gpu", est.weights.bytes + rest, "weights + measured activations")
+    )
+    return replace(
+        est,
+        source="measured",
+        compute=compute,
+        kv=Figure("kv", 0, "no KV cache held between requests"),
+        gpu=gpu,
+        explicit=None,
+    )

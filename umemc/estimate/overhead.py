@@ -1,5 +1,6 @@
 """Per-process runtime overhead: what a worker holds beyond its model buffers (interpreter,
 libraries, driver context, allocator slack)."""
+
 from __future__ import annotations
 
 from ..units import MiB
@@ -7,16 +8,21 @@ from .figures import Figure
 
 # GPU driver context per process: Ollama budgets 457 MiB for CUDA/ROCm and 512 MiB for Metal
 # (REFERENCE.md, "Other model families"). No GPU on kind = cpu.
-GPU_CONTEXT = {"amd-apu": 457 * MiB, "nvidia-unified": 457 * MiB, "nvidia-discrete": 457 * MiB,
-               "apple": 512 * MiB, "cpu": 0}
+GPU_CONTEXT = {
+    "amd-apu": 457 * MiB,
+    "nvidia-unified": 457 * MiB,
+    "nvidia-discrete": 457 * MiB,
+    "apple": 512 * MiB,
+    "cpu": 0,
+}
 
 # Process resident memory beyond the buffers, measured on CPU (bench/accuracy.py, RESULTS.md):
 # the llama.cpp server binary with its libraries; llama-cpp-python adds the interpreter, numpy
 # and its FastAPI server; a torch worker the interpreter plus torch's CPU libraries.
 PROCESS_BASE = {
-    "llama-server": 150 * MiB,      # gguf-parser's RAM overhead for llama.cpp (REFERENCE.md)
+    "llama-server": 150 * MiB,  # gguf-parser's RAM overhead for llama.cpp (REFERENCE.md)
     "whisper-server": 150 * MiB,
-    "llama-cpp-python": 100 * MiB,     # measured: 72 MiB resident beyond its buffers (umemc calibrate, 0.3.36)
+    "llama-cpp-python": 100 * MiB,  # measured: 72 MiB resident beyond its buffers (umemc calibrate, 0.3.36)
     "torch": 450 * MiB,
     "comfyui": 600 * MiB,
 }

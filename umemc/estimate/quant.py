@@ -3,14 +3,27 @@
 Kept free of numpy/gguf so `umemc check` on arch presets never imports them; a test checks the
 block table against `gguf.GGML_QUANT_SIZES` (REFERENCE.md, "GGUF weights").
 """
+
 from __future__ import annotations
 
 # type name -> (elements per block, bytes per block); ggml/src/ggml.c type_traits.
 BLOCK: dict[str, tuple[int, int]] = {
-    "F32": (1, 4), "F16": (1, 2), "BF16": (1, 2),
-    "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
-    "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176),
-    "Q6_K": (256, 210), "IQ4_NL": (32, 18), "IQ4_XS": (256, 136), "MXFP4": (32, 17),
+    "F32": (1, 4),
+    "F16": (1, 2),
+    "BF16": (1, 2),
+    "Q4_0": (32, 18),
+    "Q4_1": (32, 20),
+    "Q5_0": (32, 22),
+    "Q5_1": (32, 24),
+    "Q8_0": (32, 34),
+    "Q2_K": (256, 84),
+    "Q3_K": (256, 110),
+    "Q4_K": (256, 144),
+    "Q5_K": (256, 176),
+    "Q6_K": (256, 210),
+    "IQ4_NL": (32, 18),
+    "IQ4_XS": (256, 136),
+    "MXFP4": (32, 17),
 }
 
 
@@ -30,32 +43,84 @@ def tensor_bytes(type_name: str, shape: tuple[int, ...]) -> int:
 # llama.cpp file types (`llama-quantize` names) -> the base tensor type of the mix
 # (src/llama-quant.cpp, llama_model_quantize_impl: default_type per ftype).
 FILE_TYPES: dict[str, str] = {
-    "F32": "F32", "F16": "F16", "BF16": "BF16",
-    "Q8_0": "Q8_0", "Q6_K": "Q6_K",
-    "Q5_K_M": "Q5_K", "Q5_K_S": "Q5_K", "Q5_0": "Q5_0", "Q5_1": "Q5_1",
-    "Q4_K_M": "Q4_K", "Q4_K_S": "Q4_K", "Q4_0": "Q4_0", "Q4_1": "Q4_1",
-    "IQ4_XS": "IQ4_XS", "IQ4_NL": "IQ4_NL",
-    "Q3_K_L": "Q3_K", "Q3_K_M": "Q3_K", "Q3_K_S": "Q3_K", "Q2_K": "Q2_K",
+    "F32": "F32",
+    "F16": "F16",
+    "BF16": "BF16",
+    "Q8_0": "Q8_0",
+    "Q6_K": "Q6_K",
+    "Q5_K_M": "Q5_K",
+    "Q5_K_S": "Q5_K",
+    "Q5_0": "Q5_0",
+    "Q5_1": "Q5_1",
+    "Q4_K_M": "Q4_K",
+    "Q4_K_S": "Q4_K",
+    "Q4_0": "Q4_0",
+    "Q4_1": "Q4_1",
+    "IQ4_XS": "IQ4_XS",
+    "IQ4_NL": "IQ4_NL",
+    "Q3_K_L": "Q3_K",
+    "Q3_K_M": "Q3_K",
+    "Q3_K_S": "Q3_K",
+    "Q2_K": "Q2_K",
 }
 
 # gguf `general.file_type` numbers (gguf-py LlamaFileType) for the names above.
 FILE_TYPE_IDS: dict[int, str] = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
-    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
-    17: "Q5_K_M", 18: "Q6_K", 25: "IQ4_NL", 30: "IQ4_XS", 32: "BF16",
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    7: "Q8_0",
+    8: "Q5_0",
+    9: "Q5_1",
+    10: "Q2_K",
+    11: "Q3_K_S",
+    12: "Q3_K_M",
+    13: "Q3_K_L",
+    14: "Q4_K_S",
+    15: "Q4_K_M",
+    16: "Q5_K_S",
+    17: "Q5_K_M",
+    18: "Q6_K",
+    25: "IQ4_NL",
+    30: "IQ4_XS",
+    32: "BF16",
 }
 
 # Bits of precision, to compare a file type with what a model family wants (FIELD-NOTES.md §8).
 FILE_TYPE_BITS: dict[str, float] = {
-    "F32": 32, "F16": 16, "BF16": 16, "Q8_0": 8.5, "Q6_K": 6.56, "Q5_K_M": 5.7, "Q5_K_S": 5.57,
-    "Q5_1": 6.0, "Q5_0": 5.5, "Q4_K_M": 4.89, "Q4_K_S": 4.67, "Q4_1": 5.0, "Q4_0": 4.5,
-    "IQ4_XS": 4.46, "IQ4_NL": 4.5, "Q3_K_L": 4.3, "Q3_K_M": 3.91, "Q3_K_S": 3.64, "Q2_K": 3.16,
+    "F32": 32,
+    "F16": 16,
+    "BF16": 16,
+    "Q8_0": 8.5,
+    "Q6_K": 6.56,
+    "Q5_K_M": 5.7,
+    "Q5_K_S": 5.57,
+    "Q5_1": 6.0,
+    "Q5_0": 5.5,
+    "Q4_K_M": 4.89,
+    "Q4_K_S": 4.67,
+    "Q4_1": 5.0,
+    "Q4_0": 4.5,
+    "IQ4_XS": 4.46,
+    "IQ4_NL": 4.5,
+    "Q3_K_L": 4.3,
+    "Q3_K_M": 3.91,
+    "Q3_K_S": 3.64,
+    "Q2_K": 3.16,
 }
 
 # KV cache types (llama-server -ctk/-ctv) -> ggml type. REFERENCE.md "KV cache".
 KV_TYPES: dict[str, str] = {
-    "f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q5_1": "Q5_1",
-    "q5_0": "Q5_0", "q4_1": "Q4_1", "q4_0": "Q4_0", "iq4_nl": "IQ4_NL",
+    "f32": "F32",
+    "f16": "F16",
+    "bf16": "BF16",
+    "q8_0": "Q8_0",
+    "q5_1": "Q5_1",
+    "q5_0": "Q5_0",
+    "q4_1": "Q4_1",
+    "q4_0": "Q4_0",
+    "iq4_nl": "IQ4_NL",
 }
 
 # torch dtypes -> bytes per parameter.
@@ -63,11 +128,22 @@ TORCH_DTYPES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
 
 # whisper.cpp model types (ggml .bin files) -> ggml type.
 WHISPER_TYPES: dict[str, str] = {
-    "f32": "F32", "f16": "F16", "q8_0": "Q8_0", "q5_1": "Q5_1", "q5_0": "Q5_0", "q4_1": "Q4_1", "q4_0": "Q4_0",
+    "f32": "F32",
+    "f16": "F16",
+    "q8_0": "Q8_0",
+    "q5_1": "Q5_1",
+    "q5_0": "Q5_0",
+    "q4_1": "Q4_1",
+    "q4_0": "Q4_0",
 }
 
 _FALLBACK = {  # tensor_type_fallback: 256-element types on rows that are not a multiple of 256
-    "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "Q4_0", "Q3_K": "Q4_0", "IQ4_XS": "IQ4_NL",
+    "Q4_K": "Q5_0",
+    "Q5_K": "Q5_1",
+    "Q6_K": "Q8_0",
+    "Q2_K": "Q4_0",
+    "Q3_K": "Q4_0",
+    "IQ4_XS": "IQ4_NL",
 }
 
 
@@ -82,8 +158,12 @@ def category(name: str) -> str:
         return "output"
     if name == "token_embd.weight":
         return "token_embd"
-    for part, cat in (("attn_qkv.weight", "attn_v"), ("attn_v.weight", "attn_v"),
-                      ("attn_output.weight", "attn_output"), ("ffn_down", "ffn_down")):
+    for part, cat in (
+        ("attn_qkv.weight", "attn_v"),
+        ("attn_v.weight", "attn_v"),
+        ("attn_output.weight", "attn_output"),
+        ("ffn_down", "ffn_down"),
+    ):
         if part in name:
             return cat
     return "other"
@@ -91,8 +171,13 @@ def category(name: str) -> str:
 
 def quantizable(name: str, ndim: int) -> bool:
     """tensor_allows_quantization: 2-D+ weights, not norms, not BERT position/token-type tables."""
-    return (ndim >= 2 and name.endswith("weight") and "_norm.weight" not in name
-            and "ffn_gate_inp.weight" not in name and name not in ("position_embd.weight", "token_types.weight"))
+    return (
+        ndim >= 2
+        and name.endswith("weight")
+        and "_norm.weight" not in name
+        and "ffn_gate_inp.weight" not in name
+        and name not in ("position_embd.weight", "token_types.weight")
+    )
 
 
 class MixState:
@@ -170,15 +255,18 @@ def _fallback(type_name: str, ncols: int) -> str:
     return fallback if ncols % BLOCK[fallback][0] == 0 else "F16"
 
 
-def mix_types(ftype: str, tensors: list[tuple[str, tuple[int, ...]]], n_gqa: int, is_70b: bool,
-              source_type: str = "F16") -> list[str]:
+def mix_types(
+    ftype: str, tensors: list[tuple[str, tuple[int, ...]]], n_gqa: int, is_70b: bool, source_type: str = "F16"
+) -> list[str]:
     """Types of every tensor in a file of `ftype` (tensors in GGUF order, shapes as ggml ne)."""
     names = [name for name, _ in tensors]
     state = MixState(
         ftype,
         n_attn_v=sum(category(n) == "attn_v" for n in names),
         n_ffn_down=sum(category(n) == "ffn_down" for n in names),
-        n_gqa=n_gqa, is_70b=is_70b, tied="output.weight" not in names,
+        n_gqa=n_gqa,
+        is_70b=is_70b,
+        tied="output.weight" not in names,
     )
     out = []
     for name, shape in tensors:

@@ -11,6 +11,7 @@ Groups are created inside the cgroup umemc itself runs in (nested accounting: th
 the limits of a container or a systemd unit), named umemc-<stack>-<run id>/<model>. The exec
 wrapper records each group's path in the run's state so the enforcer and `umemc down` find it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -119,11 +120,11 @@ def _own_cgroup(version: int, proc_self: str = "/proc/self/cgroup") -> str | Non
         if (version == 2 and hid == "0" and controllers == "") or (version == 1 and "memory" in controllers.split(",")):
             parts = path.split("/")
             inside = [i for i, part in enumerate(parts) if part.startswith("umemc-") and _RUN_SUFFIX.search(part)]
-            return "/".join(parts[:inside[0]]) or "/" if inside else path
+            return "/".join(parts[: inside[0]]) or "/" if inside else path
     return None
 
 
-_RUN_SUFFIX = re.compile(r"-[0-9a-f]{8}$")   # umemc-<stack>-<run id>
+_RUN_SUFFIX = re.compile(r"-[0-9a-f]{8}$")  # umemc-<stack>-<run id>
 
 
 def _v2_mount() -> Path | None:
@@ -137,7 +138,7 @@ def _v2_mount() -> Path | None:
 @dataclass(frozen=True)
 class Backend:
     version: int
-    base: Path          # umemc-<stack>-<run>: one group per worker below it
+    base: Path  # umemc-<stack>-<run>: one group per worker below it
 
     def group(self, model: str) -> Cgroup:
         return Cgroup(self.version, self.base / model)
@@ -149,7 +150,7 @@ class Backend:
                 (self.base / "cgroup.subtree_control").write_text("+memory")
         g = self.group(model)
         g.path.mkdir(exist_ok=True)
-        if hard:   # 0: no limit (supervisord and the enforcer: grouped to be found, never to be killed)
+        if hard:  # 0: no limit (supervisord and the enforcer: grouped to be found, never to be killed)
             g.set_limits(hard, soft)
         return g
 
@@ -175,7 +176,7 @@ class Backend:
         if self.base.is_dir():
             for child in sorted(p for p in self.base.iterdir() if p.is_dir()):
                 group = Cgroup(self.version, child)
-                for _ in range(50):   # a killed process may still be exiting
+                for _ in range(50):  # a killed process may still be exiting
                     if group.remove():
                         break
                     time.sleep(0.1)
@@ -195,8 +196,11 @@ def run_backends(state_dir: Path) -> list[Backend]:
     rid = run_id(state_dir)
     parent = backend.base.parent
     try:
-        names = sorted(p.name for p in parent.iterdir() if p.is_dir() and p.name.startswith("umemc-")
-                       and p.name.endswith(f"-{rid}"))
+        names = sorted(
+            p.name
+            for p in parent.iterdir()
+            if p.is_dir() and p.name.startswith("umemc-") and p.name.endswith(f"-{rid}")
+        )
     except OSError:
         return []
     return [Backend(backend.version, parent / n) for n in names]
@@ -218,7 +222,9 @@ def detect(name: str) -> tuple[Backend | None, str]:
     if mount is not None:
         own = _own_cgroup(2)
         parent = mount / (own or "/").lstrip("/")
-        controllers = (parent / "cgroup.controllers").read_text().split() if (parent / "cgroup.controllers").exists() else []
+        controllers = (
+            (parent / "cgroup.controllers").read_text().split() if (parent / "cgroup.controllers").exists() else []
+        )
         if "memory" not in controllers:
             v2_reason = f"cgroup v2 at {parent} has no memory controller"
         elif not os.access(parent, os.W_OK):

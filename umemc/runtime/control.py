@@ -1,5 +1,6 @@
 """Bringing a stack up and down: stale-state cleanup, supervisord start, reconciliation, waiting
 for health, and a `down` that verifies by PID that nothing of the stack survives."""
+
 from __future__ import annotations
 
 import contextlib
@@ -22,7 +23,7 @@ from .rundir import ENFORCER, GATEWAY, SUPERVISORD, ProcRecord, RunDir
 from .supervisor import Supervisor
 from .wrap import start_time
 
-OWN = (ENFORCER, GATEWAY)      # umemc's own programs in the stack's supervisord
+OWN = (ENFORCER, GATEWAY)  # umemc's own programs in the stack's supervisord
 RPC_ERRORS = (OSError, xmlrpc.client.Error, http.client.HTTPException)
 FAILED = ("FATAL", "EXITED", "BACKOFF")
 
@@ -42,11 +43,15 @@ class Stack:
             doc = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             why = exc.strerror if isinstance(exc, OSError) else f"not valid JSON ({exc})"
-            raise PlanUnreadable(f"{path} is unreadable: {why}; `umemc down --run-dir {self.run.root}` "
-                                 "still stops everything the stack started") from None
+            raise PlanUnreadable(
+                f"{path} is unreadable: {why}; `umemc down --run-dir {self.run.root}` "
+                "still stops everything the stack started"
+            ) from None
         if not isinstance(doc, dict) or doc.get("format") != "umemc-plan" or not isinstance(doc.get("models"), dict):
-            raise PlanUnreadable(f"{path} is not a umemc plan; `umemc down --run-dir {self.run.root}` still stops "
-                                 "everything the stack started")
+            raise PlanUnreadable(
+                f"{path} is not a umemc plan; `umemc down --run-dir {self.run.root}` still stops "
+                "everything the stack started"
+            )
         return doc
 
     def name(self) -> str:
@@ -67,8 +72,10 @@ class Stack:
             return "running"
         pid = self.run.supervisord_pid()
         if pid is not None and _is_supervisord(pid):
-            raise RuntimeFailure(f"supervisord (pid {pid}) runs but does not answer on {self.run.socket()}; "
-                                 f"`umemc down --run-dir {self.run.root}` stops it and everything it started")
+            raise RuntimeFailure(
+                f"supervisord (pid {pid}) runs but does not answer on {self.run.socket()}; "
+                f"`umemc down --run-dir {self.run.root}` stops it and everything it started"
+            )
         return "stopped"
 
     def clean_stale(self) -> bool:
@@ -117,7 +124,7 @@ class Stack:
             if _same_process(record):
                 _kill_group(record.pid)
             elif not Path(f"/proc/{record.pid}").exists():
-                _kill_group(record.pid)   # the leader is gone, its group may not be: a free pid is never a pgid
+                _kill_group(record.pid)  # the leader is gone, its group may not be: a free pid is never a pgid
         deadline = time.monotonic() + 5
         while (left := self.leftovers()) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -169,7 +176,7 @@ class Stack:
         for own in OWN:
             if own not in infos:
                 continue
-            with contextlib.suppress(xmlrpc.client.Fault):   # not running
+            with contextlib.suppress(xmlrpc.client.Fault):  # not running
                 sup.stop(own, True)
             sup.start(own, False)
 
@@ -183,12 +190,22 @@ class Stack:
         while not healthy(probe):
             info = self.supervisor.processes().get(GATEWAY, {})
             if info.get("statename") in FAILED or time.monotonic() > deadline:
-                why = f"is {info.get('statename')}" if info.get("statename") in FAILED else \
-                    f"did not answer within {timeout:g} s"
+                why = (
+                    f"is {info.get('statename')}"
+                    if info.get("statename") in FAILED
+                    else f"did not answer within {timeout:g} s"
+                )
                 log = self.run.logs / f"{GATEWAY}.log"
                 tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
-                raise RuntimeFailure("\n".join([f"the gateway {why}", *(f"  {t}" for t in tail),
-                                                "the workers keep running: `umemc status`, `umemc down`"]))
+                raise RuntimeFailure(
+                    "\n".join(
+                        [
+                            f"the gateway {why}",
+                            *(f"  {t}" for t in tail),
+                            "the workers keep running: `umemc status`, `umemc down`",
+                        ]
+                    )
+                )
             time.sleep(0.1)
         host = gw["host"] if ":" not in gw["host"] else f"[{gw['host']}]"
         return f"http://{host}:{gw['port']}/v1"
@@ -203,8 +220,10 @@ class Stack:
                 tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log.exists() else []
                 raise RuntimeFailure("\n".join(["supervisord did not start", *(f"  {t}" for t in tail)]))
             if time.monotonic() > deadline:
-                raise RuntimeFailure(f"supervisord did not answer on {self.run.socket()} within {timeout:g} s; "
-                                     f"see {self.run.state / 'supervisord.log'}")
+                raise RuntimeFailure(
+                    f"supervisord did not answer on {self.run.socket()} within {timeout:g} s; "
+                    f"see {self.run.state / 'supervisord.log'}"
+                )
             time.sleep(0.05)
 
     def wait_healthy(self, names: list[str], timeout: float, progress: Any = None) -> dict[str, float]:
@@ -230,8 +249,12 @@ class Stack:
                     progress(name, state, name in done)
             if time.monotonic() - start > timeout:
                 late = [n for n in names if n not in done]
-                raise RuntimeFailure("\n".join(self._failure(n, infos.get(n, {}).get("statename", "UNKNOWN"),
-                                                             infos.get(n, {}), timeout) for n in late))
+                raise RuntimeFailure(
+                    "\n".join(
+                        self._failure(n, infos.get(n, {}).get("statename", "UNKNOWN"), infos.get(n, {}), timeout)
+                        for n in late
+                    )
+                )
             if len(done) < len(names):
                 time.sleep(0.2)
         return done
@@ -259,7 +282,7 @@ class Stack:
                 if info["pid"]:
                     pids.update(tree.descendants(info["pid"]))
         sv_pid = self.run.supervisord_pid()
-        with contextlib.suppress(*RPC_ERRORS):   # the pid file may have been deleted: ask supervisord
+        with contextlib.suppress(*RPC_ERRORS):  # the pid file may have been deleted: ask supervisord
             sv_pid = int(sup.call("supervisor.getPID"))
         with contextlib.suppress(*RPC_ERRORS):
             sup.call("supervisor.stopAllProcesses", True)

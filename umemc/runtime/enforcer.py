@@ -14,6 +14,7 @@ A worker near its hard quota is sampled every FAST_S in between, so a fast leak 
 
     python -m umemc.runtime.enforcer --bundle BUNDLE_DIR
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,17 +39,17 @@ from .probes.meminfo import MemAvailable
 from .probes.proc import ProcTree
 from .supervisor import Supervisor
 
-FAST_S = 0.005          # sampling period of a worker above NEAR of its hard quota
+FAST_S = 0.005  # sampling period of a worker above NEAR of its hard quota
 NEAR = 0.75
 SOFT_REARM = 0.95
-SLOW_EVERY_S = 1.0      # process trees, kernel OOM counters, leak samples, status file
-POLL_EVERY_S = 5.0      # supervisord's process list, also fetched whenever supervisord's children change
+SLOW_EVERY_S = 1.0  # process trees, kernel OOM counters, leak samples, status file
+POLL_EVERY_S = 5.0  # supervisord's process list, also fetched whenever supervisord's children change
 NVIDIA_EVERY_S = 2.0
 LEAK_MIN_R2 = 0.8
-DRIFT = 0.05            # more than 5% over the estimate once settled: estimate_drift
-DRIFT_SETTLE_S = 5.0    # after supervisord calls it RUNNING (itself 5 s after the start)
+DRIFT = 0.05  # more than 5% over the estimate once settled: estimate_drift
+DRIFT_SETTLE_S = 5.0  # after supervisord calls it RUNNING (itself 5 s after the start)
 LLAMA_RUNTIMES = ("llama-server", "llama-cpp-python")
-GATEWAY_FRESH_S = 5.0   # the gateway rewrites its state file every 0.5 s
+GATEWAY_FRESH_S = 5.0  # the gateway rewrites its state file every 0.5 s
 
 
 @dataclass
@@ -76,11 +77,11 @@ class Worker:
     last_event: str | None = None
     given_up: bool = False
     estimate: int = 0
-    drift: float | None = None          # measured / estimate - 1, once reported
+    drift: float | None = None  # measured / estimate - 1, once reported
     running_since: float | None = None
-    reserved: int = 0                   # what the worker's own ledger (umemc.worker) reports
+    reserved: int = 0  # what the worker's own ledger (umemc.worker) reports
     oom_pending: bool = False
-    ended: deque[int] = field(default_factory=lambda: deque(maxlen=8))   # pids killed and recorded as exited
+    ended: deque[int] = field(default_factory=lambda: deque(maxlen=8))  # pids killed and recorded as exited
 
     @property
     def usage(self) -> int:
@@ -100,8 +101,10 @@ class Enforcer:
         self.drm = DrmProbe(proc)
         self.kind = self.plan["platform"]["kind"]
         self.usable = int(self.plan["capacity"]["usable_bytes"])
-        self.workers = {n: Worker(n, m["quota_hard_bytes"], m["quota_soft_bytes"], m["priority"],
-                                  estimate=m["estimate_bytes"]) for n, m in self.plan["models"].items()}
+        self.workers = {
+            n: Worker(n, m["quota_hard_bytes"], m["quota_soft_bytes"], m["priority"], estimate=m["estimate_bytes"])
+            for n, m in self.plan["models"].items()
+        }
         self.run_start = self.events.last_id("up")
         self.evicting = False
         self.deferred = False
@@ -155,7 +158,7 @@ class Enforcer:
         now = time.time()
         children = self.proc.children(self._sv_pid) if self._sv_pid else frozenset()
         if self._gone or children != self._sv_children or now - self._last_poll >= POLL_EVERY_S:
-            self._sv_children = children   # supervisord started or lost a process: look now
+            self._sv_children = children  # supervisord started or lost a process: look now
             self.poll(now)
             self.slow_tick(now)
         elif now - self._last_slow >= SLOW_EVERY_S:
@@ -165,10 +168,10 @@ class Enforcer:
             if not w.pid:
                 continue
             if kernel and w.cgroup is None:
-                self._attach_cgroup(w)    # the wrapper records the group a few ms after the start
+                self._attach_cgroup(w)  # the wrapper records the group a few ms after the start
             cpu = self._cpu_side(w)
             if cpu == 0 and w.cgroup is None:
-                self._gone = True       # its process ended: ask supervisord at once on the next tick
+                self._gone = True  # its process ended: ask supervisord at once on the next tick
                 continue
             w.cpu_side, w.gpu_side = cpu, self._gpu(w.pids)
             w.peak = max(w.peak, w.usage)
@@ -189,7 +192,7 @@ class Enforcer:
         self._last_slow = now
         self._refresh_nvidia(now)
         for w in self.workers.values():
-            self._check_kernel(w)          # before _track: a kernel kill ends the process it counts
+            self._check_kernel(w)  # before _track: a kernel kill ends the process it counts
             self._track(w, self._infos.get(w.name), now)
             if w.pid:
                 if w.cgroup is None:
@@ -204,7 +207,7 @@ class Enforcer:
         w.state = info["statename"] if info else "UNKNOWN"
         pid = info["pid"] if info and info["statename"] in ("RUNNING", "STARTING") and info["pid"] else None
         if pid in w.ended:
-            pid = None      # killed and recorded; supervisord has not noticed yet
+            pid = None  # killed and recorded; supervisord has not noticed yet
         if pid == w.pid:
             return
         if w.pid is not None:
@@ -295,11 +298,27 @@ class Enforcer:
         pid, usage = w.pid, w.usage
         kill_tree(pid, w.pids)
         w.kills.append(now)
-        self._event(w, "hard_limit_kill", by="enforcer", pid=pid, usage_bytes=usage, hard_bytes=w.hard,
-                    cpu_bytes=w.cpu_side, gpu_bytes=w.gpu_side)
+        self._event(
+            w,
+            "hard_limit_kill",
+            by="enforcer",
+            pid=pid,
+            usage_bytes=usage,
+            hard_bytes=w.hard,
+            cpu_bytes=w.cpu_side,
+            gpu_bytes=w.gpu_side,
+        )
         # the kill is its exit: recorded as one (the next poll must not report an exit status for it)
-        self._event(w, "exit", pid=pid, state="KILLED", exitstatus=None, signal="SIGKILL",
-                    cause="hard quota (enforcer)", peak_bytes=max(w.peak, usage))
+        self._event(
+            w,
+            "exit",
+            pid=pid,
+            state="KILLED",
+            exitstatus=None,
+            signal="SIGKILL",
+            cause="hard quota (enforcer)",
+            peak_bytes=max(w.peak, usage),
+        )
         w.ended.append(pid)
         w.pid, w.pids, w.cpu_side, w.gpu_side = None, [], 0, 0
         self._maybe_give_up(w, now)
@@ -312,10 +331,17 @@ class Enforcer:
             now = time.time()
             for _ in range(kills - w.oom_seen):
                 w.kills.append(now)
-            self._event(w, "hard_limit_kill", by="kernel", pid=w.pid, oom_kills=kills - w.oom_seen,
-                        hard_bytes=w.hard, cgroup=str(w.cgroup.path))
+            self._event(
+                w,
+                "hard_limit_kill",
+                by="kernel",
+                pid=w.pid,
+                oom_kills=kills - w.oom_seen,
+                hard_bytes=w.hard,
+                cgroup=str(w.cgroup.path),
+            )
             w.oom_seen = kills
-            w.oom_pending = True     # its exit, when seen, was this kill (v1 may have killed a child only)
+            w.oom_pending = True  # its exit, when seen, was this kill (v1 may have killed a child only)
             self._maybe_give_up(w, now)
 
     def _maybe_give_up(self, w: Worker, now: float) -> None:
@@ -326,8 +352,12 @@ class Enforcer:
         w.given_up = True
         with contextlib.suppress(Exception):
             self.supervisor.stop(w.name, False)
-        self._event(w, "give_up", reason=f"{len(recent)} hard-limit kills within {pol['kill_window_s']:g} s: "
-                    "left stopped", kills=len(recent))
+        self._event(
+            w,
+            "give_up",
+            reason=f"{len(recent)} hard-limit kills within {pol['kill_window_s']:g} s: left stopped",
+            kills=len(recent),
+        )
 
     def _check_leak(self, w: Worker, now: float) -> None:
         window = float(self.plan["policy"]["leak_window_s"])
@@ -340,8 +370,15 @@ class Enforcer:
         if per_min > self.plan["policy"]["leak_threshold_bytes"] and r2 >= LEAK_MIN_R2:
             w.leak_reported = True
             left = (w.hard - w.usage) / slope if slope > 0 else None
-            self._event(w, "leak_suspected", bytes_per_min=int(per_min), window_s=window, usage_bytes=w.usage,
-                        hard_bytes=w.hard, seconds_to_hard=None if left is None else round(left, 1))
+            self._event(
+                w,
+                "leak_suspected",
+                bytes_per_min=int(per_min),
+                window_s=window,
+                usage_bytes=w.usage,
+                hard_bytes=w.hard,
+                seconds_to_hard=None if left is None else round(left, 1),
+            )
 
     def _check_drift(self, w: Worker, now: float) -> None:
         """Once a worker has settled, compare what it holds (and, for llama.cpp, what its own log
@@ -359,10 +396,17 @@ class Enforcer:
         over = w.usage / w.estimate - 1
         if detail or over > DRIFT:
             w.drift = max(over, detail.get("buffers_over", -1.0))
-            self._event(w, "estimate_drift", measured_bytes=w.usage, estimate_bytes=w.estimate,
-                        over_pct=round(over * 100, 1), source=m["estimate_source"], **detail)
+            self._event(
+                w,
+                "estimate_drift",
+                measured_bytes=w.usage,
+                estimate_bytes=w.estimate,
+                over_pct=round(over * 100, 1),
+                source=m["estimate_source"],
+                **detail,
+            )
         else:
-            w.drift = over   # within 5%: checked, nothing to report
+            w.drift = over  # within 5%: checked, nothing to report
 
     def _llama_log_drift(self, name: str, m: dict[str, Any]) -> dict[str, Any]:
         from ..calibration import parse_buffers, totals
@@ -379,8 +423,12 @@ class Enforcer:
         planned = parts["weights_bytes"] + parts["kv_bytes"] + parts["compute_bytes"]
         if not reported or not planned or reported <= (1 + DRIFT) * planned:
             return {}
-        return {"buffers_bytes": reported, "buffers_planned_bytes": planned,
-                "buffers_over": round(reported / planned - 1, 4), "buffers": t}
+        return {
+            "buffers_bytes": reported,
+            "buffers_planned_bytes": planned,
+            "buffers_over": round(reported / planned - 1, 4),
+            "buffers": t,
+        }
 
     # -- pressure -------------------------------------------------------------------------------
     def measure_pressure(self) -> float:
@@ -389,8 +437,7 @@ class Enforcer:
         available = self._meminfo.read()
         workers = sum(w.usage for w in self.workers.values() if w.pid)
         gtt = gtt_used_share() if self.kind == "amd-apu" else 0.0
-        return max(1 - (available if available is not None else self.usable) / self.usable,
-                   workers / self.usable, gtt)
+        return max(1 - (available if available is not None else self.usable) / self.usable, workers / self.usable, gtt)
 
     def _pressure_guard(self, now: float, infos: dict[str, Any]) -> None:
         pol = self.plan["policy"]
@@ -415,8 +462,15 @@ class Enforcer:
         self.deferred = False
         with contextlib.suppress(Exception):
             self.supervisor.stop(victim.name, False)
-        self._event(victim, "evict", pressure=round(self.pressure, 4), usage_bytes=victim.usage,
-                    priority=victim.priority, evict_above=pol["evict_above"], load_below=pol["load_below"])
+        self._event(
+            victim,
+            "evict",
+            pressure=round(self.pressure, 4),
+            usage_bytes=victim.usage,
+            priority=victim.priority,
+            evict_above=pol["evict_above"],
+            load_below=pol["load_below"],
+        )
         self.evict_wait_until = now + max(1.0, 5 * self.interval)  # let the memory come back first
 
     def _busy(self) -> set[str]:
@@ -436,20 +490,34 @@ class Enforcer:
         self.events.add(kind, w.name, **detail)
 
     def write_status(self, now: float) -> None:
-        doc = {"time": now, "pid": os.getpid(), "pressure": round(self.pressure, 4),
-               "events_error": self.events.error,
-               "events_moved_to": None if self.events.moved_to is None else str(self.events.moved_to), "models": {
-            w.name: {"pid": w.pid, "rss_bytes": w.cpu_side, "gpu_bytes": w.gpu_side, "peak_bytes": w.peak,
-                     "restarts": max(0, w.restarts), "started": w.started if w.pid else None,
-                     "last_event": w.last_event, "given_up": w.given_up,
-                     "drift": None if w.drift is None else round(w.drift, 4), "reserved_bytes": w.reserved}
-            for w in self.workers.values()}}
+        doc = {
+            "time": now,
+            "pid": os.getpid(),
+            "pressure": round(self.pressure, 4),
+            "events_error": self.events.error,
+            "events_moved_to": None if self.events.moved_to is None else str(self.events.moved_to),
+            "models": {
+                w.name: {
+                    "pid": w.pid,
+                    "rss_bytes": w.cpu_side,
+                    "gpu_bytes": w.gpu_side,
+                    "peak_bytes": w.peak,
+                    "restarts": max(0, w.restarts),
+                    "started": w.started if w.pid else None,
+                    "last_event": w.last_event,
+                    "given_up": w.given_up,
+                    "drift": None if w.drift is None else round(w.drift, 4),
+                    "reserved_bytes": w.reserved,
+                }
+                for w in self.workers.values()
+            },
+        }
         path = self.state_dir / "enforcer.json"
         tmp = path.with_suffix(".tmp")
         try:
             tmp.write_text(json.dumps(doc))
             os.replace(tmp, path)
-        except OSError as exc:   # a full or read-only state dir: enforcement goes on, status goes stale
+        except OSError as exc:  # a full or read-only state dir: enforcement goes on, status goes stale
             if str(exc) != self._status_error:
                 print(f"umemc-enforcer: cannot write {path}: {exc}", file=sys.stderr, flush=True)
             self._status_error = str(exc)
@@ -490,7 +558,7 @@ def _trend(samples: list[tuple[float, int]]) -> tuple[float, float]:
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)
     syy = sum((y - my) ** 2 for y in ys)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
     if sxx == 0 or syy == 0:
         return 0.0, 0.0
     return sxy / sxx, (sxy * sxy) / (sxx * syy)

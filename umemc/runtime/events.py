@@ -5,6 +5,7 @@ The log must never stop what it records: a corrupt database is moved aside (even
 and a new one started; a log that cannot be written (full disk, read-only state, locked) degrades to
 lines on stderr, says why in `error`, and tries the database again later. Readers get an empty
 history rather than an exception."""
+
 from __future__ import annotations
 
 import json
@@ -12,14 +13,14 @@ import sqlite3
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 MAX_ROWS = 100_000
 MAX_AGE_S = 30 * 24 * 3600
 PRUNE_EVERY = 500
-RETRY_S = 10.0          # a degraded log tries its database again this often
+RETRY_S = 10.0  # a degraded log tries its database again this often
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -42,7 +43,7 @@ class Event:
     detail: dict[str, Any]
 
     def as_json(self) -> dict[str, Any]:
-        time_iso = datetime.fromtimestamp(self.ts, timezone.utc).isoformat(timespec="milliseconds")
+        time_iso = datetime.fromtimestamp(self.ts, UTC).isoformat(timespec="milliseconds")
         return {"time": time_iso, "model": self.model, "kind": self.kind, "detail": self.detail}
 
 
@@ -52,8 +53,8 @@ class EventLog:
         (`umemc events`) passes False and only reports what it found."""
         self.path, self.max_rows, self.max_age_s, self.recover = path, max_rows, max_age_s, recover
         self.db: sqlite3.Connection | None = None
-        self.error: str | None = None       # why the log is degraded; None when it works
-        self.moved_to: Path | None = None   # where a corrupt database was moved
+        self.error: str | None = None  # why the log is degraded; None when it works
+        self.moved_to: Path | None = None  # where a corrupt database was moved
         self._since_prune = 0
         self._next_try = 0.0
         self._open()
@@ -96,7 +97,7 @@ class EventLog:
         return db
 
     def _move_aside(self, exc: BaseException) -> None:
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         self.moved_to = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
         for suffix in ("", "-wal", "-shm"):
             src = Path(f"{self.path}{suffix}")
@@ -110,7 +111,7 @@ class EventLog:
     def _degrade(self, exc: BaseException) -> None:
         self.close()
         reason = f"{type(exc).__name__}: {exc}"
-        if reason != self.error and self.recover:   # a reader reports it its own way
+        if reason != self.error and self.recover:  # a reader reports it its own way
             _say(f"event log {self.path} is unusable ({reason}); events go to stderr until it works again")
         self.error = reason
 
@@ -126,8 +127,9 @@ class EventLog:
         if self._usable():
             assert self.db is not None
             try:
-                self.db.execute("INSERT INTO events(ts, model, kind, detail) VALUES (?, ?, ?, ?)",
-                                (ts, model, kind, text))
+                self.db.execute(
+                    "INSERT INTO events(ts, model, kind, detail) VALUES (?, ?, ?, ?)", (ts, model, kind, text)
+                )
             except sqlite3.Error as exc:
                 self._degrade(exc)
             else:
@@ -167,13 +169,17 @@ class EventLog:
         return int(rows[0][0] or 0) if rows else 0
 
     def count(self, kind: str, model: str, after_id: int = 0) -> int:
-        rows = self._rows("SELECT COUNT(*) FROM events WHERE kind = ? AND model = ? AND id > ?",
-                          (kind, model, after_id))
+        rows = self._rows(
+            "SELECT COUNT(*) FROM events WHERE kind = ? AND model = ? AND id > ?", (kind, model, after_id)
+        )
         return int(rows[0][0]) if rows else 0
 
     def last(self, kind: str, model: str, after_id: int = 0) -> Event | None:
-        rows = self._rows("SELECT id, ts, model, kind, detail FROM events WHERE kind = ? AND model = ? AND id > ? "
-                          "ORDER BY id DESC LIMIT 1", (kind, model, after_id))
+        rows = self._rows(
+            "SELECT id, ts, model, kind, detail FROM events WHERE kind = ? AND model = ? AND id > ? "
+            "ORDER BY id DESC LIMIT 1",
+            (kind, model, after_id),
+        )
         return _event(rows[0]) if rows else None
 
     def close(self) -> None:
@@ -196,12 +202,15 @@ def _event(row: Any) -> Event:
 def _corrupt(exc: sqlite3.DatabaseError) -> bool:
     """Damage to the file itself (worth moving aside), as opposed to a full disk or a lock."""
     text = str(exc).lower()
-    return isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError) or any(
-        s in text for s in ("not a database", "malformed", "corrupt", "no such table"))
+    return (
+        isinstance(exc, sqlite3.DatabaseError)
+        and not isinstance(exc, sqlite3.OperationalError)
+        or any(s in text for s in ("not a database", "malformed", "corrupt", "no such table"))
+    )
 
 
 def _say(line: str) -> None:
     try:
         print(f"umemc events: {line}", file=sys.stderr, flush=True)
-    except (OSError, ValueError):   # stderr closed: nothing left to tell
+    except (OSError, ValueError):  # stderr closed: nothing left to tell
         pass

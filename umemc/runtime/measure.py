@@ -1,5 +1,6 @@
 """Running a worker once to measure it (`umemc calibrate`): its exact compiled argv and environment,
 a warm-up request, its process tree's resident memory, llama.cpp's own buffer report."""
+
 from __future__ import annotations
 
 import contextlib
@@ -10,13 +11,15 @@ import signal
 import subprocess
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import RuntimeFailure
 
-WARMUP: dict[str, tuple[str, dict[str, Any]]] = {"llm": ("/v1/completions", {"prompt": "Hello, my name is", "max_tokens": 8}),
-                                                 "embedding": ("/v1/embeddings", {"input": "Hello, my name is"})}
+WARMUP: dict[str, tuple[str, dict[str, Any]]] = {
+    "llm": ("/v1/completions", {"prompt": "Hello, my name is", "max_tokens": 8}),
+    "embedding": ("/v1/embeddings", {"input": "Hello, my name is"}),
+}
 
 
 def measure(program: Any, facts: dict[str, Any], timeout: float, fill_tokens: int = 0) -> dict[str, Any]:
@@ -28,8 +31,9 @@ def measure(program: Any, facts: dict[str, Any], timeout: float, fill_tokens: in
 
     env = dict(os.environ, **dict(program.env))
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(list(program.argv), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                cwd=program.cwd, start_new_session=True)
+        proc = subprocess.Popen(
+            list(program.argv), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=program.cwd, start_new_session=True
+        )
         try:
             model = {"port": program.port, "health": program.health}
             deadline = time.monotonic() + timeout
@@ -40,7 +44,7 @@ def measure(program: Any, facts: dict[str, Any], timeout: float, fill_tokens: in
                 time.sleep(0.2)
             _warm_up(program.port, facts.get("family", "llm"), fill_tokens)
             tree, rss = ProcTree(), 0
-            for _ in range(5):          # the peak of a few samples after the warm-up request
+            for _ in range(5):  # the peak of a few samples after the warm-up request
                 rss = max(rss, tree.tree_rss(proc.pid)[0])
                 time.sleep(0.1)
             tree.close()
@@ -56,8 +60,12 @@ def measure(program: Any, facts: dict[str, Any], timeout: float, fill_tokens: in
         buffers = parse_buffers(log.read())
     if not buffers:
         raise RuntimeFailure(f"{program.name}: no llama.cpp buffer report in its log (not a llama.cpp server?)")
-    return {"buffers": buffers, "rss_bytes": rss, "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "runtime_version": _version(program)}
+    return {
+        "buffers": buffers,
+        "rss_bytes": rss,
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "runtime_version": _version(program),
+    }
 
 
 def measure_peak(program: Any, timeout: float, settle_s: float = 3.0) -> dict[str, Any]:
@@ -67,8 +75,14 @@ def measure_peak(program: Any, timeout: float, settle_s: float = 3.0) -> dict[st
     from .probes.proc import ProcTree
 
     env = dict(os.environ, **dict(program.env))
-    proc = subprocess.Popen(list(program.argv), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=env, cwd=program.cwd, start_new_session=True)
+    proc = subprocess.Popen(
+        list(program.argv),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=program.cwd,
+        start_new_session=True,
+    )
     tree, peak = ProcTree(), 0
     try:
         deadline = time.monotonic() + timeout
@@ -87,7 +101,7 @@ def measure_peak(program: Any, timeout: float, settle_s: float = 3.0) -> dict[st
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    return {"peak_bytes": peak, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    return {"peak_bytes": peak, "at": datetime.now(UTC).isoformat(timespec="seconds")}
 
 
 def _warm_up(port: int, family: str, fill_tokens: int = 0) -> None:
@@ -107,7 +121,11 @@ def _warm_up(port: int, family: str, fill_tokens: int = 0) -> None:
 
 def _version(program: Any) -> str:
     if "llama_cpp.server" in program.argv:
-        out = subprocess.run([program.argv[0], "-c", "import llama_cpp; print(llama_cpp.__version__)"],
-                             capture_output=True, text=True, check=False)
+        out = subprocess.run(
+            [program.argv[0], "-c", "import llama_cpp; print(llama_cpp.__version__)"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         return f"llama-cpp-python {out.stdout.strip()}"
     return str(program.argv[0])

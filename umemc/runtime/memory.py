@@ -1,6 +1,7 @@
 """Really resident memory, quickly: anonymous mappings with transparent huge pages requested
 (MADV_HUGEPAGE), filled 2 MiB at a time. Page faults on small pages cost ~350 MB/s on some VMs;
 huge pages fault at several GB/s, so placeholders and test leakers reach their sizes and rates."""
+
 from __future__ import annotations
 
 import mmap
@@ -27,7 +28,7 @@ class Held:
             except OSError:
                 pass
         for off in range(0, size, STEP):
-            m[off:off + STEP] = _PATTERN      # every page written: resident, not just reserved
+            m[off : off + STEP] = _PATTERN  # every page written: resident, not just reserved
         self.maps.append(m)
         self.bytes += size
 

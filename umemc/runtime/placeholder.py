@@ -7,6 +7,7 @@ watch the enforcer and the gateway work, before downloading the weights. A reque
 
     python -m umemc.runtime.placeholder --model NAME --bytes N [--port P --health /health]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 from .memory import Held
 from .probes.proc import PAGE
@@ -32,24 +34,37 @@ def hold(target: int) -> Held:
     return held
 
 
-def _reply(model: str, path: str, body: dict) -> dict:
+def _reply(model: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
     created = int(time.time())
     if path.endswith("/embeddings"):
         inputs = body.get("input", "")
         items = inputs if isinstance(inputs, list) else [inputs]
-        return {"object": "list", "model": model, "data": [
-            {"object": "embedding", "index": i, "embedding": [0.0] * 8} for i in range(len(items))],
-            "usage": {"prompt_tokens": 1, "total_tokens": 1}}
+        return {
+            "object": "list",
+            "model": model,
+            "data": [{"object": "embedding", "index": i, "embedding": [0.0] * 8} for i in range(len(items))],
+            "usage": {"prompt_tokens": 1, "total_tokens": 1},
+        }
     if path.endswith("/audio/transcriptions"):
         return {"text": f"(simulated transcription by {model})"}
     text = f"(simulated reply from {model})"
     if path.endswith("/chat/completions"):
-        return {"id": f"sim-{created}", "object": "chat.completion", "created": created, "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 4, "total_tokens": 5}}
-    return {"id": f"sim-{created}", "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 4, "total_tokens": 5}}
+        return {
+            "id": f"sim-{created}",
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 4, "total_tokens": 5},
+        }
+    return {
+        "id": f"sim-{created}",
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 4, "total_tokens": 5},
+    }
 
 
 def make_handler(model: str, health: str) -> type[http.server.BaseHTTPRequestHandler]:
@@ -57,7 +72,7 @@ def make_handler(model: str, health: str) -> type[http.server.BaseHTTPRequestHan
         protocol_version = "HTTP/1.1"
         disable_nagle_algorithm = True  # headers and body go out in separate writes
 
-        def _json(self, status: int, doc: dict) -> None:
+        def _json(self, status: int, doc: dict[str, Any]) -> None:
             data = json.dumps(doc).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -65,7 +80,7 @@ def make_handler(model: str, health: str) -> type[http.server.BaseHTTPRequestHan
             self.end_headers()
             self.wfile.write(data)
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             if self.path in (health, "/health"):
                 self._json(200, {"status": "ok", "model": model, "pid": os.getpid()})
             elif self.path == "/v1/models":
@@ -73,7 +88,7 @@ def make_handler(model: str, health: str) -> type[http.server.BaseHTTPRequestHan
             else:
                 self._json(404, {"error": {"message": f"no route {self.path}"}})
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             try:
@@ -88,7 +103,7 @@ def make_handler(model: str, health: str) -> type[http.server.BaseHTTPRequestHan
                 time.sleep(float(body.get("delay", 0)))
                 self._json(200, _reply(model, self.path, body))
 
-        def _stream(self, body: dict) -> None:
+        def _stream(self, body: dict[str, Any]) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
@@ -97,9 +112,12 @@ def make_handler(model: str, health: str) -> type[http.server.BaseHTTPRequestHan
             words = ["(simulated", " reply", " from", f" {model})"]
             words += [" ..."] * max(0, int(body.get("chunks", 4)) - len(words))
             try:
-                for i, word in enumerate(words):
-                    delta = {"object": "chat.completion.chunk", "model": model,
-                             "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]}
+                for i, word in enumerate(words):  # noqa: B007 - i is reported after the loop
+                    delta = {
+                        "object": "chat.completion.chunk",
+                        "model": model,
+                        "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}],
+                    }
                     self._chunk(f"data: {json.dumps(delta)}\n\n".encode())
                     time.sleep(float(body.get("delay", 0.01)))
                 self._chunk(b"data: [DONE]\n\n")

@@ -1,6 +1,7 @@
 """Before `umemc up` starts anything: compare the live machine with the plan. Each failed check
 says what is wrong and the exact command that fixes it. Host settings (sysctl, GPU window,
 memlock) only warn under --simulate, which proves memory, not host tuning."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ..units import gib
-from .control import GATEWAY
 from .probes.meminfo import read_meminfo
+from .rundir import GATEWAY
 
 
 @dataclass(frozen=True)
@@ -25,8 +26,8 @@ class Finding:
     ok: bool
     message: str
     fix: tuple[str, ...] = ()
-    host: bool = False         # a host setting: a warning only under --simulate
-    advisory: bool = False     # never refuses (swap on, no cgroups): shown as a warning
+    host: bool = False  # a host setting: a warning only under --simulate
+    advisory: bool = False  # never refuses (swap on, no cgroups): shown as a warning
 
 
 @dataclass
@@ -62,15 +63,23 @@ class Preflight:
     def _budget(self) -> None:
         cap = self.plan["capacity"]
         if cap.get("fits", True):
-            self._add("budget", True, f"the hot set's hard quotas ({gib(cap['hot_total_bytes'])} GiB) fit the "
-                      f"budget ({gib(cap['budget_bytes'])} GiB)")
+            self._add(
+                "budget",
+                True,
+                f"the hot set's hard quotas ({gib(cap['hot_total_bytes'])} GiB) fit the "
+                f"budget ({gib(cap['budget_bytes'])} GiB)",
+            )
             return
         over = cap["hot_total_bytes"] - cap["budget_bytes"]
         gpu = cap.get("gpu_budget_bytes")
         if gpu is not None and cap["hot_gpu_total_bytes"] - gpu > over:
             over = cap["hot_gpu_total_bytes"] - gpu
-        self._add("budget", False, f"the hot set does not fit its budget (over by {gib(over)} GiB)",
-                  ("umemc check STACK  # says what would make it fit",))
+        self._add(
+            "budget",
+            False,
+            f"the hot set does not fit its budget (over by {gib(over)} GiB)",
+            ("umemc check STACK  # says what would make it fit",),
+        )
 
     def _sysctl(self) -> None:
         wanted = parse_sysctl_conf((self.bundle / "sysctl/90-umemc.conf").read_text())
@@ -86,8 +95,9 @@ class Preflight:
             return
         what = "; ".join(f"{k} is {live}, the plan needs {want}" for k, live, want in bad)
         fix = tuple(f"sudo sysctl -w {k}={shlex.quote(want)}" for k, _, want in bad)
-        self._add("sysctl", False, what, fix + (f"sudo umemc apply {shlex.quote(str(self.bundle))}  # persist",),
-                  host=True)
+        self._add(
+            "sysctl", False, what, fix + (f"sudo umemc apply {shlex.quote(str(self.bundle))}  # persist",), host=True
+        )
 
     def _memlock(self) -> None:
         locked = sum(m["quota_hard_bytes"] for m in self.plan["models"].values() if m["mlock"] and m["mode"] == "hot")
@@ -97,20 +107,33 @@ class Preflight:
         if os.geteuid() == 0 or hard == resource.RLIM_INFINITY or hard >= locked:
             self._add("memlock", True, "RLIMIT_MEMLOCK can be raised for supervisord", host=True)
             return
-        self._add("memlock", False, f"models lock {gib(locked)} GiB but RLIMIT_MEMLOCK is {hard} bytes",
-                  ("sudo prlimit --memlock=unlimited:unlimited --pid $$   # then run umemc up again",
-                   "or run the systemd unit (LimitMEMLOCK=infinity): sudo umemc apply BUNDLE"), host=True)
+        self._add(
+            "memlock",
+            False,
+            f"models lock {gib(locked)} GiB but RLIMIT_MEMLOCK is {hard} bytes",
+            (
+                "sudo prlimit --memlock=unlimited:unlimited --pid $$   # then run umemc up again",
+                "or run the systemd unit (LimitMEMLOCK=infinity): sudo umemc apply BUNDLE",
+            ),
+            host=True,
+        )
 
     def _memory(self, running: Collection[str]) -> None:
-        need = sum(m["quota_hard_bytes"] for n, m in self.plan["models"].items()
-                   if m["mode"] == "hot" and n not in running)
+        need = sum(
+            m["quota_hard_bytes"] for n, m in self.plan["models"].items() if m["mode"] == "hot" and n not in running
+        )
         available = read_meminfo().get("MemAvailable", 0)
         if available >= need:
-            self._add("memory", True, f"MemAvailable {gib(available)} GiB covers the hot set's hard quotas "
-                      f"({gib(need)} GiB)")
+            self._add(
+                "memory", True, f"MemAvailable {gib(available)} GiB covers the hot set's hard quotas ({gib(need)} GiB)"
+            )
         else:
-            self._add("memory", False, f"MemAvailable is {gib(available)} GiB but the hot set's hard quotas need "
-                      f"{gib(need)} GiB", ("free memory (stop other programs), or make models cold in the stack",))
+            self._add(
+                "memory",
+                False,
+                f"MemAvailable is {gib(available)} GiB but the hot set's hard quotas need {gib(need)} GiB",
+                ("free memory (stop other programs), or make models cold in the stack",),
+            )
 
     def _gpu_window(self) -> None:
         p = self.plan["platform"]
@@ -124,28 +147,49 @@ class Preflight:
         try:
             live = int(Path("/sys/module/ttm/parameters/pages_limit").read_text()) * 4096
         except (OSError, ValueError):
-            self._add("gpu window", False, "no ttm module parameters: the amdgpu driver is not loaded",
-                      ("sudo modprobe amdgpu",), host=True)
+            self._add(
+                "gpu window",
+                False,
+                "no ttm module parameters: the amdgpu driver is not loaded",
+                ("sudo modprobe amdgpu",),
+                host=True,
+            )
             return
         if live == want:
             self._add("gpu window", True, f"ttm.pages_limit = {pages} ({gib(want)} GiB)", host=True)
         else:
-            self._add("gpu window", False, f"ttm.pages_limit gives {gib(live)} GiB, the plan needs {gib(want)} GiB",
-                      (f"echo {pages} | sudo tee /sys/module/ttm/parameters/pages_limit   # until reboot",
-                       "persist: see kernel/README.md (modprobe.d + kernel command line)"), host=True)
+            self._add(
+                "gpu window",
+                False,
+                f"ttm.pages_limit gives {gib(live)} GiB, the plan needs {gib(want)} GiB",
+                (
+                    f"echo {pages} | sudo tee /sys/module/ttm/parameters/pages_limit   # until reboot",
+                    "persist: see kernel/README.md (modprobe.d + kernel command line)",
+                ),
+                host=True,
+            )
 
     def _apple_window(self, want: int) -> None:
         mb = want // (1024 * 1024)
         try:
-            live = int(subprocess.run(["sysctl", "-n", "iogpu.wired_limit_mb"], capture_output=True, text=True,
-                                      timeout=5, check=False).stdout.strip() or 0)
+            live = int(
+                subprocess.run(
+                    ["sysctl", "-n", "iogpu.wired_limit_mb"], capture_output=True, text=True, timeout=5, check=False
+                ).stdout.strip()
+                or 0
+            )
         except (OSError, ValueError, subprocess.TimeoutExpired):
             live = -1
         if live == mb:
             self._add("gpu window", True, f"iogpu.wired_limit_mb = {mb}", host=True)
         else:
-            self._add("gpu window", False, f"iogpu.wired_limit_mb is {live}, the plan needs {mb}",
-                      (f"sudo sysctl iogpu.wired_limit_mb={mb}",), host=True)
+            self._add(
+                "gpu window",
+                False,
+                f"iogpu.wired_limit_mb is {live}, the plan needs {mb}",
+                (f"sudo sysctl iogpu.wired_limit_mb={mb}",),
+                host=True,
+            )
 
     def _swap(self) -> None:
         info = read_meminfo()
@@ -153,9 +197,14 @@ class Preflight:
         if total == 0:
             self._add("swap", True, "no swap: nothing pages the models out")
         else:
-            self._add("swap", False, f"swap is on ({gib(total)} GiB, {gib(total - free)} GiB used): idle workers "
-                      "may be paged out (first token 1.2 s -> 18 s in the field notes)",
-                      ("sudo swapoff -a   # or keep it, with vm.swappiness low",), advisory=True)
+            self._add(
+                "swap",
+                False,
+                f"swap is on ({gib(total)} GiB, {gib(total - free)} GiB used): idle workers "
+                "may be paged out (first token 1.2 s -> 18 s in the field notes)",
+                ("sudo swapoff -a   # or keep it, with vm.swappiness low",),
+                advisory=True,
+            )
 
     def _cgroups(self) -> None:
         if self.plan["policy"]["kernel_enforcement"] == "off":
@@ -164,9 +213,13 @@ class Preflight:
 
         backend, reason = detect("umemc-preflight-probe")
         if backend is None:
-            self._add("cgroups", False, f"no kernel enforcement ({reason}); the enforcer's sampling still "
-                      "applies the hard quotas", ("run under systemd with Delegate=yes (umemc apply), or as root",),
-                      advisory=True)
+            self._add(
+                "cgroups",
+                False,
+                f"no kernel enforcement ({reason}); the enforcer's sampling still applies the hard quotas",
+                ("run under systemd with Delegate=yes (umemc apply), or as root",),
+                advisory=True,
+            )
         else:
             self._add("cgroups", True, f"kernel enforcement: {reason}")
 
@@ -176,21 +229,36 @@ class Preflight:
             for key in ("model_file", "mmproj_file"):
                 path = m.get(key)
                 if path is not None and not Path(path).exists():
-                    self._add("files", False, f"models.{name}: {path} does not exist",
-                              (f"download it, or fix models.{name}.{key.split('_')[0]}",))
+                    self._add(
+                        "files",
+                        False,
+                        f"models.{name}: {path} does not exist",
+                        (f"download it, or fix models.{name}.{key.split('_')[0]}",),
+                    )
             if m["runtime"] in ("llama-server", "llama-cpp-python", "whisper-server") and m.get("model_file") is None:
-                self._add("files", False, f"models.{name}: no model file (the stack gives only an arch preset)",
-                          (f"set models.{name}.model, or run with --simulate",))
+                self._add(
+                    "files",
+                    False,
+                    f"models.{name}: no model file (the stack gives only an arch preset)",
+                    (f"set models.{name}.model, or run with --simulate",),
+                )
             exe = m["argv"][0] if m["argv"] else ""
             problem = checked.get(exe) if exe in checked else check_executable(m)
             checked[exe] = problem
             if problem:
-                self._add("executables", False, f"models.{name}: {problem}",
-                          (f"install {m['runtime']} or set models.{name}.bin",))
+                self._add(
+                    "executables",
+                    False,
+                    f"models.{name}: {problem}",
+                    (f"install {m['runtime']} or set models.{name}.bin",),
+                )
 
     def _ports(self, running: Collection[str]) -> None:
-        ports = {m["port"]: f"models.{n}" for n, m in self.plan["models"].items()
-                 if m["port"] is not None and n not in running}
+        ports = {
+            m["port"]: f"models.{n}"
+            for n, m in self.plan["models"].items()
+            if m["port"] is not None and n not in running
+        }
         gw = self.plan.get("gateway")
         if gw and GATEWAY not in running:
             ports[gw["port"]] = "gateway"
@@ -200,7 +268,6 @@ class Preflight:
         else:
             self._add("ports", True, f"{len(ports)} ports free")
 
-
     def _gateway_token(self) -> None:
         gw = self.plan.get("gateway")
         if not gw or not gw["token_env"]:
@@ -209,10 +276,14 @@ class Preflight:
         if os.environ.get(name):
             self._add("gateway", True, f"bearer token from ${name}")
         else:
-            self._add("gateway", False, f"gateway.token_env names {name}, which is not set (or empty) here; `umemc "
-                      "up` hands the token to the gateway (never to the workers) and the gateway refuses to start "
-                      "without it",
-                      (f"export {name}=\"$(openssl rand -hex 24)\"  # then give the token to your clients",))
+            self._add(
+                "gateway",
+                False,
+                f"gateway.token_env names {name}, which is not set (or empty) here; `umemc "
+                "up` hands the token to the gateway (never to the workers) and the gateway refuses to start "
+                "without it",
+                (f'export {name}="$(openssl rand -hex 24)"  # then give the token to your clients',),
+            )
 
 
 def parse_sysctl_conf(text: str) -> dict[str, str]:
@@ -242,7 +313,6 @@ def port_free(port: int) -> bool:
         except OSError:
             return False
     return True
-
 
 
 def check_executable(m: dict[str, Any]) -> str | None:

@@ -6,6 +6,7 @@ Records the exec wrapper writes, one file per process umemc starts (workers and 
 `state/pids/NAME` (`pid starttime`) and, where a cgroup could be had, `state/cgroups/NAME`
 (`version path pid`). Any of these, plan.json included, may be missing or corrupt: `umemc down`
 then finds the processes by the run's cgroups (named after the run, see cgroups.run_backends)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -24,7 +25,7 @@ DEFAULT_SOCKET = "%(here)s/../state/supervisor.sock"
 class ProcRecord:
     name: str
     pid: int
-    start: int      # /proc/PID/stat field 22: the pid names this process only while it matches
+    start: int  # /proc/PID/stat field 22: the pid names this process only while it matches
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class RunDir:
     def prepare(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.root, 0o700)    # the bundle and the state hold environments and the gateway token
+        os.chmod(self.root, 0o700)  # the bundle and the state hold environments and the gateway token
         os.chmod(self.state, 0o700)
 
     def socket_override(self) -> str | None:

@@ -1,5 +1,6 @@
 """Talking to supervisord: XML-RPC over its unix socket (getAllProcessInfo ≈ 0.3 ms), and starting
 it with the interpreter umemc runs under (never from PATH)."""
+
 from __future__ import annotations
 
 import http.client
@@ -41,8 +42,9 @@ class Supervisor:
         self.socket_path, self.timeout = socket_path, timeout
 
     def _proxy(self) -> Any:
-        return xmlrpc.client.ServerProxy("http://localhost/RPC2",
-                                         transport=_UnixTransport(str(self.socket_path), self.timeout))
+        return xmlrpc.client.ServerProxy(
+            "http://localhost/RPC2", transport=_UnixTransport(str(self.socket_path), self.timeout)
+        )
 
     def call(self, method: str, *args: Any) -> Any:
         target = self._proxy()
@@ -52,7 +54,7 @@ class Supervisor:
 
     def alive(self) -> bool:
         try:
-            return self.call("supervisor.getState")["statename"] == "RUNNING"
+            return bool(self.call("supervisor.getState")["statename"] == "RUNNING")
         except (OSError, xmlrpc.client.Error, http.client.HTTPException):
             return False
 
@@ -76,9 +78,24 @@ def start_supervisord(config: Path, plan: dict[str, Any], state: Path, *, foregr
     token from RUN/state/secrets, and no worker ever sees it."""
     from .rundir import SUPERVISORD
 
-    wrap = [sys.executable, "-m", "umemc.runtime.wrap", "--stack", plan["stack"], "--model", SUPERVISORD,
-            "--hard", "0", "--soft", "0", "--cgroup", plan["policy"]["kernel_enforcement"], "--state", str(state),
-            "--outlive-parent"]
+    wrap = [
+        sys.executable,
+        "-m",
+        "umemc.runtime.wrap",
+        "--stack",
+        plan["stack"],
+        "--model",
+        SUPERVISORD,
+        "--hard",
+        "0",
+        "--soft",
+        "0",
+        "--cgroup",
+        plan["policy"]["kernel_enforcement"],
+        "--state",
+        str(state),
+        "--outlive-parent",
+    ]
     argv = [*wrap, "--", sys.executable, "-m", "supervisor.supervisord", "-n", "-c", str(config)]
     if plan["memlock"]:
         _raise_memlock()

@@ -13,6 +13,7 @@ Before anything allocates it
 - records `pid starttime` in DIR/pids/M (the fallback where no cgroup can be had);
 - removes the variables named by --unset (the gateway's token) from the environment;
 then execs ARGV: the worker keeps this pid, so supervisord, the enforcer and the kernel see one process."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,7 +22,7 @@ import signal
 import sys
 from pathlib import Path
 
-PR_SET_PDEATHSIG = 1   # linux/prctl.h
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,8 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state", required=True)
     p.add_argument("--unset", action="append", default=[], metavar="VAR")
     p.add_argument("--outlive-parent", action="store_true", help="no parent-death signal (supervisord itself)")
-    p.add_argument("--daemon", action="store_true", help="fork into a new session first; the caller's child "
-                   "exits at once (so the command is never the caller's zombie)")
+    p.add_argument(
+        "--daemon",
+        action="store_true",
+        help="fork into a new session first; the caller's child "
+        "exits at once (so the command is never the caller's zombie)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -95,7 +100,7 @@ def write_record(path: Path, text: str) -> None:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(text)
         os.replace(tmp, path)
-    except OSError as exc:   # a full disk must not stop the worker: cgroups and process groups still find it
+    except OSError as exc:  # a full disk must not stop the worker: cgroups and process groups still find it
         print(f"umemc-wrap: cannot record {path}: {exc.strerror}", file=sys.stderr)
 
 

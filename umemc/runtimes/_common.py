@@ -1,4 +1,5 @@
 """Pieces the runtime modules share."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

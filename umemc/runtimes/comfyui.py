@@ -1,6 +1,7 @@
 """ComfyUI (`main.py` in its checkout; `cwd` is the checkout, `bin` its Python). ComfyUI sizes
 itself from the device's total memory; `--reserve-vram` leaves the rest of the GPU window to the
 other workers, so ComfyUI's own model management stays inside its quota."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -24,5 +25,14 @@ def reserve_gib(m: ModelPlan, ctx: Context) -> float:
 
 def argv(m: ModelPlan, ctx: Context) -> list[str]:
     spec, rm = m.model.spec, m.model
-    return [spec.bin or "python3", "main.py", "--listen", "127.0.0.1", "--port", str(rm.port),
-            "--reserve-vram", f"{reserve_gib(m, ctx):.2f}", *spec.args]
+    return [
+        spec.bin or "python3",
+        "main.py",
+        "--listen",
+        "127.0.0.1",
+        "--port",
+        str(rm.port),
+        "--reserve-vram",
+        f"{reserve_gib(m, ctx):.2f}",
+        *spec.args,
+    ]

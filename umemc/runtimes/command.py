@@ -1,4 +1,5 @@
 """Any command (`runtime = "command"`): the argv as given, `{port}` replaced by the port."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -8,7 +9,7 @@ if TYPE_CHECKING:
     from . import Context
 
 NAME = "command"
-HEALTH = None           # healthy when its port accepts connections (or just RUNNING without a port)
+HEALTH = None  # healthy when its port accepts connections (or just RUNNING without a port)
 FLAGS_MATCH = "-"
 PINNED: tuple[str, ...] = ()
 

@@ -1,4 +1,5 @@
 """llama.cpp's llama-server. Flag spelling as of llama.cpp b6500+ (2025-09: `-fa` takes on|off|auto)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -12,19 +13,46 @@ if TYPE_CHECKING:
 NAME = "llama-server"
 HEALTH = "/health"
 FLAGS_MATCH = "llama.cpp b6500 (2025-09) and later"
-PINNED = ("--ctx-size", "--parallel", "--ubatch-size", "--batch-size", "--flash-attn", "--cache-type-k",
-          "--cache-type-v", "--n-gpu-layers", "--mlock", "--no-mmap", "--mmproj", "--host", "--port")
-ALL_LAYERS = "999"   # more than any model has: every layer offloaded (the estimate assumes it)
+PINNED = (
+    "--ctx-size",
+    "--parallel",
+    "--ubatch-size",
+    "--batch-size",
+    "--flash-attn",
+    "--cache-type-k",
+    "--cache-type-v",
+    "--n-gpu-layers",
+    "--mlock",
+    "--no-mmap",
+    "--mmproj",
+    "--host",
+    "--port",
+)
+ALL_LAYERS = "999"  # more than any model has: every layer offloaded (the estimate assumes it)
 
 
 def argv(m: ModelPlan, ctx: Context) -> list[str]:
     spec, rm = m.model.spec, m.model
-    out = [spec.bin or "llama-server", *model_flag("-m", rm),
-           "-c", str(spec.context * spec.parallel), "-np", str(spec.parallel),
-           "-ub", str(spec.ubatch), "-b", str(max(spec.ubatch, 2048)),
-           "-fa", "on" if spec.flash_attn else "off",
-           "-ctk", spec.kv_cache, "-ctv", spec.kv_cache,
-           "-ngl", "0" if ctx.plan.loaded.platform.kind == "cpu" else ALL_LAYERS]
+    out = [
+        spec.bin or "llama-server",
+        *model_flag("-m", rm),
+        "-c",
+        str(spec.context * spec.parallel),
+        "-np",
+        str(spec.parallel),
+        "-ub",
+        str(spec.ubatch),
+        "-b",
+        str(max(spec.ubatch, 2048)),
+        "-fa",
+        "on" if spec.flash_attn else "off",
+        "-ctk",
+        spec.kv_cache,
+        "-ctv",
+        spec.kv_cache,
+        "-ngl",
+        "0" if ctx.plan.loaded.platform.kind == "cpu" else ALL_LAYERS,
+    ]
     if spec.mlock:
         out.append("--mlock")
     if not rm.mmap:

@@ -1,5 +1,6 @@
 """A Python worker module (`runtime = "torch"`), run as `python -m MODULE`; it reads its port and
 quota from the environment umemc sets (UMEMC_PORT, UMEMC_QUOTA_*)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -1,5 +1,6 @@
 """whisper.cpp's whisper-server. Flag spelling as of whisper.cpp 1.7 (2025). Greedy decoding with
 one decoder is pinned (`-bo 1 -bs 1`): the estimate sizes the self-attention cache for one."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -18,8 +19,7 @@ PINNED = ("--model", "--host", "--port", "--best-of", "--beam-size", "--flash-at
 
 def argv(m: ModelPlan, ctx: Context) -> list[str]:
     spec, rm = m.model.spec, m.model
-    out = [spec.bin or "whisper-server", *model_flag("--model", rm),
-           "--best-of", "1", "--beam-size", "1"]
+    out = [spec.bin or "whisper-server", *model_flag("--model", rm), "--best-of", "1", "--beam-size", "1"]
     if spec.flash_attn:
         out.append("--flash-attn")
     return out + ["--host", "127.0.0.1", "--port", str(rm.port), *spec.args]

@@ -1,28 +1,24 @@
 """TOML text -> validated, resolved stack. Every failure is one StackError with file:line:col."""
+
 from __future__ import annotations
 
 import difflib
 import os
 import re
 import stat
-import sys
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from ..chars import CONTROL
 from ..errors import Location, StackError
 from .models import Stack
 from .positions import Path as KeyPath
 from .positions import PositionIndex, scan
-from ..chars import CONTROL
 from .types import toml_repr
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 
 @dataclass
@@ -66,7 +62,7 @@ def dotted(path: KeyPath) -> str:
     return out
 
 
-MAX_STACK_BYTES = 4 * 1024 * 1024   # a stack file is a few KiB; /dev/zero is not one
+MAX_STACK_BYTES = 4 * 1024 * 1024  # a stack file is a few KiB; /dev/zero is not one
 
 
 def read_document(path: Path, shown: str | None = None) -> Document:
@@ -84,13 +80,21 @@ def read_document(path: Path, shown: str | None = None) -> Document:
     except tomllib.TOMLDecodeError as exc:
         raise _syntax_error(shown, text, exc) from None
     except RecursionError:
-        raise StackError(Location(shown, 1, 1), "", "arrays or inline tables nested too deeply",
-                         "a stack file needs at most a few levels") from None
+        raise StackError(
+            Location(shown, 1, 1),
+            "",
+            "arrays or inline tables nested too deeply",
+            "a stack file needs at most a few levels",
+        ) from None
     try:
         doc = Document(path, Source(shown, scan(text)), data)
     except RecursionError:
-        raise StackError(Location(shown, 1, 1), "", "arrays or inline tables nested too deeply",
-                         "a stack file needs at most a few levels") from None
+        raise StackError(
+            Location(shown, 1, 1),
+            "",
+            "arrays or inline tables nested too deeply",
+            "a stack file needs at most a few levels",
+        ) from None
     refuse_control_characters(doc.source, data)
     return doc
 
@@ -103,8 +107,11 @@ def _read_regular(path: Path, shown: str) -> bytes:
             if not stat.S_ISREG(st.st_mode):
                 raise StackError(None, "", f"{shown}: not a regular file", "give the path of a .toml stack file")
             if st.st_size > MAX_STACK_BYTES:
-                raise StackError(None, "", f"{shown}: too large for a stack file ({st.st_size} bytes; "
-                                 f"the limit is {MAX_STACK_BYTES})")
+                raise StackError(
+                    None,
+                    "",
+                    f"{shown}: too large for a stack file ({st.st_size} bytes; the limit is {MAX_STACK_BYTES})",
+                )
             raw = f.read(MAX_STACK_BYTES + 1)
     except FileNotFoundError:
         raise StackError(None, "", f"{shown}: no such file") from None
@@ -117,8 +124,6 @@ def _read_regular(path: Path, shown: str) -> bytes:
     return raw
 
 
-
-
 def control_problem(text: str) -> str | None:
     found = CONTROL.search(text)
     if found is None:
@@ -128,8 +133,17 @@ def control_problem(text: str) -> str | None:
     return f"contains a control character (U+{code:04X}{', ' + name if name else ''})"
 
 
-_CONTROL_NAMES = {0: "NUL", 9: "a tab", 10: "a newline", 13: "a carriage return", 0x1B: "escape", 0x7F: "DEL",
-                  0x85: "next line", 0x2028: "line separator", 0x2029: "paragraph separator"}
+_CONTROL_NAMES = {
+    0: "NUL",
+    9: "a tab",
+    10: "a newline",
+    13: "a carriage return",
+    0x1B: "escape",
+    0x7F: "DEL",
+    0x85: "next line",
+    0x2028: "line separator",
+    0x2029: "paragraph separator",
+}
 
 
 MAX_DEPTH = 16
@@ -137,8 +151,10 @@ MAX_DEPTH = 16
 
 def refuse_control_characters(source: Source, data: Any, path: KeyPath = ()) -> None:
     """Every key and string value of the document, checked before anything else reads it."""
-    hint = "generated files (supervisord.conf, sysctl.d, env files) are line-based: newlines, tabs " \
-           "and other control characters cannot be carried"
+    hint = (
+        "generated files (supervisord.conf, sysctl.d, env files) are line-based: newlines, tabs "
+        "and other control characters cannot be carried"
+    )
     if len(path) > MAX_DEPTH:
         raise source.error(path, f"nested more than {MAX_DEPTH} levels deep", "a stack file needs at most a few levels")
     if isinstance(data, dict):
@@ -182,10 +198,18 @@ def validate(doc: Document) -> Stack:
 # -- pydantic error -> one StackError ----------------------------------------------------------
 
 _TYPE_NAMES = {
-    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
-    "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
-    "bool_parsing": "true or false", "string_type": "a string", "list_type": "an array",
-    "dict_type": "a table", "model_type": "a table", "model_attributes_type": "a table",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "string_type": "a string",
+    "list_type": "an array",
+    "dict_type": "a table",
+    "model_type": "a table",
+    "model_attributes_type": "a table",
 }
 _COMPARE = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
 _RANK = {"extra_forbidden": 0, "missing": 2}  # unknown keys first: `[plaform]` beats "platform missing"
@@ -216,7 +240,9 @@ def _one_error(err: dict[str, Any], source: Source, root: type[BaseModel]) -> St
         hint = f"did you mean '{close[0]}'?" if close else (f"valid keys: {', '.join(allowed)}" if allowed else None)
         return source.error(loc, "unknown key", hint, what="key")
     if kind == "missing":
-        return StackError(source.at(loc[:-1], "table"), dotted(loc), "required key is missing", _missing_hint(root, loc))
+        return StackError(
+            source.at(loc[:-1], "table"), dotted(loc), "required key is missing", _missing_hint(root, loc)
+        )
     if kind == "literal_error":
         return _literal_error(err, source, loc)
     if kind in _TYPE_NAMES:
@@ -225,9 +251,12 @@ def _one_error(err: dict[str, Any], source: Source, root: type[BaseModel]) -> St
         bound = next(iter(ctx.values()))
         return source.error(loc, f"must be {_COMPARE[kind]} {bound} (got {got})")
     if kind == "string_pattern_mismatch":
-        return source.error(loc, f"must match {ctx['pattern']} (got {got})",
-                            "lowercase letters, digits, '-' and '_', starting with a letter; it becomes a "
-                            "directory and supervisord program name")
+        return source.error(
+            loc,
+            f"must match {ctx['pattern']} (got {got})",
+            "lowercase letters, digits, '-' and '_', starting with a letter; it becomes a "
+            "directory and supervisord program name",
+        )
     if kind in ("too_short", "string_too_short"):
         return source.error(loc, "must not be empty")
     return source.error(loc, str(err["msg"]), ctx.get("hint"))

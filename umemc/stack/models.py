@@ -1,5 +1,6 @@
 """The stack language: pydantic models with unknown keys forbidden. The JSON Schema in `schema/`
 is generated from these (`umemc schema`), so every field carries its description and default."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal, TypeAlias
@@ -34,17 +35,31 @@ class _Strict(BaseModel):
 
 
 class Platform(_Strict):
-    preset: PresetName | None = Field(None, description="A built-in machine: fills kind, memory, os_reserve "
-                                      "and gpu_window; any of them may still be given to override it.")
+    preset: PresetName | None = Field(
+        None,
+        description="A built-in machine: fills kind, memory, os_reserve "
+        "and gpu_window; any of them may still be given to override it.",
+    )
     kind: Kind | None = Field(None, description="amd-apu | apple | nvidia-unified | nvidia-discrete | cpu.")
     memory: Size | None = Field(None, description="Physical RAM.")
-    os_reserve: Size | None = Field(None, description="Memory kept for the OS and everything outside the stack. "
-                                    "Default: the preset's, else min(8 GiB, memory/8).")
-    gpu_window: Size | None = Field(None, description="What the GPU may map: GTT limit (AMD), wired limit "
-                                    "(Apple), VRAM (discrete). Not used for kind = cpu. Default on "
-                                    "nvidia-unified without a preset: memory - os_reserve.")
-    cpu_cores: int | None = Field(None, ge=1, le=4096, description="CPU cores; sets OMP_NUM_THREADS per worker "
-                                  "(cores shared among the hot workers). Default: the preset's, else unset.")
+    os_reserve: Size | None = Field(
+        None,
+        description="Memory kept for the OS and everything outside the stack. "
+        "Default: the preset's, else min(8 GiB, memory/8).",
+    )
+    gpu_window: Size | None = Field(
+        None,
+        description="What the GPU may map: GTT limit (AMD), wired limit "
+        "(Apple), VRAM (discrete). Not used for kind = cpu. Default on "
+        "nvidia-unified without a preset: memory - os_reserve.",
+    )
+    cpu_cores: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="CPU cores; sets OMP_NUM_THREADS per worker "
+        "(cores shared among the hot workers). Default: the preset's, else unset.",
+    )
 
 
 class Policy(_Strict):
@@ -52,91 +67,167 @@ class Policy(_Strict):
     quota_headroom: float = Field(0.10, ge=0, le=10, description="Hard quota = estimate x (1 + quota_headroom).")
     sample_interval: Duration = Field(0.1, ge=0.01, description='Enforcer sampling period (default "100ms").')
     load_below: float = Field(0.70, gt=0, lt=1, description="Cold starts admitted only while pressure is below this.")
-    evict_above: float = Field(0.90, gt=0, le=1, description="Above this pressure, evict by priority then "
-                               "least-recently-used.")
-    kernel_enforcement: Literal["auto", "off"] = Field("auto", description="auto: each worker also gets a memory "
-                                                       "cgroup with its hard quota where the machine allows (cgroup "
-                                                       "v2 delegated, or v1); off: the enforcer's sampling only.")
-    leak_threshold: Size = Field(100 * 1024 * 1024, description='Growth per minute that counts as a leak when '
-                                 'sustained over leak_window (default "100MiB").')
+    evict_above: float = Field(
+        0.90, gt=0, le=1, description="Above this pressure, evict by priority then least-recently-used."
+    )
+    kernel_enforcement: Literal["auto", "off"] = Field(
+        "auto",
+        description="auto: each worker also gets a memory "
+        "cgroup with its hard quota where the machine allows (cgroup "
+        "v2 delegated, or v1); off: the enforcer's sampling only.",
+    )
+    leak_threshold: Size = Field(
+        100 * 1024 * 1024,
+        description='Growth per minute that counts as a leak when sustained over leak_window (default "100MiB").',
+    )
     leak_window: Duration = Field(300.0, ge=1, description='Sliding window of the leak watch (default "5m").')
-    max_kills: int = Field(3, ge=1, le=1000, description="Hard-limit kills within kill_window after which the "
-                           "worker is left stopped instead of restarted.")
+    max_kills: int = Field(
+        3,
+        ge=1,
+        le=1000,
+        description="Hard-limit kills within kill_window after which the worker is left stopped instead of restarted.",
+    )
     kill_window: Duration = Field(600.0, ge=1, description='Window for max_kills (default "10m").')
-    hsa_enable_sdma: bool = Field(False, description="AMD: HSA_ENABLE_SDMA for workers. Default false (0): the "
-                                  "practitioners ran Strix Halo with the SDMA copy engines off, which avoided "
-                                  "stalls and corruption seen with them on.")
+    hsa_enable_sdma: bool = Field(
+        False,
+        description="AMD: HSA_ENABLE_SDMA for workers. Default false (0): the "
+        "practitioners ran Strix Halo with the SDMA copy engines off, which avoided "
+        "stalls and corruption seen with them on.",
+    )
 
 
 class Gateway(_Strict):
     enabled: bool = Field(True, description="Run the gateway (a program in the same supervisord).")
     port: int = Field(10000, ge=1, le=65535, description="Port of the OpenAI-compatible gateway.")
     host: str = Field("127.0.0.1", description="Address to bind; anything but loopback requires token_env.")
-    token_env: str | None = Field(None, description="Name of the environment variable holding the bearer token "
-                                  "(never the token itself); when set, every request needs it.")
-    queue: int = Field(64, ge=0, le=100_000, description="Requests per model that may wait beyond its "
-                       "max_concurrency (or for its cold start); more are answered 429 with Retry-After.")
-    queue_timeout: Duration = Field(120.0, gt=0, description="How long a request may wait for a slot or for "
-                                    'memory before it is answered 503 with Retry-After (default "2m").')
-    start_timeout: Duration = Field(600.0, gt=0, description="How long a cold start may take to become healthy "
-                                    '(default "10m": big models load for minutes).')
-    drain_timeout: Duration = Field(30.0, gt=0, description="How long an eviction waits for the victim's "
-                                    "requests in flight to finish; then the eviction is abandoned, never "
-                                    'the requests (default "30s").')
-    max_body: Size = Field(32 * 1024 * 1024, ge=1024, le=4 * 1024**3, description="Largest request body "
-                           'accepted (default "32MiB": an audio upload; OpenAI allows 25 MB); larger ones get 413.')
-    header_timeout: Duration = Field(15.0, ge=1, le=3600, description="A connection must send a request's "
-                                     "headers within this long, and an idle keep-alive connection is closed "
-                                     'after it (default "15s": slow-header clients cannot hold connections).')
-    body_timeout: Duration = Field(60.0, ge=1, le=3600, description="A request body must arrive within this "
-                                   'long (default "60s").')
-    upstream_timeout: Duration = Field(600.0, ge=1, le=86400, description="Longest silence from a worker "
-                                       "while it answers a request (no byte for this long: 504, the worker is "
-                                       'marked unhealthy). Default "10m": a long completion without streaming.')
-    health_interval: Duration = Field(5.0, ge=0.1, le=3600, description="How often the gateway probes each "
-                                      "ready worker's health URL; two failures in a row (2 s timeout each) "
-                                      'mark it unhealthy (e.g. a stopped process). Default "5s".')
-    memory: Size = Field(512 * 1024 * 1024, ge=64 * 1024 * 1024, description="Hard memory limit of the gateway "
-                         "process (its own cgroup, like a worker's). It comes out of os_reserve, not the models' "
-                         'budget (default "512MiB").')
+    token_env: str | None = Field(
+        None,
+        description="Name of the environment variable holding the bearer token "
+        "(never the token itself); when set, every request needs it.",
+    )
+    queue: int = Field(
+        64,
+        ge=0,
+        le=100_000,
+        description="Requests per model that may wait beyond its "
+        "max_concurrency (or for its cold start); more are answered 429 with Retry-After.",
+    )
+    queue_timeout: Duration = Field(
+        120.0,
+        gt=0,
+        description="How long a request may wait for a slot or for "
+        'memory before it is answered 503 with Retry-After (default "2m").',
+    )
+    start_timeout: Duration = Field(
+        600.0,
+        gt=0,
+        description='How long a cold start may take to become healthy (default "10m": big models load for minutes).',
+    )
+    drain_timeout: Duration = Field(
+        30.0,
+        gt=0,
+        description="How long an eviction waits for the victim's "
+        "requests in flight to finish; then the eviction is abandoned, never "
+        'the requests (default "30s").',
+    )
+    max_body: Size = Field(
+        32 * 1024 * 1024,
+        ge=1024,
+        le=4 * 1024**3,
+        description="Largest request body "
+        'accepted (default "32MiB": an audio upload; OpenAI allows 25 MB); larger ones get 413.',
+    )
+    header_timeout: Duration = Field(
+        15.0,
+        ge=1,
+        le=3600,
+        description="A connection must send a request's "
+        "headers within this long, and an idle keep-alive connection is closed "
+        'after it (default "15s": slow-header clients cannot hold connections).',
+    )
+    body_timeout: Duration = Field(
+        60.0, ge=1, le=3600, description='A request body must arrive within this long (default "60s").'
+    )
+    upstream_timeout: Duration = Field(
+        600.0,
+        ge=1,
+        le=86400,
+        description="Longest silence from a worker "
+        "while it answers a request (no byte for this long: 504, the worker is "
+        'marked unhealthy). Default "10m": a long completion without streaming.',
+    )
+    health_interval: Duration = Field(
+        5.0,
+        ge=0.1,
+        le=3600,
+        description="How often the gateway probes each "
+        "ready worker's health URL; two failures in a row (2 s timeout each) "
+        'mark it unhealthy (e.g. a stopped process). Default "5s".',
+    )
+    memory: Size = Field(
+        512 * 1024 * 1024,
+        ge=64 * 1024 * 1024,
+        description="Hard memory limit of the gateway "
+        "process (its own cgroup, like a worker's). It comes out of os_reserve, not the models' "
+        'budget (default "512MiB").',
+    )
 
 
 class ModelSpec(_Strict):
-    runtime: Runtime = Field(description="llama-server | llama-cpp-python | whisper-server | comfyui | torch | command.")
-    model: str | None = Field(None, description="Weights file, relative to the stack file. For llama.cpp "
-                              "runtimes a GGUF whose header gives exact sizes when present.")
+    runtime: Runtime = Field(
+        description="llama-server | llama-cpp-python | whisper-server | comfyui | torch | command."
+    )
+    model: str | None = Field(
+        None,
+        description="Weights file, relative to the stack file. For llama.cpp "
+        "runtimes a GGUF whose header gives exact sizes when present.",
+    )
     arch: Arch | None = Field(None, description="Built-in architecture preset, used when the model file is absent.")
-    quant: str | None = Field(None, description="GGUF file type (Q4_K_M, Q8_0, F16, ...), whisper.cpp type "
-                              "(f16, q8_0, ...) or torch dtype (fp16, bf16, fp32, int8). Default: the file's "
-                              "own type, else the preset's default.")
+    quant: str | None = Field(
+        None,
+        description="GGUF file type (Q4_K_M, Q8_0, F16, ...), whisper.cpp type "
+        "(f16, q8_0, ...) or torch dtype (fp16, bf16, fp32, int8). Default: the file's "
+        "own type, else the preset's default.",
+    )
     context: int = Field(4096, gt=0, le=16_777_216, description="Tokens per sequence.")
-    parallel: int = Field(1, gt=0, le=1024, description="Concurrent sequences (llama-server -np); KV is sized "
-                          "for all of them.")
+    parallel: int = Field(
+        1, gt=0, le=1024, description="Concurrent sequences (llama-server -np); KV is sized for all of them."
+    )
     kv_cache: KvCache = Field("f16", description="KV cache type (-ctk/-ctv).")
     flash_attn: bool = Field(True, description="Flash attention (-fa on|off).")
     ubatch: int = Field(512, gt=0, le=65536, description="Physical batch (llama-server -ub).")
     mlock: bool = Field(False, description="Lock the weights in RAM (--mlock); locked memory is fully budgeted.")
-    mmap: bool | None = Field(None, description="Memory-map the weights. Default: false on unified-memory "
-                              "platforms (--no-mmap), true on cpu.")
+    mmap: bool | None = Field(
+        None, description="Memory-map the weights. Default: false on unified-memory platforms (--no-mmap), true on cpu."
+    )
     priority: int = Field(50, ge=0, le=100, description="0-100; higher survives eviction longer.")
     mode: Literal["hot", "cold"] = Field("hot", description="hot: started by `umemc up`; cold: started on demand.")
-    max_concurrency: int | None = Field(None, gt=0, le=4096, description="Requests in flight at once; more "
-                                        "wait in a bounded queue. Default: parallel.")
-    port: int | None = Field(None, ge=1, le=65535, description="Worker port. Default: assigned from 10001 "
-                             "upward in file order, skipping ports used explicitly.")
-    memory: Size | None = Field(None, description="Explicit size of the whole worker; overrides the estimate. "
-                                "Required for runtime = command.")
+    max_concurrency: int | None = Field(
+        None, gt=0, le=4096, description="Requests in flight at once; more wait in a bounded queue. Default: parallel."
+    )
+    port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Worker port. Default: assigned from 10001 upward in file order, skipping ports used explicitly.",
+    )
+    memory: Size | None = Field(
+        None, description="Explicit size of the whole worker; overrides the estimate. Required for runtime = command."
+    )
     bin: str | None = Field(None, description="The runtime's executable (default: looked up on PATH).")
     args: list[str] = Field(default_factory=list, description="Extra argv for the runtime.")
     mmproj: str | None = Field(None, description="Vision projector GGUF (llama.cpp multimodal), counted in weights.")
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the worker; wins over "
-                                "what umemc sets.")
-    command: list[str] | None = Field(None, min_length=1, description='runtime = "command" only: the argv; '
-                                      '"{port}" is replaced by the port.')
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Extra environment for the worker; wins over what umemc sets."
+    )
+    command: list[str] | None = Field(
+        None, min_length=1, description='runtime = "command" only: the argv; "{port}" is replaced by the port.'
+    )
     module: str | None = Field(None, description='runtime = "torch": the Python worker module to run.')
     cwd: str | None = Field(None, description="Working directory of the worker, relative to the stack file.")
-    image_size: int = Field(1024, ge=64, le=16384, description="Diffusion/vision: image side in pixels "
-                            "(activation estimate).")
+    image_size: int = Field(
+        1024, ge=64, le=16384, description="Diffusion/vision: image side in pixels (activation estimate)."
+    )
     batch: int = Field(1, gt=0, le=1024, description="Torch families: batch size (activation estimate).")
     audio_seconds: float = Field(30.0, gt=0, le=86400, description="Speech: audio length per request in seconds.")
     aliases: list[str] = Field(default_factory=list, description="Other names the gateway routes to this model.")
@@ -150,7 +241,7 @@ class Stack(_Strict):
     platform: Platform = Field(description="The machine: a preset, or kind + memory.")
     policy: Policy = Field(default_factory=lambda: Policy(), description="Budget and enforcement policy.")
     gateway: Gateway = Field(default_factory=lambda: Gateway(), description="The OpenAI-compatible gateway.")
-    sysctl: dict[str, SysctlValue] = Field(default_factory=dict, description="Overrides of the compiled Linux VM "
-                                         "tunables, e.g. {\"vm.swappiness\" = 5}.")
-    models: dict[str, ModelSpec] = Field(min_length=1, description="The models, by name "
-                                         "(^[a-z][a-z0-9_-]{0,62}$).")
+    sysctl: dict[str, SysctlValue] = Field(
+        default_factory=dict, description='Overrides of the compiled Linux VM tunables, e.g. {"vm.swappiness" = 5}.'
+    )
+    models: dict[str, ModelSpec] = Field(min_length=1, description="The models, by name (^[a-z][a-z0-9_-]{0,62}$).")

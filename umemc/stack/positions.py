@@ -9,6 +9,7 @@ The scanner runs only on text that tomllib has already accepted, so it may be le
 syntax; what it must get right is the line and column, which tests check against tomllib's own
 error positions (tests/stack/test_positions.py).
 """
+
 from __future__ import annotations
 
 import bisect

@@ -1,5 +1,6 @@
 """Checks that span several keys, and the defaults that depend on other keys (platform presets,
 mmap by platform, ports, quant names). Produces the LoadedStack every later stage reads."""
+
 from __future__ import annotations
 
 import difflib
@@ -14,9 +15,9 @@ from ..estimate.gguf_file import is_gguf
 from ..estimate.quant import FILE_TYPES, TORCH_DTYPES, WHISPER_TYPES
 from ..units import human
 from .load import Document, Source, read_document, validate
-from .types import toml_repr
 from .models import NAME_PATTERN, ModelSpec, Stack
 from .presets import PLATFORM_PRESETS, UNIFIED_KINDS, default_os_reserve
+from .types import toml_repr
 
 LLAMA_RUNTIMES = frozenset({"llama-server", "llama-cpp-python"})
 FIRST_PORT = 10001
@@ -37,7 +38,7 @@ class ResolvedPlatform:
     kind: str
     memory: int
     os_reserve: int
-    gpu_window: int | None   # None on kind = cpu
+    gpu_window: int | None  # None on kind = cpu
     cpu_cores: int | None = None
 
     @property
@@ -49,8 +50,8 @@ class ResolvedPlatform:
 class ResolvedModel:
     name: str
     spec: ModelSpec
-    family: str              # llm | embedding | speech | diffusion | torch | command
-    quant: str | None        # canonical spelling, None where the file decides
+    family: str  # llm | embedding | speech | diffusion | torch | command
+    quant: str | None  # canonical spelling, None where the file decides
     model_path: Path | None
     model_present: bool
     mmproj_path: Path | None
@@ -68,7 +69,7 @@ class LoadedStack:
     platform: ResolvedPlatform
     models: dict[str, ResolvedModel]
     warnings: list[str]
-    calibration: dict[str, Any] = field(default_factory=dict)   # <stack>.calibration.json, by model
+    calibration: dict[str, Any] = field(default_factory=dict)  # <stack>.calibration.json, by model
 
     @property
     def name(self) -> str:
@@ -90,7 +91,9 @@ def load_stack(path: Path, shown: str | None = None) -> LoadedStack:
     _check_sysctl(stack, src)
     ports = _ports(stack, src)
     _check_aliases(stack, src)
-    models = {name: _model(doc, name, spec, platform, ports[name], locks.get(name)) for name, spec in stack.models.items()}
+    models = {
+        name: _model(doc, name, spec, platform, ports[name], locks.get(name)) for name, spec in stack.models.items()
+    }
     return LoadedStack(path, src, stack, platform, models, doc.warnings, locks)
 
 
@@ -101,12 +104,20 @@ RESERVED = ("umemc-enforcer", "umemc-gateway", "umemc-supervisord")  # umemc's o
 def _check_names(stack: Stack, src: Source) -> None:
     for name in stack.models:
         if name in RESERVED:
-            raise src.error(("models", name), f"{toml_repr(name)} is reserved for umemc's own program",
-                            "choose another model name", what="key")
+            raise src.error(
+                ("models", name),
+                f"{toml_repr(name)} is reserved for umemc's own program",
+                "choose another model name",
+                what="key",
+            )
         if not re.fullmatch(NAME_PATTERN, name):
-            raise src.error(("models", name), f"bad model name {toml_repr(name)}: must match {NAME_PATTERN}",
-                            "it becomes a supervisord program name and a file name: lowercase letters, "
-                            "digits, '-' and '_', starting with a letter", what="key")
+            raise src.error(
+                ("models", name),
+                f"bad model name {toml_repr(name)}: must match {NAME_PATTERN}",
+                "it becomes a supervisord program name and a file name: lowercase letters, "
+                "digits, '-' and '_', starting with a letter",
+                what="key",
+            )
 
 
 def _platform(stack: Stack, src: Source) -> ResolvedPlatform:
@@ -116,48 +127,64 @@ def _platform(stack: Stack, src: Source) -> ResolvedPlatform:
     memory = p.memory if p.memory is not None else (preset.memory if preset else None)
     if kind is None or memory is None:
         missing = "kind" if kind is None else "memory"
-        raise src.error(("platform", missing), "required key is missing (no preset given)",
-                        f"set preset = one of {', '.join(PLATFORM_PRESETS)}, or give kind and memory",
-                        what="table")
+        raise src.error(
+            ("platform", missing),
+            "required key is missing (no preset given)",
+            f"set preset = one of {', '.join(PLATFORM_PRESETS)}, or give kind and memory",
+            what="table",
+        )
     if memory <= 0:
         raise src.error(("platform", "memory"), "must be > 0")
-    os_reserve = p.os_reserve if p.os_reserve is not None else (
-        preset.os_reserve if preset else default_os_reserve(memory))
+    os_reserve = (
+        p.os_reserve if p.os_reserve is not None else (preset.os_reserve if preset else default_os_reserve(memory))
+    )
     if os_reserve >= memory:
-        raise src.error(("platform", "os_reserve"), f"must be less than memory ({human(os_reserve)} >= {human(memory)})")
-    window = p.gpu_window if p.gpu_window is not None else (
-        preset.gpu_window if preset and preset.kind == kind else None)
+        raise src.error(
+            ("platform", "os_reserve"), f"must be less than memory ({human(os_reserve)} >= {human(memory)})"
+        )
+    window = (
+        p.gpu_window if p.gpu_window is not None else (preset.gpu_window if preset and preset.kind == kind else None)
+    )
     if kind == "cpu":
         if p.gpu_window is not None:
             raise src.error(("platform", "gpu_window"), 'not used for kind = "cpu"', "remove it")
         window = None
     elif window is None:
         if kind != "nvidia-unified":
-            raise src.error(("platform", "gpu_window"), f'required key is missing for kind = "{kind}"',
-                            _WINDOW_HINT[kind], what="table")
+            raise src.error(
+                ("platform", "gpu_window"),
+                f'required key is missing for kind = "{kind}"',
+                _WINDOW_HINT[kind],
+                what="table",
+            )
         window = memory - os_reserve
     if window is not None and window <= 0:
         raise src.error(("platform", "gpu_window"), "must be > 0")
     if window is not None and kind in UNIFIED_KINDS and window > memory:
-        raise src.error(("platform", "gpu_window"), f"larger than memory ({human(window)} > {human(memory)})",
-                        "on a unified-memory machine the GPU maps system RAM")
+        raise src.error(
+            ("platform", "gpu_window"),
+            f"larger than memory ({human(window)} > {human(memory)})",
+            "on a unified-memory machine the GPU maps system RAM",
+        )
     cores = p.cpu_cores if p.cpu_cores is not None else (preset.cpu_cores if preset else None)
     return ResolvedPlatform(p.preset, kind, memory, os_reserve, window, cores)
 
 
 _WINDOW_HINT = {
-    "amd-apu": "the GTT limit the kernel allows (ttm.pages_limit x 4 KiB), e.g. \"112GiB\"",
-    "apple": "the Metal wired limit (iogpu.wired_limit_mb), e.g. \"107.5GiB\"",
-    "nvidia-discrete": "the card's VRAM, e.g. \"24GiB\"",
+    "amd-apu": 'the GTT limit the kernel allows (ttm.pages_limit x 4 KiB), e.g. "112GiB"',
+    "apple": 'the Metal wired limit (iogpu.wired_limit_mb), e.g. "107.5GiB"',
+    "nvidia-discrete": 'the card\'s VRAM, e.g. "24GiB"',
 }
 
 
 def _check_policy(stack: Stack, src: Source) -> None:
     pol = stack.policy
     if pol.load_below >= pol.evict_above:
-        raise src.error(("policy", "load_below"),
-                        f"must be below evict_above ({pol.load_below} >= {pol.evict_above})",
-                        "the gap between them is the hysteresis that stops load/evict oscillation")
+        raise src.error(
+            ("policy", "load_below"),
+            f"must be below evict_above ({pol.load_below} >= {pol.evict_above})",
+            "the gap between them is the hysteresis that stops load/evict oscillation",
+        )
 
 
 def _check_gateway(stack: Stack, src: Source) -> None:
@@ -166,12 +193,18 @@ def _check_gateway(stack: Stack, src: Source) -> None:
         loopback = ipaddress.ip_address(gw.host).is_loopback
     except ValueError:
         if not _HOSTNAME.fullmatch(gw.host):
-            raise src.error(("gateway", "host"), f"not an IP address or host name: {toml_repr(gw.host)}",
-                            'e.g. "127.0.0.1" (default), "0.0.0.0" or "::"') from None
+            raise src.error(
+                ("gateway", "host"),
+                f"not an IP address or host name: {toml_repr(gw.host)}",
+                'e.g. "127.0.0.1" (default), "0.0.0.0" or "::"',
+            ) from None
         loopback = gw.host == "localhost"
     if not loopback and not gw.token_env:
-        raise src.error(("gateway", "host"), f"binding {gw.host} needs a token",
-                        'set token_env = "NAME_OF_AN_ENV_VAR" holding the bearer token')
+        raise src.error(
+            ("gateway", "host"),
+            f"binding {gw.host} needs a token",
+            'set token_env = "NAME_OF_AN_ENV_VAR" holding the bearer token',
+        )
     if gw.token_env is not None and not _ENV_KEY.fullmatch(gw.token_env):
         raise src.error(("gateway", "token_env"), f"not a valid environment variable name: {toml_repr(gw.token_env)}")
 
@@ -179,8 +212,9 @@ def _check_gateway(stack: Stack, src: Source) -> None:
 def _check_sysctl(stack: Stack, src: Source) -> None:
     for key, value in stack.sysctl.items():
         if not _SYSCTL_KEY.fullmatch(key):
-            raise src.error(("sysctl", key), f"not a sysctl name: {toml_repr(key)}", 'write e.g. "vm.swappiness" = 10',
-                            what="key")
+            raise src.error(
+                ("sysctl", key), f"not a sysctl name: {toml_repr(key)}", 'write e.g. "vm.swappiness" = 10', what="key"
+            )
         if isinstance(value, str) and not re.fullmatch(r"[A-Za-z0-9_ .:+-]*", value):
             raise src.error(("sysctl", key), "value has characters a sysctl.d file cannot carry")
 
@@ -203,8 +237,12 @@ def _ports(stack: Stack, src: Source) -> dict[str, int]:
         while next_port in used:
             next_port += 1
         if next_port > MAX_PORT:
-            raise src.error(("models", name), f"no port left to assign (the next free one would be {next_port})",
-                            "give this model an explicit port = 1024-65535", what="table")
+            raise src.error(
+                ("models", name),
+                f"no port left to assign (the next free one would be {next_port})",
+                "give this model an explicit port = 1024-65535",
+                what="table",
+            )
         out[name] = next_port
         used[next_port] = f"models.{name}"
     return out
@@ -215,28 +253,46 @@ def _check_aliases(stack: Stack, src: Source) -> None:
     for name, spec in stack.models.items():
         for i, alias in enumerate(spec.aliases):
             if alias in seen:
-                raise src.error(("models", name, "aliases", i), f"alias {toml_repr(alias)} is already used by {seen[alias]}")
+                raise src.error(
+                    ("models", name, "aliases", i), f"alias {toml_repr(alias)} is already used by {seen[alias]}"
+                )
             seen[alias] = f"models.{name}.aliases"
 
 
-def _model(doc: Document, name: str, spec: ModelSpec, platform: ResolvedPlatform, port: int,
-           lock: dict[str, Any] | None) -> ResolvedModel:
+def _model(
+    doc: Document, name: str, spec: ModelSpec, platform: ResolvedPlatform, port: int, lock: dict[str, Any] | None
+) -> ResolvedModel:
     src, at = doc.source, ("models", name)
     _check_env(spec, src, at, doc_token_env(doc))
     _check_runtime_keys(spec, src, at)
     family = family_of(spec.arch) if spec.arch else _RUNTIME_FAMILY[spec.runtime]
     if spec.arch and spec.runtime != "command" and spec.runtime not in _RUNTIMES_FOR[family]:
-        raise src.error(at + ("arch",), f'{spec.arch} ({family}) cannot run on runtime = "{spec.runtime}"',
-                        f"use runtime = {' or '.join(toml_repr(r) for r in _RUNTIMES_FOR[family])}")
+        raise src.error(
+            at + ("arch",),
+            f'{spec.arch} ({family}) cannot run on runtime = "{spec.runtime}"',
+            f"use runtime = {' or '.join(toml_repr(r) for r in _RUNTIMES_FOR[family])}",
+        )
     quant = _quant(spec, src, at)
     locked = bool(lock and lock.get("header")) and spec.runtime in LLAMA_RUNTIMES
-    model_path, model_present = _file(doc, spec.model, at + ("model",), spec, llama=spec.runtime in LLAMA_RUNTIMES,
-                                      locked=locked)
+    model_path, model_present = _file(
+        doc, spec.model, at + ("model",), spec, llama=spec.runtime in LLAMA_RUNTIMES, locked=locked
+    )
     mmproj_path, mmproj_present = _file(doc, spec.mmproj, at + ("mmproj",), spec, llama=True, is_mmproj=True)
     _check_size_source(spec, src, at, model_present or locked)
     mmap = spec.mmap if spec.mmap is not None else not platform.unified
-    return ResolvedModel(name, spec, family, quant, model_path, model_present, mmproj_path, mmproj_present,
-                         mmap, spec.max_concurrency or spec.parallel, port)
+    return ResolvedModel(
+        name,
+        spec,
+        family,
+        quant,
+        model_path,
+        model_present,
+        mmproj_path,
+        mmproj_present,
+        mmap,
+        spec.max_concurrency or spec.parallel,
+        port,
+    )
 
 
 def doc_token_env(doc: Document) -> str | None:
@@ -244,38 +300,71 @@ def doc_token_env(doc: Document) -> str | None:
     return gateway.get("token_env") if isinstance(gateway, dict) else None
 
 
-_RUNTIME_FAMILY = {"llama-server": "llm", "llama-cpp-python": "llm", "whisper-server": "speech",
-                   "comfyui": "diffusion", "torch": "torch", "command": "command"}
+_RUNTIME_FAMILY = {
+    "llama-server": "llm",
+    "llama-cpp-python": "llm",
+    "whisper-server": "speech",
+    "comfyui": "diffusion",
+    "torch": "torch",
+    "command": "command",
+}
 
 
 def _check_env(spec: ModelSpec, src: Source, at: tuple[str, ...], token_env: str | None) -> None:
     for key in spec.env:
         if not _ENV_KEY.fullmatch(key):
-            raise src.error(at + ("env", key), f"not a valid environment variable name: {toml_repr(key)}",
-                            "letters, digits and '_', not starting with a digit", what="key")
+            raise src.error(
+                at + ("env", key),
+                f"not a valid environment variable name: {toml_repr(key)}",
+                "letters, digits and '_', not starting with a digit",
+                what="key",
+            )
         if key == token_env:
-            raise src.error(at + ("env", key), "is the gateway's token variable (gateway.token_env): workers "
-                            "never receive the gateway's token", "give the worker its own variable", what="key")
+            raise src.error(
+                at + ("env", key),
+                "is the gateway's token variable (gateway.token_env): workers never receive the gateway's token",
+                "give the worker its own variable",
+                what="key",
+            )
 
 
 def _check_runtime_keys(spec: ModelSpec, src: Source, at: tuple[str, ...]) -> None:
     rt = spec.runtime
     if rt == "command":
         if spec.command is None:
-            raise src.error(at + ("command",), 'required key is missing for runtime = "command"',
-                            'command = ["python", "-m", "my_worker", "--port", "{port}"]', what="table")
+            raise src.error(
+                at + ("command",),
+                'required key is missing for runtime = "command"',
+                'command = ["python", "-m", "my_worker", "--port", "{port}"]',
+                what="table",
+            )
         if spec.memory is None:
-            raise src.error(at + ("memory",), 'required key is missing for runtime = "command"',
-                            'nothing else tells its size: memory = "4GiB"', what="table")
+            raise src.error(
+                at + ("memory",),
+                'required key is missing for runtime = "command"',
+                'nothing else tells its size: memory = "4GiB"',
+                what="table",
+            )
     elif spec.command is not None:
-        raise src.error(at + ("command",), 'only used with runtime = "command"',
-                        "use bin and args to change how a runtime is started", what="key")
+        raise src.error(
+            at + ("command",),
+            'only used with runtime = "command"',
+            "use bin and args to change how a runtime is started",
+            what="key",
+        )
     if rt == "torch" and spec.module is None:
-        raise src.error(at + ("module",), 'required key is missing for runtime = "torch"',
-                        'module = "my_package.worker" (run as python -m)', what="table")
+        raise src.error(
+            at + ("module",),
+            'required key is missing for runtime = "torch"',
+            'module = "my_package.worker" (run as python -m)',
+            what="table",
+        )
     if rt == "llama-cpp-python" and spec.parallel != 1:
-        raise src.error(at + ("parallel",), f"llama-cpp-python serves one sequence (got {spec.parallel})",
-                        'use runtime = "llama-server" for parallel slots')
+        raise src.error(
+            at + ("parallel",),
+            f"llama-cpp-python serves one sequence (got {spec.parallel})",
+            'use runtime = "llama-server" for parallel slots',
+        )
     if spec.health is not None and not spec.health.startswith("/"):
         raise src.error(at + ("health",), f"must be a URL path starting with '/' (got {toml_repr(spec.health)})")
     if spec.mmproj is not None and rt not in LLAMA_RUNTIMES:
@@ -303,11 +392,19 @@ def _quant(spec: ModelSpec, src: Source, at: tuple[str, ...]) -> str | None:
             return n
     close = difflib.get_close_matches(spec.quant.upper() if names[0].isupper() else spec.quant.lower(), names, n=1)
     hint = f"did you mean '{close[0]}'?" if close else f"one of {', '.join(names)}"
-    raise src.error(at + ("quant",), f"unknown {what} {toml_repr(spec.quant)} for runtime = \"{spec.runtime}\"", hint)
+    raise src.error(at + ("quant",), f'unknown {what} {toml_repr(spec.quant)} for runtime = "{spec.runtime}"', hint)
 
 
-def _file(doc: Document, value: str | None, at: tuple[str, ...], spec: ModelSpec, *, llama: bool,
-          is_mmproj: bool = False, locked: bool = False) -> tuple[Path | None, bool]:
+def _file(
+    doc: Document,
+    value: str | None,
+    at: tuple[str, ...],
+    spec: ModelSpec,
+    *,
+    llama: bool,
+    is_mmproj: bool = False,
+    locked: bool = False,
+) -> tuple[Path | None, bool]:
     if value is None:
         return None, False
     src = doc.source
@@ -317,8 +414,11 @@ def _file(doc: Document, value: str | None, at: tuple[str, ...], spec: ModelSpec
             return path, True  # torch/comfyui model directories
         fallback = f"the lock in {doc.path.stem}.calibration.json" if locked else _fallback(spec, is_mmproj)
         if fallback is None:
-            raise src.error(at, f"file not found: {path}",
-                            "give arch = \"<preset>\" as a fallback, or memory = \"…\"" if not is_mmproj else None)
+            raise src.error(
+                at,
+                f"file not found: {path}",
+                'give arch = "<preset>" as a fallback, or memory = "…"' if not is_mmproj else None,
+            )
         doc.warnings.append(src.warning(at, f"file not found, estimating from {fallback}"))
         return path, False
     if llama:
@@ -348,5 +448,9 @@ def _check_size_source(spec: ModelSpec, src: Source, at: tuple[str, ...], model_
             raise src.error(at + ("memory",), "must be > 0")
         return
     if spec.arch is None and not (model_present and spec.runtime in (*LLAMA_RUNTIMES, "whisper-server")):
-        raise src.error(at, "no size source: give a model file, an arch preset, or memory",
-                        'e.g. arch = "llama-3-8b" or memory = "6GiB"', what="table")
+        raise src.error(
+            at,
+            "no size source: give a model file, an arch preset, or memory",
+            'e.g. arch = "llama-3-8b" or memory = "6GiB"',
+            what="table",
+        )

@@ -1,4 +1,5 @@
 """Field types shared by the stack models: sizes and durations with units."""
+
 from __future__ import annotations
 
 from typing import Annotated, Any
@@ -9,10 +10,8 @@ from pydantic_core import PydanticCustomError
 from ..chars import CONTROL
 from ..units import DURATION_HINT, SIZE_HINT, parse_duration, parse_size
 
-MAX_SIZE = 2**60                  # 1 EiB: far beyond any machine, far below 64-bit overflow
+MAX_SIZE = 2**60  # 1 EiB: far beyond any machine, far below 64-bit overflow
 MAX_DURATION_S = 365 * 24 * 3600
-
-
 
 
 def toml_repr(value: Any) -> str:
@@ -22,7 +21,7 @@ def toml_repr(value: Any) -> str:
     if isinstance(value, str):
         escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
         escaped = CONTROL.sub(lambda m: f"\\u{ord(m.group()):04X}", escaped)
-        return f'"{escaped[:60]}…"' if len(escaped) > 64 else f'"{escaped}"'   # a message stays readable
+        return f'"{escaped[:60]}…"' if len(escaped) > 64 else f'"{escaped}"'  # a message stays readable
     if isinstance(value, dict):
         return "a table"
     if isinstance(value, list):
@@ -35,20 +34,23 @@ def _size(value: Any) -> int:
         if value < 0:
             raise PydanticCustomError("size", "must not be negative (got {got})", {"got": value})
         if value > MAX_SIZE:
-            raise PydanticCustomError("size", "too large (got {got}; at most {most} bytes)", {"got": value, "most": MAX_SIZE})
+            raise PydanticCustomError(
+                "size", "too large (got {got}; at most {most} bytes)", {"got": value, "most": MAX_SIZE}
+            )
         return value
     if isinstance(value, str):
         try:
             size = parse_size(value)
         except ValueError:
             raise PydanticCustomError(
-                "size", "not a size (got {got})", {"got": toml_repr(value), "hint": SIZE_HINT}) from None
+                "size", "not a size (got {got})", {"got": toml_repr(value), "hint": SIZE_HINT}
+            ) from None
         if size > MAX_SIZE:
-            raise PydanticCustomError("size", "too large (got {got}; at most {most} bytes)",
-                                      {"got": toml_repr(value), "most": MAX_SIZE})
+            raise PydanticCustomError(
+                "size", "too large (got {got}; at most {most} bytes)", {"got": toml_repr(value), "most": MAX_SIZE}
+            )
         return size
-    raise PydanticCustomError(
-        "size", "must be a size (got {got})", {"got": toml_repr(value), "hint": SIZE_HINT})
+    raise PydanticCustomError("size", "must be a size (got {got})", {"got": toml_repr(value), "hint": SIZE_HINT})
 
 
 def _duration(value: Any) -> float:
@@ -59,21 +61,40 @@ def _duration(value: Any) -> float:
             pass
         else:
             if seconds > MAX_DURATION_S:
-                raise PydanticCustomError("duration", "too long (got {got}; at most 365 days)",
-                                          {"got": toml_repr(value)})
+                raise PydanticCustomError(
+                    "duration", "too long (got {got}; at most 365 days)", {"got": toml_repr(value)}
+                )
             return seconds
     raise PydanticCustomError(
-        "duration", "not a duration (got {got})", {"got": toml_repr(value), "hint": DURATION_HINT})
+        "duration", "not a duration (got {got})", {"got": toml_repr(value), "hint": DURATION_HINT}
+    )
 
 
-Size = Annotated[int, BeforeValidator(_size), WithJsonSchema({
-    "anyOf": [{"type": "integer", "minimum": 0},
-              {"type": "string", "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*([kKmMgGtT]i?[bB]|[bB])?\s*$"}],
-    "description": 'bytes, or a string with a unit: "512MiB", "8GiB", "1.5GB"'})]
+Size = Annotated[
+    int,
+    BeforeValidator(_size),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 0},
+                {"type": "string", "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*([kKmMgGtT]i?[bB]|[bB])?\s*$"},
+            ],
+            "description": 'bytes, or a string with a unit: "512MiB", "8GiB", "1.5GB"',
+        }
+    ),
+]
 
-Duration = Annotated[float, BeforeValidator(_duration), WithJsonSchema({
-    "type": "string", "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*(ms|s|m|h)\s*$",
-    "description": 'a duration with a unit: "100ms", "30s", "10m", "1h"'})]
+Duration = Annotated[
+    float,
+    BeforeValidator(_duration),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": r"^\s*[0-9]+(\.[0-9]+)?\s*(ms|s|m|h)\s*$",
+            "description": 'a duration with a unit: "100ms", "30s", "10m", "1h"',
+        }
+    ),
+]
 
 
 def _sysctl_value(value: Any) -> int | str:

@@ -1,4 +1,5 @@
 """`umemc explain`: every figure of one model's estimate with its formula and inputs."""
+
 from __future__ import annotations
 
 from ..budget import ModelPlan, Plan
@@ -8,8 +9,7 @@ from ..units import human
 
 def explain_text(plan: Plan, m: ModelPlan) -> str:
     spec, e = m.model.spec, m.estimate
-    lines = [f"models.{m.name}: runtime {spec.runtime}, {spec.mode}, priority {spec.priority}, "
-             f"source {e.source}"]
+    lines = [f"models.{m.name}: runtime {spec.runtime}, {spec.mode}, priority {spec.priority}, source {e.source}"]
     facts = ", ".join(f"{k} {v}" for k, v in e.facts.items() if v not in (None, ""))
     if facts:
         lines.append(f"  {facts}")
@@ -23,13 +23,17 @@ def explain_text(plan: Plan, m: ModelPlan) -> str:
     if e.explicit is not None:
         lines.append(f"  memory = {human(e.explicit)} ({e.explicit} bytes) given explicitly: it replaces the sum")
     lines.append(f"  quota soft = estimate = {m.quota_soft} bytes")
-    lines.append(f"  quota hard = estimate x (1 + quota_headroom {h}), rounded up to a MiB = {m.quota_hard} bytes "
-                 f"({human(m.quota_hard)})")
+    lines.append(
+        f"  quota hard = estimate x (1 + quota_headroom {h}), rounded up to a MiB = {m.quota_hard} bytes "
+        f"({human(m.quota_hard)})"
+    )
     lines.append(f"  gpu = {e.gpu.formula} = {human(e.gpu.bytes)} ({e.gpu.bytes} bytes)")
     if m.model.spec.mode == "cold" and m.name in plan.cold_admission:
         a = plan.cold_admission[m.name]
-        lines.append(f"  cold start: fits alongside hot set {a.fits_alongside_hot}, admissible {a.admissible}, "
-                     f"evicts {list(a.evicts)}")
+        lines.append(
+            f"  cold start: fits alongside hot set {a.fits_alongside_hot}, admissible {a.admissible}, "
+            f"evicts {list(a.evicts)}"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,5 @@
 """The one Jinja environment every target renders with, and the escaping filters it offers."""
+
 from __future__ import annotations
 
 import shlex
@@ -42,7 +43,7 @@ def systemd_env_value(value: str) -> str:
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
-        undefined=jinja2.StrictUndefined,   # a typo in a template is an error, never an empty string
+        undefined=jinja2.StrictUndefined,  # a typo in a template is an error, never an empty string
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -50,9 +51,14 @@ def environment() -> jinja2.Environment:
         # escaping; every value goes through the filter for its format explicitly.
         autoescape=False,
     )
-    env.filters.update(supervisor_command=supervisor_command, supervisor_value=supervisor_value,
-                       supervisor_env=supervisor_env, systemd_env=systemd_env_value, xml=xml_escape,
-                       sh=shlex.quote)
+    env.filters.update(
+        supervisor_command=supervisor_command,
+        supervisor_value=supervisor_value,
+        supervisor_env=supervisor_env,
+        systemd_env=systemd_env_value,
+        xml=xml_escape,
+        sh=shlex.quote,
+    )
     return env
 
 

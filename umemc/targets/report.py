@@ -1,4 +1,5 @@
 """The budget report: JSON (DESIGN.md contract), Markdown (pull-request comments). Pure: Plan -> text."""
+
 from __future__ import annotations
 
 import json
@@ -14,16 +15,26 @@ def budget_dict(plan: Plan) -> dict[str, Any]:
         "stack": plan.name,
         "fits": plan.fits,
         "capacity": {
-            "memory_bytes": cap.memory, "os_reserve_bytes": cap.os_reserve, "gpu_window_bytes": cap.gpu_window,
-            "usable_bytes": cap.usable, "budget_bytes": cap.budget, "gpu_budget_bytes": cap.gpu_budget,
+            "memory_bytes": cap.memory,
+            "os_reserve_bytes": cap.os_reserve,
+            "gpu_window_bytes": cap.gpu_window,
+            "usable_bytes": cap.usable,
+            "budget_bytes": cap.budget,
+            "gpu_budget_bytes": cap.gpu_budget,
         },
         "models": {
             m.name: {
-                "mode": m.model.spec.mode, "priority": m.priority,
-                "weights_bytes": m.estimate.weights.bytes, "kv_bytes": m.estimate.kv.bytes,
-                "compute_bytes": m.estimate.compute.bytes, "overhead_bytes": m.estimate.overhead.bytes,
-                "estimate_bytes": m.estimate.estimate_bytes, "gpu_bytes": m.estimate.gpu.bytes,
-                "quota_soft_bytes": m.quota_soft, "quota_hard_bytes": m.quota_hard, "source": m.estimate.source,
+                "mode": m.model.spec.mode,
+                "priority": m.priority,
+                "weights_bytes": m.estimate.weights.bytes,
+                "kv_bytes": m.estimate.kv.bytes,
+                "compute_bytes": m.estimate.compute.bytes,
+                "overhead_bytes": m.estimate.overhead.bytes,
+                "estimate_bytes": m.estimate.estimate_bytes,
+                "gpu_bytes": m.estimate.gpu.bytes,
+                "quota_soft_bytes": m.quota_soft,
+                "quota_hard_bytes": m.quota_hard,
+                "source": m.estimate.source,
             }
             for m in plan.models.values()
         },
@@ -46,7 +57,8 @@ def ledger_lines(plan: Plan) -> list[tuple[str, int, int, int | None, bool]]:
     """(ledger, used, budget, capacity, ok) for each ledger the platform has."""
     cap = plan.capacity
     rows: list[tuple[str, int, int, int | None, bool]] = [
-        ("all memory", plan.hot_total, cap.budget, cap.usable, plan.fits_ram)]
+        ("all memory", plan.hot_total, cap.budget, cap.usable, plan.fits_ram)
+    ]
     if cap.gpu_budget is not None:
         rows.append(("GPU window", plan.hot_gpu_total, cap.gpu_budget, cap.gpu_window, plan.fits_gpu))
     return rows
@@ -56,18 +68,25 @@ def budget_markdown(plan: Plan) -> str:
     verdict = "✅ fits" if plan.fits else "❌ does not fit"
     out = [f"### umemc: `{plan.name}` {verdict}", ""]
     p = plan.loaded.platform
-    out.append(f"Platform: {p.preset or p.kind} ({p.kind}), {gib(p.memory)} GiB RAM, "
-               f"{gib(p.os_reserve)} GiB OS reserve, safety margin {plan.loaded.stack.policy.safety_margin:.0%}.")
+    out.append(
+        f"Platform: {p.preset or p.kind} ({p.kind}), {gib(p.memory)} GiB RAM, "
+        f"{gib(p.os_reserve)} GiB OS reserve, safety margin {plan.loaded.stack.policy.safety_margin:.0%}."
+    )
     out += ["", "| ledger | hot set (hard quotas) | budget | usable | |", "|---|---:|---:|---:|---|"]
     for name, used, budget, usable, ok in ledger_lines(plan):
         out.append(f"| {name} | {gib(used)} GiB | {gib(budget)} GiB | {gib(usable)} GiB | {'✅' if ok else '❌'} |")
-    out += ["", "| model | mode | prio | weights | KV | compute | overhead | estimate | hard quota | GPU | source |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    out += [
+        "",
+        "| model | mode | prio | weights | KV | compute | overhead | estimate | hard quota | GPU | source |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for m in plan.models.values():
         e = m.estimate
-        out.append(f"| {m.name} | {m.model.spec.mode} | {m.priority} | {gib(e.weights.bytes)} | {gib(e.kv.bytes)} | "
-                   f"{gib(e.compute.bytes)} | {gib(e.overhead.bytes)} | {gib(e.estimate_bytes)} | "
-                   f"{gib(m.quota_hard)} | {gib(e.gpu.bytes)} | {e.source} |")
+        out.append(
+            f"| {m.name} | {m.model.spec.mode} | {m.priority} | {gib(e.weights.bytes)} | {gib(e.kv.bytes)} | "
+            f"{gib(e.compute.bytes)} | {gib(e.overhead.bytes)} | {gib(e.estimate_bytes)} | "
+            f"{gib(m.quota_hard)} | {gib(e.gpu.bytes)} | {e.source} |"
+        )
     out.append("")
     out.append(f"Sizes in GiB. Headroom: {gib(plan.headroom)} GiB.")
     if plan.cold_admission:

@@ -1,5 +1,6 @@
 """budget.svg: one stacked bar per ledger (weights / KV / compute / overhead per hot model) against
 the budget and the usable capacity. Geometry is computed here; the template only draws it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,10 +51,11 @@ def _ledger(plan: Plan, name: str, y: float, capacity: int, budget: int, gpu: bo
         if e.explicit is not None or sum(parts) == 0:
             parts = [(e.gpu.bytes if gpu else e.estimate_bytes), 0, 0, 0]
         start = x
-        for (label, opacity), size in zip(SHADES, parts):
+        for (label, opacity), size in zip(SHADES, parts, strict=True):
             if size:
-                rects.append(Rect(round(x, 2), round(size * scale, 2), color, opacity,
-                                  f"{m.name} {label}: {gib(size)} GiB"))
+                rects.append(
+                    Rect(round(x, 2), round(size * scale, 2), color, opacity, f"{m.name} {label}: {gib(size)} GiB")
+                )
                 x += size * scale
         quota = m.gpu_quota_hard if gpu else m.quota_hard
         slack = quota * scale - (x - start)
@@ -64,8 +66,16 @@ def _ledger(plan: Plan, name: str, y: float, capacity: int, budget: int, gpu: bo
             labels.append(Label(round(start + 3, 2), m.name))
     used = sum((m.gpu_quota_hard if gpu else m.quota_hard) for m in plan.models.values() if m.hot)
     caption = f"{name}: hot set {gib(used)} GiB of budget {gib(budget)} GiB (usable {gib(capacity)} GiB)"
-    return LedgerView(name, y, tuple(rects), tuple(labels), round(LEFT + budget * scale, 2),
-                      round(LEFT + capacity * scale, 2), caption, used > budget)
+    return LedgerView(
+        name,
+        y,
+        tuple(rects),
+        tuple(labels),
+        round(LEFT + budget * scale, 2),
+        round(LEFT + capacity * scale, 2),
+        caption,
+        used > budget,
+    )
 
 
 def ledgers(plan: Plan) -> list[LedgerView]:
@@ -80,5 +90,13 @@ def svg_values(plan: Plan) -> dict[str, object]:
     views = ledgers(plan)
     height = TOP + ROW_H * len(views) + 48
     legend = [(LEFT + i * 110, label, opacity) for i, (label, opacity) in enumerate(SHADES)]
-    return {"width": WIDTH, "height": height, "left": LEFT, "bar_h": BAR_H, "ledgers": views, "legend": legend,
-            "legend_y": height - 30, "title": f"umemc {plan.name}: {'fits' if plan.fits else 'does NOT fit'}"}
+    return {
+        "width": WIDTH,
+        "height": height,
+        "left": LEFT,
+        "bar_h": BAR_H,
+        "ledgers": views,
+        "legend": legend,
+        "legend_y": height - 30,
+        "title": f"umemc {plan.name}: {'fits' if plan.fits else 'does NOT fit'}",
+    }

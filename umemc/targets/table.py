@@ -1,4 +1,5 @@
 """The budget as a terminal table a person scans in five seconds (rich)."""
+
 from __future__ import annotations
 
 from rich import box
@@ -13,19 +14,30 @@ from .report import admission_text, ledger_lines
 
 def budget_renderable(plan: Plan) -> Group:
     p = plan.loaded.platform
-    verdict = Text(" FITS ", style="bold black on green") if plan.fits else Text(" DOES NOT FIT ", style="bold white on red")
-    title = Text.assemble(("umemc ", "bold"), (plan.name, "bold cyan"), "  ", verdict,
-                          f"  headroom {gib(plan.headroom)} GiB")
+    verdict = (
+        Text(" FITS ", style="bold black on green") if plan.fits else Text(" DOES NOT FIT ", style="bold white on red")
+    )
+    title = Text.assemble(
+        ("umemc ", "bold"), (plan.name, "bold cyan"), "  ", verdict, f"  headroom {gib(plan.headroom)} GiB"
+    )
     window = f"GPU window {gib(p.gpu_window)} GiB" if p.gpu_window is not None else "no GPU window"
-    platform = Text(f"{p.preset or p.kind} ({p.kind}): {gib(p.memory)} GiB RAM, {gib(p.os_reserve)} GiB OS reserve, "
-                    f"{window}, safety margin {plan.loaded.stack.policy.safety_margin:.0%}", style="dim")
+    platform = Text(
+        f"{p.preset or p.kind} ({p.kind}): {gib(p.memory)} GiB RAM, {gib(p.os_reserve)} GiB OS reserve, "
+        f"{window}, safety margin {plan.loaded.stack.policy.safety_margin:.0%}",
+        style="dim",
+    )
     return Group(title, platform, _ledgers(plan), _models(plan), *_cold(plan), *_warnings(plan))
 
 
 def _ledgers(plan: Plan) -> Table:
     t = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
-    for col, justify in (("ledger", "left"), ("hot set", "right"), ("budget", "right"), ("usable", "right"),
-                         ("", "left")):
+    for col, justify in (
+        ("ledger", "left"),
+        ("hot set", "right"),
+        ("budget", "right"),
+        ("usable", "right"),
+        ("", "left"),
+    ):
         t.add_column(col, justify=justify)  # type: ignore[arg-type]
     for name, used, budget, usable, ok in ledger_lines(plan):
         mark = Text("ok", style="green") if ok else Text(f"over by {gib(used - budget)} GiB", style="bold red")
@@ -34,20 +46,39 @@ def _ledgers(plan: Plan) -> Table:
 
 
 def _models(plan: Plan) -> Table:
-    t = Table(title="GiB per model; hard = estimate x (1 + quota_headroom)", title_justify="left",
-              title_style="dim", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
-              padding=(0, 1, 0, 1), collapse_padding=True)
+    t = Table(
+        title="GiB per model; hard = estimate x (1 + quota_headroom)",
+        title_justify="left",
+        title_style="dim",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 1, 0, 1),
+        collapse_padding=True,
+    )
     for col in ("model", "mode", "prio", "weights", "KV", "compute", "ovhd", "estimate", "hard", "GPU", "source"):
         t.add_column(col, justify="left" if col in ("model", "mode", "source") else "right", no_wrap=True)
     for m in plan.models.values():
         e = m.estimate
         mode = Text(m.model.spec.mode, style="green" if m.hot else "blue")
-        t.add_row(m.name, mode, str(m.priority), gib(e.weights.bytes), gib(e.kv.bytes), gib(e.compute.bytes),
-                  gib(e.overhead.bytes), gib(e.estimate_bytes), Text(gib(m.quota_hard), style="bold"),
-                  gib(e.gpu.bytes), e.source)
+        t.add_row(
+            m.name,
+            mode,
+            str(m.priority),
+            gib(e.weights.bytes),
+            gib(e.kv.bytes),
+            gib(e.compute.bytes),
+            gib(e.overhead.bytes),
+            gib(e.estimate_bytes),
+            Text(gib(m.quota_hard), style="bold"),
+            gib(e.gpu.bytes),
+            e.source,
+        )
     hot = Text(gib(plan.hot_total), style="bold")
     t.add_section()
-    t.add_row("hot set", "", "", "", "", "", "", "", hot, gib(plan.hot_gpu_total) if plan.capacity.gpu_budget else "-", "")
+    t.add_row(
+        "hot set", "", "", "", "", "", "", "", hot, gib(plan.hot_gpu_total) if plan.capacity.gpu_budget else "-", ""
+    )
     return t
 
 

@@ -4,6 +4,7 @@ Random weights are fine: memory depends only on shapes and types (REFERENCE.md).
 a SentencePiece-style vocabulary with all 256 byte-fallback tokens, so llama.cpp loads them and
 can really tokenize and complete any text.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class TinySpec:
-    arch: str = "llama"          # llama | qwen2 (qwen2 adds q/k/v biases)
+    arch: str = "llama"  # llama | qwen2 (qwen2 adds q/k/v biases)
     n_layer: int = 2
     n_embd: int = 64
     n_ff: int = 128
@@ -20,8 +21,8 @@ class TinySpec:
     n_head_kv: int = 2
     n_vocab: int = 320
     n_ctx_train: int = 4096
-    ftype: str = "F16"           # F16 | Q8_0 | F32
-    tied: bool = False           # no output.weight: the token embedding doubles as the output
+    ftype: str = "F16"  # F16 | Q8_0 | F32
+    tied: bool = False  # no output.weight: the token embedding doubles as the output
 
     @property
     def head_dim(self) -> int:
@@ -33,7 +34,7 @@ _FILE_TYPE = {"F32": 0, "F16": 1, "Q8_0": 7}
 
 def _vocab(n: int) -> tuple[list[str], list[float], list[int]]:
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    types = [2, 3, 3] + [6] * 256          # UNKNOWN, CONTROL, CONTROL, BYTE...
+    types = [2, 3, 3] + [6] * 256  # UNKNOWN, CONTROL, CONTROL, BYTE...
     i = 0
     while len(tokens) < n:
         word, k = "", i // 2
@@ -81,8 +82,11 @@ def write_tiny_gguf(path: Path, spec: TinySpec, seed: int = 0) -> Path:
     def mat(name: str, rows: int, cols: int) -> None:
         data = (rng.standard_normal((rows, cols)) * 0.02).astype(np.float32)
         if spec.ftype == "Q8_0":
-            w.add_tensor(name, gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0),
-                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(
+                name,
+                gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0),
+                raw_dtype=gguf.GGMLQuantizationType.Q8_0,
+            )
         elif spec.ftype == "F16":
             w.add_tensor(name, data.astype(np.float16))
         else:
@@ -119,7 +123,8 @@ def write_tiny_gguf(path: Path, spec: TinySpec, seed: int = 0) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m umemc.testing.tinygguf OUT.gguf [--layers N --embd N --ff N --heads N --kv-heads N --vocab N --ftype T]"""
+    """python -m umemc.testing.tinygguf OUT.gguf [--layers N --embd N --ff N --heads N --kv-heads N --vocab N
+    --ftype T]"""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m umemc.testing.tinygguf", description="write a tiny loadable GGUF model")

@@ -4,6 +4,7 @@ ledger.py (admission arithmetic), metrics.py (/metrics).
 
     python -m umemc.runtime.gateway --bundle BUNDLE_DIR
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .scheduler import Scheduler
 
-SHUTDOWN_S = 25.0     # in-flight requests get this long on SIGTERM (supervisord waits stopwaitsecs=30)
+SHUTDOWN_S = 25.0  # in-flight requests get this long on SIGTERM (supervisord waits stopwaitsecs=30)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,8 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     if gw["token_env"]:
         token = read_token(bundle, gw["token_env"])
         if not token:
-            print(f"umemc-gateway: gateway.token_env names {gw['token_env']}, which is not set (or empty) in "
-                  "the environment `umemc up` ran in: set it, then `umemc up` again", file=sys.stderr)
+            print(
+                f"umemc-gateway: gateway.token_env names {gw['token_env']}, which is not set (or empty) in "
+                "the environment `umemc up` ran in: set it, then `umemc up` again",
+                file=sys.stderr,
+            )
             return 2
     try:
         import uvloop
@@ -62,17 +66,24 @@ async def serve(sched: Scheduler, token: str | None) -> None:
     app = make_app(sched, token)
     # keepalive_timeout also bounds how long a connection may take to send a request's headers
     # (aiohttp closes a connection whose next request is incomplete then): no slow-header hold-outs
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_S,
-                           keepalive_timeout=sched.gw["header_timeout_s"])
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=SHUTDOWN_S,
+        keepalive_timeout=sched.gw["header_timeout_s"],
+    )
     await runner.setup()
     site = web.TCPSite(runner, sched.gw["host"], sched.gw["port"], reuse_address=True, backlog=1024)
     await site.start()
-    print(f"umemc-gateway: serving {len(sched.models)} model(s) on http://{sched.gw['host']}:{sched.gw['port']}",
-          flush=True)
+    print(
+        f"umemc-gateway: serving {len(sched.models)} model(s) on http://{sched.gw['host']}:{sched.gw['port']}",
+        flush=True,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    sched.refuse_queued()    # queued requests get 503 + Retry-After now, not a reset later
-    await runner.cleanup()   # stops accepting, lets requests in flight finish (up to SHUTDOWN_S)
+    sched.refuse_queued()  # queued requests get 503 + Retry-After now, not a reset later
+    await runner.cleanup()  # stops accepting, lets requests in flight finish (up to SHUTDOWN_S)

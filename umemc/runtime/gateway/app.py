@@ -4,6 +4,7 @@ request's `model`, `/models/<name>/…` pass-through, the lease API, /metrics an
 Responses with a Content-Length are relayed whole; anything else (SSE, chunked) is relayed chunk
 by chunk as it arrives. A client that goes away cancels its handler (handler_cancellation), which
 closes the upstream connection, so the worker stops generating."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,6 +15,7 @@ import ipaddress
 import json
 import math
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,15 +28,37 @@ from .ledger import Decision, Need
 from .metrics import Metrics
 from .scheduler import Model, Refused, Scheduler, lease_json
 
-HOP_BY_HOP = frozenset(("connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-                        "trailers", "transfer-encoding", "upgrade", "host", "content-length"))
+HOP_BY_HOP = frozenset(
+    (
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    )
+)
 DEFAULT_LEASE_TTL_S = 600.0
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "invalid_request_error", 408: "invalid_request_error", 409: "insufficient_memory",
-               413: "invalid_request_error", 415: "invalid_request_error", 429: "rate_limit_error"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    408: "invalid_request_error",
+    409: "insufficient_memory",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+}
 MUTATING = frozenset(("POST", "PUT", "PATCH", "DELETE"))
-OPEN_PATHS = frozenset(("/umemc/health",))   # liveness only: says nothing about the stack
+OPEN_PATHS = frozenset(("/umemc/health",))  # liveness only: says nothing about the stack
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SCHED: web.AppKey[Scheduler] = web.AppKey("sched", Scheduler)
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 CLIENT: web.AppKey[aiohttp.ClientSession] = web.AppKey("client", aiohttp.ClientSession)
@@ -60,8 +84,7 @@ def model_of(content_type: str, body: bytes) -> str:
     except ValueError:
         raise Refused(400, "request body is not JSON", "invalid_json") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("model"), str) or not doc["model"]:
-        raise Refused(400, 'request has no "model" field: name a model of this stack (GET /v1/models)',
-                      "model_missing")
+        raise Refused(400, 'request has no "model" field: name a model of this stack (GET /v1/models)', "model_missing")
     return str(doc["model"])
 
 
@@ -83,12 +106,14 @@ async def read_body(request: web.Request) -> bytes:
         async with asyncio.timeout(request.app[SCHED].gw["body_timeout_s"]):
             return await request.read()
     except TimeoutError:
-        raise Refused(408, f"request body not received within {request.app[SCHED].gw['body_timeout_s']:g} s",
-                      "body_timeout") from None
+        raise Refused(
+            408, f"request body not received within {request.app[SCHED].gw['body_timeout_s']:g} s", "body_timeout"
+        ) from None
 
 
 def strict_json(raw: bytes) -> Any:
     """json.loads without NaN/Infinity (Python accepts them; JSON does not)."""
+
     def refuse(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
 
@@ -109,7 +134,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
 
 async def forward(request: web.Request, m: Model, path: str, body: bytes) -> web.StreamResponse:
     app, t0 = request.app, time.monotonic()
-    code = 499          # the client went away before an answer
+    code = 499  # the client went away before an answer
     try:
         if m.port is None:
             raise Refused(404, f"model {m.name} has no port: the gateway cannot route to it", "no_port")
@@ -126,14 +151,18 @@ async def forward(request: web.Request, m: Model, path: str, body: bytes) -> web
 
 async def _relay(request: web.Request, m: Model, path: str, body: bytes) -> web.StreamResponse:
     token = request.app.get("token")
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP
-               and not (token and k.lower() == "authorization")}
+    headers = {
+        k: v
+        for k, v in request.headers.items()
+        if k.lower() not in HOP_BY_HOP and not (token and k.lower() == "authorization")
+    }
     url = f"http://127.0.0.1:{m.port}{path}"
     sched = request.app[SCHED]
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=sched.gw["upstream_timeout_s"])
     try:
-        async with request.app[CLIENT].request(request.method, url, data=body or None, headers=headers,
-                                               timeout=timeout) as up:
+        async with request.app[CLIENT].request(
+            request.method, url, data=body or None, headers=headers, timeout=timeout
+        ) as up:
             out = {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
             if up.content_length is not None and not up.headers.get("Content-Type", "").startswith("text/event-stream"):
                 return web.Response(body=await up.read(), status=up.status, headers=out)
@@ -144,22 +173,28 @@ async def _relay(request: web.Request, m: Model, path: str, body: bytes) -> web.
                     await resp.write(chunk)
                 await resp.write_eof()
             except (ConnectionResetError, aiohttp.ClientPayloadError):
-                pass   # one side went away mid-stream; leaving the block closes the upstream connection
-            except TimeoutError:   # the worker stopped sending mid-stream: end the stream, mark it
+                pass  # one side went away mid-stream; leaving the block closes the upstream connection
+            except TimeoutError:  # the worker stopped sending mid-stream: end the stream, mark it
                 sched.mark_unhealthy(m, f"no byte for {sched.gw['upstream_timeout_s']:g} s while streaming")
             return resp
     except aiohttp.ClientConnectorError as exc:
-        m.ready = False                    # it died between two polls: the next request waits for it
+        m.ready = False  # it died between two polls: the next request waits for it
         request.app[SCHED].kick()
-        raise Refused(502, f"worker {m.name} is not answering on port {m.port}: {exc.strerror or exc}",
-                      "upstream_unreachable") from None
+        raise Refused(
+            502, f"worker {m.name} is not answering on port {m.port}: {exc.strerror or exc}", "upstream_unreachable"
+        ) from None
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
         raise Refused(502, f"worker {m.name} closed the connection: {exc}", "upstream_disconnected") from None
     except TimeoutError:
         waited = sched.gw["upstream_timeout_s"]
         sched.mark_unhealthy(m, f"no answer within {waited:g} s")
-        raise Refused(504, f"worker {m.name} did not answer within {waited:g} s (gateway.upstream_timeout); it is "
-                      "marked unhealthy until its health URL answers again", "upstream_timeout", 10) from None
+        raise Refused(
+            504,
+            f"worker {m.name} did not answer within {waited:g} s (gateway.upstream_timeout); it is "
+            "marked unhealthy until its health URL answers again",
+            "upstream_timeout",
+            10,
+        ) from None
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -168,8 +203,9 @@ async def list_models(request: web.Request) -> web.Response:
     for m in sched.models.values():
         info = {"state": m.state, "ready": m.ready, "mode": m.plan["mode"], "aliases": m.plan["aliases"]}
         data.append({"id": m.name, "object": "model", "created": 0, "owned_by": "umemc", "umemc": info})
-        data += [{"id": a, "object": "model", "created": 0, "owned_by": "umemc", "root": m.name}
-                 for a in m.plan["aliases"]]
+        data += [
+            {"id": a, "object": "model", "created": 0, "owned_by": "umemc", "root": m.name} for a in m.plan["aliases"]
+        ]
     return web.json_response({"object": "list", "data": data})
 
 
@@ -183,8 +219,9 @@ async def status(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[METRICS].render(),
-                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    return web.Response(
+        body=request.app[METRICS].render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+    )
 
 
 async def can_load(request: web.Request) -> web.Response:
@@ -193,11 +230,20 @@ async def can_load(request: web.Request) -> web.Response:
     async with sched.lock:
         decision = sched.decide_model(m)
     need = sched.need_for(m)
-    return web.json_response({"model": m.name, "loaded": m.live, "state": m.state, "fits_now": decision.fits,
-                              "would_evict": decision.evict, "would_drain": decision.drain,
-                              "blocked_by": decision.blocked_by if not decision.fits else [],
-                              "need_bytes": need.ram, "free_bytes": decision.free_ram,
-                              "reason": None if decision.fits else decision.reason(need)})
+    return web.json_response(
+        {
+            "model": m.name,
+            "loaded": m.live,
+            "state": m.state,
+            "fits_now": decision.fits,
+            "would_evict": decision.evict,
+            "would_drain": decision.drain,
+            "blocked_by": decision.blocked_by if not decision.fits else [],
+            "need_bytes": need.ram,
+            "free_bytes": decision.free_ram,
+            "reason": None if decision.fits else decision.reason(need),
+        }
+    )
 
 
 async def leases_list(request: web.Request) -> web.Response:
@@ -214,12 +260,16 @@ async def lease_create(request: web.Request) -> web.Response:
     doc = await _json_object(request)
     unknown = sorted(set(doc) - LEASE_KEYS)
     if unknown:
-        raise Refused(400, f"unknown lease field(s): {', '.join(unknown)} (known: {', '.join(sorted(LEASE_KEYS))})",
-                      "invalid_lease")
+        raise Refused(
+            400,
+            f"unknown lease field(s): {', '.join(unknown)} (known: {', '.join(sorted(LEASE_KEYS))})",
+            "invalid_lease",
+        )
     holder = doc.get("holder")
     if not isinstance(holder, str) or not holder.strip() or len(holder) > 128 or CONTROL.search(holder):
-        raise Refused(400, '"holder" is required: who asks (e.g. "comfyui"), 1-128 printable characters',
-                      "invalid_lease")
+        raise Refused(
+            400, '"holder" is required: who asks (e.g. "comfyui"), 1-128 printable characters', "invalid_lease"
+        )
     ttl = _seconds(doc.get("ttl", DEFAULT_LEASE_TTL_S))
     ram, gpu, priority, model = _lease_size(sched, doc)
     lease, decision, need = await sched.grant(holder, ram, gpu, priority, ttl, model)
@@ -230,16 +280,23 @@ async def lease_create(request: web.Request) -> web.Response:
 
 def _lease_refused(decision: Decision, need: Need) -> web.Response:
     reason = decision.reason(need)
-    return web.json_response({"granted": False, "reason": reason, "blocked_by": decision.blocked_by,
-                              "free_bytes": decision.free_ram,
-                              "error": {"message": reason, "type": "insufficient_memory", "code": "lease_refused"}},
-                             status=409)
+    return web.json_response(
+        {
+            "granted": False,
+            "reason": reason,
+            "blocked_by": decision.blocked_by,
+            "free_bytes": decision.free_ram,
+            "error": {"message": reason, "type": "insufficient_memory", "code": "lease_refused"},
+        },
+        status=409,
+    )
 
 
 def _lease_size(sched: Scheduler, doc: dict[str, Any]) -> tuple[int, int, int, str | None]:
     if ("bytes" in doc) == ("model" in doc):
-        raise Refused(400, 'give exactly one of "bytes" (e.g. "8GiB") or "model" (a model of this stack)',
-                      "invalid_lease")
+        raise Refused(
+            400, 'give exactly one of "bytes" (e.g. "8GiB") or "model" (a model of this stack)', "invalid_lease"
+        )
     if "model" in doc:
         if not isinstance(doc["model"], str):
             raise Refused(400, f'"model" must be a model name (got {doc["model"]!r})', "invalid_lease")
@@ -273,8 +330,11 @@ def _seconds(raw: Any) -> float:
     except ValueError as exc:
         raise Refused(400, f'"ttl": {exc}', "invalid_lease") from None
     if not math.isfinite(value) or not 0 < value <= MAX_LEASE_TTL_S:
-        raise Refused(400, f'"ttl" must be more than 0 s and at most {MAX_LEASE_TTL_S:g} s (7 days) (got {raw!r})',
-                      "invalid_lease")
+        raise Refused(
+            400,
+            f'"ttl" must be more than 0 s and at most {MAX_LEASE_TTL_S:g} s (7 days) (got {raw!r})',
+            "invalid_lease",
+        )
     return value
 
 
@@ -327,13 +387,14 @@ def browser_guard(hosts: frozenset[str] | None) -> Any:
     a type a page may send without a CORS preflight (text/plain, forms) to a JSON endpoint (CSRF)."""
 
     @web.middleware
-    async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in OPEN_PATHS:
             return await handler(request)
         host = request.headers.get("Host", "").lower()
         if hosts is not None and host not in hosts:
-            return error(403, f"Host {host!r} is not this gateway's address (use 127.0.0.1 or localhost)",
-                         "forbidden_host")
+            return error(
+                403, f"Host {host!r} is not this gateway's address (use 127.0.0.1 or localhost)", "forbidden_host"
+            )
         origin = request.headers.get("Origin")
         if origin is not None and urlsplit(origin).netloc.lower() != host:
             return error(403, f"cross-origin request from {origin!r} refused", "cross_origin")
@@ -341,16 +402,19 @@ def browser_guard(hosts: frozenset[str] | None) -> Any:
         if site is not None and site not in ("same-origin", "none"):
             return error(403, f"cross-site request refused (Sec-Fetch-Site: {site})", "cross_origin")
         if request.method in MUTATING and request.body_exists and not _accepted_type(request):
-            return error(415, f"Content-Type {request.content_type!r} is not accepted here: send application/json"
-                         + (" or multipart/form-data" if _multipart_allowed(request.path) else ""),
-                         "unsupported_media_type")
+            return error(
+                415,
+                f"Content-Type {request.content_type!r} is not accepted here: send application/json"
+                + (" or multipart/form-data" if _multipart_allowed(request.path) else ""),
+                "unsupported_media_type",
+            )
         return await handler(request)
 
     return guard
 
 
 def _multipart_allowed(path: str) -> bool:
-    return path.startswith(("/v1/", "/models/"))   # audio uploads; never the umemc API
+    return path.startswith(("/v1/", "/models/"))  # audio uploads; never the umemc API
 
 
 def _accepted_type(request: web.Request) -> bool:
@@ -368,7 +432,7 @@ def bearer(token: str) -> Any:
     expected = f"Bearer {token}".encode()
 
     @web.middleware
-    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path not in OPEN_PATHS:
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
@@ -381,7 +445,7 @@ def bearer(token: str) -> Any:
 
 
 @web.middleware
-async def refusals(request: web.Request, handler: Any) -> web.StreamResponse:
+async def refusals(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A handler raises Refused; it is answered here (OpenAI-shaped, with Retry-After)."""
     try:
         return await handler(request)
@@ -417,8 +481,12 @@ def make_app(sched: Scheduler, token: str | None) -> web.Application:
 
 async def _lifetime(app: web.Application) -> Any:
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
-    client = aiohttp.ClientSession(connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",),
-                                   timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+    client = aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent",),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+    )
     app[CLIENT] = client
     sched = app[SCHED]
 

@@ -6,6 +6,7 @@ the platform has one) is free. A start that does not fit may evict workers of lo
 (and, between two cold models of equal priority, the idle one: that is a swap), lowest priority
 first, then least recently used; idle ones before busy ones, and a busy one only by draining it
 first. Never a higher priority for a lower one. Pure functions: the scheduler owns the lock."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,13 +16,14 @@ from typing import Any
 @dataclass(frozen=True)
 class Held:
     """One worker as the ledger sees it."""
+
     name: str
     priority: int
     cold: bool
-    ram: int             # max(live usage, hard quota)
-    gpu: int             # its GPU-side hard quota
-    busy: bool           # requests in flight or queued for it
-    drainable: bool      # ready and serving: it may be drained; a starting worker may not
+    ram: int  # max(live usage, hard quota)
+    gpu: int  # its GPU-side hard quota
+    busy: bool  # requests in flight or queued for it
+    drainable: bool  # ready and serving: it may be drained; a starting worker may not
     last_used: float
     evicting: bool = False  # already chosen by another decision: its memory is on its way back
 
@@ -33,25 +35,25 @@ class Lease:
     ram: int
     gpu: int
     priority: int
-    expires: float       # wall-clock seconds
+    expires: float  # wall-clock seconds
     model: str | None = None
 
 
 @dataclass(frozen=True)
 class Need:
-    what: str            # a model name or "lease"
+    what: str  # a model name or "lease"
     ram: int
     gpu: int
     priority: int
-    cold: bool           # a cold model may swap out an idle cold model of equal priority
-    drain: bool          # may busy workers be drained (requests: yes; leases: no)
+    cold: bool  # a cold model may swap out an idle cold model of equal priority
+    drain: bool  # may busy workers be drained (requests: yes; leases: no)
 
 
 @dataclass
 class Decision:
     fits: bool
-    evict: list[str] = field(default_factory=list)        # idle victims, stopped at once
-    drain: list[str] = field(default_factory=list)        # busy victims, stopped once their requests finish
+    evict: list[str] = field(default_factory=list)  # idle victims, stopped at once
+    drain: list[str] = field(default_factory=list)  # busy victims, stopped once their requests finish
     blocked_by: list[dict[str, Any]] = field(default_factory=list)
     free_ram: int = 0
     free_gpu: int | None = None
@@ -72,14 +74,15 @@ class Decision:
             else:
                 parts.append(f"{b['name']} ({b['why']})")
         free = f"{self.free_ram} bytes free"
-        return (f"{need.what} needs {need.ram} bytes, {free}; "
-                + ("blocked by " + ", ".join(parts) if parts else "nothing may be evicted"))
+        return f"{need.what} needs {need.ram} bytes, {free}; " + (
+            "blocked by " + ", ".join(parts) if parts else "nothing may be evicted"
+        )
 
 
 @dataclass(frozen=True)
 class Budget:
     ram: int
-    gpu: int | None      # None: no separate GPU ledger (kind = cpu)
+    gpu: int | None  # None: no separate GPU ledger (kind = cpu)
 
 
 def decide(need: Need, held: list[Held], leases: list[Lease], budget: Budget) -> Decision:
@@ -102,8 +105,10 @@ def decide(need: Need, held: list[Held], leases: list[Lease], budget: Budget) ->
         short_gpu -= h.gpu
     if short_ram <= 0 and short_gpu <= 0:
         return Decision(True, evict, drain, free_ram=free_ram, free_gpu=free_gpu)
-    blocked += [{"kind": "lease", "id": lease.id, "holder": lease.holder, "bytes": lease.ram,
-                 "expires": lease.expires} for lease in leases]
+    blocked += [
+        {"kind": "lease", "id": lease.id, "holder": lease.holder, "bytes": lease.ram, "expires": lease.expires}
+        for lease in leases
+    ]
     return Decision(False, blocked_by=blocked, free_ram=free_ram, free_gpu=free_gpu)
 
 

@@ -1,6 +1,7 @@
 """/metrics in the Prometheus text format (prometheus-client): counters and histograms the request
 path updates, plus live gauges read from the scheduler at scrape time (a custom collector, so a
 scrape always shows the current state and nothing accumulates between scrapes)."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -23,18 +24,32 @@ class Metrics:
     def __init__(self, sched: Scheduler):
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("umemc_requests", "Requests answered, by model and HTTP status.",
-                                ["model", "code"], registry=r)
-        self.latency = Histogram("umemc_request_duration_seconds", "Time from request to the end of the "
-                                 "response, queueing and cold starts included.", ["model"],
-                                 buckets=LATENCY_BUCKETS, registry=r)
-        self.cold_starts = Counter("umemc_cold_starts", "Workers started on demand by the gateway.", ["model"],
-                                   registry=r)
-        self.cold_start_seconds = Histogram("umemc_cold_start_seconds", "From the decision to start to "
-                                            "the worker's first healthy answer.", ["model"],
-                                            buckets=START_BUCKETS, registry=r)
-        self.evictions = Counter("umemc_evictions", "Workers stopped by the gateway: evict (to make room) "
-                                 "or ttl_unload (idle).", ["model", "reason"], registry=r)
+        self.requests = Counter(
+            "umemc_requests", "Requests answered, by model and HTTP status.", ["model", "code"], registry=r
+        )
+        self.latency = Histogram(
+            "umemc_request_duration_seconds",
+            "Time from request to the end of the response, queueing and cold starts included.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.cold_starts = Counter(
+            "umemc_cold_starts", "Workers started on demand by the gateway.", ["model"], registry=r
+        )
+        self.cold_start_seconds = Histogram(
+            "umemc_cold_start_seconds",
+            "From the decision to start to the worker's first healthy answer.",
+            ["model"],
+            buckets=START_BUCKETS,
+            registry=r,
+        )
+        self.evictions = Counter(
+            "umemc_evictions",
+            "Workers stopped by the gateway: evict (to make room) or ttl_unload (idle).",
+            ["model", "reason"],
+            registry=r,
+        )
         r.register(_Live(sched))
         self._latency = {name: self.latency.labels(name) for name in sched.models}
 
@@ -60,21 +75,24 @@ class _Live(Collector):
         self.sched = sched
 
     def describe(self) -> list[Metric]:
-        return []   # scraped live; nothing to check for name clashes at registration
+        return []  # scraped live; nothing to check for name clashes at registration
 
     def collect(self) -> Iterator[Metric]:
         s = self.sched
-        g = {name: GaugeMetricFamily(f"umemc_{name}", doc, labels=labels) for name, doc, labels in (
-            ("model_usage_bytes", "Live memory of the worker (CPU side + GPU side), from the enforcer.", ["model"]),
-            ("model_quota_bytes", "The worker's quotas.", ["model", "kind"]),
-            ("model_state", "1 for the worker's current supervisord state.", ["model", "state"]),
-            ("model_ready", "1 when the worker is running and healthy.", ["model"]),
-            ("model_restarts", "Starts of the worker after its first, from the enforcer.", ["model"]),
-            ("model_in_flight", "Requests in flight.", ["model"]),
-            ("model_queue_depth", "Requests waiting for a slot or a cold start.", ["model"]),
-            ("model_max_concurrency", "Requests the worker may have in flight.", ["model"]),
-            ("model_priority", "Eviction priority (higher survives longer).", ["model"]),
-        )}
+        g = {
+            name: GaugeMetricFamily(f"umemc_{name}", doc, labels=labels)
+            for name, doc, labels in (
+                ("model_usage_bytes", "Live memory of the worker (CPU side + GPU side), from the enforcer.", ["model"]),
+                ("model_quota_bytes", "The worker's quotas.", ["model", "kind"]),
+                ("model_state", "1 for the worker's current supervisord state.", ["model", "state"]),
+                ("model_ready", "1 when the worker is running and healthy.", ["model"]),
+                ("model_restarts", "Starts of the worker after its first, from the enforcer.", ["model"]),
+                ("model_in_flight", "Requests in flight.", ["model"]),
+                ("model_queue_depth", "Requests waiting for a slot or a cold start.", ["model"]),
+                ("model_max_concurrency", "Requests the worker may have in flight.", ["model"]),
+                ("model_priority", "Eviction priority (higher survives longer).", ["model"]),
+            )
+        }
         for m in s.models.values():
             g["model_usage_bytes"].add_metric([m.name], m.usage)
             g["model_quota_bytes"].add_metric([m.name, "soft"], m.plan["quota_soft_bytes"])
@@ -91,13 +109,18 @@ class _Live(Collector):
         ram, gpu = s.committed()
         leases = list(s.leases.values())
         yield GaugeMetricFamily("umemc_budget_bytes", "The plan's memory budget.", value=s.budget.ram)
-        yield GaugeMetricFamily("umemc_committed_bytes", "Budget committed: running or starting workers "
-                                "(max of live usage and hard quota) plus leases.", value=ram)
+        yield GaugeMetricFamily(
+            "umemc_committed_bytes",
+            "Budget committed: running or starting workers (max of live usage and hard quota) plus leases.",
+            value=ram,
+        )
         if s.budget.gpu is not None:
             yield GaugeMetricFamily("umemc_gpu_budget_bytes", "The plan's GPU-window budget.", value=s.budget.gpu)
             yield GaugeMetricFamily("umemc_gpu_committed_bytes", "GPU-window budget committed.", value=gpu)
         yield GaugeMetricFamily("umemc_leases", "Leases granted and not yet released or expired.", value=len(leases))
         yield GaugeMetricFamily("umemc_leased_bytes", "Bytes held by leases.", value=sum(x.ram for x in leases))
-        yield GaugeMetricFamily("umemc_pressure", "System memory pressure as the enforcer measures it "
-                                "(NaN when its status is stale).", value=float("nan") if s.pressure is None
-                                else s.pressure)
+        yield GaugeMetricFamily(
+            "umemc_pressure",
+            "System memory pressure as the enforcer measures it (NaN when its status is stale).",
+            value=float("nan") if s.pressure is None else s.pressure,
+        )

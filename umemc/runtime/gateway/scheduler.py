@@ -7,6 +7,7 @@ each decision under `lock` (shared with lease grants) and records it at once (a 
 and the victims being evicted keep counting in the ledger until they are gone), so no two
 decisions can spend the same bytes. Requests for a model that is starting all wait for that one
 start: interleaved A B C A B C loads start each model once."""
+
 from __future__ import annotations
 
 import asyncio
@@ -31,8 +32,8 @@ from ..supervisor import Supervisor
 from .ledger import Budget, Decision, Held, Lease, Need, decide
 
 LIVE = ("RUNNING", "STARTING", "BACKOFF", "STOPPING")
-SERVING = ("RUNNING", "STARTING")   # STARTING: supervisord's startsecs have not passed, yet it may answer
-POLL_S = 0.5             # supervisord's process list and the enforcer's status file
+SERVING = ("RUNNING", "STARTING")  # STARTING: supervisord's startsecs have not passed, yet it may answer
+POLL_S = 0.5  # supervisord's process list and the enforcer's status file
 HEALTH_POLL_S = 0.1
 STATUS_FRESH_S = 5.0
 CONNECT_ERRORS = (OSError, xmlrpc.client.Error, http.client.HTTPException)
@@ -50,32 +51,33 @@ class Refused(Exception):
 class Model:
     name: str
     plan: dict[str, Any]
-    state: str = "STOPPED"            # as supervisord names it
-    ready: bool = False               # RUNNING and answered its health URL
+    state: str = "STOPPED"  # as supervisord names it
+    ready: bool = False  # RUNNING and answered its health URL
     in_flight: int = 0
     waiters: deque[tuple[float, asyncio.Future[None]]] = field(default_factory=deque)
-    last_used: float = 0.0            # wall clock of the last request finished (or of becoming ready)
+    last_used: float = 0.0  # wall clock of the last request finished (or of becoming ready)
     draining: bool = False
-    drain_since: float = 0.0          # requests queued before this are still served: one batch, then out
+    drain_since: float = 0.0  # requests queued before this are still served: one batch, then out
     evicting: bool = False
     starting: asyncio.Task[None] | None = None
-    evicted: bool = False             # stopped by the gateway: a hot one comes back when it fits
-    usage: int = 0                    # live bytes from the enforcer's status
+    evicted: bool = False  # stopped by the gateway: a hot one comes back when it fits
+    usage: int = 0  # live bytes from the enforcer's status
     given_up: bool = False
     failure: str | None = None
-    touched: float = 0.0              # monotonic time the scheduler itself last changed `state`
-    no_drain: set[str] = field(default_factory=set)   # victims whose drain timed out: not again until idle
+    touched: float = 0.0  # monotonic time the scheduler itself last changed `state`
+    no_drain: set[str] = field(default_factory=set)  # victims whose drain timed out: not again until idle
     draining_for: list[str] = field(default_factory=list)
     drained: asyncio.Event = field(default_factory=asyncio.Event)
     cold_starts: int = 0
     restarts: int = 0
     latency_ewma: float = 1.0
-    health_failures: int = 0          # health probes failed in a row while ready
-    unhealthy: str | None = None      # why it stopped answering (a hung or stopped process), until it answers
+    health_failures: int = 0  # health probes failed in a row while ready
+    unhealthy: str | None = None  # why it stopped answering (a hung or stopped process), until it answers
 
     @property
     def port(self) -> int | None:
-        return self.plan["port"]
+        port: int | None = self.plan["port"]
+        return port
 
     @property
     def max_concurrency(self) -> int:
@@ -83,7 +85,7 @@ class Model:
 
     @property
     def cold(self) -> bool:
-        return self.plan["mode"] == "cold"
+        return bool(self.plan["mode"] == "cold")
 
     @property
     def live(self) -> bool:
@@ -94,9 +96,17 @@ class Model:
         return self.in_flight > 0 or bool(self.waiters)
 
     def held(self) -> Held:
-        return Held(self.name, self.plan["priority"], self.cold, max(self.usage, self.plan["quota_hard_bytes"]),
-                    self.plan["gpu_quota_hard_bytes"], self.busy or self.starting is not None,
-                    self.ready and self.starting is None, self.last_used, self.evicting or self.draining)
+        return Held(
+            self.name,
+            self.plan["priority"],
+            self.cold,
+            max(self.usage, self.plan["quota_hard_bytes"]),
+            self.plan["gpu_quota_hard_bytes"],
+            self.busy or self.starting is not None,
+            self.ready and self.starting is None,
+            self.last_used,
+            self.evicting or self.draining,
+        )
 
 
 class Scheduler:
@@ -107,8 +117,9 @@ class Scheduler:
         self.state_dir = (bundle / "../state").resolve()
         self.supervisor = Supervisor(Path(self.plan["supervisor"]["socket"].replace("%(here)s", str(bundle))))
         cap = self.plan["capacity"]
-        self.budget = Budget(int(cap["budget_bytes"]), None if cap["gpu_budget_bytes"] is None
-                             else int(cap["gpu_budget_bytes"]))
+        self.budget = Budget(
+            int(cap["budget_bytes"]), None if cap["gpu_budget_bytes"] is None else int(cap["gpu_budget_bytes"])
+        )
         self.models = {n: Model(n, m) for n, m in self.plan["models"].items()}
         self.routes = {n: n for n in self.models}
         for n, m in self.plan["models"].items():
@@ -118,12 +129,12 @@ class Scheduler:
         self.events = EventLog(self.state_dir / "events.db")
         self.pressure: float | None = None
         self.supervisord_pid: int | None = None
-        self._published_busy: set[str] = set()   # models gateway.json says are busy (or about to be)
+        self._published_busy: set[str] = set()  # models gateway.json says are busy (or about to be)
         self._kick = asyncio.Event()
         self._seq = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
-        self.probe: Any = None           # async (model) -> healthy?, given by the app (its HTTP client)
-        self.metrics: Any = None         # the app's metrics: cold starts, evictions (optional)
+        self.probe: Any = None  # async (model) -> healthy?, given by the app (its HTTP client)
+        self.metrics: Any = None  # the app's metrics: cold starts, evictions (optional)
         self.closing = False
         self._state_error: str | None = None
 
@@ -134,8 +145,11 @@ class Scheduler:
         self._load_leases()
         with contextlib.suppress(*CONNECT_ERRORS):
             await self.refresh()
-        self._tasks = [asyncio.create_task(self._pump()), asyncio.create_task(self._housekeeping()),
-                       asyncio.create_task(self._health_watch())]
+        self._tasks = [
+            asyncio.create_task(self._pump()),
+            asyncio.create_task(self._housekeeping()),
+            asyncio.create_task(self._health_watch()),
+        ]
 
     def refuse_queued(self) -> None:
         self.closing = True
@@ -149,8 +163,9 @@ class Scheduler:
         for m in self.models.values():
             if m.starting is not None:
                 m.starting.cancel()
-        await asyncio.gather(*self._tasks, *(m.starting for m in self.models.values() if m.starting),
-                             return_exceptions=True)
+        await asyncio.gather(
+            *self._tasks, *(m.starting for m in self.models.values() if m.starting), return_exceptions=True
+        )
         self.events.close()
 
     def kick(self) -> None:
@@ -177,22 +192,35 @@ class Scheduler:
 
     async def acquire(self, m: Model) -> None:
         if m.name not in self._published_busy:
-            self.write_state(time.time(), arriving=m.name)   # the enforcer's pressure guard must know first
+            self.write_state(time.time(), arriving=m.name)  # the enforcer's pressure guard must know first
         if m.ready and not m.draining and m.in_flight < m.max_concurrency and not m.waiters:
             m.in_flight += 1
             return
         if self.closing:
             raise Refused(503, "the gateway is shutting down", "shutting_down", 5)
         if m.unhealthy is not None:
-            raise Refused(503, f"worker {m.name} is not answering ({m.unhealthy}); requests are refused until its "
-                          "health URL answers again", "worker_unhealthy", 10)
+            raise Refused(
+                503,
+                f"worker {m.name} is not answering ({m.unhealthy}); requests are refused until its "
+                "health URL answers again",
+                "worker_unhealthy",
+                10,
+            )
         if m.given_up:
-            raise Refused(503, f"worker {m.name} was left stopped after repeated hard-limit kills "
-                          "(see `umemc events`); restart the stack to try again", "worker_given_up")
+            raise Refused(
+                503,
+                f"worker {m.name} was left stopped after repeated hard-limit kills "
+                "(see `umemc events`); restart the stack to try again",
+                "worker_given_up",
+            )
         if len(m.waiters) >= self.gw["queue"]:
-            raise Refused(429, f"model {m.name}: {m.in_flight} requests in flight and {len(m.waiters)} queued "
-                          f"(max_concurrency {m.max_concurrency}, queue {self.gw['queue']})", "queue_full",
-                          self._queue_retry_after(m))
+            raise Refused(
+                429,
+                f"model {m.name}: {m.in_flight} requests in flight and {len(m.waiters)} queued "
+                f"(max_concurrency {m.max_concurrency}, queue {self.gw['queue']})",
+                "queue_full",
+                self._queue_retry_after(m),
+            )
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (time.monotonic(), fut)
         m.waiters.append(entry)
@@ -201,13 +229,13 @@ class Scheduler:
             await asyncio.wait_for(asyncio.shield(fut), self.gw["queue_timeout_s"])
         except TimeoutError:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
-                return        # granted in the same instant
+                return  # granted in the same instant
             self._forget(m, entry)
             raise self._timed_out(m) from None
         except asyncio.CancelledError:
             self._forget(m, entry)
             if fut.done() and not fut.cancelled() and fut.exception() is None:
-                self.release(m)   # granted just as the client went away
+                self.release(m)  # granted just as the client went away
             raise
 
     def _forget(self, m: Model, entry: tuple[float, asyncio.Future[None]]) -> None:
@@ -226,7 +254,7 @@ class Scheduler:
         if not m.busy:
             for other in self.models.values():
                 other.no_drain.discard(m.name)
-            self.kick()       # an idle model may be what a waiting cold start needs
+            self.kick()  # an idle model may be what a waiting cold start needs
 
     def _dispatch(self, m: Model) -> None:
         """Grant free slots to waiters, first come first served. A draining model still serves
@@ -257,22 +285,33 @@ class Scheduler:
     def _timed_out(self, m: Model) -> Refused:
         waited = self.gw["queue_timeout_s"]
         if m.ready:
-            return Refused(503, f"model {m.name}: no slot within {waited:g} s ({m.in_flight} in flight, "
-                           f"{len(m.waiters)} queued)", "queue_timeout", self._queue_retry_after(m))
+            return Refused(
+                503,
+                f"model {m.name}: no slot within {waited:g} s ({m.in_flight} in flight, {len(m.waiters)} queued)",
+                "queue_timeout",
+                self._queue_retry_after(m),
+            )
         decision = self.decide_model(m)
         if m.starting is not None:
-            why = (f"waiting for {', '.join(m.draining_for)} to finish their requests" if m.draining_for
-                   else "still starting")
+            why = (
+                f"waiting for {', '.join(m.draining_for)} to finish their requests"
+                if m.draining_for
+                else "still starting"
+            )
         elif m.failure or not decision.fits:
             why = m.failure or decision.reason(self.need_for(m))
         else:
             why = "memory became free just now: try again"
-        return Refused(503, f"model {m.name} could not start within {waited:g} s: {why}", "insufficient_memory",
-                       self._blocked_retry_after(decision))
+        return Refused(
+            503,
+            f"model {m.name} could not start within {waited:g} s: {why}",
+            "insufficient_memory",
+            self._blocked_retry_after(decision),
+        )
 
     def _blocked_retry_after(self, decision: Decision) -> int:
         expiries = [b["expires"] - time.time() for b in decision.blocked_by if b["kind"] == "lease"]
-        return max(1, min([math.ceil(e) for e in expiries if e > 0] + [10]))
+        return max(1, min([math.ceil(float(e)) for e in expiries if e > 0] + [10]))
 
     # -- admission ------------------------------------------------------------------------------
     def need_for(self, m: Model) -> Need:
@@ -292,9 +331,14 @@ class Scheduler:
         if decision.fits and self.pressure is not None:
             freed = sum(self.models[v].usage for v in decision.victims) / max(1, self.plan["capacity"]["usable_bytes"])
             if self.pressure - freed >= pol["load_below"]:
-                decision = Decision(False, blocked_by=[{"kind": "pressure", "pressure": round(self.pressure, 4),
-                                                        "load_below": pol["load_below"]}],
-                                    free_ram=decision.free_ram, free_gpu=decision.free_gpu)
+                decision = Decision(
+                    False,
+                    blocked_by=[
+                        {"kind": "pressure", "pressure": round(self.pressure, 4), "load_below": pol["load_below"]}
+                    ],
+                    free_ram=decision.free_ram,
+                    free_gpu=decision.free_gpu,
+                )
         return decision
 
     def decide_model(self, m: Model) -> Decision:
@@ -303,10 +347,21 @@ class Scheduler:
             return Decision(True, free_ram=0)
         decision = self.decide(need, exclude=m.name)
         if m.no_drain & set(decision.drain):
-            return Decision(False, blocked_by=[{"kind": "worker", "name": v, "priority": self.models[v].plan["priority"],
-                                                "bytes": self.models[v].held().ram, "why": "requests in flight "
-                                                "(drain timed out)"} for v in decision.drain],
-                            free_ram=decision.free_ram, free_gpu=decision.free_gpu)
+            return Decision(
+                False,
+                blocked_by=[
+                    {
+                        "kind": "worker",
+                        "name": v,
+                        "priority": self.models[v].plan["priority"],
+                        "bytes": self.models[v].held().ram,
+                        "why": "requests in flight (drain timed out)",
+                    }
+                    for v in decision.drain
+                ],
+                free_ram=decision.free_ram,
+                free_gpu=decision.free_gpu,
+            )
         return decision
 
     async def _pump(self) -> None:
@@ -324,8 +379,8 @@ class Scheduler:
         for m in waiting:
             self._dispatch(m)
             if m.ready or m.starting is not None or m.evicting or not m.waiters:
-                continue      # served, starting, or being stopped (it is started afresh once down)
-            if m.live:   # supervisord runs it (a restart after a crash, or started outside the gateway)
+                continue  # served, starting, or being stopped (it is started afresh once down)
+            if m.live:  # supervisord runs it (a restart after a crash, or started outside the gateway)
                 m.starting = asyncio.create_task(self._start(m, Decision(True)))
                 continue
             decision = self.decide_model(m)
@@ -345,8 +400,9 @@ class Scheduler:
             m.draining_for = decision.drain
             if decision.drain and not await self._drain(decision.drain):
                 m.no_drain |= set(decision.drain)
-                self.events.add("drain_timeout", m.name, victims=decision.drain,
-                                drain_timeout_s=self.gw["drain_timeout_s"])
+                self.events.add(
+                    "drain_timeout", m.name, victims=decision.drain, drain_timeout_s=self.gw["drain_timeout_s"]
+                )
                 return
             await asyncio.gather(*(self._stop(self.models[v], "evict", for_model=m.name) for v in decision.victims))
             await self._ensure_started(m)
@@ -355,8 +411,7 @@ class Scheduler:
             self.mark_healthy(m)
             m.cold_starts += 1
             seconds = round(time.monotonic() - t0, 3)
-            self.events.add("cold_start", m.name, seconds=seconds, evicted=decision.victims,
-                            waiting=len(m.waiters))
+            self.events.add("cold_start", m.name, seconds=seconds, evicted=decision.victims, waiting=len(m.waiters))
             if self.metrics is not None:
                 self.metrics.cold_start(m.name, seconds)
         except Refused as exc:
@@ -398,22 +453,30 @@ class Scheduler:
         while time.monotonic() < deadline:
             info = (await asyncio.to_thread(self.supervisor.processes)).get(m.name, {})
             m.state = info.get("statename", "UNKNOWN")
-            failed = m.state in ("FATAL", "EXITED", "STOPPED", "UNKNOWN") or (m.state == "BACKOFF" and info.get("spawnerr"))
+            failed = m.state in ("FATAL", "EXITED", "STOPPED", "UNKNOWN") or (
+                m.state == "BACKOFF" and info.get("spawnerr")
+            )
             if failed:
-                raise Refused(503, f"worker {m.name} failed to start: it is {m.state}"
-                              + (f" ({info['spawnerr']})" if info.get("spawnerr") else "")
-                              + f"; see {self.state_dir / 'logs' / (m.name + '.err.log')}", "start_failed", 10)
+                raise Refused(
+                    503,
+                    f"worker {m.name} failed to start: it is {m.state}"
+                    + (f" ({info['spawnerr']})" if info.get("spawnerr") else "")
+                    + f"; see {self.state_dir / 'logs' / (m.name + '.err.log')}",
+                    "start_failed",
+                    10,
+                )
             if m.state in ("STARTING", "RUNNING") and self.probe is not None and await self.probe(m):
                 return
             await asyncio.sleep(HEALTH_POLL_S)
-        raise Refused(503, f"worker {m.name} did not become healthy within {self.gw['start_timeout_s']:g} s",
-                      "start_timeout", 10)
+        raise Refused(
+            503, f"worker {m.name} did not become healthy within {self.gw['start_timeout_s']:g} s", "start_timeout", 10
+        )
 
     async def _stop(self, m: Model, why: str, **detail: Any) -> None:
         m.evicting, m.ready = True, False
         try:
             usage = m.usage
-            with contextlib.suppress(xmlrpc.client.Fault):   # already stopped
+            with contextlib.suppress(xmlrpc.client.Fault):  # already stopped
                 await asyncio.to_thread(self.supervisor.stop, m.name, True)
             m.state, m.usage, m.touched = "STOPPED", 0, time.monotonic()
             m.evicted = why == "evict"
@@ -422,11 +485,12 @@ class Scheduler:
                 self.metrics.eviction(m.name, why)
         finally:
             m.evicting = False
-            self.kick()       # requests that arrived for it meanwhile start it again
+            self.kick()  # requests that arrived for it meanwhile start it again
 
     # -- leases ---------------------------------------------------------------------------------
-    async def grant(self, holder: str, ram: int, gpu: int, priority: int, ttl: float,
-                    model: str | None = None) -> tuple[Lease | None, Decision, Need]:
+    async def grant(
+        self, holder: str, ram: int, gpu: int, priority: int, ttl: float, model: str | None = None
+    ) -> tuple[Lease | None, Decision, Need]:
         need = Need("lease", ram, gpu, priority, False, False)
         async with self.lock:
             decision = self.decide(need)
@@ -436,8 +500,16 @@ class Scheduler:
             self.leases[lease.id] = lease
             for v in decision.evict:
                 self.models[v].evicting = True
-        self.events.add("lease_grant", None, id=lease.id, holder=holder, bytes=ram, ttl_s=ttl,
-                        evicted=decision.evict, for_model=model)
+        self.events.add(
+            "lease_grant",
+            None,
+            id=lease.id,
+            holder=holder,
+            bytes=ram,
+            ttl_s=ttl,
+            evicted=decision.evict,
+            for_model=model,
+        )
         await asyncio.gather(*(self._stop(self.models[v], "evict", for_lease=lease.id) for v in decision.evict))
         return lease, decision, need
 
@@ -453,8 +525,9 @@ class Scheduler:
         now = time.time()
         for x in doc.get("leases", []):
             if x["expires"] > now:
-                self.leases[x["id"]] = Lease(x["id"], x["holder"], x["bytes"], x["gpu_bytes"], x["priority"],
-                                             x["expires"], x["model"])
+                self.leases[x["id"]] = Lease(
+                    x["id"], x["holder"], x["bytes"], x["gpu_bytes"], x["priority"], x["expires"], x["model"]
+                )
 
     def release_lease(self, lease_id: str, why: str = "lease_release") -> Lease | None:
         lease = self.leases.pop(lease_id, None)
@@ -496,7 +569,7 @@ class Scheduler:
             if self.probe is None or not ready:
                 continue
             results = await asyncio.gather(*(self.probe(m) for m in ready))
-            for m, ok in zip(ready, results):
+            for m, ok in zip(ready, results, strict=True):
                 if ok:
                     self.mark_healthy(m)
                     continue
@@ -510,7 +583,7 @@ class Scheduler:
             await asyncio.sleep(POLL_S)
             try:
                 await self.housekeeping_once()
-            except CONNECT_ERRORS as exc:   # supervisord restarting or going down: next time
+            except CONNECT_ERRORS as exc:  # supervisord restarting or going down: next time
                 print(f"umemc-gateway: {exc}", file=sys.stderr, flush=True)
 
     async def housekeeping_once(self) -> None:
@@ -531,12 +604,12 @@ class Scheduler:
         for m in self.models.values():
             info = infos.get(m.name, {})
             state = info.get("statename", "UNKNOWN")
-            if m.starting is None and not m.evicting and m.touched < asked:   # else newer than this answer
+            if m.starting is None and not m.evicting and m.touched < asked:  # else newer than this answer
                 if m.ready and state not in SERVING:
-                    m.ready, changed = False, True     # crashed, killed over quota, or evicted by the enforcer
+                    m.ready, changed = False, True  # crashed, killed over quota, or evicted by the enforcer
                 m.state = state
                 if m.state in SERVING and not m.ready and self.probe is not None and await self.probe(m):
-                    m.ready, m.last_used, changed = True, time.time(), True   # started by `up`, restarted, recovered
+                    m.ready, m.last_used, changed = True, time.time(), True  # started by `up`, restarted, recovered
                     self.mark_healthy(m)
             live = (status or {}).get("models", {}).get(m.name) or {}
             m.usage = int(live.get("rss_bytes") or 0) + int(live.get("gpu_bytes") or 0) if m.live else 0
@@ -556,8 +629,15 @@ class Scheduler:
     async def _unload_idle(self, now: float) -> None:
         for m in self.models.values():
             ttl = m.plan["ttl_s"]
-            if (m.cold and ttl is not None and m.ready and not m.busy and m.starting is None
-                    and not m.draining and now - m.last_used >= ttl):
+            if (
+                m.cold
+                and ttl is not None
+                and m.ready
+                and not m.busy
+                and m.starting is None
+                and not m.draining
+                and now - m.last_used >= ttl
+            ):
                 await self._stop(m, "ttl_unload", idle_s=round(now - m.last_used, 1), ttl_s=ttl)
 
     async def _restore_hot(self) -> None:
@@ -577,12 +657,24 @@ class Scheduler:
         those workers; `arriving` is a request about to be counted) and the leases, for `umemc status`."""
         if self.closing:
             return
-        models = {m.name: {"in_flight": m.in_flight, "queued": len(m.waiters) + (m.name == arriving),
-                           "ready": m.ready, "starting": m.starting is not None,
-                           "health": "unhealthy" if m.unhealthy else "ok", "unhealthy": m.unhealthy}
-                  for m in self.models.values()}
-        doc = {"time": now, "pid": os.getpid(), "supervisord_pid": self.supervisord_pid, "models": models,
-               "leases": [lease_json(x) for x in self.leases.values()]}
+        models = {
+            m.name: {
+                "in_flight": m.in_flight,
+                "queued": len(m.waiters) + (m.name == arriving),
+                "ready": m.ready,
+                "starting": m.starting is not None,
+                "health": "unhealthy" if m.unhealthy else "ok",
+                "unhealthy": m.unhealthy,
+            }
+            for m in self.models.values()
+        }
+        doc = {
+            "time": now,
+            "pid": os.getpid(),
+            "supervisord_pid": self.supervisord_pid,
+            "models": models,
+            "leases": [lease_json(x) for x in self.leases.values()],
+        }
         path = self.state_dir / "gateway.json"
         tmp = path.with_suffix(".tmp")
         try:
@@ -601,30 +693,58 @@ class Scheduler:
     # -- views ----------------------------------------------------------------------------------
     def committed(self) -> tuple[int, int]:
         held, leases = self.held(), self.live_leases()
-        return sum(h.ram for h in held) + sum(x.ram for x in leases), sum(h.gpu for h in held) + sum(x.gpu for x in leases)
+        return sum(h.ram for h in held) + sum(x.ram for x in leases), sum(h.gpu for h in held) + sum(
+            x.gpu for x in leases
+        )
 
     def status(self) -> dict[str, Any]:
         ram, gpu = self.committed()
         now = time.time()
         return {
             "gateway": {"pid": os.getpid(), "host": self.gw["host"], "port": self.gw["port"]},
-            "budget": {"budget_bytes": self.budget.ram, "committed_bytes": ram, "free_bytes": self.budget.ram - ram,
-                       "gpu_budget_bytes": self.budget.gpu, "gpu_committed_bytes": gpu},
+            "budget": {
+                "budget_bytes": self.budget.ram,
+                "committed_bytes": ram,
+                "free_bytes": self.budget.ram - ram,
+                "gpu_budget_bytes": self.budget.gpu,
+                "gpu_committed_bytes": gpu,
+            },
             "pressure": self.pressure,
-            "models": {m.name: {
-                "state": m.state, "ready": m.ready, "mode": m.plan["mode"], "priority": m.plan["priority"],
-                "in_flight": m.in_flight, "queued": len(m.waiters), "max_concurrency": m.max_concurrency,
-                "starting": m.starting is not None, "draining": m.draining, "usage_bytes": m.usage,
-                "quota_hard_bytes": m.plan["quota_hard_bytes"], "cold_starts": m.cold_starts,
-                "idle_s": round(now - m.last_used, 1) if m.ready else None, "ttl_s": m.plan["ttl_s"],
-                "aliases": m.plan["aliases"], "failure": m.failure, "given_up": m.given_up,
-                "unhealthy": m.unhealthy}
-                for m in self.models.values()},
+            "models": {
+                m.name: {
+                    "state": m.state,
+                    "ready": m.ready,
+                    "mode": m.plan["mode"],
+                    "priority": m.plan["priority"],
+                    "in_flight": m.in_flight,
+                    "queued": len(m.waiters),
+                    "max_concurrency": m.max_concurrency,
+                    "starting": m.starting is not None,
+                    "draining": m.draining,
+                    "usage_bytes": m.usage,
+                    "quota_hard_bytes": m.plan["quota_hard_bytes"],
+                    "cold_starts": m.cold_starts,
+                    "idle_s": round(now - m.last_used, 1) if m.ready else None,
+                    "ttl_s": m.plan["ttl_s"],
+                    "aliases": m.plan["aliases"],
+                    "failure": m.failure,
+                    "given_up": m.given_up,
+                    "unhealthy": m.unhealthy,
+                }
+                for m in self.models.values()
+            },
             "leases": [lease_json(x) for x in self.leases.values()],
         }
 
 
 def lease_json(lease: Lease) -> dict[str, Any]:
-    return {"id": lease.id, "holder": lease.holder, "bytes": lease.ram, "gpu_bytes": lease.gpu,
-            "priority": lease.priority, "model": lease.model, "expires": round(lease.expires, 3),
-            "expires_in_s": round(max(0.0, lease.expires - time.time()), 1)}
+    return {
+        "id": lease.id,
+        "holder": lease.holder,
+        "bytes": lease.ram,
+        "gpu_bytes": lease.gpu,
+        "priority": lease.priority,
+        "model": lease.model,
+        "expires": round(lease.expires, 3),
+        "expires_in_s": round(max(0.0, lease.expires - time.time()), 1),
+    }

@@ -3,6 +3,7 @@ Documentation/gpu/drm-usage-stats.rst. For each open file of /dev/dri/*, /proc/P
 holds `drm-client-id`, `drm-pdev` and `drm-memory-<region>: N KiB` lines (amdgpu: vram, gtt,
 cpu). Several fds of one process may share a client: dedupe by (pdev, client id). GTT is neither
 in RSS nor charged to memory cgroups, so the enforcer adds it to the CPU-side figure."""
+
 from __future__ import annotations
 
 import os
@@ -24,7 +25,7 @@ def parse_fdinfo(text: str) -> tuple[tuple[str, str] | None, dict[str, int]]:
     for key, value in fields.items():
         if key.startswith("drm-memory-"):
             number, _, unit = value.partition(" ")
-            mem[key[len("drm-memory-"):]] = int(number) * _UNITS.get(unit.strip(), 1)
+            mem[key[len("drm-memory-") :]] = int(number) * _UNITS.get(unit.strip(), 1)
     return (fields.get("drm-pdev", ""), fields["drm-client-id"]), mem
 
 

@@ -1,4 +1,5 @@
 """/proc/meminfo: MemAvailable, swap, and Jetson's NvMap counters (values in kB)."""
+
 from __future__ import annotations
 
 
@@ -27,7 +28,7 @@ class MemAvailable:
         at = data.find(b"MemAvailable:")
         if at < 0:
             return None
-        return int(data[at + 13:data.index(b"kB", at)]) * 1024
+        return int(data[at + 13 : data.index(b"kB", at)]) * 1024
 
     def close(self) -> None:
         self._os.close(self.fd)

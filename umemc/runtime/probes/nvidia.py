@@ -1,6 +1,7 @@
 """GPU memory per process on NVIDIA: `nvidia-smi --query-compute-apps=pid,used_memory
 --format=csv,noheader,nounits` prints one `PID, MiB` line per compute process (GB10 may print
 `[N/A]`: its memory is system memory and already in RSS). Slow (~50 ms), so sampled rarely."""
+
 from __future__ import annotations
 
 import shutil
