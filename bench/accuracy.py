@@ -8,7 +8,7 @@ lines and compares them with `umemc check`'s figures for the same stack.
     python bench/accuracy.py            # builds bench/.venv-llama on first use (~5 min)
     UMEMC_LLAMA_PYTHON=/path/to/python python bench/accuracy.py
 
-Goals (issue 2): weights and KV within 1%, compute within 25%, weights+KV+compute within 5%.
+Goals: weights and KV within 1%, compute within 25%, weights+KV+compute within 5%.
 """
 
 from __future__ import annotations

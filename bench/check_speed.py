@@ -3,7 +3,7 @@ median ratio; and the time to check a generated 1000-model stack.
 
     python bench/check_speed.py [--runs 15]
 
-Goals (issue 2): ratio <= 4x (never above 5x); 1000 models <= 2 s.
+Goals: ratio <= 4x (never above 5x); 1000 models <= 2 s.
 """
 
 from __future__ import annotations

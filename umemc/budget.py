@@ -1,5 +1,5 @@
 """The budget stage: capacity ledgers, quotas, fit and cold-admission decisions -> one frozen Plan.
-All arithmetic of the report happens here; renderers only format (DESIGN.md, "Budget report")."""
+All arithmetic of the report happens here; renderers only format (docs/CONTRACTS.md, "The budget report")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The command line. This wrapper is the only code that catches broad exceptions: it maps them
-to the exit-code contract (DESIGN.md): 0 ok, 1 does not fit / known runtime failure, 2 invalid
+to the exit-code contract (docs/CONTRACTS.md): 0 ok, 1 does not fit / known runtime failure, 2 invalid
 input, 3 internal error (traceback to a log file), 130 interrupted."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The in-process quota hook for Python (torch) workers: a quota is bound to the model object's
-lifetime (FIELD-NOTES.md: "when the object is gone, the quota returns").
+lifetime ("when the object is gone, the quota returns").
 
     from umemc import worker
 

@@ -1,5 +1,5 @@
 """Architecture presets: llama.cpp's quantization mix reproduces published files, KV matches the
-reference figures of REFERENCE.md, and the block table matches gguf's."""
+reference figures of docs/ESTIMATES.md, and the block table matches gguf's."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ def test_block_table_matches_gguf() -> None:
 @pytest.mark.parametrize(
     "arch,ftype,published_gb",
     [
-        ("llama-3-70b", "Q4_K_M", 42.52),  # Meta-Llama-3-70B-Instruct Q4_K_M (REFERENCE.md)
-        ("qwen2-72b", "Q4_K_M", 47.41),  # Qwen2-72B-Instruct Q4_K_M (REFERENCE.md)
+        ("llama-3-70b", "Q4_K_M", 42.52),  # Meta-Llama-3-70B-Instruct Q4_K_M (docs/ESTIMATES.md)
+        ("qwen2-72b", "Q4_K_M", 47.41),  # Qwen2-72B-Instruct Q4_K_M (docs/ESTIMATES.md)
     ],
 )
 def test_mix_reproduces_published_files(arch: str, ftype: str, published_gb: float) -> None:
@@ -83,7 +83,7 @@ def test_sliding_window_layers_are_capped() -> None:
 
 
 def test_attention_scores_dominate_without_flash_attention() -> None:
-    """70B at 32K, ubatch 512, no flash attention: the KQ matrix alone is 4 GiB (REFERENCE.md)."""
+    """70B at 32K, ubatch 512, no flash attention: the KQ matrix alone is 4 GiB (docs/ESTIMATES.md)."""
     shape = LLM_PRESETS["llama-3-70b"].shape
     graph = compute_figure(shape, 32768, 1, 512, flash_attn=False).parts[0]
     attention = next(p for p in graph.parts if p.name == "attention")

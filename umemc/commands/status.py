@@ -19,7 +19,7 @@ from .up import add_run_dir
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("status", help="per-worker state, memory and quotas of the running stack")
     add_run_dir(p)
-    p.add_argument("--json", action="store_true", help='print {"models": {...}} (the DESIGN.md contract)')
+    p.add_argument("--json", action="store_true", help='print {"models": {...}} (the contract in docs/CONTRACTS.md)')
     p.set_defaults(func=run)
     t = sub.add_parser("top", help="the status table, refreshed live")
     add_run_dir(t)

@@ -2,7 +2,7 @@
 
 An estimate from a preset lays out every tensor the way llama.cpp's converter names and shapes it
 (`gguf-py/gguf/tensor_mapping.py`), then applies llama.cpp's per-tensor quantization mix
-(`quant.mix_types`), because a flat bits-per-weight average is up to 6% off (REFERENCE.md).
+(`quant.mix_types`), because a flat bits-per-weight average is up to 6% off (docs/ESTIMATES.md).
 Shapes come from each model's published `config.json` (URL in `source`).
 """
 
@@ -363,7 +363,7 @@ TORCH_PRESETS: dict[str, TorchPreset] = {
                 "int8": 8960 * _MB - 6_935_200_000,
             },
             reference="1024x1024 image, batch 1",
-            source=_HF + "stabilityai/stable-diffusion-xl-base-1.0 (REFERENCE.md: SDXL)",
+            source=_HF + "stabilityai/stable-diffusion-xl-base-1.0 (docs/ESTIMATES.md: SDXL)",
         ),
         # Whisper large-v3: 1.55B parameters; openai-whisper fp16 measured 4.7 GB with beam 5 (large-v2,
         # same shape), faster-whisper int8 2.9 GB. Activation = measured - weights - runtime overhead.
@@ -379,7 +379,7 @@ TORCH_PRESETS: dict[str, TorchPreset] = {
                 "int8": 2900 * _MB - 1_543_490_560 - 479_199_232,
             },
             reference="30 s window, beam 5, batch 1",
-            source=_HF + "openai/whisper-large-v3/blob/main/config.json (REFERENCE.md: Whisper)",
+            source=_HF + "openai/whisper-large-v3/blob/main/config.json (docs/ESTIMATES.md: Whisper)",
             # whisper.cpp: decoder self-attention ctx 448, audio ctx 1500, 32+32 layers, width 1280.
             extra={"n_text_ctx": 448, "n_audio_ctx": 1500, "n_layer": 32, "n_state": 1280, "n_head": 20},
         ),

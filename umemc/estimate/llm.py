@@ -1,4 +1,4 @@
-"""llama.cpp memory: weights, KV cache, compute and output buffers (REFERENCE.md, "KV cache" and
+"""llama.cpp memory: weights, KV cache, compute and output buffers (docs/ESTIMATES.md, "KV cache" and
 "Compute buffers"). The compute model is calibrated against llama.cpp's own buffer report by
 bench/accuracy.py; the constants below say which graph node each term stands for."""
 

@@ -7,7 +7,7 @@ from ..units import MiB
 from .figures import Figure
 
 # GPU driver context per process: Ollama budgets 457 MiB for CUDA/ROCm and 512 MiB for Metal
-# (REFERENCE.md, "Other model families"). No GPU on kind = cpu.
+# (docs/ESTIMATES.md, "Other model families"). No GPU on kind = cpu.
 GPU_CONTEXT = {
     "amd-apu": 457 * MiB,
     "nvidia-unified": 457 * MiB,
@@ -20,7 +20,7 @@ GPU_CONTEXT = {
 # the llama.cpp server binary with its libraries; llama-cpp-python adds the interpreter, numpy
 # and its FastAPI server; a torch worker the interpreter plus torch's CPU libraries.
 PROCESS_BASE = {
-    "llama-server": 150 * MiB,  # gguf-parser's RAM overhead for llama.cpp (REFERENCE.md)
+    "llama-server": 150 * MiB,  # gguf-parser's RAM overhead for llama.cpp (docs/ESTIMATES.md)
     "whisper-server": 150 * MiB,
     "llama-cpp-python": 100 * MiB,  # measured: 72 MiB resident beyond its buffers (umemc calibrate, 0.3.36)
     "torch": 450 * MiB,

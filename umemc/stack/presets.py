@@ -1,7 +1,7 @@
 """Platform presets: machine facts a stack may name instead of spelling them out.
 
 Every number is a starting point any stack may override in `[platform]`. Sources are
-REFERENCE.md's platform table unless said otherwise.
+docs/ESTIMATES.md's platform table unless said otherwise.
 """
 
 from __future__ import annotations
@@ -73,5 +73,5 @@ UNIFIED_KINDS = frozenset({"amd-apu", "apple", "nvidia-unified"})
 
 
 def default_os_reserve(memory: int) -> int:
-    """Without a preset: 8 GiB, or an eighth of RAM on small machines (FIELD-NOTES: 'OS base')."""
+    """Without a preset: 8 GiB, or an eighth of RAM on small machines (what practitioners keep for the OS)."""
     return min(8 * GiB, memory // 8)

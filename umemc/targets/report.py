@@ -1,4 +1,4 @@
-"""The budget report: JSON (DESIGN.md contract), Markdown (pull-request comments). Pure: Plan -> text."""
+"""The budget report: JSON (the contract in docs/CONTRACTS.md), Markdown (pull-request comments). Pure: Plan -> text."""
 
 from __future__ import annotations
 

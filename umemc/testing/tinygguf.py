@@ -1,6 +1,6 @@
 """Tiny real GGUF language models, written with the `gguf` package, for tests and benchmarks.
 
-Random weights are fine: memory depends only on shapes and types (REFERENCE.md). The files carry
+Random weights are fine: memory depends only on shapes and types (docs/ESTIMATES.md). The files carry
 a SentencePiece-style vocabulary with all 256 byte-fallback tokens, so llama.cpp loads them and
 can really tokenize and complete any text.
 """

@@ -1,5 +1,5 @@
 """CPU-side memory of a process tree from /proc: resident pages from `statm` read with pread on
-kept-open descriptors (REFERENCE.md: 1.4 µs a read), children from /proc/PID/task/*/children
+kept-open descriptors (docs/ESTIMATES.md: 1.4 µs a read), children from /proc/PID/task/*/children
 (59 µs, instead of scanning all of /proc). Never `ps`, never smaps on the hot path."""
 
 from __future__ import annotations
