@@ -95,7 +95,7 @@ def test_up_twice_reconciles_and_down_twice_is_fine(stack, capsys, tmp_path: Pat
     assert "stack idem is already running: reconciling" in out
     assert r.status()["w"]["state"] == "RUNNING" and r.status()["w"]["pid"] != pid
     assert r.status()["c"]["state"] == "STOPPED"  # cold stays cold
-    assert r.events("reconcile")[0]["detail"] == {"started": ["w"]}
+    assert r.events("reconcile")[0]["detail"] == {"started": ["w"], "held_back": {}}
     assert r.cli("down") == 0
     capsys.readouterr()
     assert r.cli("down") == 0

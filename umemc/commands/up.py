@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if state != "running":
         clean_crashed_run(console, stack)
     run_dir.prepare()
+    before = _read_plan_bytes(run_dir)
     install_bundle(args, run_dir)
     plan = stack.plan
     infos = stack.supervisor.processes() if state == "running" else {}
@@ -67,14 +68,16 @@ def run(args: argparse.Namespace) -> int:
     if not preflight(console, run_dir, plan, args, alive):
         return 1
     hot = [n for n, m in plan["models"].items() if m["mode"] == "hot"]
-    write_token(run_dir, plan)
+    write_token(run_dir, plan)  # before the comparison below: a new token restarts the gateway
     events = stack.events()
     try:
         if state == "running":
             console.print(f"stack {plan['stack']} is already running: reconciling")
-            started = stack.reconcile()
-            stack.restart_own()
-            events.add("reconcile", None, started=started)
+            started, held_back = stack.reconcile(plan_changed=_read_plan_bytes(run_dir) != before)
+            for name, why in held_back.items():
+                console.print(f"  {name} (hot) not started: {why}")
+            hot = [n for n in hot if n not in held_back]
+            events.add("reconcile", None, started=started, held_back=held_back)
         else:
             events.add("up", None, bundle=str(run_dir.bundle), simulate=plan.get("simulate", False))
             events.close()
@@ -91,6 +94,17 @@ def run(args: argparse.Namespace) -> int:
     if url:
         console.print(f"gateway: {url} (OpenAI-compatible; cold models start on demand)")
     return 0
+
+
+def _read_plan_bytes(run_dir: RunDir) -> bytes:
+    """What umemc's own programs read when they start: the plan and the gateway's token."""
+    out = b""
+    for path in (run_dir.bundle / "plan.json", run_dir.token_file):
+        try:
+            out += path.read_bytes() + b"\0"
+        except OSError:
+            out += b"-\0"
+    return out
 
 
 def clean_crashed_run(console: Console, stack: Stack) -> None:

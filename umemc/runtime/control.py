@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import RuntimeFailure, UmemcError
 from .cgroups import Cgroup, run_backends
 from .events import EventLog
+from .gateway.ledger import Held, Lease
 from .probes.proc import ProcTree
 from .rundir import ENFORCER, GATEWAY, SUPERVISORD, ProcRecord, RunDir
 from .supervisor import Supervisor
@@ -147,38 +148,58 @@ class Stack:
         return [g.path for g in self._groups()]
 
     # -- up -------------------------------------------------------------------------------------
-    def reconcile(self) -> list[str]:
-        """supervisorctl update semantics for a changed bundle, then start every hot worker that
-        is not running; returns what was started."""
+    def reconcile(self, plan_changed: bool) -> tuple[list[str], dict[str, str]]:
+        """supervisorctl update semantics for a changed bundle; umemc's own programs restarted when the
+        plan or the token they read changed (else only started if they are down or failing); then every
+        hot worker that is not running is started if it fits beside what runs now, by the same admission
+        the gateway uses
+        and never by evicting: a hot worker the gateway evicted for a cold one stays stopped until it
+        fits again. Returns (started, {held back: why})."""
         sup = self.supervisor
         added, changed, removed = sup.call("supervisor.reloadConfig")[0]
         for name in removed + changed:
-            with contextlib.suppress(xmlrpc.client.Fault):
+            with contextlib.suppress(xmlrpc.client.Fault):  # not running
                 sup.call("supervisor.stopProcessGroup", name, True)
             sup.call("supervisor.removeProcessGroup", name)
         for name in changed + added:
-            sup.call("supervisor.addProcessGroup", name)
-        started = []
-        infos = sup.processes()
-        for name, m in self.plan["models"].items():
-            if m["mode"] == "hot" and infos.get(name, {}).get("statename") not in ("RUNNING", "STARTING"):
-                sup.start(name)
-                started.append(name)
-        for own in OWN:
-            if own in infos and infos[own]["statename"] != "RUNNING" and own not in changed + added:
-                sup.start(own)
-        return started
-
-    def restart_own(self) -> None:
-        """The enforcer and the gateway read plan.json when they start: restart them after a reconcile."""
-        sup = self.supervisor
+            sup.call("supervisor.addProcessGroup", name)  # autostart: umemc's own programs start here
         infos = sup.processes()
         for own in OWN:
-            if own not in infos:
+            if own not in infos or own in changed + added:
                 continue
-            with contextlib.suppress(xmlrpc.client.Fault):  # not running
-                sup.stop(own, True)
-            sup.start(own, False)
+            state = infos[own]["statename"]
+            if state == "BACKOFF" or (plan_changed and state in ("RUNNING", "STARTING")):
+                sup.stop(own, True)  # a program failing to start retries with what it read: start it afresh
+                infos[own]["statename"] = "STOPPED"
+            if infos[own]["statename"] not in ("RUNNING", "STARTING"):
+                with contextlib.suppress(xmlrpc.client.Fault):  # ALREADY_STARTED: autorestart won the race
+                    sup.start(own, False)
+        return self._start_hot(infos)
+
+    def _start_hot(self, infos: dict[str, dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
+        from .gateway.ledger import Budget, Need, decide
+
+        plan = self.plan
+        cap, models = plan["capacity"], plan["models"]
+        budget = Budget(int(cap["budget_bytes"]), cap["gpu_budget_bytes"])
+        live = {n for n, i in infos.items() if i["statename"] in LIVE and n in models}
+        usage = _live_usage(self.run.status)
+        held = [_held(n, models[n], usage.get(n, 0)) for n in live]
+        leases = _live_leases(self.run.state / "gateway.json")
+        started: list[str] = []
+        held_back: dict[str, str] = {}
+        waiting = [n for n, m in models.items() if m["mode"] == "hot" and n not in live]
+        for name in sorted(waiting, key=lambda n: -int(models[n]["priority"])):  # higher priority first
+            m = models[name]
+            need = Need(name, m["quota_hard_bytes"], m["gpu_quota_hard_bytes"], m["priority"], False, False)
+            decision = decide(need, held, leases, budget)
+            if decision.fits and not decision.victims:
+                self.supervisor.start(name)
+                started.append(name)
+                held.append(_held(name, m, 0))
+            else:
+                held_back[name] = decision.reason(need)
+        return started, held_back
 
     def wait_gateway(self, timeout: float = 30.0) -> str | None:
         """Block until the gateway answers /umemc/health; returns its URL (None: the stack has none)."""
@@ -314,6 +335,44 @@ class Stack:
 
     def events(self) -> EventLog:
         return EventLog(self.run.events)
+
+
+LIVE = ("RUNNING", "STARTING", "BACKOFF", "STOPPING")
+
+
+def _held(name: str, m: dict[str, Any], usage: int) -> Held:
+    """A running worker as the admission ledger sees it; never a victim here (reconcile never evicts)."""
+    return Held(
+        name,
+        m["priority"],
+        m["mode"] == "cold",
+        max(usage, m["quota_hard_bytes"]),
+        m["gpu_quota_hard_bytes"],
+        busy=True,
+        drainable=False,
+        last_used=0.0,
+    )
+
+
+def _live_usage(path: Path) -> dict[str, int]:
+    try:
+        doc = json.loads(path.read_text())
+        return {n: int(v.get("rss_bytes") or 0) + int(v.get("gpu_bytes") or 0) for n, v in doc["models"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def _live_leases(path: Path) -> list[Lease]:
+    try:
+        doc = json.loads(path.read_text())
+        now = time.time()
+        return [
+            Lease(x["id"], x["holder"], x["bytes"], x["gpu_bytes"], x["priority"], x["expires"], x["model"])
+            for x in doc.get("leases", [])
+            if x["expires"] > now
+        ]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
 
 
 def healthy(m: dict[str, Any]) -> bool:

@@ -1,0 +1,72 @@
+"""`umemc up` on a running stack: the same admission as the gateway (never over budget, never
+evicting), umemc's own programs left alone when nothing they read changed, and a token set after a
+failed start picked up. Real supervisord, real placeholder workers, the real gateway."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.runtime.test_gateway import Gateway, model, stack_text
+from umemc.cli import main
+
+MiB = 2**20
+
+
+def up_again(r: Any, *flags: str) -> int:
+    return main(["up", str(r.run_dir.parent / "stack.toml"), "--run-dir", str(r.run_dir), "--timeout", "60", *flags])
+
+
+def own_pids(r: Any) -> tuple[int, int]:
+    def pid(name: str) -> int:
+        return int((r.run_dir / "state" / "pids" / name).read_text().split()[0])
+
+    return pid("umemc-enforcer"), pid("umemc-gateway")
+
+
+def test_up_again_does_not_restart_a_hot_worker_evicted_for_a_cold_one(stack: Any, capsys: Any) -> None:
+    text = stack_text("rc-evict", model("image", priority=10, mode="hot") + model("coder", priority=80), slots=1)
+    gw = Gateway(stack(text, "--simulate"))
+    assert gw.complete("coder")[0] == 200  # the budget holds one: image is evicted for coder
+    assert [m for m, _, _ in gw.kinds("evict")] == ["image"]
+    capsys.readouterr()
+    assert up_again(gw.run, "--simulate") == 0
+    out = capsys.readouterr().out
+    assert (
+        f"  image (hot) not started: image needs {80 * MiB} bytes, 0 bytes free; blocked by coder "
+        "(priority 80 >= 10)\n" in out
+    )
+    status = gw.run.status()
+    assert status["image"]["state"] == "STOPPED" and status["coder"]["state"] in ("STARTING", "RUNNING")
+    assert gw.run.events("reconcile")[0]["detail"]["started"] == []
+
+
+def test_up_again_leaves_the_enforcer_and_gateway_alone_unless_the_plan_changed(stack: Any, tmp_path: Path) -> None:
+    text = stack_text("rc-own", model("w", mode="hot"), slots=2)
+    r = stack(text, "--simulate")
+    before = own_pids(r)
+    assert up_again(r, "--simulate") == 0
+    assert own_pids(r) == before  # unchanged stack: nothing restarted
+    (tmp_path / "stack.toml").write_text(
+        (tmp_path / "stack.toml").read_text().replace("[gateway]\n", "[gateway]\nqueue = 7\n")
+    )
+    assert up_again(r, "--simulate") == 0
+    after = own_pids(r)
+    assert after[0] != before[0] and after[1] != before[1]  # they read the new plan
+    assert Gateway(r).status()["models"]["w"]["state"] == "RUNNING"
+
+
+def test_up_again_after_setting_the_missing_token(stack: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    monkeypatch.delenv("UMEMC_RC_TOKEN", raising=False)
+    text = stack_text("rc-token", model("w", mode="hot"), slots=1, gateway='token_env = "UMEMC_RC_TOKEN"\n')
+    r = stack(text, "--simulate", "--force", expect=1)  # the gateway refuses to run without its token
+    assert (
+        "umemc-gateway: gateway.token_env names UMEMC_RC_TOKEN, which is not set (or empty)" in capsys.readouterr().err
+    )
+    monkeypatch.setenv("UMEMC_RC_TOKEN", "late-token")
+    assert up_again(r, "--simulate") == 0
+    gw = Gateway(r)
+    assert gw.call("GET", "/v1/models")[0] == 401
+    assert gw.call("GET", "/v1/models", headers={"Authorization": "Bearer late-token"})[0] == 200
