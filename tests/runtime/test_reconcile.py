@@ -70,3 +70,18 @@ def test_up_again_after_setting_the_missing_token(stack: Any, monkeypatch: pytes
     gw = Gateway(r)
     assert gw.call("GET", "/v1/models")[0] == 401
     assert gw.call("GET", "/v1/models", headers={"Authorization": "Bearer late-token"})[0] == 200
+
+
+def test_try_stop_says_what_happened(stack: Any, tmp_path: Path) -> None:
+    """Stopping a worker never claims success it did not have (events record the real outcome)."""
+    from umemc.runtime.supervisor import Supervisor
+
+    r = stack(stack_text("rc-stop", model("w", mode="hot") + model("c"), slots=2), "--simulate")
+    sup = Supervisor(r.run_dir / "state" / "supervisor.sock")
+    assert sup.try_stop("c") == "not running"
+    assert sup.try_stop("nope") == "supervisord refused: BAD_NAME: nope"
+    assert sup.try_stop("w") is None
+    assert r.status()["w"]["state"] == "STOPPED"
+    assert Supervisor(tmp_path / "none.sock").try_stop("w") == (
+        "supervisord did not answer: [Errno 2] No such file or directory"
+    )

@@ -350,13 +350,13 @@ class Enforcer:
         if len(recent) < pol["max_kills"] or w.given_up:
             return
         w.given_up = True
-        with contextlib.suppress(Exception):
-            self.supervisor.stop(w.name, False)
+        failed = self.supervisor.try_stop(w.name, False)
         self._event(
             w,
             "give_up",
             reason=f"{len(recent)} hard-limit kills within {pol['kill_window_s']:g} s: left stopped",
             kills=len(recent),
+            **({"stop": failed} if failed else {}),
         )
 
     def _check_leak(self, w: Worker, now: float) -> None:
@@ -460,8 +460,11 @@ class Enforcer:
             self.deferred = True
             return
         self.deferred = False
-        with contextlib.suppress(Exception):
-            self.supervisor.stop(victim.name, False)
+        failed = self.supervisor.try_stop(victim.name, False)
+        if failed is not None and failed != "not running":
+            self._event(victim, "evict_failed", pressure=round(self.pressure, 4), reason=failed)
+            self.evict_wait_until = now + max(1.0, 5 * self.interval)
+            return
         self._event(
             victim,
             "evict",

@@ -13,6 +13,8 @@ import xmlrpc.client
 from pathlib import Path
 from typing import Any
 
+NOT_RUNNING = 70  # supervisor.xmlrpc.Faults.NOT_RUNNING
+
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float):
@@ -66,6 +68,17 @@ class Supervisor:
 
     def stop(self, name: str, wait: bool = True) -> None:
         self.call("supervisor.stopProcess", name, wait)
+
+    def try_stop(self, name: str, wait: bool = True) -> str | None:
+        """Stop a program and say what happened: None when it stopped, else why not ("not running",
+        or supervisord's refusal or silence). Never hides a fault behind a claimed success."""
+        try:
+            self.stop(name, wait)
+        except xmlrpc.client.Fault as exc:
+            return "not running" if exc.faultCode == NOT_RUNNING else f"supervisord refused: {exc.faultString}"
+        except (OSError, http.client.HTTPException, xmlrpc.client.ProtocolError) as exc:
+            return f"supervisord did not answer: {exc}"
+        return None
 
 
 def start_supervisord(config: Path, plan: dict[str, Any], state: Path, *, foreground: bool) -> None:

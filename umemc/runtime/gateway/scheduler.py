@@ -476,8 +476,10 @@ class Scheduler:
         m.evicting, m.ready = True, False
         try:
             usage = m.usage
-            with contextlib.suppress(xmlrpc.client.Fault):  # already stopped
-                await asyncio.to_thread(self.supervisor.stop, m.name, True)
+            failed = await asyncio.to_thread(self.supervisor.try_stop, m.name, True)
+            if failed is not None and failed != "not running":
+                self.events.add(f"{why}_failed", m.name, by="gateway", reason=failed, **detail)
+                raise Refused(503, f"could not stop {m.name} to make room: {failed}", "stop_failed", 5)
             m.state, m.usage, m.touched = "STOPPED", 0, time.monotonic()
             m.evicted = why == "evict"
             self.events.add(why, m.name, by="gateway", usage_bytes=usage, priority=m.plan["priority"], **detail)
@@ -510,7 +512,11 @@ class Scheduler:
             evicted=decision.evict,
             for_model=model,
         )
-        await asyncio.gather(*(self._stop(self.models[v], "evict", for_lease=lease.id) for v in decision.evict))
+        try:
+            await asyncio.gather(*(self._stop(self.models[v], "evict", for_lease=lease.id) for v in decision.evict))
+        except Refused:
+            self.release_lease(lease.id, "lease_release")  # its room could not be made: it never held
+            raise
         return lease, decision, need
 
     def _load_leases(self) -> None:
@@ -638,7 +644,8 @@ class Scheduler:
                 and not m.draining
                 and now - m.last_used >= ttl
             ):
-                await self._stop(m, "ttl_unload", idle_s=round(now - m.last_used, 1), ttl_s=ttl)
+                with contextlib.suppress(Refused):  # recorded as ttl_unload_failed; tried again next round
+                    await self._stop(m, "ttl_unload", idle_s=round(now - m.last_used, 1), ttl_s=ttl)
 
     async def _restore_hot(self) -> None:
         """A hot worker the gateway evicted comes back once it fits without evicting anything."""
