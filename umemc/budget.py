@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from . import policy
 from .estimate.estimator import estimate_model, estimate_stack
 from .estimate.figures import Estimate
 from .stack.resolve import LLAMA_RUNTIMES, LoadedStack, ResolvedModel
@@ -123,28 +124,33 @@ def make_plan(loaded: LoadedStack) -> Plan:
 
 
 def admit(plan: Plan, cold: ModelPlan) -> ColdAdmission:
-    """Can a cold model start? Alongside the hot set, or by evicting lower-priority hot models
-    (lowest priority first, then file order; only as many as needed; never an equal or higher one)."""
-    need = cold.quota_hard - plan.headroom
-    gpu_headroom = plan.gpu_headroom
-    need_gpu = 0 if gpu_headroom is None else cold.gpu_quota_hard - gpu_headroom
-    if need <= 0 and need_gpu <= 0:
-        return ColdAdmission(True, True, ())
-    order = list(plan.models)
-    victims = sorted(
-        (m for m in plan.models.values() if m.hot and m.priority < cold.priority),
-        key=lambda m: (m.priority, order.index(m.name)),
-    )
-    evicted: list[str] = []
-    for v in victims:
-        if need <= 0 and need_gpu <= 0:
-            break
-        evicted.append(v.name)
-        need -= v.quota_hard
-        need_gpu -= v.gpu_quota_hard
-    if need <= 0 and need_gpu <= 0:
-        return ColdAdmission(False, True, tuple(evicted))
-    return ColdAdmission(False, False, ())
+    """Can a cold model start? Alongside the hot set, or by evicting hot models: the one eviction
+    policy (umemc.policy) on paper, where every hot worker holds its hard quota and none has been
+    used yet (lowest priority first, then file order; only as many as needed; never an equal or
+    higher priority)."""
+    decision = policy.decide(need_of(cold), held_on_paper(plan), [], _budget(plan))
+    if not decision.fits:
+        return ColdAdmission(False, False, ())
+    return ColdAdmission(not decision.victims, True, tuple(decision.victims))
+
+
+def need_of(m: ModelPlan) -> policy.Need:
+    return policy.Need(m.name, m.quota_hard, m.gpu_quota_hard, m.priority, cold=not m.hot, drain=False)
+
+
+def held_on_paper(plan: Plan) -> list[policy.Held]:
+    """The hot set as the policy sees it before anything runs, in the stack's file order."""
+    return [
+        policy.Held(
+            m.name, m.priority, False, m.quota_hard, m.gpu_quota_hard, busy=False, drainable=True, last_used=0.0
+        )
+        for m in plan.models.values()
+        if m.hot
+    ]
+
+
+def _budget(plan: Plan) -> policy.Budget:
+    return policy.Budget(plan.capacity.budget, plan.capacity.gpu_budget)
 
 
 def _warnings(plan: Plan, estimates: dict[str, Estimate]) -> list[str]:

@@ -166,7 +166,13 @@ mode = "cold"
         assert environ["UMEMC_PORT"] == str(p1)
         assert environ["GREETING"] == 'hello, world; 100% "quoted" $HOME'
         rpc.supervisor.startProcess("beta", False)  # do not wait the 5 s startsecs
-        worker_pids.append(rpc.supervisor.getProcessInfo("beta")["pid"])
+        beta = rpc.supervisor.getProcessInfo("beta")["pid"]
+        worker_pids.append(beta)
+        # ... but until it runs the worker: a SIGTERM that reaches supervisord's child between fork and
+        # exec is lost (the child still has supervisord's handler), and the stop would wait 30 s
+        while b"steady.py" not in Path(f"/proc/{beta}/cmdline").read_bytes():
+            assert time.monotonic() < deadline + 10, "beta never exec'd its worker"
+            time.sleep(0.02)
     finally:
         try:
             _rpc(sock).supervisor.shutdown()

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RuntimeFailure, UmemcError
+from ..policy import Held, Lease
 from .cgroups import Cgroup, run_backends
 from .events import EventLog
-from .gateway.ledger import Held, Lease
 from .probes.proc import ProcTree
 from .rundir import ENFORCER, GATEWAY, SUPERVISORD, ProcRecord, RunDir
 from .supervisor import Supervisor
@@ -177,7 +177,7 @@ class Stack:
         return self._start_hot(infos)
 
     def _start_hot(self, infos: dict[str, dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
-        from .gateway.ledger import Budget, Need, decide
+        from ..policy import Budget, Need, decide
 
         plan = self.plan
         cap, models = plan["capacity"], plan["models"]

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..policy import Held, pressure_victim
 from .cgroups import Cgroup
 from .events import EventLog
 from .probes import nvidia
@@ -448,10 +449,9 @@ class Enforcer:
             self.evicting = False
         if not self.evicting or now < self.evict_wait_until:
             return
-        running = [w for w in self.workers.values() if w.pid and infos.get(w.name, {}).get("statename") == "RUNNING"]
-        if not running:
+        victim = self.pressure_victim(infos, self._busy())
+        if victim is None:
             return
-        victim = min(running, key=lambda w: (w.priority, w.last_active))
         if victim.name in self._busy():
             # requests in flight at the gateway: wait for them rather than cut them off, and never
             # take a higher priority instead (the hard quotas still hold meanwhile)
@@ -475,6 +475,28 @@ class Enforcer:
             load_below=pol["load_below"],
         )
         self.evict_wait_until = now + max(1.0, 5 * self.interval)  # let the memory come back first
+
+    def pressure_victim(self, infos: dict[str, Any], busy: set[str]) -> Worker | None:
+        """The one eviction policy's pick among the running workers (umemc.policy.pressure_victim):
+        lowest priority, then least recently active, then file order."""
+        running = {
+            w.name: w for w in self.workers.values() if w.pid and infos.get(w.name, {}).get("statename") == "RUNNING"
+        }
+        held = [
+            Held(
+                w.name,
+                w.priority,
+                self.plan["models"][w.name]["mode"] == "cold",
+                w.usage,
+                0,
+                w.name in busy,
+                True,
+                w.last_active,
+            )
+            for w in running.values()
+        ]
+        chosen = pressure_victim(held)
+        return None if chosen is None else running[chosen.name]
 
     def _busy(self) -> set[str]:
         """Workers with requests in flight or queued at the gateway (its RUN/state/gateway.json, when

@@ -23,8 +23,8 @@ import aiohttp
 from aiohttp import web
 
 from ...chars import CONTROL
+from ...policy import Decision, Need
 from ...units import parse_duration, parse_size
-from .ledger import Decision, Need
 from .metrics import Metrics
 from .scheduler import Model, Refused, Scheduler, lease_json
 

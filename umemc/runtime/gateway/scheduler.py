@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...policy import Budget, Decision, Held, Lease, Need, decide
 from ..events import EventLog
 from ..supervisor import Supervisor
-from .ledger import Budget, Decision, Held, Lease, Need, decide
 
 LIVE = ("RUNNING", "STARTING", "BACKOFF", "STOPPING")
 SERVING = ("RUNNING", "STARTING")  # STARTING: supervisord's startsecs have not passed, yet it may answer

@@ -1,8 +1,9 @@
-"""The gateway's admission arithmetic (umemc.runtime.gateway.ledger), exact to the byte."""
+"""The one eviction policy (umemc.policy): its arithmetic exact to the byte, and the three paths that use
+it (`umemc check`, the gateway, the enforcer) choosing the same victims."""
 
 from __future__ import annotations
 
-from umemc.runtime.gateway.ledger import Budget, Held, Lease, Need, decide
+from umemc.policy import Budget, Held, Lease, Need, decide
 
 MiB = 1024 * 1024
 
@@ -92,3 +93,83 @@ def test_gpu_window_is_a_second_ledger() -> None:
     workers = [held("a", 10, 100, gpu=500), held("b", 20, 100, gpu=100)]
     d = decide(need(100, gpu=400), workers, [], Budget(1000 * MiB, 700 * MiB))
     assert (d.fits, d.evict, d.free_gpu) == (True, ["a"], 100 * MiB)
+
+
+SCENARIO = """
+version = 1
+name = "policy"
+[platform]
+kind = "cpu"
+memory = "2304MiB"
+os_reserve = "256MiB"
+[policy]
+safety_margin = 0.0
+quota_headroom = 0.0
+[gateway]
+port = 18999
+[models.a]
+runtime = "command"
+command = ["true"]
+memory = "400MiB"
+priority = 10
+[models.b]
+runtime = "command"
+command = ["true"]
+memory = "400MiB"
+priority = 20
+[models.c]
+runtime = "command"
+command = ["true"]
+memory = "400MiB"
+priority = 10
+[models.d]
+runtime = "command"
+command = ["true"]
+memory = "600MiB"
+priority = 90
+[models.x]
+runtime = "command"
+command = ["true"]
+memory = "900MiB"
+priority = 50
+mode = "cold"
+"""
+# By hand: budget 2048 MiB, hot set 1800 MiB, headroom 248 MiB; x needs 900 MiB, so 652 MiB must be
+# freed: a (priority 10, first in the file), then c (priority 10): 800 MiB. b (20) and d (90) stay.
+EXPECTED = ["a", "c"]
+
+
+def test_check_gateway_and_enforcer_choose_the_same_victims(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The same stack, nothing used yet: `umemc check`'s cold admission, the gateway's decision and
+    the enforcer's pressure guard (stopping until 652 MiB are freed) name the same workers."""
+    from umemc.budget import make_plan
+    from umemc.commands.build import build
+    from umemc.runtime.enforcer import Enforcer
+    from umemc.runtime.gateway.scheduler import Scheduler
+    from umemc.stack.resolve import load_stack
+
+    (tmp_path / "stack.toml").write_text(SCENARIO)
+    plan = make_plan(load_stack(tmp_path / "stack.toml"))
+    assert list(plan.cold_admission["x"].evicts) == EXPECTED  # umemc check
+
+    build(plan, tmp_path / "run" / "bundle")
+    sched = Scheduler(tmp_path / "run" / "bundle")
+    for name in "abcd":
+        sched.models[name].state, sched.models[name].ready = "RUNNING", True
+    assert sched.decide_model(sched.models["x"]).evict == EXPECTED  # the gateway
+    sched.events.close()
+
+    enforcer = Enforcer(tmp_path / "run" / "bundle")
+    infos = {name: {"statename": "RUNNING"} for name in "abcd"}
+    for pid, name in enumerate("abcd", start=1000):
+        w = enforcer.workers[name]
+        w.pid, w.cpu_side = pid, w.hard
+    victims, freed = [], 0
+    while freed < 652 * MiB:
+        victim = enforcer.pressure_victim(infos, busy=set())
+        assert victim is not None
+        victims.append(victim.name)
+        freed += victim.usage
+        victim.pid = None  # stopped
+    assert victims == EXPECTED  # the enforcer
+    enforcer.events.close()

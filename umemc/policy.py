@@ -1,11 +1,18 @@
-"""Admission on live figures: may something of `need` bytes start now, and whom would it evict?
+"""The one eviction policy: may something of `need` bytes start now, and whom would it evict?
+
+Every path that stops a worker to make room asks this module, so they cannot disagree:
+- `umemc check` (budget.admit): what a cold start would evict from the hot set, on paper;
+- the gateway (cold starts, leases), on live figures;
+- `umemc up` on a running stack (admission without eviction);
+- the enforcer's pressure guard (`pressure_victim`).
 
 The ledger counts, for every worker running or starting, the larger of its live usage and its hard
-quota, plus every granted lease; what is left of the plan's budget (RAM, and the GPU window where
-the platform has one) is free. A start that does not fit may evict workers of lower priority
-(and, between two cold models of equal priority, the idle one: that is a swap), lowest priority
-first, then least recently used; idle ones before busy ones, and a busy one only by draining it
-first. Never a higher priority for a lower one. Pure functions: the scheduler owns the lock."""
+quota (on paper: the hard quota), plus every granted lease; what is left of the budget (RAM, and
+the GPU window where the platform has one) is free. A start that does not fit may evict workers of
+lower priority (and, between two cold models of equal priority, the idle one: that is a swap) in
+`eviction_order`: lowest priority first, then least recently used, then the stack's file order;
+idle ones before busy ones, and a busy one only by draining it first. Never a higher priority for
+a lower one. Pure functions: the caller owns any lock. Bottom of the package: imports nothing of umemc."""
 
 from __future__ import annotations
 
@@ -122,8 +129,20 @@ def _candidates(need: Need, held: list[Held]) -> tuple[list[Held], list[dict[str
             may.append(h)
         else:
             blocked.append({"kind": "worker", "name": h.name, "priority": h.priority, "bytes": h.ram, "why": why})
-    may.sort(key=lambda h: (h.busy, h.priority, h.last_used))
-    return may, blocked
+    return [h for h in eviction_order(may) if not h.busy] + [h for h in eviction_order(may) if h.busy], blocked
+
+
+def eviction_order(held: list[Held]) -> list[Held]:
+    """Who goes first: lowest priority, then least recently used; ties keep the given order (the
+    stack's file order), so a plan without live figures gets a deterministic answer."""
+    return sorted(held, key=lambda h: (h.priority, h.last_used))
+
+
+def pressure_victim(held: list[Held]) -> Held | None:
+    """The enforcer's pressure guard stops the first worker in eviction order. When that one is busy
+    it waits for it (the caller defers) rather than take a higher priority: None means nobody runs."""
+    order = eviction_order(held)
+    return order[0] if order else None
 
 
 def _why_not(need: Need, h: Held) -> str | None:
