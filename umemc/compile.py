@@ -16,7 +16,6 @@ from .runtimes import Context, argv_for, health_path
 from .stack.types import toml_repr
 from .units import KiB, MiB
 
-PLAN_VERSION = 1
 STATE = "%(here)s/../state"  # the run dir's state/ beside bundle/ (docs/CONTRACTS.md, "The run dir")
 TORCH_FAMILY = frozenset({"torch", "comfyui"})
 VM = "Linux Documentation/admin-guide/sysctl/vm.rst"

@@ -17,7 +17,6 @@ shows them. Nothing here imports torch unless configure() or nbytes_of() needs i
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import threading
 import weakref
@@ -25,6 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from . import contract
 
 
 class QuotaExceeded(MemoryError):
@@ -110,16 +111,16 @@ class Ledger:
             self._live.pop(id(r), None)
         self._report()
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> contract.WorkerReport:
         with self._lock:
-            items = [{"what": r.what, "bytes": r.nbytes} for r in self._live.values()]
-        return {
-            "model": self.quota.model,
-            "pid": os.getpid(),
-            "reserved_bytes": sum(i["bytes"] for i in items),
-            "hard_bytes": self.quota.hard_bytes,
-            "reservations": items,
-        }
+            items = [contract.Reservation(what=r.what, bytes=r.nbytes) for r in self._live.values()]
+        return contract.WorkerReport(
+            model=self.quota.model,
+            pid=os.getpid(),
+            reserved_bytes=sum(i.bytes for i in items),
+            hard_bytes=self.quota.hard_bytes,
+            reservations=items,
+        )
 
     def _report(self) -> None:
         """A small file in the run's state, replaced atomically, for the enforcer and `umemc status`."""
@@ -129,7 +130,7 @@ class Ledger:
         with contextlib.suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self.snapshot()))
+            tmp.write_text(contract.dump(self.snapshot()))
             os.replace(tmp, path)
 
 

@@ -4,7 +4,6 @@ file, the kernel/macOS knobs and the systemd unit — printing each action. Comm
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import shutil
@@ -12,8 +11,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from ..contract import PlanDoc, read
 from ..errors import RuntimeFailure, UsageError
 
 
@@ -38,9 +37,9 @@ class Action:
     argv: tuple[str, ...] | None = None
 
 
-def plan_actions(bundle: Path, plan: dict[str, Any], run_dir: str) -> tuple[list[Action], dict[str, str]]:
+def plan_actions(bundle: Path, plan: PlanDoc, run_dir: str) -> tuple[list[Action], dict[str, str]]:
     """The actions for this bundle's platform, and any text rendered at install time (the unit)."""
-    name, kind = plan["stack"], plan["platform"]["kind"]
+    name, kind = plan.stack, plan.platform.kind
     actions: list[Action] = []
     rendered: dict[str, str] = {}
     if kind != "apple":
@@ -94,8 +93,8 @@ def run(args: argparse.Namespace) -> int:
     bundle = Path(args.bundle).absolute()
     if not is_bundle(bundle):
         raise UsageError(f"{args.bundle}: not a umemc bundle (run `umemc build STACK -o {args.bundle}` first)")
-    plan = json.loads((bundle / "plan.json").read_text())
-    run_dir = args.run_dir or f"/var/lib/umemc/{plan['stack']}"
+    plan = read(PlanDoc, bundle / "plan.json")
+    run_dir = args.run_dir or f"/var/lib/umemc/{plan.stack}"
     actions, rendered = plan_actions(bundle, plan, run_dir)
     root = Path(args.root)
     staging = root.resolve() != Path("/")

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..contract import ContractError, Doc, read
 from ..errors import UsageError
 from ..units import gib
 from .up import add_run_dir
@@ -31,6 +32,7 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
     """State from supervisord, usage from the enforcer's status file, quotas from plan.json. Read-only:
     it changes no file. Processes of the run alive without a supervisord are shown as ORPHANED; a
     corrupt plan.json or status file is said, never a traceback."""
+    from ..contract import EnforcerStatus, GatewayState, PlanDoc
     from ..runtime.control import PlanUnreadable, Stack
     from ..runtime.rundir import RunDir
 
@@ -39,51 +41,54 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
         raise UsageError(f"no stack in {run_dir_arg} (start one with `umemc up STACK --run-dir {run_dir_arg}`)")
     stack = Stack(run_dir)
     problems: list[str] = []
+    plan: PlanDoc | None = None
     try:
         plan = stack.plan
     except PlanUnreadable as exc:
-        plan, problems = {"stack": stack.name(), "models": {}}, [str(exc)]
+        problems.append(str(exc))
     running = stack.state() == "running"
     infos = stack.supervisor.processes() if running else {}
     orphans = {} if running else stack.leftovers()
-    live = _read_json(run_dir.status, problems) if running else {}
-    gateway = _read_json(run_dir.state / "gateway.json", problems) if running else {}
-    if live.get("events_error"):
-        problems.append(f"event log: {live['events_error']} (events go to the enforcer's log meanwhile)")
-    if live.get("events_moved_to"):
-        problems.append(f"the event log was corrupt: moved to {live['events_moved_to']}, a new one started")
+    live = _read(EnforcerStatus, run_dir.status, problems) if running else None
+    gateway = _read(GatewayState, run_dir.state / "gateway.json", problems) if running else None
+    if live is not None and live.events_error:
+        problems.append(f"event log: {live.events_error} (events go to the enforcer's log meanwhile)")
+    if live is not None and live.events_moved_to:
+        problems.append(f"the event log was corrupt: moved to {live.events_moved_to}, a new one started")
     out: dict[str, Any] = {
-        "stack": plan["stack"],
+        "stack": stack.name() if plan is None else plan.stack,
         "running": running,
-        "pressure": live.get("pressure"),
+        "pressure": None if live is None else live.pressure,
         "models": {},
-        "_gateway": plan.get("gateway"),
-        "_leases": gateway.get("leases", []),
+        "_gateway": None if plan is None or plan.gateway is None else plan.gateway.model_dump(),
+        "_leases": [] if gateway is None else [x.model_dump() for x in gateway.leases],
         "_orphans": orphans,
         "_problems": problems,
     }
-    names = list(plan["models"]) or [n for n in infos if n not in OWN_PROGRAMS]
+    names = list(plan.models) if plan is not None else [n for n in infos if n not in OWN_PROGRAMS]
     for name in names:
-        m = plan["models"].get(name, {})
-        info, lv = infos.get(name, {}), live.get("models", {}).get(name, {})
+        m = None if plan is None else plan.models[name]
+        info = infos.get(name, {})
+        lv = None if live is None else live.models.get(name)
+        gm = None if gateway is None else gateway.models.get(name)
         pid = info.get("pid") or (orphans[name][0] if name in orphans else None)
-        same = pid is not None and lv.get("pid") == pid
+        same = lv is not None and pid is not None and lv.pid == pid
         out["models"][name] = {
             "state": "ORPHANED" if name in orphans else info.get("statename", "STOPPED"),
             "pid": pid,
-            "rss_bytes": lv.get("rss_bytes", 0) if same else 0,
-            "gpu_bytes": lv.get("gpu_bytes", 0) if same else 0,
-            "quota_soft_bytes": m.get("quota_soft_bytes"),
-            "quota_hard_bytes": m.get("quota_hard_bytes"),
-            "restarts": lv.get("restarts", 0),
+            "rss_bytes": lv.rss_bytes if same and lv else 0,
+            "gpu_bytes": lv.gpu_bytes if same and lv else 0,
+            "quota_soft_bytes": None if m is None else m.quota_soft_bytes,
+            "quota_hard_bytes": None if m is None else m.quota_hard_bytes,
+            "restarts": 0 if lv is None else lv.restarts,
             "_uptime_s": (time.time() - info["start"]) if info.get("pid") and info.get("start") else None,
-            "_last_event": lv.get("last_event"),
-            "_priority": m.get("priority"),
-            "_mode": m.get("mode"),
-            "_drift": lv.get("drift") if same else None,
-            "_reserved": lv.get("reserved_bytes", 0) if same else 0,
-            "_requests": (gateway.get("models") or {}).get(name),
-            "_health": (gateway.get("models") or {}).get(name, {}).get("health"),
+            "_last_event": None if lv is None else lv.last_event,
+            "_priority": None if m is None else m.priority,
+            "_mode": None if m is None else m.mode,
+            "_drift": lv.drift if same and lv else None,
+            "_reserved": lv.reserved_bytes if same and lv else 0,
+            "_requests": None if gm is None else {"in_flight": gm.in_flight, "queued": gm.queued},
+            "_health": None if gm is None else gm.health,
         }
     return out
 
@@ -91,16 +96,15 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
 OWN_PROGRAMS = ("umemc-enforcer", "umemc-gateway")
 
 
-def _read_json(path: Path, problems: list[str]) -> dict[str, Any]:
+def _read(kind: type[Doc], path: Path, problems: list[str]) -> Doc | None:
     """A live status file; a missing one is normal (just started), a corrupt one is said."""
+    if not path.exists():
+        return None
     try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        problems.append(f"{path.name} is unreadable ({exc}): live figures missing")
-        return {}
-    return doc if isinstance(doc, dict) else {}
+        return read(kind, path)
+    except ContractError as exc:
+        problems.append(f"{exc}: live figures missing")
+        return None
 
 
 def contract(status: dict[str, Any]) -> dict[str, Any]:

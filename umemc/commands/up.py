@@ -9,13 +9,14 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import RuntimeFailure, UsageError
 
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from ..contract import PlanDoc
     from ..runtime.control import Stack
     from ..runtime.rundir import RunDir
 
@@ -67,19 +68,19 @@ def run(args: argparse.Namespace) -> int:
     alive = {n for n, i in infos.items() if i["statename"] in ("RUNNING", "STARTING")}
     if not preflight(console, run_dir, plan, args, alive):
         return 1
-    hot = [n for n, m in plan["models"].items() if m["mode"] == "hot"]
+    hot = [n for n, m in plan.models.items() if m.mode == "hot"]
     write_token(run_dir, plan)  # before the comparison below: a new token restarts the gateway
     events = stack.events()
     try:
         if state == "running":
-            console.print(f"stack {plan['stack']} is already running: reconciling")
+            console.print(f"stack {plan.stack} is already running: reconciling")
             started, held_back = stack.reconcile(plan_changed=_read_plan_bytes(run_dir) != before)
             for name, why in held_back.items():
                 console.print(f"  {name} (hot) not started: {why}")
             hot = [n for n in hot if n not in held_back]
             events.add("reconcile", None, started=started, held_back=held_back)
         else:
-            events.add("up", None, bundle=str(run_dir.bundle), simulate=plan.get("simulate", False))
+            events.add("up", None, bundle=str(run_dir.bundle), simulate=plan.simulate)
             events.close()
             start_supervisord(run_dir.bundle / "supervisord.conf", plan, run_dir.state, foreground=args.foreground)
             stack.wait_started()
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     wait(console, stack, hot, args.timeout)
     url = stack.wait_gateway()
     console.print(
-        f"\n[bold green]up[/]: {plan['stack']}: {len(hot)} hot worker(s) running and healthy "
+        f"\n[bold green]up[/]: {plan.stack}: {len(hot)} hot worker(s) running and healthy "
         f"(`umemc status --run-dir {args.run_dir}`)"
     )
     if url:
@@ -122,10 +123,10 @@ def clean_crashed_run(console: Console, stack: Stack) -> None:
         console.print("found state left by a crashed run (pid file or socket without supervisord): cleaned")
 
 
-def write_token(run_dir: RunDir, plan: dict[str, Any]) -> None:
+def write_token(run_dir: RunDir, plan: PlanDoc) -> None:
     """The gateway's token goes to RUN/state/secrets (0600), read by the gateway; supervisord is started
     without the variable, so no worker inherits it. Unset: the preflight refuses (or --force warns)."""
-    name = (plan.get("gateway") or {}).get("token_env")
+    name = None if plan.gateway is None else plan.gateway.token_env
     if name and os.environ.get(name):
         run_dir.write_secret(run_dir.token_file, os.environ[name])
 
@@ -157,9 +158,7 @@ def install_bundle(args: argparse.Namespace, run_dir: RunDir) -> None:
         write_bundle(run_dir.bundle, files)
 
 
-def preflight(
-    console: Console, run_dir: RunDir, plan: dict[str, Any], args: argparse.Namespace, running: set[str]
-) -> bool:
+def preflight(console: Console, run_dir: RunDir, plan: PlanDoc, args: argparse.Namespace, running: set[str]) -> bool:
     from ..runtime.preflight import Preflight
 
     pf = Preflight(run_dir.bundle, plan, simulate=args.simulate)

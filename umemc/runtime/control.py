@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import json
 import os
 import signal
 import socket
@@ -15,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import RuntimeFailure, UmemcError
+from ..contract import ContractError, EnforcerStatus, GatewayState, ModelDoc, PlanDoc, read, read_optional
+from ..errors import RuntimeFailure
 from ..policy import Held, Lease
 from .cgroups import Cgroup, run_backends
 from .events import EventLog
@@ -29,7 +29,7 @@ RPC_ERRORS = (OSError, xmlrpc.client.Error, http.client.HTTPException)
 FAILED = ("FATAL", "EXITED", "BACKOFF")
 
 
-class PlanUnreadable(UmemcError):
+class PlanUnreadable(ContractError):
     """RUN/bundle/plan.json is missing or corrupt (exit 2); `umemc down` still stops everything."""
 
 
@@ -38,27 +38,18 @@ class Stack:
     run: RunDir
 
     @property
-    def plan(self) -> dict[str, Any]:
-        path = self.run.bundle / "plan.json"
+    def plan(self) -> PlanDoc:
         try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) else f"not valid JSON ({exc})"
+            return read(PlanDoc, self.run.bundle / "plan.json")
+        except ContractError as exc:
             raise PlanUnreadable(
-                f"{path} is unreadable: {why}; `umemc down --run-dir {self.run.root}` "
-                "still stops everything the stack started"
+                f"{exc}; `umemc down --run-dir {self.run.root}` still stops everything the stack started"
             ) from None
-        if not isinstance(doc, dict) or doc.get("format") != "umemc-plan" or not isinstance(doc.get("models"), dict):
-            raise PlanUnreadable(
-                f"{path} is not a umemc plan; `umemc down --run-dir {self.run.root}` still stops "
-                "everything the stack started"
-            )
-        return doc
 
     def name(self) -> str:
         """The stack's name for messages; a corrupt plan still leaves the run dir to name it by."""
         try:
-            return str(self.plan["stack"])
+            return self.plan.stack
         except PlanUnreadable:
             return f"in {self.run.root}"
 
@@ -180,18 +171,18 @@ class Stack:
         from ..policy import Budget, Need, decide
 
         plan = self.plan
-        cap, models = plan["capacity"], plan["models"]
-        budget = Budget(int(cap["budget_bytes"]), cap["gpu_budget_bytes"])
+        cap, models = plan.capacity, plan.models
+        budget = Budget(cap.budget_bytes, cap.gpu_budget_bytes)
         live = {n for n, i in infos.items() if i["statename"] in LIVE and n in models}
         usage = _live_usage(self.run.status)
         held = [_held(n, models[n], usage.get(n, 0)) for n in live]
         leases = _live_leases(self.run.state / "gateway.json")
         started: list[str] = []
         held_back: dict[str, str] = {}
-        waiting = [n for n, m in models.items() if m["mode"] == "hot" and n not in live]
-        for name in sorted(waiting, key=lambda n: -int(models[n]["priority"])):  # higher priority first
+        waiting = [n for n, m in models.items() if m.mode == "hot" and n not in live]
+        for name in sorted(waiting, key=lambda n: -models[n].priority):  # higher priority first
             m = models[name]
-            need = Need(name, m["quota_hard_bytes"], m["gpu_quota_hard_bytes"], m["priority"], False, False)
+            need = Need(name, m.quota_hard_bytes, m.gpu_quota_hard_bytes, m.priority, False, False)
             decision = decide(need, held, leases, budget)
             if decision.fits and not decision.victims:
                 self.supervisor.start(name)
@@ -203,12 +194,11 @@ class Stack:
 
     def wait_gateway(self, timeout: float = 30.0) -> str | None:
         """Block until the gateway answers /umemc/health; returns its URL (None: the stack has none)."""
-        gw = self.plan.get("gateway")
-        if not gw:
+        gw = self.plan.gateway
+        if gw is None:
             return None
         deadline = time.monotonic() + timeout
-        probe = {"port": gw["port"], "health": "/umemc/health"}
-        while not healthy(probe):
+        while not healthy(gw.port, "/umemc/health"):
             info = self.supervisor.processes().get(GATEWAY, {})
             if info.get("statename") in FAILED or time.monotonic() > deadline:
                 why = (
@@ -228,8 +218,8 @@ class Stack:
                     )
                 )
             time.sleep(0.1)
-        host = gw["host"] if ":" not in gw["host"] else f"[{gw['host']}]"
-        return f"http://{host}:{gw['port']}/v1"
+        host = gw.host if ":" not in gw.host else f"[{gw.host}]"
+        return f"http://{host}:{gw.port}/v1"
 
     def wait_started(self, timeout: float = 30.0) -> None:
         """Until supervisord answers on its socket; fails at once when its recorded process ended."""
@@ -252,7 +242,7 @@ class Stack:
         start = time.monotonic()
         done: dict[str, float] = {}
         seen: set[str] = set()
-        models = self.plan["models"]
+        models = self.plan.models
         while len(done) < len(names):
             infos = self.supervisor.processes()
             for name in names:
@@ -264,7 +254,7 @@ class Stack:
                 stopped = state == "STOPPED" and name in seen  # the enforcer stopped it (see `umemc events`)
                 if stopped or state in ("FATAL", "EXITED") or (state == "BACKOFF" and infos[name].get("spawnerr")):
                     raise RuntimeFailure(self._failure(name, state, infos[name]))
-                if state == "RUNNING" and healthy(models[name]):
+                if state == "RUNNING" and healthy(models[name].port, models[name].health):
                     done[name] = time.monotonic() - start
                 if progress is not None:
                     progress(name, state, name in done)
@@ -340,14 +330,14 @@ class Stack:
 LIVE = ("RUNNING", "STARTING", "BACKOFF", "STOPPING")
 
 
-def _held(name: str, m: dict[str, Any], usage: int) -> Held:
+def _held(name: str, m: ModelDoc, usage: int) -> Held:
     """A running worker as the admission ledger sees it; never a victim here (reconcile never evicts)."""
     return Held(
         name,
-        m["priority"],
-        m["mode"] == "cold",
-        max(usage, m["quota_hard_bytes"]),
-        m["gpu_quota_hard_bytes"],
+        m.priority,
+        m.cold,
+        max(usage, m.quota_hard_bytes),
+        m.gpu_quota_hard_bytes,
         busy=True,
         drainable=False,
         last_used=0.0,
@@ -355,28 +345,22 @@ def _held(name: str, m: dict[str, Any], usage: int) -> Held:
 
 
 def _live_usage(path: Path) -> dict[str, int]:
-    try:
-        doc = json.loads(path.read_text())
-        return {n: int(v.get("rss_bytes") or 0) + int(v.get("gpu_bytes") or 0) for n, v in doc["models"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
+    doc = read_optional(EnforcerStatus, path)
+    return {} if doc is None else {n: v.rss_bytes + v.gpu_bytes for n, v in doc.models.items()}
 
 
 def _live_leases(path: Path) -> list[Lease]:
-    try:
-        doc = json.loads(path.read_text())
-        now = time.time()
-        return [
-            Lease(x["id"], x["holder"], x["bytes"], x["gpu_bytes"], x["priority"], x["expires"], x["model"])
-            for x in doc.get("leases", [])
-            if x["expires"] > now
-        ]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return []
+    doc = read_optional(GatewayState, path)
+    now = time.time()
+    return [
+        Lease(x.id, x.holder, x.bytes, x.gpu_bytes, x.priority, x.expires, x.model)
+        for x in ([] if doc is None else doc.leases)
+        if x.expires > now
+    ]
 
 
-def healthy(m: dict[str, Any]) -> bool:
-    port, path = m.get("port"), m.get("health")
+def healthy(port: int | None, path: str | None) -> bool:
+    """The worker answers its health URL (200), or accepts connections when it has none."""
     if port is None:
         return True
     if path is None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
-import json
 import os
 import signal
 import sys
@@ -31,6 +30,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..contract import (
+    EnforcerStatus,
+    GatewayState,
+    ModelDoc,
+    PlanDoc,
+    WorkerReport,
+    WorkerStatus,
+    dump,
+    read,
+    read_optional,
+)
 from ..policy import Held, pressure_victim
 from .cgroups import Cgroup
 from .events import EventLog
@@ -49,7 +59,6 @@ NVIDIA_EVERY_S = 2.0
 LEAK_MIN_R2 = 0.8
 DRIFT = 0.05  # more than 5% over the estimate once settled: estimate_drift
 DRIFT_SETTLE_S = 5.0  # after supervisord calls it RUNNING (itself 5 s after the start)
-LLAMA_RUNTIMES = ("llama-server", "llama-cpp-python")
 GATEWAY_FRESH_S = 5.0  # the gateway rewrites its state file every 0.5 s
 
 
@@ -92,19 +101,19 @@ class Worker:
 class Enforcer:
     def __init__(self, bundle: Path, proc: str = "/proc"):
         self.bundle = bundle
-        self.plan = json.loads((bundle / "plan.json").read_text())
+        self.plan = read(PlanDoc, bundle / "plan.json")
         self.state_dir = (bundle / "../state").resolve()
-        pol = self.plan["policy"]
-        self.interval = float(pol["sample_interval_s"])
+        pol = self.plan.policy
+        self.interval = float(pol.sample_interval_s)
         self.events = EventLog(self.state_dir / "events.db")
-        self.supervisor = Supervisor(Path(self.plan["supervisor"]["socket"].replace("%(here)s", str(bundle))))
+        self.supervisor = Supervisor(self.plan.supervisor.socket_path(bundle))
         self.proc = ProcTree(proc)
         self.drm = DrmProbe(proc)
-        self.kind = self.plan["platform"]["kind"]
-        self.usable = int(self.plan["capacity"]["usable_bytes"])
+        self.kind = self.plan.platform.kind
+        self.usable = int(self.plan.capacity.usable_bytes)
         self.workers = {
-            n: Worker(n, m["quota_hard_bytes"], m["quota_soft_bytes"], m["priority"], estimate=m["estimate_bytes"])
-            for n, m in self.plan["models"].items()
+            n: Worker(n, m.quota_hard_bytes, m.quota_soft_bytes, m.priority, estimate=m.estimate_bytes)
+            for n, m in self.plan.models.items()
         }
         self.run_start = self.events.last_id("up")
         self.evicting = False
@@ -164,7 +173,7 @@ class Enforcer:
             self.slow_tick(now)
         elif now - self._last_slow >= SLOW_EVERY_S:
             self.slow_tick(now)
-        kernel = self.plan["policy"]["kernel_enforcement"] == "auto"
+        kernel = self.plan.policy.kernel_enforcement == "auto"
         for w in self.workers.values():
             if not w.pid:
                 continue
@@ -261,11 +270,8 @@ class Enforcer:
         w.reserved = self._reserved(w)
 
     def _reserved(self, w: Worker) -> int:
-        try:
-            doc = json.loads((self.state_dir / "workers" / f"{w.name}.json").read_text())
-        except (OSError, ValueError):
-            return 0
-        return int(doc["reserved_bytes"]) if doc.get("pid") == w.pid else 0
+        doc = read_optional(WorkerReport, self.state_dir / "workers" / f"{w.name}.json")
+        return doc.reserved_bytes if doc is not None and doc.pid == w.pid else 0
 
     def _cpu_side(self, w: Worker) -> int:
         """In its own cgroup, a worker's CPU-side memory is what the kernel charges and limits there
@@ -346,29 +352,29 @@ class Enforcer:
             self._maybe_give_up(w, now)
 
     def _maybe_give_up(self, w: Worker, now: float) -> None:
-        pol = self.plan["policy"]
-        recent = [t for t in w.kills if now - t <= pol["kill_window_s"]]
-        if len(recent) < pol["max_kills"] or w.given_up:
+        pol = self.plan.policy
+        recent = [t for t in w.kills if now - t <= pol.kill_window_s]
+        if len(recent) < pol.max_kills or w.given_up:
             return
         w.given_up = True
         failed = self.supervisor.try_stop(w.name, False)
         self._event(
             w,
             "give_up",
-            reason=f"{len(recent)} hard-limit kills within {pol['kill_window_s']:g} s: left stopped",
+            reason=f"{len(recent)} hard-limit kills within {pol.kill_window_s:g} s: left stopped",
             kills=len(recent),
             **({"stop": failed} if failed else {}),
         )
 
     def _check_leak(self, w: Worker, now: float) -> None:
-        window = float(self.plan["policy"]["leak_window_s"])
+        window = float(self.plan.policy.leak_window_s)
         if w.leak_reported or len(w.samples) < 3 or w.samples[-1][0] - w.samples[0][0] < window:
             return
         while w.samples and w.samples[-1][0] - w.samples[0][0] > window:
             w.samples.popleft()
         slope, r2 = _trend(list(w.samples))
         per_min = slope * 60
-        if per_min > self.plan["policy"]["leak_threshold_bytes"] and r2 >= LEAK_MIN_R2:
+        if per_min > self.plan.policy.leak_threshold_bytes and r2 >= LEAK_MIN_R2:
             w.leak_reported = True
             left = (w.hard - w.usage) / slope if slope > 0 else None
             self._event(
@@ -390,9 +396,9 @@ class Enforcer:
             w.running_since = now
         if w.drift is not None or now - w.running_since < DRIFT_SETTLE_S or not w.estimate:
             return
-        m = self.plan["models"][w.name]
+        m = self.plan.models[w.name]
         detail: dict[str, Any] = {}
-        if m["runtime"] in LLAMA_RUNTIMES:
+        if m.reports_buffers:
             detail = self._llama_log_drift(w.name, m)
         over = w.usage / w.estimate - 1
         if detail or over > DRIFT:
@@ -403,13 +409,13 @@ class Enforcer:
                 measured_bytes=w.usage,
                 estimate_bytes=w.estimate,
                 over_pct=round(over * 100, 1),
-                source=m["estimate_source"],
+                source=m.estimate_source,
                 **detail,
             )
         else:
             w.drift = over  # within 5%: checked, nothing to report
 
-    def _llama_log_drift(self, name: str, m: dict[str, Any]) -> dict[str, Any]:
+    def _llama_log_drift(self, name: str, m: ModelDoc) -> dict[str, Any]:
         from ..calibration import parse_buffers, totals
 
         text = ""
@@ -420,8 +426,8 @@ class Enforcer:
                 text += f.read().decode(errors="replace")
         t = totals(parse_buffers(text))
         reported = t["model"] + t["kv"] + t["compute"] + t["output"]
-        parts = m["estimate_parts"]
-        planned = parts["weights_bytes"] + parts["kv_bytes"] + parts["compute_bytes"]
+        parts = m.estimate_parts
+        planned = parts.weights_bytes + parts.kv_bytes + parts.compute_bytes
         if not reported or not planned or reported <= (1 + DRIFT) * planned:
             return {}
         return {
@@ -441,11 +447,11 @@ class Enforcer:
         return max(1 - (available if available is not None else self.usable) / self.usable, workers / self.usable, gtt)
 
     def _pressure_guard(self, now: float, infos: dict[str, Any]) -> None:
-        pol = self.plan["policy"]
+        pol = self.plan.policy
         self.pressure = self.measure_pressure()
-        if self.pressure > pol["evict_above"]:
+        if self.pressure > pol.evict_above:
             self.evicting = True
-        elif self.pressure < pol["load_below"]:
+        elif self.pressure < pol.load_below:
             self.evicting = False
         if not self.evicting or now < self.evict_wait_until:
             return
@@ -471,8 +477,8 @@ class Enforcer:
             pressure=round(self.pressure, 4),
             usage_bytes=victim.usage,
             priority=victim.priority,
-            evict_above=pol["evict_above"],
-            load_below=pol["load_below"],
+            evict_above=pol.evict_above,
+            load_below=pol.load_below,
         )
         self.evict_wait_until = now + max(1.0, 5 * self.interval)  # let the memory come back first
 
@@ -486,7 +492,7 @@ class Enforcer:
             Held(
                 w.name,
                 w.priority,
-                self.plan["models"][w.name]["mode"] == "cold",
+                self.plan.models[w.name].cold,
                 w.usage,
                 0,
                 w.name in busy,
@@ -501,13 +507,10 @@ class Enforcer:
     def _busy(self) -> set[str]:
         """Workers with requests in flight or queued at the gateway (its RUN/state/gateway.json, when
         fresh): the pressure guard never evicts one mid-request."""
-        try:
-            doc = json.loads((self.state_dir / "gateway.json").read_text())
-        except (OSError, ValueError):
+        doc = read_optional(GatewayState, self.state_dir / "gateway.json")
+        if doc is None or time.time() - doc.time > GATEWAY_FRESH_S:
             return set()
-        if time.time() - float(doc.get("time", 0)) > GATEWAY_FRESH_S:
-            return set()
-        return {n for n, m in doc.get("models", {}).items() if m.get("in_flight") or m.get("queued")}
+        return {n for n, m in doc.models.items() if m.in_flight or m.queued}
 
     # -- output ---------------------------------------------------------------------------------
     def _event(self, w: Worker, kind: str, **detail: Any) -> None:
@@ -515,32 +518,32 @@ class Enforcer:
         self.events.add(kind, w.name, **detail)
 
     def write_status(self, now: float) -> None:
-        doc = {
-            "time": now,
-            "pid": os.getpid(),
-            "pressure": round(self.pressure, 4),
-            "events_error": self.events.error,
-            "events_moved_to": None if self.events.moved_to is None else str(self.events.moved_to),
-            "models": {
-                w.name: {
-                    "pid": w.pid,
-                    "rss_bytes": w.cpu_side,
-                    "gpu_bytes": w.gpu_side,
-                    "peak_bytes": w.peak,
-                    "restarts": max(0, w.restarts),
-                    "started": w.started if w.pid else None,
-                    "last_event": w.last_event,
-                    "given_up": w.given_up,
-                    "drift": None if w.drift is None else round(w.drift, 4),
-                    "reserved_bytes": w.reserved,
-                }
+        doc = EnforcerStatus(
+            time=now,
+            pid=os.getpid(),
+            pressure=round(self.pressure, 4),
+            events_error=self.events.error,
+            events_moved_to=None if self.events.moved_to is None else str(self.events.moved_to),
+            models={
+                w.name: WorkerStatus(
+                    pid=w.pid,
+                    rss_bytes=w.cpu_side,
+                    gpu_bytes=w.gpu_side,
+                    peak_bytes=w.peak,
+                    restarts=max(0, w.restarts),
+                    started=w.started if w.pid else None,
+                    last_event=w.last_event,
+                    given_up=w.given_up,
+                    drift=None if w.drift is None else round(w.drift, 4),
+                    reserved_bytes=w.reserved,
+                )
                 for w in self.workers.values()
             },
-        }
+        )
         path = self.state_dir / "enforcer.json"
         tmp = path.with_suffix(".tmp")
         try:
-            tmp.write_text(json.dumps(doc))
+            tmp.write_text(dump(doc))
             os.replace(tmp, path)
         except OSError as exc:  # a full or read-only state dir: enforcement goes on, status goes stale
             if str(exc) != self._status_error:

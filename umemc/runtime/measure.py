@@ -35,9 +35,8 @@ def measure(program: Any, facts: dict[str, Any], timeout: float, fill_tokens: in
             list(program.argv), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=program.cwd, start_new_session=True
         )
         try:
-            model = {"port": program.port, "health": program.health}
             deadline = time.monotonic() + timeout
-            while not healthy(model):
+            while not healthy(program.port, program.health):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     log.seek(0)
                     raise RuntimeFailure(f"{program.name} did not become healthy:\n{log.read()[-3000:]}")
@@ -86,8 +85,7 @@ def measure_peak(program: Any, timeout: float, settle_s: float = 3.0) -> dict[st
     tree, peak = ProcTree(), 0
     try:
         deadline = time.monotonic() + timeout
-        model = {"port": program.port, "health": program.health}
-        while not healthy(model):
+        while not healthy(program.port, program.health):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeFailure(f"{program.name} did not become healthy (exit {proc.poll()})")
             peak = max(peak, tree.tree_rss(proc.pid)[0])

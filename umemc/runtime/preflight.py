@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..contract import ModelDoc, PlanDoc
 from ..units import gib
 from .probes.meminfo import read_meminfo
 from .rundir import GATEWAY
@@ -33,7 +34,7 @@ class Finding:
 @dataclass
 class Preflight:
     bundle: Path
-    plan: dict[str, Any]
+    plan: PlanDoc
     simulate: bool = False
     proc_sys: str = "/proc/sys"
     findings: list[Finding] = field(default_factory=list)
@@ -61,19 +62,19 @@ class Preflight:
 
     # -- checks ---------------------------------------------------------------------------------
     def _budget(self) -> None:
-        cap = self.plan["capacity"]
-        if cap.get("fits", True):
+        cap = self.plan.capacity
+        if cap.fits:
             self._add(
                 "budget",
                 True,
-                f"the hot set's hard quotas ({gib(cap['hot_total_bytes'])} GiB) fit the "
-                f"budget ({gib(cap['budget_bytes'])} GiB)",
+                f"the hot set's hard quotas ({gib(cap.hot_total_bytes)} GiB) fit the "
+                f"budget ({gib(cap.budget_bytes)} GiB)",
             )
             return
-        over = cap["hot_total_bytes"] - cap["budget_bytes"]
-        gpu = cap.get("gpu_budget_bytes")
-        if gpu is not None and cap["hot_gpu_total_bytes"] - gpu > over:
-            over = cap["hot_gpu_total_bytes"] - gpu
+        over = cap.hot_total_bytes - cap.budget_bytes
+        gpu = cap.gpu_budget_bytes
+        if gpu is not None and cap.hot_gpu_total_bytes - gpu > over:
+            over = cap.hot_gpu_total_bytes - gpu
         self._add(
             "budget",
             False,
@@ -100,7 +101,7 @@ class Preflight:
         )
 
     def _memlock(self) -> None:
-        locked = sum(m["quota_hard_bytes"] for m in self.plan["models"].values() if m["mlock"] and m["mode"] == "hot")
+        locked = sum(m.quota_hard_bytes for m in self.plan.models.values() if m.mlock and m.mode == "hot")
         if not locked:
             return
         soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
@@ -119,9 +120,7 @@ class Preflight:
         )
 
     def _memory(self, running: Collection[str]) -> None:
-        need = sum(
-            m["quota_hard_bytes"] for n, m in self.plan["models"].items() if m["mode"] == "hot" and n not in running
-        )
+        need = sum(m.quota_hard_bytes for n, m in self.plan.models.items() if m.mode == "hot" and n not in running)
         available = read_meminfo().get("MemAvailable", 0)
         if available >= need:
             self._add(
@@ -136,11 +135,13 @@ class Preflight:
             )
 
     def _gpu_window(self) -> None:
-        p = self.plan["platform"]
-        if p["kind"] == "amd-apu":
-            self._amd_window(p["gpu_window_bytes"])
-        elif p["kind"] == "apple":
-            self._apple_window(p["gpu_window_bytes"])
+        p = self.plan.platform
+        if p.gpu_window_bytes is None:
+            return
+        if p.kind == "amd-apu":
+            self._amd_window(p.gpu_window_bytes)
+        elif p.kind == "apple":
+            self._apple_window(p.gpu_window_bytes)
 
     def _amd_window(self, want: int) -> None:
         pages = want // 4096
@@ -207,7 +208,7 @@ class Preflight:
             )
 
     def _cgroups(self) -> None:
-        if self.plan["policy"]["kernel_enforcement"] == "off":
+        if self.plan.policy.kernel_enforcement == "off":
             return
         from .cgroups import detect
 
@@ -225,9 +226,8 @@ class Preflight:
 
     def _files_and_executables(self) -> None:
         checked: dict[str, str | None] = {}
-        for name, m in self.plan["models"].items():
-            for key in ("model_file", "mmproj_file"):
-                path = m.get(key)
+        for name, m in self.plan.models.items():
+            for key, path in (("model_file", m.model_file), ("mmproj_file", m.mmproj_file)):
                 if path is not None and not Path(path).exists():
                     self._add(
                         "files",
@@ -235,14 +235,14 @@ class Preflight:
                         f"models.{name}: {path} does not exist",
                         (f"download it, or fix models.{name}.{key.split('_')[0]}",),
                     )
-            if m["runtime"] in ("llama-server", "llama-cpp-python", "whisper-server") and m.get("model_file") is None:
+            if m.needs_model_file and m.model_file is None:
                 self._add(
                     "files",
                     False,
                     f"models.{name}: no model file (the stack gives only an arch preset)",
                     (f"set models.{name}.model, or run with --simulate",),
                 )
-            exe = m["argv"][0] if m["argv"] else ""
+            exe = m.argv[0] if m.argv else ""
             problem = checked.get(exe) if exe in checked else check_executable(m)
             checked[exe] = problem
             if problem:
@@ -250,18 +250,14 @@ class Preflight:
                     "executables",
                     False,
                     f"models.{name}: {problem}",
-                    (f"install {m['runtime']} or set models.{name}.bin",),
+                    (f"install {m.runtime} or set models.{name}.bin",),
                 )
 
     def _ports(self, running: Collection[str]) -> None:
-        ports = {
-            m["port"]: f"models.{n}"
-            for n, m in self.plan["models"].items()
-            if m["port"] is not None and n not in running
-        }
-        gw = self.plan.get("gateway")
+        ports = {m.port: f"models.{n}" for n, m in self.plan.models.items() if m.port is not None and n not in running}
+        gw = self.plan.gateway
         if gw and GATEWAY not in running:
-            ports[gw["port"]] = "gateway"
+            ports[gw.port] = "gateway"
         busy = [f"{owner}: port {port} is in use" for port, owner in sorted(ports.items()) if not port_free(port)]
         if busy:
             self._add("ports", False, "; ".join(busy), ("stop what listens there (ss -ltnp), or change the port",))
@@ -269,10 +265,10 @@ class Preflight:
             self._add("ports", True, f"{len(ports)} ports free")
 
     def _gateway_token(self) -> None:
-        gw = self.plan.get("gateway")
-        if not gw or not gw["token_env"]:
+        gw = self.plan.gateway
+        if not gw or not gw.token_env:
             return
-        name = gw["token_env"]
+        name = gw.token_env
         if os.environ.get(name):
             self._add("gateway", True, f"bearer token from ${name}")
         else:
@@ -315,24 +311,19 @@ def port_free(port: int) -> bool:
     return True
 
 
-def check_executable(m: dict[str, Any]) -> str | None:
+def check_executable(m: ModelDoc) -> str | None:
     """None when argv[0] exists and its --help lists every pinned flag of the runtime."""
-    from ..runtimes import RUNTIMES
-
-    argv = m["argv"]
-    exe = argv[0] if argv else ""
+    exe = m.argv[0] if m.argv else ""
     if not exe or (shutil.which(exe) is None and not Path(exe).is_file()):
         return f"{exe or '(none)'} not found"
-    pinned = RUNTIMES[m["runtime"]].PINNED
-    if not pinned:
+    if not m.pinned_flags:
         return None
-    help_argv = [exe, "-m", "llama_cpp.server", "--help"] if m["runtime"] == "llama-cpp-python" else [exe, "--help"]
     try:
-        out = subprocess.run(help_argv, capture_output=True, text=True, timeout=30, check=False)
+        out = subprocess.run(m.help_argv, capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"`{shlex.join(help_argv)}` failed: {exc}"
+        return f"`{shlex.join(m.help_argv)}` failed: {exc}"
     text = out.stdout + out.stderr
-    missing = [f for f in pinned if f not in text]
+    missing = [f for f in m.pinned_flags if f not in text]
     if missing:
-        return f"`{shlex.join(help_argv)}` does not list {', '.join(missing)} (too old a {m['runtime']}?)"
+        return f"`{shlex.join(m.help_argv)}` does not list {', '.join(missing)} (too old a {m.runtime}?)"
     return None

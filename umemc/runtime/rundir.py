@@ -10,7 +10,6 @@ then finds the processes by the run's cgroups (named after the run, see cgroups.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -68,11 +67,11 @@ class RunDir:
     def socket(self) -> Path:
         """Where the running stack's socket is: the bundle's plan, else the private directory recorded
         for a deep run dir, else the default. A corrupt plan.json never hides the socket."""
-        try:
-            sock = json.loads((self.bundle / "plan.json").read_text())["supervisor"]["socket"]
-            return Path(str(sock).replace("%(here)s", str(self.bundle)))
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+        from ..contract import PlanDoc, read_optional
+
+        plan = read_optional(PlanDoc, self.bundle / "plan.json")
+        if plan is not None:
+            return plan.supervisor.socket_path(self.bundle)
         with contextlib.suppress(OSError):
             recorded = (self.state / "socket").read_text().strip()
             if recorded:

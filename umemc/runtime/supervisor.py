@@ -11,7 +11,10 @@ import subprocess
 import sys
 import xmlrpc.client
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..contract import PlanDoc
 
 NOT_RUNNING = 70  # supervisor.xmlrpc.Faults.NOT_RUNNING
 
@@ -81,7 +84,7 @@ class Supervisor:
         return None
 
 
-def start_supervisord(config: Path, plan: dict[str, Any], state: Path, *, foreground: bool) -> None:
+def start_supervisord(config: Path, plan: PlanDoc, state: Path, *, foreground: bool) -> None:
     """Start the real supervisord in the foreground mode (-n) through the exec wrapper, so it sits in
     the run's own cgroup (everything it starts is found there even if it is killed) and its pid is
     the one recorded (state/pids/umemc-supervisord). `up` leaves it running as a daemon in a session
@@ -96,7 +99,7 @@ def start_supervisord(config: Path, plan: dict[str, Any], state: Path, *, foregr
         "-m",
         "umemc.runtime.wrap",
         "--stack",
-        plan["stack"],
+        plan.stack,
         "--model",
         SUPERVISORD,
         "--hard",
@@ -104,16 +107,16 @@ def start_supervisord(config: Path, plan: dict[str, Any], state: Path, *, foregr
         "--soft",
         "0",
         "--cgroup",
-        plan["policy"]["kernel_enforcement"],
+        plan.policy.kernel_enforcement,
         "--state",
         str(state),
         "--outlive-parent",
     ]
     argv = [*wrap, "--", sys.executable, "-m", "supervisor.supervisord", "-n", "-c", str(config)]
-    if plan["memlock"]:
+    if plan.memlock:
         _raise_memlock()
     env = dict(os.environ)
-    token = (plan.get("gateway") or {}).get("token_env")
+    token = None if plan.gateway is None else plan.gateway.token_env
     if token:
         env.pop(token, None)
     if foreground:

@@ -22,6 +22,9 @@ class Runtime(Protocol):
     HEALTH: str | None  # default health URL path; None: the port accepting connections
     FLAGS_MATCH: str  # the upstream version whose flag spelling argv() uses
     PINNED: tuple[str, ...]  # flags whose presence in `--help` preflight checks
+    NEEDS_MODEL_FILE: bool  # cannot start without a weights file
+    REPORTS_BUFFERS: bool  # its log states llama.cpp's buffer sizes
+    HELP_MODULE: str | None  # its --help is `python -m HELP_MODULE --help`
 
     def argv(self, m: ModelPlan, ctx: Context) -> list[str]: ...
 
@@ -33,6 +36,16 @@ RUNTIMES: dict[str, Runtime] = {
 
 def argv_for(m: ModelPlan, ctx: Context) -> list[str]:
     return RUNTIMES[m.model.spec.runtime].argv(m, ctx)
+
+
+def runtime_of(m: ModelPlan) -> Runtime:
+    return RUNTIMES[m.model.spec.runtime]
+
+
+def help_argv(m: ModelPlan, argv: list[str]) -> list[str]:
+    """How preflight asks the runtime for its --help (argv[0] is the runtime's executable)."""
+    module = runtime_of(m).HELP_MODULE
+    return [*argv[:1], *(["-m", module] if module else []), "--help"]
 
 
 def health_path(m: ModelPlan) -> str | None:

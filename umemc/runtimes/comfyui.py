@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 NAME = "comfyui"
 HEALTH = "/system_stats"
 FLAGS_MATCH = "ComfyUI 0.3.x"
+NEEDS_MODEL_FILE = False  # cannot start without a weights file
+REPORTS_BUFFERS = False  # its log states llama.cpp's buffer sizes (drift check)
+HELP_MODULE: str | None = None  # `python -m MODULE --help` instead of `ARGV0 --help`
 PINNED = ("--listen", "--port", "--reserve-vram")
 
 

@@ -11,6 +11,9 @@ if TYPE_CHECKING:
 NAME = "command"
 HEALTH = None  # healthy when its port accepts connections (or just RUNNING without a port)
 FLAGS_MATCH = "-"
+NEEDS_MODEL_FILE = False  # cannot start without a weights file
+REPORTS_BUFFERS = False  # its log states llama.cpp's buffer sizes (drift check)
+HELP_MODULE: str | None = None  # `python -m MODULE --help` instead of `ARGV0 --help`
 PINNED: tuple[str, ...] = ()
 
 

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
 NAME = "llama-cpp-python"
 HEALTH = "/v1/models"  # the server has no /health
 FLAGS_MATCH = "llama-cpp-python 0.3.x"
+NEEDS_MODEL_FILE = True  # cannot start without a weights file
+REPORTS_BUFFERS = True  # its log states llama.cpp's buffer sizes (drift check)
+HELP_MODULE: str | None = "llama_cpp.server"  # `python -m MODULE --help` instead of `ARGV0 --help`
 PINNED = (
     "--model",
     "--n_ctx",

@@ -13,6 +13,9 @@ if TYPE_CHECKING:
 NAME = "llama-server"
 HEALTH = "/health"
 FLAGS_MATCH = "llama.cpp b6500 (2025-09) and later"
+NEEDS_MODEL_FILE = True  # cannot start without a weights file
+REPORTS_BUFFERS = True  # its log states llama.cpp's buffer sizes (drift check)
+HELP_MODULE: str | None = None  # `python -m MODULE --help` instead of `ARGV0 --help`
 PINNED = (
     "--ctx-size",
     "--parallel",

@@ -12,6 +12,9 @@ if TYPE_CHECKING:
 NAME = "torch"
 HEALTH = "/health"
 FLAGS_MATCH = "umemc worker protocol 1"
+NEEDS_MODEL_FILE = False  # cannot start without a weights file
+REPORTS_BUFFERS = False  # its log states llama.cpp's buffer sizes (drift check)
+HELP_MODULE: str | None = None  # `python -m MODULE --help` instead of `ARGV0 --help`
 PINNED: tuple[str, ...] = ()
 
 

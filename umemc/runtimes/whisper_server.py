@@ -14,6 +14,9 @@ if TYPE_CHECKING:
 NAME = "whisper-server"
 HEALTH = "/health"
 FLAGS_MATCH = "whisper.cpp 1.7"
+NEEDS_MODEL_FILE = True  # cannot start without a weights file
+REPORTS_BUFFERS = False  # its log states llama.cpp's buffer sizes (drift check)
+HELP_MODULE: str | None = None  # `python -m MODULE --help` instead of `ARGV0 --help`
 PINNED = ("--model", "--host", "--port", "--best-of", "--beam-size", "--flash-attn")
 
 

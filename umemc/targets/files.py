@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
-from ..compile import PLAN_VERSION, STATE, Bundle
+from .. import contract as c
+from ..compile import STATE, Bundle
+from ..runtimes import help_argv, runtime_of
 from .jinja import render
 from .report import budget_json, budget_markdown
 from .svg import svg_values
@@ -14,102 +15,106 @@ Files = dict[str, str]
 
 
 def plan_json(b: Bundle) -> Files:
+    """plan.json: the runtime's whole input, as the contract's typed model (umemc/contract.py)."""
     plan, p, pol = b.plan, b.plan.loaded.platform, b.plan.loaded.stack.policy
     gw = plan.loaded.stack.gateway
-    doc = {
-        "format": "umemc-plan",
-        "version": PLAN_VERSION,
-        "generated_by": b.header,
-        "stack": plan.name,
-        "platform": {
-            "preset": p.preset,
-            "kind": p.kind,
-            "memory_bytes": p.memory,
-            "os_reserve_bytes": p.os_reserve,
-            "gpu_window_bytes": p.gpu_window,
-            "cpu_cores": p.cpu_cores,
-        },
-        "capacity": {
-            "usable_bytes": plan.capacity.usable,
-            "budget_bytes": plan.capacity.budget,
-            "gpu_budget_bytes": plan.capacity.gpu_budget,
-            "hot_total_bytes": plan.hot_total,
-            "hot_gpu_total_bytes": plan.hot_gpu_total,
-            "fits": plan.fits,
-        },
-        "policy": {
-            "safety_margin": pol.safety_margin,
-            "quota_headroom": pol.quota_headroom,
-            "sample_interval_s": pol.sample_interval,
-            "load_below": pol.load_below,
-            "evict_above": pol.evict_above,
-            "hsa_enable_sdma": pol.hsa_enable_sdma,
-            "kernel_enforcement": pol.kernel_enforcement,
-            "leak_threshold_bytes": pol.leak_threshold,
-            "leak_window_s": pol.leak_window,
-            "max_kills": pol.max_kills,
-            "kill_window_s": pol.kill_window,
-        },
-        "gateway": None
+    doc = c.PlanDoc(
+        generated_by=b.header,
+        stack=plan.name,
+        platform=c.PlatformDoc(
+            preset=p.preset,
+            kind=p.kind,
+            memory_bytes=p.memory,
+            os_reserve_bytes=p.os_reserve,
+            gpu_window_bytes=p.gpu_window,
+            cpu_cores=p.cpu_cores,
+        ),
+        capacity=c.CapacityDoc(
+            usable_bytes=plan.capacity.usable,
+            budget_bytes=plan.capacity.budget,
+            gpu_budget_bytes=plan.capacity.gpu_budget,
+            hot_total_bytes=plan.hot_total,
+            hot_gpu_total_bytes=plan.hot_gpu_total,
+            fits=plan.fits,
+        ),
+        policy=c.PolicyDoc(
+            safety_margin=pol.safety_margin,
+            quota_headroom=pol.quota_headroom,
+            sample_interval_s=pol.sample_interval,
+            load_below=pol.load_below,
+            evict_above=pol.evict_above,
+            hsa_enable_sdma=pol.hsa_enable_sdma,
+            kernel_enforcement=pol.kernel_enforcement,
+            leak_threshold_bytes=pol.leak_threshold,
+            leak_window_s=pol.leak_window,
+            max_kills=pol.max_kills,
+            kill_window_s=pol.kill_window,
+        ),
+        gateway=None
         if not gw.enabled
-        else {
-            "host": gw.host,
-            "port": gw.port,
-            "token_env": gw.token_env,
-            "queue": gw.queue,
-            "queue_timeout_s": gw.queue_timeout,
-            "start_timeout_s": gw.start_timeout,
-            "drain_timeout_s": gw.drain_timeout,
-            "max_body_bytes": gw.max_body,
-            "header_timeout_s": gw.header_timeout,
-            "body_timeout_s": gw.body_timeout,
-            "upstream_timeout_s": gw.upstream_timeout,
-            "health_interval_s": gw.health_interval,
-            "memory_bytes": gw.memory,
-            "argv": list(b.gateway),
-        },
-        "supervisor": {"config": "supervisord.conf", "socket": b.socket, "state": STATE},
-        "memlock": b.memlock,
-        "simulate": b.simulate,
-        "enforcer": list(b.enforcer),
-        "models": {name: _model(b, name) for name in b.programs},
-    }
-    return {"plan.json": json.dumps(doc, indent=2, ensure_ascii=False) + "\n"}
+        else c.GatewayDoc(
+            host=gw.host,
+            port=gw.port,
+            token_env=gw.token_env,
+            queue=gw.queue,
+            queue_timeout_s=gw.queue_timeout,
+            start_timeout_s=gw.start_timeout,
+            drain_timeout_s=gw.drain_timeout,
+            max_body_bytes=gw.max_body,
+            header_timeout_s=gw.header_timeout,
+            body_timeout_s=gw.body_timeout,
+            upstream_timeout_s=gw.upstream_timeout,
+            health_interval_s=gw.health_interval,
+            memory_bytes=gw.memory,
+            argv=list(b.gateway),
+        ),
+        supervisor=c.SupervisorDoc(config="supervisord.conf", socket=b.socket, state=STATE),
+        memlock=b.memlock,
+        simulate=b.simulate,
+        enforcer=list(b.enforcer),
+        models={name: _model(b, name) for name in b.programs},
+    )
+    return {"plan.json": c.dump(doc, indent=2) + "\n"}
 
 
-def _model(b: Bundle, name: str) -> dict[str, object]:
+def _model(b: Bundle, name: str) -> c.ModelDoc:
     prog = b.programs[name]
     m, spec = prog.plan, prog.plan.model.spec
-    return {
-        "program": name,
-        "runtime": spec.runtime,
-        "mode": spec.mode,
-        "priority": spec.priority,
-        "model_file": None if m.model.model_path is None else str(m.model.model_path),
-        "mmproj_file": None if m.model.mmproj_path is None else str(m.model.mmproj_path),
-        "port": prog.port,
-        "health": prog.health,
-        "argv": list(prog.argv),
-        "wrap": list(prog.wrap),
-        "env": dict(prog.env),
-        "cwd": prog.cwd,
-        "estimate_bytes": m.estimate.estimate_bytes,
-        "estimate_source": m.estimate.source,
-        "estimate_parts": {
-            "weights_bytes": m.estimate.weights.bytes,
-            "kv_bytes": m.estimate.kv.bytes,
-            "compute_bytes": m.estimate.compute.bytes,
-            "overhead_bytes": m.estimate.overhead.bytes,
-        },
-        "quota_soft_bytes": m.quota_soft,
-        "quota_hard_bytes": m.quota_hard,
-        "gpu_bytes": m.estimate.gpu.bytes,
-        "gpu_quota_hard_bytes": m.gpu_quota_hard,
-        "max_concurrency": m.model.max_concurrency,
-        "aliases": list(spec.aliases),
-        "ttl_s": spec.ttl,
-        "mlock": spec.mlock,
-    }
+    runtime = runtime_of(m)
+    return c.ModelDoc(
+        program=name,
+        runtime=spec.runtime,
+        mode=spec.mode,
+        priority=spec.priority,
+        model_file=None if m.model.model_path is None else str(m.model.model_path),
+        mmproj_file=None if m.model.mmproj_path is None else str(m.model.mmproj_path),
+        port=prog.port,
+        health=prog.health,
+        argv=list(prog.argv),
+        wrap=list(prog.wrap),
+        env=dict(prog.env),
+        cwd=prog.cwd,
+        estimate_bytes=m.estimate.estimate_bytes,
+        estimate_source=m.estimate.source,
+        estimate_parts=c.PartsDoc(
+            weights_bytes=m.estimate.weights.bytes,
+            kv_bytes=m.estimate.kv.bytes,
+            compute_bytes=m.estimate.compute.bytes,
+            overhead_bytes=m.estimate.overhead.bytes,
+        ),
+        quota_soft_bytes=m.quota_soft,
+        quota_hard_bytes=m.quota_hard,
+        gpu_bytes=m.estimate.gpu.bytes,
+        gpu_quota_hard_bytes=m.gpu_quota_hard,
+        max_concurrency=m.model.max_concurrency,
+        aliases=list(spec.aliases),
+        ttl_s=spec.ttl,
+        mlock=spec.mlock,
+        needs_model_file=runtime.NEEDS_MODEL_FILE,
+        pinned_flags=list(runtime.PINNED),
+        help_argv=help_argv(m, list(prog.argv)),
+        reports_buffers=runtime.REPORTS_BUFFERS,
+    )
 
 
 def budget(b: Bundle) -> Files:

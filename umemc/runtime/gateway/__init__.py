@@ -31,11 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     sched = Scheduler(bundle)
     gw = sched.gw
     token = None
-    if gw["token_env"]:
-        token = read_token(bundle, gw["token_env"])
+    if gw.token_env:
+        token = read_token(bundle, gw.token_env)
         if not token:
             print(
-                f"umemc-gateway: gateway.token_env names {gw['token_env']}, which is not set (or empty) in "
+                f"umemc-gateway: gateway.token_env names {gw.token_env}, which is not set (or empty) in "
                 "the environment `umemc up` ran in: set it, then `umemc up` again",
                 file=sys.stderr,
             )
@@ -71,13 +71,13 @@ async def serve(sched: Scheduler, token: str | None) -> None:
         handler_cancellation=True,
         access_log=None,
         shutdown_timeout=SHUTDOWN_S,
-        keepalive_timeout=sched.gw["header_timeout_s"],
+        keepalive_timeout=sched.gw.header_timeout_s,
     )
     await runner.setup()
-    site = web.TCPSite(runner, sched.gw["host"], sched.gw["port"], reuse_address=True, backlog=1024)
+    site = web.TCPSite(runner, sched.gw.host, sched.gw.port, reuse_address=True, backlog=1024)
     await site.start()
     print(
-        f"umemc-gateway: serving {len(sched.models)} model(s) on http://{sched.gw['host']}:{sched.gw['port']}",
+        f"umemc-gateway: serving {len(sched.models)} model(s) on http://{sched.gw.host}:{sched.gw.port}",
         flush=True,
     )
     stop = asyncio.Event()

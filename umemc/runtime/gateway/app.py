@@ -103,11 +103,11 @@ async def read_body(request: web.Request) -> bytes:
     """The whole body within gateway.body_timeout (a client trickling bytes cannot hold a handler),
     at most gateway.max_body bytes (aiohttp answers 413 beyond)."""
     try:
-        async with asyncio.timeout(request.app[SCHED].gw["body_timeout_s"]):
+        async with asyncio.timeout(request.app[SCHED].gw.body_timeout_s):
             return await request.read()
     except TimeoutError:
         raise Refused(
-            408, f"request body not received within {request.app[SCHED].gw['body_timeout_s']:g} s", "body_timeout"
+            408, f"request body not received within {request.app[SCHED].gw.body_timeout_s:g} s", "body_timeout"
         ) from None
 
 
@@ -158,7 +158,7 @@ async def _relay(request: web.Request, m: Model, path: str, body: bytes) -> web.
     }
     url = f"http://127.0.0.1:{m.port}{path}"
     sched = request.app[SCHED]
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=sched.gw["upstream_timeout_s"])
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=sched.gw.upstream_timeout_s)
     try:
         async with request.app[CLIENT].request(
             request.method, url, data=body or None, headers=headers, timeout=timeout
@@ -175,7 +175,7 @@ async def _relay(request: web.Request, m: Model, path: str, body: bytes) -> web.
             except (ConnectionResetError, aiohttp.ClientPayloadError):
                 pass  # one side went away mid-stream; leaving the block closes the upstream connection
             except TimeoutError:  # the worker stopped sending mid-stream: end the stream, mark it
-                sched.mark_unhealthy(m, f"no byte for {sched.gw['upstream_timeout_s']:g} s while streaming")
+                sched.mark_unhealthy(m, f"no byte for {sched.gw.upstream_timeout_s:g} s while streaming")
             return resp
     except aiohttp.ClientConnectorError as exc:
         m.ready = False  # it died between two polls: the next request waits for it
@@ -186,7 +186,7 @@ async def _relay(request: web.Request, m: Model, path: str, body: bytes) -> web.
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
         raise Refused(502, f"worker {m.name} closed the connection: {exc}", "upstream_disconnected") from None
     except TimeoutError:
-        waited = sched.gw["upstream_timeout_s"]
+        waited = sched.gw.upstream_timeout_s
         sched.mark_unhealthy(m, f"no answer within {waited:g} s")
         raise Refused(
             504,
@@ -201,10 +201,10 @@ async def list_models(request: web.Request) -> web.Response:
     sched = request.app[SCHED]
     data = []
     for m in sched.models.values():
-        info = {"state": m.state, "ready": m.ready, "mode": m.plan["mode"], "aliases": m.plan["aliases"]}
+        info = {"state": m.state, "ready": m.ready, "mode": m.plan.mode, "aliases": m.plan.aliases}
         data.append({"id": m.name, "object": "model", "created": 0, "owned_by": "umemc", "umemc": info})
         data += [
-            {"id": a, "object": "model", "created": 0, "owned_by": "umemc", "root": m.name} for a in m.plan["aliases"]
+            {"id": a, "object": "model", "created": 0, "owned_by": "umemc", "root": m.name} for a in m.plan.aliases
         ]
     return web.json_response({"object": "list", "data": data})
 
@@ -302,7 +302,7 @@ def _lease_size(sched: Scheduler, doc: dict[str, Any]) -> tuple[int, int, int, s
             raise Refused(400, f'"model" must be a model name (got {doc["model"]!r})', "invalid_lease")
         m = sched.route(doc["model"])
         p = m.plan
-        return p["quota_hard_bytes"], p["gpu_quota_hard_bytes"], _priority(doc, p["priority"]), m.name
+        return p.quota_hard_bytes, p.gpu_quota_hard_bytes, _priority(doc, p.priority), m.name
     raw = doc["bytes"]
     try:
         if isinstance(raw, bool) or not isinstance(raw, (int, str)):
@@ -452,14 +452,14 @@ async def refusals(request: web.Request, handler: Handler) -> web.StreamResponse
     except Refused as exc:
         return refused(exc)
     except web.HTTPRequestEntityTooLarge:
-        limit = request.app[SCHED].gw["max_body_bytes"]
+        limit = request.app[SCHED].gw.max_body_bytes
         return error(413, f"request body larger than {limit} bytes (gateway.max_body)", "body_too_large")
 
 
 def make_app(sched: Scheduler, token: str | None) -> web.Application:
     gw = sched.gw
-    guards = [browser_guard(allowed_hosts(gw["host"], gw["port"])), *([bearer(token)] if token else [])]
-    app = web.Application(client_max_size=gw["max_body_bytes"], middlewares=[*guards, refusals])
+    guards = [browser_guard(allowed_hosts(gw.host, gw.port)), *([bearer(token)] if token else [])]
+    app = web.Application(client_max_size=gw.max_body_bytes, middlewares=[*guards, refusals])
     app[SCHED] = sched
     app[METRICS] = sched.metrics = Metrics(sched)
     if token:
@@ -493,10 +493,10 @@ async def _lifetime(app: web.Application) -> Any:
     async def probe(m: Model) -> bool:
         if m.port is None:
             return True
-        path = m.plan["health"] or "/"
+        path = m.plan.health or "/"
         try:
             async with client.get(f"http://127.0.0.1:{m.port}{path}", timeout=aiohttp.ClientTimeout(total=2)) as r:
-                return r.status == 200 if m.plan["health"] else True
+                return r.status == 200 if m.plan.health else True
         except (aiohttp.ClientError, TimeoutError):
             return False
 

@@ -95,8 +95,8 @@ class _Live(Collector):
         }
         for m in s.models.values():
             g["model_usage_bytes"].add_metric([m.name], m.usage)
-            g["model_quota_bytes"].add_metric([m.name, "soft"], m.plan["quota_soft_bytes"])
-            g["model_quota_bytes"].add_metric([m.name, "hard"], m.plan["quota_hard_bytes"])
+            g["model_quota_bytes"].add_metric([m.name, "soft"], m.plan.quota_soft_bytes)
+            g["model_quota_bytes"].add_metric([m.name, "hard"], m.plan.quota_hard_bytes)
             for state in STATES:
                 g["model_state"].add_metric([m.name, state], 1 if m.state == state else 0)
             g["model_ready"].add_metric([m.name], 1 if m.ready else 0)
@@ -104,7 +104,7 @@ class _Live(Collector):
             g["model_in_flight"].add_metric([m.name], m.in_flight)
             g["model_queue_depth"].add_metric([m.name], len(m.waiters))
             g["model_max_concurrency"].add_metric([m.name], m.max_concurrency)
-            g["model_priority"].add_metric([m.name], m.plan["priority"])
+            g["model_priority"].add_metric([m.name], m.plan.priority)
         yield from g.values()
         ram, gpu = s.committed()
         leases = list(s.leases.values())

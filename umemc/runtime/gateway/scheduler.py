@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import http.client
 import itertools
-import json
 import math
 import os
 import secrets
@@ -27,6 +26,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...contract import (
+    ContractError,
+    EnforcerStatus,
+    GatewayDoc,
+    GatewayModel,
+    GatewayState,
+    LeaseDoc,
+    ModelDoc,
+    PlanDoc,
+    dump,
+    read,
+    read_optional,
+)
 from ...policy import Budget, Decision, Held, Lease, Need, decide
 from ..events import EventLog
 from ..supervisor import Supervisor
@@ -50,7 +62,7 @@ class Refused(Exception):
 @dataclass
 class Model:
     name: str
-    plan: dict[str, Any]
+    plan: ModelDoc
     state: str = "STOPPED"  # as supervisord names it
     ready: bool = False  # RUNNING and answered its health URL
     in_flight: int = 0
@@ -76,16 +88,16 @@ class Model:
 
     @property
     def port(self) -> int | None:
-        port: int | None = self.plan["port"]
+        port: int | None = self.plan.port
         return port
 
     @property
     def max_concurrency(self) -> int:
-        return int(self.plan["max_concurrency"])
+        return int(self.plan.max_concurrency)
 
     @property
     def cold(self) -> bool:
-        return bool(self.plan["mode"] == "cold")
+        return bool(self.plan.mode == "cold")
 
     @property
     def live(self) -> bool:
@@ -98,10 +110,10 @@ class Model:
     def held(self) -> Held:
         return Held(
             self.name,
-            self.plan["priority"],
+            self.plan.priority,
             self.cold,
-            max(self.usage, self.plan["quota_hard_bytes"]),
-            self.plan["gpu_quota_hard_bytes"],
+            max(self.usage, self.plan.quota_hard_bytes),
+            self.plan.gpu_quota_hard_bytes,
             self.busy or self.starting is not None,
             self.ready and self.starting is None,
             self.last_used,
@@ -112,18 +124,18 @@ class Model:
 class Scheduler:
     def __init__(self, bundle: Path):
         self.bundle = bundle
-        self.plan = json.loads((bundle / "plan.json").read_text())
-        self.gw = self.plan["gateway"]
+        self.plan = read(PlanDoc, bundle / "plan.json")
+        if self.plan.gateway is None:
+            raise ContractError(f"{bundle / 'plan.json'}: this stack has no gateway (gateway.enabled = false)")
+        self.gw: GatewayDoc = self.plan.gateway
         self.state_dir = (bundle / "../state").resolve()
-        self.supervisor = Supervisor(Path(self.plan["supervisor"]["socket"].replace("%(here)s", str(bundle))))
-        cap = self.plan["capacity"]
-        self.budget = Budget(
-            int(cap["budget_bytes"]), None if cap["gpu_budget_bytes"] is None else int(cap["gpu_budget_bytes"])
-        )
-        self.models = {n: Model(n, m) for n, m in self.plan["models"].items()}
+        self.supervisor = Supervisor(Path(self.plan.supervisor.socket.replace("%(here)s", str(bundle))))
+        cap = self.plan.capacity
+        self.budget = Budget(int(cap.budget_bytes), None if cap.gpu_budget_bytes is None else int(cap.gpu_budget_bytes))
+        self.models = {n: Model(n, m) for n, m in self.plan.models.items()}
         self.routes = {n: n for n in self.models}
-        for n, m in self.plan["models"].items():
-            self.routes.update({alias: n for alias in m["aliases"]})
+        for n, m in self.plan.models.items():
+            self.routes.update({alias: n for alias in m.aliases})
         self.leases: dict[str, Lease] = {}
         self.lock = asyncio.Lock()
         self.events = EventLog(self.state_dir / "events.db")
@@ -213,11 +225,11 @@ class Scheduler:
                 "(see `umemc events`); restart the stack to try again",
                 "worker_given_up",
             )
-        if len(m.waiters) >= self.gw["queue"]:
+        if len(m.waiters) >= self.gw.queue:
             raise Refused(
                 429,
                 f"model {m.name}: {m.in_flight} requests in flight and {len(m.waiters)} queued "
-                f"(max_concurrency {m.max_concurrency}, queue {self.gw['queue']})",
+                f"(max_concurrency {m.max_concurrency}, queue {self.gw.queue})",
                 "queue_full",
                 self._queue_retry_after(m),
             )
@@ -226,7 +238,7 @@ class Scheduler:
         m.waiters.append(entry)
         self.kick()
         try:
-            await asyncio.wait_for(asyncio.shield(fut), self.gw["queue_timeout_s"])
+            await asyncio.wait_for(asyncio.shield(fut), self.gw.queue_timeout_s)
         except TimeoutError:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 return  # granted in the same instant
@@ -283,7 +295,7 @@ class Scheduler:
         return max(1, math.ceil(m.latency_ewma * (len(m.waiters) + 1) / m.max_concurrency))
 
     def _timed_out(self, m: Model) -> Refused:
-        waited = self.gw["queue_timeout_s"]
+        waited = self.gw.queue_timeout_s
         if m.ready:
             return Refused(
                 503,
@@ -316,7 +328,7 @@ class Scheduler:
     # -- admission ------------------------------------------------------------------------------
     def need_for(self, m: Model) -> Need:
         p = m.plan
-        return Need(m.name, p["quota_hard_bytes"], p["gpu_quota_hard_bytes"], p["priority"], m.cold, True)
+        return Need(m.name, p.quota_hard_bytes, p.gpu_quota_hard_bytes, p.priority, m.cold, True)
 
     def held(self, exclude: str | None = None) -> list[Held]:
         return [m.held() for m in self.models.values() if m.live and m.name != exclude]
@@ -327,14 +339,14 @@ class Scheduler:
 
     def decide(self, need: Need, exclude: str | None = None) -> Decision:
         decision = decide(need, self.held(exclude), self.live_leases(), self.budget)
-        pol = self.plan["policy"]
+        pol = self.plan.policy
         if decision.fits and self.pressure is not None:
-            freed = sum(self.models[v].usage for v in decision.victims) / max(1, self.plan["capacity"]["usable_bytes"])
-            if self.pressure - freed >= pol["load_below"]:
+            freed = sum(self.models[v].usage for v in decision.victims) / max(1, self.plan.capacity.usable_bytes)
+            if self.pressure - freed >= pol.load_below:
                 decision = Decision(
                     False,
                     blocked_by=[
-                        {"kind": "pressure", "pressure": round(self.pressure, 4), "load_below": pol["load_below"]}
+                        {"kind": "pressure", "pressure": round(self.pressure, 4), "load_below": pol.load_below}
                     ],
                     free_ram=decision.free_ram,
                     free_gpu=decision.free_gpu,
@@ -353,7 +365,7 @@ class Scheduler:
                     {
                         "kind": "worker",
                         "name": v,
-                        "priority": self.models[v].plan["priority"],
+                        "priority": self.models[v].plan.priority,
                         "bytes": self.models[v].held().ram,
                         "why": "requests in flight (drain timed out)",
                     }
@@ -401,7 +413,7 @@ class Scheduler:
             if decision.drain and not await self._drain(decision.drain):
                 m.no_drain |= set(decision.drain)
                 self.events.add(
-                    "drain_timeout", m.name, victims=decision.drain, drain_timeout_s=self.gw["drain_timeout_s"]
+                    "drain_timeout", m.name, victims=decision.drain, drain_timeout_s=self.gw.drain_timeout_s
                 )
                 return
             await asyncio.gather(*(self._stop(self.models[v], "evict", for_model=m.name) for v in decision.victims))
@@ -433,7 +445,7 @@ class Scheduler:
         """Wait until the victims have served their batch; False when drain_timeout passes first."""
         waits = [self.models[n].drained.wait() for n in names]
         try:
-            await asyncio.wait_for(asyncio.gather(*waits), self.gw["drain_timeout_s"])
+            await asyncio.wait_for(asyncio.gather(*waits), self.gw.drain_timeout_s)
         except TimeoutError:
             return False
         return True
@@ -449,7 +461,7 @@ class Scheduler:
             m.state = "STARTING"
 
     async def _wait_healthy(self, m: Model) -> None:
-        deadline = time.monotonic() + self.gw["start_timeout_s"]
+        deadline = time.monotonic() + self.gw.start_timeout_s
         while time.monotonic() < deadline:
             info = (await asyncio.to_thread(self.supervisor.processes)).get(m.name, {})
             m.state = info.get("statename", "UNKNOWN")
@@ -469,7 +481,7 @@ class Scheduler:
                 return
             await asyncio.sleep(HEALTH_POLL_S)
         raise Refused(
-            503, f"worker {m.name} did not become healthy within {self.gw['start_timeout_s']:g} s", "start_timeout", 10
+            503, f"worker {m.name} did not become healthy within {self.gw.start_timeout_s:g} s", "start_timeout", 10
         )
 
     async def _stop(self, m: Model, why: str, **detail: Any) -> None:
@@ -482,7 +494,7 @@ class Scheduler:
                 raise Refused(503, f"could not stop {m.name} to make room: {failed}", "stop_failed", 5)
             m.state, m.usage, m.touched = "STOPPED", 0, time.monotonic()
             m.evicted = why == "evict"
-            self.events.add(why, m.name, by="gateway", usage_bytes=usage, priority=m.plan["priority"], **detail)
+            self.events.add(why, m.name, by="gateway", usage_bytes=usage, priority=m.plan.priority, **detail)
             if self.metrics is not None:
                 self.metrics.eviction(m.name, why)
         finally:
@@ -522,18 +534,13 @@ class Scheduler:
     def _load_leases(self) -> None:
         """Leases outlive a restart of the gateway (they are in RUN/state/gateway.json), not a
         restart of the stack: only those written under this same supervisord come back."""
-        try:
-            doc = json.loads((self.state_dir / "gateway.json").read_text())
-        except (OSError, ValueError):
-            return
-        if self.supervisord_pid is None or doc.get("supervisord_pid") != self.supervisord_pid:
+        doc = read_optional(GatewayState, self.state_dir / "gateway.json")
+        if doc is None or self.supervisord_pid is None or doc.supervisord_pid != self.supervisord_pid:
             return
         now = time.time()
-        for x in doc.get("leases", []):
-            if x["expires"] > now:
-                self.leases[x["id"]] = Lease(
-                    x["id"], x["holder"], x["bytes"], x["gpu_bytes"], x["priority"], x["expires"], x["model"]
-                )
+        for x in doc.leases:
+            if x.expires > now:
+                self.leases[x.id] = Lease(x.id, x.holder, x.bytes, x.gpu_bytes, x.priority, x.expires, x.model)
 
     def release_lease(self, lease_id: str, why: str = "lease_release") -> Lease | None:
         lease = self.leases.pop(lease_id, None)
@@ -570,7 +577,7 @@ class Scheduler:
         """Every health_interval: probe each ready, idle-or-busy worker (2 s timeout); two failures in a
         row mark it unhealthy."""
         while True:
-            await asyncio.sleep(self.gw["health_interval_s"])
+            await asyncio.sleep(self.gw.health_interval_s)
             ready = [m for m in self.models.values() if m.ready and m.starting is None and not m.evicting]
             if self.probe is None or not ready:
                 continue
@@ -617,24 +624,21 @@ class Scheduler:
                 if m.state in SERVING and not m.ready and self.probe is not None and await self.probe(m):
                     m.ready, m.last_used, changed = True, time.time(), True  # started by `up`, restarted, recovered
                     self.mark_healthy(m)
-            live = (status or {}).get("models", {}).get(m.name) or {}
-            m.usage = int(live.get("rss_bytes") or 0) + int(live.get("gpu_bytes") or 0) if m.live else 0
-            m.given_up = bool(live.get("given_up")) and state not in LIVE
-            m.restarts = int(live.get("restarts") or 0)
-        self.pressure = None if status is None else float(status.get("pressure", 0.0))
+            live = None if status is None else status.models.get(m.name)
+            m.usage = live.rss_bytes + live.gpu_bytes if live is not None and m.live else 0
+            m.given_up = live is not None and live.given_up and state not in LIVE
+            m.restarts = 0 if live is None else live.restarts
+        self.pressure = None if status is None else status.pressure
         if changed:
             self.kick()
 
-    def _enforcer_status(self) -> dict[str, Any] | None:
-        try:
-            doc: dict[str, Any] = json.loads((self.state_dir / "enforcer.json").read_text())
-        except (OSError, ValueError):
-            return None
-        return doc if time.time() - float(doc.get("time", 0)) < STATUS_FRESH_S else None
+    def _enforcer_status(self) -> EnforcerStatus | None:
+        doc = read_optional(EnforcerStatus, self.state_dir / "enforcer.json")
+        return doc if doc is not None and time.time() - doc.time < STATUS_FRESH_S else None
 
     async def _unload_idle(self, now: float) -> None:
         for m in self.models.values():
-            ttl = m.plan["ttl_s"]
+            ttl = m.plan.ttl_s
             if (
                 m.cold
                 and ttl is not None
@@ -650,7 +654,7 @@ class Scheduler:
     async def _restore_hot(self) -> None:
         """A hot worker the gateway evicted comes back once it fits without evicting anything."""
         for m in self.models.values():
-            if m.plan["mode"] != "hot" or not m.evicted or m.live or m.waiters or m.given_up:
+            if m.plan.mode != "hot" or not m.evicted or m.live or m.waiters or m.given_up:
                 continue
             async with self.lock:
                 decision = self.decide_model(m)
@@ -665,27 +669,27 @@ class Scheduler:
         if self.closing:
             return
         models = {
-            m.name: {
-                "in_flight": m.in_flight,
-                "queued": len(m.waiters) + (m.name == arriving),
-                "ready": m.ready,
-                "starting": m.starting is not None,
-                "health": "unhealthy" if m.unhealthy else "ok",
-                "unhealthy": m.unhealthy,
-            }
+            m.name: GatewayModel(
+                in_flight=m.in_flight,
+                queued=len(m.waiters) + (m.name == arriving),
+                ready=m.ready,
+                starting=m.starting is not None,
+                health="unhealthy" if m.unhealthy else "ok",
+                unhealthy=m.unhealthy,
+            )
             for m in self.models.values()
         }
-        doc = {
-            "time": now,
-            "pid": os.getpid(),
-            "supervisord_pid": self.supervisord_pid,
-            "models": models,
-            "leases": [lease_json(x) for x in self.leases.values()],
-        }
+        doc = GatewayState(
+            time=now,
+            pid=os.getpid(),
+            supervisord_pid=self.supervisord_pid,
+            models=models,
+            leases=[lease_doc(x) for x in self.leases.values()],
+        )
         path = self.state_dir / "gateway.json"
         tmp = path.with_suffix(".tmp")
         try:
-            tmp.write_text(json.dumps(doc))
+            tmp.write_text(dump(doc))
             os.replace(tmp, path)
         except OSError as exc:
             # a full or read-only state dir never fails a request: the enforcer sees a stale file (its
@@ -695,7 +699,7 @@ class Scheduler:
             self._state_error = str(exc)
             return
         self._state_error = None
-        self._published_busy = {n for n, x in models.items() if x["in_flight"] or x["queued"]}
+        self._published_busy = {n for n, x in models.items() if x.in_flight or x.queued}
 
     # -- views ----------------------------------------------------------------------------------
     def committed(self) -> tuple[int, int]:
@@ -708,7 +712,7 @@ class Scheduler:
         ram, gpu = self.committed()
         now = time.time()
         return {
-            "gateway": {"pid": os.getpid(), "host": self.gw["host"], "port": self.gw["port"]},
+            "gateway": {"pid": os.getpid(), "host": self.gw.host, "port": self.gw.port},
             "budget": {
                 "budget_bytes": self.budget.ram,
                 "committed_bytes": ram,
@@ -721,19 +725,19 @@ class Scheduler:
                 m.name: {
                     "state": m.state,
                     "ready": m.ready,
-                    "mode": m.plan["mode"],
-                    "priority": m.plan["priority"],
+                    "mode": m.plan.mode,
+                    "priority": m.plan.priority,
                     "in_flight": m.in_flight,
                     "queued": len(m.waiters),
                     "max_concurrency": m.max_concurrency,
                     "starting": m.starting is not None,
                     "draining": m.draining,
                     "usage_bytes": m.usage,
-                    "quota_hard_bytes": m.plan["quota_hard_bytes"],
+                    "quota_hard_bytes": m.plan.quota_hard_bytes,
                     "cold_starts": m.cold_starts,
                     "idle_s": round(now - m.last_used, 1) if m.ready else None,
-                    "ttl_s": m.plan["ttl_s"],
-                    "aliases": m.plan["aliases"],
+                    "ttl_s": m.plan.ttl_s,
+                    "aliases": m.plan.aliases,
                     "failure": m.failure,
                     "given_up": m.given_up,
                     "unhealthy": m.unhealthy,
@@ -744,14 +748,18 @@ class Scheduler:
         }
 
 
+def lease_doc(lease: Lease) -> LeaseDoc:
+    return LeaseDoc(
+        id=lease.id,
+        holder=lease.holder,
+        bytes=lease.ram,
+        gpu_bytes=lease.gpu,
+        priority=lease.priority,
+        model=lease.model,
+        expires=round(lease.expires, 3),
+        expires_in_s=round(max(0.0, lease.expires - time.time()), 1),
+    )
+
+
 def lease_json(lease: Lease) -> dict[str, Any]:
-    return {
-        "id": lease.id,
-        "holder": lease.holder,
-        "bytes": lease.ram,
-        "gpu_bytes": lease.gpu,
-        "priority": lease.priority,
-        "model": lease.model,
-        "expires": round(lease.expires, 3),
-        "expires_in_s": round(max(0.0, lease.expires - time.time()), 1),
-    }
+    return lease_doc(lease).model_dump(mode="json")

@@ -1,0 +1,102 @@
+"""The runtime contract (umemc/contract.py): what one process writes, the other reads, typed and
+versioned; a file from another version, or a damaged one, is a clear error naming the file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from umemc.budget import make_plan
+from umemc.commands.build import build
+from umemc.contract import ContractError, EnforcerStatus, PlanDoc, WorkerStatus, dump, parse, read
+from umemc.stack.resolve import load_stack
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("contract") / "bundle"
+    build(make_plan(load_stack(REPO / "examples/small-16g.toml")), out)
+    return out
+
+
+def test_plan_round_trips_byte_for_byte(bundle: Path) -> None:
+    text = (bundle / "plan.json").read_text()
+    plan = read(PlanDoc, bundle / "plan.json")
+    assert dump(plan, indent=2) + "\n" == text
+    assert (plan.stack, plan.models["chat"].mode, plan.policy.kernel_enforcement) == ("small-16g", "hot", "auto")
+
+
+def test_another_version_is_a_clear_error(bundle: Path, tmp_path: Path) -> None:
+    doc = json.loads((bundle / "plan.json").read_text())
+    doc["version"] = 2
+    (tmp_path / "plan.json").write_text(json.dumps(doc))
+    with pytest.raises(ContractError) as err:
+        read(PlanDoc, tmp_path / "plan.json")
+    assert str(err.value) == (
+        f"{tmp_path}/plan.json: umemc-plan version 2, but this umemc reads version 1: it was written by another "
+        "umemc; rebuild it with this one (`umemc up STACK` rebuilds the bundle)"
+    )
+
+
+def test_a_missing_field_names_the_field(bundle: Path) -> None:
+    doc = json.loads((bundle / "plan.json").read_text())
+    del doc["models"]["chat"]["quota_hard_bytes"]
+    with pytest.raises(ContractError) as err:
+        parse(PlanDoc, json.dumps(doc), "plan.json")
+    assert str(err.value) == "plan.json: umemc-plan field models.chat.quota_hard_bytes: Field required"
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("{", "x.json: not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
+        ('{"format": "umemc-gateway-state", "version": 1}', "x.json: not a umemc-plan file"),
+        ("[]", "x.json: not a umemc-plan file"),
+    ],
+)
+def test_damaged_files(text: str, message: str) -> None:
+    with pytest.raises(ContractError) as err:
+        parse(PlanDoc, text, "x.json")
+    assert str(err.value) == message
+
+
+def test_live_status_round_trips() -> None:
+    status = EnforcerStatus(
+        time=1.5,
+        pid=7,
+        pressure=0.25,
+        events_error=None,
+        events_moved_to=None,
+        models={
+            "w": WorkerStatus(
+                pid=9,
+                rss_bytes=1,
+                gpu_bytes=2,
+                peak_bytes=3,
+                restarts=0,
+                started=1.0,
+                last_event="start",
+                given_up=False,
+                drift=None,
+                reserved_bytes=0,
+            )
+        },
+    )
+    text = dump(status)
+    assert json.loads(text)["format"] == "umemc-enforcer-status"
+    assert parse(EnforcerStatus, text, "enforcer.json") == status
+
+
+def test_enforcer_refuses_a_plan_of_another_version(bundle: Path, tmp_path: Path) -> None:
+    from umemc.runtime.enforcer import Enforcer
+
+    other = tmp_path / "bundle"
+    other.mkdir()
+    doc = json.loads((bundle / "plan.json").read_text())
+    doc["version"] = 0
+    (other / "plan.json").write_text(json.dumps(doc))
+    with pytest.raises(ContractError, match=r"umemc-plan version 0, but this umemc reads version 1"):
+        Enforcer(other)

@@ -1,0 +1,309 @@
+"""The runtime's contract: every file one umemc process writes and another reads, as typed, versioned
+pydantic models. Writers build these models; readers load them with `read`, so a renamed field is
+a type error, not a KeyError at 3 a.m., and a file from another umemc version is a clear message.
+
+    plan.json                the bundle's compiled plan: what `umemc up`, the enforcer and the gateway run
+    state/enforcer.json      the enforcer's live figures (every second)
+    state/gateway.json       the gateway's requests, worker health and leases (every 0.5 s)
+    state/workers/<m>.json   what a `umemc.worker` worker reserved in-process
+    state/pids/<name>        `pid starttime` (text; the exec wrapper)
+    state/cgroups/<name>     `version path pid` (text; the exec wrapper)
+
+Bottom of the package: it imports nothing of umemc but errors."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from .errors import UmemcError
+
+PLAN_VERSION = 1
+STATUS_VERSION = 1
+
+
+class ContractError(UmemcError):
+    """A state or plan file that this umemc cannot read (exit 2): corrupt, or another version."""
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# -- plan.json ------------------------------------------------------------------------------------
+class PlatformDoc(_Doc):
+    preset: str | None
+    kind: str
+    memory_bytes: int
+    os_reserve_bytes: int
+    gpu_window_bytes: int | None
+    cpu_cores: int | None
+
+
+class CapacityDoc(_Doc):
+    usable_bytes: int
+    budget_bytes: int
+    gpu_budget_bytes: int | None
+    hot_total_bytes: int
+    hot_gpu_total_bytes: int
+    fits: bool
+
+
+class PolicyDoc(_Doc):
+    safety_margin: float
+    quota_headroom: float
+    sample_interval_s: float
+    load_below: float
+    evict_above: float
+    hsa_enable_sdma: bool
+    kernel_enforcement: Literal["auto", "off"]
+    leak_threshold_bytes: int
+    leak_window_s: float
+    max_kills: int
+    kill_window_s: float
+
+
+class GatewayDoc(_Doc):
+    host: str
+    port: int
+    token_env: str | None
+    queue: int
+    queue_timeout_s: float
+    start_timeout_s: float
+    drain_timeout_s: float
+    max_body_bytes: int
+    header_timeout_s: float
+    body_timeout_s: float
+    upstream_timeout_s: float
+    health_interval_s: float
+    memory_bytes: int
+    argv: list[str]
+
+
+class SupervisorDoc(_Doc):
+    config: str
+    socket: str  # may hold supervisord's %(here)s: the bundle directory
+    state: str
+
+    def socket_path(self, bundle: Path) -> Path:
+        return Path(self.socket.replace("%(here)s", str(bundle)))
+
+
+class PartsDoc(_Doc):
+    weights_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+    overhead_bytes: int
+
+
+class ModelDoc(_Doc):
+    program: str
+    runtime: str
+    mode: Literal["hot", "cold"]
+    priority: int
+    model_file: str | None
+    mmproj_file: str | None
+    port: int | None
+    health: str | None
+    argv: list[str]
+    wrap: list[str]
+    env: dict[str, str]
+    cwd: str | None
+    estimate_bytes: int
+    estimate_source: str
+    estimate_parts: PartsDoc
+    quota_soft_bytes: int
+    quota_hard_bytes: int
+    gpu_bytes: int
+    gpu_quota_hard_bytes: int
+    max_concurrency: int
+    aliases: list[str]
+    ttl_s: float | None
+    mlock: bool
+    needs_model_file: bool  # the runtime cannot start without one (llama.cpp, whisper.cpp)
+    pinned_flags: list[str]  # flags the runtime's --help must list (preflight: too old a runtime?)
+    help_argv: list[str]  # how to ask the runtime for its --help
+    reports_buffers: bool  # llama.cpp: its log states its buffer sizes (the enforcer's drift check)
+
+    @property
+    def cold(self) -> bool:
+        return self.mode == "cold"
+
+
+class PlanDoc(_Doc):
+    format: Literal["umemc-plan"] = "umemc-plan"
+    version: int = PLAN_VERSION
+    generated_by: str
+    stack: str
+    platform: PlatformDoc
+    capacity: CapacityDoc
+    policy: PolicyDoc
+    gateway: GatewayDoc | None
+    supervisor: SupervisorDoc
+    memlock: bool
+    simulate: bool
+    enforcer: list[str]
+    models: dict[str, ModelDoc]
+
+
+# -- live state -----------------------------------------------------------------------------------
+class WorkerStatus(_Doc):
+    pid: int | None
+    rss_bytes: int
+    gpu_bytes: int
+    peak_bytes: int
+    restarts: int
+    started: float | None
+    last_event: str | None
+    given_up: bool
+    drift: float | None
+    reserved_bytes: int
+
+
+class EnforcerStatus(_Doc):
+    format: Literal["umemc-enforcer-status"] = "umemc-enforcer-status"
+    version: int = STATUS_VERSION
+    time: float
+    pid: int
+    pressure: float
+    events_error: str | None
+    events_moved_to: str | None
+    models: dict[str, WorkerStatus]
+
+
+class GatewayModel(_Doc):
+    in_flight: int
+    queued: int
+    ready: bool
+    starting: bool
+    health: Literal["ok", "unhealthy"]
+    unhealthy: str | None
+
+
+class LeaseDoc(_Doc):
+    id: str
+    holder: str
+    bytes: int
+    gpu_bytes: int
+    priority: int
+    model: str | None
+    expires: float
+    expires_in_s: float
+
+
+class GatewayState(_Doc):
+    format: Literal["umemc-gateway-state"] = "umemc-gateway-state"
+    version: int = STATUS_VERSION
+    time: float
+    pid: int
+    supervisord_pid: int | None
+    models: dict[str, GatewayModel]
+    leases: list[LeaseDoc]
+
+
+class Reservation(_Doc):
+    what: str
+    bytes: int
+
+
+class WorkerReport(_Doc):
+    format: Literal["umemc-worker-report"] = "umemc-worker-report"
+    version: int = STATUS_VERSION
+    model: str
+    pid: int
+    reserved_bytes: int
+    hard_bytes: int
+    reservations: list[Reservation]
+
+
+# -- reading and writing ----------------------------------------------------------------------------
+Doc = TypeVar("Doc", bound=_Doc)
+_VERSIONS: dict[str, int] = {
+    "umemc-plan": PLAN_VERSION,
+    "umemc-enforcer-status": STATUS_VERSION,
+    "umemc-gateway-state": STATUS_VERSION,
+    "umemc-worker-report": STATUS_VERSION,
+}
+
+
+def parse(kind: type[Doc], text: str | bytes, where: str | Path) -> Doc:
+    """A document of `kind` from its JSON text; ContractError says what is wrong with which file."""
+    expected = str(kind.model_fields["format"].default)
+    try:
+        raw: Any = json.loads(text)
+    except ValueError as exc:
+        raise ContractError(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(raw, dict) or raw.get("format") != expected:
+        raise ContractError(f"{where}: not a {expected} file")
+    version = raw.get("version")
+    if version != _VERSIONS[expected]:
+        raise ContractError(
+            f"{where}: {expected} version {version!r}, but this umemc reads version "
+            f"{_VERSIONS[expected]}: it was written by another umemc; rebuild it with this one "
+            "(`umemc up STACK` rebuilds the bundle)"
+        )
+    try:
+        return kind.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise ContractError(f"{where}: {expected} field {loc}: {first['msg']}") from None
+
+
+def read(kind: type[Doc], path: Path) -> Doc:
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise ContractError(f"{path}: cannot read: {exc.strerror}") from None
+    return parse(kind, text, path)
+
+
+def read_optional(kind: type[Doc], path: Path) -> Doc | None:
+    """A live status file that may be missing (not written yet) or corrupt: None either way."""
+    try:
+        return read(kind, path)
+    except ContractError:
+        return None
+
+
+def dump(doc: _Doc, indent: int | None = None) -> str:
+    return json.dumps(doc.model_dump(mode="json"), indent=indent, ensure_ascii=False)
+
+
+# -- the exec wrapper's text records ----------------------------------------------------------------
+@dataclass(frozen=True)
+class PidRecord:
+    """state/pids/<name>: `pid starttime` (field 22 of /proc/PID/stat: with the pid, one process)."""
+
+    name: str
+    pid: int
+    start: int
+
+    def render(self) -> str:
+        return f"{self.pid} {self.start}\n"
+
+    @classmethod
+    def parse(cls, name: str, text: str) -> PidRecord:
+        pid, start = text.split()[:2]
+        return cls(name, int(pid), int(start))
+
+
+@dataclass(frozen=True)
+class CgroupRecord:
+    """state/cgroups/<name>: `version path pid` of the memory cgroup the wrapper put the process in."""
+
+    version: int
+    path: Path
+    pid: int
+
+    def render(self) -> str:
+        return f"{self.version} {self.path} {self.pid}\n"
+
+    @classmethod
+    def parse(cls, text: str) -> CgroupRecord:
+        version, path, pid = text.split()[:3]
+        return cls(int(version), Path(path), int(pid))
