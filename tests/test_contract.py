@@ -100,3 +100,22 @@ def test_enforcer_refuses_a_plan_of_another_version(bundle: Path, tmp_path: Path
     (other / "plan.json").write_text(json.dumps(doc))
     with pytest.raises(ContractError, match=r"umemc-plan version 0, but this umemc reads version 1"):
         Enforcer(other)
+
+
+def test_a_plan_from_before_the_newer_fields_still_reads(bundle: Path) -> None:
+    """umemc upgraded under a running stack: the enforcer restarts on the new code with the old plan."""
+    doc = json.loads((bundle / "plan.json").read_text())
+    for key in ("needs_model_file", "pinned_flags", "help_argv", "reports_buffers"):
+        for m in doc["models"].values():
+            del m[key]
+    for key in (
+        "max_body_bytes",
+        "header_timeout_s",
+        "body_timeout_s",
+        "upstream_timeout_s",
+        "health_interval_s",
+        "memory_bytes",
+    ):
+        del doc["gateway"][key]
+    plan = parse(PlanDoc, json.dumps(doc), "plan.json")
+    assert (plan.models["chat"].pinned_flags, plan.gateway and plan.gateway.header_timeout_s) == ([], 15.0)

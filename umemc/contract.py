@@ -14,13 +14,15 @@ Bottom of the package: it imports nothing of umemc but errors."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import UmemcError
+from .records import CgroupRecord, PidRecord
+
+__all__ = ["CgroupRecord", "PidRecord"]  # the wrapper's text records are part of the contract too
 
 PLAN_VERSION = 1
 STATUS_VERSION = 1
@@ -75,12 +77,13 @@ class GatewayDoc(_Doc):
     queue_timeout_s: float
     start_timeout_s: float
     drain_timeout_s: float
-    max_body_bytes: int
-    header_timeout_s: float
-    body_timeout_s: float
-    upstream_timeout_s: float
-    health_interval_s: float
-    memory_bytes: int
+    # added in plan version 1's lifetime: defaults keep plans written before them readable
+    max_body_bytes: int = 32 * 1024 * 1024
+    header_timeout_s: float = 15.0
+    body_timeout_s: float = 60.0
+    upstream_timeout_s: float = 600.0
+    health_interval_s: float = 5.0
+    memory_bytes: int = 512 * 1024 * 1024
     argv: list[str]
 
 
@@ -124,10 +127,11 @@ class ModelDoc(_Doc):
     aliases: list[str]
     ttl_s: float | None
     mlock: bool
-    needs_model_file: bool  # the runtime cannot start without one (llama.cpp, whisper.cpp)
-    pinned_flags: list[str]  # flags the runtime's --help must list (preflight: too old a runtime?)
-    help_argv: list[str]  # how to ask the runtime for its --help
-    reports_buffers: bool  # llama.cpp: its log states its buffer sizes (the enforcer's drift check)
+    # added in plan version 1's lifetime: defaults keep plans written before them readable
+    needs_model_file: bool = False  # the runtime cannot start without one (llama.cpp, whisper.cpp)
+    pinned_flags: list[str] = []  # flags the runtime's --help must list (preflight: too old a runtime?)
+    help_argv: list[str] = []  # how to ask the runtime for its --help
+    reports_buffers: bool = False  # llama.cpp: its log states its buffer sizes (the enforcer's drift check)
 
     @property
     def cold(self) -> bool:
@@ -272,38 +276,3 @@ def read_optional(kind: type[Doc], path: Path) -> Doc | None:
 
 def dump(doc: _Doc, indent: int | None = None) -> str:
     return json.dumps(doc.model_dump(mode="json"), indent=indent, ensure_ascii=False)
-
-
-# -- the exec wrapper's text records ----------------------------------------------------------------
-@dataclass(frozen=True)
-class PidRecord:
-    """state/pids/<name>: `pid starttime` (field 22 of /proc/PID/stat: with the pid, one process)."""
-
-    name: str
-    pid: int
-    start: int
-
-    def render(self) -> str:
-        return f"{self.pid} {self.start}\n"
-
-    @classmethod
-    def parse(cls, name: str, text: str) -> PidRecord:
-        pid, start = text.split()[:2]
-        return cls(name, int(pid), int(start))
-
-
-@dataclass(frozen=True)
-class CgroupRecord:
-    """state/cgroups/<name>: `version path pid` of the memory cgroup the wrapper put the process in."""
-
-    version: int
-    path: Path
-    pid: int
-
-    def render(self) -> str:
-        return f"{self.version} {self.path} {self.pid}\n"
-
-    @classmethod
-    def parse(cls, text: str) -> CgroupRecord:
-        version, path, pid = text.split()[:3]
-        return cls(int(version), Path(path), int(pid))

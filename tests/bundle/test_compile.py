@@ -158,7 +158,9 @@ memory = "1GiB"
         "--port",
         "10001",
     )
-    reserve = (b.plan.loaded.platform.gpu_window - b.plan.models["img"].quota_hard) / 2**30
+    # --reserve-vram: the 107.5 GiB wired limit (115427246080 bytes) less the SDXL worker's hard quota of
+    # 11139022848 bytes (its budget row), in GiB: 97.126 -> "97.13"
+    assert b.plan.models["img"].quota_hard == 11139022848
     assert p["img"].argv == (
         "python3",
         "main.py",
@@ -167,7 +169,7 @@ memory = "1GiB"
         "--port",
         "10002",
         "--reserve-vram",
-        f"{reserve:.2f}",
+        "97.13",
     )
     assert p["img"].cwd == str(tmp_path / "ComfyUI")
     assert p["emb"].argv == (sys.executable, "-m", "my.worker", "--fast")
@@ -188,11 +190,11 @@ arch = "sdxl"
 """
     amd = bundle(write_stack, 'preset = "strix-halo-128"', models, "[policy]\nhsa_enable_sdma = true\n")
     env = dict(amd.programs["chat"].env)
-    m = amd.plan.models["chat"]
     assert env == {
         "UMEMC_MODEL": "chat",
-        "UMEMC_QUOTA_SOFT_BYTES": str(m.quota_soft),
-        "UMEMC_QUOTA_HARD_BYTES": str(m.quota_hard),
+        # llama-3-8b's estimate (the budget row); hard = 6366213120 x 1.1 = 7002834432, up to a MiB: 6679 MiB
+        "UMEMC_QUOTA_SOFT_BYTES": "6366213120",
+        "UMEMC_QUOTA_HARD_BYTES": "7003439104",
         "UMEMC_PORT": "10001",
         "HSA_ENABLE_SDMA": "1",
         "HIP_VISIBLE_DEVICES": "0",
@@ -205,9 +207,10 @@ arch = "sdxl"
     )
     assert dict(amd.programs["img"].env)["OMP_NUM_THREADS"] == "8"  # 16 cores / 2 hot workers
     apple = bundle(write_stack, 'preset = "apple-silicon-128"', models)
-    img, window = apple.plan.models["img"], apple.plan.loaded.platform.gpu_window
-    assert dict(apple.programs["img"].env)["PYTORCH_MPS_HIGH_WATERMARK_RATIO"] == f"{img.quota_hard / window:.4f}"
-    assert dict(apple.programs["img"].env)["PYTORCH_MPS_LOW_WATERMARK_RATIO"] == f"{img.quota_soft / window:.4f}"
+    # the watermarks are fractions of the wired limit (115427246080 bytes): 11139022848 / it = 0.09650 (hard),
+    # 10126016512 / it = 0.08773 (soft)
+    assert dict(apple.programs["img"].env)["PYTORCH_MPS_HIGH_WATERMARK_RATIO"] == "0.0965"
+    assert dict(apple.programs["img"].env)["PYTORCH_MPS_LOW_WATERMARK_RATIO"] == "0.0877"
     assert "HSA_ENABLE_SDMA" not in dict(apple.programs["chat"].env)
     spark = bundle(write_stack, 'preset = "dgx-spark-128"', models)
     assert dict(spark.programs["chat"].env)["GGML_CUDA_ENABLE_UNIFIED_MEMORY"] == "1"

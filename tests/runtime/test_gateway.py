@@ -207,7 +207,7 @@ def test_metrics_in_prometheus_format(routing: Gateway) -> None:
     assert after[("umemc_budget_bytes", ())] == plan["capacity"]["budget_bytes"] == 3 * HARD
     assert after[("umemc_model_quota_bytes", (("kind", "hard"), ("model", "chat")))] == HARD
     assert after[("umemc_model_ready", (("model", "chat"),))] == 1
-    assert after[("umemc_model_state", (("model", "chat"), ("state", "RUNNING")))] in (0, 1)
+    assert after[("umemc_model_state", (("model", "chat"), ("state", "RUNNING")))] == 1
     assert sum(v for (n, labels), v in after.items() if n == "umemc_model_state" and ("model", "chat") in labels) == 1
     assert after[("umemc_model_in_flight", (("model", "chat"),))] == 0
     assert after[("umemc_model_max_concurrency", (("model", "chat"),))] == 4

@@ -141,7 +141,9 @@ def test_pressure_guard_evicts_lowest_priority_first(stack) -> None:
     r.wait_for(lambda: r.status()["mid"]["rss_bytes"] > 330 * MiB, timeout=30, what="mid to finish growing")
     import time
 
-    time.sleep(1.0)
+    grown = time.time()  # the enforcer's next status write comes after ~10 pressure checks at mid's full size
+    published = r.run_dir / "state" / "enforcer.json"
+    r.wait_for(lambda: json.loads(published.read_text())["time"] > grown + 0.5, what="the enforcer to look again")
     assert [e["model"] for e in r.events("evict")] == ["low"]  # below load_below after one eviction
     status = r.status()
     assert (status["low"]["state"], status["mid"]["state"], status["high"]["state"]) == (

@@ -121,7 +121,8 @@ def test_proc_tree_counts_every_descendant() -> None:
         family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         assert sorted(pids) == sorted(p.pid for p in family)
         assert abs(total - sum(p.memory_info().rss for p in family)) < 2 * 2**20
-        assert tree.cpu_ticks(proc.pid) >= 0
+        times = psutil.Process(proc.pid).cpu_times()  # psutil: the same clock ticks, read on its own
+        assert tree.cpu_ticks(proc.pid) == round((times.user + times.system) * os.sysconf("SC_CLK_TCK"))
         tree.close()
     finally:
         os.killpg(proc.pid, 9)

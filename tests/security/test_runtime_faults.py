@@ -129,7 +129,7 @@ def test_corrupt_plan_json_status_says_so_and_down_stops_everything(stack, run_c
     code, out, err = run_cli("status", "--json", "--run-dir", str(r.run_dir))
     assert code == 0
     assert err == (
-        f"warning: {plan} is unreadable: not valid JSON (Expecting value: line 1 column 36 (char 35)); "
+        f"warning: {plan}: not valid JSON (Expecting value: line 1 column 36 (char 35)); "
         f"`umemc down --run-dir {r.run_dir}` still stops everything the stack started\n"
     )
     shown = json.loads(out)["models"]["w"]

@@ -14,13 +14,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..contract import ContractError, EnforcerStatus, GatewayState, ModelDoc, PlanDoc, read, read_optional
+from ..contract import (
+    CgroupRecord,
+    ContractError,
+    EnforcerStatus,
+    GatewayState,
+    ModelDoc,
+    PidRecord,
+    PlanDoc,
+    read,
+    read_optional,
+)
 from ..errors import RuntimeFailure
 from ..policy import Held, Lease
 from .cgroups import Cgroup, run_backends
 from .events import EventLog
 from .probes.proc import ProcTree
-from .rundir import ENFORCER, GATEWAY, SUPERVISORD, ProcRecord, RunDir
+from .rundir import ENFORCER, GATEWAY, SUPERVISORD, RunDir
 from .supervisor import Supervisor
 from .wrap import start_time
 
@@ -99,9 +109,9 @@ class Stack:
         with contextlib.suppress(OSError):
             for record in folder.iterdir():
                 with contextlib.suppress(OSError, ValueError, IndexError):
-                    version, path = record.read_text().split()[:2]
-                    if Path(path).is_dir():
-                        groups.setdefault(Path(path), Cgroup(int(version), Path(path)))
+                    rec = CgroupRecord.parse(record.read_text())
+                    if rec.path.is_dir():
+                        groups.setdefault(rec.path, Cgroup(rec.version, rec.path))
         return list(groups.values())
 
     def sweep(self) -> tuple[list[int], dict[str, list[int]]]:
@@ -391,7 +401,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _same_process(record: ProcRecord) -> bool:
+def _same_process(record: PidRecord) -> bool:
     """The recorded pid still names the recorded process (not a later one that reused the pid)."""
     return _alive(record.pid) and start_time(record.pid) == record.start
 

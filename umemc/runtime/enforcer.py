@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..contract import (
+    CgroupRecord,
     EnforcerStatus,
     GatewayState,
     ModelDoc,
@@ -248,11 +249,11 @@ class Enforcer:
         """The exec wrapper records `version path pid` once it has placed the worker; until then
         (a few ms after start) the worker is sampled by RSS."""
         try:
-            version, path, pid = (self.state_dir / "cgroups" / w.name).read_text().split()
+            rec = CgroupRecord.parse((self.state_dir / "cgroups" / w.name).read_text())
         except (OSError, ValueError):
             return
-        if int(pid) == w.pid:
-            w.cgroup = Cgroup(int(version), Path(path))
+        if rec.pid == w.pid:
+            w.cgroup = Cgroup(rec.version, rec.path)
             w.oom_seen = w.cgroup.oom_kills()
 
     def _refresh(self, w: Worker, now: float) -> None:

@@ -15,16 +15,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..records import PidRecord
+
 SOCKET_MAX = 107
 ENFORCER, GATEWAY, SUPERVISORD = "umemc-enforcer", "umemc-gateway", "umemc-supervisord"  # umemc's own processes
 DEFAULT_SOCKET = "%(here)s/../state/supervisor.sock"
-
-
-@dataclass(frozen=True)
-class ProcRecord:
-    name: str
-    pid: int
-    start: int  # /proc/PID/stat field 22: the pid names this process only while it matches
 
 
 @dataclass(frozen=True)
@@ -114,7 +109,7 @@ class RunDir:
             return pid
         return pid
 
-    def records(self) -> list[ProcRecord]:
+    def records(self) -> list[PidRecord]:
         """Every `state/pids/NAME` record that parses (a corrupt one is skipped: cgroups still find it)."""
         out = []
         folder = self.state / "pids"
@@ -123,8 +118,7 @@ class RunDir:
                 if path.name.startswith("."):
                     continue
                 with contextlib.suppress(OSError, ValueError, IndexError):
-                    pid, start = path.read_text().split()[:2]
-                    out.append(ProcRecord(path.name, int(pid), int(start)))
+                    out.append(PidRecord.parse(path.name, path.read_text()))
         return out
 
     def forget(self, name: str) -> None:

@@ -22,6 +22,8 @@ import signal
 import sys
 from pathlib import Path
 
+from ..records import CgroupRecord, PidRecord
+
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         place(args.stack, args.model, args.hard, args.soft, state, record)
     elif record.exists():
         record.unlink()
-    write_record(state / "pids" / args.model, f"{os.getpid()} {start_time(os.getpid())}\n")
+    write_record(state / "pids" / args.model, PidRecord(args.model, os.getpid(), start_time(os.getpid())).render())
     for name in args.unset:
         os.environ.pop(name, None)
     try:
@@ -119,7 +121,7 @@ def place(stack: str, model: str, hard: int, soft: int, state: Path, record: Pat
     except OSError as exc:
         print(f"umemc-wrap: no kernel enforcement for {model}: {exc}", file=sys.stderr)
         return
-    write_record(record, f"{backend.version} {group.path} {os.getpid()}\n")
+    write_record(record, CgroupRecord(backend.version, group.path, os.getpid()).render())
 
 
 if __name__ == "__main__":
