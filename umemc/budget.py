@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from . import policy
+from .catalog.runtimes import LLAMA_RUNTIMES
 from .estimate.estimator import estimate_model, estimate_stack
 from .estimate.figures import Estimate
-from .stack.resolve import LLAMA_RUNTIMES, LoadedStack, ResolvedModel
+from .stack.resolve import LoadedStack, ResolvedModel
 from .units import MiB, gib, mul_ceil, mul_floor, round_up
 
 TIGHT = 0.10  # headroom below this share of the budget counts as a tight box

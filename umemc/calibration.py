@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .estimate.archs import LlmShape
+from .catalog.archs import LlmShape
 from .estimate.gguf_file import GgufFacts
 
 FORMAT, VERSION = "umemc-calibration", 1

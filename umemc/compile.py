@@ -11,8 +11,8 @@ from pathlib import Path
 from .budget import ModelPlan, Plan
 from .chars import CONTROL
 from .errors import UsageError
+from .launchers import Context, argv_for, health_path
 from .runtime.rundir import ENFORCER, GATEWAY
-from .runtimes import Context, argv_for, health_path
 from .stack.types import toml_repr
 from .units import KiB, MiB
 

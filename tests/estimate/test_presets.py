@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from umemc.estimate.archs import LLM_PRESETS
+from umemc.catalog.archs import LLM_PRESETS
+from umemc.catalog.quant import BLOCK, mix_types
 from umemc.estimate.llm import compute_figure, kv_figure, weights_from_preset
-from umemc.estimate.quant import BLOCK, mix_types
 from umemc.units import KiB
 
 

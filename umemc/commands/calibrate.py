@@ -25,12 +25,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     from .. import calibration
     from ..budget import make_plan
+    from ..catalog.runtimes import LLAMA_RUNTIMES
     from ..compile import compile_bundle
     from ..estimate.gguf_file import read as read_gguf
     from ..estimate.llama import current_flags
     from ..estimate.other import torch_flags
     from ..runtime.measure import measure, measure_peak
-    from ..stack.resolve import LLAMA_RUNTIMES, load_stack
+    from ..stack.resolve import load_stack
 
     stack_path = Path(args.stack)
     loaded = load_stack(stack_path, shown=args.stack)

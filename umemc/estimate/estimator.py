@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..stack.resolve import LLAMA_RUNTIMES, LoadedStack, ResolvedModel
+from ..catalog.runtimes import LLAMA_RUNTIMES
+from ..stack.resolve import LoadedStack, ResolvedModel
 from .figures import Estimate
 from .llama import estimate_llama
 from .other import apply_measured_peak, estimate_command, estimate_torch, estimate_whisper_cpp

@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .archs import LlmShape, VisionShape
-from .quant import FILE_TYPE_IDS
+from ..catalog.archs import LlmShape, VisionShape
+from ..catalog.quant import FILE_TYPE_IDS
 
-GGUF_MAGIC = b"GGUF"
 # llama.cpp hard-codes the sliding-window layout for some architectures (src/llama-model.cpp,
 # hparams.set_swa_pattern): every n-th layer is global, the others use the window.
 _SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "cohere2": 4, "gemma3n": 5}
@@ -30,11 +29,6 @@ class GgufFacts:
     shape: LlmShape | None  # None for files that are not language models (mmproj)
     general_arch: str
     vision: VisionShape | None = None  # a multimodal projector's encoder (clip.vision.* keys)
-
-
-def is_gguf(path: Path) -> bool:
-    with path.open("rb") as f:
-        return f.read(4) == GGUF_MAGIC
 
 
 def read(path: Path) -> GgufFacts:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..catalog.archs import LLM_PRESETS, LlmShape, VisionShape
+from ..catalog.quant import FILE_TYPE_BITS
 from ..stack.resolve import LoadedStack, ResolvedModel
-from .archs import LLM_PRESETS, LlmShape, VisionShape
 from .figures import Estimate, Figure
 from .finish import finish
 from .gguf_file import GgufFacts, NotGguf
@@ -14,7 +15,6 @@ from .gguf_file import read as read_gguf
 from .llm import compute_figure, kv_figure, projector_from_preset, vision_compute_figure, weights_from_preset
 from .other import estimate_command
 from .overhead import overhead_figure
-from .quant import FILE_TYPE_BITS
 
 _WANTS = {
     "embedding": ("F16", "embedding models lose recall when quantized below F16"),

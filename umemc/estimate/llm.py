@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from functools import cache
 
-from .archs import LlmPreset, LlmShape, VisionShape
+from ..catalog.archs import LlmPreset, LlmShape, VisionShape
+from ..catalog.quant import KV_TYPES, mix_types, row_bytes, tensor_bytes
 from .figures import Figure
-from .quant import KV_TYPES, mix_types, row_bytes, tensor_bytes
 
 CTX_PAD = 256  # llama.cpp pads n_ctx (KV cells) to a multiple of 256
 KQ_MASK_PAD = 64  # GGML_KQ_MASK_PAD: the mask's token dimension is padded to 64

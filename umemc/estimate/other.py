@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
+from ..catalog.archs import LLM_PRESETS, TORCH_PRESETS, TorchPreset
+from ..catalog.quant import BLOCK, TORCH_DTYPES, WHISPER_TYPES
 from ..stack.resolve import LoadedStack, ResolvedModel
-from .archs import LLM_PRESETS, TORCH_PRESETS, TorchPreset
 from .figures import Estimate, Figure
 from .finish import finish
 from .llm import F32
 from .overhead import overhead_figure
-from .quant import BLOCK, TORCH_DTYPES, WHISPER_TYPES
 
 
 def estimate_command(loaded: LoadedStack, m: ResolvedModel) -> Estimate:

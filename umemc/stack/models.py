@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..estimate.archs import ARCHS
-from ..estimate.quant import KV_TYPES
+from ..catalog.archs import ARCHS
+from ..catalog.quant import KV_TYPES
+from ..catalog.runtimes import RUNTIMES
 from .presets import KINDS, PLATFORM_PRESETS
 from .types import Duration, Size, SysctlValue
 
 NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,62}$"
-RUNTIMES = ("llama-server", "llama-cpp-python", "whisper-server", "comfyui", "torch", "command")
 
 if TYPE_CHECKING:  # the literals are built from the tables at run time; to a type checker they are str
     Runtime: TypeAlias = str

@@ -10,26 +10,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..estimate.archs import LLM_PRESETS, TORCH_PRESETS, family_of
-from ..estimate.gguf_file import is_gguf
-from ..estimate.quant import FILE_TYPES, TORCH_DTYPES, WHISPER_TYPES
+from ..catalog.archs import LLM_PRESETS, TORCH_PRESETS, family_of
+from ..catalog.gguf import is_gguf
+from ..catalog.quant import FILE_TYPES, TORCH_DTYPES, WHISPER_TYPES
+from ..catalog.runtimes import LLAMA_RUNTIMES, RUNTIME_FAMILY, RUNTIMES_FOR
 from ..units import human
 from .load import Document, Source, read_document, validate
 from .models import NAME_PATTERN, ModelSpec, Stack
 from .presets import PLATFORM_PRESETS, UNIFIED_KINDS, default_os_reserve
 from .types import toml_repr
 
-LLAMA_RUNTIMES = frozenset({"llama-server", "llama-cpp-python"})
 FIRST_PORT = 10001
 MAX_PORT = 65535
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SYSCTL_KEY = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_-]+)+$")
-_RUNTIMES_FOR = {
-    "llm": ("llama-server", "llama-cpp-python"),
-    "embedding": ("llama-server", "llama-cpp-python", "torch"),
-    "speech": ("whisper-server", "torch"),
-    "diffusion": ("comfyui", "torch"),
-}
 
 
 @dataclass(frozen=True)
@@ -265,12 +259,12 @@ def _model(
     src, at = doc.source, ("models", name)
     _check_env(spec, src, at, doc_token_env(doc))
     _check_runtime_keys(spec, src, at)
-    family = family_of(spec.arch) if spec.arch else _RUNTIME_FAMILY[spec.runtime]
-    if spec.arch and spec.runtime != "command" and spec.runtime not in _RUNTIMES_FOR[family]:
+    family = family_of(spec.arch) if spec.arch else RUNTIME_FAMILY[spec.runtime]
+    if spec.arch and spec.runtime != "command" and spec.runtime not in RUNTIMES_FOR[family]:
         raise src.error(
             at + ("arch",),
             f'{spec.arch} ({family}) cannot run on runtime = "{spec.runtime}"',
-            f"use runtime = {' or '.join(toml_repr(r) for r in _RUNTIMES_FOR[family])}",
+            f"use runtime = {' or '.join(toml_repr(r) for r in RUNTIMES_FOR[family])}",
         )
     quant = _quant(spec, src, at)
     locked = bool(lock and lock.get("header")) and spec.runtime in LLAMA_RUNTIMES
@@ -298,16 +292,6 @@ def _model(
 def doc_token_env(doc: Document) -> str | None:
     gateway = doc.data.get("gateway")
     return gateway.get("token_env") if isinstance(gateway, dict) else None
-
-
-_RUNTIME_FAMILY = {
-    "llama-server": "llm",
-    "llama-cpp-python": "llm",
-    "whisper-server": "speech",
-    "comfyui": "diffusion",
-    "torch": "torch",
-    "command": "command",
-}
 
 
 def _check_env(spec: ModelSpec, src: Source, at: tuple[str, ...], token_env: str | None) -> None:

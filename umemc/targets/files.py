@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from .. import contract as c
 from ..compile import STATE, Bundle
-from ..runtimes import help_argv, runtime_of
+from ..launchers import help_argv, runtime_of
 from .jinja import render
 from .report import budget_json, budget_markdown
 from .svg import svg_values
