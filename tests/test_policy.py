@@ -145,6 +145,7 @@ def test_check_gateway_and_enforcer_choose_the_same_victims(tmp_path) -> None:  
     from umemc.budget import make_plan
     from umemc.commands.build import build
     from umemc.runtime.enforcer import Enforcer
+    from umemc.runtime.gateway.lifecycle import Phase
     from umemc.runtime.gateway.scheduler import Scheduler
     from umemc.stack.resolve import load_stack
 
@@ -155,7 +156,8 @@ def test_check_gateway_and_enforcer_choose_the_same_victims(tmp_path) -> None:  
     build(plan, tmp_path / "run" / "bundle")
     sched = Scheduler(tmp_path / "run" / "bundle")
     for name in "abcd":
-        sched.models[name].state, sched.models[name].ready = "RUNNING", True
+        sched.models[name].state = "RUNNING"
+        sched.models[name].life.to(Phase.READY)
     assert sched.decide_model(sched.models["x"]).evict == EXPECTED  # the gateway
     sched.events.close()
 

@@ -25,6 +25,7 @@ from aiohttp import web
 from ...chars import CONTROL
 from ...policy import Decision, Need
 from ...units import parse_duration, parse_size
+from .lifecycle import Phase
 from .metrics import Metrics
 from .scheduler import Model, Refused, Scheduler, lease_json
 
@@ -70,8 +71,21 @@ def error(status: int, message: str, code: str, retry_after: int | None = None) 
     return web.json_response(body, status=status, headers=headers)
 
 
+# What each refusal is in HTTP (the scheduler speaks in codes; statuses are this layer's business).
+HTTP_STATUS = {
+    "invalid_json": 400, "model_missing": 400, "invalid_lease": 400,
+    "model_not_found": 404, "no_port": 404,
+    "body_timeout": 408,
+    "queue_full": 429,
+    "upstream_unreachable": 502, "upstream_disconnected": 502,
+    "shutting_down": 503, "worker_unhealthy": 503, "worker_given_up": 503, "queue_timeout": 503,
+    "insufficient_memory": 503, "start_failed": 503, "start_timeout": 503, "stop_failed": 503,
+    "upstream_timeout": 504,
+}  # fmt: skip
+
+
 def refused(exc: Refused) -> web.Response:
-    return error(exc.status, exc.message, exc.code, exc.retry_after)
+    return error(HTTP_STATUS[exc.code], exc.message, exc.code, exc.retry_after)
 
 
 # -- routing ------------------------------------------------------------------------------------
@@ -82,9 +96,9 @@ def model_of(content_type: str, body: bytes) -> str:
     try:
         doc = strict_json(body) if body else None
     except ValueError:
-        raise Refused(400, "request body is not JSON", "invalid_json") from None
+        raise Refused("request body is not JSON", "invalid_json") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("model"), str) or not doc["model"]:
-        raise Refused(400, 'request has no "model" field: name a model of this stack (GET /v1/models)', "model_missing")
+        raise Refused('request has no "model" field: name a model of this stack (GET /v1/models)', "model_missing")
     return str(doc["model"])
 
 
@@ -96,7 +110,7 @@ def _multipart_model(content_type: str, body: bytes) -> str:
             value = part.get_payload(decode=True)
             if isinstance(value, bytes) and value.strip():
                 return value.decode(errors="replace").strip()
-    raise Refused(400, 'form has no "model" field: name a model of this stack (GET /v1/models)', "model_missing")
+    raise Refused('form has no "model" field: name a model of this stack (GET /v1/models)', "model_missing")
 
 
 async def read_body(request: web.Request) -> bytes:
@@ -107,7 +121,7 @@ async def read_body(request: web.Request) -> bytes:
             return await request.read()
     except TimeoutError:
         raise Refused(
-            408, f"request body not received within {request.app[SCHED].gw.body_timeout_s:g} s", "body_timeout"
+            f"request body not received within {request.app[SCHED].gw.body_timeout_s:g} s", "body_timeout"
         ) from None
 
 
@@ -137,13 +151,13 @@ async def forward(request: web.Request, m: Model, path: str, body: bytes) -> web
     code = 499  # the client went away before an answer
     try:
         if m.port is None:
-            raise Refused(404, f"model {m.name} has no port: the gateway cannot route to it", "no_port")
+            raise Refused(f"model {m.name} has no port: the gateway cannot route to it", "no_port")
         async with app[SCHED].slot(m):
             resp = await _relay(request, m, path, body)
         code = resp.status
         return resp
     except Refused as exc:
-        code = exc.status
+        code = HTTP_STATUS[exc.code]
         return refused(exc)
     finally:
         app[METRICS].request(m.name, code, time.monotonic() - t0)
@@ -178,18 +192,18 @@ async def _relay(request: web.Request, m: Model, path: str, body: bytes) -> web.
                 sched.mark_unhealthy(m, f"no byte for {sched.gw.upstream_timeout_s:g} s while streaming")
             return resp
     except aiohttp.ClientConnectorError as exc:
-        m.ready = False  # it died between two polls: the next request waits for it
+        if m.ready:  # it died between two polls: the next request waits for it
+            m.life.to(Phase.DOWN, "not answering on its port")
         request.app[SCHED].kick()
         raise Refused(
-            502, f"worker {m.name} is not answering on port {m.port}: {exc.strerror or exc}", "upstream_unreachable"
+            f"worker {m.name} is not answering on port {m.port}: {exc.strerror or exc}", "upstream_unreachable"
         ) from None
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-        raise Refused(502, f"worker {m.name} closed the connection: {exc}", "upstream_disconnected") from None
+        raise Refused(f"worker {m.name} closed the connection: {exc}", "upstream_disconnected") from None
     except TimeoutError:
         waited = sched.gw.upstream_timeout_s
         sched.mark_unhealthy(m, f"no answer within {waited:g} s")
         raise Refused(
-            504,
             f"worker {m.name} did not answer within {waited:g} s (gateway.upstream_timeout); it is "
             "marked unhealthy until its health URL answers again",
             "upstream_timeout",
@@ -261,15 +275,12 @@ async def lease_create(request: web.Request) -> web.Response:
     unknown = sorted(set(doc) - LEASE_KEYS)
     if unknown:
         raise Refused(
-            400,
             f"unknown lease field(s): {', '.join(unknown)} (known: {', '.join(sorted(LEASE_KEYS))})",
             "invalid_lease",
         )
     holder = doc.get("holder")
     if not isinstance(holder, str) or not holder.strip() or len(holder) > 128 or CONTROL.search(holder):
-        raise Refused(
-            400, '"holder" is required: who asks (e.g. "comfyui"), 1-128 printable characters', "invalid_lease"
-        )
+        raise Refused('"holder" is required: who asks (e.g. "comfyui"), 1-128 printable characters', "invalid_lease")
     ttl = _seconds(doc.get("ttl", DEFAULT_LEASE_TTL_S))
     ram, gpu, priority, model = _lease_size(sched, doc)
     lease, decision, need = await sched.grant(holder, ram, gpu, priority, ttl, model)
@@ -294,12 +305,10 @@ def _lease_refused(decision: Decision, need: Need) -> web.Response:
 
 def _lease_size(sched: Scheduler, doc: dict[str, Any]) -> tuple[int, int, int, str | None]:
     if ("bytes" in doc) == ("model" in doc):
-        raise Refused(
-            400, 'give exactly one of "bytes" (e.g. "8GiB") or "model" (a model of this stack)', "invalid_lease"
-        )
+        raise Refused('give exactly one of "bytes" (e.g. "8GiB") or "model" (a model of this stack)', "invalid_lease")
     if "model" in doc:
         if not isinstance(doc["model"], str):
-            raise Refused(400, f'"model" must be a model name (got {doc["model"]!r})', "invalid_lease")
+            raise Refused(f'"model" must be a model name (got {doc["model"]!r})', "invalid_lease")
         m = sched.route(doc["model"])
         p = m.plan
         return p.quota_hard_bytes, p.gpu_quota_hard_bytes, _priority(doc, p.priority), m.name
@@ -309,16 +318,16 @@ def _lease_size(sched: Scheduler, doc: dict[str, Any]) -> tuple[int, int, int, s
             raise ValueError(f"not a size: {raw!r}")
         ram = raw if isinstance(raw, int) else parse_size(raw)
     except ValueError as exc:
-        raise Refused(400, f'"bytes": {exc}', "invalid_lease") from None
+        raise Refused(f'"bytes": {exc}', "invalid_lease") from None
     if not 0 < ram <= MAX_LEASE_BYTES:
-        raise Refused(400, f'"bytes" must be > 0 and at most {MAX_LEASE_BYTES} (got {ram})', "invalid_lease")
+        raise Refused(f'"bytes" must be > 0 and at most {MAX_LEASE_BYTES} (got {ram})', "invalid_lease")
     return ram, ram if sched.budget.gpu is not None else 0, _priority(doc, 50), None
 
 
 def _priority(doc: dict[str, Any], default: int) -> int:
     priority = doc.get("priority", default)
     if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= 100:
-        raise Refused(400, f'"priority" must be an integer 0-100 (got {priority!r})', "invalid_lease")
+        raise Refused(f'"priority" must be an integer 0-100 (got {priority!r})', "invalid_lease")
     return priority
 
 
@@ -328,10 +337,9 @@ def _seconds(raw: Any) -> float:
             raise ValueError(f"not a duration: {raw!r}")
         value = float(raw) if isinstance(raw, (int, float)) else parse_duration(raw)
     except ValueError as exc:
-        raise Refused(400, f'"ttl": {exc}', "invalid_lease") from None
+        raise Refused(f'"ttl": {exc}', "invalid_lease") from None
     if not math.isfinite(value) or not 0 < value <= MAX_LEASE_TTL_S:
         raise Refused(
-            400,
             f'"ttl" must be more than 0 s and at most {MAX_LEASE_TTL_S:g} s (7 days) (got {raw!r})',
             "invalid_lease",
         )
@@ -343,9 +351,9 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
     try:
         doc = strict_json(raw) if raw else {}
     except ValueError:
-        raise Refused(400, "request body is not JSON", "invalid_json") from None
+        raise Refused("request body is not JSON", "invalid_json") from None
     if not isinstance(doc, dict):
-        raise Refused(400, "request body must be a JSON object", "invalid_json")
+        raise Refused("request body must be a JSON object", "invalid_json")
     return doc
 
 
@@ -359,7 +367,7 @@ async def lease_delete(request: web.Request) -> web.Response:
 async def lease_extend(request: web.Request) -> web.Response:
     doc = await _json_object(request)
     if set(doc) - {"ttl"}:
-        raise Refused(400, f"unknown field(s): {', '.join(sorted(set(doc) - {'ttl'}))} (known: ttl)", "invalid_lease")
+        raise Refused(f"unknown field(s): {', '.join(sorted(set(doc) - {'ttl'}))} (known: ttl)", "invalid_lease")
     ttl = _seconds(doc.get("ttl", DEFAULT_LEASE_TTL_S))
     lease = request.app[SCHED].extend_lease(request.match_info["id"], ttl)
     if lease is None:

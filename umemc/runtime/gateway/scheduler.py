@@ -42,6 +42,8 @@ from ...contract import (
 from ...policy import Budget, Decision, Held, Lease, Need, decide
 from ..events import EventLog
 from ..supervisor import Supervisor
+from .lifecycle import SERVING as SERVING_PHASES
+from .lifecycle import Lifecycle, Phase
 
 LIVE = ("RUNNING", "STARTING", "BACKOFF", "STOPPING")
 SERVING = ("RUNNING", "STARTING")  # STARTING: supervisord's startsecs have not passed, yet it may answer
@@ -52,31 +54,29 @@ CONNECT_ERRORS = (OSError, xmlrpc.client.Error, http.client.HTTPException)
 
 
 class Refused(Exception):
-    """A request the gateway answers itself: status, OpenAI-shaped message, Retry-After."""
+    """A request the gateway answers itself: a code (which the HTTP layer maps to a status), an
+    OpenAI-shaped message, and when to try again."""
 
-    def __init__(self, status: int, message: str, code: str, retry_after: int | None = None):
+    def __init__(self, message: str, code: str, retry_after: int | None = None):
         super().__init__(message)
-        self.status, self.message, self.code, self.retry_after = status, message, code, retry_after
+        self.message, self.code, self.retry_after = message, code, retry_after
 
 
 @dataclass
 class Model:
     name: str
     plan: ModelDoc
-    state: str = "STOPPED"  # as supervisord names it
-    ready: bool = False  # RUNNING and answered its health URL
+    state: str = "STOPPED"  # the process, as supervisord names it
+    life: Lifecycle = field(default_factory=Lifecycle)  # what the gateway does with it (lifecycle.py)
     in_flight: int = 0
     waiters: deque[tuple[float, asyncio.Future[None]]] = field(default_factory=deque)
     last_used: float = 0.0  # wall clock of the last request finished (or of becoming ready)
-    draining: bool = False
     drain_since: float = 0.0  # requests queued before this are still served: one batch, then out
-    evicting: bool = False
     starting: asyncio.Task[None] | None = None
     evicted: bool = False  # stopped by the gateway: a hot one comes back when it fits
     usage: int = 0  # live bytes from the enforcer's status
     given_up: bool = False
     failure: str | None = None
-    touched: float = 0.0  # monotonic time the scheduler itself last changed `state`
     no_drain: set[str] = field(default_factory=set)  # victims whose drain timed out: not again until idle
     draining_for: list[str] = field(default_factory=list)
     drained: asyncio.Event = field(default_factory=asyncio.Event)
@@ -84,7 +84,28 @@ class Model:
     restarts: int = 0
     latency_ewma: float = 1.0
     health_failures: int = 0  # health probes failed in a row while ready
-    unhealthy: str | None = None  # why it stopped answering (a hung or stopped process), until it answers
+
+    @property
+    def ready(self) -> bool:
+        """Healthy and serving: READY, or DRAINING its last batch."""
+        return self.life.serving
+
+    @property
+    def draining(self) -> bool:
+        return self.life.phase is Phase.DRAINING
+
+    @property
+    def evicting(self) -> bool:
+        return self.life.phase is Phase.STOPPING
+
+    @property
+    def unhealthy(self) -> str | None:
+        return self.life.why if self.life.phase is Phase.UNHEALTHY else None
+
+    @property
+    def touched(self) -> float:
+        """When the scheduler itself last moved it: older supervisord answers are older news."""
+        return self.life.since
 
     @property
     def port(self) -> int | None:
@@ -166,7 +187,7 @@ class Scheduler:
     def refuse_queued(self) -> None:
         self.closing = True
         for m in self.models.values():
-            self._fail_waiters(m, Refused(503, "the gateway is shutting down", "shutting_down", 5))
+            self._fail_waiters(m, Refused("the gateway is shutting down", "shutting_down", 5))
 
     async def close(self) -> None:
         self.refuse_queued()
@@ -188,7 +209,7 @@ class Scheduler:
         target = self.routes.get(name)
         if target is None:
             known = ", ".join(sorted(self.routes))
-            raise Refused(404, f"model {name!r} is not in this stack (known: {known})", "model_not_found")
+            raise Refused(f"model {name!r} is not in this stack (known: {known})", "model_not_found")
         return self.models[target]
 
     @contextlib.asynccontextmanager
@@ -209,10 +230,9 @@ class Scheduler:
             m.in_flight += 1
             return
         if self.closing:
-            raise Refused(503, "the gateway is shutting down", "shutting_down", 5)
+            raise Refused("the gateway is shutting down", "shutting_down", 5)
         if m.unhealthy is not None:
             raise Refused(
-                503,
                 f"worker {m.name} is not answering ({m.unhealthy}); requests are refused until its "
                 "health URL answers again",
                 "worker_unhealthy",
@@ -220,14 +240,12 @@ class Scheduler:
             )
         if m.given_up:
             raise Refused(
-                503,
                 f"worker {m.name} was left stopped after repeated hard-limit kills "
                 "(see `umemc events`); restart the stack to try again",
                 "worker_given_up",
             )
         if len(m.waiters) >= self.gw.queue:
             raise Refused(
-                429,
                 f"model {m.name}: {m.in_flight} requests in flight and {len(m.waiters)} queued "
                 f"(max_concurrency {m.max_concurrency}, queue {self.gw.queue})",
                 "queue_full",
@@ -298,7 +316,6 @@ class Scheduler:
         waited = self.gw.queue_timeout_s
         if m.ready:
             return Refused(
-                503,
                 f"model {m.name}: no slot within {waited:g} s ({m.in_flight} in flight, {len(m.waiters)} queued)",
                 "queue_timeout",
                 self._queue_retry_after(m),
@@ -315,7 +332,6 @@ class Scheduler:
         else:
             why = "memory became free just now: try again"
         return Refused(
-            503,
             f"model {m.name} could not start within {waited:g} s: {why}",
             "insufficient_memory",
             self._blocked_retry_after(decision),
@@ -393,18 +409,23 @@ class Scheduler:
             if m.ready or m.starting is not None or m.evicting or not m.waiters:
                 continue  # served, starting, or being stopped (it is started afresh once down)
             if m.live:  # supervisord runs it (a restart after a crash, or started outside the gateway)
-                m.starting = asyncio.create_task(self._start(m, Decision(True)))
+                self._begin_start(m, Decision(True))
                 continue
             decision = self.decide_model(m)
             if decision.fits:
                 for v in decision.evict:
-                    self.models[v].evicting = True
+                    self.models[v].life.to(Phase.STOPPING, f"evicted for {m.name}")
                 for v in decision.drain:
                     victim = self.models[v]
-                    victim.draining, victim.drain_since = True, time.monotonic()
+                    victim.life.to(Phase.DRAINING, f"evicted for {m.name} once its requests are done")
+                    victim.drain_since = time.monotonic()
                     victim.drained.clear()
                     self._check_drained(victim)
-                m.starting = asyncio.create_task(self._start(m, decision))
+                self._begin_start(m, decision)
+
+    def _begin_start(self, m: Model, decision: Decision) -> None:
+        m.life.to(Phase.STARTING)
+        m.starting = asyncio.create_task(self._start(m, decision))
 
     async def _start(self, m: Model, decision: Decision) -> None:
         t0 = time.monotonic()
@@ -419,7 +440,8 @@ class Scheduler:
             await asyncio.gather(*(self._stop(self.models[v], "evict", for_model=m.name) for v in decision.victims))
             await self._ensure_started(m)
             await self._wait_healthy(m)
-            m.ready, m.failure, m.last_used, m.evicted = True, None, time.time(), False
+            m.life.to(Phase.READY)
+            m.failure, m.last_used, m.evicted = None, time.time(), False
             self.mark_healthy(m)
             m.cold_starts += 1
             seconds = round(time.monotonic() - t0, 3)
@@ -432,12 +454,16 @@ class Scheduler:
             self._fail_waiters(m, exc)
         except CONNECT_ERRORS as exc:
             m.failure = f"supervisord did not answer: {exc}"
-            self._fail_waiters(m, Refused(503, f"model {m.name} could not start: {m.failure}", "start_failed", 5))
+            self._fail_waiters(m, Refused(f"model {m.name} could not start: {m.failure}", "start_failed", 5))
         finally:
-            for v in decision.drain:
-                self.models[v].draining = False
-                self._dispatch(self.models[v])
-            m.starting, m.draining_for, m.touched = None, [], time.monotonic()
+            for v in decision.victims:  # a drain that timed out, a start abandoned: the victims serve on
+                victim = self.models[v]
+                if victim.life.phase in (Phase.DRAINING, Phase.STOPPING):
+                    victim.life.to(Phase.READY, "its eviction was abandoned")
+                self._dispatch(victim)
+            if m.life.phase is Phase.STARTING:
+                m.life.to(Phase.DOWN, m.failure or "the start was abandoned")
+            m.starting, m.draining_for = None, []
             self._dispatch(m)
             self.kick()
 
@@ -470,7 +496,6 @@ class Scheduler:
             )
             if failed:
                 raise Refused(
-                    503,
                     f"worker {m.name} failed to start: it is {m.state}"
                     + (f" ({info['spawnerr']})" if info.get("spawnerr") else "")
                     + f"; see {self.state_dir / 'logs' / (m.name + '.err.log')}",
@@ -481,24 +506,26 @@ class Scheduler:
                 return
             await asyncio.sleep(HEALTH_POLL_S)
         raise Refused(
-            503, f"worker {m.name} did not become healthy within {self.gw.start_timeout_s:g} s", "start_timeout", 10
+            f"worker {m.name} did not become healthy within {self.gw.start_timeout_s:g} s", "start_timeout", 10
         )
 
     async def _stop(self, m: Model, why: str, **detail: Any) -> None:
-        m.evicting, m.ready = True, False
+        m.life.to(Phase.STOPPING, why)
         try:
             usage = m.usage
             failed = await asyncio.to_thread(self.supervisor.try_stop, m.name, True)
             if failed is not None and failed != "not running":
                 self.events.add(f"{why}_failed", m.name, by="gateway", reason=failed, **detail)
-                raise Refused(503, f"could not stop {m.name} to make room: {failed}", "stop_failed", 5)
-            m.state, m.usage, m.touched = "STOPPED", 0, time.monotonic()
+                raise Refused(f"could not stop {m.name} to make room: {failed}", "stop_failed", 5)
+            m.life.to(Phase.DOWN, why)
+            m.state, m.usage = "STOPPED", 0
             m.evicted = why == "evict"
             self.events.add(why, m.name, by="gateway", usage_bytes=usage, priority=m.plan.priority, **detail)
             if self.metrics is not None:
                 self.metrics.eviction(m.name, why)
         finally:
-            m.evicting = False
+            if m.life.phase is Phase.STOPPING:  # the stop failed: it still runs
+                m.life.to(Phase.READY, "the stop failed")
             self.kick()  # requests that arrived for it meanwhile start it again
 
     # -- leases ---------------------------------------------------------------------------------
@@ -513,7 +540,7 @@ class Scheduler:
             lease = Lease(f"l-{secrets.token_hex(6)}", holder, ram, gpu, priority, time.time() + ttl, model)
             self.leases[lease.id] = lease
             for v in decision.evict:
-                self.models[v].evicting = True
+                self.models[v].life.to(Phase.STOPPING, f"evicted for lease {lease.id}")
         self.events.add(
             "lease_grant",
             None,
@@ -561,17 +588,15 @@ class Scheduler:
     def mark_unhealthy(self, m: Model, why: str) -> None:
         """A ready worker that stopped answering (SIGSTOP, a deadlock): no new request goes to it; the
         queue waits for it to answer its health URL again (or for it to be restarted)."""
-        m.ready = False
-        if m.unhealthy is None:
-            m.unhealthy = why
+        if m.ready:
+            m.life.to(Phase.UNHEALTHY, why)
             self.events.add("unhealthy", m.name, reason=why, state=m.state)
         self.kick()
 
-    def mark_healthy(self, m: Model) -> None:
+    def mark_healthy(self, m: Model, was: str | None = None) -> None:
         m.health_failures = 0
-        if m.unhealthy is not None:
-            self.events.add("recovered", m.name, was=m.unhealthy)
-            m.unhealthy = None
+        if was is not None:
+            self.events.add("recovered", m.name, was=was)
 
     async def _health_watch(self) -> None:
         """Every health_interval: probe each ready, idle-or-busy worker (2 s timeout); two failures in a
@@ -618,12 +643,15 @@ class Scheduler:
             info = infos.get(m.name, {})
             state = info.get("statename", "UNKNOWN")
             if m.starting is None and not m.evicting and m.touched < asked:  # else newer than this answer
-                if m.ready and state not in SERVING:
-                    m.ready, changed = False, True  # crashed, killed over quota, or evicted by the enforcer
+                if m.life.phase in (*SERVING_PHASES, Phase.UNHEALTHY) and state not in SERVING:
+                    m.life.to(Phase.DOWN, f"supervisord says {state}")  # crashed, killed, evicted by the enforcer
+                    changed = True
                 m.state = state
                 if m.state in SERVING and not m.ready and self.probe is not None and await self.probe(m):
-                    m.ready, m.last_used, changed = True, time.time(), True  # started by `up`, restarted, recovered
-                    self.mark_healthy(m)
+                    was = m.unhealthy
+                    m.life.to(Phase.READY, "answers its health URL")  # started by `up`, restarted, recovered
+                    m.last_used, changed = time.time(), True
+                    self.mark_healthy(m, was)
             live = None if status is None else status.models.get(m.name)
             m.usage = live.rss_bytes + live.gpu_bytes if live is not None and m.live else 0
             m.given_up = live is not None and live.given_up and state not in LIVE
@@ -660,7 +688,7 @@ class Scheduler:
                 decision = self.decide_model(m)
                 if not decision.fits or decision.victims:
                     continue
-                m.starting = asyncio.create_task(self._start(m, decision))
+                self._begin_start(m, decision)
             self.events.add("restore", m.name, reason="hot worker evicted earlier fits again")
 
     def write_state(self, now: float, arriving: str | None = None) -> None:
