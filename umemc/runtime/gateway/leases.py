@@ -1,0 +1,97 @@
+"""Leases: memory granted to something outside the stack (ComfyUI, a batch job) under the same
+admission as a cold start; they outlive a restart of the gateway, not of the stack."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from typing import Any
+
+from ...contract import (
+    GatewayState,
+    LeaseDoc,
+    read_optional,
+)
+from ...policy import Decision, Lease, Need
+from .core import Core
+from .lifecycle import Phase
+from .model import Refused
+
+
+class Leases(Core):
+    def live_leases(self) -> list[Lease]:
+        now = time.time()
+        return [lease for lease in self.leases.values() if lease.expires > now]
+
+    async def grant(
+        self, holder: str, ram: int, gpu: int, priority: int, ttl: float, model: str | None = None
+    ) -> tuple[Lease | None, Decision, Need]:
+        need = Need("lease", ram, gpu, priority, False, False)
+        async with self.lock:
+            decision = self.decide(need)
+            if not decision.fits:
+                return None, decision, need
+            lease = Lease(f"l-{secrets.token_hex(6)}", holder, ram, gpu, priority, time.time() + ttl, model)
+            self.leases[lease.id] = lease
+            for v in decision.evict:
+                self.models[v].life.to(Phase.STOPPING, f"evicted for lease {lease.id}")
+        self.events.add(
+            "lease_grant",
+            None,
+            id=lease.id,
+            holder=holder,
+            bytes=ram,
+            ttl_s=ttl,
+            evicted=decision.evict,
+            for_model=model,
+        )
+        try:
+            await asyncio.gather(*(self._stop(self.models[v], "evict", for_lease=lease.id) for v in decision.evict))
+        except Refused:
+            self.release_lease(lease.id, "lease_release")  # its room could not be made: it never held
+            raise
+        return lease, decision, need
+
+    def _load_leases(self) -> None:
+        """Leases outlive a restart of the gateway (they are in RUN/state/gateway.json), not a
+        restart of the stack: only those written under this same supervisord come back."""
+        doc = read_optional(GatewayState, self.state_dir / "gateway.json")
+        if doc is None or self.supervisord_pid is None or doc.supervisord_pid != self.supervisord_pid:
+            return
+        now = time.time()
+        for x in doc.leases:
+            if x.expires > now:
+                self.leases[x.id] = Lease(x.id, x.holder, x.bytes, x.gpu_bytes, x.priority, x.expires, x.model)
+
+    def release_lease(self, lease_id: str, why: str = "lease_release") -> Lease | None:
+        lease = self.leases.pop(lease_id, None)
+        if lease is not None:
+            self.events.add(why, None, id=lease.id, holder=lease.holder, bytes=lease.ram)
+            self.kick()
+        return lease
+
+    def extend_lease(self, lease_id: str, ttl: float) -> Lease | None:
+        lease = self.leases.get(lease_id)
+        if lease is None or lease.expires <= time.time():
+            return None
+        lease = Lease(lease.id, lease.holder, lease.ram, lease.gpu, lease.priority, time.time() + ttl, lease.model)
+        self.leases[lease.id] = lease
+        return lease
+
+
+def lease_doc(lease: Lease) -> LeaseDoc:
+    return LeaseDoc(
+        id=lease.id,
+        holder=lease.holder,
+        bytes=lease.ram,
+        gpu_bytes=lease.gpu,
+        priority=lease.priority,
+        model=lease.model,
+        expires=round(lease.expires, 3),
+        expires_in_s=round(max(0.0, lease.expires - time.time()), 1),
+    )
+
+
+def lease_json(lease: Lease) -> dict[str, Any]:
+    return lease_doc(lease).model_dump(mode="json")

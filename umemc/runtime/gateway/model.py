@@ -1,0 +1,109 @@
+"""A model as the gateway holds it (its supervisord state, its lifecycle, its slots and queue), and
+the refusal the gateway answers a request with."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import xmlrpc.client
+from collections import deque
+from dataclasses import dataclass, field
+
+from ...contract import (
+    ModelDoc,
+)
+from ...policy import Held
+from .lifecycle import Lifecycle, Phase
+
+LIVE = ("RUNNING", "STARTING", "BACKOFF", "STOPPING")
+SERVING = ("RUNNING", "STARTING")  # STARTING: supervisord's startsecs have not passed, yet it may answer
+CONNECT_ERRORS = (OSError, xmlrpc.client.Error, http.client.HTTPException)
+
+
+class Refused(Exception):
+    """A request the gateway answers itself: a code (which the HTTP layer maps to a status), an
+    OpenAI-shaped message, and when to try again."""
+
+    def __init__(self, message: str, code: str, retry_after: int | None = None):
+        super().__init__(message)
+        self.message, self.code, self.retry_after = message, code, retry_after
+
+
+@dataclass
+class Model:
+    name: str
+    plan: ModelDoc
+    state: str = "STOPPED"  # the process, as supervisord names it
+    life: Lifecycle = field(default_factory=Lifecycle)  # what the gateway does with it (lifecycle.py)
+    in_flight: int = 0
+    waiters: deque[tuple[float, asyncio.Future[None]]] = field(default_factory=deque)
+    last_used: float = 0.0  # wall clock of the last request finished (or of becoming ready)
+    drain_since: float = 0.0  # requests queued before this are still served: one batch, then out
+    starting: asyncio.Task[None] | None = None
+    evicted: bool = False  # stopped by the gateway: a hot one comes back when it fits
+    usage: int = 0  # live bytes from the enforcer's status
+    given_up: bool = False
+    failure: str | None = None
+    no_drain: set[str] = field(default_factory=set)  # victims whose drain timed out: not again until idle
+    draining_for: list[str] = field(default_factory=list)
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
+    cold_starts: int = 0
+    restarts: int = 0
+    latency_ewma: float = 1.0
+    health_failures: int = 0  # health probes failed in a row while ready
+
+    @property
+    def ready(self) -> bool:
+        """Healthy and serving: READY, or DRAINING its last batch."""
+        return self.life.serving
+
+    @property
+    def draining(self) -> bool:
+        return self.life.phase is Phase.DRAINING
+
+    @property
+    def evicting(self) -> bool:
+        return self.life.phase is Phase.STOPPING
+
+    @property
+    def unhealthy(self) -> str | None:
+        return self.life.why if self.life.phase is Phase.UNHEALTHY else None
+
+    @property
+    def touched(self) -> float:
+        """When the scheduler itself last moved it: older supervisord answers are older news."""
+        return self.life.since
+
+    @property
+    def port(self) -> int | None:
+        port: int | None = self.plan.port
+        return port
+
+    @property
+    def max_concurrency(self) -> int:
+        return int(self.plan.max_concurrency)
+
+    @property
+    def cold(self) -> bool:
+        return bool(self.plan.mode == "cold")
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE or self.starting is not None
+
+    @property
+    def busy(self) -> bool:
+        return self.in_flight > 0 or bool(self.waiters)
+
+    def held(self) -> Held:
+        return Held(
+            self.name,
+            self.plan.priority,
+            self.cold,
+            max(self.usage, self.plan.quota_hard_bytes),
+            self.plan.gpu_quota_hard_bytes,
+            self.busy or self.starting is not None,
+            self.ready and self.starting is None,
+            self.last_used,
+            self.evicting or self.draining,
+        )
