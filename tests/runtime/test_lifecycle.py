@@ -138,6 +138,7 @@ def test_pressure_guard_evicts_lowest_priority_first(stack) -> None:
     evicted = r.wait_for(lambda: r.events("evict"), timeout=30, what="an eviction")
     assert evicted[0]["model"] == "low"
     assert evicted[0]["detail"]["pressure"] > 0.5
+    assert (evicted[0]["detail"]["by"], evicted[0]["detail"]["reason"]) == ("gateway", "pressure")  # it owns stops
     r.wait_for(lambda: r.status()["mid"]["rss_bytes"] > 330 * MiB, timeout=30, what="mid to finish growing")
     import time
 
@@ -151,6 +152,20 @@ def test_pressure_guard_evicts_lowest_priority_first(stack) -> None:
         "RUNNING",
         "RUNNING",
     )
+
+
+def test_without_a_gateway_the_enforcer_evicts_alone(stack) -> None:
+    text = (
+        'version = 1\nname = "press-alone"\n[platform]\nkind = "cpu"\nmemory = "1400MiB"\nos_reserve = "100MiB"\n'
+        '[policy]\nsafety_margin = 0.0\nkernel_enforcement = "off"\nevict_above = 0.5\nload_below = 0.4\n'
+        + live_sysctl_table()
+        + "[gateway]\nenabled = false\n"
+        + worker("low", "leaker.py", 100, 2, 340, 6, memory="400MiB", priority=10)
+        + worker("mid", "leaker.py", 100, 2, 340, 6, memory="400MiB", priority=50)
+    )
+    r = stack(text)
+    evicted = r.wait_for(lambda: r.events("evict"), timeout=30, what="an eviction")
+    assert (evicted[0]["model"], evicted[0]["detail"]["by"]) == ("low", "enforcer")
 
 
 @pytest.mark.parametrize("arg", ["--json", ""])

@@ -20,12 +20,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
+import json
 import os
 import signal
 import sys
 import time
 import xmlrpc.client
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,6 @@ from typing import Any
 from ..contract import (
     CgroupRecord,
     EnforcerStatus,
-    GatewayState,
     ModelDoc,
     PlanDoc,
     WorkerReport,
@@ -60,7 +61,7 @@ NVIDIA_EVERY_S = 2.0
 LEAK_MIN_R2 = 0.8
 DRIFT = 0.05  # more than 5% over the estimate once settled: estimate_drift
 DRIFT_SETTLE_S = 5.0  # after supervisord calls it RUNNING (itself 5 s after the start)
-GATEWAY_FRESH_S = 5.0  # the gateway rewrites its state file every 0.5 s
+GATEWAY_TIMEOUT_S = 5.0  # the pressure request runs in a thread: a slow gateway delays nothing else
 
 
 @dataclass
@@ -118,7 +119,9 @@ class Enforcer:
         }
         self.run_start = self.events.last_id("up")
         self.evicting = False
-        self.deferred = False
+        self._asker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ask-gateway")
+        self._gateway_answer: Future[dict[str, Any]] | None = None
+        self._gateway_error: str | None = None
         self.evict_wait_until = 0.0
         self.pressure = 0.0
         self._last_slow = self._last_poll = 0.0
@@ -456,17 +459,13 @@ class Enforcer:
             self.evicting = False
         if not self.evicting or now < self.evict_wait_until:
             return
-        victim = self.pressure_victim(infos, self._busy())
+        if self.plan.gateway is not None and self._ask_gateway(now):
+            return  # the gateway owns evictions while it answers
+        # no gateway, or it does not answer: the enforcer decides alone (nothing is in flight through a
+        # gateway that is down), by the same policy
+        victim = self.pressure_victim(infos, set())
         if victim is None:
             return
-        if victim.name in self._busy():
-            # requests in flight at the gateway: wait for them rather than cut them off, and never
-            # take a higher priority instead (the hard quotas still hold meanwhile)
-            if not self.deferred:
-                self._event(victim, "evict_deferred", pressure=round(self.pressure, 4), reason="requests in flight")
-            self.deferred = True
-            return
-        self.deferred = False
         failed = self.supervisor.try_stop(victim.name, False)
         if failed is not None and failed != "not running":
             self._event(victim, "evict_failed", pressure=round(self.pressure, 4), reason=failed)
@@ -475,6 +474,8 @@ class Enforcer:
         self._event(
             victim,
             "evict",
+            by="enforcer",
+            reason="pressure",
             pressure=round(self.pressure, 4),
             usage_bytes=victim.usage,
             priority=victim.priority,
@@ -482,6 +483,56 @@ class Enforcer:
             load_below=pol.load_below,
         )
         self.evict_wait_until = now + max(1.0, 5 * self.interval)  # let the memory come back first
+
+    def _ask_gateway(self, now: float) -> bool:
+        """Ask the gateway to relieve the pressure (POST /umemc/pressure): it owns every eviction while
+        it runs, since it alone knows who has requests in flight. The request runs in a thread, so a
+        slow gateway never delays a hard-quota kill; its answer is read on a later tick. False when
+        the gateway did not answer (the caller decides alone)."""
+        asking = self._gateway_answer
+        if asking is not None and not asking.done():
+            return True  # still asking: wait
+        if asking is not None:
+            self._gateway_answer = None
+            try:
+                answer = asking.result()
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                if str(exc) != self._gateway_error:
+                    print(
+                        f"umemc-enforcer: the gateway did not answer ({exc}); evicting alone",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                self._gateway_error = str(exc)
+                return False
+            self._gateway_error = None
+            if answer.get("action") in ("evicting", "failed"):
+                self.evict_wait_until = now + max(1.0, 5 * self.interval)  # let the memory come back first
+            else:  # deferred (requests in flight) or nothing to evict: ask again shortly
+                self.evict_wait_until = now + 0.5
+            return True
+        self._gateway_answer = self._asker.submit(self._post_pressure, round(self.pressure, 4))
+        return True
+
+    def _post_pressure(self, pressure: float) -> dict[str, Any]:
+        gw = self.plan.gateway
+        assert gw is not None
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(gw.host, gw.host)
+        headers = {"Content-Type": "application/json"}
+        if gw.token_env:
+            token = (self.state_dir / "secrets" / "gateway-token").read_text()
+            headers["Authorization"] = f"Bearer {token}"
+        conn = http.client.HTTPConnection(host, gw.port, timeout=GATEWAY_TIMEOUT_S)
+        try:
+            conn.request("POST", "/umemc/pressure", body=json.dumps({"pressure": pressure}), headers=headers)
+            resp = conn.getresponse()
+            body = resp.read()
+            if resp.status != 200:
+                raise ValueError(f"HTTP {resp.status}: {body[:200]!r}")
+            answer: dict[str, Any] = json.loads(body)
+            return answer
+        finally:
+            conn.close()
 
     def pressure_victim(self, infos: dict[str, Any], busy: set[str]) -> Worker | None:
         """The one eviction policy's pick among the running workers (umemc.policy.pressure_victim):
@@ -504,14 +555,6 @@ class Enforcer:
         ]
         chosen = pressure_victim(held)
         return None if chosen is None else running[chosen.name]
-
-    def _busy(self) -> set[str]:
-        """Workers with requests in flight or queued at the gateway (its RUN/state/gateway.json, when
-        fresh): the pressure guard never evicts one mid-request."""
-        doc = read_optional(GatewayState, self.state_dir / "gateway.json")
-        if doc is None or time.time() - doc.time > GATEWAY_FRESH_S:
-            return set()
-        return {n for n, m in doc.models.items() if m.in_flight or m.queued}
 
     # -- output ---------------------------------------------------------------------------------
     def _event(self, w: Worker, kind: str, **detail: Any) -> None:

@@ -357,6 +357,16 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
     return doc
 
 
+async def pressure(request: web.Request) -> web.Response:
+    """The enforcer's request (umemc-internal): pressure is above evict_above; the gateway decides
+    whom to stop, as it does for every eviction while it runs."""
+    doc = await _json_object(request)
+    value = doc.get("pressure")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
+        raise Refused(f'"pressure" must be a number 0-100 (got {value!r})', "invalid_json")
+    return web.json_response(await request.app[SCHED].relieve_pressure(float(value)))
+
+
 async def lease_delete(request: web.Request) -> web.Response:
     lease = request.app[SCHED].release_lease(request.match_info["id"])
     if lease is None:
@@ -482,6 +492,7 @@ def make_app(sched: Scheduler, token: str | None) -> web.Application:
     app.router.add_delete("/umemc/leases/{id}", lease_delete)
     app.router.add_post("/umemc/leases/{id}/extend", lease_extend)
     app.router.add_get("/umemc/can-load/{model}", can_load)
+    app.router.add_post("/umemc/pressure", pressure)
     app.router.add_get("/metrics", metrics)
     app.cleanup_ctx.append(_lifetime)
     return app

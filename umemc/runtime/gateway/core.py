@@ -64,7 +64,7 @@ class Core:
     def _begin_start(self, m: Model, decision: Decision) -> None:
         raise NotImplementedError
 
-    async def _stop(self, m: Model, why: str, **detail: Any) -> None:
+    async def _stop(self, m: Model, why: str, restorable: bool = True, **detail: Any) -> None:
         raise NotImplementedError
 
     def mark_healthy(self, m: Model, was: str | None = None) -> None:

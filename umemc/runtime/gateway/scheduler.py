@@ -28,7 +28,7 @@ from ...contract import (
     PlanDoc,
     read,
 )
-from ...policy import Budget, Decision, Held, Lease, Need, decide
+from ...policy import Budget, Decision, Held, Lease, Need, decide, pressure_victim
 from ..events import EventLog
 from ..supervisor import Supervisor
 from .leases import Leases, lease_doc, lease_json
@@ -69,6 +69,8 @@ class Scheduler(Slots, Leases, StateSync):
         self.metrics: Any = None  # the app's metrics: cold starts, evictions (optional)
         self.closing = False
         self._state_error: str | None = None
+        self._deferred: str | None = None  # the pressure victim waited for (one evict_deferred event)
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -267,7 +269,9 @@ class Scheduler(Slots, Leases, StateSync):
             f"worker {m.name} did not become healthy within {self.gw.start_timeout_s:g} s", "start_timeout", 10
         )
 
-    async def _stop(self, m: Model, why: str, **detail: Any) -> None:
+    async def _stop(self, m: Model, why: str, restorable: bool = True, **detail: Any) -> None:
+        """Stop a worker (eviction, TTL unload). A hot worker evicted to admit another comes back when
+        it fits again (restorable); one evicted for pressure stays down, or it would oscillate."""
         m.life.to(Phase.STOPPING, why)
         try:
             usage = m.usage
@@ -277,7 +281,7 @@ class Scheduler(Slots, Leases, StateSync):
                 raise Refused(f"could not stop {m.name} to make room: {failed}", "stop_failed", 5)
             m.life.to(Phase.DOWN, why)
             m.state, m.usage = "STOPPED", 0
-            m.evicted = why == "evict"
+            m.evicted = why == "evict" and restorable
             self.events.add(why, m.name, by="gateway", usage_bytes=usage, priority=m.plan.priority, **detail)
             if self.metrics is not None:
                 self.metrics.eviction(m.name, why)
@@ -285,6 +289,40 @@ class Scheduler(Slots, Leases, StateSync):
             if m.life.phase is Phase.STOPPING:  # the stop failed: it still runs
                 m.life.to(Phase.READY, "the stop failed")
             self.kick()  # requests that arrived for it meanwhile start it again
+
+    async def relieve_pressure(self, pressure: float) -> dict[str, Any]:
+        """The enforcer measured pressure above evict_above and asks: stop the worker the one
+        eviction policy names (lowest priority, then least recently used). When that worker has
+        requests in flight or queued, wait for them (`evict_deferred`) rather than cut them off or
+        take a higher priority instead. The stop runs in the background: the enforcer never waits."""
+        pol = self.plan.policy
+        async with self.lock:
+            running = [
+                m
+                for m in self.models.values()
+                if m.life.phase in (Phase.READY, Phase.UNHEALTHY) or (m.life.phase is Phase.DOWN and m.state in SERVING)
+            ]
+            victim = pressure_victim([m.held() for m in running])
+            if victim is None:
+                return {"action": "none"}
+            m = self.models[victim.name]
+            if victim.busy:
+                if self._deferred != m.name:
+                    self.events.add("evict_deferred", m.name, pressure=pressure, reason="requests in flight")
+                self._deferred = m.name
+                return {"action": "deferred", "model": m.name}
+            self._deferred = None
+            m.life.to(Phase.STOPPING, "pressure")
+        detail = {
+            "reason": "pressure",
+            "pressure": pressure,
+            "evict_above": pol.evict_above,
+            "load_below": pol.load_below,
+        }
+        task = asyncio.create_task(self._stop(m, "evict", restorable=False, **detail))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return {"action": "evicting", "model": m.name}
 
     # -- views ----------------------------------------------------------------------------------
     def committed(self) -> tuple[int, int]:
