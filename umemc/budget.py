@@ -119,17 +119,18 @@ def make_plan(loaded: LoadedStack) -> Plan:
     hot_total = sum(m.quota_hard for m in hot)
     hot_gpu = sum(m.gpu_quota_hard for m in hot) if cap.gpu_budget is not None else 0
     plan = Plan(loaded, cap, models, hot_total, hot_gpu, {}, ())
-    admission = {m.name: admit(plan, m) for m in models.values() if not m.hot}
+    held = held_on_paper(plan)  # once: a stack may have hundreds of cold models
+    admission = {m.name: admit(plan, m, held) for m in models.values() if not m.hot}
     plan = replace(plan, cold_admission=admission)
     return replace(plan, warnings=tuple(_warnings(plan, estimates)))
 
 
-def admit(plan: Plan, cold: ModelPlan) -> ColdAdmission:
+def admit(plan: Plan, cold: ModelPlan, held: list[policy.Held] | None = None) -> ColdAdmission:
     """Can a cold model start? Alongside the hot set, or by evicting hot models: the one eviction
     policy (umemc.policy) on paper, where every hot worker holds its hard quota and none has been
     used yet (lowest priority first, then file order; only as many as needed; never an equal or
     higher priority)."""
-    decision = policy.decide(need_of(cold), held_on_paper(plan), [], _budget(plan))
+    decision = policy.decide(need_of(cold), held_on_paper(plan) if held is None else held, [], _budget(plan))
     if not decision.fits:
         return ColdAdmission(False, False, ())
     return ColdAdmission(not decision.victims, True, tuple(decision.victims))

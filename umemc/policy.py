@@ -129,7 +129,8 @@ def _candidates(need: Need, held: list[Held]) -> tuple[list[Held], list[dict[str
             may.append(h)
         else:
             blocked.append({"kind": "worker", "name": h.name, "priority": h.priority, "bytes": h.ram, "why": why})
-    return [h for h in eviction_order(may) if not h.busy] + [h for h in eviction_order(may) if h.busy], blocked
+    order = eviction_order(may)
+    return [h for h in order if not h.busy] + [h for h in order if h.busy], blocked
 
 
 def eviction_order(held: list[Held]) -> list[Held]:

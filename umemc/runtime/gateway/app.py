@@ -25,7 +25,6 @@ from aiohttp import web
 from ...chars import CONTROL
 from ...policy import Decision, Need
 from ...units import parse_duration, parse_size
-from .lifecycle import Phase
 from .metrics import Metrics
 from .scheduler import Model, Refused, Scheduler, lease_json
 
@@ -192,9 +191,7 @@ async def _relay(request: web.Request, m: Model, path: str, body: bytes) -> web.
                 sched.mark_unhealthy(m, f"no byte for {sched.gw.upstream_timeout_s:g} s while streaming")
             return resp
     except aiohttp.ClientConnectorError as exc:
-        if m.ready:  # it died between two polls: the next request waits for it
-            m.life.to(Phase.DOWN, "not answering on its port")
-        request.app[SCHED].kick()
+        request.app[SCHED].worker_lost(m, "not answering on its port")  # the next request waits for it
         raise Refused(
             f"worker {m.name} is not answering on port {m.port}: {exc.strerror or exc}", "upstream_unreachable"
         ) from None

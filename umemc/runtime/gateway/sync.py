@@ -35,6 +35,12 @@ class StateSync(Core):
             self.events.add("unhealthy", m.name, reason=why, state=m.state)
         self.kick()
 
+    def worker_lost(self, m: Model, why: str) -> None:
+        """A request found the worker gone between two polls: it is DOWN until supervisord restarts it."""
+        if m.ready:
+            m.life.to(Phase.DOWN, why)
+        self.kick()
+
     def mark_healthy(self, m: Model, was: str | None = None) -> None:
         m.health_failures = 0
         if was is not None:
