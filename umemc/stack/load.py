@@ -77,17 +77,9 @@ def read_document(path: Path, shown: str | None = None) -> Document:
         raise StackError(Location(shown, line, col), "", "not valid UTF-8 (TOML files are UTF-8)") from None
     try:
         data = tomllib.loads(text)
+        doc = Document(path, Source(shown, scan(text)), data)  # both parsers recurse into nesting
     except tomllib.TOMLDecodeError as exc:
         raise _syntax_error(shown, text, exc) from None
-    except RecursionError:
-        raise StackError(
-            Location(shown, 1, 1),
-            "",
-            "arrays or inline tables nested too deeply",
-            "a stack file needs at most a few levels",
-        ) from None
-    try:
-        doc = Document(path, Source(shown, scan(text)), data)
     except RecursionError:
         raise StackError(
             Location(shown, 1, 1),
