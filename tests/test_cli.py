@@ -187,3 +187,13 @@ def test_several_stacks_worst_exit_code(tmp_path: Path, run_cli) -> None:
     reports = json.loads(out)
     assert code == 1 and list(reports) == ["ok.toml", "over.toml"]
     assert (reports["ok.toml"]["fits"], reports["over.toml"]["fits"]) == (True, False)
+
+
+def test_an_invalid_stack_does_not_hide_the_others(tmp_path: Path, run_cli) -> None:
+    (tmp_path / "ok.toml").write_text(SMALL)
+    (tmp_path / "bad.toml").write_text(SMALL.replace("version = 1", "version = 7"))
+    (tmp_path / "over.toml").write_text(SMALL.replace('memory = "512MiB"\nmode = "cold"', 'memory = "9GiB"'))
+    code, out, err = run_cli("check", "ok.toml", "bad.toml", "over.toml", "--format", "json", cwd=tmp_path)
+    assert code == 2  # the worst: an invalid stack
+    assert list(json.loads(out)) == ["ok.toml", "over.toml"]
+    assert err.startswith("bad.toml:1:11: version: unsupported version 7\n  hint: this umemc reads version = 1\n")

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from ..budget import Plan
 from ..compile import compile_bundle
+from ..errors import StackError
 from .common import plan_from_arg, print_warnings, write_stdout
 
 
@@ -25,23 +27,36 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    plans = [plan_from_arg(s) for s in args.stack]  # every stack is validated before anything is printed
-    for plan in plans:
-        compile_bundle(plan)  # what `build` would refuse, `check` refuses too (values a config cannot carry)
+    """Every stack is checked; an invalid one is reported (stderr) and does not hide the others.
+    Exit code: the worst of them (2 invalid, 1 does not fit, 0 fits)."""
+    valid: list[tuple[str, Plan]] = []
+    invalid = 0
+    for arg in args.stack:
+        try:
+            plan = plan_from_arg(arg)
+            compile_bundle(plan)  # what `build` would refuse, `check` refuses too (values a config cannot carry)
+        except StackError as exc:
+            if len(args.stack) == 1:
+                raise
+            print(exc, file=sys.stderr)
+            invalid += 1
+            continue
+        valid.append((arg, plan))
+    stacks, plans = [a for a, _ in valid], [p for _, p in valid]
     if args.format == "json":
         from ..targets.report import budget_dict, budget_json
 
-        if len(plans) == 1:
+        if len(args.stack) == 1:
             write_stdout(budget_json(plans[0]))
         else:
-            write_stdout(
-                json.dumps({s: budget_dict(p) for s, p in zip(args.stack, plans, strict=True)}, indent=2) + "\n"
-            )
+            write_stdout(json.dumps({s: budget_dict(p) for s, p in zip(stacks, plans, strict=True)}, indent=2) + "\n")
         for plan in plans:
             print_warnings(plan)
     else:
         for plan in plans:
             _print(plan, args.format)
+    if invalid:
+        return 2
     return 0 if all(p.fits for p in plans) else 1
 
 
