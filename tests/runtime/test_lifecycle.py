@@ -56,21 +56,21 @@ def test_simulate_small_16g_end_to_end(stack, capsys) -> None:
 
 
 def test_preflight_refuses_a_wrong_sysctl_then_force(stack, capsys) -> None:
-    live = int(read_sysctl("vm.swappiness"))
-    wrong = live + 1
+    live = int(read_sysctl("vm.min_free_kbytes"))
+    wrong = live + 1024  # the plan asks for a larger free-memory reserve than the machine keeps
     text = (
         'version = 1\nname = "pf"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n'
-        + live_sysctl_table(vm_swappiness=wrong)
+        + live_sysctl_table(vm_min_free_kbytes=wrong)
         + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port())
     )
     stack(text, expect=1)
     out, err = capsys.readouterr()
-    assert f"  FAIL  sysctl: vm.swappiness is {live}, the plan needs {wrong}" in out
-    assert f"          fix: sudo sysctl -w vm.swappiness={wrong}" in out
+    assert f"  FAIL  sysctl: vm.min_free_kbytes is {live}, the plan needs at least {wrong}" in out
+    assert f"          fix: sudo sysctl -w vm.min_free_kbytes={wrong}" in out
     assert err == "umemc up: preflight refused (1 problem(s) above); fix them or pass --force\n"
     r = stack(text, "--force")
     out, _ = capsys.readouterr()
-    assert f"  warn  sysctl: vm.swappiness is {live}, the plan needs {wrong}" in out
+    assert f"  warn  sysctl: vm.min_free_kbytes is {live}, the plan needs at least {wrong}" in out
     assert "--force: starting despite the preflight" in out
     assert r.status()["w"]["state"] == "RUNNING"
 

@@ -89,13 +89,14 @@ class Preflight:
             live = read_sysctl(key, self.proc_sys)
             if live is None:
                 continue  # not on this kernel
-            if " ".join(live.split()) != " ".join(value.split()):
-                bad.append((key, live, value))
+            need = sysctl_shortfall(key, live, value)
+            if need is not None:
+                bad.append((key, live, value, need))
         if not bad:
-            self._add("sysctl", True, f"{len(wanted)} VM tunables as planned", host=True)
+            self._add("sysctl", True, f"{len(wanted)} VM tunables as planned (or safer)", host=True)
             return
-        what = "; ".join(f"{k} is {live}, the plan needs {want}" for k, live, want in bad)
-        fix = tuple(f"sudo sysctl -w {k}={shlex.quote(want)}" for k, _, want in bad)
+        what = "; ".join(f"{k} is {live}, the plan needs {need}" for k, live, _, need in bad)
+        fix = tuple(f"sudo sysctl -w {k}={shlex.quote(want)}" for k, _, want, _ in bad)
         self._add(
             "sysctl", False, what, fix + (f"sudo umemc apply {shlex.quote(str(self.bundle))}  # persist",), host=True
         )
@@ -280,6 +281,25 @@ class Preflight:
                 "without it",
                 (f'export {name}="$(openssl rand -hex 24)"  # then give the token to your clients',),
             )
+
+
+# Which side of the planned value is at least as safe for the stack: a larger free-memory reserve,
+# more map areas or earlier kswapd wake-ups, or less eagerness to swap or to drop file caches, never
+# need lowering (or raising) back to the plan. Every other tunable must equal the plan.
+AT_LEAST = frozenset({"vm.min_free_kbytes", "vm.max_map_count", "vm.watermark_scale_factor"})
+AT_MOST = frozenset({"vm.swappiness", "vm.vfs_cache_pressure"})
+
+
+def sysctl_shortfall(key: str, live: str, want: str) -> str | None:
+    """None when the live value is the planned one or on its safe side; else what the plan needs."""
+    live_n, want_n = " ".join(live.split()), " ".join(want.split())
+    if live_n == want_n:
+        return None
+    if key in AT_LEAST | AT_MOST and live_n.lstrip("-").isdigit() and want_n.lstrip("-").isdigit():
+        if key in AT_LEAST:
+            return None if int(live_n) >= int(want_n) else f"at least {want_n}"
+        return None if int(live_n) <= int(want_n) else f"at most {want_n}"
+    return want_n
 
 
 def parse_sysctl_conf(text: str) -> dict[str, str]:
