@@ -90,9 +90,14 @@ class Bundle:
 
 def compile_bundle(plan: Plan, socket: str | None = None, python: str | None = None, simulate: bool = False) -> Bundle:
     ctx = Context(plan, python or sys.executable)
+    if ini_problem(ctx.python):  # every program's command starts with it
+        raise UsageError(
+            f"umemc's interpreter path {ctx.python!r} cannot be written into supervisord.conf: "
+            f"{ini_problem(ctx.python)}; install umemc under a path without it"
+        )
     programs = {}
     for m in plan.models.values():
-        _check_carriable(plan, m, argv_for(m, ctx), ctx.python)
+        _check_carriable(plan, m, argv_for(m, ctx))
         programs[m.name] = _program(plan, m, ctx, simulate)
     memlock = any(m.model.spec.mlock for m in plan.models.values())
     return Bundle(
@@ -266,16 +271,11 @@ def _sysctl(plan: Plan) -> tuple[Tunable, ...]:
 # -- what supervisord's config format can carry ---------------------------------------------------
 
 
-def _check_carriable(plan: Plan, m: ModelPlan, argv: list[str], python: str) -> None:
+def _check_carriable(plan: Plan, m: ModelPlan, argv: list[str]) -> None:
     """supervisord's INI layer truncates values at ' ;'/' #' and strips surrounding whitespace, and
     its environment= parser corrupts some quotes: refuse such values with the key that holds them
     instead of writing a config that lies. (Control characters were refused when the stack loaded.)"""
     src, at, spec = plan.loaded.source, ("models", m.name), m.model.spec
-    if ini_problem(python):
-        raise UsageError(
-            f"umemc's interpreter path {python!r} cannot be written into supervisord.conf: "
-            f"{ini_problem(python)}; install umemc under a path without it"
-        )
     for i, arg in enumerate(argv):
         problem = ini_problem(arg)
         if problem:

@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import UmemcError
+from .policy import Lease
 from .records import CgroupRecord, PidRecord
 
 __all__ = ["CgroupRecord", "PidRecord"]  # the wrapper's text records are part of the contract too
@@ -197,6 +198,9 @@ class LeaseDoc(_Doc):
     model: str | None
     expires: float
     expires_in_s: float
+
+    def lease(self) -> Lease:
+        return Lease(self.id, self.holder, self.bytes, self.gpu_bytes, self.priority, self.expires, self.model)
 
 
 class GatewayState(_Doc):

@@ -3,8 +3,22 @@ dataclasses, so the wrapper, which starts every process of a stack, imports noth
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
+    """Replace a small state file in one step (a reader sees the old or the new, never half), with
+    its mode set at creation: a secret is never briefly readable by others."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with open(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 @dataclass(frozen=True)

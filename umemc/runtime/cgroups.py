@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .probes.proc import alive
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -91,14 +93,14 @@ class Cgroup:
             with contextlib.suppress(OSError):
                 (self.path / "cgroup.kill").write_text("1")
         for _ in range(rounds):
-            pids = [p for p in self.pids() if _alive(p)]
+            pids = [p for p in self.pids() if alive(p)]
             if not pids:
                 return []
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.02)
-        return [p for p in self.pids() if _alive(p)]
+        return [p for p in self.pids() if alive(p)]
 
     def remove(self) -> bool:
         """rmdir the group (it must hold no process). True when it is gone."""
@@ -161,7 +163,7 @@ class Backend:
 
     def pids(self) -> list[int]:
         """Every live process in the run's groups: the way to find what a lost supervisord left."""
-        return sorted(p for g in self.groups() for p in g.pids() if _alive(p))
+        return sorted(p for g in self.groups() for p in g.pids() if alive(p))
 
     def kill_all(self) -> list[int]:
         """SIGKILL every process in every group of the run; returns the pids that survived."""
@@ -204,15 +206,6 @@ def run_backends(state_dir: Path) -> list[Backend]:
     except OSError:
         return []
     return [Backend(backend.version, parent / n) for n in names]
-
-
-def _alive(pid: int) -> bool:
-    """Running and not a zombie (a zombie stays listed in cgroup.procs until its parent reaps it)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
 
 
 def detect(name: str) -> tuple[Backend | None, str]:

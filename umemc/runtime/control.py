@@ -29,7 +29,7 @@ from ..errors import RuntimeFailure
 from ..policy import Held, Lease
 from .cgroups import Cgroup, run_backends
 from .events import EventLog
-from .probes.proc import ProcTree
+from .probes.proc import ProcTree, alive
 from .rundir import ENFORCER, GATEWAY, SUPERVISORD, RunDir
 from .supervisor import Supervisor
 from .wrap import start_time
@@ -94,7 +94,7 @@ class Stack:
         running these are its programs; without it, orphans."""
         out: dict[str, set[int]] = {}
         for group in self._groups():
-            pids = [p for p in group.pids() if _alive(p)]
+            pids = [p for p in group.pids() if alive(p)]
             if pids:
                 out.setdefault(group.path.name, set()).update(pids)
         for record in self.run.records():
@@ -236,7 +236,7 @@ class Stack:
         deadline = time.monotonic() + timeout
         while not self.supervisor.alive():
             record = next((r for r in self.run.records() if r.name == SUPERVISORD), None)
-            if record is not None and not _alive(record.pid):
+            if record is not None and not alive(record.pid):
                 log = self.run.state / "supervisord.stderr.log"
                 tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log.exists() else []
                 raise RuntimeFailure("\n".join(["supervisord did not start", *(f"  {t}" for t in tail)]))
@@ -310,9 +310,9 @@ class Stack:
         with contextlib.suppress(*RPC_ERRORS):
             sup.call("supervisor.shutdown")
         deadline = time.monotonic() + timeout
-        while sv_pid is not None and _alive(sv_pid) and time.monotonic() < deadline:
+        while sv_pid is not None and alive(sv_pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        killed = [p for p in sorted(pids) if _alive(p)]
+        killed = [p for p in sorted(pids) if alive(p)]
         for p in killed:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(p, signal.SIGKILL)
@@ -362,11 +362,7 @@ def _live_usage(path: Path) -> dict[str, int]:
 def _live_leases(path: Path) -> list[Lease]:
     doc = read_optional(GatewayState, path)
     now = time.time()
-    return [
-        Lease(x.id, x.holder, x.bytes, x.gpu_bytes, x.priority, x.expires, x.model)
-        for x in ([] if doc is None else doc.leases)
-        if x.expires > now
-    ]
+    return [x.lease() for x in ([] if doc is None else doc.leases) if x.expires > now]
 
 
 def healthy(port: int | None, path: str | None) -> bool:
@@ -387,23 +383,9 @@ def healthy(port: int | None, path: str | None) -> bool:
         conn.close()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _same_process(record: PidRecord) -> bool:
     """The recorded pid still names the recorded process (not a later one that reused the pid)."""
-    return _alive(record.pid) and start_time(record.pid) == record.start
+    return alive(record.pid) and start_time(record.pid) == record.start
 
 
 def _kill_group(pid: int) -> None:

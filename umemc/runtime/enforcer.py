@@ -44,6 +44,7 @@ from ..contract import (
     read_optional,
 )
 from ..policy import Held, pressure_victim
+from ..records import write_atomic
 from .cgroups import Cgroup
 from .events import EventLog
 from .probes import nvidia
@@ -585,10 +586,8 @@ class Enforcer:
             },
         )
         path = self.state_dir / "enforcer.json"
-        tmp = path.with_suffix(".tmp")
         try:
-            tmp.write_text(dump(doc))
-            os.replace(tmp, path)
+            write_atomic(path, dump(doc))
         except OSError as exc:  # a full or read-only state dir: enforcement goes on, status goes stale
             if str(exc) != self._status_error:
                 print(f"umemc-enforcer: cannot write {path}: {exc}", file=sys.stderr, flush=True)

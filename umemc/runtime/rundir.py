@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..records import PidRecord
+from ..records import PidRecord, write_atomic
 
 SOCKET_MAX = 107
 ENFORCER, GATEWAY, SUPERVISORD = "umemc-enforcer", "umemc-gateway", "umemc-supervisord"  # umemc's own processes
@@ -130,10 +130,4 @@ class RunDir:
         """A file only its owner may read, written atomically (never briefly world-readable)."""
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(path.parent, 0o700)
-        tmp = path.with_name(f".{path.name}.tmp")
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with open(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        write_atomic(path, text)

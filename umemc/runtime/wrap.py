@@ -22,7 +22,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ..records import CgroupRecord, PidRecord
+from ..records import CgroupRecord, PidRecord, write_atomic
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -99,9 +99,7 @@ def start_time(pid: int) -> int:
 def write_record(path: Path, text: str) -> None:
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_atomic(path, text)
     except OSError as exc:  # a full disk must not stop the worker: cgroups and process groups still find it
         print(f"umemc-wrap: cannot record {path}: {exc.strerror}", file=sys.stderr)
 

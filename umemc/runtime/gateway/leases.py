@@ -62,7 +62,7 @@ class Leases(Core):
         now = time.time()
         for x in doc.leases:
             if x.expires > now:
-                self.leases[x.id] = Lease(x.id, x.holder, x.bytes, x.gpu_bytes, x.priority, x.expires, x.model)
+                self.leases[x.id] = x.lease()
 
     def release_lease(self, lease_id: str, why: str = "lease_release") -> Lease | None:
         lease = self.leases.pop(lease_id, None)

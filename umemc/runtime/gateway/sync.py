@@ -16,6 +16,7 @@ from ...contract import (
     dump,
     read_optional,
 )
+from ...records import write_atomic
 from .core import Core
 from .leases import lease_doc
 from .lifecycle import SERVING as SERVING_PHASES
@@ -163,10 +164,8 @@ class StateSync(Core):
             leases=[lease_doc(x) for x in self.leases.values()],
         )
         path = self.state_dir / "gateway.json"
-        tmp = path.with_suffix(".tmp")
         try:
-            tmp.write_text(dump(doc))
-            os.replace(tmp, path)
+            write_atomic(path, dump(doc))
         except OSError as exc:
             # a full or read-only state dir never fails a request: the enforcer sees a stale file (its
             # pressure guard then spares no one it cannot see), `status` loses in-flight counts

@@ -9,6 +9,15 @@ import os
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+def alive(pid: int) -> bool:
+    """Running and not a zombie (a zombie also stays listed in its cgroup until it is reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
 class ProcTree:
     """Resident bytes of a root process and all its descendants; descriptors are cached per pid."""
 
