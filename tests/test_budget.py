@@ -81,7 +81,9 @@ def test_preset_fields_are_overridable(write_stack) -> None:
     assert (p.kind, p.memory, p.os_reserve, p.gpu_window) == ("amd-apu", 96 * GiB, 6 * GiB, 80 * GiB)
 
 
-def test_does_not_fit_exit_1_with_suggestions(write_stack, run_cli, tmp_path: Path) -> None:
+def test_does_not_fit_leads_with_the_decisive_fact_and_the_smallest_change(
+    write_stack, run_cli, tmp_path: Path
+) -> None:
     text = (
         'version = 1\nname = "big"\n[platform]\nkind = "cpu"\nmemory = "16GiB"\nos_reserve = "2GiB"\n'
         '[models.chat]\nruntime = "llama-server"\narch = "llama-3-8b"\nquant = "Q8_0"\ncontext = 32768\n'
@@ -91,16 +93,62 @@ def test_does_not_fit_exit_1_with_suggestions(write_stack, run_cli, tmp_path: Pa
     code, out, err = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
     report = json.loads(out)
     assert code == 1 and report["fits"] is False
-    over = (report["hot_total_bytes"] - report["capacity"]["budget_bytes"]) / GiB
+    # budget: (16 - 2) GiB x 0.85 = 11.9 GiB; side: 3 GiB x 1.1 = 3.3 GiB; chat alone is over the budget, so
+    # no single change is enough: the mildest combination that fits comes first (Q6_K weights 6.1 GiB and
+    # 1 GiB of KV at 8192 tokens instead of 7.9 + 4 GiB), then what frees the most
+    assert report["advice"] == [
+        "does not fit: the hot set's hard quotas total 16.9 GiB, the budget is 11.9 GiB (over by 5.0 GiB)",
+        "model chat alone (13.6 GiB hard quota) exceeds the 11.9 GiB budget",
+        'smallest change that fits: models.chat: quant = "Q6_K", context = 8192 (8.3 GiB hard quota)',
+        "no single change fits; these free the most:",
+        "  models.chat: context = 2048 frees 4.2 GiB",
+        "  models.chat: context = 4096 frees 3.9 GiB",
+        "  models.chat: context = 8192 frees 3.3 GiB",
+        '  models.side: mode = "cold" (priority 10) frees 3.3 GiB',
+        '  models.chat: quant = "Q3_K_M" frees 3.2 GiB',
+    ]
     stack = "stack.toml"
     assert report["warnings"] == [
         f"{stack}:11:11: models.chat.context: context 32768 is above the model's trained context 8192: quality "
         "degrades without RoPE scaling",
         f"{stack}:7:9: models.chat.mmap: weights memory-mapped (mmap = true) without mlock on a tight box "
         "(headroom -5.0 GiB): the OS may page them out; set mlock = true or mmap = false",
-        f"does not fit: over budget by {over:.1f} GiB",
-        'models.side: mode = "cold" (priority 10) frees 3.3 GiB',
-        "models.chat: context = 16384 saves 2.2 GiB",  # the KV cache halves: 4 GiB -> 2 GiB, x 1.1
-        'models.chat: kv_cache = "q8_0" saves 2.1 GiB',
     ]
-    assert err == "".join(f"warning: {w}\n" for w in report["warnings"])
+    assert err == "".join(f"warning: {w}\n" for w in report["warnings"]) + "".join(f"{a}\n" for a in report["advice"])
+    code, md, _ = run_cli("check", "stack.toml", "--format", "markdown", cwd=tmp_path)
+    lines = md.splitlines()
+    at = lines.index("**Why it does not fit, and what would:**")  # before the tables, never collapsed
+    assert at < lines.index(
+        "| model | mode | prio | weights | KV | compute | overhead | estimate | hard quota | GPU | source |"
+    )
+    assert lines[at + 2 : at + 5] == [
+        "- does not fit: the hot set's hard quotas total 16.9 GiB, the budget is 11.9 GiB (over by 5.0 GiB)",
+        "- model chat alone (13.6 GiB hard quota) exceeds the 11.9 GiB budget",
+        '- smallest change that fits: models.chat: quant = "Q6_K", context = 8192 (8.3 GiB hard quota)',
+    ]
+    assert "<details>" not in "\n".join(
+        lines[
+            : lines.index(
+                "| model | mode | prio | weights | KV | compute | overhead | estimate | hard quota | GPU | source |"
+            )
+        ]
+    )
+
+
+def test_a_single_change_that_fits_is_named(write_stack, run_cli, tmp_path: Path) -> None:
+    """qwen2.5-7b Q4_K_M on a CPU box: with mmap its repacked Q4_K matrices are held twice (file pages and
+    the CPU_REPACK copy), so mmap = false (the mildest change) fits, and so does a lower quantization."""
+    text = (
+        'version = 1\nname = "cpu"\n[platform]\nkind = "cpu"\nmemory = "10GiB"\nos_reserve = "1GiB"\n'
+        '[models.chat]\nruntime = "llama-server"\narch = "qwen2.5-7b"\ncontext = 2048\n'
+    )
+    write_stack(text)
+    code, out, _ = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
+    assert code == 1
+    assert json.loads(out)["advice"] == [
+        "does not fit: the hot set's hard quotas total 8.6 GiB, the budget is 7.6 GiB (over by 1.0 GiB)",
+        "model chat alone (8.6 GiB hard quota) exceeds the 7.6 GiB budget",
+        "smallest changes that fit (each alone, re-estimated):",
+        "  models.chat: mmap = false (no second copy of the repacked weights) frees 3.2 GiB",
+        '  models.chat: quant = "Q3_K_M" frees 2.8 GiB',
+    ]

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from . import policy
+from .advice import advice
 from .catalog.runtimes import LLAMA_RUNTIMES
-from .estimate.estimator import estimate_model, estimate_stack
+from .estimate.estimator import estimate_stack
 from .estimate.figures import Estimate
 from .stack.resolve import LoadedStack, ResolvedModel
 from .units import MiB, gib, mul_ceil, mul_floor, round_up
@@ -59,6 +60,7 @@ class Plan:
     hot_gpu_total: int
     cold_admission: dict[str, ColdAdmission]
     warnings: tuple[str, ...]
+    advice: tuple[str, ...] = ()  # when it does not fit: why, and the smallest changes that fit
 
     @property
     def name(self) -> str:
@@ -122,7 +124,7 @@ def make_plan(loaded: LoadedStack) -> Plan:
     held = held_on_paper(plan)  # once: a stack may have hundreds of cold models
     admission = {m.name: admit(plan, m, held) for m in models.values() if not m.hot}
     plan = replace(plan, cold_admission=admission)
-    return replace(plan, warnings=tuple(_warnings(plan, estimates)))
+    return replace(plan, warnings=tuple(_warnings(plan, estimates)), advice=tuple(advice(plan)))
 
 
 def admit(plan: Plan, cold: ModelPlan, held: list[policy.Held] | None = None) -> ColdAdmission:
@@ -178,39 +180,4 @@ def _warnings(plan: Plan, estimates: dict[str, Estimate]) -> list[str]:
                 f"models.{name}: cold model can never start: even evicting every lower-priority hot "
                 "model leaves too little memory"
             )
-    if not plan.fits:
-        out += suggestions(plan)
     return out
-
-
-def suggestions(plan: Plan) -> list[str]:
-    """What would make an over-budget stack fit: exact savings from re-estimating with a change."""
-    loaded = plan.loaded
-    over = -min(plan.headroom, plan.gpu_headroom if plan.gpu_headroom is not None else plan.headroom)
-    lines = [f"does not fit: over budget by {gib(over)} GiB"]
-    options: list[tuple[int, str]] = []
-    for m in plan.models.values():
-        spec = m.model.spec
-        if not m.hot or spec.memory is not None or spec.runtime not in LLAMA_RUNTIMES or m.estimate.kv.bytes == 0:
-            continue
-        changes: list[tuple[str, dict[str, object]]] = []
-        if spec.kv_cache in ("f16", "f32", "bf16"):
-            changes.append(
-                (
-                    f'kv_cache = "q8_0"{"" if spec.flash_attn else " with flash_attn = true"}',
-                    {"kv_cache": "q8_0", "flash_attn": True},
-                )
-            )
-        if spec.context > 2048:
-            changes.append((f"context = {spec.context // 2}", {"context": spec.context // 2}))
-        for text, update in changes:
-            alt = replace(m.model, spec=spec.model_copy(update=update))
-            saved = m.quota_hard - model_plan(loaded, alt, estimate_model(loaded, alt)).quota_hard
-            if saved > 0:
-                options.append((saved, f"models.{m.name}: {text} saves {gib(saved)} GiB"))
-    for m in sorted((m for m in plan.models.values() if m.hot), key=lambda m: m.priority)[:1]:
-        options.append(
-            (m.quota_hard, f'models.{m.name}: mode = "cold" (priority {m.priority}) frees {gib(m.quota_hard)} GiB')
-        )
-    options.sort(key=lambda o: -o[0])
-    return lines + [text for _, text in options[:6]]

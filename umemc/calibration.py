@@ -50,6 +50,7 @@ def header(facts: GgufFacts) -> dict[str, Any]:
         "file_type": facts.file_type,
         "general_arch": facts.general_arch,
         "shape": None if facts.shape is None else asdict(facts.shape),
+        "repack_bytes": facts.repack_bytes,
     }
 
 
@@ -69,6 +70,7 @@ def facts_from_lock(entry: dict[str, Any], path: str) -> GgufFacts:
         file_type=h["file_type"],
         shape=shape,
         general_arch=h["general_arch"],
+        repack_bytes=h.get("repack_bytes", 0),
     )
 
 

@@ -59,8 +59,8 @@ CASES: dict[str, tuple[str, str]] = {
     "platform without kind": (
         'version = 1\nname = "t"\n\n[platform]\nmemory = "8GiB"\n' + M,
         "stack.toml:4:1: platform.kind: required key is missing (no preset given)\n"
-        "  hint: set preset = one of strix-halo-128, apple-silicon-128, dgx-spark-128, "
-        "jetson-orin-64, or give kind and memory",
+        "  hint: set preset = one of strix-halo-128, strix-halo-64, apple-silicon-128, apple-silicon-96, "
+        "apple-silicon-64, apple-silicon-48, apple-silicon-36, dgx-spark-128, jetson-orin-64, or give kind and memory",
     ),
     "no size source": (
         BASE + '\n[models.chat]\nruntime = "llama-server"\n',
@@ -69,8 +69,9 @@ CASES: dict[str, tuple[str, str]] = {
     ),
     "unknown preset": (
         'version = 1\nname = "t"\n[platform]\npreset = "strix-halo"\n' + M,
-        "stack.toml:4:10: platform.preset: must be one of strix-halo-128, apple-silicon-128, "
-        "dgx-spark-128, jetson-orin-64 (got \"strix-halo\")\n  hint: did you mean 'strix-halo-128'?",
+        "stack.toml:4:10: platform.preset: must be one of strix-halo-128, strix-halo-64, apple-silicon-128, "
+        "apple-silicon-96, apple-silicon-64, apple-silicon-48, apple-silicon-36, dgx-spark-128, jetson-orin-64 "
+        "(got \"strix-halo\")\n  hint: did you mean 'strix-halo-128'?",
     ),
     "unknown arch": (
         BASE + '\n[models.chat]\nruntime = "llama-server"\narch = "llama3-8b"\n',

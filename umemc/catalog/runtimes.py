@@ -23,3 +23,10 @@ RUNTIMES_FOR: dict[str, tuple[str, ...]] = {
     "speech": ("whisper-server", "torch"),
     "diffusion": ("comfyui", "torch"),
 }
+# Sliding-window layers (Gemma 2/3, Cohere2): llama.cpp's library default is a full-size cache on every
+# layer (llama_context_default_params: swa_full = true); llama-server passes swa_full = false (only the
+# window is kept), llama-cpp-python's server has no setting for it and keeps the library default.
+FULL_SWA_CACHE = frozenset({"llama-cpp-python"})
+# How a runtime's argv turns off weight repacking on the CPU (llama-server: --no-repack / -nr);
+# llama-cpp-python has no such setting.
+NO_REPACK_FLAGS: dict[str, frozenset[str]] = {"llama-server": frozenset({"--no-repack", "-nr"})}

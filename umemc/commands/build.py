@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import UsageError
-from .common import plan_from_arg
+from .common import console, plan_from_arg
 
 if TYPE_CHECKING:
     from ..budget import Plan
@@ -47,16 +47,14 @@ def check_bundle_dir(out: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from ..targets.table import print_budget
 
     plan = plan_from_arg(args.stack)
     out = Path(args.output) if args.output else Path("build") / plan.name
     written = build(plan, out)
-    console = Console(highlight=False)
-    print_budget(plan, console)
-    console.print(f"\nwrote {out}/ ({len(written)} files):")
+    out_console = console()
+    print_budget(plan, out_console)
+    out_console.print(f"\nwrote {out}/ ({len(written)} files):")
     for rel in written:
-        console.print(f"  {rel}")
+        out_console.print(f"  {rel}")
     return 0 if plan.fits else 1

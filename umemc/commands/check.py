@@ -10,7 +10,7 @@ import sys
 from ..budget import Plan
 from ..compile import compile_bundle
 from ..errors import StackError
-from .common import plan_from_arg, print_warnings, write_stdout
+from .common import console, plan_from_arg, print_warnings, write_stdout
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -68,4 +68,4 @@ def _print(plan: Plan, fmt: str) -> None:
     else:
         from ..targets.table import print_budget
 
-        print_budget(plan)
+        print_budget(plan, console())

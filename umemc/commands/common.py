@@ -4,14 +4,27 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..budget import Plan, make_plan
 from ..stack.resolve import load_stack
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def plan_from_arg(stack_arg: str) -> Plan:
     """Load, estimate and budget the stack named on the command line (errors carry its spelling)."""
     return make_plan(load_stack(Path(stack_arg), shown=stack_arg))
+
+
+def console() -> Console:
+    """stdout for rich output. Off a terminal (a CI log, a pipe, pre-commit) nothing is wrapped or
+    cut at 80 columns: text lines stay whole and tables get 200 columns."""
+    from rich.console import Console
+
+    tty = Console(highlight=False)
+    return tty if tty.is_terminal else Console(highlight=False, width=200, soft_wrap=True)
 
 
 def write_stdout(text: str) -> None:
@@ -22,3 +35,5 @@ def write_stdout(text: str) -> None:
 def print_warnings(plan: Plan) -> None:
     for w in plan.warnings:
         print(f"warning: {w}", file=sys.stderr)
+    for a in plan.advice:
+        print(a, file=sys.stderr)

@@ -14,6 +14,7 @@ from typing import Any
 from ..contract import ContractError, Doc, read
 from ..errors import UsageError
 from ..units import gib
+from .common import console
 from .up import add_run_dir
 
 
@@ -190,12 +191,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(contract(status), indent=2))
     else:
-        from rich.console import Console
-
-        console = Console(highlight=False)
-        if not console.is_terminal:  # a log or a pipe: never cut a figure at 80 columns
-            console = Console(highlight=False, width=200)
-        console.print(table(status))
+        console().print(table(status))
     return 0
 
 

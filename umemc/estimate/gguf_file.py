@@ -4,11 +4,12 @@ names a GGUF file that exists: `umemc check` on presets never pays for them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from ..catalog.archs import LlmShape, VisionShape
-from ..catalog.quant import FILE_TYPE_IDS
+from ..catalog.quant import FILE_TYPE_IDS, is_repacked
 
 # llama.cpp hard-codes the sliding-window layout for some architectures (src/llama-model.cpp,
 # hparams.set_swa_pattern): every n-th layer is global, the others use the window.
@@ -29,11 +30,25 @@ class GgufFacts:
     shape: LlmShape | None  # None for files that are not language models (mmproj)
     general_arch: str
     vision: VisionShape | None = None  # a multimodal projector's encoder (clip.vision.* keys)
+    repack_bytes: int = 0  # tensors llama.cpp's CPU backend copies into its repacked layout
 
 
 def read(path: Path) -> GgufFacts:
-    """Read tensor sizes and hyper-parameters; the reader memory-maps, no weight is read."""
+    """Read tensor sizes and hyper-parameters; the reader memory-maps, no weight is read. gguf's
+    reader parses every vocabulary entry (about 10 s for a 128k-token vocabulary on a slow core), so
+    the facts are kept per file version for the life of the process (several models, one file)."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise NotGguf(f"cannot read the GGUF header: {exc.strerror}") from None
+    return _read(str(path), st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+@lru_cache(maxsize=64)
+def _read(name: str, size: int, mtime_ns: int, inode: int) -> GgufFacts:
     import gguf  # heavy (numpy): only on this path
+
+    path = Path(name)
 
     try:
         reader = gguf.GGUFReader(str(path), "r")
@@ -55,6 +70,11 @@ def read(path: Path) -> GgufFacts:
         shape=_shape(fields, arch, vocab) if f"{arch}.block_count" in fields else None,
         general_arch=arch,
         vision=_vision(fields),
+        repack_bytes=sum(
+            int(t.n_bytes)
+            for t in reader.tensors
+            if is_repacked(t.name, t.tensor_type.name, tuple(int(d) for d in t.shape))
+        ),
     )
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ..catalog.archs import LLM_PRESETS, LlmShape, VisionShape
-from ..catalog.quant import FILE_TYPE_BITS
+from ..catalog.archs import LLM_PRESETS, LlmPreset, LlmShape, VisionShape
+from ..catalog.quant import FILE_TYPE_BITS, is_repacked, mix_types, tensor_bytes
+from ..catalog.runtimes import FULL_SWA_CACHE, NO_REPACK_FLAGS
 from ..stack.resolve import LoadedStack, ResolvedModel
 from .figures import Estimate, Figure
 from .finish import finish
@@ -62,13 +64,17 @@ def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
         return estimate_command(loaded, m)  # memory = … only, file absent: nothing to compute from
     vision = _vision(loaded, m, facts, preset)
     weights_parts = [weights] + ([vision[0]] if vision else [])
-    kv = kv_figure(shape, spec.context, spec.parallel, spec.ubatch, spec.kv_cache)
-    compute_parts = [compute_figure(shape, spec.context, spec.parallel, spec.ubatch, spec.flash_attn)]
+    swa_full = spec.runtime in FULL_SWA_CACHE
+    kv = kv_figure(shape, spec.context, spec.parallel, spec.ubatch, spec.kv_cache, swa_full)
+    compute_parts = [compute_figure(shape, spec.context, spec.parallel, spec.ubatch, spec.flash_attn, swa_full)]
+    repack = _repack(loaded, m, facts.repack_bytes if facts is not None else _preset_repack(preset, ftype))
+    if repack is not None:
+        weights_parts.append(repack)
     if vision:
         compute_parts.append(vision[1])
     overhead = overhead_figure(spec.runtime, loaded.platform.kind)
     family = "embedding" if not shape.causal else ("vision" if vision else "llm")
-    warnings += _warnings(loaded, m, shape, ftype, family)
+    warnings += _warnings(loaded, m, shape, ftype, family, kv)
     weights_fig, compute_fig = Figure.total("weights", weights_parts), Figure.total("compute", compute_parts)
     measured = _measured(loaded, m, entry, warnings)
     if measured is not None:
@@ -202,8 +208,47 @@ def _vision(
     return weights, vision_compute_figure(vshape, spec.image_size, spec.flash_attn)
 
 
-def _warnings(loaded: LoadedStack, m: ResolvedModel, shape: LlmShape, ftype: str, family: str) -> list[str]:
+def _repack(loaded: LoadedStack, m: ResolvedModel, repack_bytes: int) -> Figure | None:
+    """On the CPU, llama.cpp copies some weights into a repacked layout. With mmap the file's pages of
+    those tensors were read to make the copy and stay resident until the kernel reclaims them, so
+    the process holds both: budget both. Without mmap the copy replaces the file's tensors."""
+    spec = m.spec
+    if loaded.platform.kind != "cpu" or not m.mmap or not repack_bytes:
+        return None
+    if NO_REPACK_FLAGS.get(spec.runtime, frozenset()) & set(spec.args):
+        return None
+    how = {"llama-server": "add --no-repack to args to avoid it (slower prompt processing)"}
+    return Figure(
+        "repacked copy",
+        repack_bytes,
+        "CPU_REPACK buffer: Q4_0/Q4_K/IQ4_NL matrices re-laid out by llama.cpp's CPU backend, held besides the "
+        "mapped file pages they were read from (reclaimable: resident memory may later fall by this much)",
+        {"avoid": how.get(spec.runtime, f"{spec.runtime} cannot turn repacking off; mmap = false avoids the double")},
+    )
+
+
+@cache
+def _preset_repack(preset: LlmPreset | None, ftype: str) -> int:
+    if preset is None:
+        return 0
+    tensors = preset.tensors()
+    types = mix_types(ftype, tensors, preset.shape.n_gqa, preset.is_70b)
+    return sum(tensor_bytes(t, ne) for (name, ne), t in zip(tensors, types, strict=True) if is_repacked(name, t, ne))
+
+
+def _warnings(loaded: LoadedStack, m: ResolvedModel, shape: LlmShape, ftype: str, family: str, kv: Figure) -> list[str]:
     spec, at, src, out = m.spec, ("models", m.name), loaded.source, []
+    if spec.runtime in FULL_SWA_CACHE and shape.sliding_window and any(shape.swa_layers):
+        small = kv_figure(shape, spec.context, spec.parallel, spec.ubatch, spec.kv_cache, swa_full=False).bytes
+        if kv.bytes > small:
+            out.append(
+                src.warning(
+                    at + ("runtime",),
+                    f"{spec.runtime} keeps full-size KV caches on the model's sliding-window layers "
+                    f"(llama.cpp's swa_full default; its server has no setting for it): KV {kv.bytes} bytes "
+                    f"instead of {small} with llama-server, which keeps only the window",
+                )
+            )
     want = _WANTS.get(family)
     if want and FILE_TYPE_BITS.get(ftype, 99) < FILE_TYPE_BITS[want[0]]:
         out.append(src.warning(at + ("quant",), f"{family} model quantized to {ftype}: {want[1]}; consider {want[0]}"))

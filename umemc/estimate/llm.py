@@ -13,6 +13,12 @@ from .figures import Figure
 CTX_PAD = 256  # llama.cpp pads n_ctx (KV cells) to a multiple of 256
 KQ_MASK_PAD = 64  # GGML_KQ_MASK_PAD: the mask's token dimension is padded to 64
 F32 = 4
+# The logits (the largest tensor, allocated last) land above whatever ggml-alloc still holds: the
+# attention masks (graph inputs, allocated first, never freed) and the final norm's activations. Which
+# freed blocks lie below them depends on the allocator's history; across llama, qwen2 and gemma3 shapes
+# (bench/accuracy.py) masks + 2 n_embd-wide activations (n_embd x n_ubatch x 4 each) was never below
+# llama.cpp's report, and matched it within 0-3 %.
+LOGITS_BELOW = 2
 
 
 def pad(n: int, to: int) -> int:
@@ -57,16 +63,27 @@ def cells(context: int, parallel: int) -> int:
     return pad(context * parallel, CTX_PAD)
 
 
-def kv_figure(shape: LlmShape, context: int, parallel: int, ubatch: int, kv_type: str) -> Figure:
+def swa_cells(shape: LlmShape, context: int, parallel: int, ubatch: int, swa_full: bool) -> int:
+    """Cells of a sliding-window layer's cache: the window of every sequence plus one ubatch, unless
+    the runtime keeps full-size caches (swa_full) or the model has no window."""
+    n_cells = cells(context, parallel)
+    if not shape.sliding_window or swa_full:
+        return n_cells
+    return min(n_cells, pad(shape.sliding_window * parallel + ubatch, CTX_PAD))
+
+
+def kv_figure(
+    shape: LlmShape, context: int, parallel: int, ubatch: int, kv_type: str, swa_full: bool = False
+) -> Figure:
     if not shape.causal:
         return Figure("kv", 0, "encoder model: llama.cpp keeps no KV cache", {"arch": shape.arch})
     n_cells = cells(context, parallel)
     gtype = KV_TYPES[kv_type]
-    swa_cells = min(n_cells, pad(shape.sliding_window * parallel + ubatch, CTX_PAD)) if shape.sliding_window else 0
+    n_swa_cells = swa_cells(shape, context, parallel, ubatch, swa_full)
     total = 0
     for layer in range(shape.n_layer):
         n_kv = shape.n_head_kv[layer]
-        c = swa_cells if shape.swa_layers and shape.swa_layers[layer] else n_cells
+        c = n_swa_cells if shape.swa_layers and shape.swa_layers[layer] else n_cells
         total += (row_bytes(gtype, shape.head_dim_k * n_kv) + row_bytes(gtype, shape.head_dim_v * n_kv)) * c
     inputs: dict[str, object] = {
         "layers": shape.n_layer,
@@ -79,8 +96,10 @@ def kv_figure(shape: LlmShape, context: int, parallel: int, ubatch: int, kv_type
     if shape.sliding_window:
         n_swa = sum(shape.swa_layers)
         inputs["sliding-window layers"] = (
-            f"{n_swa} of {shape.n_layer} hold pad256(min(cells, window "
-            f"{shape.sliding_window} x parallel + ubatch)) = {swa_cells} cells"
+            f"{n_swa} of {shape.n_layer} hold all {n_cells} cells (the runtime keeps full-size caches: swa_full)"
+            if swa_full
+            else f"{n_swa} of {shape.n_layer} hold pad256(min(cells, window "
+            f"{shape.sliding_window} x parallel + ubatch)) = {n_swa_cells} cells"
         )
     return Figure("kv", total, formula, inputs)
 
@@ -89,19 +108,28 @@ def _heads(heads: tuple[int, ...]) -> str:
     return str(heads[0]) if len(set(heads)) == 1 else f"per layer {min(heads)}-{max(heads)}"
 
 
-def compute_figure(shape: LlmShape, context: int, parallel: int, ubatch: int, flash_attn: bool) -> Figure:
+def compute_figure(
+    shape: LlmShape, context: int, parallel: int, ubatch: int, flash_attn: bool, swa_full: bool = False
+) -> Figure:
     """llama.cpp's compute buffer for its worst-case graph (a full ubatch against a full cache),
     plus the output buffer. ggml-alloc frees a tensor after its last use, so the buffer is the
-    largest set of tensors alive at once: inside a layer (the mask is used by every layer and
-    stays alive) or at the end (the logits of every token of the reserve batch)."""
+    largest set of tensors alive at once: inside a layer (the attention masks are graph inputs and
+    stay allocated) or at the end (the logits of every token of the reserve batch)."""
     n_ub = min(ubatch, context * parallel) if shape.causal else ubatch
     n_kv = cells(context, parallel) if shape.causal else pad(n_ub, CTX_PAD)  # an encoder attends to its batch
     e, e_kv = shape.n_embd, max(shape.n_head_kv) * shape.head_dim_k
+    mask_row = pad(n_ub, KQ_MASK_PAD) * (2 if flash_attn else F32)
+    masks = {"n_kv": n_kv}
+    mask_bytes = n_kv * mask_row
+    if shape.causal and shape.sliding_window and any(shape.swa_layers):
+        n_swa = swa_cells(shape, context, parallel, ubatch, swa_full)  # the sliding-window layers' own mask
+        masks["n_kv (sliding window)"] = n_swa
+        mask_bytes += n_swa * mask_row
     mask = Figure(
         "kq_mask",
-        n_kv * pad(n_ub, KQ_MASK_PAD) * (2 if flash_attn else F32),
-        "n_kv x pad64(n_ubatch) x (2 bytes with flash attention, else 4)",
-        {"n_kv": n_kv},
+        mask_bytes,
+        "n_kv x pad64(n_ubatch) x (2 bytes with flash attention, else 4), per mask",
+        masks,
     )
     acts = (5 * e + 2 * e_kv + (e if flash_attn else 0)) * n_ub * F32
     if flash_attn:
@@ -127,8 +155,9 @@ def compute_figure(shape: LlmShape, context: int, parallel: int, ubatch: int, fl
     width = shape.n_vocab if shape.causal else 0
     end = Figure(
         "logits",
-        (width + 2 * e) * n_ub * F32,
-        "(n_vocab + 2 x n_embd) x n_ubatch x 4: the reserve graph outputs every token",
+        (width + LOGITS_BELOW * e) * n_ub * F32 + (mask.bytes if shape.causal else 0),
+        f"kq_mask + (n_vocab + {LOGITS_BELOW} x n_embd) x n_ubatch x 4: the reserve graph outputs every token; "
+        "the logits land above the masks and the final activations",
         {"n_vocab": shape.n_vocab},
     )
     layer = max(attn, ffn, key=lambda f: f.bytes)

@@ -45,6 +45,27 @@ PLATFORM_PRESETS: dict[str, PlatformPreset] = {
         note="stock iogpu.wired_limit_mb (about 84% of RAM)",
         cpu_cores=16,
     ),  # M4 Max: 12P + 4E
+    # Smaller Macs: the same stock rule as default_gpu_window (3/4 of RAM above 32 GiB).
+    **{
+        f"apple-silicon-{gb}": PlatformPreset(
+            kind="apple",
+            memory=gb * GiB,
+            os_reserve=min(8 * GiB, gb * GiB // 8),
+            gpu_window=gb * GiB * 3 // 4,
+            note="stock iogpu.wired_limit_mb (about 75% of RAM)",
+            cpu_cores=cores,
+        )
+        for gb, cores in ((36, 12), (48, 14), (64, 16), (96, 12))
+    },  # M3 Pro 36 GB, M4 Pro 48 GB, M4 Max 64 GB, M2 Max 96 GB
+    # Ryzen AI Max 64 GB: the same layout as the 128 GB box, GTT up to all but the OS reserve.
+    "strix-halo-64": PlatformPreset(
+        kind="amd-apu",
+        memory=64 * GiB,
+        os_reserve=8 * GiB,
+        gpu_window=56 * GiB,
+        note="GTT limit via ttm.pages_limit=14680064 (56 GiB)",
+        cpu_cores=16,
+    ),
     # NVIDIA GB10 (DGX Spark), 128 GB LPDDR5x shared by CPU and GPU. NVML reports no separate
     # memory ("Not Supported"): the GPU can allocate whatever the OS has available, so the window
     # is everything outside the OS reserve.
@@ -68,6 +89,11 @@ PLATFORM_PRESETS: dict[str, PlatformPreset] = {
     ),  # 12 A78AE
 }
 
+_ORDER = ("strix-halo", "apple-silicon", "dgx-spark", "jetson-orin")  # by family, larger machines first
+PLATFORM_PRESETS = dict(
+    sorted(PLATFORM_PRESETS.items(), key=lambda kv: (_ORDER.index(kv[0].rsplit("-", 1)[0]), -kv[1].memory))
+)
+
 KINDS = ("amd-apu", "apple", "nvidia-unified", "nvidia-discrete", "cpu")
 UNIFIED_KINDS = frozenset({"amd-apu", "apple", "nvidia-unified"})
 
@@ -75,3 +101,18 @@ UNIFIED_KINDS = frozenset({"amd-apu", "apple", "nvidia-unified"})
 def default_os_reserve(memory: int) -> int:
     """Without a preset: 8 GiB, or an eighth of RAM on small machines (what practitioners keep for the OS)."""
     return min(8 * GiB, memory // 8)
+
+
+def default_gpu_window(kind: str, memory: int, os_reserve: int) -> int | None:
+    """The GPU window of a machine whose stack does not give one (None: it must be given).
+
+    apple: macOS's stock GPU working-set limit (Metal's recommendedMaxWorkingSetSize, what
+    iogpu.wired_limit_mb = 0 means): about 3/4 of RAM above 32 GiB, 2/3 below.
+    amd-apu: everything outside the OS reserve (the bundle's ttm.pages_limit sets exactly that).
+    nvidia-unified: the GPU allocates whatever the OS has available.
+    nvidia-discrete: the card's VRAM, which nothing else tells."""
+    if kind == "apple":
+        return memory * 3 // 4 if memory > 32 * GiB else memory * 2 // 3
+    if kind in ("amd-apu", "nvidia-unified"):
+        return memory - os_reserve
+    return None

@@ -14,10 +14,10 @@ from ..catalog.archs import LLM_PRESETS, TORCH_PRESETS, family_of
 from ..catalog.gguf import is_gguf
 from ..catalog.quant import FILE_TYPES, TORCH_DTYPES, WHISPER_TYPES
 from ..catalog.runtimes import LLAMA_RUNTIMES, RUNTIME_FAMILY, RUNTIMES_FOR
-from ..units import human
+from ..units import gib, human
 from .load import Document, Source, read_document, validate
 from .models import NAME_PATTERN, ModelSpec, Stack
-from .presets import PLATFORM_PRESETS, UNIFIED_KINDS, default_os_reserve
+from .presets import PLATFORM_PRESETS, UNIFIED_KINDS, default_gpu_window, default_os_reserve
 from .types import toml_repr
 
 FIRST_PORT = 10001
@@ -80,6 +80,7 @@ def load_stack(path: Path, shown: str | None = None) -> LoadedStack:
     locks = calibration.load(path)
     _check_names(stack, src)
     platform = _platform(stack, src)
+    doc.warnings += _decimal_memory(doc.data.get("platform"), platform, src)
     _check_policy(stack, src)
     _check_gateway(stack, src)
     _check_sysctl(stack, src)
@@ -136,22 +137,21 @@ def _platform(stack: Stack, src: Source) -> ResolvedPlatform:
         raise src.error(
             ("platform", "os_reserve"), f"must be less than memory ({human(os_reserve)} >= {human(memory)})"
         )
-    window = (
-        p.gpu_window if p.gpu_window is not None else (preset.gpu_window if preset and preset.kind == kind else None)
-    )
+    same_machine = preset is not None and preset.kind == kind and preset.memory == memory
+    window = p.gpu_window if p.gpu_window is not None else (preset.gpu_window if preset and same_machine else None)
     if kind == "cpu":
         if p.gpu_window is not None:
             raise src.error(("platform", "gpu_window"), 'not used for kind = "cpu"', "remove it")
         window = None
     elif window is None:
-        if kind != "nvidia-unified":
+        window = default_gpu_window(kind, memory, os_reserve)
+        if window is None:
             raise src.error(
                 ("platform", "gpu_window"),
                 f'required key is missing for kind = "{kind}"',
                 _WINDOW_HINT[kind],
                 what="table",
             )
-        window = memory - os_reserve
     if window is not None and window <= 0:
         raise src.error(("platform", "gpu_window"), "must be > 0")
     if window is not None and kind in UNIFIED_KINDS and window > memory:
@@ -162,6 +162,25 @@ def _platform(stack: Stack, src: Source) -> ResolvedPlatform:
         )
     cores = p.cpu_cores if p.cpu_cores is not None else (preset.cpu_cores if preset else None)
     return ResolvedPlatform(p.preset, kind, memory, os_reserve, window, cores)
+
+
+_DECIMAL = re.compile(r"\s*[0-9.]+\s*(k|m|g|t)b\s*", re.IGNORECASE)
+
+
+def _decimal_memory(table: object, platform: ResolvedPlatform, src: Source) -> list[str]:
+    """A machine sold as "64 GB" has 64 GiB of RAM; "64GB" in a stack is 10^9-byte units (59.6 GiB).
+    Accepted, but said once, with the figure every report uses."""
+    raw = table.get("memory") if isinstance(table, dict) else None
+    if not isinstance(raw, str) or not _DECIMAL.fullmatch(raw):
+        return []
+    return [
+        src.warning(
+            ("platform", "memory"),
+            f'"{raw}" is {platform.memory} bytes = {gib(platform.memory)} GiB (GB/TB are powers of 10); '
+            f"RAM comes in powers of two: a machine sold as {raw.strip()} has "
+            f'"{raw.strip()[:-2].strip()}{raw.strip()[-2].upper()}iB"',
+        )
+    ]
 
 
 _WINDOW_HINT = {

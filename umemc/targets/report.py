@@ -46,6 +46,7 @@ def budget_dict(plan: Plan) -> dict[str, Any]:
             for name, a in plan.cold_admission.items()
         },
         "warnings": list(plan.warnings),
+        "advice": list(plan.advice),
     }
 
 
@@ -75,6 +76,9 @@ def budget_markdown(plan: Plan) -> str:
     out += ["", "| ledger | hot set (hard quotas) | budget | usable | |", "|---|---:|---:|---:|---|"]
     for name, used, budget, usable, ok in ledger_lines(plan):
         out.append(f"| {name} | {gib(used)} GiB | {gib(budget)} GiB | {gib(usable)} GiB | {'✅' if ok else '❌'} |")
+    if plan.advice:
+        out += ["", "**Why it does not fit, and what would:**", ""]
+        out += [f"- {a.strip()}" if not a.startswith("  ") else f"  - {a.strip()}" for a in plan.advice]
     out += [
         "",
         "| model | mode | prio | weights | KV | compute | overhead | estimate | hard quota | GPU | source |",

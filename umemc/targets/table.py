@@ -26,7 +26,7 @@ def budget_renderable(plan: Plan) -> Group:
         f"{window}, safety margin {plan.loaded.stack.policy.safety_margin:.0%}",
         style="dim",
     )
-    return Group(title, platform, _ledgers(plan), _models(plan), *_cold(plan), *_warnings(plan))
+    return Group(title, platform, _ledgers(plan), *_advice(plan), _models(plan), *_cold(plan), *_warnings(plan))
 
 
 def _ledgers(plan: Plan) -> Table:
@@ -90,6 +90,10 @@ def _cold(plan: Plan) -> list[Text]:
         style = "green" if a.fits_alongside_hot else ("yellow" if a.admissible else "red")
         lines.append(Text(f"  {name}: {admission_text(a)}", style=style))
     return lines
+
+
+def _advice(plan: Plan) -> list[Text]:
+    return [Text(a, style="bold red" if not a.startswith(" ") else "red") for a in plan.advice]
 
 
 def _warnings(plan: Plan) -> list[Text]:

@@ -1,0 +1,156 @@
+"""What to change when a stack does not fit: the decisive fact first (a model that alone exceeds the
+budget), then the smallest changes that make the whole stack fit, each computed by re-estimating the
+stack with that one change; when no single change is enough, the changes that save the most."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from .catalog.runtimes import LLAMA_RUNTIMES
+from .estimate.estimator import estimate_model
+from .units import gib
+
+if TYPE_CHECKING:
+    from .budget import ModelPlan, Plan
+
+# lower quantizations to try for a model estimated from an architecture preset, mildest first
+QUANT_LADDER = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M")
+MIN_CONTEXT = 2048
+COLD = 3
+SHOWN = 5
+
+
+@dataclass(frozen=True)
+class Change:
+    model: str
+    text: str
+    rank: int  # how intrusive: KV type < context < quantization < cold
+    saved: int  # hard quota (all memory) freed
+    saved_gpu: int
+
+
+def advice(plan: Plan) -> list[str]:
+    if plan.fits:
+        return []
+    cap = plan.capacity
+    lines = []
+    if not plan.fits_ram:
+        lines.append(
+            f"does not fit: the hot set's hard quotas total {gib(plan.hot_total)} GiB, the budget is "
+            f"{gib(cap.budget)} GiB (over by {gib(-plan.headroom)} GiB)"
+        )
+    gpu_over = -plan.gpu_headroom if plan.gpu_headroom is not None and plan.gpu_headroom < 0 else 0
+    if gpu_over:
+        lines.append(
+            f"does not fit: the hot set needs {gib(plan.hot_gpu_total)} GiB of the GPU window, its budget is "
+            f"{gib(cap.gpu_budget or 0)} GiB (over by {gib(gpu_over)} GiB)"
+        )
+    for m in plan.models.values():
+        if m.hot and m.quota_hard > cap.budget:
+            lines.append(
+                f"model {m.name} alone ({gib(m.quota_hard)} GiB hard quota) exceeds the {gib(cap.budget)} GiB budget"
+            )
+    over, changes = max(0, -plan.headroom), _changes(plan)
+    changes = [c for c in changes if c.rank < COLD or plan.models[c.model].quota_hard <= cap.budget]
+    fitting = [c for c in changes if c.saved >= over and c.saved_gpu >= gpu_over]
+    if not fitting:
+        big = max((m for m in plan.models.values() if m.hot), key=lambda m: m.quota_hard)
+        lines.append(_combined(plan, big, over, gpu_over))
+    if fitting:
+        best = {}
+        for c in sorted(fitting, key=lambda c: (c.rank, c.saved)):
+            best.setdefault((c.model, c.rank), c)  # per model and knob, the mildest step that fits
+        shown = sorted(best.values(), key=lambda c: (c.rank, c.saved))[:SHOWN]
+        lines.append("smallest changes that fit (each alone, re-estimated):")
+        lines += [f"  models.{c.model}: {c.text} frees {gib(c.saved)} GiB" for c in shown]
+    elif changes:
+        lines.append("no single change fits; these free the most:")
+        most = sorted(changes, key=lambda c: -c.saved)[:SHOWN]
+        lines += [f"  models.{c.model}: {c.text} frees {gib(c.saved)} GiB" for c in most]
+    return lines
+
+
+def _changes(plan: Plan) -> list[Change]:
+    out: list[Change] = []
+    for m in plan.models.values():
+        if not m.hot:
+            continue
+        spec = m.model.spec
+        if any(p.name == "repacked copy" for p in m.estimate.weights.parts):
+            out += _try(plan, m, "mmap = false (no second copy of the repacked weights)", {"mmap": False}, 0)
+        if spec.memory is None and spec.runtime in LLAMA_RUNTIMES and m.estimate.kv.bytes:
+            if spec.kv_cache in ("f16", "f32", "bf16"):
+                fa = "" if spec.flash_attn else " with flash_attn = true"
+                out += _try(plan, m, f'kv_cache = "q8_0"{fa}', {"kv_cache": "q8_0", "flash_attn": True}, 0)
+            context = spec.context // 2
+            while context >= MIN_CONTEXT:
+                out += _try(plan, m, f"context = {context}", {"context": context}, 1)
+                context //= 2
+        if spec.memory is None and m.estimate.source == "arch" and spec.runtime in LLAMA_RUNTIMES:
+            now = m.estimate.facts.get("file type")
+            lower = QUANT_LADDER[QUANT_LADDER.index(now) + 1 :] if now in QUANT_LADDER else ()
+            for q in lower:
+                out += _try(plan, m, f'quant = "{q}"', {"quant": q}, 2)
+        out.append(Change(m.name, f'mode = "cold" (priority {m.priority})', COLD, m.quota_hard, m.gpu_quota_hard))
+    return out
+
+
+def _try(plan: Plan, m: ModelPlan, text: str, update: dict[str, object], rank: int) -> list[Change]:
+    from .budget import model_plan
+
+    loaded = plan.loaded
+    alt = replace(m.model, spec=m.model.spec.model_copy(update=update))
+    if "quant" in update:
+        alt = replace(alt, quant=str(update["quant"]))
+    if "mmap" in update:
+        alt = replace(alt, mmap=bool(update["mmap"]))
+    new = model_plan(loaded, alt, estimate_model(loaded, alt))
+    saved, saved_gpu = m.quota_hard - new.quota_hard, m.gpu_quota_hard - new.gpu_quota_hard
+    return [Change(m.name, text, rank, saved, saved_gpu)] if saved > 0 else []
+
+
+def _combined(plan: Plan, m: ModelPlan, over: int, gpu_over: int) -> str:
+    """The mildest combination of quantization, KV type and context that lets the largest model fit."""
+    spec = m.model.spec
+    if spec.memory is not None or spec.runtime not in LLAMA_RUNTIMES:
+        fixed = f"models.{m.name}: its memory is fixed ({gib(m.quota_hard)} GiB hard quota)"
+        return fixed + ": a bigger machine or fewer hot models"
+    now = m.estimate.facts.get("file type")
+    quants: list[str | None] = [None]
+    if m.estimate.source == "arch" and now in QUANT_LADDER:
+        quants += list(QUANT_LADDER[QUANT_LADDER.index(now) + 1 :])
+    kvs: list[str | None] = [None] + (["q8_0"] if spec.kv_cache in ("f16", "f32", "bf16") else [])
+    contexts: list[int | None] = [None]
+    c = spec.context // 2
+    while c >= MIN_CONTEXT:
+        contexts.append(c)
+        c //= 2
+    combos = [(q, k, c) for q in quants for k in kvs for c in contexts if (q, k, c) != (None, None, None)]
+    combos.sort(key=lambda t: (sum(x is not None for x in t), quants.index(t[0]), contexts.index(t[2])))
+    tried: list[tuple[str, dict[str, object]]] = []
+    for q, k, c in combos:
+        update: dict[str, object] = {}
+        text = []
+        if q is not None:
+            update["quant"], text = q, text + [f'quant = "{q}"']
+        if k is not None:
+            update |= {"kv_cache": k, "flash_attn": True}
+            text.append(f'kv_cache = "{k}"')
+        if c is not None:
+            update["context"] = c
+            text.append(f"context = {c}")
+        tried.append((", ".join(text), update))
+    others = [o for o in plan.models.values() if o.hot and o.name != m.name]
+    for cold in ([], others):  # first with the other hot models as they are, then with them all cold
+        freed, freed_gpu = sum(o.quota_hard for o in cold), sum(o.gpu_quota_hard for o in cold)
+        also = f"; and {', '.join(o.name for o in cold)} cold" if cold else ""
+        for text, update in tried:
+            for ch in _try(plan, m, text, update, 4):
+                if ch.saved + freed >= over and ch.saved_gpu + freed_gpu >= gpu_over:
+                    hard = gib(m.quota_hard - ch.saved)
+                    return f"smallest change that fits: models.{m.name}: {ch.text} ({hard} GiB hard quota){also}"
+    return (
+        f"models.{m.name}: no quantization, KV type or context umemc can try makes the stack fit: "
+        "a smaller model, fewer hot models or a bigger machine"
+    )

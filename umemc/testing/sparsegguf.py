@@ -1,0 +1,68 @@
+"""Full-size GGUF files with a preset's real tensor shapes and llama.cpp's quantization mix, written
+sparse: the header (architecture keys, a vocabulary of the real size, every tensor's name, shape and
+type) is real, the tensor data is a hole. llama.cpp loads such a file with mmap and reports its
+buffers without reading the weights, so a 70B model's memory can be measured on a 24 GiB machine.
+
+The tensor types come from `umemc.catalog.quant.mix_types`, umemc's port of llama.cpp's
+`llama_tensor_get_type`; bench/accuracy.py checks the resulting file sizes against the published
+GGUF files of the same models (an independent source) before trusting them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..catalog.archs import LlmPreset
+from ..catalog.quant import mix_types, tensor_bytes
+from .tinygguf import _vocab
+
+# llama.cpp's LLAMA_FTYPE numbers for general.file_type (llama.h)
+FILE_TYPE_ID = {"F16": 1, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "Q4_K_S": 14, "Q3_K_M": 12}
+
+
+def write_sparse_gguf(path: Path, preset: LlmPreset, ftype: str) -> tuple[Path, dict[str, str]]:
+    """Write `preset` quantized as `ftype`; returns the path and each tensor's type."""
+    import gguf
+    import numpy as np
+
+    s = preset.shape
+    w = gguf.GGUFWriter(str(path), s.arch)
+    w.add_name(f"sparse-{preset.name}-{ftype}")
+    w.add_context_length(s.n_ctx_train)
+    w.add_embedding_length(s.n_embd)
+    w.add_block_count(s.n_layer)
+    w.add_feed_forward_length(s.n_ff)
+    w.add_head_count(s.n_head)
+    w.add_head_count_kv(s.n_head_kv[0])
+    w.add_key_length(s.head_dim_k)
+    w.add_value_length(s.head_dim_v)
+    w.add_rope_dimension_count(s.head_dim_k)
+    w.add_rope_freq_base(1_000_000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    if s.sliding_window:
+        w.add_sliding_window(s.sliding_window)
+    w.add_file_type(FILE_TYPE_ID[ftype])
+    tokens, scores, types = _vocab(s.n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    tensors = preset.tensors()
+    chosen = mix_types(ftype, tensors, s.n_gqa, preset.is_70b)
+    for (name, ne), t in zip(tensors, chosen, strict=True):
+        qtype = gguf.GGMLQuantizationType[t]
+        w.add_tensor_info(name, tuple(reversed(ne)), np.dtype(np.float32), tensor_bytes(t, ne), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    assert w.fout is not None
+    fout = w.fout[0]
+    w.write_padding(fout, fout.tell())
+    data = sum(w.ggml_pad(tensor_bytes(t, ne), w.data_alignment) for (_, ne), t in zip(tensors, chosen, strict=True))
+    size = fout.tell() + data
+    fout.truncate(size)  # the data region is a hole: it reads as zeros and takes no disk space
+    w.close()
+    return path, {name: t for (name, _), t in zip(tensors, chosen, strict=True)}
