@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
     if what == "example":
         ensure_venv("")
         stack = argv[1] if len(argv) > 1 else "examples/strix-halo-5.toml"
-        return subprocess.run([str(VENV / "bin" / "umemc"), "build", stack], cwd=ROOT).returncode
+        return subprocess.run([str(VENV / "bin" / "umemc"), "build", stack, "--files-later"], cwd=ROOT).returncode
     if what in ("setup-llama", "setup-torch"):
         ensure_venv("test")
         spec = ["llama-cpp-python[server]"] if what == "setup-llama" else ["torch==2.13.0"]

@@ -113,6 +113,8 @@ def test_does_not_fit_leads_with_the_decisive_fact_and_the_smallest_change(
         "degrades without RoPE scaling",
         f"{stack}:7:9: models.chat.mmap: weights memory-mapped (mmap = true) without mlock on a tight box "
         "(headroom -5.0 GiB): the OS may page them out; set mlock = true or mmap = false",
+        f"{stack}:7:1: models.chat: no model file: llama-server cannot start without one (the estimate used "
+        'arch = "llama-3-8b"); give model = "path/to/file.gguf"',
     ]
     assert err == "".join(f"warning: {w}\n" for w in report["warnings"]) + "".join(f"{a}\n" for a in report["advice"])
     code, md, _ = run_cli("check", "stack.toml", "--format", "markdown", cwd=tmp_path)
@@ -152,3 +154,35 @@ def test_a_single_change_that_fits_is_named(write_stack, run_cli, tmp_path: Path
         "  models.chat: mmap = false (no second copy of the repacked weights) frees 3.2 GiB",
         '  models.chat: quant = "Q3_K_M" frees 2.8 GiB',
     ]
+
+
+ARCH_ONLY = (
+    'version = 1\nname = "a"\n[platform]\npreset = "strix-halo-128"\n'
+    '[models.chat]\nruntime = "llama-server"\narch = "llama-3-8b"\n'
+)
+
+
+def test_arch_only_model_warns_at_check_and_is_refused_at_build(write_stack, run_cli, tmp_path: Path) -> None:
+    write_stack(ARCH_ONLY)
+    message = (
+        "stack.toml:5:1: models.chat: no model file: llama-server cannot start without one (the estimate used arch = "
+        '"llama-3-8b"); give model = "path/to/file.gguf"'
+    )
+    code, _, err = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
+    assert (code, err) == (0, f"warning: {message}\n")
+    for flags in ((), ("--files-later",)):  # no model key: nothing could come later
+        assert run_cli("build", "stack.toml", "-o", "out", *flags, cwd=tmp_path) == (2, "", message + "\n")
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_file_builds_only_with_files_later(write_stack, run_cli, tmp_path: Path) -> None:
+    write_stack(ARCH_ONLY + 'model = "models/chat.gguf"\n')
+    assert run_cli("build", "stack.toml", "-o", "out", cwd=tmp_path) == (
+        2,
+        "",
+        "stack.toml:8:9: models.chat.model: models/chat.gguf does not exist yet: `umemc build` needs --files-later, "
+        "`umemc up` needs the file\n",
+    )
+    assert not (tmp_path / "out").exists()
+    code, out, _ = run_cli("build", "stack.toml", "-o", "out", "--files-later", cwd=tmp_path)
+    assert code == 0 and f"-m {tmp_path}/models/chat.gguf" in (tmp_path / "out/supervisord.conf").read_text()

@@ -58,7 +58,7 @@ def advice(plan: Plan) -> list[str]:
         big = max((m for m in plan.models.values() if m.hot), key=lambda m: m.quota_hard)
         lines.append(_combined(plan, big, over, gpu_over))
     if fitting:
-        best = {}
+        best: dict[tuple[str, int], Change] = {}
         for c in sorted(fitting, key=lambda c: (c.rank, c.saved)):
             best.setdefault((c.model, c.rank), c)  # per model and knob, the mildest step that fits
         shown = sorted(best.values(), key=lambda c: (c.rank, c.saved))[:SHOWN]
@@ -122,25 +122,26 @@ def _combined(plan: Plan, m: ModelPlan, over: int, gpu_over: int) -> str:
         quants += list(QUANT_LADDER[QUANT_LADDER.index(now) + 1 :])
     kvs: list[str | None] = [None] + (["q8_0"] if spec.kv_cache in ("f16", "f32", "bf16") else [])
     contexts: list[int | None] = [None]
-    c = spec.context // 2
-    while c >= MIN_CONTEXT:
-        contexts.append(c)
-        c //= 2
+    half = spec.context // 2
+    while half >= MIN_CONTEXT:
+        contexts.append(half)
+        half //= 2
     combos = [(q, k, c) for q in quants for k in kvs for c in contexts if (q, k, c) != (None, None, None)]
     combos.sort(key=lambda t: (sum(x is not None for x in t), quants.index(t[0]), contexts.index(t[2])))
     tried: list[tuple[str, dict[str, object]]] = []
     for q, k, c in combos:
         update: dict[str, object] = {}
-        text = []
+        words: list[str] = []
         if q is not None:
-            update["quant"], text = q, text + [f'quant = "{q}"']
+            update["quant"] = q
+            words.append(f'quant = "{q}"')
         if k is not None:
             update |= {"kv_cache": k, "flash_attn": True}
-            text.append(f'kv_cache = "{k}"')
+            words.append(f'kv_cache = "{k}"')
         if c is not None:
             update["context"] = c
-            text.append(f"context = {c}")
-        tried.append((", ".join(text), update))
+            words.append(f"context = {c}")
+        tried.append((", ".join(words), update))
     others = [o for o in plan.models.values() if o.hot and o.name != m.name]
     for cold in ([], others):  # first with the other hot models as they are, then with them all cold
         freed, freed_gpu = sum(o.quota_hard for o in cold), sum(o.gpu_quota_hard for o in cold)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from . import policy
 from .advice import advice
-from .catalog.runtimes import LLAMA_RUNTIMES
+from .catalog.runtimes import LLAMA_RUNTIMES, NEEDS_MODEL_FILE
 from .estimate.estimator import estimate_stack
 from .estimate.figures import Estimate
 from .stack.resolve import LoadedStack, ResolvedModel
@@ -174,10 +174,31 @@ def _warnings(plan: Plan, estimates: dict[str, Estimate]) -> list[str]:
                     "out; set mlock = true or mmap = false",
                 )
             )
+    out += [w for no_key, w in missing_files(plan) if no_key]  # a missing file is already said at load
     for name, adm in plan.cold_admission.items():
         if not adm.admissible:
             out.append(
                 f"models.{name}: cold model can never start: even evicting every lower-priority hot "
                 "model leaves too little memory"
             )
+    return out
+
+
+def missing_files(plan: Plan) -> list[tuple[bool, str]]:
+    """Models whose runtime needs a weights file the stack does not provide: (no model key at all, message).
+    `check` warns; `build` refuses (a missing file is allowed with --files-later, no model key never is)."""
+    out = []
+    for m in plan.models.values():
+        spec = m.model.spec
+        if spec.runtime not in NEEDS_MODEL_FILE or m.model.model_present:
+            continue
+        if spec.model is None:
+            message = (
+                f'no model file: {spec.runtime} cannot start without one (the estimate used arch = "{spec.arch}"); '
+                'give model = "path/to/file.gguf"'
+            )
+            out.append((True, plan.loaded.source.warning(("models", m.name), message, what="table")))
+        else:
+            message = f"{spec.model} does not exist yet: `umemc build` needs --files-later, `umemc up` needs the file"
+            out.append((False, plan.loaded.source.warning(("models", m.name, "model"), message)))
     return out

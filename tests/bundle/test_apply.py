@@ -64,8 +64,37 @@ def test_apple_bundle_installs_the_launch_daemon(tmp_path: Path, run_cli) -> Non
         "would run: launchctl bootstrap system /Library/LaunchDaemons/com.umemc.wired-limit.plist  # load the "
         "LaunchDaemon",
         f"would run: sh {bundle}/kernel/apple/umemc-wired-limit.sh  # wired limit now",
+        "would install launchd/com.umemc.apple-m-128.plist -> /Library/LaunchDaemons/com.umemc.apple-m-128.plist "
+        "(mode 644)  # run the stack at boot",
+        "would run: launchctl bootstrap system /Library/LaunchDaemons/com.umemc.apple-m-128.plist  # load the "
+        "LaunchDaemon",
     ]
     assert "iogpu.wired_limit_mb=114688" in (bundle / "kernel/apple/umemc-wired-limit.sh").read_text()
+    assert not (bundle / "sysctl").exists() and not (bundle / "systemd").exists()  # Linux only
+    readme = (bundle / "kernel/README.md").read_text()
+    assert "sysctl --system" not in readme and "systemctl" not in readme and "/proc/" not in readme
+
+
+def test_apple_launch_daemon_gets_the_installed_paths(tmp_path: Path) -> None:
+    import plistlib
+
+    from umemc.commands.apply import plan_actions
+    from umemc.contract import PlanDoc, read
+
+    bundle = build_stack(REPO / "examples/apple-m-128.toml", tmp_path / "b <&> x")
+    _, rendered = plan_actions(bundle, read(PlanDoc, bundle / "plan.json"), "/var/lib/umemc/x y")
+    doc = plistlib.loads(rendered["launchd/com.umemc.apple-m-128.plist"].encode())
+    assert doc["ProgramArguments"] == [
+        sys.executable,
+        "-m",
+        "umemc",
+        "up",
+        "--foreground",
+        "--run-dir",
+        "/var/lib/umemc/x y",
+        str(bundle),
+    ]
+    assert doc["Label"] == "com.umemc.apple-m-128" and doc["RunAtLoad"] is True
 
 
 def test_refuses_without_root(tmp_path: Path, run_cli, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -74,7 +74,7 @@ def test_refuses_to_replace_a_directory_that_is_not_a_bundle(tmp_path: Path, run
     precious = tmp_path / "out"
     precious.mkdir()
     (precious / "thesis.tex").write_text("do not lose me")
-    code, out, err = run_cli("build", str(REPO / "examples/small-16g.toml"), "-o", str(precious))
+    code, out, err = run_cli("build", str(REPO / "examples/small-16g.toml"), "-o", str(precious), "--files-later")
     assert (code, out) == (2, "")
     assert err == (
         f"refusing to replace {precious}: it exists and is not a umemc bundle (no .umemc-bundle); "

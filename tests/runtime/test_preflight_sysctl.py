@@ -72,3 +72,34 @@ def test_the_unsafe_side_fails_with_the_bound(bundle: Path, tmp_path: Path) -> N
         "sudo sysctl -w vm.overcommit_memory=0",
         "sudo sysctl -w vm.min_free_kbytes=65536",
     )
+
+
+@pytest.mark.parametrize(
+    "example,host_os,message",
+    [
+        (
+            "apple-m-128",
+            "linux",
+            'this stack is for macOS (platform kind = "apple"), this host runs Linux: its host settings and GPU '
+            "window do not apply here",
+        ),
+        (
+            "small-16g",
+            "darwin",
+            'this stack is for Linux (platform kind = "cpu"), this host runs macOS: its host settings and GPU '
+            "window do not apply here",
+        ),
+    ],
+)
+def test_preflight_refuses_a_stack_built_for_another_os(
+    tmp_path: Path, example: str, host_os: str, message: str
+) -> None:
+    out = tmp_path / "bundle"
+    build(make_plan(load_stack(REPO / f"examples/{example}.toml")), out)
+    pf = Preflight(out, read(PlanDoc, out / "plan.json"), host_os=host_os)
+    findings = pf.run()
+    host = [f for f in findings if f.check == "host"]
+    assert [(f.ok, f.message) for f in host] == [(False, message)]
+    assert host[0] in pf.blocking()
+    # nothing of the other OS is proposed: no sysctl -w on a Mac, no iogpu.wired_limit_mb on Linux
+    assert not [f for f in findings if f.check in ("sysctl", "gpu window", "memlock", "swap", "cgroups")]

@@ -71,7 +71,7 @@ CASES: dict[str, tuple[str, str]] = {
         'version = 1\nname = "t"\n[platform]\npreset = "strix-halo"\n' + M,
         "stack.toml:4:10: platform.preset: must be one of strix-halo-128, strix-halo-64, apple-silicon-128, "
         "apple-silicon-96, apple-silicon-64, apple-silicon-48, apple-silicon-36, dgx-spark-128, jetson-orin-64 "
-        "(got \"strix-halo\")\n  hint: did you mean 'strix-halo-128'?",
+        "(got \"strix-halo\")\n  hint: did you mean 'strix-halo-64'?",
     ),
     "unknown arch": (
         BASE + '\n[models.chat]\nruntime = "llama-server"\narch = "llama3-8b"\n',

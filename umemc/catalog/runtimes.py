@@ -30,3 +30,5 @@ FULL_SWA_CACHE = frozenset({"llama-cpp-python"})
 # How a runtime's argv turns off weight repacking on the CPU (llama-server: --no-repack / -nr);
 # llama-cpp-python has no such setting.
 NO_REPACK_FLAGS: dict[str, frozenset[str]] = {"llama-server": frozenset({"--no-repack", "-nr"})}
+# Runtimes that cannot start without a weights file (their launcher modules say the same: NEEDS_MODEL_FILE)
+NEEDS_MODEL_FILE = frozenset({"llama-server", "llama-cpp-python", "whisper-server"})

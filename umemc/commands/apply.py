@@ -66,6 +66,19 @@ def plan_actions(bundle: Path, plan: PlanDoc, run_dir: str) -> tuple[list[Action
             Action("load the LaunchDaemon", argv=("launchctl", "bootstrap", "system", plist)),
             Action("wired limit now", argv=("sh", str(bundle / "kernel/apple/umemc-wired-limit.sh"))),
         ]
+    daemon_rel = f"launchd/com.umemc.{name}.plist"
+    if kind == "apple" and (bundle / daemon_rel).exists():
+        import plistlib
+
+        doc = plistlib.loads((bundle / daemon_rel).read_bytes())
+        fill = {"@PYTHON@": sys.executable, "@RUN_DIR@": run_dir, "@BUNDLE@": str(bundle)}
+        doc["ProgramArguments"] = [fill.get(a, a) for a in doc["ProgramArguments"]]
+        rendered[daemon_rel] = plistlib.dumps(doc, sort_keys=False).decode()
+        dest = f"/Library/LaunchDaemons/com.umemc.{name}.plist"
+        actions += [
+            Action("run the stack at boot", (daemon_rel, dest, 0o644)),
+            Action("load the LaunchDaemon", argv=("launchctl", "bootstrap", "system", dest)),
+        ]
     unit_rel = f"systemd/umemc-{name}.service"
     if kind != "apple" and (bundle / unit_rel).exists():
         umemc = " ".join(_systemd_quote(a) for a in (sys.executable, "-m", "umemc"))

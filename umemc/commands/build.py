@@ -18,6 +18,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("build", help="compile a stack into a bundle: supervisord config, env, sysctl, kernel knobs")
     p.add_argument("stack", help="the stack file (TOML)")
     p.add_argument("-o", "--output", metavar="DIR", help="bundle directory (default: build/<name>/)")
+    p.add_argument(
+        "--files-later",
+        action="store_true",
+        help="model files named in the stack arrive before `umemc up` (build without them)",
+    )
     p.set_defaults(func=run)
 
 
@@ -47,9 +52,13 @@ def check_bundle_dir(out: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..budget import missing_files
     from ..targets.table import print_budget
 
     plan = plan_from_arg(args.stack)
+    for no_key, message in missing_files(plan):
+        if no_key or not args.files_later:
+            raise UsageError(message)
     out = Path(args.output) if args.output else Path("build") / plan.name
     written = build(plan, out)
     out_console = console()

@@ -119,7 +119,7 @@ def compute_figure(
     n_kv = cells(context, parallel) if shape.causal else pad(n_ub, CTX_PAD)  # an encoder attends to its batch
     e, e_kv = shape.n_embd, max(shape.n_head_kv) * shape.head_dim_k
     mask_row = pad(n_ub, KQ_MASK_PAD) * (2 if flash_attn else F32)
-    masks = {"n_kv": n_kv}
+    masks: dict[str, object] = {"n_kv": n_kv}
     mask_bytes = n_kv * mask_row
     if shape.causal and shape.sliding_window and any(shape.swa_layers):
         n_swa = swa_cells(shape, context, parallel, ubatch, swa_full)  # the sliding-window layers' own mask

@@ -10,6 +10,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+import sys
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,17 +38,20 @@ class Preflight:
     plan: PlanDoc
     simulate: bool = False
     proc_sys: str = "/proc/sys"
+    host_os: str = sys.platform
     findings: list[Finding] = field(default_factory=list)
 
     def run(self, running: Collection[str] = frozenset()) -> list[Finding]:
         self.findings = []
         self._budget()
-        self._sysctl()
-        self._memlock()
+        if self._host():
+            self._sysctl()
+            self._memlock()
         self._memory(running)
-        self._gpu_window()
-        self._swap()
-        self._cgroups()
+        if self._host_matches():
+            self._gpu_window()
+            self._swap()
+            self._cgroups()
         if not self.simulate:
             self._files_and_executables()
         self._ports(running)
@@ -60,7 +64,27 @@ class Preflight:
     def _add(self, *args: Any, **kw: Any) -> None:
         self.findings.append(Finding(*args, **kw))
 
+    def _host_matches(self) -> bool:
+        return (self.plan.platform.kind == "apple") == (self.host_os == "darwin")
+
     # -- checks ---------------------------------------------------------------------------------
+    def _host(self) -> bool:
+        """The bundle's host settings only make sense on the operating system it was built for."""
+        kind, here = self.plan.platform.kind, {"darwin": "macOS", "linux": "Linux"}.get(self.host_os, self.host_os)
+        if self._host_matches():
+            self._add("host", True, f'kind = "{kind}" runs on {here}', host=True)
+            return True
+        want = "macOS" if kind == "apple" else "Linux"
+        self._add(
+            "host",
+            False,
+            f'this stack is for {want} (platform kind = "{kind}"), this host runs {here}: '
+            "its host settings and GPU window do not apply here",
+            ("umemc check STACK  # with [platform] describing this machine",),
+            host=True,
+        )
+        return False
+
     def _budget(self) -> None:
         cap = self.plan.capacity
         if cap.fits:
@@ -83,7 +107,10 @@ class Preflight:
         )
 
     def _sysctl(self) -> None:
-        wanted = parse_sysctl_conf((self.bundle / "sysctl/90-umemc.conf").read_text())
+        conf = self.bundle / "sysctl/90-umemc.conf"
+        if not conf.exists():
+            return  # macOS bundles have no Linux VM tunables
+        wanted = parse_sysctl_conf(conf.read_text())
         bad = []
         for key, value in wanted.items():
             live = read_sysctl(key, self.proc_sys)

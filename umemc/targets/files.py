@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from xml.sax.saxutils import escape as xml_escape
 
 from .. import contract as c
 from ..compile import STATE, Bundle
@@ -135,6 +136,9 @@ def env_files(b: Bundle) -> Files:
 
 
 def sysctl(b: Bundle) -> Files:
+    """Linux VM tunables; macOS has none of them (its knob is the wired limit, under kernel/apple/)."""
+    if b.plan.loaded.platform.kind == "apple":
+        return {}
     return {"sysctl/90-umemc.conf": render("sysctl.conf.j2", bundle=b)}
 
 
@@ -150,7 +154,30 @@ def kernel(b: Bundle) -> Files:
 
 
 def systemd(b: Bundle) -> Files:
+    """At boot: a systemd unit on Linux, a launchd daemon on macOS (placeholders filled by `umemc apply`)."""
+    if b.plan.loaded.platform.kind == "apple":
+        return {f"launchd/com.umemc.{b.plan.name}.plist": launchd_plist(b.plan.name, b.header)}
     return {f"systemd/umemc-{b.plan.name}.service": render("systemd.service.j2", bundle=b)}
+
+
+LAUNCHD_ARGS = ("@PYTHON@", "-m", "umemc", "up", "--foreground", "--run-dir", "@RUN_DIR@", "@BUNDLE@")
+
+
+def launchd_plist(name: str, header: str, args: tuple[str, ...] = LAUNCHD_ARGS) -> str:
+    """A LaunchDaemon that runs the stack in the foreground (launchd supervises supervisord), written by
+    plistlib so that every path is escaped for XML; `umemc apply` replaces the @…@ arguments one by one."""
+    import plistlib
+
+    doc = {
+        "Label": f"com.umemc.{name}",
+        "ProgramArguments": list(args),
+        "RunAtLoad": True,
+        "KeepAlive": {"SuccessfulExit": False},
+        "StandardErrorPath": f"/var/log/umemc-{name}.log",
+    }
+    text = plistlib.dumps(doc, sort_keys=False).decode()
+    comment = xml_escape(header).replace("--", "- -")  # "--" may not appear inside an XML comment
+    return text.replace("\n", f"\n<!-- {comment} -->\n", 1)
 
 
 TARGETS: tuple[Callable[[Bundle], Files], ...] = (plan_json, budget, supervisord, env_files, sysctl, kernel, systemd)
