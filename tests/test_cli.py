@@ -207,3 +207,18 @@ def test_an_invalid_stack_does_not_hide_the_others(tmp_path: Path, run_cli) -> N
     assert code == 2  # the worst: an invalid stack
     assert list(json.loads(out)) == ["ok.toml", "over.toml"]
     assert err.startswith("bad.toml:1:11: version: unsupported version 7\n  hint: this umemc reads version = 1\n")
+
+
+def test_run_dir_is_found_from_a_subdirectory(tmp_path: Path, run_cli) -> None:
+    """Like git: the nearest .umemc/run holding a run, from the current directory up."""
+    project = tmp_path / "project"
+    (project / ".umemc" / "run" / "state").mkdir(parents=True)
+    (project / "src" / "deep").mkdir(parents=True)
+    found = project / ".umemc" / "run"
+    assert run_cli("events", cwd=project / "src" / "deep") == (
+        2,
+        "",
+        f"no event log in {found} (nothing has run there)\n",
+    )
+    assert run_cli("events", cwd=project) == (2, "", "no event log in .umemc/run (nothing has run there)\n")
+    assert run_cli("events", cwd=tmp_path) == (2, "", "no event log in .umemc/run (nothing has run there)\n")

@@ -10,10 +10,10 @@ import tempfile
 import traceback
 from collections.abc import Sequence
 
-from .commands import apply, build, calibrate, check, down, events, explain, schema, status, up
+from .commands import apply, build, calibrate, check, down, events, explain, logs, schema, status, up
 from .errors import UmemcError
 
-COMMANDS = (check, build, explain, calibrate, up, down, status, events, apply, schema)
+COMMANDS = (check, build, explain, calibrate, up, down, status, events, logs, apply, schema)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,6 +56,10 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        if getattr(args, "find_run_dir", False) and args.run_dir is None:
+            from .commands.up import find_run_dir
+
+            args.run_dir = find_run_dir()
         return int(args.func(args))
     except UmemcError as exc:
         print(exc, file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,8 +32,8 @@ def test_simulate_small_16g_end_to_end(stack, capsys) -> None:
     capsys.readouterr()
     assert r.cli("status", "--json") == 0
     doc = json.loads(capsys.readouterr().out)
-    assert list(doc) == ["models"]
-    assert list(doc["models"]["chat"]) == [
+    assert list(doc)[0] == "models"  # the contract first; everything the table shows follows
+    assert list(doc["models"]["chat"])[:7] == [
         "state",
         "pid",
         "rss_bytes",
@@ -178,24 +179,89 @@ def test_status_without_a_stack(tmp_path: Path, run_cli, arg: str) -> None:
     )
 
 
-def test_top_refreshes_until_interrupted(stack, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_observing_a_running_stack(stack, capsys) -> None:
+    """top (a snapshot off a terminal, `q` quits on one), logs, events filters, status --json."""
     r = stack(
         'version = 1\nname = "top"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n'
         + live_sysctl_table()
         + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port())
     )
-    ticks = []
-
-    def sleep(_: float) -> None:
-        ticks.append(1)
-        if len(ticks) == 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr("umemc.commands.status.time.sleep", sleep)
     capsys.readouterr()
-    assert r.cli("top") == 0
+    assert r.cli("top") == 0  # stdout is captured, not a terminal: one snapshot
     out = capsys.readouterr().out
     assert "umemc top: running" in out and " w " in out and "RUNNING" in out
+
+    import pty
+    import select
+    import subprocess
+
+    leader, follower = pty.openpty()
+    top = subprocess.Popen(
+        [sys.executable, "-m", "umemc", "top", "--run-dir", str(r.run_dir), "--interval", "0.2"],
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        env={**os.environ, "COLUMNS": "160"},
+    )
+    os.close(follower)
+    seen = b""
+    try:
+        while b"RUNNING" not in seen:
+            ready, _, _ = select.select([leader], [], [], 30)
+            assert ready, f"top printed nothing: {seen!r}"
+            seen += os.read(leader, 65536)
+        os.write(leader, b"q")
+        assert top.wait(timeout=10) == 0
+    finally:
+        top.kill()
+        top.wait()
+        os.close(leader)
+
+    r.wait_for(lambda: (r.run_dir / "state/logs/w.err.log").read_text(), what="the worker's stderr")
+    capsys.readouterr()
+    assert r.cli("logs", "w") == 0
+    lines = capsys.readouterr().out.splitlines()
+    port = json.loads((r.run_dir / "bundle/plan.json").read_text())["models"]["w"]["port"]
+    assert lines == [f"out| steady: holding 5 MiB, serving on {port}", "err| steady: ready"]
+    assert r.cli("logs", "nope") == 2
+    assert "no logs for 'nope'" in capsys.readouterr().err
+
+    assert r.cli("events", "--json", "--model", "w", "--kind", "start") == 0
+    events = json.loads(capsys.readouterr().out)
+    assert events and {(e["model"], e["kind"]) for e in events} == {("w", "start")}
+    assert r.cli("events", "--json", "--since", "2h") == 0
+    assert {e["kind"] for e in json.loads(capsys.readouterr().out)} >= {"up", "start"}
+    assert r.cli("events", "--json", "--since", "2999-01-01T00:00:00") == 0
+    assert json.loads(capsys.readouterr().out) == []
+    assert r.cli("events", "--since", "yesterday") == 2
+    assert capsys.readouterr().err == (
+        '--since \'yesterday\': not a duration ("10m", "2h") or an ISO-8601 time ("2026-12-01T05:00:00")\n'
+    )
+
+    assert r.cli("status", "--json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert list(doc) == ["models", "stack", "running", "pressure", "gateway", "leases", "orphans", "problems"]
+    w = doc["models"]["w"]
+    assert list(w)[:7] == [
+        "state",
+        "pid",
+        "rss_bytes",
+        "gpu_bytes",
+        "quota_soft_bytes",
+        "quota_hard_bytes",
+        "restarts",
+    ]
+    assert set(w) - set(list(w)[:7]) == {
+        "uptime_s",
+        "last_event",
+        "priority",
+        "mode",
+        "drift",
+        "reserved_bytes",
+        "requests",
+        "health",
+    }
+    assert (doc["stack"], doc["running"], w["mode"], w["priority"]) == ("top", True, "hot", 50)
 
 
 def test_deep_run_dir_runs_with_a_private_socket(tmp_path: Path) -> None:

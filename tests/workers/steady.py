@@ -29,7 +29,10 @@ def main() -> None:
         def log_message(self, *args: object) -> None:
             pass
 
-    http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    print(f"steady: holding {mib} MiB, serving on {port}", flush=True)
+    print("steady: ready", file=sys.stderr, flush=True)
+    server.serve_forever()
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,7 +23,40 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_run_dir(p)
     p.add_argument("--json", action="store_true", help="a JSON array (JSON lines with --follow)")
     p.add_argument("--follow", action="store_true", help="keep printing new events until interrupted")
+    p.add_argument("--model", action="append", metavar="NAME", help="only this model's events (repeatable)")
+    p.add_argument("--kind", action="append", metavar="KIND", help="only events of this kind (repeatable)")
+    p.add_argument(
+        "--since",
+        metavar="WHEN",
+        help='only events after WHEN: a duration ago ("10m", "2h", "30s") or an ISO-8601 time',
+    )
     p.set_defaults(func=run)
+
+
+def since_ts(text: str, now: float) -> float:
+    """'10m' -> now - 600; '2026-12-01T05:00:00+00:00' -> that instant (UTC when no zone is given)."""
+    from datetime import UTC, datetime
+
+    from ..units import parse_duration
+
+    try:
+        return now - parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(
+            f'--since {text!r}: not a duration ("10m", "2h") or an ISO-8601 time ("2026-12-01T05:00:00")'
+        ) from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+
+
+def wanted(args: argparse.Namespace, after: float | None) -> Callable[[Event], bool]:
+    models, kinds = set(args.model or ()), set(args.kind or ())
+    return lambda e: (
+        (not models or e.model in models) and (not kinds or e.kind in kinds) and (after is None or e.ts > after)
+    )
 
 
 def _line(e: Event) -> str:
@@ -44,20 +78,23 @@ def run(args: argparse.Namespace) -> int:
             f"the event log {run_dir.events} is unusable ({log.error}); the runtime writes events to "
             "its logs in state/logs/ meanwhile"
         )
-    events = log.since(0)
+    keep = wanted(args, None if args.since is None else since_ts(args.since, time.time()))
+    read = log.since(0)
+    last = read[-1].id if read else 0
+    events = [e for e in read if keep(e)]
     if args.json and not args.follow:
         print(json.dumps([e.as_json() for e in events], indent=2))
         return 0
-    last = 0
     try:
         while True:
             for e in events:
                 print(json.dumps(e.as_json()) if args.json else _line(e), flush=True)
-                last = e.id
             if not args.follow:
                 return 0
             time.sleep(0.2)
-            events = log.since(last)
+            fresh = log.since(last)
+            last = fresh[-1].id if fresh else last
+            events = [e for e in fresh if keep(e)]
     except KeyboardInterrupt:
         return 0
     finally:

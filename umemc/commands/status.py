@@ -5,9 +5,12 @@ at the gateway, and its leases."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +112,20 @@ def _read(kind: type[Doc], path: Path, problems: list[str]) -> Doc | None:
 
 
 def contract(status: dict[str, Any]) -> dict[str, Any]:
-    return {"models": {n: {k: v for k, v in m.items() if not k.startswith("_")} for n, m in status["models"].items()}}
+    """`status --json`: the contract's {"models": {name: {state, pid, rss_bytes, gpu_bytes, quota_soft_bytes,
+    quota_hard_bytes, restarts}}} first, then everything the table shows (same names without the '_')."""
+    models = {}
+    for name, m in status["models"].items():
+        doc = {k: v for k, v in m.items() if not k.startswith("_")}
+        doc |= {EXTRA_NAMES.get(k, k[1:]): v for k, v in m.items() if k.startswith("_")}
+        models[name] = doc
+    out: dict[str, Any] = {"models": models}
+    out |= {k: v for k, v in status.items() if k != "models" and not k.startswith("_")}
+    out |= {k[1:]: v for k, v in status.items() if k.startswith("_")}
+    return out
+
+
+EXTRA_NAMES = {"_reserved": "reserved_bytes"}
 
 
 def table(status: dict[str, Any]) -> Any:
@@ -196,14 +212,48 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_top(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    """Refresh every --interval seconds until `q` (or Ctrl-C); off a terminal, print one snapshot."""
     from rich.live import Live
 
-    console = Console(highlight=False)
-    with Live(table(collect(args.run_dir)), console=console, screen=False, auto_refresh=False) as live:
+    out = console()
+    if not out.is_terminal:
+        out.print(table(collect(args.run_dir)))
+        return 0
+    with _keys() as key, Live(table(collect(args.run_dir)), console=out, screen=False, auto_refresh=False) as live:
         try:
-            while True:
-                time.sleep(args.interval)
+            while key(args.interval) not in ("q", "Q"):
                 live.update(table(collect(args.run_dir)), refresh=True)
         except KeyboardInterrupt:
-            return 0
+            pass
+    return 0
+
+
+@contextlib.contextmanager
+def _keys() -> Iterator[Callable[[float], str | None]]:
+    """A function that waits up to N seconds for one key press on a terminal stdin (None: none came);
+    the terminal is put in cbreak mode meanwhile and restored after."""
+    import select
+
+    fd = sys.stdin.fileno() if sys.stdin is not None and sys.stdin.isatty() else None
+    if fd is None:
+
+        def wait(seconds: float) -> str | None:
+            time.sleep(seconds)
+            return None
+
+        yield wait
+        return
+    import termios
+    import tty
+
+    saved = termios.tcgetattr(fd)
+    tty.setcbreak(fd)
+
+    def key(seconds: float) -> str | None:
+        ready, _, _ = select.select([fd], [], [], seconds)
+        return os.read(fd, 1).decode(errors="replace") if ready else None
+
+    try:
+        yield key
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)

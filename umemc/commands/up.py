@@ -27,9 +27,22 @@ def add_run_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--run-dir",
         metavar="DIR",
-        default=DEFAULT_RUN_DIR,
-        help=f"where the bundle and live state go (default {DEFAULT_RUN_DIR})",
+        default=None,
+        help=f"where the bundle and live state go (default: the nearest {DEFAULT_RUN_DIR} in this directory "
+        "or a parent, else ./" + DEFAULT_RUN_DIR + ")",
     )
+    p.set_defaults(find_run_dir=True)
+
+
+def find_run_dir(start: Path | None = None) -> str:
+    """Like git finds its repository: the nearest .umemc/run that holds a run, from the current
+    directory up; a new run goes into ./.umemc/run."""
+    here = (start or Path.cwd()).absolute()
+    for d in (here, *here.parents):
+        run = d / DEFAULT_RUN_DIR
+        if (run / "bundle").is_dir() or (run / "state").is_dir():
+            return str(run) if d != here else DEFAULT_RUN_DIR
+    return DEFAULT_RUN_DIR
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

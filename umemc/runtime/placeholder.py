@@ -30,7 +30,7 @@ def hold(target: int) -> Held:
     with open("/proc/self/statm") as f:
         own = int(f.read().split()[1]) * PAGE
     held = Held()
-    held.grow(max(0, target - own - 4 * 1024 * 1024))
+    held.grow(max(0, target - own - 16 * 1024 * 1024))  # room for the server threads and lazy imports
     return held
 
 

@@ -1,0 +1,91 @@
+"""`umemc logs MODEL [-n N] [-f] [--run-dir DIR]`: a worker's output as supervisord captured it
+(RUN/state/logs/MODEL.out.log and MODEL.err.log), or umemc's own programs' (umemc-enforcer,
+umemc-gateway, supervisord). `-f` keeps printing new lines, across log rotation, until interrupted."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ..errors import UsageError
+from .up import add_run_dir
+
+OWN = ("umemc-enforcer", "umemc-gateway", "supervisord")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("logs", help="a worker's output (stdout and stderr as supervisord captured them)")
+    p.add_argument("model", help="a model of the running stack, or umemc-enforcer, umemc-gateway, supervisord")
+    add_run_dir(p)
+    p.add_argument("-n", "--lines", type=int, default=50, metavar="N", help="print the last N lines (default 50)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until interrupted")
+    p.set_defaults(func=run)
+
+
+def log_files(state: Path, name: str) -> list[Path]:
+    logs = state / "logs"
+    if name == "supervisord":
+        return [state / "supervisord.log"]
+    if name in OWN:
+        return [logs / f"{name}.log"]
+    return [logs / f"{name}.out.log", logs / f"{name}.err.log"]
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..runtime.rundir import RunDir
+
+    run_dir = RunDir(Path(args.run_dir).absolute())
+    if not run_dir.state.exists():
+        raise UsageError(f"no stack in {args.run_dir} (start one with `umemc up STACK --run-dir {args.run_dir}`)")
+    files = log_files(run_dir.state, args.model)
+    if not any(f.exists() for f in files):
+        known = sorted({p.name.split(".")[0] for p in run_dir.logs.glob("*.log")} | {"supervisord"})
+        raise UsageError(f"no logs for {args.model!r} in {args.run_dir}; logs exist for: {', '.join(known)}")
+    if args.lines < 0:
+        raise UsageError("-n must be 0 or more")
+    label = len(files) > 1
+    offsets: dict[Path, tuple[int, int]] = {}  # file -> (inode, bytes read)
+    for f in files:
+        if not f.exists():
+            continue
+        data = f.read_bytes()
+        tail = data.splitlines()[-args.lines :] if args.lines else []
+        _print(f, tail, label)
+        offsets[f] = (f.stat().st_ino, len(data))
+    if not args.follow:
+        return 0
+    try:
+        while True:
+            time.sleep(0.2)
+            for f in files:
+                _follow(f, offsets, label)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _follow(f: Path, offsets: dict[Path, tuple[int, int]], label: bool) -> None:
+    try:
+        st = f.stat()
+    except FileNotFoundError:
+        return
+    inode, pos = offsets.get(f, (st.st_ino, 0))
+    if st.st_ino != inode or st.st_size < pos:  # rotated or truncated: start the new file from its top
+        pos = 0
+    if st.st_size == pos:
+        offsets[f] = (st.st_ino, pos)
+        return
+    with f.open("rb") as fh:
+        fh.seek(pos)
+        chunk = fh.read()
+    end = chunk.rfind(b"\n") + 1  # print whole lines only; the rest waits for its newline
+    _print(f, chunk[:end].splitlines(), label)
+    offsets[f] = (st.st_ino, pos + end)
+
+
+def _print(f: Path, lines: list[bytes], label: bool) -> None:
+    prefix = f"{f.name.split('.')[-2]}| " if label else ""
+    for line in lines:
+        sys.stdout.write(prefix + line.decode("utf-8", "replace") + "\n")
+    sys.stdout.flush()
