@@ -222,3 +222,15 @@ def test_run_dir_is_found_from_a_subdirectory(tmp_path: Path, run_cli) -> None:
     )
     assert run_cli("events", cwd=project) == (2, "", "no event log in .umemc/run (nothing has run there)\n")
     assert run_cli("events", cwd=tmp_path) == (2, "", "no event log in .umemc/run (nothing has run there)\n")
+
+
+def test_explain_speaks_each_runtimes_terms(run_cli) -> None:
+    code, out, _ = run_cli("explain", str(REPO / "examples/strix-halo-5.toml"), "image")
+    assert code == 0
+    assert "ngl" not in out and "llama" not in out
+    assert (
+        "  gpu = weights + kv + compute: the diffusion model, text encoders and VAE in GPU memory (ComfyUI keeps "
+        "them there within --reserve-vram) = 8.34 GiB (8960000000 bytes)" in out.splitlines()
+    )
+    code, out, _ = run_cli("explain", str(REPO / "examples/strix-halo-5.toml"), "chat")
+    assert "every layer offloaded (-ngl 999)" in out

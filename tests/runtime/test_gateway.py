@@ -344,7 +344,18 @@ def test_leases_grant_evict_refuse_extend_expire_release(stack: Any) -> None:
         [],
         ["lease", "lease"],
     )
-    status, headers, body = gw.complete("hi")  # blocked by the leases: 503 after queue_timeout
+    t0 = time.monotonic()
+    status, headers, body = gw.complete("hi")  # blocked by the leases: refused at once, with why
+    assert (status, headers["Retry-After"], body["error"]["code"]) == (503, "30", "not_admissible")
+    assert time.monotonic() - t0 < 0.9  # not after the 1 s queue_timeout
+    assert body["error"]["message"] == (
+        f"model hi cannot be loaded now: hi needs {HARD} bytes, 0 bytes free; blocked by lease {a['lease']['id']} "
+        f"of comfyui ({160 * MiB} bytes), lease {b['lease']['id']} of batch ({HARD} bytes). "
+        "Send 'X-Umemc-Wait: 1' to queue until memory frees (up to the queue timeout)"
+    )
+    status, headers, body = gw.call(  # asked to wait: queued, 503 after queue_timeout
+        "POST", "/v1/completions", {"model": "hi", "prompt": "hi"}, headers={"X-Umemc-Wait": "1"}
+    )
     assert status == 503 and headers["Retry-After"] == "10" and body["error"]["code"] == "insufficient_memory"
     # a restart of the gateway keeps the leases (they are in RUN/state/gateway.json)
     sup = gw.run.run_dir / "state" / "supervisor.sock"

@@ -20,12 +20,26 @@ def finish(
     if loaded.platform.kind == "cpu":
         gpu = Figure("gpu", 0, 'kind = "cpu": nothing in a GPU window')
     else:
-        gpu = Figure(
-            "gpu", weights.bytes + kv.bytes + compute.bytes, "weights + kv + compute: every layer offloaded (-ngl all)"
-        )
+        how = "weights + kv + compute: " + _on_gpu(m.spec.runtime)
+        gpu = Figure("gpu", weights.bytes + kv.bytes + compute.bytes, how)
     explicit = m.spec.memory
     if explicit is not None:
         source = "explicit"
         if loaded.platform.kind != "cpu":
             gpu = Figure("gpu", explicit, "explicit memory, all of it assumed to be in the GPU window")
     return Estimate(m.name, source, weights, kv, compute, overhead, gpu, explicit, facts, tuple(warnings))
+
+
+# What puts the whole model in the GPU window, in each runtime's own terms.
+_GPU_HOW = {
+    "llama-server": "every layer offloaded (-ngl 999)",
+    "llama-cpp-python": "every layer offloaded (--n_gpu_layers -1)",
+    "whisper-server": "the encoder and decoder on the GPU (whisper.cpp's default)",
+    "comfyui": "the diffusion model, text encoders and VAE in GPU memory (ComfyUI keeps them there within "
+    "--reserve-vram)",
+    "torch": "the module's parameters and activations on the GPU device",
+}
+
+
+def _on_gpu(runtime: str) -> str:
+    return _GPU_HOW.get(runtime, "all of it on the GPU")

@@ -95,15 +95,18 @@ def make_handler(model: str, health: str) -> type[http.server.BaseHTTPRequestHan
                 body = json.loads(raw) if raw and raw.lstrip()[:1] == b"{" else {}
             except ValueError:
                 body = {}
+            asked = body.get("model")
+            name = asked if isinstance(asked, str) and asked else model  # an alias is answered as asked
             if not self.path.startswith("/v1/"):
                 self._json(404, {"error": {"message": f"no route {self.path}"}})
             elif body.get("stream"):
-                self._stream(body)
+                self._stream(body, name)
             else:
                 time.sleep(float(body.get("delay", 0)))
-                self._json(200, _reply(model, self.path, body))
+                self._json(200, _reply(name, self.path, body))
 
-        def _stream(self, body: dict[str, Any]) -> None:
+        def _stream(self, body: dict[str, Any], name: str) -> None:
+            created = int(time.time())
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
@@ -114,8 +117,10 @@ def make_handler(model: str, health: str) -> type[http.server.BaseHTTPRequestHan
             try:
                 for i, word in enumerate(words):  # noqa: B007 - i is reported after the loop
                     delta = {
+                        "id": f"sim-{created}",
                         "object": "chat.completion.chunk",
-                        "model": model,
+                        "created": created,
+                        "model": name,
                         "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}],
                     }
                     self._chunk(f"data: {json.dumps(delta)}\n\n".encode())
@@ -137,6 +142,16 @@ def make_handler(model: str, health: str) -> type[http.server.BaseHTTPRequestHan
     return Handler
 
 
+class QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (reset, closed mid-reply) is normal for a server: one line, no traceback."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):
+            print(f"client {client_address[0]}:{client_address[1]} went away ({exc.__class__.__name__})", flush=True)
+            return
+        super().handle_error(request, client_address)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="umemc-placeholder")
     p.add_argument("--model", required=True)
@@ -149,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"umemc placeholder for {args.model}: holding {args.bytes} bytes", flush=True)
     if args.port is None:
         threading.Event().wait()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(args.model, args.health))
+    server = QuietServer(("127.0.0.1", args.port), make_handler(args.model, args.health))
     server.daemon_threads = True
     try:
         server.serve_forever()

@@ -86,17 +86,74 @@ def ledgers(plan: Plan) -> list[LedgerView]:
     return out
 
 
+@dataclass(frozen=True)
+class Key:
+    """One hot model in the key under the bars: every model is named there, however thin its segment."""
+
+    x: float
+    y: float
+    fill: str
+    text: str
+
+
+@dataclass(frozen=True)
+class ColdRow:
+    """A cold model: its hard quota on the all-memory scale, and what its start would do."""
+
+    y: float
+    w: float
+    text: str
+    ok: bool
+
+
+KEY_COLS, KEY_W, KEY_H, COLD_H = 3, 230, 18, 22
+
+
+def _keys(plan: Plan, y0: float) -> list[Key]:
+    hot = [m for m in plan.models.values() if m.hot]
+    return [
+        Key(
+            LEFT + (i % KEY_COLS) * KEY_W,
+            y0 + (i // KEY_COLS) * KEY_H,
+            PALETTE[i % len(PALETTE)],
+            f"{m.name} (prio {m.priority}) {gib(m.quota_hard)} GiB",
+        )
+        for i, m in enumerate(hot)
+    ]
+
+
+def _colds(plan: Plan, y0: float) -> list[ColdRow]:
+    from .report import admission_text
+
+    span = WIDTH - LEFT - RIGHT
+    scale = span / max(plan.capacity.usable, sum(m.quota_hard for m in plan.models.values() if m.hot), 1)
+    rows = []
+    for i, (name, a) in enumerate(plan.cold_admission.items()):
+        m = plan.models[name]
+        text = f"{name} (prio {m.priority}) {gib(m.quota_hard)} GiB: {admission_text(a)}"
+        rows.append(ColdRow(y0 + i * COLD_H, round(min(span, m.quota_hard * scale), 2), text, a.admissible))
+    return rows
+
+
 def svg_values(plan: Plan) -> dict[str, object]:
     views = ledgers(plan)
-    height = TOP + ROW_H * len(views) + 48
+    keys_y = TOP + ROW_H * len(views)
+    keys = _keys(plan, keys_y)
+    key_rows = -(-len(keys) // KEY_COLS)
+    cold_y = keys_y + key_rows * KEY_H + (28 if plan.cold_admission else 0)
+    colds = _colds(plan, cold_y)
+    legend_y = cold_y + len(colds) * COLD_H + 20
     legend = [(LEFT + i * 110, label, opacity) for i, (label, opacity) in enumerate(SHADES)]
     return {
         "width": WIDTH,
-        "height": height,
+        "height": legend_y + 30,
         "left": LEFT,
         "bar_h": BAR_H,
         "ledgers": views,
+        "keys": keys,
+        "colds": colds,
+        "cold_title_y": cold_y - 10,
         "legend": legend,
-        "legend_y": height - 30,
+        "legend_y": legend_y,
         "title": f"umemc {plan.name}: {'fits' if plan.fits else 'does NOT fit'}",
     }

@@ -78,9 +78,15 @@ HTTP_STATUS = {
     "queue_full": 429,
     "upstream_unreachable": 502, "upstream_disconnected": 502,
     "shutting_down": 503, "worker_unhealthy": 503, "worker_given_up": 503, "queue_timeout": 503,
-    "insufficient_memory": 503, "start_failed": 503, "start_timeout": 503, "stop_failed": 503,
+    "insufficient_memory": 503, "not_admissible": 503, "start_failed": 503, "start_timeout": 503, "stop_failed": 503,
     "upstream_timeout": 504,
 }  # fmt: skip
+
+
+def wants_to_wait(request: web.Request) -> bool:
+    """`X-Umemc-Wait: 1` (or true/yes): queue for a model that cannot be admitted now, until memory
+    frees or the queue timeout; without it such a request is refused at once with the reason."""
+    return request.headers.get("X-Umemc-Wait", "").strip().lower() in ("1", "true", "yes")
 
 
 def refused(exc: Refused) -> web.Response:
@@ -151,7 +157,7 @@ async def forward(request: web.Request, m: Model, path: str, body: bytes) -> web
     try:
         if m.port is None:
             raise Refused(f"model {m.name} has no port: the gateway cannot route to it", "no_port")
-        async with app[SCHED].slot(m):
+        async with app[SCHED].slot(m, wait=wants_to_wait(request)):
             resp = await _relay(request, m, path, body)
         code = resp.status
         return resp

@@ -12,7 +12,7 @@ from ...contract import (
     GatewayDoc,
     PlanDoc,
 )
-from ...policy import Budget, Decision, Lease, Need
+from ...policy import Budget, Decision, Held, Lease, Need
 from ..events import EventLog
 from ..supervisor import Supervisor
 from .model import Model, Refused
@@ -47,6 +47,9 @@ class Core:
         raise NotImplementedError
 
     def need_for(self, m: Model) -> Need:
+        raise NotImplementedError
+
+    def held(self, exclude: str | None = None) -> list[Held]:
         raise NotImplementedError
 
     def live_leases(self) -> list[Lease]:

@@ -11,8 +11,12 @@ import time
 from collections.abc import AsyncIterator
 
 from ...policy import Decision
+from ...policy import decide as policy_decide
 from .core import Core
+from .lifecycle import Phase
 from .model import Model, Refused
+
+UNSETTLED = (Phase.STARTING, Phase.DRAINING, Phase.STOPPING)
 
 
 class Slots(Core):
@@ -24,9 +28,10 @@ class Slots(Core):
         return self.models[target]
 
     @contextlib.asynccontextmanager
-    async def slot(self, m: Model) -> AsyncIterator[None]:
-        """Hold one of the model's max_concurrency slots while the request runs."""
-        await self.acquire(m)
+    async def slot(self, m: Model, wait: bool = True) -> AsyncIterator[None]:
+        """Hold one of the model's max_concurrency slots while the request runs. wait=False: a model
+        that cannot be admitted is refused at once instead of queued."""
+        await self.acquire(m, wait)
         start = time.monotonic()
         try:
             yield
@@ -34,7 +39,24 @@ class Slots(Core):
             m.latency_ewma = 0.8 * m.latency_ewma + 0.2 * (time.monotonic() - start)
             self.release(m)
 
-    async def acquire(self, m: Model) -> None:
+    def _refuse_if_never(self, m: Model) -> None:
+        """A model that is down and that the eviction policy cannot admit even by stopping every
+        lower-priority worker: say so at once (what /umemc/can-load says) rather than queue the request
+        until queue_timeout. Only when nothing is on its way in or out: a start or a stop in flight
+        changes the answer. Pressure alone is transient and does not refuse."""
+        if m.live or any(x.life.phase in UNSETTLED for x in self.models.values()):
+            return
+        need = self.need_for(m)
+        decision = policy_decide(need, self.held(m.name), self.live_leases(), self.budget)
+        if not decision.fits:
+            raise Refused(
+                f"model {m.name} cannot be loaded now: {decision.reason(need)}. "
+                "Send 'X-Umemc-Wait: 1' to queue until memory frees (up to the queue timeout)",
+                "not_admissible",
+                30,
+            )
+
+    async def acquire(self, m: Model, wait: bool = True) -> None:
         if m.name not in self._published_busy:
             self.write_state(time.time(), arriving=m.name)  # the enforcer's pressure guard must know first
         if m.ready and not m.draining and m.in_flight < m.max_concurrency and not m.waiters:
@@ -55,6 +77,8 @@ class Slots(Core):
                 "(see `umemc events`); restart the stack to try again",
                 "worker_given_up",
             )
+        if not wait:
+            self._refuse_if_never(m)
         if len(m.waiters) >= self.gw.queue:
             raise Refused(
                 f"model {m.name}: {m.in_flight} requests in flight and {len(m.waiters)} queued "
