@@ -1,0 +1,94 @@
+"""`umemc init`: a commented stack that `umemc check` accepts, for a named preset or the detected machine.
+Detection reads fixture trees in the kernel's own formats: /proc/meminfo ("MemTotal:  N kB"), amdgpu's
+sysfs files (one integer and a newline: vendor "0x1002", mem_info_vram_total / mem_info_gtt_total in
+bytes), the device tree's model string (NUL-terminated) and /etc/nv_tegra_release."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from umemc.commands.init import Machine, detect, preset_for
+from umemc.stack.presets import PLATFORM_PRESETS
+from umemc.units import GiB
+
+
+def tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def meminfo(kb: int) -> str:
+    return f"MemTotal:       {kb} kB\nMemFree:        1000 kB\nMemAvailable:   2000 kB\n"
+
+
+def test_detects_an_amd_apu_and_picks_its_preset(tmp_path: Path) -> None:
+    root = tree(
+        tmp_path,
+        {
+            "proc/meminfo": meminfo(131_072_000),  # a 128 GiB box: MemTotal is a little under 128 x 2^20 kB
+            "sys/class/drm/card1/device/vendor": "0x1002\n",
+            "sys/class/drm/card1/device/mem_info_vram_total": "536870912\n",
+            "sys/class/drm/card1/device/mem_info_gtt_total": "128849018880\n",
+        },
+    )
+    m = detect(root, "linux")
+    assert m == Machine("amd-apu", 131_072_000 * 1024, "AMD APU (card1, 0.5 GiB carve-out)")
+    assert preset_for(m) == "strix-halo-128"
+
+
+def test_detects_jetson_and_a_plain_cpu(tmp_path: Path) -> None:
+    jetson = tree(
+        tmp_path / "j",
+        {
+            "proc/meminfo": meminfo(64_000_000),
+            "etc/nv_tegra_release": "# R36 (release), REVISION: 4.0\n",
+            "proc/device-tree/model": "NVIDIA Jetson AGX Orin Developer Kit\0",
+        },
+    )
+    m = detect(jetson, "linux")
+    assert (m.kind, m.why, preset_for(m)) == (
+        "nvidia-unified",
+        "Jetson (NVIDIA Jetson AGX Orin Developer Kit)",
+        "jetson-orin-64",
+    )
+    plain = tree(tmp_path / "c", {"proc/meminfo": meminfo(24_000_000)})
+    assert detect(plain, "linux") == Machine("cpu", 24_000_000 * 1024, "no unified-memory GPU found")
+    assert preset_for(detect(plain, "linux")) is None
+
+
+@pytest.mark.parametrize("preset", sorted(PLATFORM_PRESETS))
+def test_every_preset_gives_a_stack_check_accepts(tmp_path: Path, run_cli, preset: str) -> None:
+    code, out, _ = run_cli("init", "--platform", preset, "-o", "s.toml", cwd=tmp_path)
+    assert (code, out) == (0, f"wrote s.toml for platform preset {preset}; next: umemc check s.toml\n")
+    text = (tmp_path / "s.toml").read_text()
+    assert f'preset = "{preset}"' in text and 'name = "s"' in text
+    code, _, err = run_cli("check", "s.toml", "--format", "json", cwd=tmp_path)
+    assert code in (0, 1)  # valid (whether an 8B model fits a 36 GiB Mac is the budget's business)
+    assert err == ('warning: s.toml:19:9: models.chat.model: file not found, estimating from arch = "llama-3-8b"\n')
+
+
+def test_detected_machine_without_a_preset_and_no_overwrite(tmp_path: Path, run_cli) -> None:
+    code, out, _ = run_cli("init", cwd=tmp_path)  # this machine (no preset for it: kind + memory)
+    assert code == 0 and out.startswith("wrote stack.toml for this machine: ")
+    assert run_cli("check", "stack.toml", cwd=tmp_path)[0] in (0, 1)
+    assert run_cli("init", cwd=tmp_path) == (
+        2,
+        "",
+        "stack.toml exists: choose another -o, or --force to replace it\n",
+    )
+    assert run_cli("init", "--force", "--name", "Bad Name", cwd=tmp_path) == (
+        2,
+        "",
+        "stack name 'Bad Name' must match ^[a-z][a-z0-9_-]{0,62}$: give --name\n",
+    )
+
+
+def test_memory_rounds_to_the_installed_ram() -> None:
+    # MemTotal of a 64 GiB Mac-less box is below 64 GiB: the preset of that size is still found
+    assert preset_for(Machine("amd-apu", 62 * GiB, "x")) == "strix-halo-64"
+    assert preset_for(Machine("amd-apu", 50 * GiB, "x")) is None

@@ -1,0 +1,170 @@
+"""`umemc init [-o FILE] [--platform PRESET] [--force]`: write a commented stack to start from, for the
+named platform preset or for this machine as detected (a preset when one matches, else kind + memory).
+
+Detection reads what the kernel already exposes, never a vendor tool: /proc/meminfo (MemTotal), the
+amdgpu GTT size in /sys/class/drm/card*/device/mem_info_gtt_total (an AMD GPU with a small VRAM
+carve-out is an APU), /proc/device-tree/model or /sys/class/dmi/id/product_name and
+/etc/nv_tegra_release (Jetson, DGX Spark), and on
+macOS `sysctl -n hw.memsize` and the CPU brand (Apple silicon)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UsageError
+from ..stack.models import NAME_PATTERN
+from ..stack.presets import PLATFORM_PRESETS
+from ..units import GiB, gib
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("init", help="write a commented stack for this machine (or a named platform preset)")
+    p.add_argument("-o", "--output", default="stack.toml", metavar="FILE", help="where to write (default stack.toml)")
+    p.add_argument("--platform", metavar="PRESET", choices=sorted(PLATFORM_PRESETS), help="a platform preset")
+    p.add_argument("--name", default=None, help="the stack's name (default: the file name without .toml)")
+    p.add_argument("--force", action="store_true", help="replace an existing file")
+    p.set_defaults(func=run)
+
+
+@dataclass(frozen=True)
+class Machine:
+    kind: str
+    memory: int
+    why: str  # what the detection saw, for the comment
+
+
+def detect(root: Path = Path("/"), host_os: str = sys.platform) -> Machine:
+    if host_os == "darwin":
+        return _detect_mac()
+    mem = _meminfo_total(root / "proc/meminfo")
+    model = (
+        (_read(root / "proc/device-tree/model") or _read(root / "sys/class/dmi/id/product_name")).rstrip("\0").strip()
+    )
+    if (root / "etc/nv_tegra_release").exists() or "jetson" in model.lower():
+        return Machine("nvidia-unified", mem, f"Jetson ({model or '/etc/nv_tegra_release'})")
+    if "gb10" in model.lower() or "dgx spark" in model.lower():
+        return Machine("nvidia-unified", mem, f"NVIDIA GB10 ({model})")
+    for card in sorted((root / "sys/class/drm").glob("card*/device")):
+        if _read(card / "vendor").strip() == "0x1002" and (card / "mem_info_gtt_total").exists():
+            vram = int(_read(card / "mem_info_vram_total").strip() or 0)
+            if vram <= 4 * GiB:  # an APU: a small carve-out, the rest mapped through GTT
+                return Machine("amd-apu", mem, f"AMD APU ({card.parent.name}, {gib(vram)} GiB carve-out)")
+    return Machine("cpu", mem, "no unified-memory GPU found")
+
+
+def _detect_mac() -> Machine:
+    def sysctl(key: str) -> str:
+        out = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=5, check=False)
+        return out.stdout.strip()
+
+    brand = sysctl("machdep.cpu.brand_string")
+    memory = int(sysctl("hw.memsize") or 0)
+    return Machine("apple" if "Apple" in brand else "cpu", memory, brand or "macOS")
+
+
+def _meminfo_total(path: Path) -> int:
+    for line in _read(path).splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024  # kB
+    raise UsageError(f"cannot read MemTotal from {path}: name a platform with --platform")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def preset_for(m: Machine) -> str | None:
+    """The preset of this kind whose memory is the machine's RAM rounded to a whole GiB (MemTotal is a
+    little less than the installed RAM: the kernel keeps some)."""
+    for name, p in PLATFORM_PRESETS.items():
+        if p.kind == m.kind and m.memory <= p.memory and m.memory >= p.memory * 0.9:
+            return name
+    return None
+
+
+def platform_table(preset: str | None, m: Machine | None) -> str:
+    if preset is not None:
+        p = PLATFORM_PRESETS[preset]
+        window = f"{gib(p.gpu_window)} GiB" if p.gpu_window is not None else "none"
+        return (
+            f"[platform]\n"
+            f'preset = "{preset}"  # {p.note}\n'
+            f'# it means: kind = "{p.kind}", memory = "{gib(p.memory)}GiB", os_reserve = "{gib(p.os_reserve)}GiB", '
+            f"GPU window {window}; any of them may be overridden here\n"
+        )
+    assert m is not None
+    whole = round(m.memory / GiB)
+    return (
+        f"[platform]\n"
+        f'kind = "{m.kind}"            # detected: {m.why}\n'
+        f'memory = "{whole}GiB"           # MemTotal {m.memory} bytes, rounded to the installed RAM\n'
+        f'# os_reserve = "8GiB"       # kept for the OS and everything outside the stack\n'
+        + (
+            '# gpu_window = "…GiB"      # what the GPU may map (default: derived from memory)\n'
+            if m.kind != "cpu"
+            else ""
+        )
+    )
+
+
+TEMPLATE = """# A umemc stack: the machine and the models that share its memory.
+# `umemc check {file}` prints the budget; `umemc explain {file} chat` shows every figure;
+# `umemc up {file}` runs it. Every key: `umemc schema`, or docs/ in the umemc repository.
+version = 1
+name = "{name}"
+
+{platform}
+[policy]
+# safety_margin = 0.15       # share of the usable memory never budgeted
+# quota_headroom = 0.10      # hard quota = estimate x (1 + quota_headroom): over it, the worker is killed
+# load_below = 0.70          # cold models start only while memory pressure is below this
+# evict_above = 0.90         # above this, lower-priority workers are stopped
+
+[models.chat]
+runtime = "llama-server"     # llama-server | llama-cpp-python | whisper-server | comfyui | torch | command
+model = "models/Meta-Llama-3-8B-Instruct-Q4_K_M.gguf"  # read for an exact estimate when present
+arch = "llama-3-8b"          # used while the file is absent
+context = 8192               # tokens per sequence
+parallel = 1                 # concurrent sequences; the KV cache is sized for all of them
+kv_cache = "q8_0"            # half the KV memory of f16
+priority = 80                # 0-100: higher survives eviction longer
+mode = "hot"                 # hot: started by `umemc up`; cold: started on the first request
+
+# [models.embed]
+# runtime = "llama-server"
+# model = "models/bge-m3-F16.gguf"
+# arch = "bge-m3"
+# mode = "cold"
+# priority = 40
+"""
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..records import write_atomic
+
+    out = Path(args.output)
+    if out.exists() and not args.force:
+        raise UsageError(f"{out} exists: choose another -o, or --force to replace it")
+    if args.platform:
+        platform = platform_table(args.platform, None)
+        said = f"platform preset {args.platform}"
+    else:
+        m = detect()
+        preset = preset_for(m)
+        platform = platform_table(preset, m)
+        said = f"this machine: {m.why}, {gib(m.memory)} GiB" + (f" (preset {preset})" if preset else "")
+    name = args.name or (out.stem.lower().replace(".", "-") if out.stem != "stack" else "my-stack")
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise UsageError(f"stack name {name!r} must match {NAME_PATTERN}: give --name")
+    text = TEMPLATE.format(file=out.name, name=name, platform=platform)
+    write_atomic(out, text, mode=0o644)
+    print(f"wrote {out} for {said}; next: umemc check {out}")
+    return 0
