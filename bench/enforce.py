@@ -44,6 +44,9 @@ def umemc(*args: str) -> None:
     subprocess.run([PY, "-m", "umemc", *args], check=True, stdout=subprocess.DEVNULL)
 
 
+STEP_MIB = 1.0  # the leaker logs its size after every step: the overshoot's resolution
+
+
 def stack_text(kernel: str, rate: int, idle: int = 0) -> str:
     sysctl = "\n".join(f'"{k}" = {read_sysctl(k)}' for k in SYSCTL)
     text = f'''version = 1
@@ -61,7 +64,7 @@ max_kills = 1000
 {sysctl}
 [models.leaker]
 runtime = "command"
-command = {json.dumps([PY, str(LEAKER), str(rate), "8", "3072"])}
+command = {json.dumps([PY, str(LEAKER), str(rate), str(STEP_MIB), "3072"])}
 memory = "300MiB"
 mode = "cold"
 '''
@@ -189,15 +192,16 @@ def main() -> int:
                 rows.append((mode, rate, s))
                 print(
                     f"{mode:9} {rate:5} MiB/s (achieved {s['rate']:.2f} GiB/s) n={s['n']}: late median "
-                    f"{s['late_med']:.0f} ms worst {s['late_max']:.0f} ms; over median {s['over_med']:.0f} MiB "
-                    f"worst {s['over_max']:.0f} MiB",
+                    f"{s['late_med']:.0f} ms worst {s['late_max']:.0f} ms; over median {s['over_med']:.1f} MiB "
+                    f"worst {s['over_max']:.1f} MiB",
                     flush=True,
                 )
         cpu = {n: enforcer_cpu(n, work) for n in (5, 50)}
     lines = [
         "Leaker against a 300 MiB hard quota, same supervisord; latency = time from crossing the quota",
         "to the last size the leaker logged, overshoot = that size - 300 MiB (kernel mode: the",
-        "charged/anonymous size, which is what the cgroup limits). Leak capped at 3 GiB. This VM faults",
+        "charged/anonymous size, which is what the cgroup limits). The leaker logs its size after every",
+        f"{STEP_MIB:g} MiB it adds (the overshoot's resolution). Leak capped at 3 GiB. This VM faults",
         "fresh pages at only ~0.7-1 GiB/s, so the achieved rate is shown next to the requested one.",
         "",
         "| enforcer | requested | achieved | kills | latency median / worst | overshoot median / worst |",
@@ -211,7 +215,7 @@ def main() -> int:
         }[mode]
         lines.append(
             f"| {name} | {rate / 1024:.1f} GiB/s | {s['rate']:.2f} GiB/s | {s['n']} | "
-            f"{s['late_med']:.0f} / {s['late_max']:.0f} ms | {s['over_med']:.0f} / {s['over_max']:.0f} MiB |"
+            f"{s['late_med']:.0f} / {s['late_max']:.0f} ms | {s['over_med']:.1f} / {s['over_max']:.1f} MiB |"
         )
     lines += [
         "",
