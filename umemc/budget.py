@@ -3,13 +3,15 @@ All arithmetic of the report happens here; renderers only format (docs/CONTRACTS
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from . import policy
 from .advice import advice
 from .catalog.runtimes import LLAMA_RUNTIMES, NEEDS_MODEL_FILE
 from .estimate.estimator import estimate_stack
 from .estimate.figures import Estimate
+from .placement import Bin, Item, Placement, place
+from .placement import Need as PlaceNeed
 from .stack.resolve import LoadedStack, ResolvedModel
 from .units import MiB, gib, mul_ceil, mul_floor, round_up
 
@@ -61,6 +63,10 @@ class Plan:
     cold_admission: dict[str, ColdAdmission]
     warnings: tuple[str, ...]
     advice: tuple[str, ...] = ()  # when it does not fit: why, and the smallest changes that fit
+    # a stack with [nodes]: one ordinary plan per node (its models, its platform) and the placement;
+    # the fields above are then the whole stack's (capacities summed, every model)
+    nodes: dict[str, Plan] = field(default_factory=dict)
+    placement: Placement | None = None
 
     @property
     def name(self) -> str:
@@ -76,11 +82,18 @@ class Plan:
 
     @property
     def fits_ram(self) -> bool:
+        if self.nodes:
+            return self.placement is not None and self.placement.ok and all(p.fits_ram for p in self.nodes.values())
         return self.hot_total <= self.capacity.budget
 
     @property
     def fits_gpu(self) -> bool:
+        if self.nodes:
+            return all(p.fits_gpu for p in self.nodes.values())
         return self.gpu_headroom is None or self.gpu_headroom >= 0
+
+    def node_of(self, model: str) -> str | None:
+        return None if self.placement is None else self.placement.home.get(model)
 
     @property
     def fits(self) -> bool:
@@ -114,8 +127,14 @@ def model_plan(loaded: LoadedStack, model: ResolvedModel, est: Estimate) -> Mode
 
 
 def make_plan(loaded: LoadedStack) -> Plan:
+    if loaded.nodes:
+        return make_cluster_plan(loaded)
     estimates = estimate_stack(loaded)
-    models = {n: model_plan(loaded, loaded.models[n], e) for n, e in estimates.items()}
+    return assemble(loaded, {n: model_plan(loaded, loaded.models[n], e) for n, e in estimates.items()})
+
+
+def assemble(loaded: LoadedStack, models: dict[str, ModelPlan]) -> Plan:
+    estimates = {n: m.estimate for n, m in models.items()}
     cap = capacity_of(loaded)
     hot = [m for m in models.values() if m.hot]
     hot_total = sum(m.quota_hard for m in hot)
@@ -202,3 +221,72 @@ def missing_files(plan: Plan) -> list[tuple[bool, str]]:
             message = f"{spec.model} does not exist yet: `umemc build` needs --files-later, `umemc up` needs the file"
             out.append((False, plan.loaded.source.warning(("models", m.name, "model"), message)))
     return out
+
+
+def make_cluster_plan(loaded: LoadedStack) -> Plan:
+    """Several nodes: estimate each model for each node platform (once per distinct platform), place
+    them (umemc.placement), then one ordinary plan per node with the models it holds."""
+    by_platform: dict[object, tuple[LoadedStack, dict[str, ModelPlan]]] = {}
+    node_view: dict[str, tuple[LoadedStack, dict[str, ModelPlan]]] = {}
+    for name, node in loaded.nodes.items():
+        if node.platform not in by_platform:
+            view = loaded.for_node(name)
+            est = estimate_stack(view)
+            by_platform[node.platform] = (view, {n: model_plan(view, view.models[n], e) for n, e in est.items()})
+        node_view[name] = by_platform[node.platform]
+    bins = []
+    for name, (view, _) in node_view.items():
+        cap = capacity_of(replace(view, platform=loaded.nodes[name].platform))
+        bins.append(Bin(name, cap.budget, cap.gpu_budget))
+    every = tuple(loaded.nodes)
+    items = []
+    for name, spec in loaded.stack.models.items():
+        allowed = (spec.node,) if spec.node else tuple(n for n in every if n in (spec.nodes or every))
+        needs = {n: PlaceNeed(node_view[n][1][name].quota_hard, node_view[n][1][name].gpu_quota_hard) for n in allowed}
+        items.append(Item(name, spec.priority, spec.mode == "hot", allowed, needs))
+    placement = place(bins, items)
+    nodes: dict[str, Plan] = {}
+    for name, (view, mplans) in node_view.items():
+        here = [m for m in loaded.stack.models if placement.home.get(m) == name and m not in placement.unplaced]
+        sub = replace(view, platform=loaded.nodes[name].platform, models={m: view.models[m] for m in here}, warnings=[])
+        nodes[name] = assemble(sub, {m: mplans[m] for m in here})
+    models: dict[str, ModelPlan] = {}
+    for item in items:
+        home = placement.home.get(item.name)
+        if home is not None and item.name in nodes[home].models:
+            models[item.name] = nodes[home].models[item.name]
+        else:  # a hot model that fits nowhere: its figures on the first node it may use
+            models[item.name] = node_view[item.allowed[0]][1][item.name]
+    caps = [p.capacity for p in nodes.values()]
+    gpu = [c.gpu_window for c in caps if c.gpu_window is not None]
+    gpu_budget = [c.gpu_budget for c in caps if c.gpu_budget is not None]
+    capacity = Capacity(
+        sum(c.memory for c in caps),
+        sum(c.os_reserve for c in caps),
+        sum(gpu) if gpu else None,
+        sum(c.usable for c in caps),
+        sum(c.budget for c in caps),
+        sum(gpu_budget) if gpu_budget else None,
+    )
+    hot = [m for m in models.values() if m.hot]
+    cold = {n: nodes[placement.home[n]].cold_admission[n] for n in models if not models[n].hot}
+    warnings = list(loaded.warnings)
+    for p in nodes.values():
+        warnings += [w for w in p.warnings if w not in warnings]
+    for name in placement.unplaced:
+        warnings += [w for w in models[name].estimate.warnings if w not in warnings]
+    plan = Plan(
+        loaded,
+        capacity,
+        models,
+        sum(m.quota_hard for m in hot),
+        sum(m.gpu_quota_hard for m in hot) if capacity.gpu_budget is not None else 0,
+        cold,
+        tuple(warnings),
+        nodes=nodes,
+        placement=placement,
+    )
+    advice_lines = [f"models.{n}: {why}" for n, why in placement.unplaced.items()]
+    for name, p in nodes.items():
+        advice_lines += [f"node {name}: {a}" for a in p.advice]
+    return replace(plan, advice=tuple(advice_lines))

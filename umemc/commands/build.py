@@ -33,9 +33,27 @@ def build(plan: Plan, out: Path, socket: str | None = None, simulate: bool = Fal
     from ..write import write_bundle
 
     check_bundle_dir(out)
-    files = render_bundle(compile_bundle(plan, socket=socket, simulate=simulate))
+    if plan.nodes:
+        files = node_bundles(plan)
+    else:
+        files = render_bundle(compile_bundle(plan, socket=socket, simulate=simulate))
     write_bundle(out, files)
     return list(files)
+
+
+def node_bundles(plan: Plan) -> dict[str, str]:
+    """A stack with [nodes]: one complete bundle per node under nodes/NAME/ (each runnable with
+    `umemc up DIR/nodes/NAME` on that machine), and the whole stack's budget and placement on top."""
+    from ..compile import compile_bundle
+    from ..targets.files import render_bundle
+    from ..targets.report import budget_json, budget_markdown
+    from ..write import MARKER, MARKER_TEXT
+
+    files = {"budget.json": budget_json(plan), "budget.md": budget_markdown(plan)}
+    for name, node in plan.nodes.items():
+        files |= {f"nodes/{name}/{rel}": text for rel, text in render_bundle(compile_bundle(node)).items()}
+        files[f"nodes/{name}/{MARKER}"] = MARKER_TEXT
+    return dict(sorted(files.items()))
 
 
 def check_bundle_dir(out: Path) -> None:

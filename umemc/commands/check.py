@@ -34,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     for arg in args.stack:
         try:
             plan = plan_from_arg(arg)
-            compile_bundle(plan)  # what `build` would refuse, `check` refuses too (values a config cannot carry)
+            for one in plan.nodes.values() or [plan]:  # what `build` would refuse, `check` refuses too
+                compile_bundle(one)
         except StackError as exc:
             if len(args.stack) == 1:
                 raise

@@ -50,6 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("target", metavar="STACK|BUNDLE", help="a stack file, or a bundle directory from `umemc build`")
     add_run_dir(p)
     p.add_argument("--force", action="store_true", help="start even when the preflight finds problems (warns)")
+    p.add_argument("--node", metavar="NAME", help="a stack with [nodes]: run the models placed on this node")
     p.add_argument(
         "--simulate",
         action="store_true",
@@ -153,7 +154,17 @@ def install_bundle(args: argparse.Namespace, run_dir: RunDir) -> None:
     target = Path(args.target)
     socket = run_dir.socket_override()
     if not target.is_dir():
-        build(plan_from_arg(args.target), run_dir.bundle, socket=socket, simulate=args.simulate)
+        plan = plan_from_arg(args.target)
+        if plan.nodes:
+            if args.node not in plan.nodes:
+                raise UsageError(
+                    f"{args.target} places its models on {len(plan.nodes)} nodes: say which one this machine is "
+                    f"with --node ({', '.join(plan.nodes)})"
+                )
+            plan = plan.nodes[args.node]
+        elif args.node is not None:
+            raise UsageError(f"{args.target} has no [nodes]: --node does not apply")
+        build(plan, run_dir.bundle, socket=socket, simulate=args.simulate)
         return
     if not is_bundle(target):
         raise UsageError(f"{args.target}: neither a stack file nor a umemc bundle")

@@ -62,6 +62,15 @@ class Platform(_Strict):
     )
 
 
+class Node(Platform):
+    """One machine of a stack that spans several: the same fields as [platform], plus labels."""
+
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Kubernetes node labels that select this machine (default: kubernetes.io/hostname = the name).",
+    )
+
+
 class Policy(_Strict):
     safety_margin: float = Field(0.15, ge=0, lt=1, description="Share of usable capacity never budgeted.")
     quota_headroom: float = Field(0.10, ge=0, le=10, description="Hard quota = estimate x (1 + quota_headroom).")
@@ -233,12 +242,23 @@ class ModelSpec(_Strict):
     aliases: list[str] = Field(default_factory=list, description="Other names the gateway routes to this model.")
     ttl: Duration | None = Field(None, description='Idle time after which a cold model is unloaded (e.g. "10m").')
     health: str | None = Field(None, description="Health URL path; overrides the runtime's default.")
+    node: str | None = Field(None, description="With [nodes]: the node this model must run on.")
+    nodes: list[str] | None = Field(None, description="With [nodes]: the nodes this model may run on (default: any).")
+    image: str | None = Field(
+        None, description="Container image for `build --target kubernetes` (default: the runtime's official image)."
+    )
 
 
 class Stack(_Strict):
     version: Literal[1] = Field(description="Stack file format version; this umemc reads 1.")
     name: str = Field(pattern=NAME_PATTERN, description="Stack name; becomes a directory and program-group name.")
-    platform: Platform = Field(description="The machine: a preset, or kind + memory.")
+    platform: Platform | None = Field(
+        None, description="The machine: a preset, or kind + memory. Required unless [nodes] describes several."
+    )
+    nodes: dict[str, Node] = Field(
+        default_factory=dict,
+        description="Several machines, by name (^[a-z][a-z0-9_-]{0,62}$), instead of [platform]: models are placed.",
+    )
     policy: Policy = Field(default_factory=lambda: Policy(), description="Budget and enforcement policy.")
     gateway: Gateway = Field(default_factory=lambda: Gateway(), description="The OpenAI-compatible gateway.")
     sysctl: dict[str, SysctlValue] = Field(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from ..catalog.quant import FILE_TYPES, TORCH_DTYPES, WHISPER_TYPES
 from ..catalog.runtimes import LLAMA_RUNTIMES, RUNTIME_FAMILY, RUNTIMES_FOR
 from ..units import gib, human
 from .load import Document, Source, read_document, validate
-from .models import NAME_PATTERN, ModelSpec, Stack
+from .models import NAME_PATTERN, ModelSpec, Platform, Stack
 from .presets import PLATFORM_PRESETS, UNIFIED_KINDS, default_gpu_window, default_os_reserve
 from .types import toml_repr
 
@@ -64,10 +64,43 @@ class LoadedStack:
     models: dict[str, ResolvedModel]
     warnings: list[str]
     calibration: dict[str, Any] = field(default_factory=dict)  # <stack>.calibration.json, by model
+    # a stack with [nodes]: each machine (file order); `platform` is then the first node's, and
+    # for_node() gives the stack as seen on one of them (models resolved for its platform)
+    nodes: dict[str, ResolvedNode] = field(default_factory=dict)
+    document: Document | None = None
 
     @property
     def name(self) -> str:
         return self.stack.name
+
+    def for_node(self, node: str, models: list[str] | None = None) -> LoadedStack:
+        """This stack on one node: its platform, and the named models (default all) resolved for it."""
+        n = self.nodes[node]
+        names = list(self.models) if models is None else models
+        if n.platform == self.platform:
+            chosen = {name: self.models[name] for name in names}
+        else:
+            assert self.document is not None
+            doc = replace(self.document, warnings=[])  # what load already said is not said again per node
+            chosen = {
+                name: _model(
+                    doc,
+                    name,
+                    self.stack.models[name],
+                    n.platform,
+                    self.models[name].port,
+                    self.calibration.get(name),
+                )
+                for name in names
+            }
+        return LoadedStack(self.path, self.source, self.stack, n.platform, chosen, [], self.calibration, {}, None)
+
+
+@dataclass(frozen=True)
+class ResolvedNode:
+    name: str
+    platform: ResolvedPlatform
+    labels: dict[str, str]
 
 
 def load_stack(path: Path, shown: str | None = None) -> LoadedStack:
@@ -79,8 +112,20 @@ def load_stack(path: Path, shown: str | None = None) -> LoadedStack:
     src = doc.source
     locks = calibration.load(path)
     _check_names(stack, src)
-    platform = _platform(stack, src)
-    doc.warnings += _decimal_memory(doc.data.get("platform"), platform, src)
+    nodes = _nodes(stack, doc)
+    if nodes:
+        platform = next(iter(nodes.values())).platform
+    elif stack.platform is None:
+        raise src.error(
+            ("platform",),
+            "required key is missing",
+            "describe the machine in [platform] (a preset, or kind + memory), or several in [nodes.NAME]",
+            what="table",
+        )
+    else:
+        platform = _platform(stack.platform, src, ("platform",))
+        doc.warnings += _decimal_memory(doc.data.get("platform"), platform, src, ("platform",))
+    _check_placement_keys(stack, src, nodes)
     _check_policy(stack, src)
     _check_gateway(stack, src)
     _check_sysctl(stack, src)
@@ -89,7 +134,70 @@ def load_stack(path: Path, shown: str | None = None) -> LoadedStack:
     models = {
         name: _model(doc, name, spec, platform, ports[name], locks.get(name)) for name, spec in stack.models.items()
     }
-    return LoadedStack(path, src, stack, platform, models, doc.warnings, locks)
+    return LoadedStack(path, src, stack, platform, models, doc.warnings, locks, nodes, doc)
+
+
+def _nodes(stack: Stack, doc: Document) -> dict[str, ResolvedNode]:
+    src, out = doc.source, {}
+    if stack.nodes and stack.platform is not None:
+        raise src.error(
+            ("platform",),
+            "a stack with [nodes] describes its machines there",
+            "move [platform]'s keys into the [nodes.NAME] tables, or remove [nodes]",
+            what="table",
+        )
+    raw_nodes = doc.data.get("nodes")
+    raw: dict[str, Any] = raw_nodes if isinstance(raw_nodes, dict) else {}
+    for name, node in stack.nodes.items():
+        at = ("nodes", name)
+        if not re.fullmatch(NAME_PATTERN, name):
+            raise src.error(at, f"bad node name {toml_repr(name)}: must match {NAME_PATTERN}", what="key")
+        platform = _platform(node, src, at)
+        doc.warnings += _decimal_memory(raw.get(name), platform, src, at)
+        for key, value in node.labels.items():
+            problem = label_problem(key, value)
+            if problem:
+                raise src.error(at + ("labels", key), problem, "Kubernetes label syntax: [prefix/]name = value")
+        out[name] = ResolvedNode(name, platform, dict(node.labels))
+    return out
+
+
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def label_problem(key: str, value: str) -> str | None:
+    """Kubernetes' label rules (apimachinery validation): [prefix/]name, name <= 63 characters of
+    alphanumerics, '-', '_', '.', starting and ending alphanumeric; prefix a DNS subdomain <= 253; value
+    empty or like a name."""
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return f"label key prefix {prefix!r} is not a DNS subdomain"
+    if not _LABEL_NAME.fullmatch(name):
+        return f"label name {name!r}: at most 63 letters, digits, '-', '_', '.', starting and ending alphanumeric"
+    if not _LABEL_VALUE.fullmatch(value):
+        return f"label value {value!r}: at most 63 letters, digits, '-', '_', '.', starting and ending alphanumeric"
+    return None
+
+
+def _check_placement_keys(stack: Stack, src: Source, nodes: dict[str, ResolvedNode]) -> None:
+    for name, spec in stack.models.items():
+        at = ("models", name)
+        if spec.node is not None and spec.nodes is not None:
+            raise src.error(at + ("nodes",), "give node (a pin) or nodes (an allowed set), not both")
+        wanted = [spec.node] if spec.node is not None else list(spec.nodes or [])
+        key = "node" if spec.node is not None else "nodes"
+        if wanted and not nodes:
+            raise src.error(at + (key,), "the stack has no [nodes]: a single machine runs every model", "remove it")
+        if spec.nodes is not None and not spec.nodes:
+            raise src.error(at + ("nodes",), "empty: give at least one node, or remove the key for any node")
+        for i, n in enumerate(wanted):
+            if n not in nodes:
+                close = difflib.get_close_matches(n, list(nodes), n=1)
+                hint = f"did you mean '{close[0]}'?" if close else f"one of {', '.join(nodes)}"
+                path = at + (key,) if spec.node is not None else at + (key, i)
+                raise src.error(path, f"no node {toml_repr(n)} in [nodes]", hint)
 
 
 _HOSTNAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}))*$")
@@ -115,48 +223,45 @@ def _check_names(stack: Stack, src: Source) -> None:
             )
 
 
-def _platform(stack: Stack, src: Source) -> ResolvedPlatform:
-    p = stack.platform
+def _platform(p: Platform, src: Source, at: tuple[str, ...]) -> ResolvedPlatform:
     preset = PLATFORM_PRESETS[p.preset] if p.preset else None
     kind = p.kind or (preset.kind if preset else None)
     memory = p.memory if p.memory is not None else (preset.memory if preset else None)
     if kind is None or memory is None:
         missing = "kind" if kind is None else "memory"
         raise src.error(
-            ("platform", missing),
+            at + (missing,),
             "required key is missing (no preset given)",
             f"set preset = one of {', '.join(PLATFORM_PRESETS)}, or give kind and memory",
             what="table",
         )
     if memory <= 0:
-        raise src.error(("platform", "memory"), "must be > 0")
+        raise src.error(at + ("memory",), "must be > 0")
     os_reserve = (
         p.os_reserve if p.os_reserve is not None else (preset.os_reserve if preset else default_os_reserve(memory))
     )
     if os_reserve >= memory:
-        raise src.error(
-            ("platform", "os_reserve"), f"must be less than memory ({human(os_reserve)} >= {human(memory)})"
-        )
+        raise src.error(at + ("os_reserve",), f"must be less than memory ({human(os_reserve)} >= {human(memory)})")
     same_machine = preset is not None and preset.kind == kind and preset.memory == memory
     window = p.gpu_window if p.gpu_window is not None else (preset.gpu_window if preset and same_machine else None)
     if kind == "cpu":
         if p.gpu_window is not None:
-            raise src.error(("platform", "gpu_window"), 'not used for kind = "cpu"', "remove it")
+            raise src.error(at + ("gpu_window",), 'not used for kind = "cpu"', "remove it")
         window = None
     elif window is None:
         window = default_gpu_window(kind, memory, os_reserve)
         if window is None:
             raise src.error(
-                ("platform", "gpu_window"),
+                at + ("gpu_window",),
                 f'required key is missing for kind = "{kind}"',
                 _WINDOW_HINT[kind],
                 what="table",
             )
     if window is not None and window <= 0:
-        raise src.error(("platform", "gpu_window"), "must be > 0")
+        raise src.error(at + ("gpu_window",), "must be > 0")
     if window is not None and kind in UNIFIED_KINDS and window > memory:
         raise src.error(
-            ("platform", "gpu_window"),
+            at + ("gpu_window",),
             f"larger than memory ({human(window)} > {human(memory)})",
             "on a unified-memory machine the GPU maps system RAM",
         )
@@ -167,7 +272,7 @@ def _platform(stack: Stack, src: Source) -> ResolvedPlatform:
 _DECIMAL = re.compile(r"\s*[0-9.]+\s*(k|m|g|t)b\s*", re.IGNORECASE)
 
 
-def _decimal_memory(table: object, platform: ResolvedPlatform, src: Source) -> list[str]:
+def _decimal_memory(table: object, platform: ResolvedPlatform, src: Source, at: tuple[str, ...]) -> list[str]:
     """A machine sold as "64 GB" has 64 GiB of RAM; "64GB" in a stack is 10^9-byte units (59.6 GiB).
     Accepted, but said once, with the figure every report uses."""
     raw = table.get("memory") if isinstance(table, dict) else None
@@ -175,7 +280,7 @@ def _decimal_memory(table: object, platform: ResolvedPlatform, src: Source) -> l
         return []
     return [
         src.warning(
-            ("platform", "memory"),
+            at + ("memory",),
             f'"{raw}" is {platform.memory} bytes = {gib(platform.memory)} GiB (GB/TB are powers of 10); '
             f"RAM comes in powers of two: a machine sold as {raw.strip()} has "
             f'"{raw.strip()[:-2].strip()}{raw.strip()[-2].upper()}iB"',

@@ -3,25 +3,19 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
-from ..budget import ColdAdmission, Plan
+from ..budget import Capacity, ColdAdmission, Plan
 from ..units import gib
 
 
 def budget_dict(plan: Plan) -> dict[str, Any]:
     cap = plan.capacity
-    return {
+    out: dict[str, Any] = {
         "stack": plan.name,
         "fits": plan.fits,
-        "capacity": {
-            "memory_bytes": cap.memory,
-            "os_reserve_bytes": cap.os_reserve,
-            "gpu_window_bytes": cap.gpu_window,
-            "usable_bytes": cap.usable,
-            "budget_bytes": cap.budget,
-            "gpu_budget_bytes": cap.gpu_budget,
-        },
+        "capacity": capacity_dict(cap),
         "models": {
             m.name: {
                 "mode": m.model.spec.mode,
@@ -48,6 +42,52 @@ def budget_dict(plan: Plan) -> dict[str, Any]:
         "warnings": list(plan.warnings),
         "advice": list(plan.advice),
     }
+    if plan.nodes:
+        assert plan.placement is not None
+        for name, m in out["models"].items():
+            m["node"] = plan.node_of(name) if name not in plan.placement.unplaced else None
+        out["nodes"] = {name: node_dict(p) for name, p in plan.nodes.items()}
+        out["placement"] = {
+            "hot": {n: plan.placement.home[n] for n, m in plan.models.items() if m.hot and n in plan.placement.home},
+            "unplaced": dict(plan.placement.unplaced),
+            "cold": {
+                n: {
+                    c.node: {
+                        "fits_alongside_hot": c.fits_alongside_hot,
+                        "admissible": c.admissible,
+                        "evicts": list(c.evicts),
+                    }
+                    for c in places
+                }
+                for n, places in plan.placement.cold.items()
+            },
+        }
+    return out
+
+
+def node_dict(p: Plan) -> dict[str, Any]:
+    """One node of a stack with [nodes]: the same capacity and ledger fields as a single machine's."""
+    cap, plat = p.capacity, p.loaded.platform
+    return {
+        "platform": {"preset": plat.preset, "kind": plat.kind},
+        "fits": p.fits,
+        "capacity": capacity_dict(cap),
+        "models": list(p.models),
+        "hot_total_bytes": p.hot_total,
+        "hot_gpu_total_bytes": p.hot_gpu_total,
+        "headroom_bytes": p.headroom,
+    }
+
+
+def capacity_dict(cap: Capacity) -> dict[str, int | None]:
+    return {
+        "memory_bytes": cap.memory,
+        "os_reserve_bytes": cap.os_reserve,
+        "gpu_window_bytes": cap.gpu_window,
+        "usable_bytes": cap.usable,
+        "budget_bytes": cap.budget,
+        "gpu_budget_bytes": cap.gpu_budget,
+    }
 
 
 def budget_json(plan: Plan) -> str:
@@ -67,6 +107,17 @@ def ledger_lines(plan: Plan) -> list[tuple[str, int, int, int | None, bool]]:
 
 def budget_markdown(plan: Plan) -> str:
     verdict = "✅ fits" if plan.fits else "❌ does not fit"
+    if plan.nodes:
+        out = [f"### umemc: `{plan.name}` {verdict} on {len(plan.nodes)} nodes", ""]
+        if plan.advice:
+            out += ["**Why it does not fit:**", ""] + [f"- {a.strip()}" for a in plan.advice] + [""]
+        for name, node in plan.nodes.items():
+            body = budget_markdown(replace(node, warnings=())).splitlines()[2:]  # its own heading dropped
+            out += [f"#### node `{name}` {'✅' if node.fits else '❌'}", "", *body, ""]
+        if plan.warnings:
+            out += [f"<details><summary>{len(plan.warnings)} warning(s)</summary>", ""]
+            out += [f"- {w}" for w in plan.warnings] + ["", "</details>"]
+        return "\n".join(out).rstrip() + "\n"
     out = [f"### umemc: `{plan.name}` {verdict}", ""]
     p = plan.loaded.platform
     out.append(

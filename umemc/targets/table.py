@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -13,20 +13,31 @@ from .report import admission_text, ledger_lines
 
 
 def budget_renderable(plan: Plan) -> Group:
-    p = plan.loaded.platform
     verdict = (
         Text(" FITS ", style="bold black on green") if plan.fits else Text(" DOES NOT FIT ", style="bold white on red")
     )
     title = Text.assemble(
         ("umemc ", "bold"), (plan.name, "bold cyan"), "  ", verdict, f"  headroom {gib(plan.headroom)} GiB"
     )
+    if plan.nodes:
+        title.append(f"  on {len(plan.nodes)} nodes")
+        parts: list[RenderableType] = [title, *_advice(plan)]
+        for name, node in plan.nodes.items():
+            mark = Text(" ok ", style="black on green") if node.fits else Text(" over ", style="white on red")
+            parts += [Text(""), Text.assemble(("node ", "bold"), (name, "bold magenta"), " ", mark), _platform(node)]
+            parts += [_ledgers(node), _models(node), *_cold(node)]
+        return Group(*parts, *_warnings(plan))
+    return Group(title, _platform(plan), _ledgers(plan), *_advice(plan), _models(plan), *_cold(plan), *_warnings(plan))
+
+
+def _platform(plan: Plan) -> Text:
+    p = plan.loaded.platform
     window = f"GPU window {gib(p.gpu_window)} GiB" if p.gpu_window is not None else "no GPU window"
-    platform = Text(
+    return Text(
         f"{p.preset or p.kind} ({p.kind}): {gib(p.memory)} GiB RAM, {gib(p.os_reserve)} GiB OS reserve, "
         f"{window}, safety margin {plan.loaded.stack.policy.safety_margin:.0%}",
         style="dim",
     )
-    return Group(title, platform, _ledgers(plan), *_advice(plan), _models(plan), *_cold(plan), *_warnings(plan))
 
 
 def _ledgers(plan: Plan) -> Table:
