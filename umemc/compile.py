@@ -88,8 +88,10 @@ class Bundle:
         return p.gpu_window // MiB if p.kind == "apple" and p.gpu_window else None
 
 
-def compile_bundle(plan: Plan, socket: str | None = None, python: str | None = None, simulate: bool = False) -> Bundle:
-    ctx = Context(plan, python or sys.executable)
+def compile_bundle(
+    plan: Plan, socket: str | None = None, python: str | None = None, simulate: bool = False, host: str = "127.0.0.1"
+) -> Bundle:
+    ctx = Context(plan, python or sys.executable, host)
     if ini_problem(ctx.python):  # every program's command starts with it
         raise UsageError(
             f"umemc's interpreter path {ctx.python!r} cannot be written into supervisord.conf: "

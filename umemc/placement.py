@@ -68,21 +68,19 @@ def place(bins: list[Bin], items: list[Item]) -> Placement:
     out = Placement()
     hot = sorted((i for i in items if i.hot), key=lambda i: (-i.priority, -max_need(i), i.name))
     for item in hot:
-        best: tuple[int, int, str] | None = None
-        near: tuple[int, str] | None = None  # the closest miss: (shortfall, node)
+        fits: list[tuple[int, int, str]] = []  # (room left, node order, node)
+        misses: list[tuple[int, int, str]] = []  # (shortfall, node order, node)
         for node in item.allowed:
             b, need = by_name[node], item.needs[node]
             left = b.budget - used[node][0] - need.ram
             gleft = None if b.gpu_budget is None else b.gpu_budget - used[node][1] - need.gpu
             if left >= 0 and (gleft is None or gleft >= 0):
-                key = (left, order[node], node)
-                best = key if best is None or key < best else best
+                fits.append((left, order[node], node))
             else:
-                short = max(-left, -(gleft if gleft is not None else 0))
-                near = (short, node) if near is None or (short, order[node]) < (near[0], order[near[1]]) else near
-        if best is None:
-            assert near is not None
-            short, node = near
+                misses.append((max(-left, -(gleft if gleft is not None else 0)), order[node], node))
+        misses.sort()
+        if not fits:
+            short, _, node = misses[0]
             b, need = by_name[node], item.needs[node]
             free = b.budget - used[node][0]
             out.unplaced[item.name] = (
@@ -92,15 +90,17 @@ def place(bins: list[Bin], items: list[Item]) -> Placement:
                 + ")"
             )
             continue
-        left, _, node = best
+        fits.sort()
+        left, _, node = fits[0]
         used[node][0] += item.needs[node].ram
         used[node][1] += item.needs[node].gpu
         out.home[item.name] = node
-        others = [n for n in item.allowed if n != node]
+        others = [f"{n} would leave {gib(room)} GiB" for room, _, n in fits[1:]]
+        others += [f"{n} is {gib(short)} GiB short" for short, _, n in misses]
         out.why[item.name] = (
-            f"placed on {node}: the allowed node it fits with the least room left ({gib(left)} GiB of the budget "
-            f"free after it), placed in priority order (priority {item.priority})"
-            + (f"; also allowed: {', '.join(others)}" if others else "; the only node allowed")
+            f"placed on {node}, which it fits with the least room left ({gib(left)} GiB of the budget free after "
+            f"it; best fit, hot models in priority order, larger first)"
+            + (f"; {', '.join(others)}" if others else "; the only node allowed")
         )
     for item in (i for i in items if not i.hot):
         places = []

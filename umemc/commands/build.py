@@ -19,6 +19,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("stack", help="the stack file (TOML)")
     p.add_argument("-o", "--output", metavar="DIR", help="bundle directory (default: build/<name>/)")
     p.add_argument(
+        "--target",
+        choices=("bundle", "kubernetes"),
+        default="bundle",
+        help="bundle: supervisord bundles (one per node with [nodes]); kubernetes: manifests in DIR/kubernetes/",
+    )
+    p.add_argument(
         "--files-later",
         action="store_true",
         help="model files named in the stack arrive before `umemc up` (build without them)",
@@ -38,6 +44,18 @@ def build(plan: Plan, out: Path, socket: str | None = None, simulate: bool = Fal
     else:
         files = render_bundle(compile_bundle(plan, socket=socket, simulate=simulate))
     write_bundle(out, files)
+    return list(files)
+
+
+def build_kubernetes(plan: Plan, out: Path) -> list[str]:
+    from ..targets.kubernetes import render
+    from ..targets.report import budget_json, budget_markdown
+    from ..write import write_bundle
+
+    check_bundle_dir(out)
+    files = {f"kubernetes/{rel}": text for rel, text in render(plan).items()}
+    files |= {"budget.json": budget_json(plan), "budget.md": budget_markdown(plan)}
+    write_bundle(out, dict(sorted(files.items())))
     return list(files)
 
 
@@ -78,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         if no_key or not args.files_later:
             raise UsageError(message)
     out = Path(args.output) if args.output else Path("build") / plan.name
-    written = build(plan, out)
+    written = build_kubernetes(plan, out) if args.target == "kubernetes" else build(plan, out)
     out_console = console()
     print_budget(plan, out_console)
     out_console.print(f"\nwrote {out}/ ({len(written)} files):")

@@ -15,6 +15,7 @@ from . import comfyui, command, llama_cpp_python, llama_server, torch_worker, wh
 class Context:
     plan: Plan
     python: str  # the interpreter umemc runs under: umemc's own programs and torch workers
+    host: str = "127.0.0.1"  # the address servers bind: loopback under supervisord, 0.0.0.0 in a pod
 
 
 class Runtime(Protocol):

@@ -32,7 +32,7 @@ def argv(m: ModelPlan, ctx: Context) -> list[str]:
         spec.bin or "python3",
         "main.py",
         "--listen",
-        "127.0.0.1",
+        ctx.host,
         "--port",
         str(rm.port),
         "--reserve-vram",

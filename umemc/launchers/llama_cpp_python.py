@@ -74,4 +74,4 @@ def argv(m: ModelPlan, ctx: Context) -> list[str]:
     ]
     if m.estimate.facts.get("family") == "embedding":
         out += ["--embedding", "true"]
-    return out + ["--host", "127.0.0.1", "--port", str(rm.port), *spec.args]
+    return out + ["--host", ctx.host, "--port", str(rm.port), *spec.args]

@@ -64,4 +64,4 @@ def argv(m: ModelPlan, ctx: Context) -> list[str]:
         out += ["--mmproj", str(rm.mmproj_path)]
     if m.estimate.facts.get("family") == "embedding":
         out.append("--embeddings")
-    return out + ["--host", "127.0.0.1", "--port", str(rm.port), *spec.args]
+    return out + ["--host", ctx.host, "--port", str(rm.port), *spec.args]

@@ -25,4 +25,4 @@ def argv(m: ModelPlan, ctx: Context) -> list[str]:
     out = [spec.bin or "whisper-server", *model_flag("--model", rm), "--best-of", "1", "--beam-size", "1"]
     if spec.flash_attn:
         out.append("--flash-attn")
-    return out + ["--host", "127.0.0.1", "--port", str(rm.port), *spec.args]
+    return out + ["--host", ctx.host, "--port", str(rm.port), *spec.args]

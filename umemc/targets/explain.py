@@ -13,6 +13,16 @@ def explain_text(plan: Plan, m: ModelPlan) -> str:
     facts = ", ".join(f"{k} {v}" for k, v in e.facts.items() if v not in (None, ""))
     if facts:
         lines.append(f"  {facts}")
+    if plan.placement is not None:
+        where = plan.placement.unplaced.get(m.name) or plan.placement.why.get(m.name, "")
+        lines.append(f"  node: {where}")
+        for c in plan.placement.cold.get(m.name, []):
+            fate = (
+                "fits alongside the hot models"
+                if c.fits_alongside_hot
+                else (f"starts by evicting {', '.join(c.evicts)}" if c.admissible else "cannot start")
+            )
+            lines.append(f"    on {c.node}: {fate}")
     lines.append("")
     for fig in (e.weights, e.kv, e.compute, e.overhead):
         _figure(fig, lines, depth=1)
