@@ -49,7 +49,9 @@ def test_golden_bundle(tmp_path: Path, example: Path) -> None:
     assert sorted(got) == sorted(want), "regenerate with UMEMC_UPDATE_GOLDEN=1 python3 dev.py test -k golden"
     for rel in got:
         assert got[rel] == want[rel], f"{rel} differs from tests/golden/{example.stem}/{rel}"
-    parse_supervisord(tmp_path / "bundle")
+    nodes = sorted((tmp_path / "bundle" / "nodes").glob("*"))  # a stack with [nodes]: a bundle per node
+    for bundle in nodes or [tmp_path / "bundle"]:
+        parse_supervisord(bundle)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
