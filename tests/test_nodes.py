@@ -76,8 +76,7 @@ def test_a_model_that_fits_nowhere_names_the_closest_node(write_stack, run_cli, 
     report = json.loads(out)
     assert code == 1 and report["fits"] is False
     why = (
-        "fits no node: the closest is a, 2.2 GiB short (10.7 GiB hard quota, 8.5 GiB of its 8.5 GiB budget "
-        "still free)"
+        "fits no node: the closest is a, 2.2 GiB short (10.7 GiB hard quota, 8.5 GiB of its 8.5 GiB budget still free)"
     )
     assert report["placement"]["unplaced"] == {"huge": why}
     assert report["advice"] == [f"models.huge: {why}"]

@@ -115,7 +115,8 @@ def _nodes(plan: Plan) -> dict[str, Node]:
 
 
 def _programs(p: Plan) -> dict[str, Program]:
-    return compile_bundle(p, host="0.0.0.0").programs  # a pod listens on its own address, not loopback
+    # a pod listens on its own address, not loopback; its Python is the image's, not this machine's
+    return compile_bundle(p, host="0.0.0.0", python="python").programs
 
 
 def _part(stack: str) -> dict[str, str]:
