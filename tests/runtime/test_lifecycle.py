@@ -14,6 +14,9 @@ from tests.runtime.conftest import REPO, free_port, live_sysctl_table, worker
 from umemc.cli import main
 from umemc.runtime.preflight import read_sysctl
 
+# `umemc status --json`: the contract's keys per model, first and in this order
+CONTRACT_KEYS = ["state", "pid", "rss_bytes", "gpu_bytes", "quota_soft_bytes", "quota_hard_bytes", "restarts"]
+
 MiB = 2**20
 
 
@@ -33,15 +36,7 @@ def test_simulate_small_16g_end_to_end(stack, capsys) -> None:
     assert r.cli("status", "--json") == 0
     doc = json.loads(capsys.readouterr().out)
     assert list(doc)[0] == "models"  # the contract first; everything the table shows follows
-    assert list(doc["models"]["chat"])[:7] == [
-        "state",
-        "pid",
-        "rss_bytes",
-        "gpu_bytes",
-        "quota_soft_bytes",
-        "quota_hard_bytes",
-        "restarts",
-    ]
+    assert list(doc["models"]["chat"])[:7] == CONTRACT_KEYS
     assert r.cli("events", "--json") == 0
     events = json.loads(capsys.readouterr().out)
     assert [e["kind"] for e in events[:2]] == ["up", "enforcer_start"]
@@ -242,15 +237,7 @@ def test_observing_a_running_stack(stack, capsys) -> None:
     doc = json.loads(capsys.readouterr().out)
     assert list(doc) == ["models", "stack", "running", "pressure", "gateway", "leases", "orphans", "problems"]
     w = doc["models"]["w"]
-    assert list(w)[:7] == [
-        "state",
-        "pid",
-        "rss_bytes",
-        "gpu_bytes",
-        "quota_soft_bytes",
-        "quota_hard_bytes",
-        "restarts",
-    ]
+    assert list(w)[:7] == CONTRACT_KEYS
     assert set(w) - set(list(w)[:7]) == {
         "uptime_s",
         "last_event",

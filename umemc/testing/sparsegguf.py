@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..catalog.archs import LlmPreset
 from ..catalog.quant import mix_types, tensor_bytes
-from .tinygguf import _vocab
+from .tinygguf import add_vocabulary
 
 # llama.cpp's LLAMA_FTYPE numbers for general.file_type (llama.h)
 FILE_TYPE_ID = {"F16": 1, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "Q4_K_S": 14, "Q3_K_M": 12}
@@ -42,14 +42,7 @@ def write_sparse_gguf(path: Path, preset: LlmPreset, ftype: str) -> tuple[Path, 
     if s.sliding_window:
         w.add_sliding_window(s.sliding_window)
     w.add_file_type(FILE_TYPE_ID[ftype])
-    tokens, scores, types = _vocab(s.n_vocab)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
+    add_vocabulary(w, s.n_vocab)
     tensors = preset.tensors()
     chosen = mix_types(ftype, tensors, s.n_gqa, preset.is_70b)
     for (name, ne), t in zip(tensors, chosen, strict=True):

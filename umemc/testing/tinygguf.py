@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,19 @@ def _vocab(n: int) -> tuple[list[str], list[float], list[int]]:
     return tokens, [-float(k) for k in range(n)], types
 
 
+def add_vocabulary(w: Any, n_vocab: int) -> None:
+    """A SentencePiece-style vocabulary of n_vocab tokens (the byte-fallback ones included) into a GGUFWriter."""
+    tokens, scores, types = _vocab(n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+
+
 def write_tiny_gguf(path: Path, spec: TinySpec, seed: int = 0) -> Path:
     """Write a loadable GGUF model of the given shape; returns the path."""
     import gguf
@@ -69,15 +83,7 @@ def write_tiny_gguf(path: Path, spec: TinySpec, seed: int = 0) -> Path:
     w.add_rope_dimension_count(spec.head_dim)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(_FILE_TYPE[spec.ftype])
-    tokens, scores, types = _vocab(spec.n_vocab)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
+    add_vocabulary(w, spec.n_vocab)
 
     def mat(name: str, rows: int, cols: int) -> None:
         data = (rng.standard_normal((rows, cols)) * 0.02).astype(np.float32)
