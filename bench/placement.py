@@ -2,7 +2,7 @@
 
     python bench/placement.py
 
-1. Speed: 1000 models (random sizes 1-40 GiB, random priorities, 10% pinned, 10% with an allowed set of
+1. Speed: 1000 models (random sizes 1-20 GiB, random priorities, 10% pinned, 10% with an allowed set of
    3 nodes, 20% cold) on 100 nodes of 64-192 GiB; median of 15 runs of `place()`, and one `umemc check`
    of the same stack written as TOML (estimates, per-node plans, the report). Goal: placement well
    under a second.
@@ -35,7 +35,7 @@ def big_instance(rng: random.Random) -> tuple[list[Bin], list[Item]]:
     names = [b.name for b in bins]
     items = []
     for i in range(1000):
-        size = int(rng.uniform(1, 40) * GiB)
+        size = int(rng.uniform(1, 20) * GiB)
         r = rng.random()
         allowed = (rng.choice(names),) if r < 0.1 else tuple(rng.sample(names, 3)) if r < 0.2 else tuple(names)
         items.append(
@@ -64,7 +64,7 @@ def check_speed(rng: random.Random) -> float:
     for i in range(1000):
         mode = "cold" if rng.random() < 0.2 else "hot"
         lines.append(
-            f'[models.m{i:04d}]\nruntime = "command"\ncommand = ["true"]\nmemory = "{rng.randint(1, 40)}GiB"\n'
+            f'[models.m{i:04d}]\nruntime = "command"\ncommand = ["true"]\nmemory = "{rng.randint(1, 20)}GiB"\n'
             f'priority = {rng.randrange(101)}\nmode = "{mode}"\n'
         )
     with tempfile.TemporaryDirectory() as d:
