@@ -19,6 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("models", nargs="*", metavar="MODEL", help="only these models (default: every one with a file)")
     p.add_argument("--lock-only", action="store_true", help="record the GGUF header facts only; start nothing")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each model to load")
+    p.add_argument("--node", metavar="NAME", help="a stack with [nodes]: this machine (its platform's flags)")
     p.set_defaults(func=run)
 
 
@@ -35,6 +36,15 @@ def run(args: argparse.Namespace) -> int:
 
     stack_path = Path(args.stack)
     loaded = load_stack(stack_path, shown=args.stack)
+    if loaded.nodes:
+        if args.node not in loaded.nodes:
+            raise UsageError(
+                f"umemc calibrate: {args.stack} has {len(loaded.nodes)} nodes: measure on one of them and say "
+                f"which with --node ({', '.join(loaded.nodes)})"
+            )
+        loaded = loaded.for_node(args.node)
+    elif args.node is not None:
+        raise UsageError(f"umemc calibrate: {args.stack} has no [nodes]: --node does not apply")
     unknown = [m for m in args.models if m not in loaded.models]
     if unknown:
         raise UsageError(f"umemc calibrate: no model {unknown[0]!r} in {args.stack}")
