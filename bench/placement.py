@@ -99,7 +99,7 @@ def optimal(bins: list[Bin], items: list[Item]) -> tuple[bool, int]:
 
 
 def quality(rng: random.Random, n: int = 300) -> dict[str, float]:
-    feasible = greedy_all = same_bytes = 0
+    feasible = greedy_all = placed_all = same_bytes = 0
     ratios = []
     for _ in range(n):
         bins = [Bin(f"b{i}", int(rng.uniform(40, 100) * GiB), None) for i in range(3)]
@@ -112,13 +112,16 @@ def quality(rng: random.Random, n: int = 300) -> dict[str, float]:
         result = place(bins, items)
         got = sum(i.needs["b0"].ram for i in items if i.name in result.home)
         feasible += all_fit
-        greedy_all += all_fit and result.ok
+        searched = any("exhaustive search" in w for w in result.why.values())
+        greedy_all += all_fit and result.ok and not searched
+        placed_all += all_fit and result.ok
         same_bytes += got == best
         ratios.append(got / best if best else 1.0)
     return {
         "n": n,
         "feasible": feasible,
         "greedy_all": greedy_all,
+        "placed_all": placed_all,
         "same_bytes": same_bytes,
         "median": statistics.median(ratios),
         "worst": min(ratios),
@@ -141,7 +144,9 @@ def main() -> int:
             f"JSON report): {c:.2f} s median of 3.",
             f"- Against an exhaustive search, {q['n']} random instances of 7 hot models on 3 nodes (5-60 GiB "
             f"models, 40-100 GiB budgets): an assignment placing every model existed in {q['feasible']}; the "
-            f"greedy placement placed every model in {q['greedy_all']} of those. It placed as many bytes as the "
+            f"greedy placement alone found one in {q['greedy_all']} of those, and with the bounded exhaustive "
+            f"search it runs when the greedy one leaves a model out, in {q['placed_all']}. It placed as many "
+            "bytes as the "
             f"optimum in {q['same_bytes']} of {q['n']}; placed bytes / optimum: median {q['median']:.3f}, worst "
             f"{q['worst']:.3f}. (The greedy places by priority first, so where not everything fits it keeps the "
             "high-priority models even when leaving them out would pack more bytes.)",

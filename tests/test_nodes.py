@@ -202,3 +202,19 @@ def test_one_runnable_bundle_per_node(write_stack, run_cli, tmp_path: Path) -> N
         "",
         "stack.toml places its models on 2 nodes: say which one this machine is with --node (a, b)\n",
     )
+
+
+def test_an_exhaustive_search_places_what_the_greedy_placement_leaves_out(write_stack) -> None:
+    # budgets (14600 - 1024) MiB x 0.85 = 11539.6 MiB. By priority: x 6600, b 3300, c 3300, d 4400, e 4400
+    # (hard quotas). Greedy: x -> a, b -> a (best fit, 1639.6 left), c -> b, d -> b (3839.6 left), and e
+    # fits neither. a = {x, d}, b = {b, c, e} holds 11000 MiB on each: the search finds it.
+    node = 'kind = "cpu"\nmemory = "14600MiB"\nos_reserve = "1GiB"\n'
+    text = f"\n[nodes.a]\n{node}\n[nodes.b]\n{node}"
+    text += worker("x", 6000, 90) + worker("b", 3000, 80) + worker("c", 3000, 70)
+    text += worker("d", 4000, 60) + worker("e", 4000, 50)
+    plan = plan_of(write_stack, text)
+    assert plan.fits and plan.placement.home == {"x": "a", "d": "a", "e": "b", "b": "b", "c": "b"}
+    assert plan.placement.why["e"] == (
+        "placed on b by an exhaustive search (0.5 GiB of its budget left): the greedy placement (priority "
+        "first, best fit) left e without a node"
+    )

@@ -22,6 +22,8 @@ from . import policy
 from .units import gib
 
 SHOWN = 3  # other nodes named in a model's explanation
+SEARCH_MAX_MODELS = 64  # when the greedy placement leaves a hot model out, search exhaustively up to this many
+SEARCH_STEPS = 200_000  # ... and this many node visits (about a second of Python)
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,24 @@ def place(bins: list[Bin], items: list[Item]) -> Placement:
             + (f"; {', '.join(others)}" if others else "; the only node allowed")
             + (f" (and {rest} other nodes)" if rest > 0 else "")
         )
+    if out.unplaced and len(hot) <= SEARCH_MAX_MODELS:
+        found = search(bins, hot, SEARCH_STEPS)
+        if found is not None:  # every hot model has a node after all: use that assignment
+            left_out = ", ".join(out.unplaced)
+            out.unplaced.clear()
+            free = {b.name: b.budget for b in bins}
+            gfree = {b.name: big if b.gpu_budget is None else b.gpu_budget for b in bins}
+            for item in hot:
+                node = found[item.name]
+                free[node] -= item.needs[node].ram
+                gfree[node] -= item.needs[node].gpu
+                out.home[item.name] = node
+            for item in hot:
+                node = found[item.name]
+                out.why[item.name] = (
+                    f"placed on {node} by an exhaustive search ({gib(free[node])} GiB of its budget left): the greedy "
+                    f"placement (priority first, best fit) left {left_out} without a node"
+                )
     held: dict[str, list[policy.Held]] = {b.name: [] for b in bins}  # each node's hot set, on paper
     for h in hot:
         home = out.home.get(h.name)
@@ -158,6 +178,46 @@ def place(bins: list[Bin], items: list[Item]) -> Placement:
             out.home[item.name] = item.allowed[0]
             out.why[item.name] = "cold; admissible on no allowed node (even evicting every lower-priority model)"
     return out
+
+
+def search(bins: list[Bin], hot: list[Item], steps: int) -> dict[str, str] | None:
+    """Depth-first search for an assignment that gives every hot model a node (largest first, each node
+    tried in file order; interchangeable nodes with the same room left are one choice). Bounded by `steps` node
+    visits, so a large stack that the greedy placement cannot fit is reported rather than searched for
+    minutes. Deterministic: the first assignment in this order."""
+    order = sorted(hot, key=lambda i: (-max_need(i), i.name))
+    free = {b.name: b.budget for b in bins}
+    gfree = {b.name: (1 << 62) if b.gpu_budget is None else b.gpu_budget for b in bins}
+    chosen: dict[str, str] = {}
+    budget = [steps]
+    # nodes that every model sees alike (same allowed-ness, same quotas) and with the same room left are
+    # one choice: trying the second one would only repeat the first one's subtree
+    sig = {b.name: tuple((b.name in i.allowed, i.needs.get(b.name)) for i in order) for b in bins}
+
+    def go(k: int) -> bool:
+        if k == len(order):
+            return True
+        item, seen = order[k], set()
+        for node in item.allowed:
+            need = item.needs[node]
+            state = (sig[node], free[node], gfree[node])
+            if need.ram > free[node] or need.gpu > gfree[node] or state in seen:
+                continue
+            seen.add(state)
+            budget[0] -= 1
+            if budget[0] < 0:
+                return False
+            free[node] -= need.ram
+            gfree[node] -= need.gpu
+            chosen[item.name] = node
+            if go(k + 1):
+                return True
+            free[node] += need.ram
+            gfree[node] += need.gpu
+            del chosen[item.name]
+        return False
+
+    return dict(chosen) if go(0) else None
 
 
 def max_need(item: Item) -> int:
