@@ -234,3 +234,25 @@ def test_explain_speaks_each_runtimes_terms(run_cli) -> None:
     )
     code, out, _ = run_cli("explain", str(REPO / "examples/strix-halo-5.toml"), "chat")
     assert "every layer offloaded (-ngl 999)" in out
+
+
+def test_decimal_memory_is_said_once_and_apple_window_defaults_from_memory(tmp_path: Path, run_cli) -> None:
+    (tmp_path / "mac.toml").write_text(
+        'version = 1\nname = "mac"\n[platform]\nkind = "apple"\nmemory = "64GB"\n'
+        '[models.w]\nruntime = "command"\ncommand = ["true"]\nmemory = "1GiB"\n'
+    )
+    code, out, err = run_cli("check", "mac.toml", "--format", "json", cwd=tmp_path)
+    report = json.loads(out)
+    assert code == 0
+    # 64 GB = 64e9 bytes = 59.6 GiB; no gpu_window: macOS's stock limit, 3/4 of RAM above 32 GiB
+    assert report["capacity"]["memory_bytes"] == 64_000_000_000
+    assert report["capacity"]["gpu_window_bytes"] == 64_000_000_000 * 3 // 4
+    assert err == (
+        'warning: mac.toml:5:10: platform.memory: "64GB" is 64000000000 bytes = 59.6 GiB (GB/TB are powers of 10); '
+        'RAM comes in powers of two: a machine sold as 64GB has "64GiB"\n'
+    )
+    code, out, _ = run_cli("check", "mac.toml", cwd=tmp_path)  # captured: not a terminal
+    assert (
+        'warning: mac.toml:5:10: platform.memory: "64GB" is 64000000000 bytes = 59.6 GiB (GB/TB are powers of 10); '
+        'RAM comes in powers of two: a machine sold as 64GB has "64GiB"'
+    ) in out.splitlines()  # one line: nothing wrapped or cut at 80 columns off a terminal

@@ -54,6 +54,11 @@ def test_llama_cpp_python_warns_about_its_full_sliding_window_cache(write_stack,
         "      sliding-window layers: 52 of 62 hold all 8192 cells (the runtime keeps full-size caches: swa_full)"
         in (out.splitlines())
     )
+    assert out.splitlines()[-1] == (
+        "  warning: stack.toml:7:11: models.m.runtime: llama-cpp-python keeps full-size KV caches on the model's "
+        "sliding-window layers (llama.cpp's swa_full default; its server has no setting for it): KV 4160749568 "
+        "bytes instead of 1325400064 with llama-server, which keeps only the window"
+    )
 
 
 REPACK = """version = 1

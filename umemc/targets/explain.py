@@ -44,6 +44,9 @@ def explain_text(plan: Plan, m: ModelPlan) -> str:
             f"  cold start: fits alongside hot set {a.fits_alongside_hot}, admissible {a.admissible}, "
             f"evicts {list(a.evicts)}"
         )
+    if e.warnings:
+        lines.append("")
+        lines += [f"  warning: {w}" for w in e.warnings]
     return "\n".join(lines) + "\n"
 
 
