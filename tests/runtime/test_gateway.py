@@ -98,8 +98,8 @@ def test_routes_by_model_and_alias(routing: Gateway) -> None:
     status, _, body = routing.call("POST", "/v1/chat/completions", {"model": "gpt-4o-mini", "messages": []})
     assert (status, body["model"], body["choices"][0]["message"]["content"]) == (
         200,
-        "chat",
-        "(simulated reply from chat)",
+        "gpt-4o-mini",  # answered as asked, like an OpenAI-compatible server
+        "(simulated reply from chat)",  # by the chat worker
     )
     status, _, body = routing.call("POST", "/v1/embeddings", {"model": "embed", "input": ["a", "b"]})
     assert (status, body["model"], len(body["data"])) == (200, "embed", 2)  # a cold start, held until healthy

@@ -34,7 +34,8 @@ def hold(target: int) -> Held:
     return held
 
 
-def _reply(model: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+def _reply(worker: str, model: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """worker: the stack's name of this model (said in the text); model: the name the client asked for."""
     created = int(time.time())
     if path.endswith("/embeddings"):
         inputs = body.get("input", "")
@@ -46,8 +47,8 @@ def _reply(model: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
             "usage": {"prompt_tokens": 1, "total_tokens": 1},
         }
     if path.endswith("/audio/transcriptions"):
-        return {"text": f"(simulated transcription by {model})"}
-    text = f"(simulated reply from {model})"
+        return {"text": f"(simulated transcription by {worker})"}
+    text = f"(simulated reply from {worker})"
     if path.endswith("/chat/completions"):
         return {
             "id": f"sim-{created}",
@@ -103,7 +104,7 @@ def make_handler(model: str, health: str) -> type[http.server.BaseHTTPRequestHan
                 self._stream(body, name)
             else:
                 time.sleep(float(body.get("delay", 0)))
-                self._json(200, _reply(name, self.path, body))
+                self._json(200, _reply(model, name, self.path, body))
 
         def _stream(self, body: dict[str, Any], name: str) -> None:
             created = int(time.time())
