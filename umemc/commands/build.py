@@ -89,9 +89,12 @@ def check_bundle_dir(out: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..budget import missing_files
+    from ..compile import compile_bundle
     from ..targets.table import print_budget
 
     plan = plan_from_arg(args.stack)
+    for one in plan.nodes.values() or [plan]:  # a value no config can carry is said before a missing file
+        compile_bundle(one)
     for no_key, message in missing_files(plan):
         if no_key or not args.files_later:
             raise UsageError(message)

@@ -30,7 +30,9 @@ def hold(target: int) -> Held:
     with open("/proc/self/statm") as f:
         own = int(f.read().split()[1]) * PAGE
     held = Held()
-    held.grow(max(0, target - own - 16 * 1024 * 1024))  # room for the server threads and lazy imports
+    # room for the server threads and lazy imports (4 MiB), and for the page-granular growth of a large
+    # hold (an 8 GiB one overshot by a few MiB): just under the soft quota at every size
+    held.grow(max(0, target - own - 4 * 1024 * 1024 - target // 512))
     return held
 
 
