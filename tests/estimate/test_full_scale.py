@@ -108,6 +108,25 @@ def test_no_second_copy_without_mmap_with_no_repack_or_on_a_gpu(write_stack, lla
     assert round(_weights(write_stack, llama8b, kind="amd-apu") / MiB, 2) == mapped  # weights on the GPU
 
 
+def test_explain_gives_the_load_peak_and_the_steady_figure(write_stack, run_cli, tmp_path: Path) -> None:
+    write_stack(
+        'version = 1\nname = "p"\n[platform]\nkind = "cpu"\nmemory = "64GiB"\n'
+        '[models.m]\nruntime = "llama-server"\nmodel = "models/m.gguf"\narch = "llama-3-8b"\n'
+    )
+    code, out, _ = run_cli("explain", "stack.toml", "m", cwd=tmp_path)
+    lines = out.splitlines()
+    total = int(next(x for x in lines if x.startswith("  estimate = ")).split("(")[1].split()[0])
+    steady = total - 3204 * MiB  # the repacked copy, as llama.cpp reports it for this file
+    assert (
+        code == 0
+        and (
+            "  load peak = the estimate; steady once the kernel reclaims the file pages of the repacked tensors = "
+            f"{steady / 2**30:.2f} GiB ({steady} bytes): quotas are sized on the peak"
+        )
+        in lines
+    )
+
+
 def test_preset_path_repacks_the_same_tensors(write_stack) -> None:
     text = (
         'version = 1\nname = "p"\n[platform]\nkind = "cpu"\nmemory = "64GiB"\n'

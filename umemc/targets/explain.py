@@ -30,6 +30,12 @@ def explain_text(plan: Plan, m: ModelPlan) -> str:
     total = e.sum_bytes
     lines.append("")
     lines.append(f"  estimate = weights + kv + compute + overhead = {human(total)} ({total} bytes)")
+    repack = next((p.bytes for p in e.weights.parts if p.name == "repacked copy"), 0)
+    if repack and e.explicit is None:
+        lines.append(
+            f"  load peak = the estimate; steady once the kernel reclaims the file pages of the repacked tensors "
+            f"= {human(total - repack)} ({total - repack} bytes): quotas are sized on the peak"
+        )
     if e.explicit is not None:
         lines.append(f"  memory = {human(e.explicit)} ({e.explicit} bytes) given explicitly: it replaces the sum")
     lines.append(f"  quota soft = estimate = {m.quota_soft} bytes")
