@@ -202,6 +202,11 @@ def test_one_runnable_bundle_per_node(write_stack, run_cli, tmp_path: Path) -> N
         "",
         "stack.toml places its models on 2 nodes: say which one this machine is with --node (a, b)\n",
     )
+    assert run_cli("up", "out", "--run-dir", "run", cwd=tmp_path) == (
+        2,
+        "",
+        "out holds one bundle per node: run the one for this machine, out/nodes/a or out/nodes/b\n",
+    )
 
 
 def test_an_exhaustive_search_places_what_the_greedy_placement_leaves_out(write_stack) -> None:

@@ -168,6 +168,12 @@ def install_bundle(args: argparse.Namespace, run_dir: RunDir) -> None:
         return
     if not is_bundle(target):
         raise UsageError(f"{args.target}: neither a stack file nor a umemc bundle")
+    if not (target / "plan.json").exists() and (target / "nodes").is_dir():
+        nodes = sorted(p.name for p in (target / "nodes").iterdir() if p.is_dir())
+        raise UsageError(
+            f"{args.target} holds one bundle per node: run the one for this machine, "
+            + " or ".join(f"{Path(args.target) / 'nodes' / n}" for n in nodes)
+        )
     if args.simulate:
         raise UsageError("--simulate needs the stack file: it builds placeholders into the bundle")
     if target.resolve() != run_dir.bundle.resolve():
