@@ -171,6 +171,16 @@ def test_refusals(write_stack, run_cli, tmp_path: Path) -> None:
         "",
         'platform kind = "apple" cannot run models in containers with the GPU: use `umemc up`\n',
     )
+    write_stack(
+        STACK
+        + '[models.chat_2]\nruntime = "llama-server"\nmodel = "/srv/m/c.gguf"\narch = "llama-3-8b"\n'
+        + '[models.chat-2]\nruntime = "llama-server"\nmodel = "/srv/m/d.gguf"\narch = "llama-3-8b"\n'
+    )
+    assert run_cli("build", "stack.toml", "--target", "kubernetes", "-o", "out", "--files-later", cwd=tmp_path) == (
+        2,
+        "",
+        "models.chat-2: its Kubernetes name 'chat-2' is also models.chat_2's ('_' becomes '-'): rename one\n",
+    )
     assert not (tmp_path / "out").exists()
 
 

@@ -72,6 +72,14 @@ def render(plan: Plan) -> dict[str, str]:
         ],
         "priorityclasses.yaml": [_priority_class(stack, p) for p in sorted({m.priority for m in plan.models.values()})],
     }
+    seen: dict[str, str] = {}
+    for name in plan.models:
+        if _dns(name) in seen:
+            raise UsageError(
+                f"models.{name}: its Kubernetes name {_dns(name)!r} is also models.{seen[_dns(name)]}'s "
+                "('_' becomes '-'): rename one"
+            )
+        seen[_dns(name)] = name
     routes: list[tuple[str, str, int]] = []  # (model name or alias, service, port)
     programs = {n: _programs(node.plan) for n, node in nodes.items()}
     for name, m in plan.models.items():
