@@ -113,3 +113,84 @@ def test_check_reads_gguf_only_when_a_file_exists(tmp_path: Path) -> None:
     model = write_tiny_gguf(tmp_path / "m.gguf", SHAPES["mha-f16"])
     out = subprocess.run([sys.executable, "-c", code, str(stack_for(tmp_path, model))], capture_output=True, text=True)
     assert out.stderr.strip().splitlines()[-1] == "['gguf', 'numpy']"
+
+
+def _every_kind_of_field(path: Path) -> Path:
+    """A GGUF with every value type an estimate may meet, string arrays (a tokenizer) and tensors of
+    several types, data left as a hole: written by the gguf package itself."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_block_count(3)
+    w.add_uint64("gemma3.u64", 2**40 + 3)
+    w.add_float64("gemma3.f64", 0.125)
+    w.add_bool("gemma3.flag", True)
+    w.add_int32("gemma3.neg", -7)
+    w.add_array("gemma3.attention.head_count_kv", [8, 4, 8])
+    w.add_array("gemma3.floats", [0.5, 1.5])
+    w.add_string("general.name", "naïve – test")
+    w.add_token_list([f"t{i}" for i in range(3000)])
+    w.add_array("tokenizer.ggml.merges", [f"a{i} b{i}" for i in range(5000)])
+    shapes = {"F32": (64,), "F16": (64, 32), "Q8_0": (64, 32), "Q4_K": (256, 8), "Q6_K": (512, 3)}
+    for name, ne in shapes.items():
+        qtype = gguf.GGMLQuantizationType[name]
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        nbytes = int(np.prod(ne)) // block * size
+        w.add_tensor_info(f"t.{name}", tuple(reversed(ne)), np.dtype(np.float32), nbytes, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    assert w.fout is not None
+    w.fout[0].truncate(w.fout[0].tell() + 4096 * 16)
+    w.close()
+    return path
+
+
+def test_header_reader_agrees_with_gguf_reader(tmp_path: Path) -> None:
+    """umemc's one-pass header reader against the gguf package's GGUFReader on the same files."""
+    import gguf
+
+    from umemc.estimate.gguf_header import read_header
+
+    files = [_every_kind_of_field(tmp_path / "kinds.gguf")]
+    files += [
+        write_tiny_gguf(tmp_path / f"{n}.gguf", spec) for n, spec in (("q", TinySpec(arch="qwen2", ftype="Q8_0")),)
+    ]
+    for path in files:
+        ours, ref = read_header(path), gguf.GGUFReader(str(path), "r")
+        assert [(t.name, t.type_name, t.shape, t.n_bytes) for t in ours.tensors] == [
+            (t.name, t.tensor_type.name, tuple(int(d) for d in t.shape), int(t.n_bytes)) for t in ref.tensors
+        ]
+        for key, field in ref.fields.items():
+            if key.startswith("GGUF."):
+                continue  # the reader's own pseudo-fields (version, counts)
+            value = field.contents()
+            if isinstance(value, list) and value and isinstance(value[0], str):
+                assert key not in ours.fields and ours.counts[key] == len(value), key  # counted, not kept
+            elif isinstance(value, list):
+                assert ours.fields[key] == pytest.approx(value), key
+                assert ours.counts[key] == len(value)
+            elif isinstance(value, float):
+                assert ours.fields[key] == pytest.approx(value), key
+            else:
+                assert ours.fields[key] == value, key
+
+
+@pytest.mark.parametrize(
+    "data,message",
+    [
+        (b"", "the file is empty"),
+        (b"GGML" + bytes(20), "not a GGUF file (no GGUF magic)"),
+        (b"GGUF" + (1).to_bytes(4, "little") + bytes(16), "GGUF version 1 is not supported (2 and 3 are)"),
+        (b"GGUF" + (3).to_bytes(4, "little") + (1).to_bytes(8, "little"), "truncated at byte 16"),
+    ],
+)
+def test_header_reader_refuses_what_is_not_a_gguf(tmp_path: Path, data: bytes, message: str) -> None:
+    from umemc.estimate.gguf_header import HeaderError, read_header
+
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(data)
+    with pytest.raises(HeaderError) as info:
+        read_header(path)
+    assert str(info.value) == message

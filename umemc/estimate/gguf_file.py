@@ -1,5 +1,5 @@
-"""Facts from a GGUF header. `gguf` (and numpy) are imported here only, and only when a stack
-names a GGUF file that exists: `umemc check` on presets never pays for them."""
+"""Facts from a GGUF header. `gguf` (and numpy) are imported only when a stack names a GGUF file that
+exists: `umemc check` on presets never pays for them."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 from ..catalog.archs import LlmShape, VisionShape
 from ..catalog.quant import FILE_TYPE_IDS, is_repacked
+from .gguf_header import Header, HeaderError, read_header
 
 # llama.cpp hard-codes the sliding-window layout for some architectures (src/llama-model.cpp,
 # hparams.set_swa_pattern): every n-th layer is global, the others use the window.
@@ -34,9 +35,8 @@ class GgufFacts:
 
 
 def read(path: Path) -> GgufFacts:
-    """Read tensor sizes and hyper-parameters; the reader memory-maps, no weight is read. gguf's
-    reader parses every vocabulary entry (about 10 s for a 128k-token vocabulary on a slow core), so
-    the facts are kept per file version for the life of the process (several models, one file)."""
+    """Read tensor sizes and hyper-parameters from the header (umemc/estimate/gguf_header.py: one pass,
+    no weight is read); kept per file version for the life of the process (several models, one file)."""
     try:
         st = path.stat()
     except OSError as exc:
@@ -46,35 +46,27 @@ def read(path: Path) -> GgufFacts:
 
 @lru_cache(maxsize=64)
 def _read(name: str, size: int, mtime_ns: int, inode: int) -> GgufFacts:
-    import gguf  # heavy (numpy): only on this path
-
-    path = Path(name)
-
     try:
-        reader = gguf.GGUFReader(str(path), "r")
-    except Exception as exc:  # noqa: BLE001 - gguf raises anything on a truncated or corrupt header; reported with a location
+        header = read_header(Path(name))
+    except (HeaderError, OSError) as exc:
         raise NotGguf(f"cannot read the GGUF header: {exc}") from None
-    fields = {name: _value(field) for name, field in reader.fields.items() if not name.startswith("tokenizer.ggml.")}
+    fields = {k: v for k, v in header.fields.items() if not k.startswith("tokenizer.ggml.")}
     counts: dict[str, int] = {}
-    for t in reader.tensors:
-        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+    for t in header.tensors:
+        counts[t.type_name] = counts.get(t.type_name, 0) + 1
     arch = str(fields.get("general.architecture", ""))
     ftype = fields.get("general.file_type")
-    vocab = _vocab_size(reader, fields, arch)
+    vocab = _vocab_size(header, fields, arch)
     return GgufFacts(
-        path=str(path),
-        tensor_bytes=sum(int(t.n_bytes) for t in reader.tensors),
-        n_tensors=len(reader.tensors),
+        path=name,
+        tensor_bytes=sum(t.n_bytes for t in header.tensors),
+        n_tensors=len(header.tensors),
         type_counts=dict(sorted(counts.items())),
         file_type=FILE_TYPE_IDS.get(int(ftype)) if ftype is not None else None,
         shape=_shape(fields, arch, vocab) if f"{arch}.block_count" in fields else None,
         general_arch=arch,
         vision=_vision(fields),
-        repack_bytes=sum(
-            int(t.n_bytes)
-            for t in reader.tensors
-            if is_repacked(t.name, t.tensor_type.name, tuple(int(d) for d in t.shape))
-        ),
+        repack_bytes=sum(t.n_bytes for t in header.tensors if is_repacked(t.name, t.type_name, t.shape)),
     )
 
 
@@ -93,27 +85,12 @@ def _vision(f: dict[str, Any]) -> VisionShape | None:
     )
 
 
-def _value(field: Any) -> Any:
-    import gguf
-
-    if not field.types:
-        return None
-    if field.types[0] == gguf.GGUFValueType.ARRAY:
-        if len(field.types) > 1 and field.types[1] == gguf.GGUFValueType.STRING:
-            return None  # string arrays (tokenizer data) are not needed here
-        return [int(field.parts[i][0]) for i in field.data]
-    if field.types[0] == gguf.GGUFValueType.STRING:
-        return bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
-    return field.parts[field.data[0]][0].item()
-
-
-def _vocab_size(reader: Any, fields: dict[str, Any], arch: str) -> int:
+def _vocab_size(header: Header, fields: dict[str, Any], arch: str) -> int:
     if f"{arch}.vocab_size" in fields:
         return int(fields[f"{arch}.vocab_size"])
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    if tokens is not None:
-        return len(tokens.data)
-    for t in reader.tensors:  # no tokenizer: the embedding table says it
+    if "tokenizer.ggml.tokens" in header.counts:
+        return header.counts["tokenizer.ggml.tokens"]
+    for t in header.tensors:  # no tokenizer: the embedding table says it
         if t.name == "token_embd.weight":
             return int(t.shape[1])
     return 0
