@@ -286,9 +286,9 @@ def full_scale(py: str, tmp: Path) -> str:
         print(lines[-1], flush=True)
     lines += [
         "",
-        "llama.cpp prints buffer sizes with two decimals of MiB. Compute is an upper bound where the logits",
-        "dominate: ggml-alloc places them above the attention masks and up to two n_embd-wide activations",
-        "(docs/ESTIMATES.md).",
+        "llama.cpp prints buffer sizes with two decimals of MiB. Where the logits dominate the compute",
+        "buffer, ggml-alloc places them 2 n_embd-wide activations up (3 with a quantized or full-size",
+        "sliding-window KV cache): docs/ESTIMATES.md.",
     ]
     return "\n".join(lines)
 

@@ -101,10 +101,10 @@ def test_does_not_fit_leads_with_the_decisive_fact_and_the_smallest_change(
         "model chat alone (13.6 GiB hard quota) exceeds the 11.9 GiB budget",
         'smallest change that fits: models.chat: quant = "Q6_K", context = 8192 (8.3 GiB hard quota)',
         "no single change fits; these free the most:",
-        "  models.chat: context = 2048 frees 4.2 GiB",
-        "  models.chat: context = 4096 frees 3.9 GiB",
-        "  models.chat: context = 8192 frees 3.3 GiB",
+        "  models.chat: context = 2048 frees 4.1 GiB",
+        "  models.chat: context = 4096 frees 3.8 GiB",
         '  models.side: mode = "cold" (priority 10) frees 3.3 GiB',
+        "  models.chat: context = 8192 frees 3.3 GiB",
         '  models.chat: quant = "Q3_K_M" frees 3.2 GiB',
     ]
     stack = "stack.toml"

@@ -133,8 +133,8 @@ def test_explain_shows_formulas_and_inputs(run_cli) -> None:
     assert (
         "  quota hard = estimate x (1 + quota_headroom 0.1), rounded up to a MiB = 50947162112 bytes "
         "(47.45 GiB)" in lines
-    )  # estimate 46315169792 (its compute: logits (128256 + 2 x 8192) x 512 x 4 + 16384 x 512 x 2 mask);
-    # x 1.1 = 50946686771.2 -> 48587 MiB
+    )  # estimate 46315169792 (its compute: logits (128256 + 3 x 8192) x 512 x 4, the q8_0 KV cache's extra
+    # activation); x 1.1 = 50946686771.2 -> 48587 MiB
 
 
 def test_explain_unknown_model(run_cli) -> None:

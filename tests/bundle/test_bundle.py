@@ -195,5 +195,5 @@ def test_budget_picture_names_every_model_and_what_cold_starts_evict(tmp_path: P
     for line in ("chat (prio 90) 47.4 GiB", "vision (prio 60) 11.5 GiB", "image (prio 40) 10.3 GiB"):
         assert line in texts
     assert "cold models" in texts
-    assert "code (prio 80) 51.0 GiB: starts by evicting image, vision" in texts
+    assert "code (prio 80) 51.1 GiB: starts by evicting image, vision" in texts
     assert "speech (prio 70) 4.2 GiB: fits alongside the hot set" in texts

@@ -192,10 +192,9 @@ arch = "sdxl"
     env = dict(amd.programs["chat"].env)
     assert env == {
         "UMEMC_MODEL": "chat",
-        # llama-3-8b's estimate (the budget row; its compute includes the 4096 x 512 x 2 byte mask under the
-        # logits); hard = 6370407424 x 1.1 = 7007448166.4, up to a MiB: 6683 MiB
-        "UMEMC_QUOTA_SOFT_BYTES": "6370407424",
-        "UMEMC_QUOTA_HARD_BYTES": "7007633408",
+        # llama-3-8b's estimate (the budget row); hard = 6366213120 x 1.1 = 7002834432, up to a MiB: 6679 MiB
+        "UMEMC_QUOTA_SOFT_BYTES": "6366213120",
+        "UMEMC_QUOTA_HARD_BYTES": "7003439104",
         "UMEMC_PORT": "10001",
         "HSA_ENABLE_SDMA": "1",
         "HIP_VISIBLE_DEVICES": "0",

@@ -66,7 +66,9 @@ def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
     weights_parts = [weights] + ([vision[0]] if vision else [])
     swa_full = spec.runtime in FULL_SWA_CACHE
     kv = kv_figure(shape, spec.context, spec.parallel, spec.ubatch, spec.kv_cache, swa_full)
-    compute_parts = [compute_figure(shape, spec.context, spec.parallel, spec.ubatch, spec.flash_attn, swa_full)]
+    compute_parts = [
+        compute_figure(shape, spec.context, spec.parallel, spec.ubatch, spec.flash_attn, swa_full, spec.kv_cache)
+    ]
     repack = _repack(loaded, m, facts.repack_bytes if facts is not None else _preset_repack(preset, ftype))
     if repack is not None:
         weights_parts.append(repack)

@@ -13,11 +13,11 @@ from .figures import Figure
 CTX_PAD = 256  # llama.cpp pads n_ctx (KV cells) to a multiple of 256
 KQ_MASK_PAD = 64  # GGML_KQ_MASK_PAD: the mask's token dimension is padded to 64
 F32 = 4
-# The logits (the largest tensor, allocated last) land above whatever ggml-alloc still holds: the
-# attention masks (graph inputs, allocated first, never freed) and the final norm's activations. Which
-# freed blocks lie below them depends on the allocator's history; across llama, qwen2 and gemma3 shapes
-# (bench/accuracy.py) masks + 2 n_embd-wide activations (n_embd x n_ubatch x 4 each) was never below
-# llama.cpp's report, and matched it within 0-3 %.
+# The logits (the largest tensor, allocated last) land above what ggml-alloc still holds: the final norm's
+# activations, 2 blocks of n_embd x n_ubatch x 4, and one more where the graph has one more tensor of
+# that width alive late (a quantized KV cache; a full-size sliding-window cache): measured across llama,
+# qwen2 and gemma3 shapes (bench/accuracy.py, docs/ESTIMATES.md). Which freed blocks lie below them is
+# ggml-alloc's best-fit history, so this is a calibration, not a derivation.
 LOGITS_BELOW = 2
 
 
@@ -109,7 +109,13 @@ def _heads(heads: tuple[int, ...]) -> str:
 
 
 def compute_figure(
-    shape: LlmShape, context: int, parallel: int, ubatch: int, flash_attn: bool, swa_full: bool = False
+    shape: LlmShape,
+    context: int,
+    parallel: int,
+    ubatch: int,
+    flash_attn: bool,
+    swa_full: bool = False,
+    kv_type: str = "f16",
 ) -> Figure:
     """llama.cpp's compute buffer for its worst-case graph (a full ubatch against a full cache),
     plus the output buffer. ggml-alloc frees a tensor after its last use, so the buffer is the
@@ -153,11 +159,13 @@ def compute_figure(
         {"n_ff": shape.n_ff},
     )
     width = shape.n_vocab if shape.causal else 0
+    below = LOGITS_BELOW + (kv_type not in ("f16", "f32", "bf16") or (swa_full and any(shape.swa_layers)))
     end = Figure(
         "logits",
-        (width + LOGITS_BELOW * e) * n_ub * F32 + (mask.bytes if shape.causal else 0),
-        f"kq_mask + (n_vocab + {LOGITS_BELOW} x n_embd) x n_ubatch x 4: the reserve graph outputs every token; "
-        "the logits land above the masks and the final activations",
+        (width + below * e) * n_ub * F32,
+        f"(n_vocab + {below} x n_embd) x n_ubatch x 4: the reserve graph outputs every token; the logits land "
+        "above the final activations"
+        + (" (one more with a quantized or full-size sliding-window cache)" if below > 2 else ""),
         {"n_vocab": shape.n_vocab},
     )
     layer = max(attn, ffn, key=lambda f: f.bytes)
