@@ -236,7 +236,7 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
         node_view[name] = by_platform[node.platform]
     bins = []
     for name, (view, _) in node_view.items():
-        cap = capacity_of(replace(view, platform=loaded.nodes[name].platform))
+        cap = capacity_of(view)  # the view of the first node of this platform: the same platform
         bins.append(Bin(name, cap.budget, cap.gpu_budget))
     every = tuple(loaded.nodes)
     items = []
@@ -248,7 +248,7 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
     nodes: dict[str, Plan] = {}
     for name, (view, mplans) in node_view.items():
         here = [m for m in loaded.stack.models if placement.home.get(m) == name and m not in placement.unplaced]
-        sub = replace(view, platform=loaded.nodes[name].platform, models={m: view.models[m] for m in here}, warnings=[])
+        sub = replace(view, models={m: view.models[m] for m in here}, warnings=[])
         nodes[name] = assemble(sub, {m: mplans[m] for m in here})
     models: dict[str, ModelPlan] = {}
     for item in items:

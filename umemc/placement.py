@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from . import policy
 from .units import gib
 
+NO_WINDOW = 1 << 62
 SHOWN = 3  # other nodes named in a model's explanation
 SEARCH_MAX_MODELS = 64  # when the greedy placement leaves a hot model out, search exhaustively up to this many
 SEARCH_STEPS = 200_000  # ... and this many node visits (about a second of Python)
@@ -70,9 +71,7 @@ class Placement:
 
 def place(bins: list[Bin], items: list[Item]) -> Placement:
     order = {b.name: i for i, b in enumerate(bins)}
-    free = {b.name: b.budget for b in bins}  # budget left, all memory
-    big = 1 << 62
-    gfree = {b.name: big if b.gpu_budget is None else b.gpu_budget for b in bins}  # no window: never short
+    free, gfree = room(bins)
     by_name = {b.name: b for b in bins}
     out = Placement()
     hot = sorted((i for i in items if i.hot), key=lambda i: (-i.priority, -max_need(i), i.name))
@@ -118,8 +117,7 @@ def place(bins: list[Bin], items: list[Item]) -> Placement:
         if found is not None:  # every hot model has a node after all: use that assignment
             left_out = ", ".join(out.unplaced)
             out.unplaced.clear()
-            free = {b.name: b.budget for b in bins}
-            gfree = {b.name: big if b.gpu_budget is None else b.gpu_budget for b in bins}
+            free, gfree = room(bins)
             for item in hot:
                 node = found[item.name]
                 free[node] -= item.needs[node].ram
@@ -186,8 +184,7 @@ def search(bins: list[Bin], hot: list[Item], steps: int) -> dict[str, str] | Non
     visits, so a large stack that the greedy placement cannot fit is reported rather than searched for
     minutes. Deterministic: the first assignment in this order."""
     order = sorted(hot, key=lambda i: (-max_need(i), i.name))
-    free = {b.name: b.budget for b in bins}
-    gfree = {b.name: (1 << 62) if b.gpu_budget is None else b.gpu_budget for b in bins}
+    free, gfree = room(bins)
     chosen: dict[str, str] = {}
     budget = [steps]
     # nodes that every model sees alike (same allowed-ness, same quotas) and with the same room left are
@@ -218,6 +215,11 @@ def search(bins: list[Bin], hot: list[Item], steps: int) -> dict[str, str] | Non
         return False
 
     return dict(chosen) if go(0) else None
+
+
+def room(bins: list[Bin]) -> tuple[dict[str, int], dict[str, int]]:
+    """Each empty node's budget on both ledgers (a node without a GPU window is never short there)."""
+    return {b.name: b.budget for b in bins}, {b.name: NO_WINDOW if b.gpu_budget is None else b.gpu_budget for b in bins}
 
 
 def max_need(item: Item) -> int:

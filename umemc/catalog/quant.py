@@ -6,6 +6,12 @@ block table against `gguf.GGML_QUANT_SIZES` (docs/ESTIMATES.md, "GGUF weights").
 
 from __future__ import annotations
 
+from functools import cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .archs import LlmPreset
+
 # type name -> (elements per block, bytes per block); ggml/src/ggml.c type_traits.
 BLOCK: dict[str, tuple[int, int]] = {
     "F32": (1, 4),
@@ -293,3 +299,12 @@ def is_repacked(name: str, type_name: str, shape: tuple[int, ...]) -> bool:
         and shape[1] % 8 == 0  # interleaves 8 rows
         and name != "token_embd.weight"
     )
+
+
+@cache
+def preset_mix(preset: LlmPreset, ftype: str) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+    """(name, ggml shape, type) of every tensor of a preset quantized as `ftype`; computed once per pair
+    (a stack of many models of one preset, the weights figure and the repacked copy share it)."""
+    tensors = preset.tensors()
+    types = mix_types(ftype, tensors, preset.shape.n_gqa, preset.is_70b)
+    return tuple((name, shape, t) for (name, shape), t in zip(tensors, types, strict=True))

@@ -32,8 +32,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def build(plan: Plan, out: Path, socket: str | None = None, simulate: bool = False) -> list[str]:
-    """Compile, render and write atomically; returns the relative paths written."""
+def build(
+    plan: Plan, out: Path, socket: str | None = None, simulate: bool = False, files_later: bool | None = None
+) -> list[str]:
+    """Compile, render and write atomically; returns the relative paths written. files_later (`umemc
+    build`): refuse model files the runtime needs and the stack lacks, after what cannot be compiled."""
     from ..compile import compile_bundle
     from ..targets.files import render_bundle
     from ..write import write_bundle
@@ -43,17 +46,31 @@ def build(plan: Plan, out: Path, socket: str | None = None, simulate: bool = Fal
         files = node_bundles(plan)
     else:
         files = render_bundle(compile_bundle(plan, socket=socket, simulate=simulate))
+    refuse_missing_files(plan, files_later)
     write_bundle(out, files)
     return list(files)
 
 
-def build_kubernetes(plan: Plan, out: Path) -> list[str]:
+def refuse_missing_files(plan: Plan, files_later: bool | None) -> None:
+    """No model key is always refused; a named file that is not there yet only without --files-later.
+    None: not asked (`umemc up` builds too, and its preflight says what is missing)."""
+    from ..budget import missing_files
+
+    if files_later is None:
+        return
+    for no_key, message in missing_files(plan):
+        if no_key or not files_later:
+            raise UsageError(message)
+
+
+def build_kubernetes(plan: Plan, out: Path, files_later: bool | None = None) -> list[str]:
     from ..targets.kubernetes import render
     from ..targets.report import budget_json, budget_markdown
     from ..write import write_bundle
 
     check_bundle_dir(out)
     files = {f"kubernetes/{rel}": text for rel, text in render(plan).items()}
+    refuse_missing_files(plan, files_later)
     files |= {"budget.json": budget_json(plan), "budget.md": budget_markdown(plan)}
     write_bundle(out, dict(sorted(files.items())))
     return list(files)
@@ -88,18 +105,14 @@ def check_bundle_dir(out: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..budget import missing_files
-    from ..compile import compile_bundle
     from ..targets.table import print_budget
 
     plan = plan_from_arg(args.stack)
-    for one in plan.nodes.values() or [plan]:  # a value no config can carry is said before a missing file
-        compile_bundle(one)
-    for no_key, message in missing_files(plan):
-        if no_key or not args.files_later:
-            raise UsageError(message)
     out = Path(args.output) if args.output else Path("build") / plan.name
-    written = build_kubernetes(plan, out) if args.target == "kubernetes" else build(plan, out)
+    if args.target == "kubernetes":
+        written = build_kubernetes(plan, out, files_later=args.files_later)
+    else:
+        written = build(plan, out, files_later=args.files_later)
     out_console = console()
     print_budget(plan, out_console)
     out_console.print(f"\nwrote {out}/ ({len(written)} files):")

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from ..catalog.archs import LLM_PRESETS, LlmPreset, LlmShape, VisionShape
-from ..catalog.quant import FILE_TYPE_BITS, is_repacked, mix_types, tensor_bytes
+from ..catalog.quant import FILE_TYPE_BITS, is_repacked, preset_mix, tensor_bytes
 from ..catalog.runtimes import FULL_SWA_CACHE, NO_REPACK_FLAGS
 from ..stack.resolve import LoadedStack, ResolvedModel
 from .figures import Estimate, Figure
@@ -229,13 +228,10 @@ def _repack(loaded: LoadedStack, m: ResolvedModel, repack_bytes: int) -> Figure 
     )
 
 
-@cache
 def _preset_repack(preset: LlmPreset | None, ftype: str) -> int:
     if preset is None:
         return 0
-    tensors = preset.tensors()
-    types = mix_types(ftype, tensors, preset.shape.n_gqa, preset.is_70b)
-    return sum(tensor_bytes(t, ne) for (name, ne), t in zip(tensors, types, strict=True) if is_repacked(name, t, ne))
+    return sum(tensor_bytes(t, ne) for name, ne, t in preset_mix(preset, ftype) if is_repacked(name, t, ne))
 
 
 def _warnings(loaded: LoadedStack, m: ResolvedModel, shape: LlmShape, ftype: str, family: str, kv: Figure) -> list[str]:

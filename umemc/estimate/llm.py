@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import cache
 
 from ..catalog.archs import LlmPreset, LlmShape, VisionShape
-from ..catalog.quant import KV_TYPES, mix_types, row_bytes, tensor_bytes
+from ..catalog.quant import KV_TYPES, preset_mix, row_bytes, tensor_bytes
 from .figures import Figure
 
 CTX_PAD = 256  # llama.cpp pads n_ctx (KV cells) to a multiple of 256
@@ -27,12 +27,11 @@ def pad(n: int, to: int) -> int:
 
 @cache
 def weights_from_preset(preset: LlmPreset, ftype: str) -> Figure:
-    """Cached: a stack of many models of one preset computes the mix once (frozen inputs)."""
-    tensors = preset.tensors()
-    types = mix_types(ftype, tensors, preset.shape.n_gqa, preset.is_70b)
-    total = sum(tensor_bytes(t, shape) for (_, shape), t in zip(tensors, types, strict=True))
+    """Cached: a stack of many models of one preset computes the figure once (frozen inputs)."""
+    mix = preset_mix(preset, ftype)
+    total = sum(tensor_bytes(t, shape) for _, shape, t in mix)
     counts: dict[str, int] = {}
-    for t in types:
+    for _, _, t in mix:
         counts[t] = counts.get(t, 0) + 1
     return Figure(
         "weights",
@@ -42,7 +41,7 @@ def weights_from_preset(preset: LlmPreset, ftype: str) -> Figure:
         {
             "preset": preset.name,
             "file type": ftype,
-            "tensors": len(tensors),
+            "tensors": len(mix),
             "tensor types": ", ".join(f"{k}:{v}" for k, v in sorted(counts.items())),
         },
     )

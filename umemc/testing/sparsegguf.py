@@ -3,7 +3,7 @@ sparse: the header (architecture keys, a vocabulary of the real size, every tens
 type) is real, the tensor data is a hole. llama.cpp loads such a file with mmap and reports its
 buffers without reading the weights, so a 70B model's memory can be measured on a 24 GiB machine.
 
-The tensor types come from `umemc.catalog.quant.mix_types`, umemc's port of llama.cpp's
+The tensor types come from `umemc.catalog.quant.preset_mix` (`mix_types`), umemc's port of llama.cpp's
 `llama_tensor_get_type`; bench/accuracy.py checks the resulting file sizes against the published
 GGUF files of the same models (an independent source) before trusting them.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..catalog.archs import LlmPreset
-from ..catalog.quant import mix_types, tensor_bytes
+from ..catalog.quant import preset_mix, tensor_bytes
 from .tinygguf import add_vocabulary
 
 # llama.cpp's LLAMA_FTYPE numbers for general.file_type (llama.h)
@@ -43,9 +43,8 @@ def write_sparse_gguf(path: Path, preset: LlmPreset, ftype: str) -> tuple[Path, 
         w.add_sliding_window(s.sliding_window)
     w.add_file_type(FILE_TYPE_ID[ftype])
     add_vocabulary(w, s.n_vocab)
-    tensors = preset.tensors()
-    chosen = mix_types(ftype, tensors, s.n_gqa, preset.is_70b)
-    for (name, ne), t in zip(tensors, chosen, strict=True):
+    mix = preset_mix(preset, ftype)
+    for name, ne, t in mix:
         qtype = gguf.GGMLQuantizationType[t]
         w.add_tensor_info(name, tuple(reversed(ne)), np.dtype(np.float32), tensor_bytes(t, ne), raw_dtype=qtype)
     w.write_header_to_file()
@@ -54,8 +53,8 @@ def write_sparse_gguf(path: Path, preset: LlmPreset, ftype: str) -> tuple[Path, 
     assert w.fout is not None
     fout = w.fout[0]
     w.write_padding(fout, fout.tell())
-    data = sum(w.ggml_pad(tensor_bytes(t, ne), w.data_alignment) for (_, ne), t in zip(tensors, chosen, strict=True))
+    data = sum(w.ggml_pad(tensor_bytes(t, ne), w.data_alignment) for _, ne, t in mix)
     size = fout.tell() + data
     fout.truncate(size)  # the data region is a hole: it reads as zeros and takes no disk space
     w.close()
-    return path, {name: t for (name, _), t in zip(tensors, chosen, strict=True)}
+    return path, {name: t for name, _, t in mix}
