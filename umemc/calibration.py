@@ -51,6 +51,7 @@ def header(facts: GgufFacts) -> dict[str, Any]:
         "general_arch": facts.general_arch,
         "shape": None if facts.shape is None else asdict(facts.shape),
         "repack_bytes": facts.repack_bytes,
+        "skipped_bytes": facts.skipped_bytes,
     }
 
 
@@ -58,9 +59,7 @@ def facts_from_lock(entry: dict[str, Any], path: str) -> GgufFacts:
     h = entry["header"]
     shape = None
     if h["shape"] is not None:
-        fields = dict(h["shape"])
-        fields["n_head_kv"] = tuple(fields["n_head_kv"])
-        fields["swa_layers"] = tuple(fields["swa_layers"])
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in h["shape"].items()}
         shape = LlmShape(**fields)
     return GgufFacts(
         path=path,
@@ -71,6 +70,7 @@ def facts_from_lock(entry: dict[str, Any], path: str) -> GgufFacts:
         shape=shape,
         general_arch=h["general_arch"],
         repack_bytes=h.get("repack_bytes", 0),
+        skipped_bytes=h.get("skipped_bytes", 0),
     )
 
 

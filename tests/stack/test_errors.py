@@ -75,9 +75,11 @@ CASES: dict[str, tuple[str, str]] = {
     ),
     "unknown arch": (
         BASE + '\n[models.chat]\nruntime = "llama-server"\narch = "llama3-8b"\n',
-        "stack.toml:10:8: models.chat.arch: must be one of bge-m3, gemma-3-27b, llama-3-70b, "
-        "llama-3-8b, phi-4, qwen2-72b, qwen2.5-7b, qwen2.5-coder-32b, qwen2.5-vl-7b, sdxl, "
-        "whisper-large-v3 (got \"llama3-8b\")\n  hint: did you mean 'llama-3-8b'?",
+        "stack.toml:10:8: models.chat.arch: must be one of bge-m3, deepseek-v2-lite, gemma-3-12b, gemma-3-27b, "
+        "glm-4.5-air, gpt-oss-120b, gpt-oss-20b, granite-4.0-h-small, llama-3-70b, llama-3-8b, llama-4-scout, "
+        "mistral-small-3.2-24b, mixtral-8x7b, phi-4, qwen2-72b, qwen2.5-7b, qwen2.5-coder-32b, qwen2.5-vl-7b, "
+        'qwen3-235b-a22b, qwen3-30b-a3b, qwen3-32b, sdxl, whisper-large-v3 (got "llama3-8b")\n'
+        "  hint: did you mean 'llama-3-8b'?",
     ),
     "unknown quant": (
         BASE + M + 'quant = "Q4_K_X"\n',

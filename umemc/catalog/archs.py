@@ -30,10 +30,40 @@ class LlmShape:
     sliding_window: int = 0
     swa_layers: tuple[bool, ...] = ()  # True where a layer uses the sliding window
     causal: bool = True  # False: encoder (embedding) model, no KV cache
+    # Mixture of experts (n_expert 0: dense). The first n_layer_dense_lead layers have a dense FFN of n_ff.
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0  # one expert's FFN width
+    n_ff_shexp: int = 0  # the shared experts' FFN width, all of them together (0: none)
+    n_layer_dense_lead: int = 0
+    # Multi-head latent attention (deepseek2): the cache keeps one latent K row per token (kv_lora_rank +
+    # rope dims, head_dim_k with one KV head) and no V: llama.cpp reads V as a view of K.
+    mla: bool = False
+    n_layer_nextn: int = 0  # trailing next-token-prediction layers: in the file, not loaded, no KV
+    # Recurrent (Mamba-2) layers of a hybrid model: no KV cache; a conv and an SSM state per sequence.
+    recurrent_layers: tuple[bool, ...] = ()
+    n_embd_r: int = 0  # conv state per sequence and layer, f32 elements
+    n_embd_s: int = 0  # SSM state per sequence and layer, f32 elements
+    ssm_dims: tuple[int, ...] = ()  # (d_conv, d_inner, d_state, n_group, n_head) of the Mamba-2 mixer
+    unmodelled: tuple[str, ...] = ()  # what of an unknown architecture the generic rules cannot see
 
     @property
     def n_gqa(self) -> int:
         return self.n_head // max(1, max(self.n_head_kv))
+
+    @property
+    def n_layer_main(self) -> int:
+        """The layers llama.cpp runs (block_count less the next-token-prediction layers)."""
+        return self.n_layer - self.n_layer_nextn
+
+    def has_kv(self, layer: int) -> bool:
+        """llama_hparams::has_kv and the KV filters: a layer of the main graph, not recurrent, with KV heads."""
+        if layer >= self.n_layer_main or self.n_head_kv[layer] == 0:
+            return False
+        return not (self.recurrent_layers and self.recurrent_layers[layer])
+
+    def is_moe(self, layer: int) -> bool:
+        return self.n_expert > 0 and layer >= self.n_layer_dense_lead
 
 
 @dataclass(frozen=True)
@@ -71,6 +101,36 @@ class VisionShape:
 
 
 @dataclass(frozen=True)
+class MlaShape:
+    """DeepSeek-2 multi-head latent attention (config.json: q_lora_rank, kv_lora_rank, qk_*_head_dim)."""
+
+    q_lora_rank: int  # 0: a plain attn_q (the Lite models)
+    kv_lora_rank: int
+    qk_nope: int
+    qk_rope: int
+    v_head: int
+
+
+@dataclass(frozen=True)
+class SsmShape:
+    """A Mamba-2 mixer (config.json: mamba_d_conv, mamba_d_state, mamba_n_groups, mamba_n_heads, mamba_d_head)."""
+
+    d_conv: int
+    d_inner: int
+    d_state: int
+    n_group: int
+    n_head: int
+
+    @property
+    def n_embd_r(self) -> int:  # llama_hparams::n_embd_r: the conv state drops its oldest column
+        return (self.d_conv - 1) * (self.d_inner + 2 * self.n_group * self.d_state)
+
+    @property
+    def n_embd_s(self) -> int:  # llama_hparams::n_embd_s
+        return self.d_state * self.d_inner
+
+
+@dataclass(frozen=True)
 class LlmPreset:
     name: str
     family: str  # "llm" | "embedding"
@@ -80,6 +140,14 @@ class LlmPreset:
     qkv_bias: bool = False
     fused_qkv: bool = False  # phi3: one attn_qkv tensor, ffn_up holds gate and up
     gemma_norms: bool = False  # gemma2/3: q/k norms and post-attention/post-FFN norms
+    qk_norm: bool = False  # qwen3, qwen3moe: attn_q_norm / attn_k_norm per head
+    attn_out_bias: bool = False  # gpt-oss
+    sinks: bool = False  # gpt-oss: a learned attention sink per head (attn_sinks)
+    post_attn_norm: bool = False  # gpt-oss, glm4moe: post_attention_norm instead of ffn_norm
+    expert_bias: bool = False  # gpt-oss: biases on the router and on every expert matrix
+    exp_probs_b: bool = False  # glm4moe: the router's selection bias
+    mla: MlaShape | None = None
+    ssm: SsmShape | None = None
     is_70b: bool = False  # llama.cpp LLM_TYPE_70B: attn_v gets at least Q5_K
     default_quant: str = "Q4_K_M"
     vision: VisionShape | None = None
@@ -89,17 +157,42 @@ class LlmPreset:
             return _bert_tensors(self.shape)
         s = self.shape
         out: list[Tensor] = [("token_embd.weight", (s.n_embd, s.n_vocab))]
-        for i in range(s.n_layer):
+        for i in range(s.n_layer_main):
             out += self._block(i)
         out.append(("output_norm.weight", (s.n_embd,)))
         if not self.tied_embeddings:
             out.append(("output.weight", (s.n_embd, s.n_vocab)))
+        for i in range(s.n_layer_main, s.n_layer):  # next-token-prediction blocks last, outside the mapped range
+            out += self._block(i)
         return out
 
     def _block(self, i: int) -> list[Tensor]:
         s, b = self.shape, f"blk.{i}."
-        q, kv = s.n_head * s.head_dim_k, s.n_head_kv[i] * s.head_dim_k
         out: list[Tensor] = [(b + "attn_norm.weight", (s.n_embd,))]
+        if s.recurrent_layers and s.recurrent_layers[i]:
+            out += self._mamba2(b)
+        elif self.mla is not None:
+            out += self._mla(b)
+        else:
+            out += self._attention(b, i)
+        out.append((b + ("post_attention_norm.weight" if self.post_attn_norm else "ffn_norm.weight"), (s.n_embd,)))
+        out += self._moe(b) if s.is_moe(i) else self._dense_ffn(b)
+        if self.gemma_norms:
+            out.append((b + "post_ffw_norm.weight", (s.n_embd,)))
+        if i >= s.n_layer_main:  # next-token prediction: what the converter writes beside the block
+            e = s.n_embd
+            out += [
+                (b + "nextn.eh_proj.weight", (2 * e, e)),
+                (b + "nextn.enorm.weight", (e,)),
+                (b + "nextn.hnorm.weight", (e,)),
+                (b + "nextn.shared_head_norm.weight", (e,)),
+            ]
+        return out
+
+    def _attention(self, b: str, i: int) -> list[Tensor]:
+        s = self.shape
+        q, kv = s.n_head * s.head_dim_k, s.n_head_kv[i] * s.head_dim_k
+        out: list[Tensor] = []
         if self.fused_qkv:
             out.append((b + "attn_qkv.weight", (s.n_embd, q + 2 * kv)))
         else:
@@ -111,20 +204,87 @@ class LlmPreset:
         if self.qkv_bias:
             out += [(b + "attn_q.bias", (q,)), (b + "attn_k.bias", (kv,)), (b + "attn_v.bias", (kv,))]
         out.append((b + "attn_output.weight", (q, s.n_embd)))
+        if self.attn_out_bias:
+            out.append((b + "attn_output.bias", (s.n_embd,)))
+        if self.sinks:
+            out.append((b + "attn_sinks.weight", (s.n_head,)))
+        if self.qk_norm or self.gemma_norms:
+            out += [(b + "attn_q_norm.weight", (s.head_dim_k,)), (b + "attn_k_norm.weight", (s.head_dim_k,))]
         if self.gemma_norms:
+            out.append((b + "post_attention_norm.weight", (s.n_embd,)))
+        return out
+
+    def _mla(self, b: str) -> list[Tensor]:
+        s, m = self.shape, self.mla
+        assert m is not None
+        out: list[Tensor] = []
+        hk = m.qk_nope + m.qk_rope
+        if m.q_lora_rank:
             out += [
-                (b + "attn_q_norm.weight", (s.head_dim_k,)),
-                (b + "attn_k_norm.weight", (s.head_dim_k,)),
-                (b + "post_attention_norm.weight", (s.n_embd,)),
+                (b + "attn_q_a_norm.weight", (m.q_lora_rank,)),
+                (b + "attn_q_a.weight", (s.n_embd, m.q_lora_rank)),
+                (b + "attn_q_b.weight", (m.q_lora_rank, s.n_head * hk)),
             ]
-        out.append((b + "ffn_norm.weight", (s.n_embd,)))
-        if self.fused_qkv:
-            out.append((b + "ffn_up.weight", (s.n_embd, 2 * s.n_ff)))
         else:
-            out += [(b + "ffn_gate.weight", (s.n_embd, s.n_ff)), (b + "ffn_up.weight", (s.n_embd, s.n_ff))]
-        out.append((b + "ffn_down.weight", (s.n_ff, s.n_embd)))
-        if self.gemma_norms:
-            out.append((b + "post_ffw_norm.weight", (s.n_embd,)))
+            out.append((b + "attn_q.weight", (s.n_embd, s.n_head * hk)))
+        return out + [
+            (b + "attn_kv_a_norm.weight", (m.kv_lora_rank,)),
+            (b + "attn_kv_a_mqa.weight", (s.n_embd, m.kv_lora_rank + m.qk_rope)),
+            (b + "attn_k_b.weight", (m.qk_nope, m.kv_lora_rank, s.n_head)),
+            (b + "attn_v_b.weight", (m.kv_lora_rank, m.v_head, s.n_head)),
+            (b + "attn_output.weight", (s.n_head * m.v_head, s.n_embd)),
+        ]
+
+    def _mamba2(self, b: str) -> list[Tensor]:
+        s, m = self.shape, self.ssm
+        assert m is not None
+        conv = m.d_inner + 2 * m.n_group * m.d_state
+        return [
+            (b + "ssm_in.weight", (s.n_embd, 2 * m.d_inner + 2 * m.n_group * m.d_state + m.n_head)),
+            (b + "ssm_conv1d.weight", (m.d_conv, conv)),
+            (b + "ssm_conv1d.bias", (conv,)),
+            (b + "ssm_dt.bias", (m.n_head,)),
+            (b + "ssm_a", (1, m.n_head)),
+            (b + "ssm_d", (1, m.n_head)),
+            (b + "ssm_norm.weight", (m.d_inner // m.n_group, m.n_group)),
+            (b + "ssm_out.weight", (m.d_inner, s.n_embd)),
+        ]
+
+    def _dense_ffn(self, b: str) -> list[Tensor]:
+        s = self.shape
+        if self.fused_qkv:
+            return [(b + "ffn_up.weight", (s.n_embd, 2 * s.n_ff)), (b + "ffn_down.weight", (s.n_ff, s.n_embd))]
+        return [
+            (b + "ffn_gate.weight", (s.n_embd, s.n_ff)),
+            (b + "ffn_up.weight", (s.n_embd, s.n_ff)),
+            (b + "ffn_down.weight", (s.n_ff, s.n_embd)),
+        ]
+
+    def _moe(self, b: str) -> list[Tensor]:
+        s = self.shape
+        e, f, n = s.n_embd, s.n_ff_exp, s.n_expert
+        out: list[Tensor] = [(b + "ffn_gate_inp.weight", (e, n))]
+        if self.expert_bias:
+            out.append((b + "ffn_gate_inp.bias", (n,)))
+        if self.exp_probs_b:
+            out.append((b + "exp_probs_b.bias", (n,)))
+        out += [
+            (b + "ffn_gate_exps.weight", (e, f, n)),
+            (b + "ffn_up_exps.weight", (e, f, n)),
+            (b + "ffn_down_exps.weight", (f, e, n)),
+        ]
+        if self.expert_bias:
+            out += [
+                (b + "ffn_gate_exps.bias", (f, n)),
+                (b + "ffn_up_exps.bias", (f, n)),
+                (b + "ffn_down_exps.bias", (e, n)),
+            ]
+        if s.n_ff_shexp:
+            out += [
+                (b + "ffn_gate_shexp.weight", (e, s.n_ff_shexp)),
+                (b + "ffn_up_shexp.weight", (e, s.n_ff_shexp)),
+                (b + "ffn_down_shexp.weight", (s.n_ff_shexp, e)),
+            ]
         return out
 
 
@@ -169,7 +329,10 @@ class TorchPreset:
     extra: dict[str, int] = field(default_factory=dict)
 
 
-def _llm(
+_SHAPE_KEYS = ("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp", "n_layer_dense_lead", "n_layer_nextn")
+
+
+def llm_preset(
     name: str,
     arch: str,
     *,
@@ -183,24 +346,45 @@ def _llm(
     head_dim: int | None = None,
     swa: int = 0,
     swa_pattern: int = 0,
+    attention_layers: tuple[int, ...] = (),
     **kw: object,
 ) -> LlmPreset:
+    """A preset from config.json's numbers. `layers` counts every block of the file (next-token-prediction
+    blocks too); `attention_layers` names the attention layers of a hybrid model, the rest are Mamba-2."""
     hd = head_dim or embd // heads
     swa_layers = tuple(swa_pattern > 0 and i % swa_pattern < swa_pattern - 1 for i in range(layers))
+    extra: dict[str, object] = {k: kw.pop(k) for k in _SHAPE_KEYS if k in kw}
+    hd_k = hd_v = hd
+    n_kv: tuple[int, ...] = (kv_heads,) * layers
+    mla = kw.get("mla")
+    if isinstance(mla, MlaShape):  # the GGUF's view: one latent KV head of kv_lora_rank + rope, no V
+        hd_k, hd_v, n_kv = mla.kv_lora_rank + mla.qk_rope, mla.kv_lora_rank, (1,) * layers
+        extra["mla"] = True
+    ssm = kw.get("ssm")
+    if isinstance(ssm, SsmShape):
+        recurrent = tuple(i not in attention_layers for i in range(layers))
+        n_kv = tuple(0 if r else kv_heads for r in recurrent)
+        extra.update(
+            recurrent_layers=recurrent,
+            n_embd_r=ssm.n_embd_r,
+            n_embd_s=ssm.n_embd_s,
+            ssm_dims=(ssm.d_conv, ssm.d_inner, ssm.d_state, ssm.n_group, ssm.n_head),
+        )
     shape = LlmShape(
         arch,
         layers,
         embd,
         ff,
         heads,
-        (kv_heads,) * layers,
-        hd,
-        hd,
+        n_kv,
+        hd_k,
+        hd_v,
         vocab,
         ctx,
         swa,
         swa_layers if swa else (),
         causal=arch != "bert",
+        **extra,  # type: ignore[arg-type]
     )
     return LlmPreset(name=name, shape=shape, **kw)  # type: ignore[arg-type]
 
@@ -209,7 +393,7 @@ _HF = "https://huggingface.co/"
 LLM_PRESETS: dict[str, LlmPreset] = {
     p.name: p
     for p in (
-        _llm(
+        llm_preset(
             "llama-3-8b",
             "llama",
             layers=32,
@@ -222,7 +406,7 @@ LLM_PRESETS: dict[str, LlmPreset] = {
             family="llm",
             source=_HF + "meta-llama/Meta-Llama-3-8B/blob/main/config.json",
         ),
-        _llm(
+        llm_preset(
             "llama-3-70b",
             "llama",
             layers=80,
@@ -236,7 +420,7 @@ LLM_PRESETS: dict[str, LlmPreset] = {
             is_70b=True,
             source=_HF + "meta-llama/Meta-Llama-3-70B/blob/main/config.json",
         ),
-        _llm(
+        llm_preset(
             "qwen2-72b",
             "qwen2",
             layers=80,
@@ -251,7 +435,7 @@ LLM_PRESETS: dict[str, LlmPreset] = {
             is_70b=True,
             source=_HF + "Qwen/Qwen2-72B-Instruct/blob/main/config.json",
         ),
-        _llm(
+        llm_preset(
             "qwen2.5-7b",
             "qwen2",
             layers=28,
@@ -265,7 +449,7 @@ LLM_PRESETS: dict[str, LlmPreset] = {
             qkv_bias=True,
             source=_HF + "Qwen/Qwen2.5-7B-Instruct/blob/main/config.json",
         ),
-        _llm(
+        llm_preset(
             "qwen2.5-coder-32b",
             "qwen2",
             layers=64,
@@ -279,7 +463,7 @@ LLM_PRESETS: dict[str, LlmPreset] = {
             qkv_bias=True,
             source=_HF + "Qwen/Qwen2.5-Coder-32B-Instruct/blob/main/config.json",
         ),
-        _llm(
+        llm_preset(
             "phi-4",
             "phi3",
             layers=40,
@@ -294,7 +478,7 @@ LLM_PRESETS: dict[str, LlmPreset] = {
             source=_HF + "microsoft/phi-4/blob/main/config.json",
         ),
         # Gemma 3: 5 sliding-window layers (window 1024) then 1 global, llama.cpp set_swa_pattern(6).
-        _llm(
+        llm_preset(
             "gemma-3-27b",
             "gemma3",
             layers=62,
@@ -312,7 +496,7 @@ LLM_PRESETS: dict[str, LlmPreset] = {
             gemma_norms=True,
             source=_HF + "google/gemma-3-27b-it/blob/main/config.json",
         ),
-        _llm(
+        llm_preset(
             "qwen2.5-vl-7b",
             "qwen2vl",
             layers=28,
@@ -328,7 +512,7 @@ LLM_PRESETS: dict[str, LlmPreset] = {
             source=_HF + "Qwen/Qwen2.5-VL-7B-Instruct/blob/main/config.json",
         ),
         # bge-m3 is XLM-RoBERTa large: llama.cpp loads it as "bert" (no KV cache, non-causal).
-        _llm(
+        llm_preset(
             "bge-m3",
             "bert",
             layers=24,
@@ -341,6 +525,252 @@ LLM_PRESETS: dict[str, LlmPreset] = {
             family="embedding",
             default_quant="F16",
             source=_HF + "BAAI/bge-m3/blob/main/config.json",
+        ),
+        # --- The models people run on 64-128 GB unified-memory boxes in 2026 (config.json of each). ---
+        # gpt-oss: alternating sliding-window (128) and full layers, sliding first (layer_types), llama.cpp
+        # load_swa_pattern(2); attention sinks; experts published in MXFP4 (llama.cpp's MXFP4_MOE: experts
+        # MXFP4, every other matrix Q8_0).
+        llm_preset(
+            "gpt-oss-20b",
+            "gpt-oss",
+            layers=24,
+            embd=2880,
+            ff=2880,
+            heads=64,
+            kv_heads=8,
+            head_dim=64,
+            vocab=201088,
+            ctx=131072,
+            swa=128,
+            swa_pattern=2,
+            n_expert=32,
+            n_expert_used=4,
+            n_ff_exp=2880,
+            family="llm",
+            qkv_bias=True,
+            attn_out_bias=True,
+            sinks=True,
+            post_attn_norm=True,
+            expert_bias=True,
+            default_quant="MXFP4_MOE",
+            source=_HF + "openai/gpt-oss-20b/blob/main/config.json",
+        ),
+        llm_preset(
+            "gpt-oss-120b",
+            "gpt-oss",
+            layers=36,
+            embd=2880,
+            ff=2880,
+            heads=64,
+            kv_heads=8,
+            head_dim=64,
+            vocab=201088,
+            ctx=131072,
+            swa=128,
+            swa_pattern=2,
+            n_expert=128,
+            n_expert_used=4,
+            n_ff_exp=2880,
+            family="llm",
+            qkv_bias=True,
+            attn_out_bias=True,
+            sinks=True,
+            post_attn_norm=True,
+            expert_bias=True,
+            default_quant="MXFP4_MOE",
+            source=_HF + "openai/gpt-oss-120b/blob/main/config.json",
+        ),
+        llm_preset(
+            "qwen3-30b-a3b",
+            "qwen3moe",
+            layers=48,
+            embd=2048,
+            ff=6144,
+            heads=32,
+            kv_heads=4,
+            head_dim=128,
+            vocab=151936,
+            ctx=40960,
+            n_expert=128,
+            n_expert_used=8,
+            n_ff_exp=768,
+            family="llm",
+            qk_norm=True,
+            source=_HF + "Qwen/Qwen3-30B-A3B/blob/main/config.json",
+        ),
+        llm_preset(
+            "qwen3-235b-a22b",
+            "qwen3moe",
+            layers=94,
+            embd=4096,
+            ff=12288,
+            heads=64,
+            kv_heads=4,
+            head_dim=128,
+            vocab=151936,
+            ctx=40960,
+            n_expert=128,
+            n_expert_used=8,
+            n_ff_exp=1536,
+            family="llm",
+            qk_norm=True,
+            source=_HF + "Qwen/Qwen3-235B-A22B/blob/main/config.json",
+        ),
+        llm_preset(
+            "qwen3-32b",
+            "qwen3",
+            layers=64,
+            embd=5120,
+            ff=25600,
+            heads=64,
+            kv_heads=8,
+            head_dim=128,
+            vocab=151936,
+            ctx=40960,
+            family="llm",
+            qk_norm=True,
+            source=_HF + "Qwen/Qwen3-32B/blob/main/config.json",
+        ),
+        # GLM-4.5-Air: 46 layers + 1 next-token-prediction layer (num_nextn_predict_layers), which llama.cpp
+        # skips unless it drafts with it; layer 0 dense (first_k_dense_replace), one shared expert.
+        llm_preset(
+            "glm-4.5-air",
+            "glm4moe",
+            layers=47,
+            embd=4096,
+            ff=10944,
+            heads=96,
+            kv_heads=8,
+            head_dim=128,
+            vocab=151552,
+            ctx=131072,
+            n_expert=128,
+            n_expert_used=8,
+            n_ff_exp=1408,
+            n_ff_shexp=1408,
+            n_layer_dense_lead=1,
+            n_layer_nextn=1,
+            family="llm",
+            qkv_bias=True,
+            post_attn_norm=True,
+            exp_probs_b=True,
+            source=_HF + "zai-org/GLM-4.5-Air/blob/main/config.json",
+        ),
+        # Llama 4 Scout: every layer MoE (16 experts, 1 used, 1 shared); chunked attention (8192) on 3 of 4
+        # layers (llama.cpp: LLAMA_SWA_TYPE_CHUNKED, n_swa 8192, load_swa_pattern(4)).
+        llm_preset(
+            "llama-4-scout",
+            "llama4",
+            layers=48,
+            embd=5120,
+            ff=16384,
+            heads=40,
+            kv_heads=8,
+            head_dim=128,
+            vocab=202048,
+            ctx=10485760,
+            swa=8192,
+            swa_pattern=4,
+            n_expert=16,
+            n_expert_used=1,
+            n_ff_exp=8192,
+            n_ff_shexp=8192,
+            family="llm",
+            source=_HF + "meta-llama/Llama-4-Scout-17B-16E-Instruct/blob/main/config.json",
+        ),
+        # Mixtral: llama.cpp loads it as "llama" with 8 experts of the full FFN width.
+        llm_preset(
+            "mixtral-8x7b",
+            "llama",
+            layers=32,
+            embd=4096,
+            ff=14336,
+            heads=32,
+            kv_heads=8,
+            vocab=32000,
+            ctx=32768,
+            n_expert=8,
+            n_expert_used=2,
+            n_ff_exp=14336,
+            family="llm",
+            source=_HF + "mistralai/Mixtral-8x7B-Instruct-v0.1/blob/main/config.json",
+        ),
+        # DeepSeek-V2-Lite: MLA (kv_lora_rank 512, rope 64, no q LoRA), layer 0 dense, 64 experts (6 used) + 2
+        # shared of 1408 each.
+        llm_preset(
+            "deepseek-v2-lite",
+            "deepseek2",
+            layers=27,
+            embd=2048,
+            ff=10944,
+            heads=16,
+            kv_heads=16,
+            head_dim=192,
+            vocab=102400,
+            ctx=163840,
+            n_expert=64,
+            n_expert_used=6,
+            n_ff_exp=1408,
+            n_ff_shexp=2 * 1408,
+            n_layer_dense_lead=1,
+            family="llm",
+            mla=MlaShape(q_lora_rank=0, kv_lora_rank=512, qk_nope=128, qk_rope=64, v_head=128),
+            source=_HF + "deepseek-ai/DeepSeek-V2-Lite-Chat/blob/main/config.json",
+        ),
+        # Granite 4.0 H Small: Mamba-2 mixers with attention at layers 5, 15, 25, 35 (layer_types); every
+        # layer MoE (72 experts, 10 used) plus a shared expert of 8192; tied embeddings.
+        llm_preset(
+            "granite-4.0-h-small",
+            "granitehybrid",
+            layers=40,
+            embd=4096,
+            ff=768,
+            heads=32,
+            kv_heads=8,
+            head_dim=128,
+            vocab=100352,
+            ctx=131072,
+            attention_layers=(5, 15, 25, 35),
+            n_expert=72,
+            n_expert_used=10,
+            n_ff_exp=768,
+            n_ff_shexp=8192,
+            family="llm",
+            tied_embeddings=True,
+            ssm=SsmShape(d_conv=4, d_inner=8192, d_state=128, n_group=1, n_head=128),
+            source=_HF + "ibm-granite/granite-4.0-h-small/blob/main/config.json",
+        ),
+        llm_preset(
+            "mistral-small-3.2-24b",
+            "llama",
+            layers=40,
+            embd=5120,
+            ff=32768,
+            heads=32,
+            kv_heads=8,
+            head_dim=128,
+            vocab=131072,
+            ctx=131072,
+            family="llm",
+            source=_HF + "mistralai/Mistral-Small-3.2-24B-Instruct-2506/blob/main/config.json",
+        ),
+        llm_preset(
+            "gemma-3-12b",
+            "gemma3",
+            layers=48,
+            embd=3840,
+            ff=15360,
+            heads=16,
+            kv_heads=8,
+            head_dim=256,
+            vocab=262208,
+            ctx=131072,
+            swa=1024,
+            swa_pattern=6,
+            family="llm",
+            tied_embeddings=True,
+            gemma_norms=True,
+            source=_HF + "google/gemma-3-12b-it/blob/main/config.json",
         ),
     )
 }

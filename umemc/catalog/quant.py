@@ -6,6 +6,7 @@ block table against `gguf.GGML_QUANT_SIZES` (docs/ESTIMATES.md, "GGUF weights").
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -68,6 +69,7 @@ FILE_TYPES: dict[str, str] = {
     "Q3_K_M": "Q3_K",
     "Q3_K_S": "Q3_K",
     "Q2_K": "Q2_K",
+    "MXFP4_MOE": "MXFP4",  # experts MXFP4, every other matrix Q8_0 (gpt-oss as published)
 }
 
 # gguf `general.file_type` numbers (gguf-py LlamaFileType) for the names above.
@@ -91,6 +93,7 @@ FILE_TYPE_IDS: dict[int, str] = {
     25: "IQ4_NL",
     30: "IQ4_XS",
     32: "BF16",
+    38: "MXFP4_MOE",
 }
 
 # Bits of precision, to compare a file type with what a model family wants (in practice vision at Q4 lost
@@ -115,6 +118,7 @@ FILE_TYPE_BITS: dict[str, float] = {
     "Q3_K_M": 3.91,
     "Q3_K_S": 3.64,
     "Q2_K": 3.16,
+    "MXFP4_MOE": 4.25,
 }
 
 # KV cache types (llama-server -ctk/-ctv) -> ggml type. docs/ESTIMATES.md "KV cache".
@@ -160,15 +164,20 @@ def _more_bits(i: int, n: int) -> bool:
 
 
 def category(name: str) -> str:
-    """llama-quant.cpp tensor_get_category, reduced to the categories the mixes below use."""
+    """llama-quant.cpp tensor_get_category (same order of tests)."""
     if name == "output.weight":
         return "output"
     if name == "token_embd.weight":
         return "token_embd"
     for part, cat in (
-        ("attn_qkv.weight", "attn_v"),
+        ("attn_qkv.weight", "attn_v"),  # category_is_attn_v: qkv, kv_b and v are treated alike
+        ("attn_kv_b.weight", "attn_v"),
         ("attn_v.weight", "attn_v"),
+        ("attn_k.weight", "attn_k"),
+        ("attn_q.weight", "attn_q"),
         ("attn_output.weight", "attn_output"),
+        ("ffn_up", "ffn_up"),
+        ("ffn_gate", "ffn_gate"),
         ("ffn_down", "ffn_down"),
     ):
         if part in name:
@@ -177,24 +186,42 @@ def category(name: str) -> str:
 
 
 def quantizable(name: str, ndim: int) -> bool:
-    """tensor_allows_quantization: 2-D+ weights, not norms, not BERT position/token-type tables."""
+    """tensor_allows_quantization: 2-D+ weights, not norms, not routers, not BERT position/token-type tables,
+    not Mamba's small conv1d."""
     return (
         ndim >= 2
         and name.endswith("weight")
         and "_norm.weight" not in name
         and "ffn_gate_inp.weight" not in name
+        and "ssm_conv1d" not in name
         and name not in ("position_embd.weight", "token_types.weight")
     )
+
+
+def source_type(name: str, shape: tuple[int, ...], default: str = "F16") -> str:
+    """What a converter writes for a tensor the quantizer leaves alone: f32 for vectors, biases, norms,
+    routers, conv kernels and Mamba's A/D; the model's own type for other matrices."""
+    if len(shape) < 2 or not name.endswith("weight") or "_norm.weight" in name:
+        return "F32"
+    if "ffn_gate_inp" in name or "ssm_conv1d" in name:
+        return "F32"
+    return default
+
+
+_LAYER = re.compile(r"blk\.(\d+)\.")
+_EIGHT_EXPERT_ATTN_OUT = frozenset({"Q2_K", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ4_XS"})
 
 
 class MixState:
     """The per-file counters llama-quant.cpp keeps (i_attention_wv, i_ffn_down) while choosing types."""
 
-    def __init__(self, ftype: str, n_attn_v: int, n_ffn_down: int, n_gqa: int, is_70b: bool, tied: bool):
+    def __init__(
+        self, ftype: str, n_attn_v: int, n_layer: int, n_gqa: int, is_70b: bool, tied: bool, n_expert: int = 0
+    ):
         self.ftype, self.base = ftype, FILE_TYPES[ftype]
-        self.n_attn_v, self.n_ffn_down = n_attn_v, n_ffn_down
+        self.n_attn_v, self.n_layer = n_attn_v, n_layer  # llama.cpp: n_ffn_down = n_layer_all
         self.i_attn_v = self.i_ffn_down = 0
-        self.n_gqa, self.is_70b, self.tied = n_gqa, is_70b, tied
+        self.n_gqa, self.is_70b, self.tied, self.n_expert = n_gqa, is_70b, tied, n_expert
 
     def choose(self, name: str, shape: tuple[int, ...], source_type: str) -> str:
         """The type llama-quantize writes for one tensor (llama_tensor_get_type + fallback)."""
@@ -203,35 +230,47 @@ class MixState:
         base = self.base
         if base in ("F32", "F16", "BF16"):
             return base
-        new = self._mix(category(name), shape, base)
+        new = self._mix(name, category(name), shape, base)
         return _fallback(new, shape[0])
 
-    def _mix(self, cat: str, shape: tuple[int, ...], base: str) -> str:
+    def _mix(self, name: str, cat: str, shape: tuple[int, ...], base: str) -> str:
         ft = self.ftype
         if cat == "output" or (self.tied and cat == "token_embd"):
-            if shape[0] % BLOCK[base][0] != 0:
+            if ft == "MXFP4_MOE" or shape[0] % BLOCK[base][0] != 0:
                 return "Q8_0"
             return base if base == "Q8_0" else "Q6_K"
+        if ft == "MXFP4_MOE":  # expert tensors (3-D) MXFP4, everything else Q8_0
+            return "MXFP4" if len(shape) > 2 and shape[2] > 1 else "Q8_0"
         if cat == "attn_v":
             return self._attn_v(ft, base)
+        if cat == "attn_k":
+            return "Q8_0" if self.n_expert == 8 else base
         if cat == "ffn_down":
-            i, n = self.i_ffn_down, self.n_ffn_down
-            self.i_ffn_down += 1
-            if ft == "Q2_K":
-                return "Q3_K"
-            if ft == "Q3_K_M":
-                return "Q5_K" if i < n // 16 else "Q4_K"
-            if ft == "Q3_K_L":
-                return "Q5_K"
-            if ft in ("Q4_K_M", "Q5_K_M") and _more_bits(i, n):
-                return "Q6_K"
-            if ft in ("IQ4_NL", "IQ4_XS") and i < n // 8:
-                return "Q5_K"
-            if ft == "Q4_K_S" and i < n // 8:
-                return "Q5_K"
-            return base
+            return self._ffn_down(ft, base, name)
         if cat == "attn_output":
+            if self.n_expert == 8:
+                return "Q5_K" if ft in _EIGHT_EXPERT_ATTN_OUT else base
             return {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K"}.get(ft, base)
+        return base
+
+    def _ffn_down(self, ft: str, base: str, name: str) -> str:
+        i, n = self.i_ffn_down, self.n_layer
+        self.i_ffn_down += 1
+        if self.n_expert > 1:  # experts are not in layer order: llama.cpp reads the layer from the name
+            m = _LAYER.match(name)
+            i = int(m.group(1)) if m else i
+        if ft == "Q2_K":
+            return "Q3_K"
+        if ft == "Q3_K_M":
+            return "Q5_K" if i < n // 16 else "Q4_K"
+        if ft == "Q3_K_L":
+            return "Q5_K"
+        if ft in ("Q4_K_M", "Q5_K_M") and _more_bits(i, n):
+            return "Q6_K"
+        if ft in ("IQ4_NL", "IQ4_XS") and i < n // 8:
+            return "Q5_K"
+        if ft == "Q4_K_S" and i < n // 8:
+            return "Q5_K"
         return base
 
     def _attn_v(self, ft: str, base: str) -> str:
@@ -252,6 +291,8 @@ class MixState:
             new = "Q5_K"
         if self.is_70b and new in ("Q3_K", "Q4_K"):
             new = "Q5_K"  # 70B-class: attn_v is 8x smaller than attn_q, so more bits cost little
+        if self.n_expert == 8:
+            new = "Q8_0"  # llama.cpp: "for the 8-expert model, bumping this to Q8_0 trades just ~128MB"
         return new
 
 
@@ -263,42 +304,52 @@ def _fallback(type_name: str, ncols: int) -> str:
 
 
 def mix_types(
-    ftype: str, tensors: list[tuple[str, tuple[int, ...]]], n_gqa: int, is_70b: bool, source_type: str = "F16"
+    ftype: str,
+    tensors: list[tuple[str, tuple[int, ...]]],
+    n_gqa: int,
+    is_70b: bool,
+    source: str = "F16",
+    n_layer: int | None = None,
+    n_expert: int = 0,
 ) -> list[str]:
     """Types of every tensor in a file of `ftype` (tensors in GGUF order, shapes as ggml ne)."""
     names = [name for name, _ in tensors]
     state = MixState(
         ftype,
         n_attn_v=sum(category(n) == "attn_v" for n in names),
-        n_ffn_down=sum(category(n) == "ffn_down" for n in names),
+        n_layer=n_layer if n_layer is not None else sum(category(n) == "ffn_down" for n in names),
         n_gqa=n_gqa,
         is_70b=is_70b,
         tied="output.weight" not in names,
+        n_expert=n_expert,
     )
-    out = []
-    for name, shape in tensors:
-        src = "F32" if len(shape) < 2 or name.endswith("_norm.weight") else source_type
-        out.append(state.choose(name, shape, src))
-    return out
+    return [state.choose(name, shape, source_type(name, shape, source)) for name, shape in tensors]
 
 
-# Weight repacking (ggml-cpu/repack.cpp, ggml_repack_get_optimal_repack_type): llama.cpp's CPU backend
-# copies the weights of these types into an interleaved layout (CPU_REPACK buffer) when the CPU has
-# AVX2, which x86-64 servers and desktops of the last decade have. token_embd is read with get_rows,
-# which the repacked layout does not support, so it stays in the mapped file. Measured with
-# llama-cpp-python 0.3.36 on AVX2/AVX-512: Llama-3-8B Q4_K_M repacks its 192 Q4_K matrices,
-# 3204 MiB; Q8_0, Q6_K, F16 are not repacked.
-REPACKED_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
+# Weight repacking (ggml-cpu/repack.cpp, ggml_repack_get_optimal_repack_type, and the extra buffer type's
+# supports_op): llama.cpp's CPU backend copies weights of these types into an interleaved layout (a CPU_REPACK
+# buffer) when the CPU has AVX2, which x86-64 servers and desktops of the last decade have: the 2-D matrices of
+# a MUL_MAT and the 3-D expert stacks of a MUL_MAT_ID (`*_exps.weight`), 8 rows at a time. AVX-512 adds Q2_K;
+# ARM builds repack other sets (NEON with dotprod/i8mm: Q4_0, Q4_K, Q5_K, Q6_K, IQ4_NL, MXFP4, Q8_0), which
+# `umemc calibrate` measures. token_embd is read with get_rows, which the repacked layout does not support, so
+# it stays in the mapped file. Measured with llama-cpp-python 0.3.36: Llama-3-8B Q4_K_M repacks its 192 Q4_K
+# matrices, 3204 MiB; gpt-oss-20b its MXFP4 experts; Q8_0, Q6_K, F16 are not repacked on x86-64.
+REPACK_ISA = "x86-64 with AVX2"
+REPACKED_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL", "MXFP4"})
 
 
 def is_repacked(name: str, type_name: str, shape: tuple[int, ...]) -> bool:
     """Whether llama.cpp's CPU backend keeps a repacked copy of this tensor (shape in ggml order)."""
-    return (
-        type_name in REPACKED_TYPES
-        and len(shape) == 2
-        and shape[1] % 8 == 0  # interleaves 8 rows
-        and name != "token_embd.weight"
-    )
+    if type_name not in REPACKED_TYPES or name == "token_embd.weight" or len(shape) < 2 or shape[1] % 8:
+        return False
+    if len(shape) == 2:
+        return name.endswith("weight")
+    return len(shape) == 3 and name.endswith("_exps.weight")
+
+
+def loaded(name: str, n_layer_main: int) -> bool:
+    """Whether llama.cpp loads a tensor: not those of the next-token-prediction blocks after n_layer_main."""
+    return not name.startswith("blk.") or int(name.split(".")[1]) < n_layer_main
 
 
 @cache
@@ -306,5 +357,6 @@ def preset_mix(preset: LlmPreset, ftype: str) -> tuple[tuple[str, tuple[int, ...
     """(name, ggml shape, type) of every tensor of a preset quantized as `ftype`; computed once per pair
     (a stack of many models of one preset, the weights figure and the repacked copy share it)."""
     tensors = preset.tensors()
-    types = mix_types(ftype, tensors, preset.shape.n_gqa, preset.is_70b)
+    s = preset.shape
+    types = mix_types(ftype, tensors, s.n_gqa, preset.is_70b, n_layer=s.n_layer, n_expert=s.n_expert)
     return tuple((name, shape, t) for (name, shape), t in zip(tensors, types, strict=True))

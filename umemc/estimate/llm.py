@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import cache
 
 from ..catalog.archs import LlmPreset, LlmShape, VisionShape
-from ..catalog.quant import KV_TYPES, preset_mix, row_bytes, tensor_bytes
+from ..catalog.quant import KV_TYPES, loaded, preset_mix, row_bytes, tensor_bytes
 from .figures import Figure
 
 CTX_PAD = 256  # llama.cpp pads n_ctx (KV cells) to a multiple of 256
@@ -28,22 +28,28 @@ def pad(n: int, to: int) -> int:
 @cache
 def weights_from_preset(preset: LlmPreset, ftype: str) -> Figure:
     """Cached: a stack of many models of one preset computes the figure once (frozen inputs)."""
-    mix = preset_mix(preset, ftype)
+    main = preset.shape.n_layer_main
+    mix = [(name, shape, t) for name, shape, t in preset_mix(preset, ftype) if loaded(name, main)]
     total = sum(tensor_bytes(t, shape) for _, shape, t in mix)
     counts: dict[str, int] = {}
     for _, _, t in mix:
         counts[t] = counts.get(t, 0) + 1
+    inputs: dict[str, object] = {
+        "preset": preset.name,
+        "file type": ftype,
+        "tensors": len(mix),
+        "tensor types": ", ".join(f"{k}:{v}" for k, v in sorted(counts.items())),
+    }
+    if preset.shape.n_layer_nextn:
+        inputs["next-token-prediction layers"] = (
+            f"{preset.shape.n_layer_nextn} in the file, not loaded (llama.cpp skips them unless it drafts with them)"
+        )
     return Figure(
         "weights",
         total,
         "sum over tensors of row_bytes(type, ne0) x rows, types from llama.cpp's "
         f"{ftype} mix (llama-quant.cpp) incl. block-size fallbacks",
-        {
-            "preset": preset.name,
-            "file type": ftype,
-            "tensors": len(mix),
-            "tensor types": ", ".join(f"{k}:{v}" for k, v in sorted(counts.items())),
-        },
+        inputs,
     )
 
 
@@ -74,33 +80,61 @@ def swa_cells(shape: LlmShape, context: int, parallel: int, ubatch: int, swa_ful
 def kv_figure(
     shape: LlmShape, context: int, parallel: int, ubatch: int, kv_type: str, swa_full: bool = False
 ) -> Figure:
+    """The KV cache (llama-kv-cache.cpp) plus, for hybrid models, the recurrent state (llama-memory-recurrent.cpp):
+    both are what llama.cpp allocates for the context at load."""
     if not shape.causal:
         return Figure("kv", 0, "encoder model: llama.cpp keeps no KV cache", {"arch": shape.arch})
     n_cells = cells(context, parallel)
     gtype = KV_TYPES[kv_type]
     n_swa_cells = swa_cells(shape, context, parallel, ubatch, swa_full)
     total = 0
-    for layer in range(shape.n_layer):
+    layers = [i for i in range(shape.n_layer) if shape.has_kv(i)]
+    for layer in layers:
         n_kv = shape.n_head_kv[layer]
         c = n_swa_cells if shape.swa_layers and shape.swa_layers[layer] else n_cells
-        total += (row_bytes(gtype, shape.head_dim_k * n_kv) + row_bytes(gtype, shape.head_dim_v * n_kv)) * c
+        v = 0 if shape.mla else row_bytes(gtype, shape.head_dim_v * n_kv)
+        total += (row_bytes(gtype, shape.head_dim_k * n_kv) + v) * c
     inputs: dict[str, object] = {
-        "layers": shape.n_layer,
-        "kv heads": _heads(shape.n_head_kv),
-        "head dim k/v": f"{shape.head_dim_k}/{shape.head_dim_v}",
+        "layers": f"{len(layers)} of {shape.n_layer}" if len(layers) != shape.n_layer else shape.n_layer,
+        "kv heads": _heads(tuple(shape.n_head_kv[i] for i in layers) or (0,)),
+        "head dim k/v": f"{shape.head_dim_k}/{0 if shape.mla else shape.head_dim_v}",
         "cells": f"pad256(context {context} x parallel {parallel}) = {n_cells}",
         "type": kv_type,
     }
     formula = "sum over layers of (row_bytes(type, hd_k x kv_heads) + row_bytes(type, hd_v x kv_heads)) x cells"
+    if shape.mla:
+        formula = "sum over layers of row_bytes(type, kv_lora_rank + rope dims) x cells"
+        inputs["latent attention (MLA)"] = "one K row per token (the latent and the rope part); V is read from it"
+    if shape.n_layer_nextn:
+        inputs["next-token-prediction layers"] = f"{shape.n_layer_nextn}: no cache (not run)"
     if shape.sliding_window:
-        n_swa = sum(shape.swa_layers)
+        n_swa = sum(shape.swa_layers[i] for i in layers) if shape.swa_layers else 0
         inputs["sliding-window layers"] = (
-            f"{n_swa} of {shape.n_layer} hold all {n_cells} cells (the runtime keeps full-size caches: swa_full)"
+            f"{n_swa} of {len(layers)} hold all {n_cells} cells (the runtime keeps full-size caches: swa_full)"
             if swa_full
-            else f"{n_swa} of {shape.n_layer} hold pad256(min(cells, window "
+            else f"{n_swa} of {len(layers)} hold pad256(min(cells, window "
             f"{shape.sliding_window} x parallel + ubatch)) = {n_swa_cells} cells"
         )
-    return Figure("kv", total, formula, inputs)
+    kv = Figure("kv cache", total, formula, inputs)
+    state = recurrent_figure(shape, parallel)
+    if state is None:
+        return Figure("kv", kv.bytes, kv.formula, kv.inputs)
+    return Figure.total("kv", [kv, state])
+
+
+def recurrent_figure(shape: LlmShape, parallel: int) -> Figure | None:
+    """Mamba-2 layers keep a conv state ((d_conv - 1) x (d_inner + 2 n_group d_state)) and an SSM state
+    (d_state x d_inner) per sequence, in f32, whatever the context: llama.cpp sizes it for max(1, n_seq)."""
+    n = sum(shape.recurrent_layers)
+    if not n:
+        return None
+    rows = max(1, parallel)
+    return Figure(
+        "recurrent state",
+        n * (shape.n_embd_r + shape.n_embd_s) * F32 * rows,
+        "recurrent layers x (n_embd_r + n_embd_s) x 4 bytes x sequences",
+        {"recurrent layers": n, "n_embd_r": shape.n_embd_r, "n_embd_s": shape.n_embd_s, "sequences": rows},
+    )
 
 
 def _heads(heads: tuple[int, ...]) -> str:
@@ -151,12 +185,7 @@ def compute_figure(
             "KQ scores n_kv x n_ubatch x heads x 4 (softmax in place) + (5 x n_embd + 2 x n_embd_kv) x n_ubatch x 4",
             {"heads": shape.n_head, "n_embd_kv": e_kv},
         )
-    ffn = Figure(
-        "ffn",
-        (3 * shape.n_ff + 4 * e) * n_ub * F32,
-        "(3 x n_ff: gate, up and their product + 4 x n_embd) x n_ubatch x 4",
-        {"n_ff": shape.n_ff},
-    )
+    ffn = ffn_figure(shape, n_ub)
     width = shape.n_vocab if shape.causal else 0
     below = LOGITS_BELOW + (kv_type not in ("f16", "f32", "bf16") or (swa_full and any(shape.swa_layers)))
     end = Figure(
@@ -168,14 +197,17 @@ def compute_figure(
         {"n_vocab": shape.n_vocab},
     )
     layer = max(attn, ffn, key=lambda f: f.bytes)
-    graph_bytes = max(mask.bytes + layer.bytes, end.bytes)
-    peak = f"kq_mask + {layer.name}" if graph_bytes > end.bytes else "logits"
+    mamba = mamba_figure(shape, n_ub)
+    candidates = [(mask.bytes + layer.bytes, f"kq_mask + {layer.name}"), (end.bytes, "logits")]
+    if mamba is not None:
+        candidates.append((mamba.bytes, mamba.name))
+    graph_bytes, peak = max(candidates)
     graph = Figure(
         "compute buffer",
         graph_bytes,
-        f"max(kq_mask + max(attention, ffn), logits) [= {peak}]",
+        f"max(kq_mask + max(attention, ffn), {'mamba-2 mixer, ' if mamba else ''}logits) [= {peak}]",
         {"n_ubatch": n_ub, "flash_attn": flash_attn},
-        parts=(mask, attn, ffn, end),
+        parts=(mask, attn, ffn, *([mamba] if mamba else []), end),
     )
     rows = shape.n_vocab if shape.causal else shape.n_embd
     output = Figure(
@@ -185,6 +217,53 @@ def compute_figure(
         {"n_seq": parallel},
     )
     return Figure.total("compute", [graph, output])
+
+
+def ffn_figure(shape: LlmShape, n_ub: int) -> Figure:
+    """The widest feed-forward step of any layer: a dense FFN (gate, up, their product), the routed experts
+    (the same three for each of the n_expert_used experts a token goes to: llama.cpp's build_moe_ffn runs
+    MUL_MAT_ID into [n_ff_exp, n_expert_used, n_ubatch] tensors), the shared experts beside the routed output,
+    or a Mamba-2 mixer. Calibrated per term against llama.cpp's compute buffer (bench/accuracy.py)."""
+    e = shape.n_embd
+    terms: dict[str, int] = {}
+    dense = shape.n_expert == 0 or shape.n_layer_dense_lead > 0
+    if dense:
+        terms["dense ffn"] = 3 * shape.n_ff + 4 * e
+    inputs: dict[str, object] = {"n_ff": shape.n_ff} if dense else {}
+    if shape.n_expert:
+        routed_e = 3 if shape.arch == "gpt-oss" else 4  # gpt-oss adds each expert's bias in place of one copy
+        terms["routed experts"] = 3 * shape.n_ff_exp * shape.n_expert_used + routed_e * e
+        inputs.update(experts=f"{shape.n_expert_used} of {shape.n_expert} x n_ff_exp {shape.n_ff_exp}")
+        if shape.n_ff_shexp:
+            # the routed output stays alive while the shared experts run; llama4 also keeps its pre-weighted input
+            terms["shared experts"] = 3 * shape.n_ff_shexp + (6 if shape.arch == "llama4" else 5) * e
+            inputs["shared experts width"] = shape.n_ff_shexp
+    name, width = max(terms.items(), key=lambda kv: kv[1])
+    formulas = {
+        "dense ffn": "(3 x n_ff: gate, up and their product + 4 x n_embd)",
+        "routed experts": "(3 x n_ff_exp x n_expert_used + 4 x n_embd)",
+        "shared experts": "(3 x shared width + 5 x n_embd: the routed output waits)",
+    }
+    inputs["widest"] = name
+    return Figure("ffn", width * n_ub * F32, f"{formulas[name]} x n_ubatch x 4", inputs)
+
+
+def mamba_figure(shape: LlmShape, n_ub: int) -> Figure | None:
+    """A Mamba-2 mixer's step (llama.cpp build_mamba2_layer): the in-projection (z, xBC, dt), the conv input
+    and output, the scan; no attention mask is read there. Calibrated on granitehybrid shapes against
+    llama.cpp's compute buffer (within 2%, bench/accuracy.py): 2 x in-projection + conv width + 4 x n_embd."""
+    if not any(shape.recurrent_layers) or not shape.ssm_dims:
+        return None
+    _, d_inner, d_state, n_group, n_head = shape.ssm_dims
+    d_in_proj = 2 * d_inner + 2 * n_group * d_state + n_head
+    xbc = d_inner + 2 * n_group * d_state
+    return Figure(
+        "mamba-2 mixer",
+        (2 * d_in_proj + xbc + 4 * shape.n_embd) * n_ub * F32,
+        "(2 x in-projection (2 d_inner + 2 n_group d_state + n_head) + conv width (d_inner + 2 n_group d_state) "
+        "+ 4 x n_embd) x n_ubatch x 4",
+        {"d_inner": d_inner, "d_state": d_state, "n_group": n_group, "ssm heads": n_head},
+    )
 
 
 def vision_compute_figure(vision: VisionShape, image_size: int, flash_attn: bool) -> Figure:

@@ -11,13 +11,24 @@ GGUF files of the same models (an independent source) before trusting them.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ..catalog.archs import LlmPreset
 from ..catalog.quant import preset_mix, tensor_bytes
 from .tinygguf import add_vocabulary
 
 # llama.cpp's LLAMA_FTYPE numbers for general.file_type (llama.h)
-FILE_TYPE_ID = {"F16": 1, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "Q4_K_S": 14, "Q3_K_M": 12}
+FILE_TYPE_ID = {
+    "F16": 1,
+    "Q4_0": 2,
+    "Q8_0": 7,
+    "Q4_K_M": 15,
+    "Q5_K_M": 17,
+    "Q6_K": 18,
+    "Q4_K_S": 14,
+    "Q3_K_M": 12,
+    "MXFP4_MOE": 38,
+}
 
 
 def write_sparse_gguf(path: Path, preset: LlmPreset, ftype: str) -> tuple[Path, dict[str, str]]:
@@ -28,19 +39,7 @@ def write_sparse_gguf(path: Path, preset: LlmPreset, ftype: str) -> tuple[Path, 
     s = preset.shape
     w = gguf.GGUFWriter(str(path), s.arch)
     w.add_name(f"sparse-{preset.name}-{ftype}")
-    w.add_context_length(s.n_ctx_train)
-    w.add_embedding_length(s.n_embd)
-    w.add_block_count(s.n_layer)
-    w.add_feed_forward_length(s.n_ff)
-    w.add_head_count(s.n_head)
-    w.add_head_count_kv(s.n_head_kv[0])
-    w.add_key_length(s.head_dim_k)
-    w.add_value_length(s.head_dim_v)
-    w.add_rope_dimension_count(s.head_dim_k)
-    w.add_rope_freq_base(1_000_000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    if s.sliding_window:
-        w.add_sliding_window(s.sliding_window)
+    _hyperparameters(w, preset)
     w.add_file_type(FILE_TYPE_ID[ftype])
     add_vocabulary(w, s.n_vocab)
     mix = preset_mix(preset, ftype)
@@ -58,3 +57,53 @@ def write_sparse_gguf(path: Path, preset: LlmPreset, ftype: str) -> tuple[Path, 
     fout.truncate(size)  # the data region is a hole: it reads as zeros and takes no disk space
     w.close()
     return path, {name: t for name, _, t in mix}
+
+
+def _hyperparameters(w: Any, preset: LlmPreset) -> None:
+    """The keys llama.cpp's loader reads for the preset's architecture (src/models/<arch>.cpp), named as the
+    converter (convert_hf_to_gguf.py) writes them."""
+    s, a = preset.shape, preset.shape.arch
+    w.add_context_length(s.n_ctx_train)
+    w.add_embedding_length(s.n_embd)
+    w.add_block_count(s.n_layer)
+    w.add_feed_forward_length(s.n_ff)
+    w.add_head_count(s.n_head)
+    if s.recurrent_layers or len(set(s.n_head_kv)) > 1:
+        w.add_head_count_kv(list(s.n_head_kv))
+    else:
+        w.add_head_count_kv(s.n_head_kv[0])
+    w.add_key_length(s.head_dim_k)
+    w.add_value_length(s.head_dim_v)
+    w.add_rope_dimension_count(preset.mla.qk_rope if preset.mla else s.head_dim_k)
+    w.add_rope_freq_base(1_000_000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    if s.sliding_window:
+        w.add_sliding_window(s.sliding_window)
+    if s.n_expert:
+        w.add_expert_count(s.n_expert)
+        w.add_expert_used_count(s.n_expert_used)
+        w.add_expert_feed_forward_length(s.n_ff_exp)
+        if a in ("deepseek2", "glm4moe"):
+            w.add_expert_shared_count(s.n_ff_shexp // s.n_ff_exp)
+        elif s.n_ff_shexp:
+            w.add_expert_shared_feed_forward_length(s.n_ff_shexp)
+        if s.n_layer_dense_lead:
+            w.add_leading_dense_block_count(s.n_layer_dense_lead)
+    if a == "llama4":
+        w.add_uint32(f"{a}.interleave_moe_layer_step", 1)
+    if s.n_layer_nextn:
+        w.add_uint32(f"{a}.nextn_predict_layers", s.n_layer_nextn)
+    if preset.mla is not None:
+        m = preset.mla
+        w.add_kv_lora_rank(m.kv_lora_rank)
+        if m.q_lora_rank:
+            w.add_q_lora_rank(m.q_lora_rank)
+        w.add_uint32(f"{a}.attention.key_length_mla", m.qk_nope + m.qk_rope)
+        w.add_uint32(f"{a}.attention.value_length_mla", m.v_head)
+    if preset.ssm is not None:
+        m2 = preset.ssm
+        w.add_ssm_conv_kernel(m2.d_conv)
+        w.add_ssm_inner_size(m2.d_inner)
+        w.add_ssm_state_size(m2.d_state)
+        w.add_ssm_time_step_rank(m2.n_head)
+        w.add_ssm_group_count(m2.n_group)
