@@ -6,7 +6,8 @@ flash attention on/off and KV types, parses llama.cpp's `model / KV / compute / 
 lines and compares them with `umemc check`'s figures for the same stack.
 
     python bench/accuracy.py            # builds bench/.venv-llama on first use (~5 min)
-    python bench/accuracy.py --full     # only the full-size preset section (sparse GGUFs, ~3 min)
+    python bench/accuracy.py --full     # only the full-size preset section (sparse GGUFs, ~10 min)
+    python bench/accuracy.py --full gpt-oss-20b ...   # those presets' rows, printed only
     UMEMC_LLAMA_PYTHON=/path/to/python python bench/accuracy.py
 
 Goals: weights and KV within 1%, compute within 25%, weights+KV+compute within 5%.
@@ -163,7 +164,8 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as d:
             text = full_scale(py, Path(d))
         print(text)
-        write_section("Estimate accuracy at full size, preset path (bench/accuracy.py)", text)
+        if not [a for a in sys.argv[2:] if not a.startswith("-")]:  # a subset is printed, not recorded
+            write_section("Estimate accuracy at full size, preset path (bench/accuracy.py)", text)
         return 0
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as d:
@@ -200,34 +202,59 @@ PUBLISHED = {
     "llama-3-8b": ("bartowski/Meta-Llama-3-8B-Instruct-GGUF Q4_K_M", 4.92),
     "llama-3-70b": ("bartowski/Meta-Llama-3-70B-Instruct-GGUF Q4_K_M", 42.52),
     "qwen2-72b": ("Qwen/Qwen2-72B-Instruct-GGUF q4_k_m", 47.41),
+    "gpt-oss-20b": ("ggml-org/gpt-oss-20b-GGUF mxfp4, listed to 0.1 GB", 12.1),
 }  # gemma-3-27b: no Q4_K_M size we could confirm; its file is still loaded below
-# (preset, runtime, context, flash_attn, repack): repacking reads and copies every Q4_K matrix (3 GiB for 8B,
-# 26 GiB for 70B), so only the 8B is loaded with it on this 24 GiB machine; the others pin it off
-# (use_extra_bufts = false) and are estimated with mmap = false, where no second copy exists.
+# (preset, context, flash_attn, repack, kv_cache, parallel): repacking reads and copies every repackable matrix (3
+# GiB for 8B, 26 GiB for 70B), so only models whose copy fits this 24 GiB machine are loaded with it; the others
+# pin it off (use_extra_bufts = false) and are estimated with mmap = false, where no second copy exists. Rows with
+# parallel > 1 run llama.cpp the way llama-server does (one KV stream per sequence, windows kept small).
 FULL = [
-    ("llama-3-8b", "llama-cpp-python", 8192, True, True),
-    ("llama-3-70b", "llama-cpp-python", 8192, True, False),
-    ("qwen2-72b", "llama-cpp-python", 8192, True, False),
-    ("qwen2-72b", "llama-cpp-python", 4096, False, False),
-    ("gemma-3-27b", "llama-cpp-python", 8192, True, False),  # swa_full: llama-cpp-python's default
-]
+    ("llama-3-8b", 8192, True, True, "f16", 1),
+    ("llama-3-70b", 8192, True, False, "f16", 1),
+    ("qwen2-72b", 8192, True, False, "f16", 1),
+    ("qwen2-72b", 4096, False, False, "f16", 1),
+    ("gemma-3-27b", 8192, True, False, "f16", 1),  # swa_full: llama-cpp-python's default
+    *[
+        (name, ctx, fa, False, kv, par)
+        for name in ("gpt-oss-20b", "deepseek-v2-lite", "mixtral-8x7b", "granite-4.0-h-small")
+        for ctx, fa, kv, par in (
+            (8192, True, "f16", 1), (32768, True, "q8_0", 1), (8192, True, "f16", 4), (8192, False, "f16", 1),
+        )
+    ],
+    ("gpt-oss-20b", 8192, True, True, "f16", 1),  # the MXFP4 experts' repacked copy
+    ("deepseek-v2-lite", 8192, True, True, "f16", 1),
+    *[
+        (name, 8192, True, False, "f16", 1)
+        for name in (
+            "gpt-oss-120b", "qwen3-30b-a3b", "qwen3-235b-a22b", "qwen3-32b", "glm-4.5-air", "llama-4-scout",
+            "mistral-small-3.2-24b", "gemma-3-12b",
+        )
+    ],
+]  # fmt: skip
 _FULL_LOADER = """
 import sys, llama_cpp
 m, ctx, fa, repack = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
-defaults = llama_cpp.llama_cpp.llama_model_default_params
-def params():
-    p = defaults()
+kt, par = int(sys.argv[5]), int(sys.argv[6])
+mdef, cdef = llama_cpp.llama_cpp.llama_model_default_params, llama_cpp.llama_cpp.llama_context_default_params
+def mparams():
+    p = mdef()
     p.use_extra_bufts = repack  # llama.cpp's switch for weight repacking (llama-server --no-repack)
     return p
-llama_cpp.llama_cpp.llama_model_default_params = params
+def cparams():
+    c = cdef()
+    c.n_seq_max = par  # llama-server -np: one KV stream per sequence
+    return c
 import llama_cpp.llama
-llama_cpp.llama.llama_cpp.llama_model_default_params = params
-llm = llama_cpp.Llama(model_path=m, n_ctx=ctx, n_batch=512, n_ubatch=512, flash_attn=fa, use_mmap=True, verbose=True)
+for mod in (llama_cpp.llama_cpp, llama_cpp.llama.llama_cpp):
+    mod.llama_model_default_params, mod.llama_context_default_params = mparams, cparams
+llm = llama_cpp.Llama(model_path=m, n_ctx=ctx * par, n_batch=512, n_ubatch=512, flash_attn=fa, use_mmap=True,
+                      type_k=kt, type_v=kt, swa_full=None if par == 1 else False, verbose=True)
 """
 _FULL_PATTERNS = {
     "weights": r"CPU(?:_Mapped)? model buffer size =\s+([\d.]+) MiB",
     "repack": r"CPU_REPACK model buffer size =\s+([\d.]+) MiB",
     "kv": r"KV buffer size =\s+([\d.]+) MiB",
+    "state": r"RS buffer size =\s+([\d.]+) MiB",
     "compute": r"CPU compute buffer size =\s+([\d.]+) MiB",
     "output": r"output buffer size =\s+([\d.]+) MiB",
 }
@@ -240,48 +267,58 @@ def full_scale(py: str, tmp: Path) -> str:
     from umemc.catalog.archs import LLM_PRESETS
     from umemc.testing.sparsegguf import write_sparse_gguf
 
+    only = {a for a in sys.argv[2:] if not a.startswith("-")}
+    rows = [r for r in FULL if not only or r[0] in only]
     lines = [
-        "Sparse full-size GGUFs written from umemc's presets (umemc.testing.sparsegguf), Q4_K_M.",
+        "Sparse full-size GGUFs written from umemc's presets (umemc.testing.sparsegguf), each in its default file",
+        "type (Q4_K_M; gpt-oss MXFP4_MOE as published).",
         "",
         "| preset | tensor bytes (umemc mix) | published file | difference |",
         "|---|---:|---:|---:|",
     ]
-    files = {name: write_sparse_gguf(tmp / f"{name}.gguf", LLM_PRESETS[name], "Q4_K_M")[0] for name, *_ in FULL}
+    files: dict[str, Path] = {}
+    for name, *_ in rows:
+        if name not in files:
+            p = LLM_PRESETS[name]
+            files[name] = write_sparse_gguf(tmp / f"{name}.gguf", p, p.default_quant)[0]
     for name, (where, gb) in PUBLISHED.items():
-        size = files[name].stat().st_size
-        lines.append(f"| {name} | {size / 1e9:.2f} GB | {gb:.2f} GB ({where}) | {(size / 1e9 - gb) / gb * 100:+.2f}% |")
-        print(lines[-1], flush=True)
+        if name in files:
+            size = files[name].stat().st_size
+            lines.append(
+                f"| {name} | {size / 1e9:.2f} GB | {gb:.2f} GB ({where}) | {(size / 1e9 - gb) / gb * 100:+.2f}% |"
+            )
+            print(lines[-1], flush=True)
     lines += [
         "",
         "Each file loaded by llama-cpp-python (CPU, mmap) vs `umemc check` on the preset alone (no file), same",
-        "context, flash attention, runtime; MiB, umemc / llama.cpp (error).",
+        "context, flash attention, KV type, sequences; MiB, umemc / llama.cpp (error). KV includes a hybrid model's",
+        "recurrent state (llama.cpp's RS buffer).",
         "",
-        "| preset | ctx | fa | repack | weights (+ repacked copy) | KV | compute + output |",
-        "|---|---:|---|---|---:|---:|---:|",
+        "| preset | ctx | fa | kv | seqs | repack | weights (+ repacked copy) | KV | compute + output |",
+        "|---|---:|---|---|---:|---|---:|---:|---:|",
     ]
-    for name, runtime, ctx, fa, repack in FULL:
-        out = subprocess.run(
-            [py, "-c", _FULL_LOADER, str(files[name]), str(ctx), "1" if fa else "0", "1" if repack else "0"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stderr
+    for name, ctx, fa, repack, kv, par in rows:
+        argv = [str(files[name]), str(ctx), "1" if fa else "0", "1" if repack else "0", str(_KV_ID[kv]), str(par)]
+        out = subprocess.run([py, "-c", _FULL_LOADER, *argv], capture_output=True, text=True, check=True).stderr
         real = {k: sum(float(x) for x in re.findall(p, out)) * MiB for k, p in _FULL_PATTERNS.items()}
+        runtime = "llama-server" if par > 1 else "llama-cpp-python"
         stack = tmp / "full.toml"
         stack.write_text(
-            f'version = 1\nname = "full"\n[platform]\nkind = "cpu"\nmemory = "512GiB"\n[models.m]\n'
+            f'version = 1\nname = "full"\n[platform]\nkind = "cpu"\nmemory = "2048GiB"\n[models.m]\n'
             f'runtime = "{runtime}"\narch = "{name}"\ncontext = {ctx}\nflash_attn = {"true" if fa else "false"}\n'
-            f"mmap = {'true' if repack else 'false'}\n"
+            f'kv_cache = "{kv}"\nparallel = {par}\nmmap = {"true" if repack else "false"}\n'
         )
         e = make_plan(load_stack(stack)).models["m"].estimate
         pairs = [
             (e.weights.bytes, real["weights"] + real["repack"]),
-            (e.kv.bytes, real["kv"]),
+            (e.kv.bytes, real["kv"] + real["state"]),
             (e.compute.bytes, real["compute"] + real["output"]),
         ]
         cells = [f"{a / MiB:.2f} / {b / MiB:.2f} ({(a - b) / b * 100:+.2f}%)" for a, b in pairs]
         lines.append(
-            f"| {name} | {ctx} | {'on' if fa else 'off'} | {'on' if repack else 'off'} | " + " | ".join(cells) + " |"
+            f"| {name} | {ctx} | {'on' if fa else 'off'} | {kv} | {par} | {'on' if repack else 'off'} | "
+            + " | ".join(cells)
+            + " |"
         )
         print(lines[-1], flush=True)
     lines += [

@@ -129,7 +129,7 @@ def test_explain_shows_formulas_and_inputs(run_cli) -> None:
         "    = sum over tensors of row_bytes(type, ne0) x rows, types from llama.cpp's Q4_K_M mix "
         "(llama-quant.cpp) incl. block-size fallbacks" in lines
     )
-    assert "      cells: pad256(context 8192 x parallel 2) = 16384" in lines
+    assert "      cells: parallel 2 x pad256(context 8192) = 16384" in lines
     assert (
         "  quota hard = estimate x (1 + quota_headroom 0.1), rounded up to a MiB = 50947162112 bytes "
         "(47.45 GiB)" in lines

@@ -70,7 +70,9 @@ def test_kv_exact(tmp_path: Path, name: str, context: int, parallel: int, kv: st
     model = write_tiny_gguf(tmp_path / f"{name}.gguf", spec)
     stack = stack_for(tmp_path, model, f'context = {context}\nparallel = {parallel}\nkv_cache = "{kv}"\n')
     est = make_plan(load_stack(stack)).models["m"].estimate
-    cells = -(-(context * parallel) // 256) * 256
+    # llama-context.cpp: n_ctx = pad256(context x parallel); one stream per sequence of pad256(n_ctx / parallel)
+    n_ctx = -(-(context * parallel) // 256) * 256
+    cells = parallel * (-(-(n_ctx // parallel) // 256) * 256)
     expected = spec.n_layer * 2 * spec.n_head_kv * spec.head_dim * cells * bytes_per_elem
     assert est.kv.bytes == int(expected)
 

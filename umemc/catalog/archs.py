@@ -39,6 +39,7 @@ class LlmShape:
     # Multi-head latent attention (deepseek2): the cache keeps one latent K row per token (kv_lora_rank +
     # rope dims, head_dim_k with one KV head) and no V: llama.cpp reads V as a view of K.
     mla: bool = False
+    head_dim_v_mla: int = 0  # MLA: the value head after V's up-projection (value_length_mla)
     n_layer_nextn: int = 0  # trailing next-token-prediction layers: in the file, not loaded, no KV
     # Recurrent (Mamba-2) layers of a hybrid model: no KV cache; a conv and an SSM state per sequence.
     recurrent_layers: tuple[bool, ...] = ()
@@ -293,7 +294,7 @@ def _bert_tensors(s: LlmShape) -> list[Tensor]:
     out: list[Tensor] = [
         ("token_embd.weight", (e, s.n_vocab)),
         ("token_types.weight", (e, 1)),
-        ("position_embd.weight", (e, s.n_ctx_train + 2)),
+        ("position_embd.weight", (e, s.n_ctx_train)),  # the converter drops XLM-R's 2 padding positions
         ("token_embd_norm.weight", (e,)),
         ("token_embd_norm.bias", (e,)),
     ]
@@ -359,7 +360,7 @@ def llm_preset(
     mla = kw.get("mla")
     if isinstance(mla, MlaShape):  # the GGUF's view: one latent KV head of kv_lora_rank + rope, no V
         hd_k, hd_v, n_kv = mla.kv_lora_rank + mla.qk_rope, mla.kv_lora_rank, (1,) * layers
-        extra["mla"] = True
+        extra.update(mla=True, head_dim_v_mla=mla.v_head)
     ssm = kw.get("ssm")
     if isinstance(ssm, SsmShape):
         recurrent = tuple(i not in attention_layers for i in range(layers))

@@ -168,6 +168,7 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
         swa_layers=swa_layers,
         causal=bool(key("attention.causal", arch not in _ENCODERS)),
         mla=key("attention.key_length_mla") is not None and key("attention.value_length_mla") is not None,
+        head_dim_v_mla=int(key("attention.value_length_mla", 0) or 0),
         n_layer_nextn=int(key("nextn_predict_layers", 0) or 0),
         unmodelled=unmodelled,
         **moe,
@@ -235,7 +236,7 @@ def _recurrent(key: Any, n_head_kv: tuple[int, ...], n_layer: int) -> dict[str, 
 
 
 def _generic_limits(arch: str, f: dict[str, Any], recurrent: bool) -> tuple[str, ...]:
-    said = [f"architecture {arch!r}: KV cache and compute follow the generic transformer rules"]
+    said = ["KV cache and compute follow the generic transformer rules"]
     if any(k.startswith(f"{arch}.ssm.") or k.startswith(f"{arch}.wkv.") for k in f) and not recurrent:
         said.append("its recurrent state (ssm/wkv keys) is not counted")
     return tuple(said)

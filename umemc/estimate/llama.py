@@ -65,8 +65,12 @@ def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
     weights_parts = [weights] + ([vision[0]] if vision else [])
     swa_full = spec.runtime in FULL_SWA_CACHE
     kv = kv_figure(shape, spec.context, spec.parallel, spec.ubatch, spec.kv_cache, swa_full)
+    # llama-cpp-python in embedding mode sizes the context for min(n_batch, 256) sequences (its Llama.__init__)
+    seqs = min(spec.ubatch, 256) if spec.runtime == "llama-cpp-python" and not shape.causal else 0
     compute_parts = [
-        compute_figure(shape, spec.context, spec.parallel, spec.ubatch, spec.flash_attn, swa_full, spec.kv_cache)
+        compute_figure(
+            shape, spec.context, spec.parallel, spec.ubatch, spec.flash_attn, swa_full, spec.kv_cache, embed_seqs=seqs
+        )
     ]
     repack = _repack(loaded, m, facts.repack_bytes if facts is not None else _preset_repack(preset, ftype))
     if repack is not None:
@@ -247,6 +251,16 @@ def _warnings(loaded: LoadedStack, m: ResolvedModel, shape: LlmShape, ftype: str
                     f"instead of {small} with llama-server, which keeps only the window",
                 )
             )
+    if shape.unmodelled:
+        out.append(
+            src.warning(
+                at + ("model",),
+                f"architecture {shape.arch!r} is not one umemc models: weights are exact from the header; "
+                + "; ".join(shape.unmodelled)
+                + " (every layer attends to the whole context, dense FFN or the routed experts it declares); "
+                "run `umemc calibrate` to measure it",
+            )
+        )
     want = _WANTS.get(family)
     if want and FILE_TYPE_BITS.get(ftype, 99) < FILE_TYPE_BITS[want[0]]:
         out.append(src.warning(at + ("quant",), f"{family} model quantized to {ftype}: {want[1]}; consider {want[0]}"))

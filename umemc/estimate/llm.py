@@ -19,6 +19,10 @@ F32 = 4
 # qwen2 and gemma3 shapes (bench/accuracy.py, docs/ESTIMATES.md). Which freed blocks lie below them is
 # ggml-alloc's best-fit history, so this is a calibration, not a derivation.
 LOGITS_BELOW = 2
+# Mixture-of-experts graphs leave more behind at the end (the routed and shared experts' outputs of the last
+# layer, in whatever blocks the allocator kept): measured at full size, ubatch 512, with f16 and q8_0 caches
+# (bench/RESULTS.md); qwen3moe and llama-style MoE (Mixtral) keep the dense rule.
+LOGITS_BELOW_BY_ARCH = {"gpt-oss": 5, "deepseek2": 10, "glm4moe": 4, "granitehybrid": 4, "llama4": 6}
 
 
 def pad(n: int, to: int) -> int:
@@ -65,16 +69,19 @@ def projector_from_preset(vision: VisionShape, arch: str) -> Figure:
 
 
 def cells(context: int, parallel: int) -> int:
-    return pad(context * parallel, CTX_PAD)
+    """KV cells for `parallel` sequences of `context` tokens. llama.cpp keeps one stream per sequence unless
+    the KV cache is unified (llama-server -np N without --kv-unified): each of n_ctx / n_seq cells, padded to
+    256 (llama-context.cpp, n_ctx_seq)."""
+    return parallel * pad(context, CTX_PAD)
 
 
 def swa_cells(shape: LlmShape, context: int, parallel: int, ubatch: int, swa_full: bool) -> int:
-    """Cells of a sliding-window layer's cache: the window of every sequence plus one ubatch, unless
-    the runtime keeps full-size caches (swa_full) or the model has no window."""
+    """Cells of a sliding-window layer's cache: per stream the window plus one ubatch, padded to 256
+    (llama-kv-cache-iswa.cpp), unless the runtime keeps full-size caches (swa_full) or the model has no window."""
     n_cells = cells(context, parallel)
     if not shape.sliding_window or swa_full:
         return n_cells
-    return min(n_cells, pad(shape.sliding_window * parallel + ubatch, CTX_PAD))
+    return parallel * pad(min(pad(context, CTX_PAD), shape.sliding_window + ubatch), CTX_PAD)
 
 
 def kv_figure(
@@ -98,7 +105,7 @@ def kv_figure(
         "layers": f"{len(layers)} of {shape.n_layer}" if len(layers) != shape.n_layer else shape.n_layer,
         "kv heads": _heads(tuple(shape.n_head_kv[i] for i in layers) or (0,)),
         "head dim k/v": f"{shape.head_dim_k}/{0 if shape.mla else shape.head_dim_v}",
-        "cells": f"pad256(context {context} x parallel {parallel}) = {n_cells}",
+        "cells": f"parallel {parallel} x pad256(context {context}) = {n_cells}",
         "type": kv_type,
     }
     formula = "sum over layers of (row_bytes(type, hd_k x kv_heads) + row_bytes(type, hd_v x kv_heads)) x cells"
@@ -112,8 +119,8 @@ def kv_figure(
         inputs["sliding-window layers"] = (
             f"{n_swa} of {len(layers)} hold all {n_cells} cells (the runtime keeps full-size caches: swa_full)"
             if swa_full
-            else f"{n_swa} of {len(layers)} hold pad256(min(cells, window "
-            f"{shape.sliding_window} x parallel + ubatch)) = {n_swa_cells} cells"
+            else f"{n_swa} of {len(layers)} hold parallel x pad256(min(context, window "
+            f"{shape.sliding_window} + ubatch)) = {n_swa_cells} cells"
         )
     kv = Figure("kv cache", total, formula, inputs)
     state = recurrent_figure(shape, parallel)
@@ -149,19 +156,22 @@ def compute_figure(
     flash_attn: bool,
     swa_full: bool = False,
     kv_type: str = "f16",
+    embed_seqs: int = 0,
 ) -> Figure:
     """llama.cpp's compute buffer for its worst-case graph (a full ubatch against a full cache),
     plus the output buffer. ggml-alloc frees a tensor after its last use, so the buffer is the
     largest set of tensors alive at once: inside a layer (the attention masks are graph inputs and
     stay allocated) or at the end (the logits of every token of the reserve batch)."""
     n_ub = min(ubatch, context * parallel) if shape.causal else ubatch
-    n_kv = cells(context, parallel) if shape.causal else pad(n_ub, CTX_PAD)  # an encoder attends to its batch
-    e, e_kv = shape.n_embd, max(shape.n_head_kv) * shape.head_dim_k
-    mask_row = pad(n_ub, KQ_MASK_PAD) * (2 if flash_attn else F32)
-    masks: dict[str, object] = {"n_kv": n_kv}
+    # one KV stream per sequence: each of the reserve batch's sequences attends to its own stream's cells
+    streams = parallel if shape.causal else 1
+    n_kv = cells(context, 1) if shape.causal else pad(n_ub, CTX_PAD)  # an encoder attends to its batch
+    e = shape.n_embd
+    mask_row = streams * pad(-(-n_ub // streams), KQ_MASK_PAD) * (2 if flash_attn else F32)
+    masks: dict[str, object] = {"n_kv": n_kv} if streams == 1 else {"n_kv per stream": n_kv, "streams": streams}
     mask_bytes = n_kv * mask_row
     if shape.causal and shape.sliding_window and any(shape.swa_layers):
-        n_swa = swa_cells(shape, context, parallel, ubatch, swa_full)  # the sliding-window layers' own mask
+        n_swa = swa_cells(shape, context, 1, ubatch, swa_full)  # the sliding-window layers' own mask
         masks["n_kv (sliding window)"] = n_swa
         mask_bytes += n_swa * mask_row
     mask = Figure(
@@ -170,30 +180,24 @@ def compute_figure(
         "n_kv x pad64(n_ubatch) x (2 bytes with flash attention, else 4), per mask",
         masks,
     )
-    acts = (5 * e + 2 * e_kv + (e if flash_attn else 0)) * n_ub * F32
-    if flash_attn:
-        attn = Figure(
-            "attention",
-            acts,
-            "(5 x n_embd + 2 x n_embd_kv + n_embd flash-attention output) x n_ubatch x 4",
-            {"n_embd_kv": e_kv},
-        )
-    else:
-        attn = Figure(
-            "attention",
-            n_kv * n_ub * shape.n_head * F32 + acts,
-            "KQ scores n_kv x n_ubatch x heads x 4 (softmax in place) + (5 x n_embd + 2 x n_embd_kv) x n_ubatch x 4",
-            {"heads": shape.n_head, "n_embd_kv": e_kv},
-        )
+    attn = attention_figure(shape, n_kv, n_ub, flash_attn)
     ffn = ffn_figure(shape, n_ub)
     width = shape.n_vocab if shape.causal else 0
-    below = LOGITS_BELOW + (kv_type not in ("f16", "f32", "bf16") or (swa_full and any(shape.swa_layers)))
+    below = LOGITS_BELOW_BY_ARCH.get(shape.arch) or LOGITS_BELOW + (
+        kv_type not in ("f16", "f32", "bf16") or (swa_full and any(shape.swa_layers))
+    )
     end = Figure(
         "logits",
         (width + below * e) * n_ub * F32,
         f"(n_vocab + {below} x n_embd) x n_ubatch x 4: the reserve graph outputs every token; the logits land "
         "above the final activations"
-        + (" (one more with a quantized or full-size sliding-window cache)" if below > 2 else ""),
+        + (
+            f" ({shape.arch}: measured)"
+            if shape.arch in LOGITS_BELOW_BY_ARCH
+            else " (one more with a quantized or full-size sliding-window cache)"
+            if below > 2
+            else ""
+        ),
         {"n_vocab": shape.n_vocab},
     )
     layer = max(attn, ffn, key=lambda f: f.bytes)
@@ -209,14 +213,56 @@ def compute_figure(
         {"n_ubatch": n_ub, "flash_attn": flash_attn},
         parts=(mask, attn, ffn, *([mamba] if mamba else []), end),
     )
-    rows = shape.n_vocab if shape.causal else shape.n_embd
-    output = Figure(
-        "output buffer",
-        rows * parallel * F32,
-        ("n_vocab" if shape.causal else "n_embd") + " x n_seq x 4 (llama.cpp output_reserve)",
-        {"n_seq": parallel},
-    )
+    if shape.causal:
+        output = Figure(
+            "output buffer", shape.n_vocab * parallel * F32, "n_vocab x n_seq x 4 (llama.cpp output_reserve)",
+            {"n_seq": parallel},
+        )  # fmt: skip
+    else:  # embedding mode: logits and embeddings are both reserved, for every sequence the context can hold
+        seqs = embed_seqs or parallel
+        output = Figure(
+            "output buffer",
+            (shape.n_vocab + shape.n_embd) * seqs * F32,
+            "(n_vocab + n_embd) x n_seq_max x 4 (llama.cpp output_reserve keeps logits beside the embeddings)",
+            {"n_seq_max": seqs},
+        )
     return Figure.total("compute", [graph, output])
+
+
+def attention_figure(shape: LlmShape, n_kv: int, n_ub: int, flash_attn: bool) -> Figure:
+    """One layer's attention step. Latent attention (deepseek2) works in the latent space: the query absorbed
+    into kv_lora_rank per head and concatenated with its rope part, and (with flash attention) the output in the
+    latent space before V's up-projection (src/models/deepseek2.cpp, MLA branch); calibrated at full size."""
+    e, e_kv = shape.n_embd, max(shape.n_head_kv) * shape.head_dim_k
+    scores = n_kv * shape.n_head  # KQ, softmax in place (without flash attention)
+    if not shape.causal:  # bert: q, k, v and the output with their biases over the batch, no cache
+        width = (11 * e // 2) if flash_attn else scores + 6 * e
+        formula = "5.5 x n_embd" if flash_attn else "KQ scores n_kv x heads + 6 x n_embd"
+        return Figure("attention", width * n_ub * F32, f"({formula}) x n_ubatch x 4 (encoder)", {"heads": shape.n_head})
+    if shape.mla:
+        rank, rope = shape.head_dim_v, shape.head_dim_k - shape.head_dim_v
+        inputs: dict[str, object] = {"heads": shape.n_head, "kv_lora_rank": rank, "rope dims": rope}
+        if flash_attn:
+            width = shape.n_head * (3 * rank + rope + shape.head_dim_v_mla)
+            inputs["v head"] = shape.head_dim_v_mla
+            formula = "heads x (3 x kv_lora_rank + rope dims + v head): absorbed query, its rope concat, latent output"
+        else:
+            width = scores + shape.n_head * (2 * rank + rope) + 5 * e + 2 * e_kv
+            formula = "KQ scores n_kv x heads + heads x (2 x kv_lora_rank + rope dims) + 5 x n_embd + 2 x n_embd_kv"
+        return Figure("attention", width * n_ub * F32, f"({formula}) x n_ubatch x 4", inputs)
+    if flash_attn:
+        return Figure(
+            "attention",
+            (6 * e + 2 * e_kv) * n_ub * F32,
+            "(5 x n_embd + 2 x n_embd_kv + n_embd flash-attention output) x n_ubatch x 4",
+            {"n_embd_kv": e_kv},
+        )
+    return Figure(
+        "attention",
+        (scores + 5 * e + 2 * e_kv) * n_ub * F32,
+        "KQ scores n_kv x n_ubatch x heads x 4 (softmax in place) + (5 x n_embd + 2 x n_embd_kv) x n_ubatch x 4",
+        {"heads": shape.n_head, "n_embd_kv": e_kv},
+    )
 
 
 def ffn_figure(shape: LlmShape, n_ub: int) -> Figure:
@@ -225,6 +271,11 @@ def ffn_figure(shape: LlmShape, n_ub: int) -> Figure:
     MUL_MAT_ID into [n_ff_exp, n_expert_used, n_ubatch] tensors), the shared experts beside the routed output,
     or a Mamba-2 mixer. Calibrated per term against llama.cpp's compute buffer (bench/accuracy.py)."""
     e = shape.n_embd
+    if not shape.causal:  # bert: up, GELU in place, down; no gate
+        return Figure(
+            "ffn", (shape.n_ff + 3 * e) * n_ub * F32, "(n_ff + 3 x n_embd) x n_ubatch x 4 (encoder, ungated)",
+            {"n_ff": shape.n_ff},
+        )  # fmt: skip
     terms: dict[str, int] = {}
     dense = shape.n_expert == 0 or shape.n_layer_dense_lead > 0
     if dense:

@@ -77,6 +77,13 @@ def _hyperparameters(w: Any, preset: LlmPreset) -> None:
     w.add_rope_dimension_count(preset.mla.qk_rope if preset.mla else s.head_dim_k)
     w.add_rope_freq_base(1_000_000.0)
     w.add_layer_norm_rms_eps(1e-6)
+    if not s.causal:  # an encoder (bert): layer norms with bias, bidirectional attention, a pooled output
+        import gguf
+
+        w.add_layer_norm_eps(1e-5)
+        w.add_causal_attention(False)
+        w.add_pooling_type(gguf.PoolingType.CLS)
+        w.add_token_type_count(1)
     if s.sliding_window:
         w.add_sliding_window(s.sliding_window)
     if s.n_expert:
