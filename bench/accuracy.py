@@ -8,6 +8,7 @@ lines and compares them with `umemc check`'s figures for the same stack.
     python bench/accuracy.py            # builds bench/.venv-llama on first use (~5 min)
     python bench/accuracy.py --full     # only the full-size preset section (sparse GGUFs, ~10 min)
     python bench/accuracy.py --full gpt-oss-20b ...   # those presets' rows, printed only
+    python bench/accuracy.py --archs    # only the small models of each 2026 architecture family (~2 min)
     UMEMC_LLAMA_PYTHON=/path/to/python python bench/accuracy.py
 
 Goals: weights and KV within 1%, compute within 25%, weights+KV+compute within 5%.
@@ -15,6 +16,7 @@ Goals: weights and KV within 1%, compute within 25%, weights+KV+compute within 5
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -160,6 +162,12 @@ def served(tmp: Path) -> str:
 
 def main() -> int:
     py = llama_python()
+    if "--archs" in sys.argv:
+        with tempfile.TemporaryDirectory() as d:
+            text = tiny_archs(py, Path(d))
+        print(text)
+        write_section("Estimate accuracy vs llama.cpp, 2026 architecture families (bench/accuracy.py)", text)
+        return 0
     if "--full" in sys.argv:
         with tempfile.TemporaryDirectory() as d:
             text = full_scale(py, Path(d))
@@ -182,6 +190,9 @@ def main() -> int:
         table = _table(rows)
         print(table)
         write_section("Estimate accuracy vs llama.cpp (bench/accuracy.py)", table)
+        text = tiny_archs(py, tmp)
+        print(text)
+        write_section("Estimate accuracy vs llama.cpp, 2026 architecture families (bench/accuracy.py)", text)
         text = full_scale(py, tmp)
         print(text)
         write_section("Estimate accuracy at full size, preset path (bench/accuracy.py)", text)
@@ -234,7 +245,7 @@ FULL = [
 _FULL_LOADER = """
 import sys, llama_cpp
 m, ctx, fa, repack = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
-kt, par = int(sys.argv[5]), int(sys.argv[6])
+kt, par, ub = int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7]) if len(sys.argv) > 7 else 512
 mdef, cdef = llama_cpp.llama_cpp.llama_model_default_params, llama_cpp.llama_cpp.llama_context_default_params
 def mparams():
     p = mdef()
@@ -247,7 +258,7 @@ def cparams():
 import llama_cpp.llama
 for mod in (llama_cpp.llama_cpp, llama_cpp.llama.llama_cpp):
     mod.llama_model_default_params, mod.llama_context_default_params = mparams, cparams
-llm = llama_cpp.Llama(model_path=m, n_ctx=ctx * par, n_batch=512, n_ubatch=512, flash_attn=fa, use_mmap=True,
+llm = llama_cpp.Llama(model_path=m, n_ctx=ctx * par, n_batch=max(ub, 512), n_ubatch=ub, flash_attn=fa, use_mmap=True,
                       type_k=kt, type_v=kt, swa_full=None if par == 1 else False, verbose=True)
 """
 _FULL_PATTERNS = {
@@ -294,8 +305,8 @@ def full_scale(py: str, tmp: Path) -> str:
         "context, flash attention, KV type, sequences; MiB, umemc / llama.cpp (error). KV includes a hybrid model's",
         "recurrent state (llama.cpp's RS buffer).",
         "",
-        "| preset | ctx | fa | kv | seqs | repack | weights (+ repacked copy) | KV | compute + output |",
-        "|---|---:|---|---|---:|---|---:|---:|---:|",
+        "| preset | ctx | fa | kv | seqs | repack | weights (+ repacked copy) | KV | compute + output | peer KV |",
+        "|---|---:|---|---|---:|---|---:|---:|---:|---:|",
     ]
     for name, ctx, fa, repack, kv, par in rows:
         argv = [str(files[name]), str(ctx), "1" if fa else "0", "1" if repack else "0", str(_KV_ID[kv]), str(par)]
@@ -315,6 +326,7 @@ def full_scale(py: str, tmp: Path) -> str:
             (e.compute.bytes, real["compute"] + real["output"]),
         ]
         cells = [f"{a / MiB:.2f} / {b / MiB:.2f} ({(a - b) / b * 100:+.2f}%)" for a, b in pairs]
+        cells.append(_peer_kv(files[name], ctx, kv, par, pairs[1][1]))
         lines.append(
             f"| {name} | {ctx} | {'on' if fa else 'off'} | {kv} | {par} | {'on' if repack else 'off'} | "
             + " | ".join(cells)
@@ -323,11 +335,89 @@ def full_scale(py: str, tmp: Path) -> str:
         print(lines[-1], flush=True)
     lines += [
         "",
+        "peer KV: clanker-gguf's `clanker run FILE -c CTX --ctk KV --ctv KV --np N` (PyPI, a GGUF reader that sizes",
+        "llama-server) 'KV cache' line against llama.cpp's KV (its MB read as MiB); '-' where it is not installed",
+        "(`pip install clanker-gguf`, or UMEMC_PEER_CLANKER=/path/to/clanker).",
+        "",
         "llama.cpp prints buffer sizes with two decimals of MiB. Where the logits dominate the compute",
         "buffer, ggml-alloc places them 2 n_embd-wide activations up (3 with a quantized or full-size",
         "sliding-window KV cache): docs/ESTIMATES.md.",
     ]
     return "\n".join(lines)
+
+
+TINY_CONFIGS = [
+    (2048, 512, True, "f16", 1),
+    (4096, 512, False, "f16", 1),
+    (4096, 256, True, "q8_0", 1),
+    (1024, 512, True, "f16", 4),
+]
+
+
+def tiny_archs(py: str, tmp: Path) -> str:
+    """Small models of each 2026 architecture family (umemc.testing.tinyarchs) against llama.cpp's report."""
+    from umemc.testing.sparsegguf import write_sparse_gguf
+    from umemc.testing.tinyarchs import TINY
+
+    lines = [
+        "Small sparse models of each family (umemc.testing.tinyarchs: gpt-oss windows and sinks, Mixtral-style and",
+        "Qwen3 MoE, GLM's next-token-prediction layer, Llama 4 chunked attention, DeepSeek MLA, Granite's Mamba-2",
+        "hybrid), loaded by llama-cpp-python; MiB, umemc / llama.cpp (error). seqs > 1 runs as llama-server does.",
+        "",
+        "| model | ctx | ubatch | fa | kv | seqs | weights | KV (+ state) | compute + output |",
+        "|---|---:|---:|---|---|---:|---:|---:|---:|",
+    ]
+    worst = {"weights": 0.0, "kv": 0.0, "compute": 0.0}
+    for name, preset in TINY.items():
+        ftype = preset.default_quant if preset.default_quant != "Q4_K_M" else "Q8_0"
+        path = write_sparse_gguf(tmp / f"{name}.gguf", preset, ftype)[0]
+        for ctx, ub, fa, kv, par in TINY_CONFIGS:
+            argv = [str(path), str(ctx), "1" if fa else "0", "0", str(_KV_ID[kv]), str(par), str(ub)]
+            out = subprocess.run([py, "-c", _FULL_LOADER, *argv], capture_output=True, text=True, check=True).stderr
+            real = {k: sum(float(x) for x in re.findall(p, out)) * MiB for k, p in _FULL_PATTERNS.items()}
+            runtime = "llama-server" if par > 1 else "llama-cpp-python"
+            stack = tmp / "tiny.toml"
+            stack.write_text(
+                f'version = 1\nname = "t"\n[platform]\nkind = "cpu"\nmemory = "64GiB"\n[models.m]\n'
+                f'runtime = "{runtime}"\nmodel = "{path}"\ncontext = {ctx}\nubatch = {ub}\n'
+                f'flash_attn = {"true" if fa else "false"}\nkv_cache = "{kv}"\nparallel = {par}\nmmap = false\n'
+            )
+            e = make_plan(load_stack(stack)).models["m"].estimate
+            pairs = {
+                "weights": (e.weights.bytes, real["weights"]),
+                "kv": (e.kv.bytes, real["kv"] + real["state"]),
+                "compute": (e.compute.bytes, real["compute"] + real["output"]),
+            }
+            errs = {k: (a - b) / b * 100 for k, (a, b) in pairs.items()}
+            worst = {k: max(worst[k], abs(errs[k]), key=abs) for k in worst}
+            cells = [f"{a / MiB:.2f} / {b / MiB:.2f} ({errs[k]:+.1f}%)" for k, (a, b) in pairs.items()]
+            lines.append(
+                f"| {name} | {ctx} | {ub} | {'on' if fa else 'off'} | {kv} | {par} | " + " | ".join(cells) + " |"
+            )
+            print(lines[-1], flush=True)
+    lines += [
+        "",
+        "Largest errors: " + ", ".join(f"{k} {v:.2f}%" for k, v in worst.items()) + ". Small models exaggerate",
+        "ggml-alloc's placement effects (each buffer is a few MiB); the full-size table is the one the goals are",
+        "set on.",
+    ]
+    return "\n".join(lines)
+
+
+def _peer_kv(path: Path, ctx: int, kv: str, par: int, real: float) -> str:
+    """clanker-gguf's KV figure for the same file and settings (a peer estimator, run in the same pass)."""
+    import shutil
+
+    exe = os.environ.get("UMEMC_PEER_CLANKER") or shutil.which("clanker")
+    if not exe:
+        return "-"
+    argv = [exe, "run", str(path), "-c", str(ctx), "--ctk", kv, "--ctv", kv, "--np", str(par), "--fa"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300).stdout
+    m = re.search(r"KV cache:\s+([\d.]+) MB", out)
+    if not m:
+        return "?"
+    peer = float(m.group(1)) * MiB
+    return f"{peer / MiB:.0f} ({(peer - real) / real * 100:+.0f}%)"
 
 
 def _line(r: Row) -> str:

@@ -26,7 +26,8 @@ from .estimate.gguf_file import GgufFacts
 FORMAT, VERSION = "umemc-calibration", 1
 HEAD_BYTES = 4 * 1024 * 1024
 FLAG_KEYS = ("runtime", "context", "parallel", "ubatch", "kv_cache", "flash_attn", "mmap", "mlock", "kind")
-_BUFFER = re.compile(r"(\S+)\s+(model|KV|compute|output) buffer size =\s+([\d.]+) MiB")
+# RS: a hybrid model's recurrent state (llama-memory-recurrent.cpp), counted with the KV cache as umemc does
+_BUFFER = re.compile(r"(\S+)\s+(model|KV|RS|compute|output) buffer size =\s+([\d.]+) MiB")
 MiB = 1024 * 1024
 
 
@@ -87,7 +88,7 @@ def totals(buffers: dict[str, dict[str, int]]) -> dict[str, int]:
     out = {"model": 0, "kv": 0, "compute": 0, "output": 0}
     for kinds in buffers.values():
         for kind, size in kinds.items():
-            out[kind] += size
+            out["kv" if kind == "rs" else kind] += size
     return out
 
 

@@ -167,3 +167,26 @@ def test_header_and_preset_agree(write_stack, tmp_path: Path, name: str) -> None
         per_layer.append((shape.head_dim_k * shape.n_head_kv[i] * 2 + v) * cells)
     state = sum(shape.recurrent_layers) * (shape.n_embd_r + shape.n_embd_s) * 4
     assert from_file.kv.bytes == sum(per_layer) + state
+
+
+def test_calibration_reads_the_repacked_copy_and_the_recurrent_state() -> None:
+    """`umemc calibrate` replaces the estimate with llama.cpp's report, so a CPU that repacks other types than
+    the AVX2 set umemc assumes, or a hybrid's state, is measured. Lines in llama.cpp's formats
+    (llama-model.cpp '%s: %12s model buffer size = %8.2f MiB', llama-memory-recurrent.cpp '%10s RS buffer size')."""
+    from umemc.calibration import parse_buffers, totals
+
+    log = (
+        "load_tensors:   CPU_Mapped model buffer size = 11536.18 MiB\n"
+        "load_tensors:   CPU_REPACK model buffer size =  9682.03 MiB\n"
+        "llama_kv_cache:        CPU KV buffer size =   128.00 MiB\n"
+        "llama_memory_recurrent:        CPU RS buffer size =   147.48 MiB\n"
+        "llama_context:        CPU compute buffer size =   228.00 MiB\n"
+        "llama_context:        CPU  output buffer size =     0.38 MiB\n"
+    )
+    MiB = 2**20
+    assert totals(parse_buffers(log)) == {
+        "model": round(11536.18 * MiB) + round(9682.03 * MiB),
+        "kv": round(128.00 * MiB) + round(147.48 * MiB),
+        "compute": round(228.00 * MiB),
+        "output": round(0.38 * MiB),
+    }

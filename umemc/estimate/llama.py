@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ..catalog.archs import LLM_PRESETS, LlmPreset, LlmShape, VisionShape
-from ..catalog.quant import FILE_TYPE_BITS, is_repacked, preset_mix, tensor_bytes
+from ..catalog.quant import FILE_TYPE_BITS, REPACK_ISA, is_repacked, loaded, preset_mix, tensor_bytes
 from ..catalog.runtimes import FULL_SWA_CACHE, NO_REPACK_FLAGS
 from ..stack.resolve import LoadedStack, ResolvedModel
 from .figures import Estimate, Figure
@@ -226,16 +226,25 @@ def _repack(loaded: LoadedStack, m: ResolvedModel, repack_bytes: int) -> Figure 
     return Figure(
         "repacked copy",
         repack_bytes,
-        "CPU_REPACK buffer: Q4_0/Q4_K/IQ4_NL matrices re-laid out by llama.cpp's CPU backend, held besides the "
-        "mapped file pages they were read from (reclaimable: resident memory may later fall by this much)",
-        {"avoid": how.get(spec.runtime, f"{spec.runtime} cannot turn repacking off; mmap = false avoids the double")},
+        "CPU_REPACK buffer: Q4_0/Q4_K/IQ4_NL/MXFP4 matrices and expert stacks re-laid out by llama.cpp's CPU "
+        "backend, held besides the mapped file pages they were read from (reclaimable: resident memory may later "
+        "fall by this much)",
+        {
+            "assumes": f"{REPACK_ISA} (umemc calibrate measures what this CPU's build repacks)",
+            "avoid": how.get(spec.runtime, f"{spec.runtime} cannot turn repacking off; mmap = false avoids the double"),
+        },
     )
 
 
 def _preset_repack(preset: LlmPreset | None, ftype: str) -> int:
     if preset is None:
         return 0
-    return sum(tensor_bytes(t, ne) for name, ne, t in preset_mix(preset, ftype) if is_repacked(name, t, ne))
+    main = preset.shape.n_layer_main
+    return sum(
+        tensor_bytes(t, ne)
+        for name, ne, t in preset_mix(preset, ftype)
+        if is_repacked(name, t, ne) and loaded(name, main)
+    )
 
 
 def _warnings(loaded: LoadedStack, m: ResolvedModel, shape: LlmShape, ftype: str, family: str, kv: Figure) -> list[str]:
