@@ -219,6 +219,10 @@ PUBLISHED = {
 # GiB for 8B, 26 GiB for 70B), so only models whose copy fits this 24 GiB machine are loaded with it; the others
 # pin it off (use_extra_bufts = false) and are estimated with mmap = false, where no second copy exists. Rows with
 # parallel > 1 run llama.cpp the way llama-server does (one KV stream per sequence, windows kept small).
+NEW_2026 = (
+    "gpt-oss-20b", "gpt-oss-120b", "qwen3-30b-a3b", "qwen3-235b-a22b", "qwen3-32b", "glm-4.5-air", "llama-4-scout",
+    "mixtral-8x7b", "deepseek-v2-lite", "granite-4.0-h-small", "mistral-small-3.2-24b", "gemma-3-12b",
+)  # fmt: skip
 FULL = [
     ("llama-3-8b", 8192, True, True, "f16", 1),
     ("llama-3-70b", 8192, True, False, "f16", 1),
@@ -227,25 +231,20 @@ FULL = [
     ("gemma-3-27b", 8192, True, False, "f16", 1),  # swa_full: llama-cpp-python's default
     *[
         (name, ctx, fa, False, kv, par)
-        for name in ("gpt-oss-20b", "deepseek-v2-lite", "mixtral-8x7b", "granite-4.0-h-small")
+        for name in NEW_2026
         for ctx, fa, kv, par in (
             (8192, True, "f16", 1), (32768, True, "q8_0", 1), (8192, True, "f16", 4), (8192, False, "f16", 1),
         )
     ],
     ("gpt-oss-20b", 8192, True, True, "f16", 1),  # the MXFP4 experts' repacked copy
     ("deepseek-v2-lite", 8192, True, True, "f16", 1),
-    *[
-        (name, 8192, True, False, "f16", 1)
-        for name in (
-            "gpt-oss-120b", "qwen3-30b-a3b", "qwen3-235b-a22b", "qwen3-32b", "glm-4.5-air", "llama-4-scout",
-            "mistral-small-3.2-24b", "gemma-3-12b",
-        )
-    ],
+    ("bge-m3", 8192, True, False, "f16", 1),
 ]  # fmt: skip
 _FULL_LOADER = """
 import sys, llama_cpp
 m, ctx, fa, repack = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
 kt, par, ub = int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7]) if len(sys.argv) > 7 else 512
+emb = len(sys.argv) > 8 and sys.argv[8] == "1"  # an encoder, served in embedding mode
 mdef, cdef = llama_cpp.llama_cpp.llama_model_default_params, llama_cpp.llama_cpp.llama_context_default_params
 def mparams():
     p = mdef()
@@ -259,7 +258,7 @@ import llama_cpp.llama
 for mod in (llama_cpp.llama_cpp, llama_cpp.llama.llama_cpp):
     mod.llama_model_default_params, mod.llama_context_default_params = mparams, cparams
 llm = llama_cpp.Llama(model_path=m, n_ctx=ctx * par, n_batch=max(ub, 512), n_ubatch=ub, flash_attn=fa, use_mmap=True,
-                      type_k=kt, type_v=kt, swa_full=None if par == 1 else False, verbose=True)
+                      type_k=kt, type_v=kt, swa_full=None if par == 1 else False, embedding=emb, verbose=True)
 """
 _FULL_PATTERNS = {
     "weights": r"CPU(?:_Mapped)? model buffer size =\s+([\d.]+) MiB",
@@ -309,7 +308,9 @@ def full_scale(py: str, tmp: Path) -> str:
         "|---|---:|---|---|---:|---|---:|---:|---:|---:|",
     ]
     for name, ctx, fa, repack, kv, par in rows:
+        enc = "1" if not LLM_PRESETS[name].shape.causal else "0"
         argv = [str(files[name]), str(ctx), "1" if fa else "0", "1" if repack else "0", str(_KV_ID[kv]), str(par)]
+        argv += ["512", enc]
         out = subprocess.run([py, "-c", _FULL_LOADER, *argv], capture_output=True, text=True, check=True).stderr
         real = {k: sum(float(x) for x in re.findall(p, out)) * MiB for k, p in _FULL_PATTERNS.items()}
         runtime = "llama-server" if par > 1 else "llama-cpp-python"
