@@ -190,3 +190,23 @@ def test_calibration_reads_the_repacked_copy_and_the_recurrent_state() -> None:
         "compute": round(228.00 * MiB),
         "output": round(0.38 * MiB),
     }
+
+
+def test_encoder_compute_and_its_embedding_output(write_stack) -> None:
+    # bge-m3 (24 layers, 1024 wide, FFN 4096, vocabulary 250002) under llama-cpp-python's embedding mode,
+    # ubatch 512, flash attention: the batch attends to itself (pad256(512) cells), the ungated FFN is the
+    # widest step; output_reserve keeps logits and embeddings for min(n_batch 512, 256) sequences
+    mask = 512 * 512 * 2
+    ffn = (4096 + 3 * 1024) * 512 * 4
+    output = (250002 + 1024) * 256 * 4
+    e = estimate(write_stack, 'arch = "bge-m3"', runtime="llama-cpp-python", context=512)
+    assert e.compute.bytes == mask + ffn + output == 272_254_976
+    # llama.cpp on the full-size sparse file: compute 14.51 MiB, output 245.14 MiB
+    assert abs(e.compute.bytes - (14.51 + 245.14) * 2**20) < 0.02 * 2**20
+
+
+def test_deepseek_repacks_its_q4_k_experts(write_stack) -> None:
+    # DeepSeek-V2-Lite Q4_K_M on a CPU with mmap: the repacked copy is the Q4_K expert stacks and matrices
+    # (rows a multiple of 8), measured 15429.04 MiB held in all (bench/RESULTS.md)
+    e = estimate(write_stack, 'arch = "deepseek-v2-lite"', runtime="llama-cpp-python", mmap=True)
+    assert round(e.weights.bytes / 2**20, 2) == 15429.04
