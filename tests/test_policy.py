@@ -68,8 +68,8 @@ def test_never_a_higher_or_equal_hot_priority_and_a_starting_worker_never() -> N
         {"kind": "worker", "name": "starting", "priority": 10, "bytes": 100 * MiB, "why": "starting"},
     ]
     assert d.reason(need(400, 50)) == (
-        f"x needs {400 * MiB} bytes, {100 * MiB} bytes free; blocked by hot50 (priority 50 >= 50), "
-        "high (priority 60 >= 50), starting (starting)"
+        f"x needs {400 * MiB} bytes (0.39 GiB), {100 * MiB} bytes (0.10 GiB) free; blocked by hot50 (priority "
+        "50 >= 50), high (priority 60 >= 50), starting (starting)"
     )
 
 

@@ -173,7 +173,10 @@ def held_on_paper(plan: Plan) -> list[policy.Held]:
 
 
 def _budget(plan: Plan) -> policy.Budget:
-    return policy.Budget(plan.capacity.budget, plan.capacity.gpu_budget)
+    """The plan's budget for the one policy, with its pressure rule: on paper, the pressure is what the hot set's
+    hard quotas take of usable memory (the gateway measures it live)."""
+    cap = plan.capacity
+    return policy.Budget(cap.budget, cap.gpu_budget, usable=cap.usable, load_below=plan.loaded.stack.policy.load_below)
 
 
 def _warnings(plan: Plan, estimates: dict[str, Estimate]) -> list[str]:
@@ -194,11 +197,37 @@ def _warnings(plan: Plan, estimates: dict[str, Estimate]) -> list[str]:
                 )
             )
     out += [w for no_key, w in missing_files(plan) if no_key]  # a missing file is already said at load
+    out += _cold_warnings(plan)
+    return out
+
+
+def _cold_warnings(plan: Plan) -> list[str]:
+    """What a cold start will meet at run time: the budget alone, or the pressure rule too (the gateway starts a
+    cold model only while pressure, less what its evictions free, is below load_below)."""
+    out: list[str] = []
+    if not plan.cold_admission:
+        return out
+    cap, load_below = plan.capacity, plan.loaded.stack.policy.load_below
+    held = held_on_paper(plan)
+    ledger_only = policy.Budget(cap.budget, cap.gpu_budget)
+    pressure = sum(h.ram for h in held) / cap.usable if cap.usable else 0.0
     for name, adm in plan.cold_admission.items():
-        if not adm.admissible:
+        by_budget = policy.decide(need_of(plan.models[name]), held, [], ledger_only)
+        calm = f"the hot set's hard quotas hold {pressure:.2f} of usable memory, not below load_below {load_below}"
+        if not adm.admissible and by_budget.fits:
+            out.append(
+                f"models.{name}: cold model can never start: it fits the budget, but {calm} and evicting every "
+                "lower-priority hot model does not bring it under; lower the hot set or raise load_below"
+            )
+        elif not adm.admissible:
             out.append(
                 f"models.{name}: cold model can never start: even evicting every lower-priority hot "
                 "model leaves too little memory"
+            )
+        elif by_budget.fits and set(adm.evicts) != set(by_budget.victims):
+            out.append(
+                f"models.{name}: cold model fits the budget beside the hot set, but {calm}: "
+                f"it starts only by evicting {', '.join(adm.evicts)}"
             )
     return out
 
@@ -237,7 +266,7 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
     bins = []
     for name, (view, _) in node_view.items():
         cap = capacity_of(view)  # the view of the first node of this platform: the same platform
-        bins.append(Bin(name, cap.budget, cap.gpu_budget))
+        bins.append(Bin(name, cap.budget, cap.gpu_budget, cap.usable, loaded.stack.policy.load_below))
     every = tuple(loaded.nodes)
     items = []
     for name, spec in loaded.stack.models.items():

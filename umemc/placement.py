@@ -32,6 +32,11 @@ class Bin:
     name: str
     budget: int  # all-memory budget (bytes)
     gpu_budget: int | None  # None: no GPU window ledger (kind = cpu)
+    usable: int = 0  # for the pressure rule of cold starts (umemc.policy.Budget)
+    load_below: float = 1.0
+
+    def policy_budget(self) -> policy.Budget:
+        return policy.Budget(self.budget, self.gpu_budget, usable=self.usable, load_below=self.load_below)
 
 
 @dataclass(frozen=True)
@@ -147,7 +152,8 @@ def place(bins: list[Bin], items: list[Item]) -> Placement:
         places = []
         for node in item.allowed:
             b, need = by_name[node], item.needs[node]
-            if need.ram <= free[node] and need.gpu <= gfree[node]:
+            calm = not b.usable or (b.budget - free[node]) / b.usable < b.load_below  # the pressure rule, on paper
+            if need.ram <= free[node] and need.gpu <= gfree[node] and calm:
                 places.append(ColdPlace(node, True, True, ()))  # fits as things are: nothing to decide
                 continue
             prios, ram_upto, gpu_upto = lower[node]
@@ -156,7 +162,7 @@ def place(bins: list[Bin], items: list[Item]) -> Placement:
                 places.append(ColdPlace(node, False, False, ()))
                 continue
             want = policy.Need(item.name, need.ram, need.gpu, item.priority, True, False)
-            d = policy.decide(want, held[node], [], policy.Budget(b.budget, b.gpu_budget))
+            d = policy.decide(want, held[node], [], b.policy_budget())
             places.append(ColdPlace(node, d.fits and not d.victims, d.fits, tuple(d.victims) if d.fits else ()))
         out.cold[item.name] = places
         admissible = [p for p in places if p.admissible]

@@ -33,6 +33,11 @@ class Held:
     drainable: bool  # ready and serving: it may be drained; a starting worker may not
     last_used: float
     evicting: bool = False  # already chosen by another decision: its memory is on its way back
+    live: int | None = None  # measured usage, what stopping it takes off the pressure (None: ram)
+
+    @property
+    def usage(self) -> int:
+        return self.ram if self.live is None else self.live
 
 
 @dataclass(frozen=True)
@@ -75,21 +80,34 @@ class Decision:
         parts = []
         for b in self.blocked_by:
             if b["kind"] == "lease":
-                parts.append(f"lease {b['id']} of {b['holder']} ({b['bytes']} bytes)")
+                parts.append(f"lease {b['id']} of {b['holder']} ({_bytes(b['bytes'])})")
             elif b["kind"] == "pressure":
-                parts.append(f"system pressure {b['pressure']} is not below load_below {b['load_below']}")
+                parts.append(
+                    f"memory pressure {b['pressure']} (after any evictions) is not below load_below {b['load_below']}"
+                )
             else:
                 parts.append(f"{b['name']} ({b['why']})")
-        free = f"{self.free_ram} bytes free"
-        return f"{need.what} needs {need.ram} bytes, {free}; " + (
+        free = f"{_bytes(self.free_ram)} free"
+        return f"{need.what} needs {_bytes(need.ram)}, {free}; " + (
             "blocked by " + ", ".join(parts) if parts else "nothing may be evicted"
         )
+
+
+def _bytes(n: int) -> str:
+    """Exact bytes for scripts, GiB for people."""
+    return f"{n} bytes ({n / 2**30:.2f} GiB)"
 
 
 @dataclass(frozen=True)
 class Budget:
     ram: int
     gpu: int | None  # None: no separate GPU ledger (kind = cpu)
+    # Pressure: the share of usable memory in use (the enforcer measures the conservative one of the OS's
+    # view, the workers' own total and the GPU window's used share). A start is admitted only while the
+    # pressure, less what its evictions free, is below load_below. usable 0: no pressure rule.
+    usable: int = 0
+    load_below: float = 1.0
+    pressure: float | None = None  # live; None: on paper, the ledger's own total over usable
 
 
 def decide(need: Need, held: list[Held], leases: list[Lease], budget: Budget) -> Decision:
@@ -99,24 +117,34 @@ def decide(need: Need, held: list[Held], leases: list[Lease], budget: Budget) ->
     free_gpu = None if budget.gpu is None else budget.gpu - used_gpu
     short_ram = need.ram - free_ram
     short_gpu = 0 if free_gpu is None else need.gpu - free_gpu
-    if short_ram <= 0 and short_gpu <= 0:
+    pressure = _pressure(budget, used_ram)
+    if short_ram <= 0 and short_gpu <= 0 and pressure < budget.load_below:
         return Decision(True, free_ram=free_ram, free_gpu=free_gpu)
     may, blocked = _candidates(need, held)
     evict: list[str] = []
     drain: list[str] = []
     for h in may:
-        if short_ram <= 0 and short_gpu <= 0:
+        if short_ram <= 0 and short_gpu <= 0 and pressure < budget.load_below:
             break
         (drain if h.busy else evict).append(h.name)
         short_ram -= h.ram
         short_gpu -= h.gpu
-    if short_ram <= 0 and short_gpu <= 0:
+        pressure -= h.usage / budget.usable if budget.usable else 0.0
+    if short_ram <= 0 and short_gpu <= 0 and pressure < budget.load_below:
         return Decision(True, evict, drain, free_ram=free_ram, free_gpu=free_gpu)
+    if short_ram <= 0 and short_gpu <= 0:  # memory is there; pressure is what blocks
+        blocked.insert(0, {"kind": "pressure", "pressure": round(pressure, 4), "load_below": budget.load_below})
     blocked += [
         {"kind": "lease", "id": lease.id, "holder": lease.holder, "bytes": lease.ram, "expires": lease.expires}
         for lease in leases
     ]
     return Decision(False, blocked_by=blocked, free_ram=free_ram, free_gpu=free_gpu)
+
+
+def _pressure(budget: Budget, used_ram: int) -> float:
+    if not budget.usable:
+        return 0.0
+    return budget.pressure if budget.pressure is not None else used_ram / budget.usable
 
 
 def _candidates(need: Need, held: list[Held]) -> tuple[list[Held], list[dict[str, Any]]]:

@@ -183,12 +183,12 @@ def test_calibration_reads_the_repacked_copy_and_the_recurrent_state() -> None:
         "llama_context:        CPU compute buffer size =   228.00 MiB\n"
         "llama_context:        CPU  output buffer size =     0.38 MiB\n"
     )
-    MiB = 2**20
+    mib = 2**20
     assert totals(parse_buffers(log)) == {
-        "model": round(11536.18 * MiB) + round(9682.03 * MiB),
-        "kv": round(128.00 * MiB) + round(147.48 * MiB),
-        "compute": round(228.00 * MiB),
-        "output": round(0.38 * MiB),
+        "model": round(11536.18 * mib) + round(9682.03 * mib),
+        "kv": round(128.00 * mib) + round(147.48 * mib),
+        "compute": round(228.00 * mib),
+        "output": round(0.38 * mib),
     }
 
 

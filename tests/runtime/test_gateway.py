@@ -248,8 +248,8 @@ def test_drain_timeout_abandons_the_eviction_never_the_request(stack: Any) -> No
     status, headers, body = gw.complete("other")
     assert status == 503 and headers["Retry-After"] == "10"
     assert body["error"] == {
-        "message": f"model other could not start within 2 s: other needs {HARD} bytes, 0 bytes free; "
-        "blocked by busy (requests in flight (drain timed out))",
+        "message": f"model other could not start within 2 s: other needs {HARD} bytes (0.08 GiB), 0 bytes "
+        "(0.00 GiB) free; blocked by busy (requests in flight (drain timed out))",
         "type": "server_error",
         "code": "insufficient_memory",
     }
@@ -319,6 +319,43 @@ def test_interleaved_abcabc_starts_each_model_once(stack: Any) -> None:
     assert sorted(starts) == ["a", "b", "c"]
 
 
+def test_check_and_gateway_agree_on_a_pressure_blocked_cold_start(stack: Any, run_cli: Any, tmp_path: Any) -> None:
+    """load_below is part of the one policy: `check` says the cold model can never start (its hot neighbour's
+    hard quota is half of usable memory, load_below 0.3), and the gateway refuses a request for it at once,
+    saying why, and records it, instead of queueing it until queue_timeout."""
+    import re
+
+    text = stack_text(
+        "gw-press", model("h", priority=90, mode="hot") + model("c", priority=50), slots=2,
+        gateway='queue_timeout = "5s"\n',
+    ).replace("load_below = 0.9\n", "load_below = 0.3\n")  # fmt: skip
+    (tmp_path / "press.toml").write_text(text)
+    code, out, _ = run_cli("check", str(tmp_path / "press.toml"), "--format", "json")
+    report = json.loads(out)
+    assert (code, report["cold_admission"]["c"]) == (
+        0,
+        {"fits_alongside_hot": False, "admissible": False, "evicts": []},
+    )
+    assert "models.c: cold model can never start: it fits the budget, but the hot set's hard quotas hold 0.50 of " \
+        "usable memory, not below load_below 0.3 and evicting every lower-priority hot model does not bring it " \
+        "under; lower the hot set or raise load_below" in report["warnings"]  # fmt: skip
+    gw = Gateway(stack(text, "--simulate"))
+    gw.run.wait_for(lambda: gw.status()["pressure"] is not None, timeout=10, what="the first pressure reading")
+    t0 = time.monotonic()
+    status, headers, body = gw.complete("c")
+    assert time.monotonic() - t0 < 2  # at once, not after the 5 s queue_timeout
+    assert (status, headers["Retry-After"], body["error"]["code"]) == (503, "30", "not_admissible")
+    assert re.fullmatch(
+        rf"model c cannot be loaded now: c needs {HARD} bytes \(0\.08 GiB\), {HARD} bytes \(0\.08 GiB\) free; "
+        r"blocked by memory pressure 0\.\d+ \(after any evictions\) is not below load_below 0\.3, "
+        r"h \(priority 90 >= 50\)\. Send 'X-Umemc-Wait: 1' to queue until memory frees \(up to the queue timeout\)",
+        body["error"]["message"],
+    ), body["error"]["message"]
+    [(name, _, detail)] = gw.kinds("refused")
+    assert name == "c" and [b["kind"] for b in detail["blocked_by"]] == ["pressure", "worker"]
+    assert gw.status()["models"]["c"]["state"] == "STOPPED"
+
+
 # -- leases ---------------------------------------------------------------------------------------
 def test_leases_grant_evict_refuse_extend_expire_release(stack: Any) -> None:
     text = stack_text(
@@ -334,8 +371,8 @@ def test_leases_grant_evict_refuse_extend_expire_release(stack: Any) -> None:
     status, _, refused = gw.call("POST", "/umemc/leases", {"bytes": "1MiB", "holder": "late"})
     assert status == 409 and refused["granted"] is False
     assert refused["reason"] == (
-        f"lease needs {MiB} bytes, 0 bytes free; blocked by lease {a['lease']['id']} of "
-        f"comfyui ({160 * MiB} bytes), lease {b['lease']['id']} of batch ({HARD} bytes)"
+        f"lease needs {MiB} bytes (0.00 GiB), 0 bytes (0.00 GiB) free; blocked by lease {a['lease']['id']} of "
+        f"comfyui ({160 * MiB} bytes (0.16 GiB)), lease {b['lease']['id']} of batch ({HARD} bytes (0.08 GiB))"
     )
     status, _, can = gw.call("GET", "/umemc/can-load/hi")
     assert (status, can["fits_now"], can["would_evict"], [x["kind"] for x in can["blocked_by"]]) == (
@@ -349,8 +386,9 @@ def test_leases_grant_evict_refuse_extend_expire_release(stack: Any) -> None:
     assert (status, headers["Retry-After"], body["error"]["code"]) == (503, "30", "not_admissible")
     assert time.monotonic() - t0 < 0.9  # not after the 1 s queue_timeout
     assert body["error"]["message"] == (
-        f"model hi cannot be loaded now: hi needs {HARD} bytes, 0 bytes free; blocked by lease {a['lease']['id']} "
-        f"of comfyui ({160 * MiB} bytes), lease {b['lease']['id']} of batch ({HARD} bytes). "
+        f"model hi cannot be loaded now: hi needs {HARD} bytes (0.08 GiB), 0 bytes (0.00 GiB) free; blocked by lease "
+        f"{a['lease']['id']} of comfyui ({160 * MiB} bytes (0.16 GiB)), lease {b['lease']['id']} of batch ({HARD} "
+        "bytes (0.08 GiB)). "
         "Send 'X-Umemc-Wait: 1' to queue until memory frees (up to the queue timeout)"
     )
     status, headers, body = gw.call(  # asked to wait: queued, 503 after queue_timeout

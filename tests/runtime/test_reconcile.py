@@ -35,8 +35,8 @@ def test_up_again_does_not_restart_a_hot_worker_evicted_for_a_cold_one(stack: An
     assert up_again(gw.run, "--simulate") == 0
     out = capsys.readouterr().out
     assert (
-        f"  image (hot) not started: image needs {80 * MiB} bytes, 0 bytes free; blocked by coder "
-        "(priority 80 >= 10)\n" in out
+        f"  image (hot) not started: image needs {80 * MiB} bytes (0.08 GiB), 0 bytes (0.00 GiB) free; blocked by "
+        "coder (priority 80 >= 10)\n" in out
     )
     status = gw.run.status()
     assert status["image"]["state"] == "STOPPED" and status["coder"]["state"] in ("STARTING", "RUNNING")

@@ -106,4 +106,5 @@ class Model:
             self.ready and self.starting is None,
             self.last_used,
             self.evicting or self.draining,
+            live=self.usage,
         )

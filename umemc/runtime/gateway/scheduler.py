@@ -19,6 +19,7 @@ import contextlib
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,12 @@ class Scheduler(Slots, Leases, StateSync):
         self.state_dir = (bundle / "../state").resolve()
         self.supervisor = Supervisor(Path(self.plan.supervisor.socket.replace("%(here)s", str(bundle))))
         cap = self.plan.capacity
-        self.budget = Budget(int(cap.budget_bytes), None if cap.gpu_budget_bytes is None else int(cap.gpu_budget_bytes))
+        self.budget = Budget(
+            int(cap.budget_bytes),
+            None if cap.gpu_budget_bytes is None else int(cap.gpu_budget_bytes),
+            usable=int(cap.usable_bytes),
+            load_below=self.plan.policy.load_below,
+        )
         self.models = {n: Model(n, m) for n, m in self.plan.models.items()}
         self.routes = {n: n for n in self.models}
         for n, m in self.plan.models.items():
@@ -114,20 +120,14 @@ class Scheduler(Slots, Leases, StateSync):
         return [m.held() for m in self.models.values() if m.live and m.name != exclude]
 
     def decide(self, need: Need, exclude: str | None = None) -> Decision:
-        decision = decide(need, self.held(exclude), self.live_leases(), self.budget)
-        pol = self.plan.policy
-        if decision.fits and self.pressure is not None:
-            freed = sum(self.models[v].usage for v in decision.victims) / max(1, self.plan.capacity.usable_bytes)
-            if self.pressure - freed >= pol.load_below:
-                decision = Decision(
-                    False,
-                    blocked_by=[
-                        {"kind": "pressure", "pressure": round(self.pressure, 4), "load_below": pol.load_below}
-                    ],
-                    free_ram=decision.free_ram,
-                    free_gpu=decision.free_gpu,
-                )
-        return decision
+        """The one policy on live figures: the budget ledger and, once the enforcer has measured it, the
+        pressure rule (a start only while pressure, less what its evictions free, is below load_below)."""
+        budget = self.budget
+        if self.pressure is not None:
+            budget = replace(budget, pressure=self.pressure)
+        else:  # nothing measured yet: the ledger alone decides
+            budget = replace(budget, usable=0)
+        return decide(need, self.held(exclude), self.live_leases(), budget)
 
     def decide_model(self, m: Model) -> Decision:
         need = self.need_for(m)

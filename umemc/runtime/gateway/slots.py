@@ -11,7 +11,6 @@ import time
 from collections.abc import AsyncIterator
 
 from ...policy import Decision
-from ...policy import decide as policy_decide
 from .core import Core
 from .lifecycle import Phase
 from .model import Model, Refused
@@ -43,12 +42,14 @@ class Slots(Core):
         """A model that is down and that the eviction policy cannot admit even by stopping every
         lower-priority worker: say so at once (what /umemc/can-load says) rather than queue the request
         until queue_timeout. Only when nothing is on its way in or out: a start or a stop in flight
-        changes the answer. Pressure alone is transient and does not refuse."""
+        changes the answer. The same decision as a start (the budget and the pressure rule): what `umemc check`
+        promised, the gateway keeps, and what it refuses it says at once (event `refused`)."""
         if m.live or any(x.life.phase in UNSETTLED for x in self.models.values()):
             return
         need = self.need_for(m)
-        decision = policy_decide(need, self.held(m.name), self.live_leases(), self.budget)
+        decision = self.decide(need, exclude=m.name)
         if not decision.fits:
+            self.events.add("refused", m.name, reason=decision.reason(need), blocked_by=decision.blocked_by)
             raise Refused(
                 f"model {m.name} cannot be loaded now: {decision.reason(need)}. "
                 "Send 'X-Umemc-Wait: 1' to queue until memory frees (up to the queue timeout)",
