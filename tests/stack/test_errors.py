@@ -81,6 +81,23 @@ CASES: dict[str, tuple[str, str]] = {
         'qwen3-235b-a22b, qwen3-30b-a3b, qwen3-32b, sdxl, whisper-large-v3 (got "llama3-8b")\n'
         "  hint: did you mean 'llama-3-8b'?",
     ),
+    "arch in capitals": (
+        BASE + '\n[models.chat]\nruntime = "llama-server"\narch = "Qwen3-30B-A3B"\n',
+        'stack.toml:10:8: models.chat.arch: must be one of bge-m3, deepseek-v2-lite, gemma-3-12b, gemma-3-27b, glm-4.5-air, gpt-oss-120b, gpt-oss-20b, granite-4.0-h-small, llama-3-70b, llama-3-8b, llama-4-scout, mistral-small-3.2-24b, mixtral-8x7b, phi-4, qwen2-72b, qwen2.5-7b, qwen2.5-coder-32b, qwen2.5-vl-7b, qwen3-235b-a22b, qwen3-30b-a3b, qwen3-32b, sdxl, whisper-large-v3 (got "Qwen3-30B-A3B")\n'
+        "  hint: did you mean 'qwen3-30b-a3b'?",
+    ),
+    "arch of another size": (
+        BASE + '\n[models.chat]\nruntime = "llama-server"\narch = "mistral-7b"\n',
+        'stack.toml:10:8: models.chat.arch: must be one of bge-m3, deepseek-v2-lite, gemma-3-12b, gemma-3-27b, glm-4.5-air, gpt-oss-120b, gpt-oss-20b, granite-4.0-h-small, llama-3-70b, llama-3-8b, llama-4-scout, mistral-small-3.2-24b, mixtral-8x7b, phi-4, qwen2-72b, qwen2.5-7b, qwen2.5-coder-32b, qwen2.5-vl-7b, qwen3-235b-a22b, qwen3-30b-a3b, qwen3-32b, sdxl, whisper-large-v3 (got "mistral-7b")\n'
+        '  hint: no preset of that name and size for llama-server: give model = "path/to/file" (its header is '
+        'read) or memory = "..." (an explicit size)',
+    ),
+    "arch of another family": (
+        BASE + '\n[models.image]\nruntime = "comfyui"\narch = "llama3-8b"\n',
+        'stack.toml:10:8: models.image.arch: must be one of bge-m3, deepseek-v2-lite, gemma-3-12b, gemma-3-27b, glm-4.5-air, gpt-oss-120b, gpt-oss-20b, granite-4.0-h-small, llama-3-70b, llama-3-8b, llama-4-scout, mistral-small-3.2-24b, mixtral-8x7b, phi-4, qwen2-72b, qwen2.5-7b, qwen2.5-coder-32b, qwen2.5-vl-7b, qwen3-235b-a22b, qwen3-30b-a3b, qwen3-32b, sdxl, whisper-large-v3 (got "llama3-8b")\n'
+        '  hint: no preset of that name and size for comfyui: give model = "path/to/file" (its header is '
+        'read) or memory = "..." (an explicit size)',
+    ),
     "unknown quant": (
         BASE + M + 'quant = "Q4_K_X"\n',
         'stack.toml:11:9: models.chat.quant: unknown GGUF file type "Q4_K_X" for runtime = '

@@ -184,7 +184,7 @@ def validate(doc: Document) -> Stack:
     try:
         return Stack.model_validate(doc.data)
     except ValidationError as exc:
-        raise convert_validation_error(exc, doc.source, Stack) from None
+        raise convert_validation_error(exc, doc.source, Stack, doc.data) from None
 
 
 # -- pydantic error -> one StackError ----------------------------------------------------------
@@ -207,7 +207,9 @@ _COMPARE = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "
 _RANK = {"extra_forbidden": 0, "missing": 2}  # unknown keys first: `[plaform]` beats "platform missing"
 
 
-def convert_validation_error(exc: ValidationError, source: Source, root: type[BaseModel]) -> StackError:
+def convert_validation_error(
+    exc: ValidationError, source: Source, root: type[BaseModel], data: dict[str, Any] | None = None
+) -> StackError:
     errors: list[Any] = list(exc.errors(include_url=False))
 
     def order(err: dict[str, Any]) -> tuple[int, int, int]:
@@ -215,7 +217,7 @@ def convert_validation_error(exc: ValidationError, source: Source, root: type[Ba
         where = source.at(_loc(err, what), what)
         return (_RANK.get(err["type"], 1), where.line, where.col)
 
-    return _one_error(min(errors, key=order), source, root)
+    return _one_error(min(errors, key=order), source, root, data or {})
 
 
 def _loc(err: dict[str, Any], what: str) -> KeyPath:
@@ -223,7 +225,7 @@ def _loc(err: dict[str, Any], what: str) -> KeyPath:
     return loc[:-1] if what == "table" else loc
 
 
-def _one_error(err: dict[str, Any], source: Source, root: type[BaseModel]) -> StackError:
+def _one_error(err: dict[str, Any], source: Source, root: type[BaseModel], data: dict[str, Any]) -> StackError:
     kind, loc, ctx = err["type"], tuple(err["loc"]), err.get("ctx") or {}
     got = toml_repr(err.get("input"))
     if kind == "extra_forbidden":
@@ -235,6 +237,8 @@ def _one_error(err: dict[str, Any], source: Source, root: type[BaseModel]) -> St
         return StackError(
             source.at(loc[:-1], "table"), dotted(loc), "required key is missing", _missing_hint(root, loc)
         )
+    if kind == "literal_error" and len(loc) == 3 and loc[0] == "models" and loc[2] == "arch":
+        return _arch_error(err, source, loc, data)
     if kind == "literal_error":
         return _literal_error(err, source, loc)
     if kind in _TYPE_NAMES:
@@ -263,6 +267,41 @@ def _literal_error(err: dict[str, Any], source: Source, loc: KeyPath) -> StackEr
     close = difflib.get_close_matches(str(value), options, n=1, cutoff=0.5) if isinstance(value, str) else []
     hint = f"did you mean '{close[0]}'?" if close else None
     return source.error(loc, f"must be one of {', '.join(options)} (got {toml_repr(value)})", hint)
+
+
+def _arch_error(err: dict[str, Any], source: Source, loc: KeyPath, data: dict[str, Any]) -> StackError:
+    """An unknown arch: suggest only presets the model's runtime can run (a ComfyUI model is not a
+    llama-3-8b), and only a close spelling; otherwise say how to size a model without a preset."""
+    from ..catalog.archs import ARCHS, family_of
+    from ..catalog.runtimes import RUNTIMES_FOR
+
+    value = err.get("input")
+    table = data.get("models", {}).get(loc[1], {}) if isinstance(data.get("models"), dict) else {}
+    runtime = table.get("runtime") if isinstance(table, dict) else None
+    usable = [a for a in ARCHS if runtime is None or runtime in RUNTIMES_FOR.get(family_of(a), ())]
+    got = toml_repr(value)
+    if isinstance(value, str):  # and of the same size: a 7B is not an 8x7B
+        usable_same = [a for a in usable if _size(a) == _size(value) or not _size(value)]
+        close = difflib.get_close_matches(value.lower(), usable_same, n=1, cutoff=0.8)
+    else:
+        close = []
+    if close:
+        hint = f"did you mean '{close[0]}'?"
+    else:
+        hint = (
+            f'no preset of that name and size{f" for {runtime}" if runtime else ""}: give model = "path/to/file" '
+            '(its header is read) or memory = "..." (an explicit size)'
+        )
+    return source.error(loc, f"must be one of {', '.join(ARCHS)} (got {got})", hint)
+
+
+_SIZE = re.compile(r"(\d+x\d+(?:\.\d+)?b|\d+(?:\.\d+)?b)(?![a-z])", re.I)
+
+
+def _size(name: str) -> str | None:
+    """A model name's parameter size (7b, 8x7b, 30b), its first one: 'qwen3-30b-a3b' is a 30b."""
+    m = _SIZE.search(name)
+    return m.group(1).lower() if m else None
 
 
 def _fields_at(root: type[BaseModel], loc: KeyPath) -> list[str]:
