@@ -20,6 +20,12 @@ runtime = "llama-server"
 arch = "llama-3-8b"
 """
 
+# every arch preset, as the error lists them (written out: a new preset must show up here)
+ARCH_LIST = (
+    "bge-m3, deepseek-v2-lite, gemma-3-12b, gemma-3-27b, glm-4.5-air, gpt-oss-120b, gpt-oss-20b, granite-4.0-h-small, "
+    "llama-3-70b, llama-3-8b, llama-4-scout, mistral-small-3.2-24b, mixtral-8x7b, phi-4, qwen2-72b, qwen2.5-7b, "
+    "qwen2.5-coder-32b, qwen2.5-vl-7b, qwen3-235b-a22b, qwen3-30b-a3b, qwen3-32b, sdxl, whisper-large-v3"
+)
 CASES: dict[str, tuple[str, str]] = {
     "toml syntax": (BASE + M + "context = \n", "stack.toml:11:11: TOML syntax error: invalid value"),
     "toml unclosed header": (
@@ -83,18 +89,18 @@ CASES: dict[str, tuple[str, str]] = {
     ),
     "arch in capitals": (
         BASE + '\n[models.chat]\nruntime = "llama-server"\narch = "Qwen3-30B-A3B"\n',
-        'stack.toml:10:8: models.chat.arch: must be one of bge-m3, deepseek-v2-lite, gemma-3-12b, gemma-3-27b, glm-4.5-air, gpt-oss-120b, gpt-oss-20b, granite-4.0-h-small, llama-3-70b, llama-3-8b, llama-4-scout, mistral-small-3.2-24b, mixtral-8x7b, phi-4, qwen2-72b, qwen2.5-7b, qwen2.5-coder-32b, qwen2.5-vl-7b, qwen3-235b-a22b, qwen3-30b-a3b, qwen3-32b, sdxl, whisper-large-v3 (got "Qwen3-30B-A3B")\n'
+        f'stack.toml:10:8: models.chat.arch: must be one of {ARCH_LIST} (got "Qwen3-30B-A3B")\n'
         "  hint: did you mean 'qwen3-30b-a3b'?",
     ),
     "arch of another size": (
         BASE + '\n[models.chat]\nruntime = "llama-server"\narch = "mistral-7b"\n',
-        'stack.toml:10:8: models.chat.arch: must be one of bge-m3, deepseek-v2-lite, gemma-3-12b, gemma-3-27b, glm-4.5-air, gpt-oss-120b, gpt-oss-20b, granite-4.0-h-small, llama-3-70b, llama-3-8b, llama-4-scout, mistral-small-3.2-24b, mixtral-8x7b, phi-4, qwen2-72b, qwen2.5-7b, qwen2.5-coder-32b, qwen2.5-vl-7b, qwen3-235b-a22b, qwen3-30b-a3b, qwen3-32b, sdxl, whisper-large-v3 (got "mistral-7b")\n'
+        f'stack.toml:10:8: models.chat.arch: must be one of {ARCH_LIST} (got "mistral-7b")\n'
         '  hint: no preset of that name and size for llama-server: give model = "path/to/file" (its header is '
         'read) or memory = "..." (an explicit size)',
     ),
     "arch of another family": (
         BASE + '\n[models.image]\nruntime = "comfyui"\narch = "llama3-8b"\n',
-        'stack.toml:10:8: models.image.arch: must be one of bge-m3, deepseek-v2-lite, gemma-3-12b, gemma-3-27b, glm-4.5-air, gpt-oss-120b, gpt-oss-20b, granite-4.0-h-small, llama-3-70b, llama-3-8b, llama-4-scout, mistral-small-3.2-24b, mixtral-8x7b, phi-4, qwen2-72b, qwen2.5-7b, qwen2.5-coder-32b, qwen2.5-vl-7b, qwen3-235b-a22b, qwen3-30b-a3b, qwen3-32b, sdxl, whisper-large-v3 (got "llama3-8b")\n'
+        f'stack.toml:10:8: models.image.arch: must be one of {ARCH_LIST} (got "llama3-8b")\n'
         '  hint: no preset of that name and size for comfyui: give model = "path/to/file" (its header is '
         'read) or memory = "..." (an explicit size)',
     ),
