@@ -21,6 +21,8 @@ os_reserve = "1GiB"
 [policy]
 safety_margin = 0.0
 quota_headroom = 0.1
+load_below = 0.98
+evict_above = 0.99
 """
 
 
@@ -47,6 +49,31 @@ def test_cold_admission_choices(write_stack) -> None:
         "w": (False, False, []),  # only c (20) is below 25, and 1100 < 1784
         "v": (False, False, []),  # equal priority is never evicted
     }
+
+
+def test_cold_admission_keeps_the_pressure_rule(write_stack) -> None:
+    """load_below is part of the one policy: a cold start is admitted only while the pressure (on paper, the hot
+    hard quotas over usable memory), less what its evictions free, is below it."""
+    text = ADMISSION.replace("load_below = 0.98", "load_below = 0.70").replace(
+        "evict_above = 0.99", "evict_above = 0.9"
+    )
+    text += worker("a", 3000, 90) + worker("b", 2000, 30) + worker("c", 1000, 20)
+    text += worker("x", 2000, 50, "cold") + worker("s", 100, 10, "cold")
+    plan = make_plan(load_stack(write_stack(text)))
+    usable = 9 * 1024  # MiB
+    assert plan.capacity.usable == usable * MiB
+    # hot 3300 + 2200 + 1100 = 6600 MiB: 6600 / 9216 = 0.716, not below 0.70
+    # x (priority 50) fits the 2616 MiB left, but must evict c: (6600 - 1100) / 9216 = 0.597
+    # s (priority 10) may evict nobody: it can never start, though 110 MiB would fit
+    adm = {n: (a.fits_alongside_hot, a.admissible, list(a.evicts)) for n, a in plan.cold_admission.items()}
+    assert adm == {"x": (False, True, ["c"]), "s": (False, False, [])}
+    assert [w for w in plan.warnings if w.startswith("models.")] == [
+        "models.x: cold model fits the budget beside the hot set, but the hot set's hard quotas hold 0.72 of usable "
+        "memory, not below load_below 0.7: it starts only by evicting c",
+        "models.s: cold model can never start: it fits the budget, but the hot set's hard quotas hold 0.72 of usable "
+        "memory, not below load_below 0.7 and evicting every lower-priority hot model does not bring it under; lower "
+        "the hot set or raise load_below",
+    ]
 
 
 def test_hard_quota_rounds_up_to_a_mib() -> None:

@@ -249,6 +249,11 @@ def missing_files(plan: Plan) -> list[tuple[bool, str]]:
         else:
             message = f"{spec.model} does not exist yet: `umemc build` needs --files-later, `umemc up` needs the file"
             out.append((False, plan.loaded.source.warning(("models", m.name, "model"), message)))
+    for m in plan.models.values():  # a named projector follows the same rule as the model file
+        spec = m.model.spec
+        if spec.mmproj is not None and not m.model.mmproj_present:
+            message = f"{spec.mmproj} does not exist yet: `umemc build` needs --files-later, `umemc up` needs the file"
+            out.append((False, plan.loaded.source.warning(("models", m.name, "mmproj"), message)))
     return out
 
 

@@ -232,6 +232,10 @@ def test_observing_a_running_stack(stack, capsys) -> None:
     assert capsys.readouterr().err == (
         '--since \'yesterday\': not a duration ("10m", "2h") or an ISO-8601 time ("2026-12-01T05:00:00")\n'
     )
+    assert r.cli("events", "--kind", "hard_kill") == 2  # a filter that can never match is a typo
+    assert capsys.readouterr().err == "--kind 'hard_kill': no such event kind (did you mean 'hard_limit_kill'?)\n"
+    assert r.cli("events", "--model", "nope") == 2
+    assert capsys.readouterr().err == "--model 'nope': not a model of this stack (models: w)\n"
 
     assert r.cli("status", "--json") == 0
     doc = json.loads(capsys.readouterr().out)

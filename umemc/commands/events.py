@@ -16,6 +16,7 @@ from .up import add_run_dir
 
 if TYPE_CHECKING:
     from ..runtime.events import Event
+    from ..runtime.rundir import RunDir
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -59,6 +60,34 @@ def wanted(args: argparse.Namespace, after: float | None) -> Callable[[Event], b
     )
 
 
+def _check_filters(args: argparse.Namespace, run_dir: RunDir) -> None:
+    """A filter that can never match is a typo: say so (exit 2) rather than print nothing."""
+    import difflib
+
+    from ..runtime.events import KINDS
+
+    for kind in args.kind or ():
+        if kind not in KINDS:
+            close = difflib.get_close_matches(kind, KINDS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (kinds: {', '.join(KINDS)})"
+            raise UsageError(f"--kind {kind!r}: no such event kind{hint}")
+    models = _plan_models(run_dir)
+    for name in args.model or ():
+        if models is not None and name not in models:
+            close = difflib.get_close_matches(name, models, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (models: {', '.join(models)})"
+            raise UsageError(f"--model {name!r}: not a model of this stack{hint}")
+
+
+def _plan_models(run_dir: RunDir) -> list[str] | None:
+    """The stack's model names from the run's plan; None when the plan cannot be read (filter as asked)."""
+    try:
+        doc = json.loads((run_dir.bundle / "plan.json").read_text())
+        return list(doc["models"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _line(e: Event) -> str:
     doc = e.as_json()
     detail = " ".join(f"{k}={v}" for k, v in doc["detail"].items())
@@ -78,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
             f"the event log {run_dir.events} is unusable ({log.error}); the runtime writes events to "
             "its logs in state/logs/ meanwhile"
         )
+    _check_filters(args, run_dir)
     keep = wanted(args, None if args.since is None else since_ts(args.since, time.time()))
     read = log.since(0)
     last = read[-1].id if read else 0

@@ -25,9 +25,23 @@ def finish(
     explicit = m.spec.memory
     if explicit is not None:
         source = "explicit"
+        if weights.bytes > explicit:
+            warnings = [
+                *warnings,
+                loaded.source.warning(
+                    ("models", m.name, "memory"),
+                    f"memory = {explicit} bytes ({explicit / 2**30:.2f} GiB) is below the weights alone "
+                    f"({weights.bytes} bytes, {weights.bytes / 2**30:.2f} GiB, from {_what(m)}): the worker would be "
+                    "killed at its hard quota while loading; remove memory to use the estimate",
+                ),
+            ]
         if loaded.platform.kind != "cpu":
             gpu = Figure("gpu", explicit, "explicit memory, all of it assumed to be in the GPU window")
     return Estimate(m.name, source, weights, kv, compute, overhead, gpu, explicit, facts, tuple(warnings))
+
+
+def _what(m: ResolvedModel) -> str:
+    return "the file's header" if m.model_present else f'arch = "{m.spec.arch}"'
 
 
 # What puts the whole model in the GPU window, in each runtime's own terms.

@@ -17,6 +17,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+# Every kind of event the runtime records (`umemc events --kind` takes these; a test checks the code writes
+# no other): the enforcer's, the gateway's and the commands'.
+KINDS: tuple[str, ...] = (
+    "up", "down", "reconcile", "enforcer_start", "start", "exit", "soft_limit", "hard_limit_kill",
+    "leak_suspected", "give_up", "estimate_drift", "evict", "evict_deferred", "evict_failed", "cold_start",
+    "cold_start_failed", "drain_timeout", "ttl_unload", "refused", "unhealthy", "recovered", "restore",
+    "lease_grant", "lease_release", "lease_expire", "event_log_reset",
+)  # fmt: skip
 MAX_ROWS = 100_000
 MAX_AGE_S = 30 * 24 * 3600
 PRUNE_EVERY = 500

@@ -521,6 +521,15 @@ def _file(
         if path.is_dir() and not llama:
             return path, True  # torch/comfyui model directories
         fallback = f"the lock in {doc.path.stem}.calibration.json" if locked else _fallback(spec, is_mmproj)
+        if fallback is None and is_mmproj:  # one rule with model files: a missing file is said, not fatal
+            doc.warnings.append(
+                src.warning(
+                    at,
+                    f"file not found: {path}; the projector is not counted (no arch preset has one for it): "
+                    'give memory = "…" or the file',
+                )
+            )
+            return path, False
         if fallback is None:
             raise src.error(
                 at,
