@@ -92,3 +92,14 @@ def test_memory_rounds_to_the_installed_ram() -> None:
     # MemTotal of a 64 GiB Mac-less box is below 64 GiB: the preset of that size is still found
     assert preset_for(Machine("amd-apu", 62 * GiB, "x")) == "strix-halo-64"
     assert preset_for(Machine("amd-apu", 50 * GiB, "x")) is None
+
+
+def test_init_comments_show_the_real_os_reserve_default() -> None:
+    from umemc.commands.init import platform_table
+
+    # a 24 GiB box (MemTotal 24_000_000 kB rounds to 23 GiB): the default reserve is memory / 8
+    table = platform_table(None, Machine("cpu", 24_000_000 * 1024, "no unified-memory GPU found"))
+    assert '# os_reserve = "2.875GiB"  # the default (min(8 GiB, memory / 8))' in table
+    # 128 GiB: the 8 GiB cap
+    table = platform_table(None, Machine("cpu", 128 * 2**30, "no unified-memory GPU found"))
+    assert '# os_reserve = "8GiB"  # the default (min(8 GiB, memory / 8))' in table

@@ -222,3 +222,16 @@ def test_build_cli_writes_kubernetes_and_the_budget(run_cli, tmp_path: Path) -> 
     assert "kubernetes/models/chat.yaml" in out
     for path in (tmp_path / "o/kubernetes").rglob("*.yaml"):  # this machine's interpreter is not the image's
         assert sys.executable not in path.read_text(), path
+
+
+def test_node_prep_is_for_the_kubelet_not_for_umemc_up(tmp_path: Path, run_cli) -> None:
+    """The node-prep files of a Kubernetes build speak of the kubelet: no `umemc up` checks, no systemd unit
+    that would run the stack beside Kubernetes; and a build needs no model files here."""
+    code, _, err = run_cli("build", str(EXAMPLE), "--target", "kubernetes", "-o", str(tmp_path / "k"))
+    assert code == 0, err
+    readmes = sorted((tmp_path / "k/kubernetes/node-prep").glob("*/kernel/README.md"))
+    assert len(readmes) == 2
+    for readme in readmes:
+        text = readme.read_text()
+        assert "umemc up" not in text and "systemd" not in text, readme
+        assert "The kubelet runs this node's models" in text

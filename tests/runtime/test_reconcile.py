@@ -85,3 +85,13 @@ def test_try_stop_says_what_happened(stack: Any, tmp_path: Path) -> None:
     assert Supervisor(tmp_path / "none.sock").try_stop("w") == (
         "supervisord did not answer: [Errno 2] No such file or directory"
     )
+
+
+def test_up_again_reports_a_hot_worker_the_update_started(stack: Any, tmp_path: Path) -> None:
+    """A hot model added to the stack is started by supervisord's update (autostart): the reconcile event
+    names it instead of saying started=[]."""
+    r = stack(stack_text("rc-add", model("w", mode="hot"), slots=2), "--simulate")
+    (tmp_path / "stack.toml").write_text((tmp_path / "stack.toml").read_text() + model("v", mode="hot"))
+    assert up_again(r, "--simulate") == 0
+    assert r.events("reconcile")[0]["detail"] == {"held_back": {}, "started": ["v"]}
+    assert r.status()["v"]["state"] == "RUNNING"

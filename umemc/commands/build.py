@@ -109,8 +109,8 @@ def run(args: argparse.Namespace) -> int:
 
     plan = plan_from_arg(args.stack)
     out = Path(args.output) if args.output else Path("build") / plan.name
-    if args.target == "kubernetes":
-        written = build_kubernetes(plan, out, files_later=args.files_later)
+    if args.target == "kubernetes":  # the files are read on the nodes (their volume), not here: --files-later
+        written = build_kubernetes(plan, out, files_later=True)
     else:
         written = build(plan, out, files_later=args.files_later)
     out_console = console()

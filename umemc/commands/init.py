@@ -101,12 +101,16 @@ def platform_table(preset: str | None, m: Machine | None) -> str:
             f"GPU window {window}; any of them may be overridden here\n"
         )
     assert m is not None
+    from ..stack.presets import default_os_reserve
+
     whole = round(m.memory / GiB)
+    reserve = default_os_reserve(whole * GiB)
     return (
         f"[platform]\n"
         f'kind = "{m.kind}"            # detected: {m.why}\n'
         f'memory = "{whole}GiB"           # MemTotal {m.memory} bytes, rounded to the installed RAM\n'
-        f'# os_reserve = "8GiB"       # kept for the OS and everything outside the stack\n'
+        f'# os_reserve = "{reserve / GiB:g}GiB"  # the default (min(8 GiB, memory / 8)): kept for the OS and '
+        "everything outside the stack\n"
         + (
             '# gpu_window = "…GiB"      # what the GPU may map (default: derived from memory)\n'
             if m.kind != "cpu"

@@ -175,7 +175,10 @@ class Stack:
             if infos[own]["statename"] not in ("RUNNING", "STARTING"):
                 with contextlib.suppress(xmlrpc.client.Fault):  # ALREADY_STARTED: autorestart won the race
                     sup.start(own, False)
-        return self._start_hot(infos)
+        # a hot worker added or changed by the update was started by supervisord (autostart): say so
+        by_update = [n for n in changed + added if n in self.plan.models and self.plan.models[n].mode == "hot"]
+        started, held_back = self._start_hot(infos)
+        return by_update + [n for n in started if n not in by_update], held_back
 
     def _start_hot(self, infos: dict[str, dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
         from ..policy import Budget, Need, decide

@@ -142,8 +142,11 @@ def sysctl(b: Bundle) -> Files:
     return {"sysctl/90-umemc.conf": render("sysctl.conf.j2", bundle=b)}
 
 
-def kernel(b: Bundle) -> Files:
-    out = {"kernel/README.md": render("kernel/README.md.j2", bundle=b, platform=b.plan.loaded.platform)}
+def kernel(b: Bundle, kubernetes: bool = False) -> Files:
+    """The host's kernel and GPU settings; `kubernetes`: for a node whose models the kubelet runs (no
+    `umemc up` checks them, no systemd unit runs the stack)."""
+    platform = b.plan.loaded.platform
+    out = {"kernel/README.md": render("kernel/README.md.j2", bundle=b, platform=platform, kubernetes=kubernetes)}
     if b.ttm_pages is not None:
         out["kernel/amd/cmdline.txt"] = render("kernel/amd-cmdline.txt.j2", bundle=b)
         out["kernel/amd/umemc-ttm.conf"] = render("kernel/amd-modprobe.conf.j2", bundle=b)

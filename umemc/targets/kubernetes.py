@@ -381,7 +381,7 @@ def _node_prep(plan: Plan, nodes: dict[str, Node], bundles: dict[str, Bundle]) -
         "",
     ]
     for name, node in nodes.items():
-        keep = sysctl(bundles[name]) | kernel(bundles[name])
+        keep = sysctl(bundles[name]) | kernel(bundles[name], kubernetes=True)
         out |= {f"node-prep/{name}/{k}": v for k, v in keep.items()}
         p = node.plan.loaded.platform
         lines += [
@@ -394,7 +394,7 @@ def _node_prep(plan: Plan, nodes: dict[str, Node], bundles: dict[str, Bundle]) -
             "",
             f"Kernel and GPU settings: node-prep/{name}/kernel/README.md. Or, with umemc on the node:",
             f"`umemc build STACK -o DIR` and `sudo umemc apply DIR{f'/nodes/{name}' if plan.nodes else ''}` "
-            "(the systemd unit it also installs is not needed under Kubernetes).",
+            "(it also installs a systemd unit that would run the stack outside Kubernetes: leave it disabled).",
             "",
         ]
     out["node-prep/README.md"] = "\n".join(lines)
