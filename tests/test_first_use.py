@@ -23,7 +23,7 @@ def test_explicit_memory_below_the_weights_warns(write_stack, run_cli, tmp_path:
     assert (code, weights) == (0, 8_272_535_552)
     assert json.loads(out)["warnings"][0] == (
         "stack.toml:9:10: models.m.memory: memory = 2147483648 bytes (2.00 GiB) is below the weights alone "
-        '(8272535552 bytes, 7.70 GiB, from arch = "llama-3-8b"): the worker would be killed at its hard quota '
+        '(8272535552 bytes (7.70 GiB), from arch = "llama-3-8b"): the worker would be killed at its hard quota '
         "while loading; remove memory to use the estimate"
     )
 

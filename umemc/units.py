@@ -72,6 +72,11 @@ def gib(n: int | None) -> str:
     return f"{n / GiB:.1f}"
 
 
+def with_gib(n: int) -> str:
+    """Exact bytes for scripts, GiB for people: '4160749568 bytes (3.88 GiB)'."""
+    return f"{n} bytes ({n / GiB:.2f} GiB)"
+
+
 def human(n: int) -> str:
     """Bytes in the largest binary unit that keeps the figure >= 1 (for explanations)."""
     for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):

@@ -47,7 +47,7 @@ def test_llama_cpp_python_warns_about_its_full_sliding_window_cache(write_stack,
     assert json.loads(out)["warnings"][:1] == [
         "stack.toml:7:11: models.m.runtime: llama-cpp-python keeps full-size KV caches on the model's "
         "sliding-window layers (llama.cpp's swa_full default; its server has no setting for it): KV 4160749568 "
-        "bytes instead of 1325400064 with llama-server, which keeps only the window"
+        "bytes (3.88 GiB) instead of 1325400064 bytes (1.23 GiB) with llama-server, which keeps only the window"
     ]
     code, out, _ = run_cli("explain", "stack.toml", "m", cwd=tmp_path)
     assert (
@@ -57,7 +57,7 @@ def test_llama_cpp_python_warns_about_its_full_sliding_window_cache(write_stack,
     assert out.splitlines()[-1] == (
         "  warning: stack.toml:7:11: models.m.runtime: llama-cpp-python keeps full-size KV caches on the model's "
         "sliding-window layers (llama.cpp's swa_full default; its server has no setting for it): KV 4160749568 "
-        "bytes instead of 1325400064 with llama-server, which keeps only the window"
+        "bytes (3.88 GiB) instead of 1325400064 bytes (1.23 GiB) with llama-server, which keeps only the window"
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..stack.resolve import LoadedStack, ResolvedModel
+from ..units import with_gib
 from .figures import Estimate, Figure
 
 
@@ -30,9 +31,9 @@ def finish(
                 *warnings,
                 loaded.source.warning(
                     ("models", m.name, "memory"),
-                    f"memory = {explicit} bytes ({explicit / 2**30:.2f} GiB) is below the weights alone "
-                    f"({weights.bytes} bytes, {weights.bytes / 2**30:.2f} GiB, from {_what(m)}): the worker would be "
-                    "killed at its hard quota while loading; remove memory to use the estimate",
+                    f"memory = {with_gib(explicit)} is below the weights alone ({with_gib(weights.bytes)}, from "
+                    f"{_what(m)}): the worker would be killed at its hard quota while loading; remove memory to use "
+                    "the estimate",
                 ),
             ]
         if loaded.platform.kind != "cpu":

@@ -9,6 +9,7 @@ from ..catalog.archs import LLM_PRESETS, LlmPreset, LlmShape, VisionShape
 from ..catalog.quant import FILE_TYPE_BITS, REPACK_ISA, is_repacked, loaded, preset_mix, tensor_bytes
 from ..catalog.runtimes import FULL_SWA_CACHE, NO_REPACK_FLAGS
 from ..stack.resolve import LoadedStack, ResolvedModel
+from ..units import with_gib
 from .figures import Estimate, Figure
 from .finish import finish
 from .gguf_file import GgufFacts, NotGguf
@@ -256,8 +257,8 @@ def _warnings(loaded: LoadedStack, m: ResolvedModel, shape: LlmShape, ftype: str
                 src.warning(
                     at + ("runtime",),
                     f"{spec.runtime} keeps full-size KV caches on the model's sliding-window layers "
-                    f"(llama.cpp's swa_full default; its server has no setting for it): KV {kv.bytes} bytes "
-                    f"instead of {small} with llama-server, which keeps only the window",
+                    f"(llama.cpp's swa_full default; its server has no setting for it): KV {with_gib(kv.bytes)} "
+                    f"instead of {with_gib(small)} with llama-server, which keeps only the window",
                 )
             )
     if shape.unmodelled:

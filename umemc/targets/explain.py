@@ -38,7 +38,7 @@ def explain_text(plan: Plan, m: ModelPlan) -> str:
         )
     if e.explicit is not None:
         lines.append(f"  memory = {human(e.explicit)} ({e.explicit} bytes) given explicitly: it replaces the sum")
-    lines.append(f"  quota soft = estimate = {m.quota_soft} bytes")
+    lines.append(f"  quota soft = estimate = {m.quota_soft} bytes ({human(m.quota_soft)})")
     lines.append(
         f"  quota hard = estimate x (1 + quota_headroom {h}), rounded up to a MiB = {m.quota_hard} bytes "
         f"({human(m.quota_hard)})"
