@@ -21,6 +21,9 @@ TORCH_FAMILY = frozenset({"torch", "comfyui"})
 VM = "Linux Documentation/admin-guide/sysctl/vm.rst"
 
 
+WORKER_ENV_PREFIX = "UMEMC_ENV_"  # umemc.runtime.wrap renames these back before exec
+
+
 @dataclass(frozen=True)
 class Program:
     name: str
@@ -33,6 +36,14 @@ class Program:
     port: int | None
     health: str | None
     plan: ModelPlan
+
+    @property
+    def wrapped_env(self) -> tuple[tuple[str, str], ...]:
+        """The environment supervisord gives the exec wrapper: the model's own variables under UMEMC_ENV_<NAME>,
+        so the wrapper's interpreter never reads them (a PYTHONPATH, PYTHONHOME or LD_PRELOAD meant for the
+        worker cannot change what the wrapper runs); the wrapper sets them under their names just before exec."""
+        own = set(self.plan.model.spec.env)
+        return tuple((f"{WORKER_ENV_PREFIX}{k}" if k in own else k, v) for k, v in self.env)
 
 
 @dataclass(frozen=True)
@@ -141,6 +152,7 @@ def wrap_argv(plan: Plan, python: str, name: str, hard: int, soft: int, *, unset
     variable removed from every environment but the gateway's."""
     argv = (
         python,
+        "-I",  # isolated: no PYTHON* variables, no user site, no script directory on sys.path
         "-m",
         "umemc.runtime.wrap",
         "--stack",

@@ -257,3 +257,46 @@ def test_gateway_runs_in_its_own_budgeted_cgroup(stack) -> None:
     assert int(pid) in [int(p) for p in (Path(path) / "cgroup.procs").read_text().split()]
     limit = "memory.max" if version == "2" else "memory.limit_in_bytes"
     assert int((Path(path) / limit).read_text()) == 300 * MiB
+
+
+def test_a_models_python_variables_cannot_switch_off_its_wrapper(stack, tmp_path: Path) -> None:
+    """A model's PYTHONPATH pointing at a shadow umemc (whose wrap.py would exec without records or cgroup) and
+    a PYTHONHOME meant for another interpreter: the wrapper runs isolated (-I) and never reads them; the
+    worker, exec'd after, gets them under their own names."""
+    shadow = tmp_path / "shadow" / "umemc" / "runtime"
+    shadow.mkdir(parents=True)
+    for init in (shadow / "__init__.py", shadow.parent / "__init__.py"):
+        init.write_text("")
+    (shadow / "wrap.py").write_text(
+        "import os, sys\nargv = sys.argv[sys.argv.index('--') + 1:]\nos.execvp(argv[0], argv)\n"
+    )
+    dump = tmp_path / "env.json"
+    r = stack(
+        head("pyenv")
+        + worker("w", "envdump.py", "{port}", dump, memory="64MiB", port=free_port())
+        + f'[models.w.env]\nPYTHONPATH = "{tmp_path / "shadow"}"\nPYTHONDONTWRITEBYTECODE = "1"\n'
+    )
+    env = json.loads(dump.read_text())
+    assert env["PYTHONPATH"] == str(tmp_path / "shadow") and env["PYTHONDONTWRITEBYTECODE"] == "1"
+    assert not [k for k in env if k.startswith("UMEMC_ENV_")]
+    pid = record(r.run_dir, "w")  # the real wrapper recorded it; the shadow would not have
+    assert alive(pid)
+    if detect("probe")[0] is not None:
+        assert (r.run_dir / "state" / "cgroups" / "w").exists()
+
+
+def test_the_wrapper_ignores_a_broken_pythonhome(tmp_path: Path) -> None:
+    """PYTHONHOME pointing nowhere breaks a plain interpreter at start-up; the isolated wrapper does not read it
+    (the exec'd program here is not Python, so it runs)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "ok"
+    env = dict(os.environ, UMEMC_ENV_PYTHONHOME="/nonexistent", PYTHONHOME="/nonexistent")
+    argv = [sys.executable, "-I", "-m", "umemc.runtime.wrap", "--stack", "s", "--model", "m", "--hard", "0"]
+    argv += ["--soft", "0", "--cgroup", "off", "--state", str(tmp_path / "state"), "--outlive-parent", "--"]
+    argv += ["/bin/sh", "-c", f'printf %s "$PYTHONHOME" > {out}']
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert out.read_text() == "/nonexistent"
+    assert (tmp_path / "state" / "pids" / "m").exists()

@@ -221,7 +221,8 @@ def test_environment_values_carried_exactly(tmp_path: Path, programs, value: str
     stack = tmp_path / "stack.toml"
     stack.write_text(WORKER + f"[models.w.env]\nHOSTILE = {toml_str(value)}\n")
     env = programs(build_stack(stack, tmp_path / "bundle"))["w"].environment
-    assert (env["HOSTILE"], env["UMEMC_MODEL"]) == (value, "w")
+    # the model's own variables reach the wrapper renamed (it gives them their names just before exec)
+    assert (env["UMEMC_ENV_HOSTILE"], env["UMEMC_MODEL"], "HOSTILE" in env) == (value, "w", False)
 
 
 @pytest.mark.parametrize("arg", CARRIED_IN_ARGV, ids=[repr(v) for v in CARRIED_IN_ARGV])
@@ -239,7 +240,7 @@ def test_percent_and_spaces_in_cwd_carried(tmp_path: Path, programs) -> None:
     stack.write_text(WORKER + 'cwd = "dir 100%;x"\n')
     pc = programs(build_stack(stack, tmp_path / "bundle"))["w"]
     assert pc.directory == str(tmp_path / "dir 100%;x")
-    assert shlex.split(pc.command)[:3] == [sys.executable, "-m", "umemc.runtime.wrap"]
+    assert shlex.split(pc.command)[:4] == [sys.executable, "-I", "-m", "umemc.runtime.wrap"]
 
 
 def test_no_program_but_the_stacks_own(tmp_path: Path, programs) -> None:
@@ -267,6 +268,17 @@ BOUNDS = {
     "gateway port past 65535": (
         WORKER + "[gateway]\nport = 70000\n",
         "11:8: gateway.port: must be <= 65535 (got 70000)",
+    ),
+    "umemc's own variable in env": (
+        WORKER + '[models.w.env]\nUMEMC_QUOTA_HARD_BYTES = "1"\n',
+        "11:1: models.w.env.UMEMC_QUOTA_HARD_BYTES: is umemc's own: every worker gets UMEMC_MODEL, UMEMC_PORT, "
+        "UMEMC_STATE and UMEMC_QUOTA_*_BYTES from the plan (and UMEMC_ENV_* carries the model's env to it)\n"
+        "  hint: give the variable another name",
+    ),
+    "an empty command": (
+        WORKER.replace('["python3", "-c", "pass"]', '[""]'),
+        "8:12: models.w.command[0]: must name a program (got an empty string)\n"
+        '  hint: command = ["python", "-m", "my_worker", "--port", "{port}"]',
     ),
     "deep arrays": (
         "version = 1\na = " + "[" * 40 + "]" * 40 + "\n",

@@ -22,7 +22,14 @@ LOGITS_BELOW = 2
 # Mixture-of-experts graphs leave more behind at the end (the routed and shared experts' outputs of the last
 # layer, in whatever blocks the allocator kept): measured at full size, ubatch 512, with f16 and q8_0 caches
 # (bench/RESULTS.md); qwen3moe and llama-style MoE (Mixtral) keep the dense rule.
-LOGITS_BELOW_BY_ARCH = {"gpt-oss": 5, "deepseek2": 10, "glm4moe": 4, "granitehybrid": 4, "llama4": 6}
+# (with an f16/bf16/f32 cache, with a quantized one)
+LOGITS_BELOW_BY_ARCH = {
+    "gpt-oss": (5, 3),
+    "deepseek2": (10, 10),
+    "glm4moe": (4, 3),
+    "granitehybrid": (4, 4),
+    "llama4": (6, 3),
+}
 
 
 def pad(n: int, to: int) -> int:
@@ -183,9 +190,11 @@ def compute_figure(
     attn = attention_figure(shape, n_kv, n_ub, flash_attn)
     ffn = ffn_figure(shape, n_ub)
     width = shape.n_vocab if shape.causal else 0
-    below = LOGITS_BELOW_BY_ARCH.get(shape.arch) or LOGITS_BELOW + (
-        kv_type not in ("f16", "f32", "bf16") or (swa_full and any(shape.swa_layers))
-    )
+    quantized = kv_type not in ("f16", "f32", "bf16")
+    if shape.arch in LOGITS_BELOW_BY_ARCH:
+        below = LOGITS_BELOW_BY_ARCH[shape.arch][quantized]
+    else:
+        below = LOGITS_BELOW + (quantized or (swa_full and any(shape.swa_layers)))
     end = Figure(
         "logits",
         (width + below * e) * n_ub * F32,

@@ -96,6 +96,7 @@ def start_supervisord(config: Path, plan: PlanDoc, state: Path, *, foreground: b
 
     wrap = [
         sys.executable,
+        "-I",  # isolated, like every wrapper (umemc.compile.wrap_argv)
         "-m",
         "umemc.runtime.wrap",
         "--stack",

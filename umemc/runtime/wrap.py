@@ -12,6 +12,8 @@ Before anything allocates it
   forked `setsid` children included, even when supervisord and every other record are gone;
 - records `pid starttime` in DIR/pids/M (the fallback where no cgroup can be had);
 - removes the variables named by --unset (the gateway's token) from the environment;
+- gives the model's own variables their names (supervisord passes them as UMEMC_ENV_<NAME>, and this
+  interpreter runs isolated, -I, so a PYTHONPATH or PYTHONHOME meant for the worker cannot change it);
 then execs ARGV: the worker keeps this pid, so supervisord, the enforcer and the kernel see one process."""
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import os
 import signal
 import sys
+from collections.abc import MutableMapping
 from pathlib import Path
 
 from ..records import CgroupRecord, PidRecord, write_atomic
@@ -64,12 +67,23 @@ def main(argv: list[str] | None = None) -> int:
     write_record(state / "pids" / args.model, PidRecord(args.model, os.getpid(), start_time(os.getpid())).render())
     for name in args.unset:
         os.environ.pop(name, None)
+    worker_env(os.environ)
     try:
         os.execvp(command[0], command)
     except OSError as exc:
         print(f"umemc-wrap: cannot run {command[0]}: {exc.strerror}", file=sys.stderr)
         return 127
     return 0  # pragma: no cover - exec does not return
+
+
+WORKER_ENV_PREFIX = "UMEMC_ENV_"  # umemc.compile.WORKER_ENV_PREFIX
+
+
+def worker_env(env: MutableMapping[str, str]) -> None:
+    """The model's own variables arrive as UMEMC_ENV_<NAME> (this interpreter, started with -I, never read
+    them): give them their names for the worker alone."""
+    for key in [k for k in env if k.startswith(WORKER_ENV_PREFIX)]:
+        env[key[len(WORKER_ENV_PREFIX) :]] = env.pop(key)
 
 
 def die_with_parent() -> bool:

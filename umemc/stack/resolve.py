@@ -427,6 +427,14 @@ def _check_env(spec: ModelSpec, src: Source, at: tuple[str, ...], token_env: str
                 "letters, digits and '_', not starting with a digit",
                 what="key",
             )
+        if key.startswith("UMEMC_"):
+            raise src.error(
+                at + ("env", key),
+                "is umemc's own: every worker gets UMEMC_MODEL, UMEMC_PORT, UMEMC_STATE and UMEMC_QUOTA_*_BYTES "
+                "from the plan (and UMEMC_ENV_* carries the model's env to it)",
+                "give the variable another name",
+                what="key",
+            )
         if key == token_env:
             raise src.error(
                 at + ("env", key),
@@ -445,6 +453,12 @@ def _check_runtime_keys(spec: ModelSpec, src: Source, at: tuple[str, ...]) -> No
                 'required key is missing for runtime = "command"',
                 'command = ["python", "-m", "my_worker", "--port", "{port}"]',
                 what="table",
+            )
+        if not spec.command[0].strip():
+            raise src.error(
+                at + ("command", 0),
+                "must name a program (got an empty string)",
+                'command = ["python", "-m", "my_worker", "--port", "{port}"]',
             )
         if spec.memory is None:
             raise src.error(
