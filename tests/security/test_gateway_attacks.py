@@ -165,6 +165,25 @@ def test_every_lease_field_is_validated(gw: Gateway, body: str) -> None:
     assert gw.call("POST", "/umemc/leases", body.encode())[::2] == (400, err(message, code))
 
 
+DEEP = b"[" * 1500 + b"]" * 1500  # past the C parser's recursion limit, within this max_body
+DEEP_MESSAGE = "request body nests more than 64 levels of arrays or objects"
+
+
+@pytest.mark.parametrize(
+    "method,path,body",
+    [
+        ("POST", "/v1/completions", b'{"model": "a", "prompt": ' + DEEP + b"}"),
+        ("POST", "/v1/chat/completions", DEEP),
+        ("POST", "/umemc/leases", b'{"holder": "h", "bytes": 1, "x": ' + DEEP + b"}"),
+        ("POST", "/umemc/pressure", DEEP),
+    ],
+    ids=["completions", "chat", "leases", "pressure"],
+)
+def test_deeply_nested_json_is_a_400_on_every_json_endpoint(gw: Gateway, method: str, path: str, body: bytes) -> None:
+    assert gw.call(method, path, body)[::2] == (400, err(DEEP_MESSAGE, "invalid_json"))
+    assert gw.complete("a")[0] == 200  # and the gateway serves on
+
+
 def test_lease_extend_is_validated(gw: Gateway) -> None:
     status, _, granted = gw.call("POST", "/umemc/leases", {"holder": "h", "bytes": "1MiB"})
     lease = granted["lease"]["id"]

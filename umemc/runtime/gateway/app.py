@@ -100,8 +100,8 @@ def model_of(content_type: str, body: bytes) -> str:
         return _multipart_model(content_type, body)
     try:
         doc = strict_json(body) if body else None
-    except ValueError:
-        raise Refused("request body is not JSON", "invalid_json") from None
+    except ValueError as exc:
+        raise Refused(str(exc) if isinstance(exc, TooDeep) else "request body is not JSON", "invalid_json") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("model"), str) or not doc["model"]:
         raise Refused('request has no "model" field: name a model of this stack (GET /v1/models)', "model_missing")
     return str(doc["model"])
@@ -130,13 +130,48 @@ async def read_body(request: web.Request) -> bytes:
         ) from None
 
 
+MAX_JSON_DEPTH = 64  # no request of this API nests deeper than a few levels
+
+
 def strict_json(raw: bytes) -> Any:
-    """json.loads without NaN/Infinity (Python accepts them; JSON does not)."""
+    """json.loads without NaN/Infinity (Python accepts them; JSON does not) and without nesting past
+    MAX_JSON_DEPTH (3000 levels made the parser recurse until Python gave up: a 500 with a traceback)."""
 
     def refuse(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
 
-    return json.loads(raw, parse_constant=refuse)
+    if _depth(raw) > MAX_JSON_DEPTH:
+        raise TooDeep(f"request body nests more than {MAX_JSON_DEPTH} levels of arrays or objects")
+    try:
+        return json.loads(raw, parse_constant=refuse)
+    except RecursionError:  # pragma: no cover - _depth refuses such input first
+        raise TooDeep("request body nests too deeply") from None
+
+
+class TooDeep(ValueError):
+    pass
+
+
+def _depth(raw: bytes) -> int:
+    """The deepest nesting of [ and { outside strings, in one pass over the bytes."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
 
 
 async def openai(request: web.Request) -> web.StreamResponse:
@@ -353,8 +388,8 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
     raw = await read_body(request)
     try:
         doc = strict_json(raw) if raw else {}
-    except ValueError:
-        raise Refused("request body is not JSON", "invalid_json") from None
+    except ValueError as exc:
+        raise Refused(str(exc) if isinstance(exc, TooDeep) else "request body is not JSON", "invalid_json") from None
     if not isinstance(doc, dict):
         raise Refused("request body must be a JSON object", "invalid_json")
     return doc
