@@ -9,16 +9,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
+def write_atomic(path: Path, text: str, mode: int = 0o600, durable: bool = False) -> None:
     """Replace a small state file in one step (a reader sees the old or the new, never half), with
-    its mode set at creation: a secret is never briefly readable by others."""
+    its mode set at creation: a secret is never briefly readable by others. durable: on disk before it
+    returns (the file and the directory entry fsynced), for what has been promised to a client."""
     tmp = path.with_name(f".{path.name}.tmp")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     with open(fd, "w") as f:
         f.write(text)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
+    if durable:
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 @dataclass(frozen=True)

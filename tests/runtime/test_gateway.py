@@ -528,3 +528,26 @@ def test_pressure_guard_waits_for_a_worker_with_requests_in_flight(stack: Any) -
     evicted = gw.run.wait_for(lambda: gw.run.events("evict"), timeout=10, what="the eviction")
     assert [e["model"] for e in evicted] == ["low"]  # then evicted: still the lowest priority
     assert evicted[0]["time"] > deferred[0]["time"]
+
+
+def test_a_granted_lease_survives_a_kill_9_of_the_gateway_right_after(stack: Any) -> None:
+    """The lease is on disk (fsynced) before the client hears 201: a gateway killed at once finds it again."""
+    import os
+    import signal
+
+    gw = Gateway(stack(stack_text("gw-durable", model("a"), slots=2), "--simulate"))
+    pidfile = gw.run.run_dir / "state" / "pids" / "umemc-gateway"
+    before = int(pidfile.read_text().split()[0])
+    status, _, granted = gw.call("POST", "/umemc/leases", {"holder": "comfyui", "bytes": "16MiB", "ttl": "10m"})
+    os.kill(before, signal.SIGKILL)  # within microseconds of the answer
+    assert status == 201
+
+    def back() -> bool:
+        try:
+            return int(pidfile.read_text().split()[0]) != before and gw.call("GET", "/umemc/health")[0] == 200
+        except (OSError, ValueError):
+            return False
+
+    gw.run.wait_for(back, timeout=30, what="the gateway's restart")
+    ids = [x["id"] for x in gw.call("GET", "/umemc/leases")[2]["leases"]]
+    assert ids == [granted["lease"]["id"]]

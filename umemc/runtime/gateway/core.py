@@ -55,7 +55,7 @@ class Core:
     def live_leases(self) -> list[Lease]:
         raise NotImplementedError
 
-    def write_state(self, now: float, arriving: str | None = None) -> None:
+    def write_state(self, now: float, arriving: str | None = None, durable: bool = False) -> bool:
         raise NotImplementedError
 
     def _dispatch(self, m: Model) -> None:

@@ -34,6 +34,14 @@ class Leases(Core):
                 return None, decision, need
             lease = Lease(f"l-{secrets.token_hex(6)}", holder, ram, gpu, priority, time.time() + ttl, model)
             self.leases[lease.id] = lease
+            # on disk before anyone hears of it: a gateway killed right after answering 201 finds it again
+            if not self.write_state(time.time(), durable=True):
+                del self.leases[lease.id]
+                raise Refused(
+                    f"the lease could not be recorded ({self._state_error}): it is not granted",
+                    "state_unwritable",
+                    10,
+                )
             for v in decision.evict:
                 self.models[v].life.to(Phase.STOPPING, f"evicted for lease {lease.id}")
         self.events.add(
@@ -68,6 +76,7 @@ class Leases(Core):
         lease = self.leases.pop(lease_id, None)
         if lease is not None:
             self.events.add(why, None, id=lease.id, holder=lease.holder, bytes=lease.ram)
+            self.write_state(time.time(), durable=True)  # a released lease does not come back after a crash
             self.kick()
         return lease
 
@@ -77,6 +86,7 @@ class Leases(Core):
             return None
         lease = Lease(lease.id, lease.holder, lease.ram, lease.gpu, lease.priority, time.time() + ttl, lease.model)
         self.leases[lease.id] = lease
+        self.write_state(time.time(), durable=True)  # the client is told its new expiry: keep it
         return lease
 
 

@@ -140,11 +140,13 @@ class StateSync(Core):
                 self._begin_start(m, decision)
             self.events.add("restore", m.name, reason="hot worker evicted earlier fits again")
 
-    def write_state(self, now: float, arriving: str | None = None) -> None:
+    def write_state(self, now: float, arriving: str | None = None, durable: bool = False) -> bool:
         """RUN/state/gateway.json: what is in flight or queued (the enforcer's pressure guard spares
-        those workers; `arriving` is a request about to be counted) and the leases, for `umemc status`."""
+        those workers; `arriving` is a request about to be counted) and the leases, for `umemc status`.
+        durable: fsynced before it returns (a granted lease is on disk before the client hears 201).
+        False when it could not be written."""
         if self.closing:
-            return
+            return False
         models = {
             m.name: GatewayModel(
                 in_flight=m.in_flight,
@@ -165,13 +167,14 @@ class StateSync(Core):
         )
         path = self.state_dir / "gateway.json"
         try:
-            write_atomic(path, dump(doc))
+            write_atomic(path, dump(doc), durable=durable)
         except OSError as exc:
             # a full or read-only state dir never fails a request: the enforcer sees a stale file (its
             # pressure guard then spares no one it cannot see), `status` loses in-flight counts
             if str(exc) != self._state_error:
                 print(f"umemc-gateway: cannot write {path}: {exc}", file=sys.stderr, flush=True)
             self._state_error = str(exc)
-            return
+            return False
         self._state_error = None
         self._published_busy = {n for n, x in models.items() if x.in_flight or x.queued}
+        return True
