@@ -551,3 +551,23 @@ def test_a_granted_lease_survives_a_kill_9_of_the_gateway_right_after(stack: Any
     gw.run.wait_for(back, timeout=30, what="the gateway's restart")
     ids = [x["id"] for x in gw.call("GET", "/umemc/leases")[2]["leases"]]
     assert ids == [granted["lease"]["id"]]
+
+
+def test_a_request_for_a_worker_supervisord_is_restarting_waits_for_it(stack: Any) -> None:
+    """kill -9 of a serving worker: supervisord restarts it (autorestart); requests sent meanwhile wait for
+    that restart instead of failing with start_failed (ALREADY_STARTED, or the EXITED moment)."""
+    import os
+    import signal
+
+    gw = Gateway(stack(stack_text("gw-restart", model("c"), slots=2), "--simulate"))
+    assert gw.complete("c")[0] == 200
+    for _ in range(2):
+        # RUNNING: past supervisord's startsecs, so a kill is a crash it restarts, not a failed start
+        gw.run.wait_for(lambda: gw.run.status()["c"]["state"] == "RUNNING", timeout=30, what="RUNNING")
+        pid = gw.run.status()["c"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        futures = [later(gw.complete, "c") for _ in range(3)]
+        got = [f.result(timeout=60) for f in futures]
+        assert [g[0] for g in got] == [200, 200, 200], [g[2] for g in got]
+        assert gw.run.status()["c"]["pid"] != pid
+    assert gw.kinds("cold_start_failed") == []

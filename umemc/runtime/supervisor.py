@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..contract import PlanDoc
 
+ALREADY_STARTED = 60  # supervisor.xmlrpc.Faults.ALREADY_STARTED
 NOT_RUNNING = 70  # supervisor.xmlrpc.Faults.NOT_RUNNING
 
 
@@ -68,6 +69,15 @@ class Supervisor:
 
     def start(self, name: str, wait: bool = False) -> None:
         self.call("supervisor.startProcess", name, wait)
+
+    def ensure_started(self, name: str) -> None:
+        """Start a program unless supervisord is already starting it (its autorestart after a crash won the
+        race with us: ALREADY_STARTED is success, not a failure to report)."""
+        try:
+            self.start(name, False)
+        except xmlrpc.client.Fault as exc:
+            if exc.faultCode != ALREADY_STARTED:
+                raise
 
     def stop(self, name: str, wait: bool = True) -> None:
         self.call("supervisor.stopProcess", name, wait)

@@ -193,8 +193,16 @@ async def forward(request: web.Request, m: Model, path: str, body: bytes) -> web
     try:
         if m.port is None:
             raise Refused(f"model {m.name} has no port: the gateway cannot route to it", "no_port")
-        async with app[SCHED].slot(m, wait=wants_to_wait(request)):
-            resp = await _relay(request, m, path, body)
+        for attempt in (1, 2):
+            try:
+                async with app[SCHED].slot(m, wait=wants_to_wait(request)):
+                    resp = await _relay(request, m, path, body)
+                break
+            except Refused as exc:
+                # no answer began from a worker that stopped answering or died under the request (a crash
+                # supervisord is restarting): wait for it like any request for a starting worker, once
+                if exc.code not in ("upstream_unreachable", "upstream_disconnected") or attempt == 2:
+                    raise
         code = resp.status
         return resp
     except Refused as exc:
@@ -238,6 +246,9 @@ async def _relay(request: web.Request, m: Model, path: str, body: bytes) -> web.
             f"worker {m.name} is not answering on port {m.port}: {exc.strerror or exc}", "upstream_unreachable"
         ) from None
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        # before any byte of an answer: the worker died under the request (a kill, a crash); supervisord
+        # restarts it, and forward() sends the request again once it is back
+        request.app[SCHED].worker_lost(m, "closed the connection")
         raise Refused(f"worker {m.name} closed the connection: {exc}", "upstream_disconnected") from None
     except TimeoutError:
         waited = sched.gw.upstream_timeout_s

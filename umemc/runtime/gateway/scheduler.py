@@ -39,6 +39,7 @@ from .slots import Slots
 from .sync import StateSync
 
 HEALTH_POLL_S = 0.1
+EXITED_GRACE_S = 3.0  # supervisord restarts an exited autorestart program at once
 
 __all__ = ["Model", "Refused", "Scheduler", "lease_doc", "lease_json", "LIVE", "SERVING"]
 
@@ -243,16 +244,24 @@ class Scheduler(Slots, Leases, StateSync):
             await asyncio.sleep(HEALTH_POLL_S)
             m.state = (await asyncio.to_thread(self.supervisor.processes)).get(m.name, {}).get("statename", "UNKNOWN")
         if m.state not in ("RUNNING", "STARTING", "BACKOFF"):
-            await asyncio.to_thread(self.supervisor.start, m.name, False)  # spawns now: STARTING on return
+            # spawns now (STARTING on return), or supervisord's own restart after a crash already does
+            await asyncio.to_thread(self.supervisor.ensure_started, m.name)
             m.state = "STARTING"
 
     async def _wait_healthy(self, m: Model) -> None:
         deadline = time.monotonic() + self.gw.start_timeout_s
+        exited_since: float | None = None
         while time.monotonic() < deadline:
             info = (await asyncio.to_thread(self.supervisor.processes)).get(m.name, {})
             m.state = info.get("statename", "UNKNOWN")
-            failed = m.state in ("FATAL", "EXITED", "STOPPED", "UNKNOWN") or (
-                m.state == "BACKOFF" and info.get("spawnerr")
+            # EXITED is where a crashed worker waits for supervisord's autorestart (a moment): not a failure
+            # unless it stays there
+            exited_since = (exited_since or time.monotonic()) if m.state == "EXITED" else None
+            lingering = exited_since is not None and time.monotonic() - exited_since > EXITED_GRACE_S
+            failed = (
+                m.state in ("FATAL", "STOPPED", "UNKNOWN")
+                or lingering
+                or (m.state == "BACKOFF" and info.get("spawnerr"))
             )
             if failed:
                 raise Refused(
