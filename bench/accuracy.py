@@ -326,7 +326,10 @@ def full_scale(py: str, tmp: Path) -> str:
             (e.kv.bytes, real["kv"] + real["state"]),
             (e.compute.bytes, real["compute"] + real["output"]),
         ]
-        cells = [f"{a / MiB:.2f} / {b / MiB:.2f} ({(a - b) / b * 100:+.2f}%)" for a, b in pairs]
+        cells = [
+            f"{a / MiB:.2f} / {b / MiB:.2f} ({(a - b) / b * 100:+.2f}%)" if b else f"{a / MiB:.2f} / 0"
+            for a, b in pairs
+        ]
         cells.append(_peer_kv(files[name], ctx, kv, par, pairs[1][1]))
         lines.append(
             f"| {name} | {ctx} | {'on' if fa else 'off'} | {kv} | {par} | {'on' if repack else 'off'} | "
@@ -418,7 +421,7 @@ def _peer_kv(path: Path, ctx: int, kv: str, par: int, real: float) -> str:
     if not m:
         return "?"
     peer = float(m.group(1)) * MiB
-    return f"{peer / MiB:.0f} ({(peer - real) / real * 100:+.0f}%)"
+    return f"{peer / MiB:.0f} ({(peer - real) / real * 100:+.0f}%)" if real else f"{peer / MiB:.0f}"
 
 
 def _line(r: Row) -> str:
