@@ -300,3 +300,27 @@ def test_the_wrapper_ignores_a_broken_pythonhome(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert out.read_text() == "/nonexistent"
     assert (tmp_path / "state" / "pids" / "m").exists()
+
+
+@pytest.mark.parametrize("which", ["run dir", "state dir"])
+def test_up_refuses_a_symlinked_run_dir_before_touching_it(tmp_path: Path, capsys, which: str) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o755)
+    (target / "keep.txt").write_text("mine")
+    run = tmp_path / "run"
+    if which == "run dir":
+        run.symlink_to(target)
+        link = run
+    else:
+        run.mkdir()
+        (run / "state").symlink_to(target)
+        link = run / "state"
+    stack = tmp_path / "stack.toml"
+    stack.write_text(head("sym") + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port()))
+    assert main(["up", str(stack), "--run-dir", str(run), "--simulate"]) == 2
+    assert capsys.readouterr().err == (
+        f"{link} is a symlink (to {target}): umemc writes its state, secrets and logs only into a directory of "
+        "its own; give --run-dir the real path\n"
+    )
+    assert sorted(p.name for p in target.iterdir()) == ["keep.txt"]
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755

@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(highlight=False, soft_wrap=True)  # long paths and fix commands stay on one line
     run_dir = RunDir(Path(args.run_dir).absolute())
+    refuse_symlinks(run_dir)  # before anything is read for writing, created or chmod-ed
     stack = Stack(run_dir)
     state = stack.state() if run_dir.bundle.exists() else "stopped"
     if state != "running":
@@ -143,6 +144,15 @@ def write_token(run_dir: RunDir, plan: PlanDoc) -> None:
     name = None if plan.gateway is None else plan.gateway.token_env
     if name and os.environ.get(name):
         run_dir.write_secret(run_dir.token_file, os.environ[name])
+
+
+def refuse_symlinks(run_dir: RunDir) -> None:
+    linked = run_dir.symlinks()
+    if linked:
+        raise UsageError(
+            f"{linked[0]} is a symlink (to {os.readlink(linked[0])}): umemc writes its state, secrets and "
+            "logs only into a directory of its own; give --run-dir the real path"
+        )
 
 
 def install_bundle(args: argparse.Namespace, run_dir: RunDir) -> None:

@@ -73,7 +73,17 @@ class RunDir:
                 return Path(recorded)
         return self.default_socket()
 
+    def symlinks(self) -> list[Path]:
+        """The run dir and the directories umemc writes in it must be real directories: a symlink would
+        make `up` write (and chmod 0700) wherever it points, even when its preflight then refuses."""
+        state = self.state
+        paths = (self.root, self.bundle, state, self.logs, state / "pids", state / "cgroups", state / "secrets")
+        return [p for p in paths if p.is_symlink()]
+
     def prepare(self) -> None:
+        linked = self.symlinks()
+        if linked:  # callers check first; this is the last line of defence before anything is written
+            raise OSError(f"{linked[0]} is a symlink: umemc does not write through it")
         self.root.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)  # the bundle and the state hold environments and the gateway token
