@@ -17,12 +17,17 @@ def write_atomic(path: Path, text: str, mode: int = 0o600, durable: bool = False
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    with open(fd, "w") as f:
-        f.write(text)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(fd, "w") as f:
+            f.write(text)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no half-written temporary left behind
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     if durable:
         dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
         try:

@@ -4,6 +4,7 @@ test: nothing of a stack outlives `umemc down`, and nothing stops the enforcer o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -324,3 +325,58 @@ def test_up_refuses_a_symlinked_run_dir_before_touching_it(tmp_path: Path, capsy
     )
     assert sorted(p.name for p in target.iterdir()) == ["keep.txt"]
     assert stat.S_IMODE(target.stat().st_mode) == 0o755
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A 48 MiB tmpfs of its own (the machine's disk is never filled); skipped where mounting is not allowed."""
+    import subprocess
+
+    where = tmp_path / "small"
+    where.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(where)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_full_state_dir_does_not_take_the_stack_down(small_tmpfs: Path, capsys) -> None:
+    """The run dir on a small tmpfs, filled to the last byte, then kill -9 of one worker: supervisord cannot
+    write a log line, but it supervises on (its log lines are dropped, not fatal), restarts the worker, and
+    `down` stops everything while the disk is still full."""
+    from tests.runtime.conftest import bring_down, bring_up
+
+    r = bring_up(
+        small_tmpfs,
+        head("full")
+        + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port())
+        + worker("s", "steady.py", "{port}", 5, memory="64MiB", port=free_port()),
+    )
+    try:
+        r.wait_for(lambda: {m["state"] for m in r.status().values()} == {"RUNNING"}, timeout=30, what="RUNNING")
+        before = {n: m["pid"] for n, m in r.status().items()}
+        supervisord = record(r.run_dir, "umemc-supervisord")
+        with open(small_tmpfs / "fill", "wb") as f:  # every last block
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(b"\0" * (1 << 20))
+                    f.flush()
+        # tmpfs gives out whole pages: a log whose last page has room would still take a line. Fill every
+        # log's last page too, so the next line supervisord writes (its own, or a traceback) finds no room.
+        for log in [*r.run_dir.joinpath("state").glob("*.log"), *r.run_dir.joinpath("state/logs").glob("*")]:
+            with contextlib.suppress(OSError), open(log, "ab") as f:
+                f.write(b"\0" * (-f.tell() % 4096))
+        os.kill(before["w"], signal.SIGKILL)
+        r.wait_for(
+            lambda: r.status()["w"]["pid"] not in (None, before["w"]) and r.status()["w"]["state"] == "RUNNING",
+            timeout=30,
+            what="the restart of w on a full disk",
+        )
+        assert alive(supervisord) and r.status()["s"]["pid"] == before["s"]
+        assert main(["status", "--run-dir", str(r.run_dir)]) == 0
+    finally:
+        capsys.readouterr()
+        bring_down(r)  # while the disk is still full: down stops everything, records and cgroups included

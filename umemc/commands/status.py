@@ -57,6 +57,8 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
     gateway = _read(GatewayState, run_dir.state / "gateway.json", problems) if running else None
     if live is not None and live.events_error:
         problems.append(f"event log: {live.events_error} (events go to the enforcer's log meanwhile)")
+    elif running:
+        problems += _event_log_problems(run_dir.events)
     if live is not None and live.events_moved_to:
         problems.append(f"the event log was corrupt: moved to {live.events_moved_to}, a new one started")
     out: dict[str, Any] = {
@@ -98,6 +100,19 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
 
 
 OWN_PROGRAMS = ("umemc-enforcer", "umemc-gateway")
+
+
+def _event_log_problems(path: Path) -> list[str]:
+    """What a look at the file says, without writing to it: a running stack always has its event log."""
+    import os
+
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        return [f"event log: {path} is not a regular file (events go to the workers' logs meanwhile)"]
+    if not path.exists():
+        return [f"event log: {path} is missing (deleted?); the runtime starts a new one with its next event"]
+    if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
+        return [f"event log: {path} is not writable (events go to the runtime's logs meanwhile)"]
+    return []
 
 
 def _read(kind: type[Doc], path: Path, problems: list[str]) -> Doc | None:

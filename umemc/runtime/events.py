@@ -9,6 +9,7 @@ history rather than an exception."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import sys
 import time
@@ -65,6 +66,7 @@ class EventLog:
         self.moved_to: Path | None = None  # where a corrupt database was moved
         self._since_prune = 0
         self._next_try = 0.0
+        self._inode: int | None = None
         self._open()
 
     # -- opening, recovering ----------------------------------------------------------------------
@@ -99,10 +101,24 @@ class EventLog:
             db.execute("PRAGMA synchronous=NORMAL")
             db.executescript(_SCHEMA)
             db.execute("SELECT COUNT(*) FROM events").fetchone()
+            self._inode = _inode(self.path)
         except sqlite3.Error:
             db.close()
             raise
         return db
+
+    def _replaced(self) -> bool:
+        """The file this connection writes is no longer at its path (deleted, or replaced): an open
+        SQLite connection would go on writing into the unlinked file, and every event would be lost."""
+        return self.db is not None and _inode(self.path) != self._inode
+
+    def _reopen_if_replaced(self) -> None:
+        if not (self.recover and self._replaced()):
+            return
+        self.close()
+        self._open()
+        if self.db is not None:
+            self.add("event_log_reset", None, reason=f"{self.path} was deleted or replaced while in use")
 
     def _move_aside(self, exc: BaseException) -> None:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
@@ -132,6 +148,8 @@ class EventLog:
     def add(self, kind: str, model: str | None = None, **detail: Any) -> None:
         ts = time.time()
         text = json.dumps(detail, sort_keys=True, default=str)
+        if kind != "event_log_reset":
+            self._reopen_if_replaced()
         if self._usable():
             assert self.db is not None
             try:
@@ -197,6 +215,13 @@ class EventLog:
             except sqlite3.Error:
                 pass
             self.db = None
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
 
 
 def _event(row: Any) -> Event:

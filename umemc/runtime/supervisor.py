@@ -123,7 +123,8 @@ def start_supervisord(config: Path, plan: PlanDoc, state: Path, *, foreground: b
         str(state),
         "--outlive-parent",
     ]
-    argv = [*wrap, "--", sys.executable, "-m", "supervisor.supervisord", "-n", "-c", str(config)]
+    # umemc.runtime.supervisord: the real supervisord, which a full state directory no longer kills
+    argv = [*wrap, "--", sys.executable, "-m", "umemc.runtime.supervisord", "-n", "-c", str(config)]
     if plan.memlock:
         _raise_memlock()
     env = dict(os.environ)
