@@ -380,3 +380,62 @@ def test_a_full_state_dir_does_not_take_the_stack_down(small_tmpfs: Path, capsys
     finally:
         capsys.readouterr()
         bring_down(r)  # while the disk is still full: down stops everything, records and cgroups included
+
+
+def test_without_cgroups_down_and_the_enforcer_find_a_double_forked_daemon(stack, tmp_path: Path, capsys) -> None:
+    """kernel_enforcement = "off": no cgroup knows the worker's setsid grandchild. It still carries the run's
+    mark (UMEMC_RUN, UMEMC_MODEL from the exec wrapper): the enforcer counts its memory against the worker's
+    quota (and kills it with the worker), and `down` finds and kills it."""
+    pidfile = tmp_path / "grandchild.pid"
+    r = stack(
+        head("nocg", 'kernel_enforcement = "off"\nquota_headroom = 0.1')
+        + worker("w", "forker.py", "{port}", pidfile, 0, memory="100MiB", port=free_port())
+        + worker("x", "forker.py", "{port}", tmp_path / "big.pid", 200, memory="100MiB", port=free_port())
+    )
+    small = int(r.wait_for(lambda: pidfile.exists() and pidfile.read_text(), what="w's grandchild"))
+    # x's grandchild holds 200 MiB against x's 110 MiB hard quota: found within the escape sweep, killed with x
+    kill = r.wait_for(
+        lambda: [e for e in r.events("hard_limit_kill") if e["model"] == "x"], timeout=30, what="x's kill"
+    )
+    assert kill[0]["detail"]["usage_bytes"] > 110 * MiB
+    big = int((tmp_path / "big.pid").read_text()) if (tmp_path / "big.pid").exists() else None
+    if big is not None:
+        r.wait_for(lambda: not alive(big) or int((tmp_path / "big.pid").read_text()) != big, what="x's daemon gone")
+    assert alive(small)
+    capsys.readouterr()
+    assert main(["down", "--run-dir", str(r.run_dir)]) == 0
+    assert not alive(small)
+
+
+def test_down_never_kills_what_a_forged_record_names(stack, tmp_path: Path, capsys) -> None:
+    """A record copied from another stack's run dir names a real process with the right start time: `down`
+    checks the run's mark before it kills, says so, and leaves the other stack running."""
+    from tests.runtime.conftest import bring_down, bring_up
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = bring_up(
+        tmp_path / "a", head("forged-a") + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port())
+    )
+    b = bring_up(
+        tmp_path / "b", head("forged-b") + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port())
+    )
+    try:
+        victim = record(b.run_dir, "w")
+        for folder in ("pids", "cgroups"):
+            src = b.run_dir / "state" / folder / "w"
+            if src.exists():
+                (a.run_dir / "state" / folder / "intruder").write_text(src.read_text())
+        capsys.readouterr()
+        assert main(["down", "--run-dir", str(a.run_dir)]) == 0
+        out = capsys.readouterr().out
+        assert (
+            f"down: record intruder: pid {victim} is not a process of this run (copied from another run, or forged): "
+            "not killed, record removed\n" in out
+        )
+        assert alive(victim) and b.status()["w"]["state"] == "RUNNING"
+        assert not (a.run_dir / "state" / "pids" / "intruder").exists()
+    finally:
+        bring_down(b)
+        if (a.run_dir / "state").exists():
+            main(["down", "--run-dir", str(a.run_dir)])

@@ -39,9 +39,12 @@ def run(args: argparse.Namespace) -> int:
         running = False
     pids: list[int] = []
     killed: list[int] = []
+    foreign = stack.foreign_records()  # before the sweep forgets them: say what was not ours
     if running:
         pids, killed = stack.stop_all()
     orphans, left = stack.sweep()
+    for problem in foreign:
+        print(f"down: record {problem} (copied from another run, or forged): not killed, record removed")
     stale = stack.clean_stale()
     stack.remove_private_socket_dir()
     _record(run_dir, running, pids, killed, orphans, left)

@@ -29,10 +29,10 @@ from ..errors import RuntimeFailure
 from ..policy import Held, Lease
 from .cgroups import Cgroup, run_backends
 from .events import EventLog
-from .probes.proc import ProcTree, alive
+from .probes.proc import ProcTree, alive, marked_processes, run_environ
 from .rundir import ENFORCER, GATEWAY, SUPERVISORD, RunDir
 from .supervisor import Supervisor
-from .wrap import start_time
+from .wrap import run_mark, start_time
 
 OWN = (ENFORCER, GATEWAY)  # umemc's own programs in the stack's supervisord
 RPC_ERRORS = (OSError, xmlrpc.client.Error, http.client.HTTPException)
@@ -90,43 +90,82 @@ class Stack:
 
     def leftovers(self) -> dict[str, list[int]]:
         """Processes of this run still alive, by name: members of the run's cgroups (found by name, so
-        no record is needed) and recorded pids whose start time still matches. With supervisord
-        running these are its programs; without it, orphans."""
+        no record is needed), recorded pids whose start time still matches and that carry the run's mark,
+        and any other process carrying the mark (a double-forked daemon where no cgroup holds it). With
+        supervisord running these are its programs; without it, orphans."""
         out: dict[str, set[int]] = {}
         for group in self._groups():
             pids = [p for p in group.pids() if alive(p)]
             if pids:
                 out.setdefault(group.path.name, set()).update(pids)
         for record in self.run.records():
-            if _same_process(record):
+            if _same_process(record) and self.belongs(record.pid):
                 out.setdefault(record.name, set()).add(record.pid)
+        seen = {p for pids in out.values() for p in pids}
+        for pid, model in self._marked():
+            if pid not in seen:
+                out.setdefault(model or "unrecorded", set()).add(pid)
         return {name: sorted(pids) for name, pids in sorted(out.items())}
 
+    def belongs(self, pid: int) -> bool:
+        """Whether a process is of this run: it carries the run's mark (UMEMC_RUN, set by the exec wrapper and
+        inherited) or sits in one of the run's own cgroups. A record copied from another run names a real
+        process, with the right start time, that is not ours: it is never killed."""
+        if _mark_of(pid) == self.mark:
+            return True
+        return any(pid in g.pids() for g in self._own_groups())
+
+    @property
+    def mark(self) -> str:
+        return run_mark(self.run.state)
+
+    def foreign_records(self) -> list[str]:
+        """Records naming a live process that is not of this run (forged, or copied from another run)."""
+        return [
+            f"{r.name}: pid {r.pid} is not a process of this run"
+            for r in self.run.records()
+            if _same_process(r) and not self.belongs(r.pid)
+        ]
+
+    def _marked(self) -> list[tuple[int, str | None]]:
+        """Every process carrying this run's mark, with the model it was started for (UMEMC_MODEL)."""
+        return marked_processes(self.mark)
+
+    def _own_groups(self) -> list[Cgroup]:
+        return [g for b in run_backends(self.run.state) for g in b.groups()]
+
     def _groups(self) -> list[Cgroup]:
-        """The run's cgroups: by name below umemc's own cgroup, plus any recorded elsewhere."""
-        groups = {g.path: g for b in run_backends(self.run.state) for g in b.groups()}
+        """The run's cgroups: by name below umemc's own cgroup, plus any recorded elsewhere that is named
+        for this run (a record pointing at another run's group is ignored)."""
+        from .cgroups import group_name
+
+        groups = {g.path: g for g in self._own_groups()}
         folder = self.run.state / "cgroups"
+        ours = group_name(self.name(), self.run.state)
         with contextlib.suppress(OSError):
             for record in folder.iterdir():
                 with contextlib.suppress(OSError, ValueError, IndexError):
                     rec = CgroupRecord.parse(record.read_text())
-                    if rec.path.is_dir():
+                    if rec.path.is_dir() and ours in rec.path.parts:
                         groups.setdefault(rec.path, Cgroup(rec.version, rec.path))
         return list(groups.values())
 
     def sweep(self) -> tuple[list[int], dict[str, list[int]]]:
         """Kill every process of the run that is still alive, whatever supervisord's fate: all members
-        of its cgroups (double-forked `setsid` children too), then recorded pids with their process
-        groups. Then remove the cgroups, and forget only the records of what is gone.
-        Returns (pids killed, what survived by name: records of those are kept)."""
+        of its cgroups (double-forked `setsid` children too), recorded pids of this run with their process
+        groups, and every process carrying the run's mark. Then remove the cgroups, and forget only the
+        records of what is gone. Returns (pids killed, what survived by name: records of those are kept)."""
         before = self.leftovers()
         for group in self._groups():
             group.kill_all()
         for record in self.run.records():
             if _same_process(record):
-                _kill_group(record.pid)
+                if self.belongs(record.pid):
+                    _kill_group(record.pid)
             elif not Path(f"/proc/{record.pid}").exists():
                 _kill_group(record.pid)  # the leader is gone, its group may not be: a free pid is never a pgid
+        for pid, _ in self._marked():
+            _kill_group(pid)
         deadline = time.monotonic() + 5
         while (left := self.leftovers()) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -389,6 +428,10 @@ def healthy(port: int | None, path: str | None) -> bool:
 def _same_process(record: PidRecord) -> bool:
     """The recorded pid still names the recorded process (not a later one that reused the pid)."""
     return alive(record.pid) and start_time(record.pid) == record.start
+
+
+def _mark_of(pid: int) -> str | None:
+    return run_environ(pid).get("UMEMC_RUN")
 
 
 def _kill_group(pid: int) -> None:

@@ -50,13 +50,15 @@ from .events import EventLog
 from .probes import nvidia
 from .probes.drm import DrmProbe
 from .probes.meminfo import MemAvailable
-from .probes.proc import ProcTree
+from .probes.proc import ProcTree, marked_processes
 from .supervisor import Supervisor
+from .wrap import run_mark, start_time
 
 FAST_S = 0.005  # sampling period of a worker above NEAR of its hard quota
 NEAR = 0.75
 SOFT_REARM = 0.95
 SLOW_EVERY_S = 1.0  # process trees, kernel OOM counters, leak samples, status file
+ESCAPED_EVERY_S = 5.0  # without a cgroup: look for processes that left a worker's tree (by the run's mark)
 POLL_EVERY_S = 5.0  # supervisord's process list, also fetched whenever supervisord's children change
 NVIDIA_EVERY_S = 2.0
 LEAK_MIN_R2 = 0.8
@@ -95,6 +97,7 @@ class Worker:
     reserved: int = 0  # what the worker's own ledger (umemc.worker) reports
     oom_pending: bool = False
     ended: deque[int] = field(default_factory=lambda: deque(maxlen=8))  # pids killed and recorded as exited
+    escaped: list[tuple[int, int]] = field(default_factory=list)  # (pid, start) of processes that left its tree
 
     @property
     def usage(self) -> int:
@@ -125,7 +128,8 @@ class Enforcer:
         self._gateway_error: str | None = None
         self.evict_wait_until = 0.0
         self.pressure = 0.0
-        self._last_slow = self._last_poll = 0.0
+        self._last_slow = self._last_poll = self._last_escaped = 0.0
+        self._mark = run_mark(self.state_dir)
         self._gone = False
         self._sv_pid: int | None = None
         self._sv_children: frozenset[int] = frozenset()
@@ -206,6 +210,8 @@ class Enforcer:
         """Every second: the bookkeeping that needs more syscalls than a sample."""
         self._last_slow = now
         self._refresh_nvidia(now)
+        if now - self._last_escaped >= ESCAPED_EVERY_S:
+            self._find_escaped(now)
         for w in self.workers.values():
             self._check_kernel(w)  # before _track: a kernel kill ends the process it counts
             self._track(w, self._infos.get(w.name), now)
@@ -261,9 +267,12 @@ class Enforcer:
             w.oom_seen = w.cgroup.oom_kills()
 
     def _refresh(self, w: Worker, now: float) -> None:
-        """The worker's process tree, its GPU descriptors, activity, and a 1 Hz usage sample."""
+        """The worker's process tree (with what escaped it), its GPU descriptors, activity, and a 1 Hz usage
+        sample."""
         assert w.pid is not None
         w.pids = self.proc.descendants(w.pid)
+        w.escaped = [(p, t) for p, t in w.escaped if p not in w.pids and start_time(p) == t]
+        w.pids += [p for p, _ in w.escaped]
         if self.kind == "amd-apu":
             self.drm.refresh(w.pids)
         w.cpu_side, w.gpu_side = self._cpu_side(w), self._gpu(w.pids)
@@ -273,6 +282,20 @@ class Enforcer:
         if cpu != w.last_cpu:
             w.last_cpu, w.last_active = cpu, now
         w.reserved = self._reserved(w)
+
+    def _find_escaped(self, now: float) -> None:
+        """A worker without a cgroup of its own can leave its tree (fork, setsid, fork): its processes still
+        carry the run's mark and their model's name (set by the exec wrapper, inherited), so they are found
+        and counted against its quota, and killed with it."""
+        self._last_escaped = now
+        untracked = [w for w in self.workers.values() if w.pid and w.cgroup is None]
+        if not untracked:
+            return
+        by_model = {w.name: w for w in untracked}
+        for pid, model in marked_processes(self._mark):
+            w = by_model.get(model or "")
+            if w is not None and pid not in w.pids and pid != w.pid:
+                w.escaped.append((pid, start_time(pid)))
 
     def _reserved(self, w: Worker) -> int:
         doc = read_optional(WorkerReport, self.state_dir / "workers" / f"{w.name}.json")

@@ -12,6 +12,7 @@ Before anything allocates it
   forked `setsid` children included, even when supervisord and every other record are gone;
 - records `pid starttime` in DIR/pids/M (the fallback where no cgroup can be had);
 - removes the variables named by --unset (the gateway's token) from the environment;
+- marks the environment with the run's id (UMEMC_RUN), which every descendant inherits;
 - gives the model's own variables their names (supervisord passes them as UMEMC_ENV_<NAME>, and this
   interpreter runs isolated, -I, so a PYTHONPATH or PYTHONHOME meant for the worker cannot change it);
 then execs ARGV: the worker keeps this pid, so supervisord, the enforcer and the kernel see one process."""
@@ -68,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.unset:
         os.environ.pop(name, None)
     worker_env(os.environ)
+    # the run's mark, inherited by everything this process starts (double-forked daemons too): `umemc down`
+    # finds the run's processes by it where no cgroup can, and kills nothing that does not carry it
+    os.environ[RUN_MARK] = run_mark(state)
     try:
         os.execvp(command[0], command)
     except OSError as exc:
@@ -77,6 +81,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 WORKER_ENV_PREFIX = "UMEMC_ENV_"  # umemc.compile.WORKER_ENV_PREFIX
+RUN_MARK = "UMEMC_RUN"
+
+
+def run_mark(state: Path) -> str:
+    """The run's id (umemc.runtime.cgroups.run_id: the state directory's path, hashed)."""
+    import hashlib
+
+    return hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:8]
 
 
 def worker_env(env: MutableMapping[str, str]) -> None:

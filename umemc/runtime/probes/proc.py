@@ -18,6 +18,36 @@ def alive(pid: int) -> bool:
         return False
 
 
+def run_environ(pid: int) -> dict[str, str]:
+    """The run's mark and model (UMEMC_RUN, UMEMC_MODEL) from a process's initial environment."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key in (b"UMEMC_RUN", b"UMEMC_MODEL"):
+            out[key.decode()] = value.decode(errors="replace")
+    return out
+
+
+def marked_processes(mark: str, proc: str = "/proc") -> list[tuple[int, str | None]]:
+    """Every live process carrying a run's mark (set by umemc's exec wrapper and inherited by everything
+    it starts), with the model it was started for. One pass over /proc: for `down` and a 5 s sweep."""
+    out = []
+    me = os.getpid()
+    for entry in os.scandir(proc):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        pid = int(entry.name)
+        env = run_environ(pid)
+        if env.get("UMEMC_RUN") == mark and alive(pid):
+            out.append((pid, env.get("UMEMC_MODEL")))
+    return out
+
+
 class ProcTree:
     """Resident bytes of a root process and all its descendants; descriptors are cached per pid."""
 
