@@ -439,3 +439,67 @@ def test_down_never_kills_what_a_forged_record_names(stack, tmp_path: Path, caps
         bring_down(b)
         if (a.run_dir / "state").exists():
             main(["down", "--run-dir", str(a.run_dir)])
+
+
+@pytest.mark.parametrize("enforcement", ["auto", "off"])
+def test_a_read_only_state_dir_does_not_block_a_restart(stack, tmp_path: Path, enforcement: str) -> None:
+    """state/pids and state/cgroups made read-only (bind mounts), a stale cgroup record in the way: the exec
+    wrapper cannot write or remove a worker's records, says so, and starts it anyway; supervisord restarts a
+    killed worker as before."""
+    import subprocess
+
+    policy = f'kernel_enforcement = "{enforcement}"'
+    r = stack(head("rostate", policy) + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port()))
+    r.wait_for(lambda: r.status()["w"]["state"] == "RUNNING", timeout=30, what="RUNNING")
+    stale = r.run_dir / "state" / "cgroups" / "w"
+    if not stale.exists():
+        stale.parent.mkdir(mode=0o700, exist_ok=True)
+        stale.write_text("2 /nonexistent 1\n")  # what a crashed run with cgroups would have left
+    mounted = []
+    try:
+        for folder in ("pids", "cgroups"):
+            d = str(r.run_dir / "state" / folder)
+            if subprocess.run(["mount", "--bind", d, d], capture_output=True).returncode != 0:
+                pytest.skip("cannot bind-mount here")
+            mounted.append(d)
+            subprocess.run(["mount", "-o", "remount,bind,ro", d], check=True)
+        before = r.status()["w"]["pid"]
+        os.kill(before, signal.SIGKILL)
+        r.wait_for(
+            lambda: r.status()["w"]["pid"] not in (None, before)
+            and r.status()["w"]["state"] in ("STARTING", "RUNNING"),
+            timeout=30,
+            what="the restart with read-only records",
+        )
+        log = r.run_dir / "state" / "logs" / "w.err.log"
+        err = r.wait_for(lambda: log.read_text().count("steady: ready") == 2 and log.read_text(), what="w ready again")
+        assert (
+            f"umemc-wrap: cannot record {r.run_dir}/bundle/../state/pids/w: Read-only file system; starting anyway"
+            in err
+        )
+        r.wait_for(lambda: r.status()["w"]["state"] == "RUNNING", timeout=30, what="RUNNING again")
+    finally:
+        for d in reversed(mounted):
+            subprocess.run(["umount", d], check=False)
+
+
+def test_a_deleted_event_log_is_said_and_started_anew(stack, capsys) -> None:
+    """events.db deleted under a running stack: `status` says the log is missing; the next event (a cold start
+    through the gateway) reopens it with an event_log_reset first, so nothing after the deletion is lost."""
+    from tests.runtime.test_gateway import Gateway, model, stack_text
+
+    gw = Gateway(stack(stack_text("evdel", model("c"), slots=2), "--simulate"))
+    events = gw.run.run_dir / "state" / "events.db"
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{events}{suffix}").unlink(missing_ok=True)
+    capsys.readouterr()
+    assert main(["status", "--run-dir", str(gw.run.run_dir)]) == 0
+    assert (
+        f"event log: {events} is missing (deleted?); the runtime starts a new one with its next event"
+        in capsys.readouterr().err
+    )
+    assert gw.complete("c")[0] == 200
+    kinds = [e["kind"] for e in gw.run.events()]
+    assert kinds[:1] == ["event_log_reset"] and "cold_start" in kinds
+    reset = gw.run.events("event_log_reset")[0]["detail"]
+    assert reset == {"reason": f"{events} was deleted or replaced while in use"}

@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     record = state / "cgroups" / args.model
     if args.cgroup == "auto":
         place(args.stack, args.model, args.hard, args.soft, state, record)
-    elif record.exists():
-        record.unlink()
+    else:
+        forget(record)
     write_record(state / "pids" / args.model, PidRecord(args.model, os.getpid(), start_time(os.getpid())).render())
     for name in args.unset:
         os.environ.pop(name, None)
@@ -126,8 +126,16 @@ def write_record(path: Path, text: str) -> None:
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_atomic(path, text)
-    except OSError as exc:  # a full disk must not stop the worker: cgroups and process groups still find it
-        print(f"umemc-wrap: cannot record {path}: {exc.strerror}", file=sys.stderr)
+    except OSError as exc:  # a full disk must not stop the worker: cgroups and the run's mark still find it
+        print(f"umemc-wrap: cannot record {path}: {exc.strerror}; starting anyway", file=sys.stderr)
+
+
+def forget(record: Path) -> None:
+    """A stale record goes; a read-only or full state dir must not stop the start (said, not fatal)."""
+    try:
+        record.unlink(missing_ok=True)
+    except OSError as exc:
+        print(f"umemc-wrap: cannot remove {record}: {exc.strerror}; starting anyway", file=sys.stderr)
 
 
 def place(stack: str, model: str, hard: int, soft: int, state: Path, record: Path) -> None:
@@ -136,8 +144,7 @@ def place(stack: str, model: str, hard: int, soft: int, state: Path, record: Pat
     backend, reason = detect(group_name(stack, state))
     if backend is None:
         print(f"umemc-wrap: no kernel enforcement for {model}: {reason}", file=sys.stderr)
-        if record.exists():
-            record.unlink()
+        forget(record)
         return
     try:
         group = backend.create(model, hard, soft)
