@@ -258,10 +258,13 @@ class Scheduler(Slots, Leases, StateSync):
             # unless it stays there
             exited_since = (exited_since or time.monotonic()) if m.state == "EXITED" else None
             lingering = exited_since is not None and time.monotonic() - exited_since > EXITED_GRACE_S
+            # BACKOFF after "Exited too quickly" is supervisord retrying (startretries): wait for it; another
+            # spawn error (a missing command) does not heal
+            retrying = "Exited too quickly" in str(info.get("spawnerr") or "")
             failed = (
                 m.state in ("FATAL", "STOPPED", "UNKNOWN")
                 or lingering
-                or (m.state == "BACKOFF" and info.get("spawnerr"))
+                or (m.state == "BACKOFF" and bool(info.get("spawnerr")) and not retrying)
             )
             if failed:
                 raise Refused(
