@@ -571,3 +571,22 @@ def test_a_request_for_a_worker_supervisord_is_restarting_waits_for_it(stack: An
         assert [g[0] for g in got] == [200, 200, 200], [g[2] for g in got]
         assert gw.run.status()["c"]["pid"] != pid
     assert gw.kinds("cold_start_failed") == []
+
+
+def test_a_worker_that_cannot_start_is_said_once_supervisord_gives_up(stack: Any) -> None:
+    """A command that does not exist: supervisord retries it (BACKOFF, "Exited too quickly"), the request waits
+    through those retries, and is answered with why once supervisord gives up (FATAL)."""
+    text = stack_text("gw-fatal", "", slots=2) + (
+        f'\n[models.x]\nruntime = "command"\ncommand = ["/nonexistent/worker", "{{port}}"]\nmemory = "64MiB"\n'
+        f'port = {free_port()}\nmode = "cold"\n'
+    )
+    gw = Gateway(stack(text, "--force"))  # preflight says the executable is missing; forced anyway
+    status, _, body = gw.complete("x")
+    assert (status, body["error"]["code"]) == (503, "start_failed")
+    assert body["error"]["message"].startswith("worker x failed to start: it is FATAL")
+    [(name, _, detail)] = gw.kinds("cold_start_failed")
+    assert name == "x" and "FATAL" in detail["reason"]
+    assert (
+        "umemc-wrap: cannot run /nonexistent/worker: No such file or directory"
+        in (gw.run.run_dir / "state" / "logs" / "x.err.log").read_text()
+    )
