@@ -68,6 +68,8 @@ class PolicyDoc(_Doc):
     leak_window_s: float
     max_kills: int
     kill_window_s: float
+    # added in plan version 1's lifetime: defaults keep plans written before them readable
+    max_generating: int | None = None
 
 
 class GatewayDoc(_Doc):
@@ -130,6 +132,7 @@ class ModelDoc(_Doc):
     mlock: bool
     # added in plan version 1's lifetime: defaults keep plans written before them readable
     needs_model_file: bool = False  # the runtime cannot start without one (llama.cpp, whisper.cpp)
+    generation_weight: float = 1.0
     pinned_flags: list[str] = []  # flags the runtime's --help must list (preflight: too old a runtime?)
     help_argv: list[str] = []  # how to ask the runtime for its --help
     reports_buffers: bool = False  # llama.cpp: its log states its buffer sizes (the enforcer's drift check)

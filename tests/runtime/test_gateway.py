@@ -590,3 +590,40 @@ def test_a_worker_that_cannot_start_is_said_once_supervisord_gives_up(stack: Any
         "umemc-wrap: cannot run /nonexistent/worker: No such file or directory"
         in (gw.run.run_dir / "state" / "logs" / "x.err.log").read_text()
     )
+
+
+def test_max_generating_caps_generations_across_models_by_priority_then_fifo(stack: Any) -> None:
+    """policy.max_generating = 1: one generation in flight across the stack; while c generates, b (priority 50)
+    and then a (priority 90) wait; a goes first, then b, whatever their arrival order. Visible in
+    /umemc/status and /metrics (the wait apart from the latency)."""
+    text = stack_text(
+        "gw-gen",
+        model("a", priority=90, mode="hot") + model("b", priority=50, mode="hot") + model("c", priority=50, mode="hot"),
+        slots=3,
+    ).replace("evict_above = 0.95\n", "evict_above = 0.95\nmax_generating = 1\n")
+    gw = Gateway(stack(text, "--simulate"))
+    done: dict[str, float] = {}
+
+    def run(name: str, delay: float) -> int:
+        status = gw.complete(name, delay=delay)[0]
+        done[name] = time.monotonic()
+        return status
+
+    long = later(run, "c", 1.5)
+    gw.run.wait_for(lambda: gw.status()["generation"]["in_use"] == 1, timeout=10, what="c generating")
+    b = later(run, "b", 0.1)
+    gw.run.wait_for(lambda: gw.status()["generation"]["waiting"] == 1, timeout=10, what="b waiting")
+    a = later(run, "a", 0.1)
+    gw.run.wait_for(lambda: gw.status()["generation"]["waiting"] == 2, timeout=10, what="a waiting")
+    assert gw.status()["generation"] == {"max": 1, "in_use": 1.0, "waiting": 2}
+    assert [f.result(timeout=30) for f in (long, b, a)] == [200, 200, 200]
+    assert done["c"] < done["a"] < done["b"]  # priority first, not arrival
+    metrics = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(gw.call("GET", "/metrics")[2])
+        for s in f.samples
+    }
+    assert metrics[("umemc_generation_max", ())] == 1.0
+    assert metrics[("umemc_generation_wait_seconds_count", (("model", "a"),))] == 1.0
+    assert metrics[("umemc_generation_wait_seconds_count", (("model", "b"),))] == 1.0
+    assert metrics[("umemc_generation_wait_seconds_sum", (("model", "b"),))] > 1.0  # c's 1.5 s, then a's

@@ -97,6 +97,14 @@ class Policy(_Strict):
         description="Hard-limit kills within kill_window after which the worker is left stopped instead of restarted.",
     )
     kill_window: Duration = Field(600.0, ge=1, description='Window for max_kills (default "10m").')
+    max_generating: int | None = Field(
+        None,
+        gt=0,
+        le=4096,
+        description="Generations in flight at once across the whole stack (they share one memory bus); each "
+        "request takes its model's generation_weight; more wait, highest priority first, then first come. "
+        "Default: unlimited.",
+    )
     hsa_enable_sdma: bool = Field(
         False,
         description="AMD: HSA_ENABLE_SDMA for workers. Default false (0): the "
@@ -213,6 +221,12 @@ class ModelSpec(_Strict):
     mode: Literal["hot", "cold"] = Field("hot", description="hot: started by `umemc up`; cold: started on demand.")
     max_concurrency: int | None = Field(
         None, gt=0, le=4096, description="Requests in flight at once; more wait in a bounded queue. Default: parallel."
+    )
+    generation_weight: float = Field(
+        1.0,
+        gt=0,
+        le=4096,
+        description="Share of policy.max_generating one request of this model takes while it runs (default 1).",
     )
     port: int | None = Field(
         None,

@@ -50,6 +50,7 @@ def plan_json(b: Bundle) -> Files:
             leak_window_s=pol.leak_window,
             max_kills=pol.max_kills,
             kill_window_s=pol.kill_window,
+            max_generating=pol.max_generating,
         ),
         gateway=None
         if not gw.enabled
@@ -112,6 +113,7 @@ def _model(b: Bundle, name: str) -> c.ModelDoc:
         ttl_s=spec.ttl,
         mlock=spec.mlock,
         needs_model_file=runtime.NEEDS_MODEL_FILE,
+        generation_weight=spec.generation_weight,
         pinned_flags=list(runtime.PINNED),
         help_argv=help_argv(m, list(prog.argv)),
         reports_buffers=runtime.REPORTS_BUFFERS,

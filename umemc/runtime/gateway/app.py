@@ -193,10 +193,14 @@ async def forward(request: web.Request, m: Model, path: str, body: bytes) -> web
     try:
         if m.port is None:
             raise Refused(f"model {m.name} has no port: the gateway cannot route to it", "no_port")
+        sched = app[SCHED]
         for attempt in (1, 2):
             try:
-                async with app[SCHED].slot(m, wait=wants_to_wait(request)):
-                    resp = await _relay(request, m, path, body)
+                async with sched.slot(m, wait=wants_to_wait(request)):
+                    # the stack's generation budget (policy.max_generating): highest priority first, then FIFO
+                    async with sched.generation.hold(m.plan.generation_weight, m.plan.priority) as waited:
+                        app[METRICS].generation_wait(m.name, waited)
+                        resp = await _relay(request, m, path, body)
                 break
             except Refused as exc:
                 # no answer began from a worker that stopped answering or died under the request (a crash

@@ -50,14 +50,26 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        self.generation_wait_seconds = Histogram(
+            "umemc_generation_wait_seconds",
+            "Time a request waited for the stack's generation budget (policy.max_generating), apart from its latency.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         r.register(_Live(sched))
         self._latency = {name: self.latency.labels(name) for name in sched.models}
+        self.sched_has_budget = sched.generation.capacity is not None
 
     def request(self, model: str, code: int, seconds: float) -> None:
         self.requests.labels(model, str(code)).inc()
         child = self._latency.get(model)
         if child is not None:
             child.observe(seconds)
+
+    def generation_wait(self, model: str, seconds: float) -> None:
+        if self.sched_has_budget:
+            self.generation_wait_seconds.labels(model).observe(seconds)
 
     def cold_start(self, model: str, seconds: float) -> None:
         self.cold_starts.labels(model).inc()
@@ -119,6 +131,14 @@ class _Live(Collector):
             yield GaugeMetricFamily("umemc_gpu_committed_bytes", "GPU-window budget committed.", value=gpu)
         yield GaugeMetricFamily("umemc_leases", "Leases granted and not yet released or expired.", value=len(leases))
         yield GaugeMetricFamily("umemc_leased_bytes", "Bytes held by leases.", value=sum(x.ram for x in leases))
+        if s.generation.capacity is not None:
+            yield GaugeMetricFamily("umemc_generation_max", "policy.max_generating.", value=s.generation.capacity)
+            yield GaugeMetricFamily(
+                "umemc_generation_in_use", "Generation units held by requests in flight.", value=s.generation.in_use
+            )
+            yield GaugeMetricFamily(
+                "umemc_generation_waiting", "Requests waiting for the generation budget.", value=s.generation.waiting
+            )
         yield GaugeMetricFamily(
             "umemc_pressure",
             "System memory pressure as the enforcer measures it (NaN when its status is stale).",

@@ -32,6 +32,7 @@ from ...contract import (
 from ...policy import Budget, Decision, Held, Lease, Need, decide, pressure_victim
 from ..events import EventLog
 from ..supervisor import Supervisor
+from .generation import GenerationBudget
 from .leases import Leases, lease_doc, lease_json
 from .lifecycle import Phase
 from .model import CONNECT_ERRORS, LIVE, SERVING, Model, Refused
@@ -54,6 +55,7 @@ class Scheduler(Slots, Leases, StateSync):
         self.state_dir = (bundle / "../state").resolve()
         self.supervisor = Supervisor(Path(self.plan.supervisor.socket.replace("%(here)s", str(bundle))))
         cap = self.plan.capacity
+        self.generation = GenerationBudget(self.plan.policy.max_generating)
         self.budget = Budget(
             int(cap.budget_bytes),
             None if cap.gpu_budget_bytes is None else int(cap.gpu_budget_bytes),
@@ -356,6 +358,7 @@ class Scheduler(Slots, Leases, StateSync):
                 "gpu_committed_bytes": gpu,
             },
             "pressure": self.pressure,
+            "generation": self.generation.status(),
             "models": {
                 m.name: {
                     "state": m.state,
