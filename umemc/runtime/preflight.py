@@ -39,6 +39,7 @@ class Preflight:
     simulate: bool = False
     proc_sys: str = "/proc/sys"
     host_os: str = sys.platform
+    root: Path = Path("/")  # where /sys and /proc are read for the GPU checks (fixture trees in tests)
     findings: list[Finding] = field(default_factory=list)
 
     def run(self, running: Collection[str] = frozenset()) -> list[Finding]:
@@ -50,6 +51,8 @@ class Preflight:
         self._memory(running)
         if self._host_matches():
             self._gpu_window()
+            if self.plan.platform.kind == "amd-apu":
+                self._rocm()
             self._swap()
             self._cgroups()
         if not self.simulate:
@@ -174,7 +177,7 @@ class Preflight:
     def _amd_window(self, want: int) -> None:
         pages = want // 4096
         try:
-            live = int(Path("/sys/module/ttm/parameters/pages_limit").read_text()) * 4096
+            live = int((self.root / "sys/module/ttm/parameters/pages_limit").read_text()) * 4096
         except (OSError, ValueError):
             self._add(
                 "gpu window",
@@ -197,6 +200,15 @@ class Preflight:
                 ),
                 host=True,
             )
+
+    def _rocm(self) -> None:
+        """Strix Halo / ROCm: kernel, MES firmware, gfx target vs the runtime's build (umemc.runtime.rocm)."""
+        from .rocm import check
+
+        llama = {n: m.argv[0] if m.argv else None for n, m in self.plan.models.items() if m.runtime == "llama-server"}
+        env = {n: m.env for n, m in self.plan.models.items()}
+        for f in check(self.root, llama, env):
+            self._add(f.check, f.ok, f.message, f.fix, host=True, advisory=f.advisory)
 
     def _apple_window(self, want: int) -> None:
         mb = want // (1024 * 1024)
