@@ -199,6 +199,10 @@ def worker_env(plan: Plan, m: ModelPlan, port: int | None) -> dict[str, str]:
     }
     if port is not None:
         env["UMEMC_PORT"] = str(port)
+    gw = plan.loaded.stack.gateway
+    if gw.enabled:  # where a worker (a ComfyUI extension, umemc.worker) asks for leases
+        host = "127.0.0.1" if gw.host in ("0.0.0.0", "::", "127.0.0.1", "localhost") else gw.host
+        env["UMEMC_GATEWAY_URL"] = f"http://{host}:{gw.port}"
     if p.kind == "amd-apu":
         # SDMA copy engines: a policy setting, off by default as the practitioners ran Strix Halo.
         env["HSA_ENABLE_SDMA"] = "1" if plan.loaded.stack.policy.hsa_enable_sdma else "0"

@@ -1,0 +1,121 @@
+"""The ComfyUI extension (integrations/comfyui) against umemc's real gateway: a workflow's model files size a
+lease taken before the prompt is queued and released after it ran; a refusal turns the prompt into one node
+whose validation error carries umemc's reason. ComfyUI itself is not installable here (not on PyPI with its
+server/execution modules): the executor wrapper runs on a stand-in with ComfyUI's `execute` signature."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from integrations.comfyui.client import LeaseClient, Refused
+from integrations.comfyui.hook import EXTRA, LeaseHook, UmemcRefused
+from integrations.comfyui.sizing import ACTIVATIONS, SLACK, lease_bytes, workflow_files
+from tests.runtime.test_gateway import Gateway, model, stack_text
+
+MiB = 2**20
+
+WORKFLOW: dict[str, Any] = {  # ComfyUI's API format: node id -> class_type and inputs
+    "4": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "sdxl.safetensors"}},
+    "5": {"class_type": "EmptyLatentImage", "inputs": {"width": 1024, "height": 1024, "batch_size": 1}},
+    "10": {"class_type": "LoraLoader", "inputs": {"lora_name": "style.safetensors", "model": ["4", 0]}},
+    "11": {"class_type": "VAELoader", "inputs": {"vae_name": "missing.safetensors"}},
+    "3": {"class_type": "KSampler", "inputs": {"model": ["10", 0], "seed": 1}},
+}
+
+
+def models_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "models"
+    for kind, name, size in (("checkpoints", "sdxl.safetensors", 6 * MiB), ("loras", "style.safetensors", MiB)):
+        (root / kind).mkdir(parents=True, exist_ok=True)
+        with open(root / kind / name, "wb") as f:
+            f.truncate(size)  # sparse: its size is what counts
+    return root
+
+
+def resolver(root: Path):  # type: ignore[no-untyped-def]
+    def resolve(kind: str, name: str) -> str | None:
+        path = root / kind / name
+        return str(path) if path.exists() else None
+
+    return resolve
+
+
+def test_sizing_counts_the_files_loader_nodes_name(tmp_path: Path) -> None:
+    root = models_dir(tmp_path)
+    assert workflow_files(WORKFLOW) == [
+        ("checkpoints", "sdxl.safetensors"),
+        ("loras", "style.safetensors"),
+        ("vae", "missing.safetensors"),
+    ]
+    nbytes, files = lease_bytes(WORKFLOW, resolver(root))
+    assert files == ["checkpoints/sdxl.safetensors", "loras/style.safetensors"]  # the missing VAE is left out
+    assert nbytes == int(7 * MiB * SLACK) + ACTIVATIONS
+
+
+def test_a_prompt_leases_before_it_runs_and_releases_after(stack: Any, tmp_path: Path) -> None:
+    text = stack_text("cf-ok", model("image", priority=50), slots=3)
+    gw = Gateway(stack(text, "--simulate"))
+    client = LeaseClient(f"http://127.0.0.1:{gw.port}", model="image")
+    hook = LeaseHook(client, resolver(models_dir(tmp_path)))
+    # ACTIVATIONS is 2 GiB: this small budget cannot hold it; size the lease for the test's budget instead
+    import integrations.comfyui.sizing as sizing
+
+    old = sizing.ACTIVATIONS
+    sizing.ACTIVATIONS = 8 * MiB
+    try:
+        out = hook.on_prompt({"prompt": WORKFLOW, "client_id": "c1"})
+    finally:
+        sizing.ACTIVATIONS = old
+    lease = out["extra_data"][EXTRA]
+    leases = gw.call("GET", "/umemc/leases")[2]["leases"]
+    assert [(x["id"], x["holder"], x["bytes"]) for x in leases] == [
+        (lease, "comfyui:image", int(7 * MiB * SLACK) + 8 * MiB)
+    ]
+    assert out["prompt"] == WORKFLOW  # granted: the prompt runs as it was
+
+    class Executor:  # ComfyUI's execution.PromptExecutor.execute signature
+        ran: list[str] = []
+
+        def execute(self, prompt: Any, prompt_id: str, extra_data: dict[str, Any], execute_outputs: list[str]) -> None:
+            Executor.ran.append(prompt_id)
+            raise RuntimeError("a node failed")  # the lease goes back whichever way the prompt ends
+
+    hook.wrap_executor(Executor)
+    try:
+        Executor().execute(out["prompt"], "p1", out["extra_data"], ["3"])
+    except RuntimeError:
+        pass
+    assert Executor.ran == ["p1"]
+    assert gw.call("GET", "/umemc/leases")[2]["leases"] == []
+    assert [e["kind"] for e in gw.run.events() if e["kind"].startswith("lease")] == ["lease_grant", "lease_release"]
+
+
+def test_a_refused_prompt_shows_umemcs_reason(stack: Any, tmp_path: Path) -> None:
+    text = stack_text("cf-no", model("chat", priority=90, mode="hot"), slots=1)
+    gw = Gateway(stack(text, "--simulate"))
+    client = LeaseClient(f"http://127.0.0.1:{gw.port}", model=None)
+    try:
+        client.acquire(64 * MiB)
+    except Refused as exc:
+        reason = exc.reason
+    else:
+        raise AssertionError("a lease beyond the budget was granted")
+    assert reason.startswith(f"lease needs {64 * MiB} bytes (0.06 GiB), ")
+    hook = LeaseHook(client, resolver(models_dir(tmp_path)))
+    out = hook.on_prompt({"prompt": WORKFLOW, "client_id": "c1"})
+    node = out["prompt"]["umemc"]
+    assert node["class_type"] == "UmemcRefused"
+    message = node["inputs"]["reason"]
+    assert message.startswith("umemc cannot give this workflow 2.0 GiB now: lease needs ")
+    assert message.endswith("blocked by chat (priority 90 >= 50)")
+    assert UmemcRefused.VALIDATE_INPUTS(message) == message  # what ComfyUI shows as the prompt's error
+    assert gw.call("GET", "/umemc/leases")[2]["leases"] == []
+
+
+def test_an_unreachable_gateway_runs_the_prompt_without_a_lease(tmp_path: Path) -> None:
+    from tests.runtime.conftest import free_port
+
+    hook = LeaseHook(LeaseClient(f"http://127.0.0.1:{free_port()}", timeout_s=2), resolver(models_dir(tmp_path)))
+    out = hook.on_prompt({"prompt": WORKFLOW})
+    assert out["prompt"] == WORKFLOW and EXTRA not in out.get("extra_data", {})
