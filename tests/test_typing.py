@@ -14,7 +14,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy not installed (test extra)")
 def test_mypy_strict_clean() -> None:
-    done = subprocess.run([sys.executable, "-m", "mypy", "--strict", "umemc", "integrations"], cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "umemc", "integrations"], cwd=REPO, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
