@@ -7,6 +7,8 @@
 Optional parts the marked tests use (they skip, saying why, where these are absent):
     python3 dev.py setup-llama   # llama-cpp-python[server]: compiles llama.cpp, ~5 min on 2 cores
     python3 dev.py setup-torch   # torch==2.13.0 (CPU wheel)
+    python3 dev.py setup-llama-server   # llama-server built from the llama.cpp llama-cpp-python vendors
+                                        # (cmake, the server target only; ~8 min on 2 cores)
 
 The venv is (re)installed only when pyproject.toml changed since the last install.
 """
@@ -43,12 +45,57 @@ def ensure_venv(extras: str) -> None:
     stamp.write_text(digest)
 
 
+LLAMA_SERVER = VENV / "llama-server"
+
+
+def setup_llama_server() -> int:
+    """Build llama-server from the llama.cpp source the llama-cpp-python sdist vendors (the same llama.cpp the
+    `llama` tests run), CPU only, into .venv/llama-server/bin. Needs cmake and a C++ compiler."""
+    import shutil
+    import tarfile
+    import tempfile
+
+    binary = LLAMA_SERVER / "bin" / "llama-server"
+    if binary.exists():
+        print(f"{binary} exists")
+        return 0
+    if shutil.which("cmake") is None:
+        sys.exit("llama-server needs cmake (Debian: apt-get install cmake)")
+    ensure_venv("test")
+    version = subprocess.run(
+        [str(PY), "-c", "import importlib.metadata as m; print(m.version('llama-cpp-python'))"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    spec = f"llama-cpp-python=={version}" if version else "llama-cpp-python"
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run(
+            [str(PY), "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", spec, "-d", d], check=True
+        )
+        sdist = next(Path(d).glob("llama_cpp_python-*.tar.gz"))
+        with tarfile.open(sdist) as tar:
+            tar.extractall(d, filter="data")
+        src = next(Path(d).glob("llama_cpp_python-*/vendor/llama.cpp"))
+        build = Path(d) / "build"
+        flags = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF"]
+        flags += ["-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"]
+        subprocess.run(["cmake", "-S", str(src), "-B", str(build), *flags], check=True, stdout=subprocess.DEVNULL)
+        jobs = str(os.cpu_count() or 2)
+        subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs], check=True)
+        (LLAMA_SERVER / "bin").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(build / "bin" / "llama-server", binary)  # static: one file
+    print(f"built {binary}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     what = argv[0] if argv else "help"
     if what == "example":
         ensure_venv("")
         stack = argv[1] if len(argv) > 1 else "examples/strix-halo-5.toml"
         return subprocess.run([str(VENV / "bin" / "umemc"), "build", stack, "--files-later"], cwd=ROOT).returncode
+    if what == "setup-llama-server":
+        return setup_llama_server()
     if what in ("setup-llama", "setup-torch"):
         ensure_venv("test")
         spec = ["llama-cpp-python[server]"] if what == "setup-llama" else ["torch==2.13.0"]

@@ -133,6 +133,8 @@ class ModelDoc(_Doc):
     # added in plan version 1's lifetime: defaults keep plans written before them readable
     needs_model_file: bool = False  # the runtime cannot start without one (llama.cpp, whisper.cpp)
     generation_weight: float = 1.0
+    kv_slots: int = 0  # llama-server: slots whose KV the gateway saves before an eviction (0: none)
+    kv_bytes: int = 0  # the KV cache, what those saves may take on disk at most
     pinned_flags: list[str] = []  # flags the runtime's --help must list (preflight: too old a runtime?)
     help_argv: list[str] = []  # how to ask the runtime for its --help
     reports_buffers: bool = False  # llama.cpp: its log states its buffer sizes (the enforcer's drift check)

@@ -24,7 +24,8 @@ KINDS: tuple[str, ...] = (
     "up", "down", "reconcile", "enforcer_start", "start", "exit", "soft_limit", "hard_limit_kill",
     "leak_suspected", "give_up", "estimate_drift", "evict", "evict_deferred", "evict_failed", "cold_start",
     "cold_start_failed", "drain_timeout", "ttl_unload", "refused", "unhealthy", "recovered", "restore",
-    "lease_grant", "lease_release", "lease_expire", "event_log_reset",
+    "lease_grant", "lease_release", "lease_expire", "event_log_reset", "slot_save", "slot_restore",
+    "slot_save_failed", "slot_restore_failed",
 )  # fmt: skip
 MAX_ROWS = 100_000
 MAX_AGE_S = 30 * 24 * 3600

@@ -58,6 +58,7 @@ class Preflight:
         if not self.simulate:
             self._files_and_executables()
         self._ports(running)
+        self._slots_disk()
         self._gateway_token()
         return self.findings
 
@@ -292,6 +293,27 @@ class Preflight:
                     f"models.{name}: {problem}",
                     (f"install {m.runtime} or set models.{name}.bin",),
                 )
+
+    def _slots_disk(self) -> None:
+        """Room on disk for the KV slots the gateway saves before evicting a llama-server (each at most its
+        model's KV cache), in the run's state dir."""
+        need = sum(m.kv_bytes for m in self.plan.models.values() if m.kv_slots)
+        if not need:
+            return
+        state = (self.bundle / "../state").resolve()
+        where = state if state.exists() else self.bundle.resolve().parent
+        free = shutil.disk_usage(where).free
+        if free >= need:
+            self._add("slot disk", True, f"{gib(free)} GiB free in {where} for {gib(need)} GiB of saved KV slots")
+        else:
+            self._add(
+                "slot disk",
+                False,
+                f"{gib(free)} GiB free in {where}, saving every llama-server's KV slots may take {gib(need)} GiB: "
+                "a save that does not fit fails (event slot_save_failed) and that chat re-reads its history",
+                ("free disk space there, or give --run-dir a larger disk",),
+                advisory=True,
+            )
 
     def _ports(self, running: Collection[str]) -> None:
         ports = {m.port: f"models.{n}" for n, m in self.plan.models.items() if m.port is not None and n not in running}

@@ -20,6 +20,7 @@ then execs ARGV: the worker keeps this pid, so supervisord, the enforcer and the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.unset:
         os.environ.pop(name, None)
     worker_env(os.environ)
+    command = fill_state(command, state)
     # the run's mark, inherited by everything this process starts (double-forked daemons too): `umemc down`
     # finds the run's processes by it where no cgroup can, and kills nothing that does not carry it
     os.environ[RUN_MARK] = run_mark(state)
@@ -89,6 +91,22 @@ def run_mark(state: Path) -> str:
     import hashlib
 
     return hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:8]
+
+
+STATE_PLACEHOLDER = "@UMEMC_STATE@"  # an argv element beginning with it names a path in the run's state dir
+
+
+def fill_state(command: list[str], state: Path) -> list[str]:
+    """The run's state dir into the worker's argv (llama-server's --slot-save-path): the bundle cannot name it,
+    it moves with the run dir; the directory is created for the worker."""
+    out = []
+    for arg in command:
+        if arg.startswith(STATE_PLACEHOLDER):
+            arg = str(state.resolve()) + arg[len(STATE_PLACEHOLDER) :]
+            with contextlib.suppress(OSError):
+                Path(arg).mkdir(mode=0o700, parents=True, exist_ok=True)
+        out.append(arg)
+    return out
 
 
 def worker_env(env: MutableMapping[str, str]) -> None:

@@ -51,6 +51,7 @@ class Model:
     restarts: int = 0
     latency_ewma: float = 1.0
     health_failures: int = 0  # health probes failed in a row while ready
+    saved_slots: list[int] = field(default_factory=list)  # llama-server slots saved before its eviction
 
     @property
     def ready(self) -> bool:

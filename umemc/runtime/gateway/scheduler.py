@@ -33,6 +33,7 @@ from ...policy import Budget, Decision, Held, Lease, Need, decide, pressure_vict
 from ..events import EventLog
 from ..supervisor import Supervisor
 from .generation import GenerationBudget
+from .kvslots import slot_action, slot_file
 from .leases import Leases, lease_doc, lease_json
 from .lifecycle import Phase
 from .model import CONNECT_ERRORS, LIVE, SERVING, Model, Refused
@@ -203,6 +204,8 @@ class Scheduler(Slots, Leases, StateSync):
             await asyncio.gather(*(self._stop(self.models[v], "evict", for_model=m.name) for v in decision.victims))
             await self._ensure_started(m)
             await self._wait_healthy(m)
+            if m.saved_slots:
+                await self._restore_slots(m)
             m.life.to(Phase.READY)
             m.failure, m.last_used, m.evicted = None, time.time(), False
             self.mark_healthy(m)
@@ -285,7 +288,10 @@ class Scheduler(Slots, Leases, StateSync):
 
     async def _stop(self, m: Model, why: str, restorable: bool = True, **detail: Any) -> None:
         """Stop a worker (eviction, TTL unload). A hot worker evicted to admit another comes back when
-        it fits again (restorable); one evicted for pressure stays down, or it would oscillate."""
+        it fits again (restorable); one evicted for pressure stays down, or it would oscillate. A llama-server
+        that was serving has its slots' KV saved first (umemc.runtime.gateway.kvslots)."""
+        if m.state in SERVING and m.plan.kv_slots and m.port is not None:  # (already marked STOPPING)
+            await self._save_slots(m)
         m.life.to(Phase.STOPPING, why)
         try:
             usage = m.usage
@@ -303,6 +309,49 @@ class Scheduler(Slots, Leases, StateSync):
             if m.life.phase is Phase.STOPPING:  # the stop failed: it still runs
                 m.life.to(Phase.READY, "the stop failed")
             self.kick()  # requests that arrived for it meanwhile start it again
+
+    async def _save_slots(self, m: Model) -> None:
+        assert m.port is not None
+        m.saved_slots = []
+        for slot in range(m.plan.kv_slots):
+            name = slot_file(m.name, slot)
+            try:
+                doc = await asyncio.to_thread(slot_action, m.port, slot, "save", name)
+            except (OSError, ValueError) as exc:
+                self.events.add("slot_save_failed", m.name, slot=slot, reason=str(exc))
+                continue
+            if int(doc.get("n_saved", 0)) == 0:
+                continue  # an empty slot: nothing to bring back
+            m.saved_slots.append(slot)
+            self.events.add(
+                "slot_save",
+                m.name,
+                slot=slot,
+                tokens=doc.get("n_saved"),
+                bytes=doc.get("n_written"),
+                ms=doc.get("timings", {}).get("save_ms"),
+                file=name,
+            )
+
+    async def _restore_slots(self, m: Model) -> None:
+        assert m.port is not None
+        for slot in m.saved_slots:
+            name = slot_file(m.name, slot)
+            try:
+                doc = await asyncio.to_thread(slot_action, m.port, slot, "restore", name)
+            except (OSError, ValueError) as exc:
+                self.events.add("slot_restore_failed", m.name, slot=slot, reason=str(exc))
+                continue
+            self.events.add(
+                "slot_restore",
+                m.name,
+                slot=slot,
+                tokens=doc.get("n_restored"),
+                bytes=doc.get("n_read"),
+                ms=doc.get("timings", {}).get("restore_ms"),
+                file=name,
+            )
+        m.saved_slots = []
 
     async def relieve_pressure(self, pressure: float) -> dict[str, Any]:
         """The enforcer measured pressure above evict_above and asks: stop the worker the one

@@ -1,0 +1,90 @@
+"""umemc's main runtime end to end: real llama-server processes (built from the llama.cpp that llama-cpp-python
+vendors: `python3 dev.py setup-llama-server`) under `umemc up`, with the argv the launcher pins, llama.cpp's
+buffer lines against the estimate, and the KV slots of an evicted chat model saved before its stop and
+restored after its next start, through the gateway."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.runtime.conftest import free_port, live_sysctl_table
+from tests.runtime.test_gateway import Gateway
+from umemc.calibration import parse_buffers, totals
+from umemc.testing.tinygguf import TinySpec, write_tiny_gguf
+
+REPO = Path(__file__).resolve().parents[2]
+BINARY = os.environ.get("UMEMC_LLAMA_SERVER") or str(REPO / ".venv" / "llama-server" / "bin" / "llama-server")
+pytestmark = [
+    pytest.mark.llama_server,
+    pytest.mark.skipif(
+        not (Path(BINARY).is_file() or shutil.which(BINARY)),
+        reason=f"no llama-server at {BINARY}: python3 dev.py setup-llama-server (or set UMEMC_LLAMA_SERVER)",
+    ),
+]
+MiB = 2**20
+SPEC = TinySpec(n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_vocab=1000)
+
+
+def stack_text(tmp_path: Path, budget_mib: int) -> str:
+    model = write_tiny_gguf(tmp_path / "tiny.gguf", SPEC)
+    models = "".join(
+        f'\n[models.{name}]\nruntime = "llama-server"\nbin = "{BINARY}"\nmodel = "{model}"\ncontext = 1024\n'
+        f'mode = "cold"\npriority = 50\nport = {free_port()}\n'
+        for name in ("chat", "other")
+    )
+    return (
+        f'version = 1\nname = "lls"\n[platform]\nkind = "cpu"\nmemory = "{budget_mib + 256}MiB"\n'
+        'os_reserve = "256MiB"\n[policy]\nsafety_margin = 0.0\nload_below = 0.98\nevict_above = 0.99\n'
+        f"{live_sysctl_table()}[gateway]\nport = {free_port()}\n{models}"
+    )
+
+
+def test_llama_server_end_to_end_with_kv_slots_kept_across_an_eviction(stack: Any, tmp_path: Path) -> None:
+    from umemc.budget import make_plan
+    from umemc.stack.resolve import load_stack
+
+    (tmp_path / "probe.toml").write_text(stack_text(tmp_path, 100_000))
+    hard = make_plan(load_stack(tmp_path / "probe.toml")).models["chat"].quota_hard
+    budget = hard // MiB + hard // MiB // 2  # room for one of the two
+    gw = Gateway(stack(stack_text(tmp_path, budget)))
+    prompt = "the quick brown fox jumps over the lazy dog " * 8
+    status, _, body = gw.call("POST", "/v1/completions", {"model": "chat", "prompt": prompt, "max_tokens": 4})
+    assert status == 200, body
+
+    # the argv the launcher pinned, as the process runs it (the slot path filled in by the exec wrapper)
+    plan = json.loads((gw.run.run_dir / "bundle" / "plan.json").read_text())
+    pid = gw.run.status()["chat"]["pid"]
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+    slots = str((gw.run.run_dir / "state" / "slots" / "chat").resolve())
+    assert [a.decode() for a in argv] == [
+        slots if a.startswith("@UMEMC_STATE@") else a for a in plan["models"]["chat"]["argv"]
+    ]
+    # llama.cpp's own buffer lines: weights and KV exactly as estimated
+    log = (gw.run.run_dir / "state" / "logs" / "chat.err.log").read_text()
+    got = totals(parse_buffers(log))
+    parts = plan["models"]["chat"]["estimate_parts"]
+    assert abs(got["model"] - parts["weights_bytes"]) <= 0.01 * MiB
+    assert abs(got["kv"] - parts["kv_bytes"]) <= 0.01 * MiB
+
+    # a request for the other model evicts chat: its slot is saved first
+    assert gw.call("POST", "/v1/completions", {"model": "other", "prompt": "hi", "max_tokens": 2})[0] == 200
+    [save] = gw.run.events("slot_save")
+    assert save["model"] == "chat" and save["detail"]["slot"] == 0
+    assert save["detail"]["tokens"] > 50 and save["detail"]["bytes"] > 0
+    assert (Path(slots) / "chat-slot0.bin").stat().st_size == save["detail"]["bytes"]
+    assert [e["model"] for e in gw.run.events("evict")] == ["chat"]
+
+    # chat comes back: the slot is restored after its start, with what was saved
+    assert gw.call("POST", "/v1/completions", {"model": "chat", "prompt": prompt, "max_tokens": 2})[0] == 200
+    [restore] = gw.run.events("slot_restore")
+    assert restore["model"] == "chat"
+    assert (restore["detail"]["tokens"], restore["detail"]["bytes"]) == (
+        save["detail"]["tokens"],
+        save["detail"]["bytes"],
+    )

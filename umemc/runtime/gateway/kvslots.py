@@ -1,0 +1,34 @@
+"""KV slots kept across an eviction (llama-server): before the gateway stops an idle llama-server worker, each
+of its slots' KV cache is saved to RUN/state/slots/<model>/ (llama-server's POST /slots/ID?action=save, into
+its --slot-save-path); after the worker's next start each saved slot is restored (action=restore), so a chat
+that returns does not re-read its whole history. Both are events (`slot_save`, `slot_restore`) with the
+tokens, bytes and milliseconds llama-server reports. The files are bounded by the model's KV cache (what
+preflight checks the disk for)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from typing import Any
+
+SLOT_TIMEOUT_S = 120.0  # a 32K-token slot of a 70B model is several GiB on disk
+
+
+def slot_file(model: str, slot: int) -> str:
+    return f"{model}-slot{slot}.bin"
+
+
+def slot_action(port: int, slot: int, action: str, filename: str, timeout: float = SLOT_TIMEOUT_S) -> dict[str, Any]:
+    """One call of llama-server's slot API; raises OSError or ValueError (its error) on failure."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        body = json.dumps({"filename": filename}).encode()
+        conn.request("POST", f"/slots/{slot}?action={action}", body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        doc = json.loads(resp.read() or b"{}")
+    finally:
+        conn.close()
+    if resp.status != 200:
+        error = doc.get("error", {})
+        raise ValueError(str(error.get("message", error) if isinstance(error, dict) else error) or resp.status)
+    return dict(doc)
