@@ -172,6 +172,8 @@ class WorkerStatus(_Doc):
     given_up: bool
     drift: float | None
     reserved_bytes: int
+    # added in status version 1's lifetime: defaults keep older status files readable
+    leak_rate_bytes_per_s: float | None = None  # the usage trend over the samples kept (None: too few yet)
 
 
 class EnforcerStatus(_Doc):

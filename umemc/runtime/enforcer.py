@@ -604,6 +604,7 @@ class Enforcer:
                     given_up=w.given_up,
                     drift=None if w.drift is None else round(w.drift, 4),
                     reserved_bytes=w.reserved,
+                    leak_rate_bytes_per_s=_leak_rate(w),
                 )
                 for w in self.workers.values()
             },
@@ -641,6 +642,16 @@ def kill_tree(root: int, pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+
+
+def _leak_rate(w: Worker) -> float | None:
+    """The worker's usage trend (bytes/s) over its last minute of 1 Hz samples, once it has 10 s of them."""
+    if w.pid is None or len(w.samples) < 3:
+        return None
+    recent = [s for s in w.samples if s[0] >= w.samples[-1][0] - 60]
+    if len(recent) < 3 or recent[-1][0] - recent[0][0] < 10:
+        return None
+    return round(_trend(recent)[0], 1)
 
 
 def _trend(samples: list[tuple[float, int]]) -> tuple[float, float]:

@@ -191,6 +191,23 @@ class EventLog:
         rows = self._rows(sql + (f" LIMIT {int(limit)}" if limit else ""), (after_id,))
         return [_event(r) for r in rows]
 
+    def tallies(self, after_id: int = 0) -> list[tuple[str, str | None, str, int]]:
+        """(kind, model, cause, count) of the events after after_id that metrics count: hard-limit kills by
+        whom, evictions by cause, give-ups, failed cold starts, estimate drift."""
+        sql = """
+            SELECT kind, model,
+                   COALESCE(json_extract(detail, '$.by'), '') || '/' ||
+                   COALESCE(json_extract(detail, '$.reason'),
+                            CASE WHEN json_extract(detail, '$.for_lease') IS NOT NULL THEN 'lease'
+                                 WHEN json_extract(detail, '$.for_model') IS NOT NULL THEN 'cold start'
+                                 ELSE '' END),
+                   COUNT(*)
+            FROM events
+            WHERE id > ? AND kind IN ('hard_limit_kill', 'evict', 'ttl_unload', 'give_up', 'cold_start_failed',
+                                      'estimate_drift', 'leak_suspected')
+            GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"""
+        return [(str(k), m, str(c), int(n)) for k, m, c, n in self._rows(sql, (after_id,))]
+
     def last_id(self, kind: str) -> int:
         rows = self._rows("SELECT MAX(id) FROM events WHERE kind = ?", (kind,))
         return int(rows[0][0] or 0) if rows else 0

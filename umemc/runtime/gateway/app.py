@@ -16,6 +16,7 @@ import json
 import math
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -57,6 +58,9 @@ ERROR_TYPES = {
 }
 MUTATING = frozenset(("POST", "PUT", "PATCH", "DELETE"))
 OPEN_PATHS = frozenset(("/umemc/health",))  # liveness only: says nothing about the stack
+# the status page's HTML holds no data (it fetches the API with the token from its URL fragment): a browser
+# must be able to open it without a header; the Host/Origin rules still apply to it
+TOKENLESS_PATHS = OPEN_PATHS | {"/ui"}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SCHED: web.AppKey[Scheduler] = web.AppKey("sched", Scheduler)
@@ -314,6 +318,52 @@ async def can_load(request: web.Request) -> web.Response:
     )
 
 
+UI_PAGE = Path(__file__).with_name("ui") / "index.html"
+LOG_TAIL_BYTES = 256 * 1024
+
+
+async def ui_page(request: web.Request) -> web.Response:
+    """The live status page: one self-contained HTML file (no external assets), polling the API below."""
+    return web.Response(
+        body=UI_PAGE.read_bytes(),
+        content_type="text/html",
+        headers={
+            "Content-Security-Policy": "default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'"
+        },
+    )
+
+
+async def events_list(request: web.Request) -> web.Response:
+    """Events after ?after=ID (at most ?limit=, 1000): what the status page streams."""
+    try:
+        after = int(request.query.get("after", "0"))
+        limit = max(1, min(1000, int(request.query.get("limit", "200"))))
+    except ValueError:
+        raise Refused("after and limit must be integers", "invalid_json") from None
+    sched = request.app[SCHED]
+    events = sched.events.since(after, limit)
+    return web.json_response({"events": [dict(e.as_json(), id=e.id) for e in events]})
+
+
+async def log_tail(request: web.Request) -> web.Response:
+    """The last ?lines= (default 40, at most 1000) lines of a worker's stderr log, as text."""
+    sched = request.app[SCHED]
+    m = sched.route(request.match_info["model"])
+    try:
+        lines = max(1, min(1000, int(request.query.get("lines", "40"))))
+    except ValueError:
+        raise Refused("lines must be an integer", "invalid_json") from None
+    path = sched.state_dir / "logs" / f"{m.name}.err.log"
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - LOG_TAIL_BYTES))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        text = ""
+    return web.Response(text="\n".join(text.splitlines()[-lines:]) + "\n", content_type="text/plain")
+
+
 async def leases_list(request: web.Request) -> web.Response:
     return web.json_response({"leases": [lease_json(x) for x in request.app[SCHED].leases.values()]})
 
@@ -505,7 +555,7 @@ def bearer(token: str) -> Any:
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in OPEN_PATHS:
+        if request.path not in TOKENLESS_PATHS:
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 resp = error(401, "this gateway needs Authorization: Bearer <token>", "unauthorized")
@@ -540,6 +590,9 @@ def make_app(sched: Scheduler, token: str | None) -> web.Application:
     app.router.add_post("/v1/{tail:.+}", openai)
     app.router.add_route("*", "/models/{name}/{tail:.*}", passthrough)
     app.router.add_get("/umemc/health", health)
+    app.router.add_get("/ui", ui_page)
+    app.router.add_get("/umemc/events", events_list)
+    app.router.add_get("/umemc/logs/{model}", log_tail)
     app.router.add_get("/umemc/status", status)
     app.router.add_get("/umemc/leases", leases_list)
     app.router.add_post("/umemc/leases", lease_create)

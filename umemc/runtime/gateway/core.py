@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ...contract import (
+    EnforcerStatus,
     GatewayDoc,
     PlanDoc,
 )
@@ -29,6 +30,7 @@ class Core:
     leases: dict[str, Lease]
     lock: asyncio.Lock
     events: EventLog
+    enforcer: EnforcerStatus | None  # its latest fresh status file
     pressure: float | None
     supervisord_pid: int | None
     probe: Any

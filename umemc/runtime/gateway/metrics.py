@@ -4,11 +4,12 @@ scrape always shows the current state and nothing accumulates between scrapes)."
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -50,6 +51,13 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        self.queue_wait_seconds = Histogram(
+            "umemc_queue_wait_seconds",
+            "Time a request waited for a slot of its model (a cold start included), apart from its latency.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.generation_wait_seconds = Histogram(
             "umemc_generation_wait_seconds",
             "Time a request waited for the stack's generation budget (policy.max_generating), apart from its latency.",
@@ -66,6 +74,9 @@ class Metrics:
         child = self._latency.get(model)
         if child is not None:
             child.observe(seconds)
+
+    def queue_wait(self, model: str, seconds: float) -> None:
+        self.queue_wait_seconds.labels(model).observe(seconds)
 
     def generation_wait(self, model: str, seconds: float) -> None:
         if self.sched_has_budget:
@@ -139,8 +150,84 @@ class _Live(Collector):
             yield GaugeMetricFamily(
                 "umemc_generation_waiting", "Requests waiting for the generation budget.", value=s.generation.waiting
             )
+        yield from _from_events(s)
+        yield from _from_enforcer(s)
         yield GaugeMetricFamily(
             "umemc_pressure",
             "System memory pressure as the enforcer measures it (NaN when its status is stale).",
             value=float("nan") if s.pressure is None else s.pressure,
         )
+
+
+def _from_events(s: Scheduler) -> Iterator[Metric]:
+    """Counters of what the runtime did this run, from the event log (one grouped query per scrape): the
+    enforcer's and the kernel's kills happen outside the gateway, so the log is their one account."""
+    kills = CounterMetricFamily(
+        "umemc_hard_limit_kills",
+        "Workers killed over their hard quota, by the enforcer or the kernel.",
+        labels=["model", "by"],
+    )
+    evictions = CounterMetricFamily(
+        "umemc_evictions_by_cause",
+        "Workers stopped to make room: by whom (gateway, enforcer) and why (cold start, lease, pressure, ttl).",
+        labels=["model", "by", "cause"],
+    )
+    give_ups = CounterMetricFamily(
+        "umemc_give_ups", "Workers left stopped after repeated hard-limit kills.", labels=["model"]
+    )
+    failed = CounterMetricFamily("umemc_cold_start_failures", "Cold starts that failed.", labels=["model"])
+    drift = CounterMetricFamily(
+        "umemc_estimate_drift_events", "Settled workers found more than 5% over their estimate.", labels=["model"]
+    )
+    leaks = CounterMetricFamily("umemc_leaks_suspected", "Steady climbs reported as suspected leaks.", labels=["model"])
+    for kind, model, cause, n in s.events.tallies(s.run_start):
+        name = model or ""
+        by, _, why = cause.partition("/")
+        if kind == "hard_limit_kill":
+            kills.add_metric([name, by or "enforcer"], n)
+        elif kind in ("evict", "ttl_unload"):
+            evictions.add_metric([name, by or "gateway", "ttl" if kind == "ttl_unload" else why or "make room"], n)
+        elif kind == "give_up":
+            give_ups.add_metric([name], n)
+        elif kind == "cold_start_failed":
+            failed.add_metric([name], n)
+        elif kind == "estimate_drift":
+            drift.add_metric([name], n)
+        elif kind == "leak_suspected":
+            leaks.add_metric([name], n)
+    yield from (kills, evictions, give_ups, failed, drift, leaks)
+
+
+def _from_enforcer(s: Scheduler) -> Iterator[Metric]:
+    """Per-model gauges from the enforcer's status (drift ratio, leak rate), and umemc's own memory."""
+    drift = GaugeMetricFamily(
+        "umemc_model_estimate_drift_ratio", "Measured / estimate - 1, once the worker has settled.", labels=["model"]
+    )
+    leak = GaugeMetricFamily(
+        "umemc_model_leak_rate_bytes_per_second", "The worker's usage trend over its last minute.", labels=["model"]
+    )
+    own = GaugeMetricFamily(
+        "umemc_process_resident_bytes", "Resident memory of umemc's own processes.", labels=["process"]
+    )
+    st = s.enforcer
+    if st is not None:
+        for name, w in st.models.items():
+            if w.drift is not None:
+                drift.add_metric([name], w.drift)
+            if w.leak_rate_bytes_per_s is not None:
+                leak.add_metric([name], w.leak_rate_bytes_per_s)
+        enforcer = _rss(st.pid)
+        if enforcer is not None:
+            own.add_metric(["enforcer"], enforcer)
+    gateway = _rss(os.getpid())
+    if gateway is not None:
+        own.add_metric(["gateway"], gateway)
+    yield from (drift, leak, own)
+
+
+def _rss(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None

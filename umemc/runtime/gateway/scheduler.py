@@ -25,6 +25,7 @@ from typing import Any
 
 from ...contract import (
     ContractError,
+    EnforcerStatus,
     GatewayDoc,
     PlanDoc,
     read,
@@ -71,6 +72,8 @@ class Scheduler(Slots, Leases, StateSync):
         self.lock = asyncio.Lock()
         self.events = EventLog(self.state_dir / "events.db")
         self.pressure: float | None = None
+        self.enforcer: EnforcerStatus | None = None
+        self.run_start = self.events.last_id("up")  # metrics count this run's events
         self.supervisord_pid: int | None = None
         self._published_busy: set[str] = set()  # models gateway.json says are busy (or about to be)
         self._kick = asyncio.Event()
@@ -398,6 +401,7 @@ class Scheduler(Slots, Leases, StateSync):
         ram, gpu = self.committed()
         now = time.time()
         return {
+            "stack": self.plan.stack,
             "gateway": {"pid": os.getpid(), "host": self.gw.host, "port": self.gw.port},
             "budget": {
                 "budget_bytes": self.budget.ram,
@@ -420,7 +424,9 @@ class Scheduler(Slots, Leases, StateSync):
                     "starting": m.starting is not None,
                     "draining": m.draining,
                     "usage_bytes": m.usage,
+                    "quota_soft_bytes": m.plan.quota_soft_bytes,
                     "quota_hard_bytes": m.plan.quota_hard_bytes,
+                    "restarts": m.restarts,
                     "cold_starts": m.cold_starts,
                     "idle_s": round(now - m.last_used, 1) if m.ready else None,
                     "ttl_s": m.plan.ttl_s,

@@ -30,8 +30,11 @@ class Slots(Core):
     async def slot(self, m: Model, wait: bool = True) -> AsyncIterator[None]:
         """Hold one of the model's max_concurrency slots while the request runs. wait=False: a model
         that cannot be admitted is refused at once instead of queued."""
+        asked = time.monotonic()
         await self.acquire(m, wait)
         start = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.queue_wait(m.name, start - asked)
         try:
             yield
         finally:

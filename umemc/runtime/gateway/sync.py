@@ -106,6 +106,7 @@ class StateSync(Core):
             m.given_up = live is not None and live.given_up and state not in LIVE
             m.restarts = 0 if live is None else live.restarts
         self.pressure = None if status is None else status.pressure
+        self.enforcer = status
         if changed:
             self.kick()
 
