@@ -68,3 +68,14 @@ name = "t"
 kind = "cpu"
 memory = "16GiB"
 """
+
+
+SLOW_MARKERS = ("llama", "llama_server", "torch")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`slow`: every test that brings up a real stack (the `stack` fixture) or needs a long-built lane, besides
+    the modules and tests marked by hand; `pytest -m "not slow"` is the fast lane while editing."""
+    for item in items:
+        if "stack" in getattr(item, "fixturenames", ()) or any(item.get_closest_marker(m) for m in SLOW_MARKERS):
+            item.add_marker(pytest.mark.slow)

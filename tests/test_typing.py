@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # mypy --strict and ruff over the whole tree
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -59,7 +59,7 @@ def test_a_prompt_leases_before_it_runs_and_releases_after(stack: Any, tmp_path:
     client = LeaseClient(f"http://127.0.0.1:{gw.port}", model="image")
     hook = LeaseHook(client, resolver(models_dir(tmp_path)))
     # ACTIVATIONS is 2 GiB: this small budget cannot hold it; size the lease for the test's budget instead
-    import integrations.comfyui.sizing as sizing
+    from integrations.comfyui import sizing
 
     old = sizing.ACTIVATIONS
     sizing.ACTIVATIONS = 8 * MiB

@@ -22,6 +22,8 @@ from tests.runtime.conftest import (
     live_sysctl_table,
 )
 
+pytestmark = pytest.mark.slow  # real stacks behind a real gateway
+
 MiB = 2**20
 HARD = 80 * MiB  # a 64MiB placeholder's hard quota at quota_headroom = 0.25
 

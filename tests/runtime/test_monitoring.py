@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -36,6 +37,48 @@ def scrape(gw: Gateway) -> tuple[dict[tuple[str, tuple[tuple[str, str], ...]], f
         for s in family.samples:
             samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return samples, names
+
+
+# The rule-file format as Prometheus documents it (configuration/alerting_rules and recording_rules): groups of
+# named rules, each an alert with expr, optional for/keep_firing_for durations, string labels and annotations.
+DURATION = {"type": "string", "pattern": r"^([0-9]+(ms|s|m|h|d|w|y))+$"}
+STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
+RULE_FILE = {
+    "type": "object",
+    "required": ["groups"],
+    "additionalProperties": False,
+    "properties": {
+        "groups": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["name", "rules"],
+                "additionalProperties": False,
+                "properties": {
+                    "name": {"type": "string"},
+                    "interval": DURATION,
+                    "rules": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["alert", "expr"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "alert": {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"},
+                                "expr": {"type": "string", "minLength": 1},
+                                "for": DURATION,
+                                "keep_firing_for": DURATION,
+                                "labels": STRINGS,
+                                "annotations": STRINGS,
+                            },
+                        },
+                    },
+                },
+            },
+        }
+    },
+}
 
 
 def queried(expr: str) -> set[str]:
@@ -81,6 +124,7 @@ def test_alert_rules_and_dashboard_query_only_exported_series(stack: Any) -> Non
     _, names = scrape(gw)
 
     rules = yaml.safe_load((MONITORING / "umemc.rules.yml").read_text())
+    jsonschema.validate(rules, RULE_FILE)
     alerts = [rule for group in rules["groups"] for rule in group["rules"]]
     assert len(alerts) >= 8 and all({"alert", "expr", "labels", "annotations"} <= set(a) for a in alerts)
     assert len({a["alert"] for a in alerts}) == len(alerts)

@@ -17,6 +17,8 @@ import pytest
 from tests.runtime.conftest import bring_down, bring_up
 from tests.runtime.test_gateway import Gateway, model, stack_text
 
+pytestmark = pytest.mark.slow  # a real stack behind a real gateway
+
 LIMITS = (
     'header_timeout = "1s"\nbody_timeout = "1s"\nmax_body = "4KiB"\nupstream_timeout = "2s"\nhealth_interval = "0.2s"\n'
 )

@@ -343,6 +343,7 @@ def small_tmpfs(tmp_path: Path):  # type: ignore[no-untyped-def]
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
+@pytest.mark.slow
 def test_a_full_state_dir_does_not_take_the_stack_down(small_tmpfs: Path, capsys) -> None:
     """The run dir on a small tmpfs, filled to the last byte, then kill -9 of one worker: supervisord cannot
     write a log line, but it supervises on (its log lines are dropped, not fatal), restarts the worker, and
