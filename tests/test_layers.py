@@ -5,6 +5,7 @@ plan.json and never imports the compile-time pipeline; and one registry lists ea
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,23 @@ def test_every_runtime_has_one_launcher() -> None:
     from umemc.launchers import RUNTIMES as LAUNCHERS
 
     assert list(LAUNCHERS) == list(RUNTIMES)
+
+
+RUN_DIR_NAMES = re.compile(
+    r"""["'](enforcer\.json|gateway\.json|events\.db|supervisor\.sock|supervisord\.pid|pids|cgroups|secrets|"""
+    r"""gateway-token|logs|workers|socket|state|\.\./state|[^"']*\.(?:err|out)\.log)["']"""
+)
+
+
+def test_one_owner_of_run_dir_paths() -> None:
+    """Every process gets its run-dir paths from runtime.rundir.RunDir (the compiler's two supervisord
+    spellings live in contract.py): a path spelled out anywhere else is a second owner that drifts."""
+    owners = {PKG / "runtime" / "rundir.py", PKG / "contract.py"}
+    spelled = [
+        f"{path.relative_to(PKG)}:{n}: {line.strip()}"
+        for path in sorted(PKG.rglob("*.py"))
+        if path not in owners
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if RUN_DIR_NAMES.search(line) and "/" in line.split("#")[0]
+    ]
+    assert spelled == []

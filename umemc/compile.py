@@ -10,13 +10,13 @@ from pathlib import Path
 
 from .budget import ModelPlan, Plan
 from .chars import CONTROL
+from .contract import DEFAULT_SOCKET
 from .errors import UsageError
 from .launchers import Context, argv_for, health_path
 from .runtime.rundir import ENFORCER, GATEWAY
 from .stack.types import toml_repr
 from .units import KiB, MiB
 
-STATE = "%(here)s/../state"  # the run dir's state/ beside bundle/ (docs/CONTRACTS.md, "The run dir")
 TORCH_FAMILY = frozenset({"torch", "comfyui"})
 VM = "Linux Documentation/admin-guide/sysctl/vm.rst"
 
@@ -119,7 +119,7 @@ def compile_bundle(
         programs,
         _sysctl(plan),
         memlock,
-        socket or f"{STATE}/supervisor.sock",
+        socket or DEFAULT_SOCKET,
         ctx.python,
         simulate,
     )

@@ -26,6 +26,10 @@ from .records import CgroupRecord, PidRecord
 __all__ = ["CgroupRecord", "PidRecord"]  # the wrapper's text records are part of the contract too
 
 PLAN_VERSION = 1
+# The run dir as supervisord's config spells it (%(here)s is the bundle directory): RUN/state beside
+# RUN/bundle. Every path inside it is runtime.rundir.RunDir's; these two are what the compiler writes.
+STATE = "%(here)s/../state"
+DEFAULT_SOCKET = f"{STATE}/supervisor.sock"
 STATUS_VERSION = 1
 
 

@@ -126,7 +126,9 @@ class Ledger:
         """A small file in the run's state, replaced atomically, for the enforcer and `umemc status`."""
         if self.quota.state_dir is None:
             return
-        path = self.quota.state_dir / "workers" / f"{self.quota.model}.json"
+        from .runtime.rundir import RunDir
+
+        path = RunDir.of_state(self.quota.state_dir).worker_report(self.quota.model)
         with contextlib.suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -391,6 +391,37 @@ def llm_preset(
 
 
 _HF = "https://huggingface.co/"
+
+
+def _gpt_oss(name: str, *, layers: int, n_expert: int) -> LlmPreset:
+    """gpt-oss-20b and -120b differ only in depth and expert count (config.json of each)."""
+    return llm_preset(
+        name,
+        "gpt-oss",
+        layers=layers,
+        embd=2880,
+        ff=2880,
+        heads=64,
+        kv_heads=8,
+        head_dim=64,
+        vocab=201088,
+        ctx=131072,
+        swa=128,
+        swa_pattern=2,
+        n_expert=n_expert,
+        n_expert_used=4,
+        n_ff_exp=2880,
+        family="llm",
+        qkv_bias=True,
+        attn_out_bias=True,
+        sinks=True,
+        post_attn_norm=True,
+        expert_bias=True,
+        default_quant="MXFP4_MOE",
+        source=_HF + f"openai/{name}/blob/main/config.json",
+    )
+
+
 LLM_PRESETS: dict[str, LlmPreset] = {
     p.name: p
     for p in (
@@ -531,56 +562,8 @@ LLM_PRESETS: dict[str, LlmPreset] = {
         # gpt-oss: alternating sliding-window (128) and full layers, sliding first (layer_types), llama.cpp
         # load_swa_pattern(2); attention sinks; experts published in MXFP4 (llama.cpp's MXFP4_MOE: experts
         # MXFP4, every other matrix Q8_0).
-        llm_preset(
-            "gpt-oss-20b",
-            "gpt-oss",
-            layers=24,
-            embd=2880,
-            ff=2880,
-            heads=64,
-            kv_heads=8,
-            head_dim=64,
-            vocab=201088,
-            ctx=131072,
-            swa=128,
-            swa_pattern=2,
-            n_expert=32,
-            n_expert_used=4,
-            n_ff_exp=2880,
-            family="llm",
-            qkv_bias=True,
-            attn_out_bias=True,
-            sinks=True,
-            post_attn_norm=True,
-            expert_bias=True,
-            default_quant="MXFP4_MOE",
-            source=_HF + "openai/gpt-oss-20b/blob/main/config.json",
-        ),
-        llm_preset(
-            "gpt-oss-120b",
-            "gpt-oss",
-            layers=36,
-            embd=2880,
-            ff=2880,
-            heads=64,
-            kv_heads=8,
-            head_dim=64,
-            vocab=201088,
-            ctx=131072,
-            swa=128,
-            swa_pattern=2,
-            n_expert=128,
-            n_expert_used=4,
-            n_ff_exp=2880,
-            family="llm",
-            qkv_bias=True,
-            attn_out_bias=True,
-            sinks=True,
-            post_attn_norm=True,
-            expert_bias=True,
-            default_quant="MXFP4_MOE",
-            source=_HF + "openai/gpt-oss-120b/blob/main/config.json",
-        ),
+        _gpt_oss("gpt-oss-20b", layers=24, n_expert=32),
+        _gpt_oss("gpt-oss-120b", layers=36, n_expert=128),
         llm_preset(
             "qwen3-30b-a3b",
             "qwen3moe",

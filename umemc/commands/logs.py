@@ -12,8 +12,6 @@ from pathlib import Path
 from ..errors import UsageError
 from .up import add_run_dir
 
-OWN = ("umemc-enforcer", "umemc-gateway", "supervisord")
-
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("logs", help="a worker's output (stdout and stderr as supervisord captured them)")
@@ -24,22 +22,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def log_files(state: Path, name: str) -> list[Path]:
-    logs = state / "logs"
-    if name == "supervisord":
-        return [state / "supervisord.log"]
-    if name in OWN:
-        return [logs / f"{name}.log"]
-    return [logs / f"{name}.out.log", logs / f"{name}.err.log"]
-
-
 def run(args: argparse.Namespace) -> int:
     from ..runtime.rundir import RunDir
 
     run_dir = RunDir(Path(args.run_dir).absolute())
     if not run_dir.state.exists():
         raise UsageError(f"no stack in {args.run_dir} (start one with `umemc up STACK --run-dir {args.run_dir}`)")
-    files = log_files(run_dir.state, args.model)
+    files = run_dir.log_files(args.model)
     if not any(f.exists() for f in files):
         known = sorted({p.name.split(".")[0] for p in run_dir.logs.glob("*.log")} | {"supervisord"})
         raise UsageError(f"no logs for {args.model!r} in {args.run_dir}; logs exist for: {', '.join(known)}")

@@ -54,7 +54,7 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
     infos = stack.supervisor.processes() if running else {}
     orphans = {} if running else stack.leftovers()
     live = _read(EnforcerStatus, run_dir.status, problems) if running else None
-    gateway = _read(GatewayState, run_dir.state / "gateway.json", problems) if running else None
+    gateway = _read(GatewayState, run_dir.gateway_state, problems) if running else None
     if live is not None and live.events_error:
         problems.append(f"event log: {live.events_error} (events go to the enforcer's log meanwhile)")
     elif running:

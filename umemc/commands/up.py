@@ -37,11 +37,13 @@ def add_run_dir(p: argparse.ArgumentParser) -> None:
 def find_run_dir(start: Path | None = None) -> str:
     """Like git finds its repository: the nearest .umemc/run that holds a run, from the current
     directory up; a new run goes into ./.umemc/run."""
+    from ..runtime.rundir import RunDir
+
     here = (start or Path.cwd()).absolute()
     for d in (here, *here.parents):
-        run = d / DEFAULT_RUN_DIR
-        if (run / "bundle").is_dir() or (run / "state").is_dir():
-            return str(run) if d != here else DEFAULT_RUN_DIR
+        run = RunDir(d / DEFAULT_RUN_DIR)
+        if run.bundle.is_dir() or run.state.is_dir():
+            return str(run.root) if d != here else DEFAULT_RUN_DIR
     return DEFAULT_RUN_DIR
 
 
@@ -159,6 +161,7 @@ def install_bundle(args: argparse.Namespace, run_dir: RunDir) -> None:
     """A stack is built into RUN/bundle; a bundle directory is copied there."""
     from ..commands.build import build
     from ..commands.common import plan_from_arg
+    from ..contract import DEFAULT_SOCKET
     from ..write import is_bundle, write_bundle
 
     target = Path(args.target)
@@ -193,8 +196,7 @@ def install_bundle(args: argparse.Namespace, run_dir: RunDir) -> None:
             if p.is_file() and p.name != ".umemc-bundle"
         }
         if socket:
-            default = "%(here)s/../state/supervisor.sock"
-            files = {k: v.replace(default, socket) for k, v in files.items()}
+            files = {k: v.replace(DEFAULT_SOCKET, socket) for k, v in files.items()}
         write_bundle(run_dir.bundle, files)
 
 

@@ -140,7 +140,7 @@ class Stack:
         from .cgroups import group_name
 
         groups = {g.path: g for g in self._own_groups()}
-        folder = self.run.state / "cgroups"
+        folder = self.run.cgroups
         ours = group_name(self.name(), self.run.state)
         with contextlib.suppress(OSError):
             for record in folder.iterdir():
@@ -178,7 +178,7 @@ class Stack:
             if record.name not in left:
                 self.run.forget(record.name)
         with contextlib.suppress(OSError):
-            for path in (self.run.state / "cgroups").iterdir():
+            for path in self.run.cgroups.iterdir():
                 if path.name not in left:
                     path.unlink()
         killed = sorted({p for pids in before.values() for p in pids})
@@ -228,7 +228,7 @@ class Stack:
         live = {n for n, i in infos.items() if i["statename"] in LIVE and n in models}
         usage = _live_usage(self.run.status)
         held = [_held(n, models[n], usage.get(n, 0)) for n in live]
-        leases = _live_leases(self.run.state / "gateway.json")
+        leases = _live_leases(self.run.gateway_state)
         started: list[str] = []
         held_back: dict[str, str] = {}
         waiting = [n for n, m in models.items() if m.mode == "hot" and n not in live]
@@ -279,7 +279,7 @@ class Stack:
         while not self.supervisor.alive():
             record = next((r for r in self.run.records() if r.name == SUPERVISORD), None)
             if record is not None and not alive(record.pid):
-                log = self.run.state / "supervisord.stderr.log"
+                log = self.run.supervisord_log
                 tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log.exists() else []
                 raise RuntimeFailure("\n".join(["supervisord did not start", *(f"  {t}" for t in tail)]))
             if time.monotonic() > deadline:
@@ -363,7 +363,7 @@ class Stack:
 
     def remove_private_socket_dir(self) -> None:
         """A deep run dir's socket lived in a private /tmp directory (rundir.socket_override): remove it."""
-        record = self.run.state / "socket"
+        record = self.run.socket_record
         try:
             sock = Path(record.read_text().strip())
         except OSError:

@@ -51,6 +51,7 @@ from .probes import nvidia
 from .probes.drm import DrmProbe
 from .probes.meminfo import MemAvailable
 from .probes.proc import ProcTree, marked_processes
+from .rundir import RunDir
 from .supervisor import Supervisor
 from .wrap import run_mark, start_time
 
@@ -108,10 +109,10 @@ class Enforcer:
     def __init__(self, bundle: Path, proc: str = "/proc"):
         self.bundle = bundle
         self.plan = read(PlanDoc, bundle / "plan.json")
-        self.state_dir = (bundle / "../state").resolve()
+        self.run_dir = RunDir.of_bundle(bundle)
         pol = self.plan.policy
         self.interval = float(pol.sample_interval_s)
-        self.events = EventLog(self.state_dir / "events.db")
+        self.events = EventLog(self.run_dir.events)
         self.supervisor = Supervisor(self.plan.supervisor.socket_path(bundle))
         self.proc = ProcTree(proc)
         self.drm = DrmProbe(proc)
@@ -129,7 +130,7 @@ class Enforcer:
         self.evict_wait_until = 0.0
         self.pressure = 0.0
         self._last_slow = self._last_poll = self._last_escaped = 0.0
-        self._mark = run_mark(self.state_dir)
+        self._mark = run_mark(self.run_dir.state)
         self._gone = False
         self._sv_pid: int | None = None
         self._sv_children: frozenset[int] = frozenset()
@@ -259,7 +260,7 @@ class Enforcer:
         """The exec wrapper records `version path pid` once it has placed the worker; until then
         (a few ms after start) the worker is sampled by RSS."""
         try:
-            rec = CgroupRecord.parse((self.state_dir / "cgroups" / w.name).read_text())
+            rec = CgroupRecord.parse((self.run_dir.cgroups / w.name).read_text())
         except (OSError, ValueError):
             return
         if rec.pid == w.pid:
@@ -298,7 +299,7 @@ class Enforcer:
                 w.escaped.append((pid, start_time(pid)))
 
     def _reserved(self, w: Worker) -> int:
-        doc = read_optional(WorkerReport, self.state_dir / "workers" / f"{w.name}.json")
+        doc = read_optional(WorkerReport, self.run_dir.worker_report(w.name))
         return doc.reserved_bytes if doc is not None and doc.pid == w.pid else 0
 
     def _cpu_side(self, w: Worker) -> int:
@@ -448,7 +449,7 @@ class Enforcer:
 
         text = ""
         for suffix in ("err", "out"):
-            log = self.state_dir / "logs" / f"{name}.{suffix}.log"
+            log = self.run_dir.log(name, suffix)
             with contextlib.suppress(OSError), log.open("rb") as f:
                 f.seek(max(0, log.stat().st_size - 512 * 1024))
                 text += f.read().decode(errors="replace")
@@ -544,7 +545,7 @@ class Enforcer:
         host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(gw.host, gw.host)
         headers = {"Content-Type": "application/json"}
         if gw.token_env:
-            token = (self.state_dir / "secrets" / "gateway-token").read_text()
+            token = self.run_dir.token_file.read_text()
             headers["Authorization"] = f"Bearer {token}"
         conn = http.client.HTTPConnection(host, gw.port, timeout=GATEWAY_TIMEOUT_S)
         try:
@@ -609,7 +610,7 @@ class Enforcer:
                 for w in self.workers.values()
             },
         )
-        path = self.state_dir / "enforcer.json"
+        path = self.run_dir.status
         try:
             write_atomic(path, dump(doc))
         except OSError as exc:  # a full or read-only state dir: enforcement goes on, status goes stale

@@ -19,7 +19,7 @@ from typing import Any
 from ..contract import ModelDoc, PlanDoc
 from ..units import gib
 from .probes.meminfo import read_meminfo
-from .rundir import GATEWAY
+from .rundir import GATEWAY, RunDir
 
 
 @dataclass(frozen=True)
@@ -300,7 +300,7 @@ class Preflight:
         need = sum(m.kv_bytes for m in self.plan.models.values() if m.kv_slots)
         if not need:
             return
-        state = (self.bundle / "../state").resolve()
+        state = RunDir.of_bundle(self.bundle).state
         where = state if state.exists() else self.bundle.resolve().parent
         free = shutil.disk_usage(where).free
         if free >= need:

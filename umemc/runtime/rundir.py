@@ -19,12 +19,24 @@ from ..records import PidRecord, write_atomic
 
 SOCKET_MAX = 107
 ENFORCER, GATEWAY, SUPERVISORD = "umemc-enforcer", "umemc-gateway", "umemc-supervisord"  # umemc's own processes
-DEFAULT_SOCKET = "%(here)s/../state/supervisor.sock"
 
 
 @dataclass(frozen=True)
 class RunDir:
+    """Every path of a run, for every umemc process: `umemc up`/`down`/`status`, the enforcer and the gateway
+    (from their --bundle), the exec wrapper (from its --state)."""
+
     root: Path
+    state_dir: Path | None = None  # RUN/state unless a process was handed another (the wrapper's --state)
+
+    @classmethod
+    def of_bundle(cls, bundle: Path) -> RunDir:
+        return cls((bundle / "..").resolve())
+
+    @classmethod
+    def of_state(cls, state: Path) -> RunDir:
+        state = state.resolve()
+        return cls(state.parent, state)
 
     @property
     def bundle(self) -> Path:
@@ -32,7 +44,7 @@ class RunDir:
 
     @property
     def state(self) -> Path:
-        return self.root / "state"
+        return self.state_dir or self.root / "state"
 
     @property
     def pidfile(self) -> Path:
@@ -47,14 +59,61 @@ class RunDir:
         return self.state / "enforcer.json"
 
     @property
+    def gateway_state(self) -> Path:
+        return self.state / "gateway.json"
+
+    @property
     def logs(self) -> Path:
         return self.state / "logs"
+
+    def log(self, program: str, stream: str = "err") -> Path:
+        """What supervisord captured of a worker's stdout ("out") or stderr ("err")."""
+        return self.logs / f"{program}.{stream}.log"
+
+    def log_files(self, name: str) -> list[Path]:
+        """A program's logs: supervisord's own, one file for umemc's processes, stdout and stderr for a worker."""
+        if name == "supervisord":
+            return [self.state / "supervisord.log"]
+        if name in (ENFORCER, GATEWAY):
+            return [self.logs / f"{name}.log"]
+        return [self.log(name, "out"), self.log(name, "err")]
+
+    @property
+    def supervisord_log(self) -> Path:
+        """What supervisord says before its own log exists (a config it cannot read, a socket it cannot bind)."""
+        return self.state / "supervisord.stderr.log"
+
+    @property
+    def pids(self) -> Path:
+        return self.state / "pids"
+
+    @property
+    def cgroups(self) -> Path:
+        return self.state / "cgroups"
+
+    @property
+    def secrets(self) -> Path:
+        return self.state / "secrets"
+
+    @property
+    def slots(self) -> Path:
+        """llama-server's --slot-save-path for each model lives under here (the wrapper fills it in)."""
+        return self.state / "slots"
+
+    def worker_report(self, model: str) -> Path:
+        """What a `umemc.worker` worker reserved in-process."""
+        return self.state / "workers" / f"{model}.json"
+
+    @property
+    def socket_record(self) -> Path:
+        """Where a deep run dir's socket went (a short private directory), when it did."""
+        return self.state / "socket"
 
     @property
     def token_file(self) -> Path:
         """The gateway's bearer token, written by `umemc up` (0600 in a 0700 directory); supervisord and
         the workers never see the variable it came from."""
-        return self.state / "secrets" / "gateway-token"
+        return self.secrets / "gateway-token"
 
     def default_socket(self) -> Path:
         return self.state / "supervisor.sock"
@@ -62,13 +121,13 @@ class RunDir:
     def socket(self) -> Path:
         """Where the running stack's socket is: the bundle's plan, else the private directory recorded
         for a deep run dir, else the default. A corrupt plan.json never hides the socket."""
-        from ..contract import PlanDoc, read_optional
+        from ..contract import PlanDoc, read_optional  # pydantic: not on the exec wrapper's path
 
         plan = read_optional(PlanDoc, self.bundle / "plan.json")
         if plan is not None:
             return plan.supervisor.socket_path(self.bundle)
         with contextlib.suppress(OSError):
-            recorded = (self.state / "socket").read_text().strip()
+            recorded = self.socket_record.read_text().strip()
             if recorded:
                 return Path(recorded)
         return self.default_socket()
@@ -76,8 +135,7 @@ class RunDir:
     def symlinks(self) -> list[Path]:
         """The run dir and the directories umemc writes in it must be real directories: a symlink would
         make `up` write (and chmod 0700) wherever it points, even when its preflight then refuses."""
-        state = self.state
-        paths = (self.root, self.bundle, state, self.logs, state / "pids", state / "cgroups", state / "secrets")
+        paths = (self.root, self.bundle, self.state, self.logs, self.pids, self.cgroups, self.secrets)
         return [p for p in paths if p.is_symlink()]
 
     def prepare(self) -> None:
@@ -93,7 +151,7 @@ class RunDir:
         """None when the default socket path fits; else a short private directory's socket."""
         if len(str(self.default_socket().absolute())) <= SOCKET_MAX:
             return None
-        record = self.state / "socket"
+        record = self.socket_record
         if record.exists():
             path = Path(record.read_text().strip())
             if path.parent.is_dir() and path.parent.stat().st_uid == os.getuid():
@@ -122,7 +180,7 @@ class RunDir:
     def records(self) -> list[PidRecord]:
         """Every `state/pids/NAME` record that parses (a corrupt one is skipped: cgroups still find it)."""
         out = []
-        folder = self.state / "pids"
+        folder = self.pids
         with contextlib.suppress(OSError):
             for path in sorted(folder.iterdir()):
                 if path.name.startswith("."):
@@ -132,9 +190,9 @@ class RunDir:
         return out
 
     def forget(self, name: str) -> None:
-        for folder in ("pids", "cgroups"):
+        for folder in (self.pids, self.cgroups):
             with contextlib.suppress(OSError):
-                (self.state / folder / name).unlink()
+                (folder / name).unlink()
 
     def write_secret(self, path: Path, text: str) -> None:
         """A file only its owner may read, written atomically (never briefly world-readable)."""

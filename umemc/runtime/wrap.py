@@ -28,6 +28,7 @@ from collections.abc import MutableMapping
 from pathlib import Path
 
 from ..records import CgroupRecord, PidRecord, write_atomic
+from .rundir import RunDir
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -61,12 +62,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"umemc-wrap: the parent of {args.model} died before it started; not starting", file=sys.stderr)
         return 1
     state = Path(args.state)
-    record = state / "cgroups" / args.model
+    run = RunDir.of_state(state)
+    record = run.cgroups / args.model
     if args.cgroup == "auto":
         place(args.stack, args.model, args.hard, args.soft, state, record)
     else:
         forget(record)
-    write_record(state / "pids" / args.model, PidRecord(args.model, os.getpid(), start_time(os.getpid())).render())
+    write_record(run.pids / args.model, PidRecord(args.model, os.getpid(), start_time(os.getpid())).render())
     for name in args.unset:
         os.environ.pop(name, None)
     worker_env(os.environ)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from xml.sax.saxutils import escape as xml_escape
 
 from .. import contract as c
-from ..compile import STATE, Bundle
+from ..compile import Bundle
 from ..launchers import help_argv, runtime_of
 from .jinja import render
 from .report import budget_json, budget_markdown
@@ -70,7 +70,7 @@ def plan_json(b: Bundle) -> Files:
             memory_bytes=gw.memory,
             argv=list(b.gateway),
         ),
-        supervisor=c.SupervisorDoc(config="supervisord.conf", socket=b.socket, state=STATE),
+        supervisor=c.SupervisorDoc(config="supervisord.conf", socket=b.socket, state=c.STATE),
         memlock=b.memlock,
         simulate=b.simulate,
         enforcer=list(b.enforcer),
@@ -132,7 +132,7 @@ def budget(b: Bundle) -> Files:
 
 
 def supervisord(b: Bundle) -> Files:
-    return {"supervisord.conf": render("supervisord.conf.j2", bundle=b, state=STATE)}
+    return {"supervisord.conf": render("supervisord.conf.j2", bundle=b, state=c.STATE)}
 
 
 def env_files(b: Bundle) -> Files:

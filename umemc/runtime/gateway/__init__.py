@@ -52,8 +52,10 @@ def main(argv: list[str] | None = None) -> int:
 def read_token(bundle: Path, name: str) -> str:
     """The token `umemc up` wrote to RUN/state/secrets (0600); the variable itself only when supervisord
     was started by hand with it in its environment."""
+    from ..rundir import RunDir
+
     try:
-        return (bundle / ".." / "state" / "secrets" / "gateway-token").read_text()
+        return RunDir.of_bundle(bundle).token_file.read_text()
     except OSError:
         return os.environ.get(name, "")
 

@@ -353,7 +353,7 @@ async def log_tail(request: web.Request) -> web.Response:
         lines = max(1, min(1000, int(request.query.get("lines", "40"))))
     except ValueError:
         raise Refused("lines must be an integer", "invalid_json") from None
-    path = sched.state_dir / "logs" / f"{m.name}.err.log"
+    path = sched.run.log(m.name)
     try:
         with open(path, "rb") as f:
             f.seek(0, 2)

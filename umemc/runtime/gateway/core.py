@@ -5,7 +5,6 @@ another (implemented in slots.py, leases.py, sync.py and scheduler.py). The part
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 from ...contract import (
@@ -15,6 +14,7 @@ from ...contract import (
 )
 from ...policy import Budget, Decision, Held, Lease, Need
 from ..events import EventLog
+from ..rundir import RunDir
 from ..supervisor import Supervisor
 from .model import Model, Refused
 
@@ -22,7 +22,7 @@ from .model import Model, Refused
 class Core:
     plan: PlanDoc
     gw: GatewayDoc
-    state_dir: Path
+    run: RunDir
     supervisor: Supervisor
     budget: Budget
     models: dict[str, Model]

@@ -18,6 +18,12 @@ def slot_file(model: str, slot: int) -> str:
     return f"{model}-slot{slot}.bin"
 
 
+def slot_detail(doc: dict[str, Any], action: str) -> dict[str, Any]:
+    """llama-server's answer to a slot save or restore as an event's detail: tokens, bytes, milliseconds."""
+    tokens, moved = ("n_saved", "n_written") if action == "save" else ("n_restored", "n_read")
+    return {"tokens": doc.get(tokens), "bytes": doc.get(moved), "ms": doc.get("timings", {}).get(f"{action}_ms")}
+
+
 def slot_action(port: int, slot: int, action: str, filename: str, timeout: float = SLOT_TIMEOUT_S) -> dict[str, Any]:
     """One call of llama-server's slot API; raises OSError or ValueError (its error) on failure."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)

@@ -64,7 +64,7 @@ class Leases(Core):
     def _load_leases(self) -> None:
         """Leases outlive a restart of the gateway (they are in RUN/state/gateway.json), not a
         restart of the stack: only those written under this same supervisord come back."""
-        doc = read_optional(GatewayState, self.state_dir / "gateway.json")
+        doc = read_optional(GatewayState, self.run.gateway_state)
         if doc is None or self.supervisord_pid is None or doc.supervisord_pid != self.supervisord_pid:
             return
         now = time.time()

@@ -32,9 +32,10 @@ from ...contract import (
 )
 from ...policy import Budget, Decision, Held, Lease, Need, decide, pressure_victim
 from ..events import EventLog
+from ..rundir import RunDir
 from ..supervisor import Supervisor
 from .generation import GenerationBudget
-from .kvslots import slot_action, slot_file
+from .kvslots import slot_action, slot_detail, slot_file
 from .leases import Leases, lease_doc, lease_json
 from .lifecycle import Phase
 from .model import CONNECT_ERRORS, LIVE, SERVING, Model, Refused
@@ -54,8 +55,8 @@ class Scheduler(Slots, Leases, StateSync):
         if self.plan.gateway is None:
             raise ContractError(f"{bundle / 'plan.json'}: this stack has no gateway (gateway.enabled = false)")
         self.gw: GatewayDoc = self.plan.gateway
-        self.state_dir = (bundle / "../state").resolve()
-        self.supervisor = Supervisor(Path(self.plan.supervisor.socket.replace("%(here)s", str(bundle))))
+        self.run = RunDir.of_bundle(bundle)
+        self.supervisor = Supervisor(self.plan.supervisor.socket_path(bundle))
         cap = self.plan.capacity
         self.generation = GenerationBudget(self.plan.policy.max_generating)
         self.budget = Budget(
@@ -70,7 +71,7 @@ class Scheduler(Slots, Leases, StateSync):
             self.routes.update({alias: n for alias in m.aliases})
         self.leases: dict[str, Lease] = {}
         self.lock = asyncio.Lock()
-        self.events = EventLog(self.state_dir / "events.db")
+        self.events = EventLog(self.run.events)
         self.pressure: float | None = None
         self.enforcer: EnforcerStatus | None = None
         self.run_start = self.events.last_id("up")  # metrics count this run's events
@@ -278,7 +279,7 @@ class Scheduler(Slots, Leases, StateSync):
                 raise Refused(
                     f"worker {m.name} failed to start: it is {m.state}"
                     + (f" ({info['spawnerr']})" if info.get("spawnerr") else "")
-                    + f"; see {self.state_dir / 'logs' / (m.name + '.err.log')}",
+                    + f"; see {self.run.log(m.name)}",
                     "start_failed",
                     10,
                 )
@@ -326,15 +327,7 @@ class Scheduler(Slots, Leases, StateSync):
             if int(doc.get("n_saved", 0)) == 0:
                 continue  # an empty slot: nothing to bring back
             m.saved_slots.append(slot)
-            self.events.add(
-                "slot_save",
-                m.name,
-                slot=slot,
-                tokens=doc.get("n_saved"),
-                bytes=doc.get("n_written"),
-                ms=doc.get("timings", {}).get("save_ms"),
-                file=name,
-            )
+            self.events.add("slot_save", m.name, slot=slot, **slot_detail(doc, "save"), file=name)
 
     async def _restore_slots(self, m: Model) -> None:
         assert m.port is not None
@@ -345,15 +338,7 @@ class Scheduler(Slots, Leases, StateSync):
             except (OSError, ValueError) as exc:
                 self.events.add("slot_restore_failed", m.name, slot=slot, reason=str(exc))
                 continue
-            self.events.add(
-                "slot_restore",
-                m.name,
-                slot=slot,
-                tokens=doc.get("n_restored"),
-                bytes=doc.get("n_read"),
-                ms=doc.get("timings", {}).get("restore_ms"),
-                file=name,
-            )
+            self.events.add("slot_restore", m.name, slot=slot, **slot_detail(doc, "restore"), file=name)
         m.saved_slots = []
 
     async def relieve_pressure(self, pressure: float) -> dict[str, Any]:

@@ -111,7 +111,7 @@ class StateSync(Core):
             self.kick()
 
     def _enforcer_status(self) -> EnforcerStatus | None:
-        doc = read_optional(EnforcerStatus, self.state_dir / "enforcer.json")
+        doc = read_optional(EnforcerStatus, self.run.status)
         return doc if doc is not None and time.time() - doc.time < STATUS_FRESH_S else None
 
     async def _unload_idle(self, now: float) -> None:
@@ -166,7 +166,7 @@ class StateSync(Core):
             models=models,
             leases=[lease_doc(x) for x in self.leases.values()],
         )
-        path = self.state_dir / "gateway.json"
+        path = self.run.gateway_state
         try:
             write_atomic(path, dump(doc), durable=durable)
         except OSError as exc:
