@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import llama_python, write_section
 from umemc.budget import make_plan
+from umemc.estimate.figures import Estimate
 from umemc.stack.resolve import load_stack
 from umemc.testing.tinygguf import TinySpec, write_tiny_gguf
 
@@ -270,6 +271,24 @@ _FULL_PATTERNS = {
 }
 
 
+def _loaded(py: str, argv: list[str]) -> dict[str, float]:
+    """llama.cpp's buffer report (bytes by _FULL_PATTERNS key, summed over devices) for one load by _FULL_LOADER."""
+    out = subprocess.run([py, "-c", _FULL_LOADER, *argv], capture_output=True, text=True, check=True).stderr
+    return {k: sum(float(x) for x in re.findall(p, out)) * MiB for k, p in _FULL_PATTERNS.items()}
+
+
+def _estimated(stack: Path, source: str, *, ctx: int, fa: bool, kv: str, par: int, mmap: bool) -> Estimate:
+    """umemc's estimate for the same load: one model (`source` names its file or arch), served by llama-server
+    when it has more than one sequence, as _FULL_LOADER loads it."""
+    runtime = "llama-server" if par > 1 else "llama-cpp-python"
+    stack.write_text(
+        f'version = 1\nname = "bench"\n[platform]\nkind = "cpu"\nmemory = "2048GiB"\n[models.m]\n'
+        f'runtime = "{runtime}"\n{source}\ncontext = {ctx}\nflash_attn = {"true" if fa else "false"}\n'
+        f'kv_cache = "{kv}"\nparallel = {par}\nmmap = {"true" if mmap else "false"}\n'
+    )
+    return make_plan(load_stack(stack)).models["m"].estimate
+
+
 def full_scale(py: str, tmp: Path) -> str:
     """The preset path at full size: sparse GGUFs with the presets' shapes and umemc's port of llama.cpp's
     quantization mix, (1) against the published files' sizes, (2) loaded by llama.cpp (mmap: the holes are
@@ -311,16 +330,8 @@ def full_scale(py: str, tmp: Path) -> str:
         enc = "1" if not LLM_PRESETS[name].shape.causal else "0"
         argv = [str(files[name]), str(ctx), "1" if fa else "0", "1" if repack else "0", str(_KV_ID[kv]), str(par)]
         argv += ["512", enc]
-        out = subprocess.run([py, "-c", _FULL_LOADER, *argv], capture_output=True, text=True, check=True).stderr
-        real = {k: sum(float(x) for x in re.findall(p, out)) * MiB for k, p in _FULL_PATTERNS.items()}
-        runtime = "llama-server" if par > 1 else "llama-cpp-python"
-        stack = tmp / "full.toml"
-        stack.write_text(
-            f'version = 1\nname = "full"\n[platform]\nkind = "cpu"\nmemory = "2048GiB"\n[models.m]\n'
-            f'runtime = "{runtime}"\narch = "{name}"\ncontext = {ctx}\nflash_attn = {"true" if fa else "false"}\n'
-            f'kv_cache = "{kv}"\nparallel = {par}\nmmap = {"true" if repack else "false"}\n'
-        )
-        e = make_plan(load_stack(stack)).models["m"].estimate
+        real = _loaded(py, argv)
+        e = _estimated(tmp / "full.toml", f'arch = "{name}"', ctx=ctx, fa=fa, kv=kv, par=par, mmap=repack)
         pairs = [
             (e.weights.bytes, real["weights"] + real["repack"]),
             (e.kv.bytes, real["kv"] + real["state"]),
@@ -377,16 +388,9 @@ def tiny_archs(py: str, tmp: Path) -> str:
         path = write_sparse_gguf(tmp / f"{name}.gguf", preset, ftype)[0]
         for ctx, ub, fa, kv, par in TINY_CONFIGS:
             argv = [str(path), str(ctx), "1" if fa else "0", "0", str(_KV_ID[kv]), str(par), str(ub)]
-            out = subprocess.run([py, "-c", _FULL_LOADER, *argv], capture_output=True, text=True, check=True).stderr
-            real = {k: sum(float(x) for x in re.findall(p, out)) * MiB for k, p in _FULL_PATTERNS.items()}
-            runtime = "llama-server" if par > 1 else "llama-cpp-python"
-            stack = tmp / "tiny.toml"
-            stack.write_text(
-                f'version = 1\nname = "t"\n[platform]\nkind = "cpu"\nmemory = "64GiB"\n[models.m]\n'
-                f'runtime = "{runtime}"\nmodel = "{path}"\ncontext = {ctx}\nubatch = {ub}\n'
-                f'flash_attn = {"true" if fa else "false"}\nkv_cache = "{kv}"\nparallel = {par}\nmmap = false\n'
-            )
-            e = make_plan(load_stack(stack)).models["m"].estimate
+            real = _loaded(py, argv)
+            source = f'model = "{path}"\nubatch = {ub}'
+            e = _estimated(tmp / "tiny.toml", source, ctx=ctx, fa=fa, kv=kv, par=par, mmap=False)
             pairs = {
                 "weights": (e.weights.bytes, real["weights"]),
                 "kv": (e.kv.bytes, real["kv"] + real["state"]),

@@ -208,8 +208,7 @@ class Preflight:
 
         llama = {n: m.argv[0] if m.argv else None for n, m in self.plan.models.items() if m.runtime == "llama-server"}
         env = {n: m.env for n, m in self.plan.models.items()}
-        for f in check(self.root, llama, env):
-            self._add(f.check, f.ok, f.message, f.fix, host=True, advisory=f.advisory)
+        self.findings += check(self.root, llama, env)
 
     def _apple_window(self, want: int) -> None:
         mb = want // (1024 * 1024)

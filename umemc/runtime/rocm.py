@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import re
 import shutil
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+
+from .preflight import Finding
 
 GFX1151 = 110501  # KFD's gfx_target_version of Strix Halo (major 11, minor 5, stepping 1)
 # MES firmware that hangs gfx1151 compute queues ("MES failed to respond to msg=REMOVE_QUEUE", memory access
@@ -34,13 +36,8 @@ BAD_KERNELS: dict[tuple[int, int], tuple[str, str, str]] = {
 TESTED_SINCE = (6, 14)
 
 
-@dataclass(frozen=True)
-class RocmFinding:
-    check: str
-    ok: bool
-    message: str
-    fix: tuple[str, ...] = ()
-    advisory: bool = False  # a warning, not a refusal
+# preflight's findings, each about the host (a warning only under --simulate)
+HostFinding = partial(Finding, host=True)
 
 
 def kernel_version(root: Path) -> tuple[int, int] | None:
@@ -108,18 +105,18 @@ def built_targets(executable: str | None) -> set[str] | None:
     return targets
 
 
-def check(root: Path, executables: dict[str, str | None], env: dict[str, dict[str, str]]) -> list[RocmFinding]:
+def check(root: Path, executables: dict[str, str | None], env: dict[str, dict[str, str]]) -> list[Finding]:
     """All findings for an amd-apu host. executables: model -> its runtime's executable (llama.cpp ones);
     env: model -> the model's own environment."""
     out = [*_kernel(root), *_firmware(root), *_gtt_parameter(root)]
     gfx = gfx_targets(root)
     strix = GFX1151 in gfx
     if gfx:
-        out.append(RocmFinding("gfx target", True, "GPU " + ", ".join(_gfx_name(v) for v in gfx)))
+        out.append(HostFinding("gfx target", True, "GPU " + ", ".join(_gfx_name(v) for v in gfx)))
     for model, variables in sorted(env.items()):
         if strix and "HSA_OVERRIDE_GFX_VERSION" in variables:
             out.append(
-                RocmFinding(
+                HostFinding(
                     "gfx target",
                     False,
                     f"models.{model}.env sets HSA_OVERRIDE_GFX_VERSION={variables['HSA_OVERRIDE_GFX_VERSION']}: on "
@@ -131,7 +128,7 @@ def check(root: Path, executables: dict[str, str | None], env: dict[str, dict[st
         targets = built_targets(exe)
         if strix and targets is not None and "gfx1151" not in targets:
             out.append(
-                RocmFinding(
+                HostFinding(
                     "gfx target",
                     False,
                     f"models.{model}: {exe} was built for {', '.join(sorted(targets)) or 'no GPU'}, not gfx1151",
@@ -141,14 +138,14 @@ def check(root: Path, executables: dict[str, str | None], env: dict[str, dict[st
     return out
 
 
-def _kernel(root: Path) -> list[RocmFinding]:
+def _kernel(root: Path) -> list[Finding]:
     version = kernel_version(root)
     if version is None:
         return []
     text = f"kernel {version[0]}.{version[1]}"
     if version < TESTED_SINCE:
         return [
-            RocmFinding(
+            HostFinding(
                 "kernel",
                 False,
                 f"{text} is older than every kernel the gfx1151 (Strix Halo) reports in docs/STRIX-HALO.md ran "
@@ -159,20 +156,20 @@ def _kernel(root: Path) -> list[RocmFinding]:
         ]
     known = BAD_KERNELS.get(version)
     if known is None:
-        return [RocmFinding("kernel", True, text)]
+        return [HostFinding("kernel", True, text)]
     what, source, fix = known
     if version == (6, 14) and "amdgpu.cwsr_enable=0" in cmdline(root):
-        return [RocmFinding("kernel", True, f"{text} with amdgpu.cwsr_enable=0 (the workaround for {source})")]
-    return [RocmFinding("kernel", False, f"{text}: {what} ({source})", (fix,), advisory=True)]
+        return [HostFinding("kernel", True, f"{text} with amdgpu.cwsr_enable=0 (the workaround for {source})")]
+    return [HostFinding("kernel", False, f"{text}: {what} ({source})", (fix,), advisory=True)]
 
 
-def _firmware(root: Path) -> list[RocmFinding]:
+def _firmware(root: Path) -> list[Finding]:
     mes = mes_firmware(root)
     if mes is None:
         return []
     if mes in BAD_MES:
         return [
-            RocmFinding(
+            HostFinding(
                 "firmware",
                 False,
                 f"MES firmware 0x{mes:08x}: {BAD_MES[mes]}",
@@ -182,10 +179,10 @@ def _firmware(root: Path) -> list[RocmFinding]:
                 ),
             )
         ]
-    return [RocmFinding("firmware", True, f"MES firmware 0x{mes:08x}")]
+    return [HostFinding("firmware", True, f"MES firmware 0x{mes:08x}")]
 
 
-def _gtt_parameter(root: Path) -> list[RocmFinding]:
+def _gtt_parameter(root: Path) -> list[Finding]:
     try:
         gttsize = int((root / "sys/module/amdgpu/parameters/gttsize").read_text())
     except (OSError, ValueError):
@@ -193,7 +190,7 @@ def _gtt_parameter(root: Path) -> list[RocmFinding]:
     if gttsize == -1:
         return []
     return [
-        RocmFinding(
+        HostFinding(
             "gpu window",
             False,
             f"amdgpu.gttsize={gttsize} is set: the parameter is deprecated, ttm.pages_limit bounds the GTT",

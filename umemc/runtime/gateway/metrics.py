@@ -12,6 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..probes.proc import ProcTree
+
 if TYPE_CHECKING:
     from .scheduler import Scheduler
 
@@ -96,6 +98,7 @@ class Metrics:
 class _Live(Collector):
     def __init__(self, sched: Scheduler):
         self.sched = sched
+        self.proc = ProcTree()  # umemc's own processes, for their resident memory
 
     def describe(self) -> list[Metric]:
         return []  # scraped live; nothing to check for name clashes at registration
@@ -151,7 +154,7 @@ class _Live(Collector):
                 "umemc_generation_waiting", "Requests waiting for the generation budget.", value=s.generation.waiting
             )
         yield from _from_events(s)
-        yield from _from_enforcer(s)
+        yield from _from_enforcer(s, self.proc)
         yield GaugeMetricFamily(
             "umemc_pressure",
             "System memory pressure as the enforcer measures it (NaN when its status is stale).",
@@ -198,7 +201,7 @@ def _from_events(s: Scheduler) -> Iterator[Metric]:
     yield from (kills, evictions, give_ups, failed, drift, leaks)
 
 
-def _from_enforcer(s: Scheduler) -> Iterator[Metric]:
+def _from_enforcer(s: Scheduler, proc: ProcTree) -> Iterator[Metric]:
     """Per-model gauges from the enforcer's status (drift ratio, leak rate), and umemc's own memory."""
     drift = GaugeMetricFamily(
         "umemc_model_estimate_drift_ratio", "Measured / estimate - 1, once the worker has settled.", labels=["model"]
@@ -216,18 +219,8 @@ def _from_enforcer(s: Scheduler) -> Iterator[Metric]:
                 drift.add_metric([name], w.drift)
             if w.leak_rate_bytes_per_s is not None:
                 leak.add_metric([name], w.leak_rate_bytes_per_s)
-        enforcer = _rss(st.pid)
-        if enforcer is not None:
+        enforcer = proc.rss(st.pid)  # 0 once it has gone: left out
+        if enforcer:
             own.add_metric(["enforcer"], enforcer)
-    gateway = _rss(os.getpid())
-    if gateway is not None:
-        own.add_metric(["gateway"], gateway)
+    own.add_metric(["gateway"], proc.rss(os.getpid()))
     yield from (drift, leak, own)
-
-
-def _rss(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
