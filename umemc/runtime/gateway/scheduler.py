@@ -19,7 +19,6 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -316,30 +315,31 @@ class Scheduler(Slots, Leases, StateSync):
             self.kick()  # requests that arrived for it meanwhile start it again
 
     async def _save_slots(self, m: Model) -> None:
-        m.saved_slots = await self._slot_pass(m, "save", range(m.plan.kv_slots))
-
-    async def _restore_slots(self, m: Model) -> None:
-        await self._slot_pass(m, "restore", m.saved_slots)
-        m.saved_slots = []
-
-    async def _slot_pass(self, m: Model, action: str, slots: Iterable[int]) -> list[int]:
-        """Save or restore each slot's KV through llama-server, an event each (slot_save, slot_restore, or
-        with _failed); the slots that held something. An empty slot is not saved: nothing to bring back."""
         assert m.port is not None
-        done = []
-        for slot in slots:
+        m.saved_slots = []
+        for slot in range(m.plan.kv_slots):
             name = slot_file(m.name, slot)
             try:
-                doc = await asyncio.to_thread(slot_action, m.port, slot, action, name)
+                doc = await asyncio.to_thread(slot_action, m.port, slot, "save", name)
             except (OSError, ValueError) as exc:
-                self.events.add(f"slot_{action}_failed", m.name, slot=slot, reason=str(exc))
+                self.events.add("slot_save_failed", m.name, slot=slot, reason=str(exc))
                 continue
-            detail = slot_detail(doc, action)
-            if action == "save" and not detail["tokens"]:
+            if int(doc.get("n_saved", 0)) == 0:
+                continue  # an empty slot: nothing to bring back
+            m.saved_slots.append(slot)
+            self.events.add("slot_save", m.name, slot=slot, **slot_detail(doc, "save"), file=name)
+
+    async def _restore_slots(self, m: Model) -> None:
+        assert m.port is not None
+        for slot in m.saved_slots:
+            name = slot_file(m.name, slot)
+            try:
+                doc = await asyncio.to_thread(slot_action, m.port, slot, "restore", name)
+            except (OSError, ValueError) as exc:
+                self.events.add("slot_restore_failed", m.name, slot=slot, reason=str(exc))
                 continue
-            done.append(slot)
-            self.events.add(f"slot_{action}", m.name, slot=slot, **detail, file=name)
-        return done
+            self.events.add("slot_restore", m.name, slot=slot, **slot_detail(doc, "restore"), file=name)
+        m.saved_slots = []
 
     async def relieve_pressure(self, pressure: float) -> dict[str, Any]:
         """The enforcer measured pressure above evict_above and asks: stop the worker the one
