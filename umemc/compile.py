@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .budget import ModelPlan, Plan
 from .chars import CONTROL
-from .contract import DEFAULT_SOCKET
+from .contract import SOCKET
 from .errors import UsageError
 from .launchers import Context, argv_for, health_path
 from .runtime.rundir import ENFORCER, GATEWAY
@@ -61,7 +61,7 @@ class Bundle:
     programs: dict[str, Program]
     sysctl: tuple[Tunable, ...]
     memlock: bool  # any model locks memory: RLIMIT_MEMLOCK must be raised for supervisord
-    socket: str  # supervisord's unix socket (relative to the config unless overridden)
+    socket: str  # supervisord's unix socket, as the config spells it (expanded from the environment)
     python: str
     simulate: bool = False  # workers replaced by placeholders that hold their soft quota
 
@@ -99,9 +99,7 @@ class Bundle:
         return p.gpu_window // MiB if p.kind == "apple" and p.gpu_window else None
 
 
-def compile_bundle(
-    plan: Plan, socket: str | None = None, python: str | None = None, simulate: bool = False, host: str = "127.0.0.1"
-) -> Bundle:
+def compile_bundle(plan: Plan, python: str | None = None, simulate: bool = False, host: str = "127.0.0.1") -> Bundle:
     ctx = Context(plan, python or sys.executable, host)
     if ini_problem(ctx.python):  # every program's command starts with it
         raise UsageError(
@@ -119,7 +117,7 @@ def compile_bundle(
         programs,
         _sysctl(plan),
         memlock,
-        socket or DEFAULT_SOCKET,
+        SOCKET,
         ctx.python,
         simulate,
     )

@@ -29,7 +29,11 @@ PLAN_VERSION = 1
 # The run dir as supervisord's config spells it (%(here)s is the bundle directory): RUN/state beside
 # RUN/bundle. Every path inside it is runtime.rundir.RunDir's; these two are what the compiler writes.
 STATE = "%(here)s/../state"
-DEFAULT_SOCKET = f"{STATE}/supervisor.sock"
+# The control socket is not in the rendered text: supervisord (and supervisorctl) expand it from the
+# environment `umemc up` starts them with, RunDir.socket(): RUN/state/supervisor.sock, or a short private
+# directory's socket when the run dir is too deep for a unix socket path. A copied bundle is never edited.
+SOCKET_ENV = "UMEMC_SUPERVISOR_SOCKET"
+SOCKET = f"%(ENV_{SOCKET_ENV})s"
 STATUS_VERSION = 1
 
 
@@ -96,11 +100,8 @@ class GatewayDoc(_Doc):
 
 class SupervisorDoc(_Doc):
     config: str
-    socket: str  # may hold supervisord's %(here)s: the bundle directory
+    socket: str  # as the config spells it: expanded from UMEMC_SUPERVISOR_SOCKET (runtime.rundir.RunDir.socket)
     state: str
-
-    def socket_path(self, bundle: Path) -> Path:
-        return Path(self.socket.replace("%(here)s", str(bundle)))
 
 
 class PartsDoc(_Doc):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -17,12 +19,16 @@ def build_stack(stack: Path, out: Path) -> Path:
 
 
 def parse_supervisord(bundle: Path):  # type: ignore[no-untyped-def]
-    """supervisor's ServerOptions on the generated config (it insists the log dirs exist)."""
+    """supervisor's ServerOptions on the generated config (it insists the log dirs exist), with the socket
+    variable `umemc up` gives supervisord; the socket it then binds is the run dir's."""
     from supervisor.options import ServerOptions
 
     (bundle.parent / "state" / "logs").mkdir(parents=True, exist_ok=True)
-    opts = ServerOptions()
-    opts.realize(args=["-c", str(bundle / "supervisord.conf")])
+    sock = bundle.parent / "state" / "supervisor.sock"
+    with mock.patch.dict(os.environ, {"UMEMC_SUPERVISOR_SOCKET": str(sock)}):
+        opts = ServerOptions()
+        opts.realize(args=["-c", str(bundle / "supervisord.conf")])
+    assert [c["file"] for c in opts.server_configs] == [str(sock.absolute())]
     return opts
 
 

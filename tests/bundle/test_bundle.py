@@ -138,13 +138,14 @@ mode = "cold"
     bundle = build_stack(stack, tmp_path / "run" / "bundle")
     state = tmp_path / "run" / "state"
     (state / "logs").mkdir(parents=True)
+    sock = state / "supervisor.sock"
     proc = subprocess.Popen(
         [sys.executable, "-m", "supervisor.supervisord", "-n", "-c", str(bundle / "supervisord.conf")],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        env={**os.environ, "UMEMC_SUPERVISOR_SOCKET": str(sock)},  # what `umemc up` gives it
     )
-    sock = state / "supervisor.sock"
     worker_pids: list[int] = []
     try:
         deadline = time.monotonic() + 20

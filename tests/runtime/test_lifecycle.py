@@ -255,7 +255,10 @@ def test_observing_a_running_stack(stack, capsys) -> None:
     assert (doc["stack"], doc["running"], w["mode"], w["priority"]) == ("top", True, "hot", 50)
 
 
-def test_deep_run_dir_runs_with_a_private_socket(tmp_path: Path) -> None:
+@pytest.mark.parametrize("target", ["stack", "bundle"])
+def test_deep_run_dir_runs_with_a_private_socket(tmp_path: Path, target: str) -> None:
+    """The socket of a run dir too deep for a unix socket path is given to supervisord from outside the
+    bundle: a prebuilt bundle is copied byte for byte, never edited."""
     stack = tmp_path / "stack.toml"
     stack.write_text(
         'version = 1\nname = "deep"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n'
@@ -263,12 +266,19 @@ def test_deep_run_dir_runs_with_a_private_socket(tmp_path: Path) -> None:
         + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port())
         + f"[gateway]\nport = {free_port()}\n"
     )
+    source = tmp_path / "built"
+    if target == "bundle":
+        assert main(["build", str(stack), "-o", str(source)]) == 0
     run = tmp_path / ("d" * 60) / ("e" * 60) / "run"
-    assert main(["up", str(stack), "--run-dir", str(run), "--timeout", "60"]) == 0
+    assert main(["up", str(stack if target == "stack" else source), "--run-dir", str(run), "--timeout", "60"]) == 0
     try:
         sock = Path((run / "state" / "socket").read_text().strip())
         assert sock.exists() and len(str(sock)) <= 107
-        assert json.loads((run / "bundle" / "plan.json").read_text())["supervisor"]["socket"] == str(sock)
+        conf = (run / "bundle" / "supervisord.conf").read_text()
+        assert "file=%(ENV_UMEMC_SUPERVISOR_SOCKET)s\n" in conf
+        if target == "bundle":
+            for f in ("supervisord.conf", "plan.json"):
+                assert (run / "bundle" / f).read_bytes() == (source / f).read_bytes()
         from tests.runtime.conftest import Running
 
         assert Running(run).status()["w"]["state"] == "RUNNING"

@@ -13,7 +13,7 @@ from umemc.runtime.rundir import SOCKET_MAX, RunDir
 
 def test_short_run_dir_keeps_its_socket(tmp_path: Path) -> None:
     run = RunDir(tmp_path / "run")
-    assert run.socket_override() is None
+    assert run.claim_socket() == run.socket()
     assert run.socket() == tmp_path / "run" / "state" / "supervisor.sock"
 
 
@@ -21,12 +21,12 @@ def test_deep_run_dir_gets_a_private_short_socket(tmp_path: Path) -> None:
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     run = RunDir(deep)
     assert len(str(run.default_socket())) > SOCKET_MAX
-    sock = run.socket_override()
-    assert sock is not None and len(sock) <= SOCKET_MAX
+    sock = run.claim_socket()
+    assert len(str(sock)) <= SOCKET_MAX
     private = Path(sock).parent
     try:
         assert stat.S_IMODE(os.stat(private).st_mode) == 0o700 and private.stat().st_uid == os.getuid()
         assert (deep / "state" / "socket").read_text() == f"{sock}\n"
-        assert run.socket_override() == sock  # recorded: the same one next time
+        assert run.claim_socket() == sock and run.socket() == sock  # recorded: the same one next time
     finally:
         shutil.rmtree(private)

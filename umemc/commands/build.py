@@ -32,9 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def build(
-    plan: Plan, out: Path, socket: str | None = None, simulate: bool = False, files_later: bool | None = None
-) -> list[str]:
+def build(plan: Plan, out: Path, simulate: bool = False, files_later: bool | None = None) -> list[str]:
     """Compile, render and write atomically; returns the relative paths written. files_later (`umemc
     build`): refuse model files the runtime needs and the stack lacks, after what cannot be compiled."""
     from ..compile import compile_bundle
@@ -45,7 +43,7 @@ def build(
     if plan.nodes:
         files = node_bundles(plan)
     else:
-        files = render_bundle(compile_bundle(plan, socket=socket, simulate=simulate))
+        files = render_bundle(compile_bundle(plan, simulate=simulate))
     refuse_missing_files(plan, files_later)
     write_bundle(out, files)
     return list(files)

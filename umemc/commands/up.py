@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             events.add("up", None, bundle=str(run_dir.bundle), simulate=plan.simulate)
             events.close()
-            start_supervisord(run_dir.bundle / "supervisord.conf", plan, run_dir.state, foreground=args.foreground)
+            start_supervisord(run_dir, plan, foreground=args.foreground)
             stack.wait_started()
     finally:
         events.close()
@@ -161,11 +161,9 @@ def install_bundle(args: argparse.Namespace, run_dir: RunDir) -> None:
     """A stack is built into RUN/bundle; a bundle directory is copied there."""
     from ..commands.build import build
     from ..commands.common import plan_from_arg
-    from ..contract import DEFAULT_SOCKET
     from ..write import is_bundle, write_bundle
 
     target = Path(args.target)
-    socket = run_dir.socket_override()
     if not target.is_dir():
         plan = plan_from_arg(args.target)
         if plan.nodes:
@@ -177,7 +175,7 @@ def install_bundle(args: argparse.Namespace, run_dir: RunDir) -> None:
             plan = plan.nodes[args.node]
         elif args.node is not None:
             raise UsageError(f"{args.target} has no [nodes]: --node does not apply")
-        build(plan, run_dir.bundle, socket=socket, simulate=args.simulate)
+        build(plan, run_dir.bundle, simulate=args.simulate)
         return
     if not is_bundle(target):
         raise UsageError(f"{args.target}: neither a stack file nor a umemc bundle")
@@ -195,8 +193,6 @@ def install_bundle(args: argparse.Namespace, run_dir: RunDir) -> None:
             for p in sorted(target.rglob("*"))
             if p.is_file() and p.name != ".umemc-bundle"
         }
-        if socket:
-            files = {k: v.replace(DEFAULT_SOCKET, socket) for k, v in files.items()}
         write_bundle(run_dir.bundle, files)
 
 

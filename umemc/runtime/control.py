@@ -362,7 +362,7 @@ class Stack:
         return sorted(pids), killed
 
     def remove_private_socket_dir(self) -> None:
-        """A deep run dir's socket lived in a private /tmp directory (rundir.socket_override): remove it."""
+        """A deep run dir's socket lived in a private /tmp directory (RunDir.claim_socket): remove it."""
         record = self.run.socket_record
         try:
             sock = Path(record.read_text().strip())

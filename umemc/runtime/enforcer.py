@@ -113,7 +113,7 @@ class Enforcer:
         pol = self.plan.policy
         self.interval = float(pol.sample_interval_s)
         self.events = EventLog(self.run_dir.events)
-        self.supervisor = Supervisor(self.plan.supervisor.socket_path(bundle))
+        self.supervisor = Supervisor(self.run_dir.socket())
         self.proc = ProcTree(proc)
         self.drm = DrmProbe(proc)
         self.kind = self.plan.platform.kind

@@ -119,13 +119,8 @@ class RunDir:
         return self.state / "supervisor.sock"
 
     def socket(self) -> Path:
-        """Where the running stack's socket is: the bundle's plan, else the private directory recorded
-        for a deep run dir, else the default. A corrupt plan.json never hides the socket."""
-        from ..contract import PlanDoc, read_optional  # pydantic: not on the exec wrapper's path
-
-        plan = read_optional(PlanDoc, self.bundle / "plan.json")
-        if plan is not None:
-            return plan.supervisor.socket_path(self.bundle)
+        """The one derivation of the running stack's socket: the private directory recorded for a deep
+        run dir (claim_socket), else RUN/state/supervisor.sock. umemc up gives it to supervisord."""
         with contextlib.suppress(OSError):
             recorded = self.socket_record.read_text().strip()
             if recorded:
@@ -147,20 +142,21 @@ class RunDir:
         os.chmod(self.root, 0o700)  # the bundle and the state hold environments and the gateway token
         os.chmod(self.state, 0o700)
 
-    def socket_override(self) -> str | None:
-        """None when the default socket path fits; else a short private directory's socket."""
+    def claim_socket(self) -> Path:
+        """Before supervisord starts: the default socket when its path fits a unix socket address, else a
+        short private (0700) directory's, recorded so every later reader (socket()) finds the same one."""
         if len(str(self.default_socket().absolute())) <= SOCKET_MAX:
-            return None
+            return self.default_socket()
         record = self.socket_record
         if record.exists():
             path = Path(record.read_text().strip())
             if path.parent.is_dir() and path.parent.stat().st_uid == os.getuid():
-                return str(path)
+                return path
         short = Path(tempfile.mkdtemp(prefix="umemc-"))  # mkdtemp makes it 0700
         sock = short / "supervisor.sock"
         self.state.mkdir(parents=True, exist_ok=True)
         record.write_text(f"{sock}\n")
-        return str(sock)
+        return sock
 
     def supervisord_pid(self) -> int | None:
         """The pid file's pid when that process still runs (the file may be stale, or deleted: callers

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..contract import PlanDoc
+    from .rundir import RunDir
 
 ALREADY_STARTED = 60  # supervisor.xmlrpc.Faults.ALREADY_STARTED
 NOT_RUNNING = 70  # supervisor.xmlrpc.Faults.NOT_RUNNING
@@ -94,15 +95,19 @@ class Supervisor:
         return None
 
 
-def start_supervisord(config: Path, plan: PlanDoc, state: Path, *, foreground: bool) -> None:
+def start_supervisord(run: RunDir, plan: PlanDoc, *, foreground: bool) -> None:
     """Start the real supervisord in the foreground mode (-n) through the exec wrapper, so it sits in
     the run's own cgroup (everything it starts is found there even if it is killed) and its pid is
     the one recorded (state/pids/umemc-supervisord). `up` leaves it running as a daemon in a session
     of its own, never its own child (its exit would leave a zombie in the cgroup); --foreground execs it instead
     (for a systemd unit). Children inherit RLIMIT_MEMLOCK from supervisord, so it is raised here when
     a model locks memory. The gateway token's variable is not passed on: the gateway reads the
-    token from RUN/state/secrets, and no worker ever sees it."""
+    token from RUN/state/secrets, and no worker ever sees it. The config's socket is expanded from
+    UMEMC_SUPERVISOR_SOCKET, set here to the run dir's (claimed before anything binds it)."""
+    from ..contract import SOCKET_ENV
     from .rundir import SUPERVISORD
+
+    state, config = run.state, run.bundle / "supervisord.conf"
 
     wrap = [
         sys.executable,
@@ -128,6 +133,7 @@ def start_supervisord(config: Path, plan: PlanDoc, state: Path, *, foreground: b
     if plan.memlock:
         _raise_memlock()
     env = dict(os.environ)
+    env[SOCKET_ENV] = str(run.claim_socket())
     token = None if plan.gateway is None else plan.gateway.token_env
     if token:
         env.pop(token, None)

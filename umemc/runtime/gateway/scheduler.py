@@ -56,7 +56,7 @@ class Scheduler(Slots, Leases, StateSync):
             raise ContractError(f"{bundle / 'plan.json'}: this stack has no gateway (gateway.enabled = false)")
         self.gw: GatewayDoc = self.plan.gateway
         self.run = RunDir.of_bundle(bundle)
-        self.supervisor = Supervisor(self.plan.supervisor.socket_path(bundle))
+        self.supervisor = Supervisor(self.run.socket())
         cap = self.plan.capacity
         self.generation = GenerationBudget(self.plan.policy.max_generating)
         self.budget = Budget(
