@@ -147,13 +147,14 @@ def served(tmp: Path) -> str:
         plan = make_plan(load_stack(stack))
         m = plan.models["m"]
         meas = measure(compile_bundle(plan).programs["m"], m.estimate.facts, 300, fill_tokens=ctx - 32)
-        report = sum(sum(k.values()) for k in meas["buffers"].values())
+        report = sum(sum(k.values()) for k in meas.buffers.values())
+        rss = meas.rss_bytes or 0
         est = m.estimate.weights.bytes + m.estimate.kv.bytes + m.estimate.compute.bytes
         err = (est - report) / report * 100
-        ok = meas["rss_bytes"] <= m.quota_hard
+        ok = rss <= m.quota_hard
         lines.append(
             f"| {name} | {ctx} | {'on' if fa else 'off'} | {est / MiB:.2f} MiB | {report / MiB:.2f} MiB | "
-            f"{err:+.1f}% | {meas['rss_bytes'] / MiB:.1f} MiB | {m.quota_hard / MiB:.0f} MiB | "
+            f"{err:+.1f}% | {rss / MiB:.1f} MiB | {m.quota_hard / MiB:.0f} MiB | "
             f"{'yes' if ok else 'NO'} |"
         )
         print(lines[-1], flush=True)

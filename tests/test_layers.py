@@ -14,8 +14,11 @@ PKG = Path(__file__).resolve().parents[1] / "umemc"
 
 
 def umemc_imports(path: Path) -> set[str]:
-    """The umemc modules a file imports, as dotted names (umemc.x.y), lazy imports included."""
+    """The umemc modules a file imports, as dotted names (umemc.x.y), lazy imports included; `from . import
+    m` names the module m when there is one."""
     package = ".".join(path.relative_to(PKG.parent).with_suffix("").parts[:-1])
+    if path.name == "__init__.py":
+        package = ".".join(path.relative_to(PKG.parent).parts[:-1])
     out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
@@ -26,9 +29,38 @@ def umemc_imports(path: Path) -> set[str]:
                 name = node.module or ""
             if name.startswith("umemc"):
                 out.add(name)
+                out.update(f"{name}.{a.name}" for a in node.names if f"{name}.{a.name}" in MODULES)
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name.startswith("umemc"))
-    return out
+    return {n for n in out if n in MODULES}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def reachable(path: Path) -> dict[str, str]:
+    """Every umemc module importing `path` brings in, directly or through others (a package's __init__
+    included), each with the chain that reaches it."""
+    seen: dict[str, str] = {}
+    todo = [(_module_name(path), _module_name(path))]
+    while todo:
+        name, chain = todo.pop()
+        parts = name.split(".")
+        for i in range(1, len(parts)):  # importing umemc.a.b runs umemc/__init__ and umemc/a/__init__
+            parent = ".".join(parts[:i])
+            if parent not in seen and parent in MODULES:
+                seen[parent] = f"{chain} -> {parent}"
+                todo.append((parent, seen[parent]))
+        for dep in umemc_imports(MODULES[name]):
+            if dep not in seen:
+                seen[dep] = f"{chain} -> {dep}"
+                todo.append((dep, seen[dep]))
+    return seen
 
 
 def files(sub: str) -> list[Path]:
@@ -36,16 +68,18 @@ def files(sub: str) -> list[Path]:
     return [target] if target.suffix == ".py" else sorted(target.rglob("*.py"))
 
 
-ALLOWED_BELOW = {"umemc.errors", "umemc.records", "umemc.chars", "umemc.units"}
+ALLOWED_BELOW = {"umemc", "umemc.errors", "umemc.records", "umemc.chars", "umemc.units"}
+COMPILE_SIDE = ("umemc.stack", "umemc.estimate", "umemc.budget", "umemc.compile", "umemc.advice", "umemc.placement")
 LAYERS = {
-    # module or package -> prefixes it must not import
-    "catalog": ("umemc.stack", "umemc.estimate", "umemc.budget", "umemc.compile", "umemc.runtime", "umemc.launchers"),
+    # module or package -> prefixes it must not reach, directly or through what it imports
+    "catalog": (*COMPILE_SIDE, "umemc.runtime", "umemc.launchers"),
     "policy.py": ("umemc.",),
-    "contract.py": ("umemc.stack", "umemc.estimate", "umemc.budget", "umemc.compile", "umemc.runtime"),
     "records.py": ("umemc.",),
     "chars.py": ("umemc.",),
-    "stack": ("umemc.estimate", "umemc.budget", "umemc.compile", "umemc.runtime", "umemc.launchers"),
-    "runtime": ("umemc.stack", "umemc.estimate", "umemc.budget", "umemc.compile", "umemc.launchers", "umemc.targets"),
+    "contract.py": (*COMPILE_SIDE, "umemc.runtime", "umemc.lockfile", "umemc.catalog"),
+    "lockfile.py": (*COMPILE_SIDE, "umemc.runtime", "umemc.catalog", "umemc.launchers"),
+    "stack": (*COMPILE_SIDE[1:], "umemc.runtime", "umemc.launchers"),
+    "runtime": (*COMPILE_SIDE, "umemc.launchers", "umemc.targets", "umemc.catalog"),
 }
 
 
@@ -53,12 +87,18 @@ LAYERS = {
 def test_imports_point_down(sub: str) -> None:
     forbidden = LAYERS[sub]
     bad = {
-        f"{path.relative_to(PKG)} imports {name}"
+        chain
         for path in files(sub)
-        for name in umemc_imports(path)
+        for name, chain in reachable(path).items()
         if name not in ALLOWED_BELOW and any(name.startswith(f) for f in forbidden)
     }
     assert not bad, sorted(bad)
+
+
+def test_the_layer_check_sees_through_imports() -> None:
+    """The check follows imports: the stack loader reaches the calibration lock, which reaches contract."""
+    chains = reachable(PKG / "stack" / "resolve.py")
+    assert chains["umemc.contract"] == "umemc.stack.resolve -> umemc.lockfile -> umemc.contract"
 
 
 def test_every_runtime_has_one_launcher() -> None:

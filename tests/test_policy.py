@@ -165,7 +165,7 @@ def test_check_gateway_and_enforcer_choose_the_same_victims(tmp_path) -> None:  
     infos = {name: {"statename": "RUNNING"} for name in "abcd"}
     for pid, name in enumerate("abcd", start=1000):
         w = enforcer.workers[name]
-        w.pid, w.cpu_side = pid, w.hard
+        w.pid, w.cpu_side = pid, w.quota.hard
     victims, freed = [], 0
     while freed < 652 * MiB:
         victim = enforcer.pressure_victim(infos, busy=set())

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -41,12 +41,14 @@ class ContractError(UmemcError):
     """A state or plan file that this umemc cannot read (exit 2): corrupt, or another version."""
 
 
-class _Doc(BaseModel):
+class Document(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+    # what to do with a file of another version (every document has `format` and `version` fields)
+    remedy: ClassVar[str] = "rebuild it with this one (`umemc up STACK` rebuilds the bundle)"
 
 
 # -- plan.json ------------------------------------------------------------------------------------
-class PlatformDoc(_Doc):
+class PlatformDoc(Document):
     preset: str | None
     kind: str
     memory_bytes: int
@@ -55,7 +57,7 @@ class PlatformDoc(_Doc):
     cpu_cores: int | None
 
 
-class CapacityDoc(_Doc):
+class CapacityDoc(Document):
     usable_bytes: int
     budget_bytes: int
     gpu_budget_bytes: int | None
@@ -64,7 +66,7 @@ class CapacityDoc(_Doc):
     fits: bool
 
 
-class PolicyDoc(_Doc):
+class PolicyDoc(Document):
     safety_margin: float
     quota_headroom: float
     sample_interval_s: float
@@ -80,7 +82,7 @@ class PolicyDoc(_Doc):
     max_generating: int | None = None
 
 
-class GatewayDoc(_Doc):
+class GatewayDoc(Document):
     host: str
     port: int
     token_env: str | None
@@ -98,20 +100,20 @@ class GatewayDoc(_Doc):
     argv: list[str]
 
 
-class SupervisorDoc(_Doc):
+class SupervisorDoc(Document):
     config: str
     socket: str  # as the config spells it: expanded from UMEMC_SUPERVISOR_SOCKET (runtime.rundir.RunDir.socket)
     state: str
 
 
-class PartsDoc(_Doc):
+class PartsDoc(Document):
     weights_bytes: int
     kv_bytes: int
     compute_bytes: int
     overhead_bytes: int
 
 
-class ModelDoc(_Doc):
+class ModelDoc(Document):
     program: str
     runtime: str
     mode: Literal["hot", "cold"]
@@ -149,7 +151,7 @@ class ModelDoc(_Doc):
         return self.mode == "cold"
 
 
-class PlanDoc(_Doc):
+class PlanDoc(Document):
     format: Literal["umemc-plan"] = "umemc-plan"
     version: int = PLAN_VERSION
     generated_by: str
@@ -166,7 +168,7 @@ class PlanDoc(_Doc):
 
 
 # -- live state -----------------------------------------------------------------------------------
-class WorkerStatus(_Doc):
+class WorkerStatus(Document):
     pid: int | None
     rss_bytes: int
     gpu_bytes: int
@@ -181,7 +183,7 @@ class WorkerStatus(_Doc):
     leak_rate_bytes_per_s: float | None = None  # the usage trend over the samples kept (None: too few yet)
 
 
-class EnforcerStatus(_Doc):
+class EnforcerStatus(Document):
     format: Literal["umemc-enforcer-status"] = "umemc-enforcer-status"
     version: int = STATUS_VERSION
     time: float
@@ -192,7 +194,7 @@ class EnforcerStatus(_Doc):
     models: dict[str, WorkerStatus]
 
 
-class GatewayModel(_Doc):
+class GatewayModel(Document):
     in_flight: int
     queued: int
     ready: bool
@@ -201,7 +203,7 @@ class GatewayModel(_Doc):
     unhealthy: str | None
 
 
-class LeaseDoc(_Doc):
+class LeaseDoc(Document):
     id: str
     holder: str
     bytes: int
@@ -215,7 +217,7 @@ class LeaseDoc(_Doc):
         return Lease(self.id, self.holder, self.bytes, self.gpu_bytes, self.priority, self.expires, self.model)
 
 
-class GatewayState(_Doc):
+class GatewayState(Document):
     format: Literal["umemc-gateway-state"] = "umemc-gateway-state"
     version: int = STATUS_VERSION
     time: float
@@ -225,12 +227,12 @@ class GatewayState(_Doc):
     leases: list[LeaseDoc]
 
 
-class Reservation(_Doc):
+class Reservation(Document):
     what: str
     bytes: int
 
 
-class WorkerReport(_Doc):
+class WorkerReport(Document):
     format: Literal["umemc-worker-report"] = "umemc-worker-report"
     version: int = STATUS_VERSION
     model: str
@@ -241,18 +243,13 @@ class WorkerReport(_Doc):
 
 
 # -- reading and writing ----------------------------------------------------------------------------
-Doc = TypeVar("Doc", bound=_Doc)
-_VERSIONS: dict[str, int] = {
-    "umemc-plan": PLAN_VERSION,
-    "umemc-enforcer-status": STATUS_VERSION,
-    "umemc-gateway-state": STATUS_VERSION,
-    "umemc-worker-report": STATUS_VERSION,
-}
+Doc = TypeVar("Doc", bound=Document)
 
 
 def parse(kind: type[Doc], text: str | bytes, where: str | Path) -> Doc:
     """A document of `kind` from its JSON text; ContractError says what is wrong with which file."""
     expected = str(kind.model_fields["format"].default)
+    want = kind.model_fields["version"].default
     try:
         raw: Any = json.loads(text)
     except ValueError as exc:
@@ -260,11 +257,10 @@ def parse(kind: type[Doc], text: str | bytes, where: str | Path) -> Doc:
     if not isinstance(raw, dict) or raw.get("format") != expected:
         raise ContractError(f"{where}: not a {expected} file")
     version = raw.get("version")
-    if version != _VERSIONS[expected]:
+    if version != want:
         raise ContractError(
             f"{where}: {expected} version {version!r}, but this umemc reads version "
-            f"{_VERSIONS[expected]}: it was written by another umemc; rebuild it with this one "
-            "(`umemc up STACK` rebuilds the bundle)"
+            f"{want}: it was written by another umemc; {kind.remedy}"
         )
     try:
         return kind.model_validate(raw)
@@ -290,5 +286,5 @@ def read_optional(kind: type[Doc], path: Path) -> Doc | None:
         return None
 
 
-def dump(doc: _Doc, indent: int | None = None) -> str:
+def dump(doc: Document, indent: int | None = None) -> str:
     return json.dumps(doc.model_dump(mode="json"), indent=indent, ensure_ascii=False)

@@ -173,7 +173,8 @@ def test_calibration_reads_the_repacked_copy_and_the_recurrent_state() -> None:
     """`umemc calibrate` replaces the estimate with llama.cpp's report, so a CPU that repacks other types than
     the AVX2 set umemc assumes, or a hybrid's state, is measured. Lines in llama.cpp's formats
     (llama-model.cpp '%s: %12s model buffer size = %8.2f MiB', llama-memory-recurrent.cpp '%10s RS buffer size')."""
-    from umemc.calibration import parse_buffers, totals
+    from umemc.lockfile import totals
+    from umemc.runtime.llamalog import parse_buffers
 
     log = (
         "load_tensors:   CPU_Mapped model buffer size = 11536.18 MiB\n"

@@ -1,5 +1,5 @@
 """The event kinds `umemc events --kind` accepts are every kind the code records: read from the source of
-umemc itself (each EventLog.add / _event call with a literal kind, and the kinds given by name)."""
+umemc itself (each EventLog.add / _event / emit call with a literal kind, and the kinds given by name)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def recorded_kinds() -> set[str]:
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
-                and node.func.attr in ("add", "_event")
+                and node.func.attr in ("add", "_event", "emit")
             ):
                 for arg in node.args[:2]:
                     if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.isidentifier():

@@ -15,7 +15,8 @@ import pytest
 
 from tests.runtime.conftest import free_port, live_sysctl_table
 from tests.runtime.test_gateway import Gateway
-from umemc.calibration import parse_buffers, totals
+from umemc.lockfile import totals
+from umemc.runtime.llamalog import parse_buffers
 from umemc.testing.tinygguf import TinySpec, write_tiny_gguf
 
 REPO = Path(__file__).resolve().parents[2]

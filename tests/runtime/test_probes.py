@@ -11,7 +11,8 @@ from pathlib import Path
 
 import psutil
 
-from umemc.runtime.enforcer import _trend, gtt_used_share
+from umemc.runtime.enforcer.rules import trend as _trend
+from umemc.runtime.enforcer.sampler import gtt_used_share
 from umemc.runtime.events import EventLog
 from umemc.runtime.probes.drm import DrmProbe, parse_fdinfo
 from umemc.runtime.probes.meminfo import read_meminfo

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
 from ..units import human
+
+if TYPE_CHECKING:
+    from ..lockfile import LockEntry
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -24,10 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import calibration
+    from .. import lockfile
     from ..budget import make_plan
     from ..catalog.runtimes import LLAMA_RUNTIMES
     from ..compile import compile_bundle
+    from ..estimate.gguf_file import locked_header
     from ..estimate.gguf_file import read as read_gguf
     from ..estimate.llama import current_flags
     from ..estimate.other import torch_flags
@@ -61,42 +65,45 @@ def run(args: argparse.Namespace) -> int:
         )
     before = make_plan(loaded)
     bundle = compile_bundle(before)
-    entries = calibration.load(stack_path)
+    entries = lockfile.load(stack_path)
     for m in chosen:
         if m.spec.runtime == "torch":
             if not args.lock_only:
-                entries[m.name] = {
-                    "flags": torch_flags(loaded, m),
-                    "measured": measure_peak(bundle.programs[m.name], args.timeout),
-                }
-                print(f"{m.name}: peak resident after its warm-up {human(entries[m.name]['measured']['peak_bytes'])}")
+                peak = measure_peak(bundle.programs[m.name], args.timeout)
+                entries[m.name] = lockfile.LockEntry(flags=torch_flags(loaded, m), measured=peak)
+                print(f"{m.name}: peak resident after its warm-up {human(peak.peak_bytes or 0)}")
             continue
         assert m.model_path is not None
-        facts = read_gguf(m.model_path)
-        entry: dict[str, Any] = {"file": calibration.identity(m.model_path), "header": calibration.header(facts)}
+        entry = lockfile.LockEntry(file=lockfile.identity(m.model_path), header=locked_header(read_gguf(m.model_path)))
         if not args.lock_only:
-            entry["flags"] = current_flags(loaded, m)
-            entry["measured"] = measure(bundle.programs[m.name], before.models[m.name].estimate.facts, args.timeout)
+            entry = entry.model_copy(
+                update={
+                    "flags": current_flags(loaded, m),
+                    "measured": measure(bundle.programs[m.name], before.models[m.name].estimate.facts, args.timeout),
+                }
+            )
         entries[m.name] = entry
         _report(m.name, before.models[m.name].estimate, entry)
-    path = calibration.save(stack_path, entries)
+    path = lockfile.save(stack_path, entries)
     print(f"wrote {path}")
     return 0
 
 
-def _report(name: str, est: Any, entry: dict[str, Any]) -> None:
-    if "measured" not in entry:
-        print(f"{name}: locked {entry['header']['n_tensors']} tensors, {human(entry['header']['tensor_bytes'])}")
+def _report(name: str, est: Any, entry: LockEntry) -> None:
+    meas, h = entry.measured, entry.header
+    if meas is None:
+        assert h is not None
+        print(f"{name}: locked {h.n_tensors} tensors, {human(h.tensor_bytes)}")
         return
-    from ..calibration import totals
+    from ..lockfile import totals
 
-    t, meas = totals(entry["measured"]["buffers"]), entry["measured"]
+    t = totals(meas.buffers)
     rows = [
         ("weights", est.weights.bytes, t["model"]),
         ("kv", est.kv.bytes, t["kv"]),
         ("compute", est.compute.bytes, t["compute"] + t["output"]),
     ]
-    print(f"{name}: estimate vs llama.cpp, resident after warm-up {human(meas['rss_bytes'])}")
+    print(f"{name}: estimate vs llama.cpp, resident after warm-up {human(meas.rss_bytes or 0)}")
     for label, e, real in rows:
         err = (e - real) / real * 100 if real else 0.0
         print(f"  {label:8} {human(e):>12} vs {human(real):>12}  ({err:+.1f}%)")

@@ -3,13 +3,14 @@ exists: `umemc check` on presets never pays for them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from ..catalog.archs import LlmShape, VisionShape
 from ..catalog.quant import FILE_TYPE_IDS, is_repacked
+from ..lockfile import LockedHeader
 from .gguf_header import Header, HeaderError, read_header
 
 # llama.cpp hard-codes the sliding-window layout for some architectures (src/models/<arch>.cpp,
@@ -59,6 +60,38 @@ class GgufFacts:
     vision: VisionShape | None = None  # a multimodal projector's encoder (clip.vision.* keys)
     repack_bytes: int = 0  # tensors llama.cpp's CPU backend copies into its repacked layout
     skipped_bytes: int = 0  # next-token-prediction layers llama.cpp does not load (src/models/*: TENSOR_SKIP)
+
+
+def locked_header(facts: GgufFacts) -> LockedHeader:
+    """What the lock records of a file's header, enough to estimate without the file."""
+    return LockedHeader(
+        tensor_bytes=facts.tensor_bytes,
+        n_tensors=facts.n_tensors,
+        type_counts=facts.type_counts,
+        file_type=facts.file_type,
+        general_arch=facts.general_arch,
+        shape=None if facts.shape is None else asdict(facts.shape),
+        repack_bytes=facts.repack_bytes,
+        skipped_bytes=facts.skipped_bytes,
+    )
+
+
+def facts_from_lock(h: LockedHeader, path: str) -> GgufFacts:
+    shape = None
+    if h.shape is not None:
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in h.shape.items()}
+        shape = LlmShape(**fields)
+    return GgufFacts(
+        path=path,
+        tensor_bytes=h.tensor_bytes,
+        n_tensors=h.n_tensors,
+        type_counts=dict(h.type_counts),
+        file_type=h.file_type,
+        shape=shape,
+        general_arch=h.general_arch,
+        repack_bytes=h.repack_bytes,
+        skipped_bytes=h.skipped_bytes,
+    )
 
 
 def read(path: Path) -> GgufFacts:

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ..catalog.archs import LLM_PRESETS, LlmPreset, LlmShape, VisionShape
 from ..catalog.quant import FILE_TYPE_BITS, REPACK_ISA, is_repacked, loaded, preset_mix, tensor_bytes
 from ..catalog.runtimes import FULL_SWA_CACHE, NO_REPACK_FLAGS
+from ..lockfile import LockEntry
 from ..stack.resolve import LoadedStack, ResolvedModel
 from ..units import with_gib
 from .figures import Estimate, Figure
 from .finish import finish
-from .gguf_file import GgufFacts, NotGguf
+from .gguf_file import GgufFacts, NotGguf, facts_from_lock
 from .gguf_file import read as read_gguf
 from .llm import compute_figure, kv_figure, projector_from_preset, vision_compute_figure, weights_from_preset
 from .other import estimate_command
@@ -115,16 +115,16 @@ def current_flags(loaded: LoadedStack, m: ResolvedModel) -> dict[str, object]:
     }
 
 
-def _checked_entry(loaded: LoadedStack, m: ResolvedModel, warnings: list[str]) -> dict[str, Any] | None:
+def _checked_entry(loaded: LoadedStack, m: ResolvedModel, warnings: list[str]) -> LockEntry | None:
     """The model's calibration entry, unless the file present is not the one it recorded."""
-    from ..calibration import identity
+    from ..lockfile import identity
 
-    entry: dict[str, Any] | None = loaded.calibration.get(m.name)
+    entry = loaded.calibration.get(m.name)
     if entry is None or not m.model_present or m.model_path is None:
         return entry
     now = identity(m.model_path)
-    if now != entry.get("file"):
-        what = "size" if now["size"] != entry.get("file", {}).get("size") else "content"
+    if now != entry.file:
+        what = "size" if entry.file is None or now.size != entry.file.size else "content"
         warnings.append(
             loaded.source.warning(
                 ("models", m.name, "model"),
@@ -135,34 +135,32 @@ def _checked_entry(loaded: LoadedStack, m: ResolvedModel, warnings: list[str]) -
     return entry
 
 
-def _facts(loaded: LoadedStack, m: ResolvedModel, entry: dict[str, Any] | None) -> tuple[GgufFacts | None, str]:
-    from ..calibration import facts_from_lock
-
+def _facts(loaded: LoadedStack, m: ResolvedModel, entry: LockEntry | None) -> tuple[GgufFacts | None, str]:
     if m.model_present:
         return _read(loaded, m.model_path, ("models", m.name, "model")), "gguf"
-    if entry is not None and entry.get("header"):
-        return facts_from_lock(entry, str(m.model_path)), "lock"
+    if entry is not None and entry.header is not None:
+        return facts_from_lock(entry.header, str(m.model_path)), "lock"
     return None, "arch"
 
 
 def _measured(
-    loaded: LoadedStack, m: ResolvedModel, entry: dict[str, Any] | None, warnings: list[str]
+    loaded: LoadedStack, m: ResolvedModel, entry: LockEntry | None, warnings: list[str]
 ) -> tuple[Figure, Figure, Figure, Figure] | None:
     """llama.cpp's own buffer report and the resident memory after a warm-up, if still valid."""
-    from ..calibration import flag_changes, host_bytes, totals
+    from ..lockfile import flag_changes, host_bytes, totals
 
-    if entry is None or not entry.get("measured"):
+    if entry is None or entry.measured is None or entry.measured.rss_bytes is None:
         return None
-    changes = flag_changes(entry.get("flags", {}), current_flags(loaded, m))
+    changes = flag_changes(entry.flags, current_flags(loaded, m))
     if changes:
         warnings.append(
             loaded.source.warning(("models", m.name), "calibration ignored: " + ", ".join(changes), what="table")
         )
         return None
-    meas = entry["measured"]
-    t = totals(meas["buffers"])
-    when = {"measured": meas.get("at", "?"), "by": meas.get("runtime_version", "?")}
-    rest = max(0, meas["rss_bytes"] - host_bytes(meas["buffers"]))
+    meas = entry.measured
+    t = totals(meas.buffers)
+    when: dict[str, object] = {"measured": meas.at, "by": meas.runtime_version}
+    rest = max(0, (meas.rss_bytes or 0) - host_bytes(meas.buffers))
     gpu_ctx = overhead_figure(m.spec.runtime, loaded.platform.kind).parts[1:]  # GPU context stays an estimate
     return (
         Figure("weights", t["model"], "llama.cpp: model buffer size (calibration)", when),
@@ -175,7 +173,7 @@ def _measured(
                     "process",
                     rest,
                     "resident after a warm-up request minus host buffers (calibration)",
-                    {"rss": meas["rss_bytes"]},
+                    {"rss": meas.rss_bytes},
                 ),
                 *gpu_ctx,
             ],

@@ -170,18 +170,18 @@ def apply_measured_peak(loaded: LoadedStack, m: ResolvedModel, est: Estimate) ->
     `memory` still wins, with a warning comparing the two."""
     from dataclasses import replace
 
-    from ..calibration import flag_changes
+    from ..lockfile import flag_changes
     from ..units import human
 
     entry = loaded.calibration.get(m.name)
-    if not entry or "peak_bytes" not in entry.get("measured", {}):
+    if entry is None or entry.measured is None or entry.measured.peak_bytes is None:
         return est
     at = ("models", m.name)
-    changes = flag_changes(entry.get("flags", {}), torch_flags(loaded, m), keys=tuple(torch_flags(loaded, m)))
+    changes = flag_changes(entry.flags, torch_flags(loaded, m), keys=tuple(torch_flags(loaded, m)))
     if changes:
         w = loaded.source.warning(at, "calibration ignored: " + ", ".join(changes), what="table")
         return replace(est, warnings=(*est.warnings, w))
-    peak = int(entry["measured"]["peak_bytes"])
+    peak = entry.measured.peak_bytes
     if m.spec.memory is not None:
         w = loaded.source.warning(
             at + ("memory",), f"measured peak {human(peak)} (calibration) against memory = {human(m.spec.memory)}"
@@ -192,7 +192,7 @@ def apply_measured_peak(loaded: LoadedStack, m: ResolvedModel, est: Estimate) ->
         "compute",
         rest,
         "measured peak resident after the worker's warm-up minus weights and overhead (calibration)",
-        {"peak": peak, "measured": entry["measured"].get("at", "?")},
+        {"peak": peak, "measured": entry.measured.at},
     )
     gpu = (
         est.gpu

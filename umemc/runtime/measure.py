@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import RuntimeFailure
+from ..lockfile import Measured
 
 WARMUP: dict[str, tuple[str, dict[str, Any]]] = {
     "llm": ("/v1/completions", {"prompt": "Hello, my name is", "max_tokens": 8}),
@@ -22,11 +23,11 @@ WARMUP: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def measure(program: Any, facts: dict[str, Any], timeout: float, fill_tokens: int = 0) -> dict[str, Any]:
+def measure(program: Any, facts: dict[str, Any], timeout: float, fill_tokens: int = 0) -> Measured:
     """Run the worker's exact argv, wait for health, warm it up (optionally with a prompt of about
     fill_tokens tokens, to fill the context), sample its tree's RSS, stop it."""
-    from ..calibration import parse_buffers
     from .control import healthy
+    from .llamalog import parse_buffers
     from .probes.proc import ProcTree
 
     env = dict(os.environ, **dict(program.env))
@@ -59,15 +60,15 @@ def measure(program: Any, facts: dict[str, Any], timeout: float, fill_tokens: in
         buffers = parse_buffers(log.read())
     if not buffers:
         raise RuntimeFailure(f"{program.name}: no llama.cpp buffer report in its log (not a llama.cpp server?)")
-    return {
-        "buffers": buffers,
-        "rss_bytes": rss,
-        "at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "runtime_version": _version(program),
-    }
+    return Measured(
+        buffers=buffers,
+        rss_bytes=rss,
+        at=datetime.now(UTC).isoformat(timespec="seconds"),
+        runtime_version=_version(program),
+    )
 
 
-def measure_peak(program: Any, timeout: float, settle_s: float = 3.0) -> dict[str, Any]:
+def measure_peak(program: Any, timeout: float, settle_s: float = 3.0) -> Measured:
     """A torch worker: run it with its compiled argv and environment, let it do its own warm-up
     (it reports healthy when loaded), and sample its process tree's peak resident memory."""
     from .control import healthy
@@ -99,7 +100,7 @@ def measure_peak(program: Any, timeout: float, settle_s: float = 3.0) -> dict[st
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    return {"peak_bytes": peak, "at": datetime.now(UTC).isoformat(timespec="seconds")}
+    return Measured(peak_bytes=peak, at=datetime.now(UTC).isoformat(timespec="seconds"))
 
 
 def _warm_up(port: int, family: str, fill_tokens: int = 0) -> None:

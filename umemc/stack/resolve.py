@@ -8,7 +8,7 @@ import ipaddress
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..catalog.archs import LLM_PRESETS, TORCH_PRESETS, family_of
 from ..catalog.gguf import is_gguf
@@ -19,6 +19,9 @@ from .load import Document, Source, read_document, validate
 from .models import NAME_PATTERN, ModelSpec, Platform, Stack
 from .presets import PLATFORM_PRESETS, UNIFIED_KINDS, default_gpu_window, default_os_reserve
 from .types import toml_repr
+
+if TYPE_CHECKING:
+    from ..lockfile import LockEntry
 
 FIRST_PORT = 10001
 MAX_PORT = 65535
@@ -63,7 +66,7 @@ class LoadedStack:
     platform: ResolvedPlatform
     models: dict[str, ResolvedModel]
     warnings: list[str]
-    calibration: dict[str, Any] = field(default_factory=dict)  # <stack>.calibration.json, by model
+    calibration: dict[str, LockEntry] = field(default_factory=dict)  # <stack>.calibration.json, by model
     # a stack with [nodes]: each machine (file order); `platform` is then the first node's, and
     # for_node() gives the stack as seen on one of them (models resolved for its platform)
     nodes: dict[str, ResolvedNode] = field(default_factory=dict)
@@ -105,12 +108,12 @@ class ResolvedNode:
 
 def load_stack(path: Path, shown: str | None = None) -> LoadedStack:
     """The whole load stage: read, parse, validate, check, resolve."""
-    from .. import calibration
+    from .. import lockfile
 
     doc = read_document(path, shown)
     stack = validate(doc)
     src = doc.source
-    locks = calibration.load(path)
+    locks = lockfile.load(path)
     _check_names(stack, src)
     nodes = _nodes(stack, doc)
     if nodes:
@@ -378,7 +381,7 @@ def _check_aliases(stack: Stack, src: Source) -> None:
 
 
 def _model(
-    doc: Document, name: str, spec: ModelSpec, platform: ResolvedPlatform, port: int, lock: dict[str, Any] | None
+    doc: Document, name: str, spec: ModelSpec, platform: ResolvedPlatform, port: int, lock: LockEntry | None
 ) -> ResolvedModel:
     src, at = doc.source, ("models", name)
     _check_env(spec, src, at, doc_token_env(doc))
@@ -391,7 +394,7 @@ def _model(
             f"use runtime = {' or '.join(toml_repr(r) for r in RUNTIMES_FOR[family])}",
         )
     quant = _quant(spec, src, at)
-    locked = bool(lock and lock.get("header")) and spec.runtime in LLAMA_RUNTIMES
+    locked = lock is not None and lock.header is not None and spec.runtime in LLAMA_RUNTIMES
     model_path, model_present = _file(
         doc, spec.model, at + ("model",), spec, llama=spec.runtime in LLAMA_RUNTIMES, locked=locked
     )

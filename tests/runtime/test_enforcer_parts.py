@@ -1,0 +1,109 @@
+"""The enforcer's parts on their own: the quota rules are pure functions of numbers (expected values by
+hand), and a worker's phase moves only along its table."""
+
+from __future__ import annotations
+
+import pytest
+
+from umemc.runtime.enforcer import rules
+from umemc.runtime.enforcer.worker import TRANSITIONS, IllegalTransition, Phase, Quota, Worker
+
+MiB = 1024 * 1024
+RESTARTED = "restarted before it was sampled"
+
+
+def test_soft_quota_is_reported_once_per_crossing_and_rearmed_below_95_percent() -> None:
+    soft = 100 * MiB
+    assert rules.soft_crossing(100 * MiB, soft, raised=False) is None  # at the quota: not over it
+    assert rules.soft_crossing(100 * MiB + 1, soft, raised=False) is True
+    assert rules.soft_crossing(200 * MiB, soft, raised=True) is None  # still over: said once
+    assert rules.soft_crossing(96 * MiB, soft, raised=True) is None  # 96% > 95%: not re-armed
+    assert rules.soft_crossing(94 * MiB, soft, raised=True) is False
+
+
+def test_give_up_counts_only_kills_within_the_window() -> None:
+    kills = [0.0, 50.0, 100.0]
+    assert rules.give_up_due(kills, now=100.0, window_s=60.0, max_kills=3) is None  # 0.0 is 100 s old
+    assert rules.give_up_due(kills, now=100.0, window_s=100.0, max_kills=3) == 3
+    assert rules.give_up_due(kills, now=100.0, window_s=60.0, max_kills=2) == 2
+
+
+def test_leak_is_a_steady_climb_over_the_threshold() -> None:
+    # 1 MiB/s for 60 s = 60 MiB/min; 400 MiB used of 1000: (1000 - 400) MiB / 1 MiB/s = 600 s to the hard quota
+    samples = [(float(t), 100 * MiB + t * MiB) for t in range(61)]
+    detail = rules.leak(samples, 60.0, 50 * MiB, 400 * MiB, 1000 * MiB)
+    assert detail == {
+        "bytes_per_min": 60 * MiB,
+        "window_s": 60.0,
+        "usage_bytes": 400 * MiB,
+        "hard_bytes": 1000 * MiB,
+        "seconds_to_hard": 600.0,
+    }
+    assert rules.leak(samples, 60.0, 60 * MiB, 400 * MiB, 1000 * MiB) is None  # not above the threshold
+    saw = [(float(t), 100 * MiB + (t % 2) * 200 * MiB + t * MiB) for t in range(61)]  # R² 0.03: noise, not a leak
+    assert rules.leak(saw, 60.0, 10 * MiB, 400 * MiB, 1000 * MiB) is None
+
+
+def test_leak_rate_needs_ten_seconds_of_the_last_minute() -> None:
+    assert rules.leak_rate([(0.0, 0), (5.0, 500), (9.0, 900)]) is None
+    assert rules.leak_rate([(0.0, 0), (5.0, 500), (10.0, 1000)]) == 100.0
+    # only the last 60 s count: the flat first minute is left out
+    flat_then_climb = [(float(t), 0) for t in range(0, 60, 10)] + [(100.0 + t, 10 * t) for t in range(0, 61, 10)]
+    assert rules.leak_rate(flat_then_climb) == 10.0
+
+
+def test_buffers_drift_is_reported_only_over_five_percent() -> None:
+    report = {"model": 600, "kv": 300, "compute": 100, "output": 50}  # 1050 against 1000 planned: exactly +5%
+    assert rules.buffers_drift(report, 1000) == {}
+    report["output"] = 51
+    assert rules.buffers_drift(report, 1000) == {
+        "buffers_bytes": 1051,
+        "buffers_planned_bytes": 1000,
+        "buffers_over": 0.051,
+        "buffers": report,
+    }
+
+
+@pytest.mark.parametrize(
+    ("info", "new_pid", "want"),
+    [
+        (None, None, {"exitstatus": None, "cause": "unknown"}),
+        ({"statename": "EXITED", "exitstatus": 3}, 42, {"exitstatus": None, "cause": RESTARTED}),
+        ({"statename": "EXITED", "exitstatus": -1}, None, {"exitstatus": None, "cause": "killed by a signal"}),
+        ({"statename": "STOPPED", "exitstatus": 0}, None, {"exitstatus": 0, "cause": "stopped"}),
+        ({"statename": "EXITED", "exitstatus": 3}, None, {"exitstatus": 3, "cause": "exited"}),
+        ({"statename": "BACKOFF", "exitstatus": 0}, None, {"exitstatus": None, "cause": "unknown"}),
+    ],
+)
+def test_exit_cause(info: dict[str, object] | None, new_pid: int | None, want: dict[str, object]) -> None:
+    assert rules.exit_cause(info, new_pid) == want
+
+
+def test_a_worker_moves_only_along_its_table() -> None:
+    w = Worker(Quota("w", 2 * MiB, MiB, 50, MiB))
+    assert w.phase is Phase.DOWN
+    with pytest.raises(IllegalTransition, match=r"^w: down -> killed$"):
+        w.to(Phase.KILLED)
+    w.began(100, now=1.0)
+    assert (w.phase, w.pid, w.started) == (Phase.UP, 100, 1.0)
+    w.to(Phase.OOM_KILLED)
+    w.to(Phase.GIVEN_UP)
+    assert w.given_up
+    with pytest.raises(IllegalTransition, match=r"^w: given_up -> down$"):
+        w.to(Phase.DOWN)  # left stopped until someone starts it again
+    w.began(101, now=2.0)
+    assert w.phase is Phase.UP and not w.given_up
+    # every phase can be left, and every phase but DOWN is reached from somewhere
+    assert all(TRANSITIONS[p] for p in Phase)
+    assert {q for targets in TRANSITIONS.values() for q in targets} == set(Phase)
+
+
+def test_a_new_process_forgets_what_was_measured_of_the_last() -> None:
+    w = Worker(Quota("w", 2 * MiB, MiB, 50, MiB))
+    w.began(100, now=1.0)
+    w.cpu_side, w.gpu_side, w.peak, w.drift = MiB, 10, MiB + 10, 0.2
+    w.samples.append((1.0, MiB))
+    w.kills.append(1.5)
+    w.forget()
+    assert (w.pid, w.usage, w.peak, w.drift, list(w.samples)) == (None, 0, 0, None, [])
+    assert list(w.kills) == [1.5]  # kills count across restarts (max_kills within kill_window)

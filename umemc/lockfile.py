@@ -1,0 +1,119 @@
+"""`<stack>.calibration.json`, typed: what the real runtime measured, and the stack's lock.
+
+For each llama.cpp-family model with a real file it records
+- the file's identity (size, sha256 of its first 4 MiB) and its GGUF header facts (tensor bytes, types,
+  shapes, metadata) — the *lock*: `umemc check` on a CI runner without the weights still uses exact
+  sizes (source "lock"), and verifies them wherever the file is present;
+- the memory-relevant flags it was started with and llama.cpp's own buffer report plus the process's
+  resident memory after a warm-up request — the *calibration*: used instead of the estimate (source
+  "measured") while the flags still match, ignored with a warning naming what changed otherwise.
+A torch worker records its flags and its measured peak.
+
+This is a bottom layer: the stack loader, the estimator (which turns a header into its own facts) and
+`umemc calibrate` read and write it; llama.cpp's log is parsed by umemc.runtime.llamalog.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from .contract import ContractError, Document, dump, parse
+
+FORMAT, VERSION = "umemc-calibration", 1
+HEAD_BYTES = 4 * 1024 * 1024
+FLAG_KEYS = ("runtime", "context", "parallel", "ubatch", "kv_cache", "flash_attn", "mmap", "mlock", "kind")
+# llama.cpp's buffer report: {device: {model|kv|rs|compute|output: bytes}}
+BufferReport = dict[str, dict[str, int]]
+
+
+class FileIdentity(Document):
+    size: int
+    sha256_head: str
+
+
+class LockedHeader(Document):
+    """The GGUF header facts the estimator needs when the file is absent (its LlmShape as a table)."""
+
+    tensor_bytes: int
+    n_tensors: int
+    type_counts: dict[str, int]
+    file_type: str | None
+    general_arch: str
+    shape: dict[str, Any] | None
+    repack_bytes: int = 0
+    skipped_bytes: int = 0
+
+
+class Measured(Document):
+    buffers: BufferReport = {}  # llama.cpp's own report (llama.cpp models)
+    rss_bytes: int | None = None  # resident after a warm-up request (llama.cpp models)
+    peak_bytes: int | None = None  # peak resident during its own warm-up (torch workers)
+    at: str = "?"
+    runtime_version: str = "?"
+
+
+class LockEntry(Document):
+    file: FileIdentity | None = None
+    header: LockedHeader | None = None
+    flags: dict[str, Any] = {}
+    measured: Measured | None = None
+
+
+class CalibrationDoc(Document):
+    format: Literal["umemc-calibration"] = "umemc-calibration"
+    version: int = VERSION
+    models: dict[str, LockEntry]
+    remedy: ClassVar[str] = "measure again with this one (`umemc calibrate STACK`)"
+
+
+def path_for(stack: Path) -> Path:
+    return stack.with_name(stack.stem + ".calibration.json")
+
+
+def identity(path: Path) -> FileIdentity:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        h.update(f.read(HEAD_BYTES))
+    return FileIdentity(size=path.stat().st_size, sha256_head=h.hexdigest())
+
+
+def load(stack: Path) -> dict[str, LockEntry]:
+    """The stack's entries by model; none without a file. A file umemc cannot read is an error (exit 2)."""
+    path = path_for(stack)
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise ContractError(f"{path}: cannot read: {exc.strerror}") from None
+    return dict(parse(CalibrationDoc, text, path).models)
+
+
+def save(stack: Path, models: dict[str, LockEntry]) -> Path:
+    path = path_for(stack)
+    doc = CalibrationDoc(models=dict(sorted(models.items())))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(dump(doc, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def totals(buffers: BufferReport) -> dict[str, int]:
+    """Per kind over every device; a hybrid model's recurrent state (RS) counts with the KV cache."""
+    out = {"model": 0, "kv": 0, "compute": 0, "output": 0}
+    for kinds in buffers.values():
+        for kind, size in kinds.items():
+            out["kv" if kind == "rs" else kind] += size
+    return out
+
+
+def host_bytes(buffers: BufferReport) -> int:
+    """Buffers in host memory (they are part of the process's RSS): devices named CPU*."""
+    return sum(sum(k.values()) for d, k in buffers.items() if d.upper().startswith("CPU"))
+
+
+def flag_changes(recorded: dict[str, Any], current: dict[str, Any], keys: tuple[str, ...] = FLAG_KEYS) -> list[str]:
+    return [f"{k} {recorded.get(k)!r} -> {current.get(k)!r}" for k in keys if recorded.get(k) != current.get(k)]

@@ -1,0 +1,310 @@
+"""The enforcer's loop: it samples every worker each sample_interval (and those near their hard quota
+every FAST_S in between), applies the quota rules, keeps each worker's phase, runs the pressure guard
+and writes the status. supervisord's view is polled when its children change, else every 5 s."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import signal
+import sys
+import time
+import xmlrpc.client
+from pathlib import Path
+from typing import Any
+
+from ...contract import ModelDoc, PlanDoc, read
+from ...lockfile import totals
+from ..events import EventLog
+from ..llamalog import parse_buffers
+from ..rundir import RunDir
+from ..supervisor import Supervisor
+from . import rules
+from .pressure import PressureGuard
+from .sampler import Sampler
+from .status import StatusWriter
+from .worker import Finding, Phase, Quota, Worker
+
+FAST_S = 0.005  # sampling period of a worker above NEAR of its hard quota
+NEAR = 0.75
+SLOW_EVERY_S = 1.0  # process trees, kernel OOM counters, leak samples, status file
+ESCAPED_EVERY_S = 5.0  # without a cgroup: look for processes that left a worker's tree (by the run's mark)
+POLL_EVERY_S = 5.0  # supervisord's process list, also fetched whenever supervisord's children change
+DRIFT_SETTLE_S = 5.0  # after supervisord calls it RUNNING (itself 5 s after the start)
+LOG_TAIL = 512 * 1024  # of a llama.cpp worker's logs, for its buffer report
+
+
+class Enforcer:
+    def __init__(self, bundle: Path, proc: str = "/proc"):
+        self.bundle = bundle
+        self.plan = read(PlanDoc, bundle / "plan.json")
+        self.run_dir = RunDir.of_bundle(bundle)
+        self.interval = float(self.plan.policy.sample_interval_s)
+        self.events = EventLog(self.run_dir.events)
+        self.supervisor = Supervisor(self.run_dir.socket())
+        self.sampler = Sampler(self.plan, self.run_dir, proc)
+        self.guard = PressureGuard(self.plan, self.run_dir, self.supervisor, self.interval, self._event)
+        self.status = StatusWriter(self.run_dir.status)
+        self.workers = {
+            n: Worker(Quota(n, m.quota_hard_bytes, m.quota_soft_bytes, m.priority, m.estimate_bytes))
+            for n, m in self.plan.models.items()
+        }
+        self.run_start = self.events.last_id("up")
+        self._last_slow = self._last_poll = self._last_escaped = 0.0
+        self._gone = False
+        self._sv_pid: int | None = None
+        self._sv_children: frozenset[int] = frozenset()
+        self._infos: dict[str, Any] = {}
+        self._stop = False
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_term)
+        self.events.add("enforcer_start", None, pid=os.getpid(), interval_s=self.interval)
+        next_tick = time.monotonic()
+        while not self._stop:
+            try:
+                self.tick()
+            except (OSError, xmlrpc.client.Error, http.client.HTTPException) as exc:
+                # supervisord restarting or gone, a full disk: say so and keep enforcing next tick
+                print(f"umemc-enforcer: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            next_tick += self.interval
+            self._fast_until(next_tick)
+            if time.monotonic() > next_tick + self.interval:
+                next_tick = time.monotonic()  # fell behind: skip, never burst
+        self.events.close()
+
+    def _on_term(self, *_: Any) -> None:
+        self._stop = True
+
+    def _fast_until(self, deadline: float) -> None:
+        """Between ticks, re-read only the workers close to their hard quota (a few preads)."""
+        while (remaining := deadline - time.monotonic()) > 0 and not self._stop:
+            near = [w for w in self.workers.values() if w.pid and w.usage >= NEAR * w.quota.hard]
+            if not near:
+                time.sleep(remaining)
+                return
+            for w in near:
+                w.cpu_side = self.sampler.cpu_side(w)
+                self._check_hard(w, time.time())
+            time.sleep(min(FAST_S, max(remaining, 0)))
+
+    def tick(self) -> None:
+        """Every sample_interval: usage of each running worker (kept-open preads), quotas, pressure."""
+        now = time.time()
+        children = self.sampler.proc.children(self._sv_pid) if self._sv_pid else frozenset()
+        if self._gone or children != self._sv_children or now - self._last_poll >= POLL_EVERY_S:
+            self._sv_children = children  # supervisord started or lost a process: look now
+            self.poll(now)
+            self.slow_tick(now)
+        elif now - self._last_slow >= SLOW_EVERY_S:
+            self.slow_tick(now)
+        kernel = self.plan.policy.kernel_enforcement == "auto"
+        for w in self.workers.values():
+            if not w.pid:
+                continue
+            if kernel and w.cgroup is None:
+                self.sampler.attach_cgroup(w)  # the wrapper records the group a few ms after the start
+            cpu = self.sampler.cpu_side(w)
+            if cpu == 0 and w.cgroup is None:
+                self._gone = True  # its process ended: ask supervisord at once on the next tick
+                continue
+            self.sampler.record(w, cpu)
+            self._check_soft(w)
+            self._check_hard(w, now)
+        workers = list(self.workers.values())
+        self.guard.step(now, self.sampler.pressure(workers), workers, self._infos)
+
+    def poll(self, now: float) -> None:
+        """supervisord's view (XML-RPC, a few ms): on a change of its children, else every 5 s."""
+        self._last_poll, self._gone = now, False
+        if self._sv_pid is None:
+            self._sv_pid = int(self.supervisor.call("supervisor.getPID"))
+            self._sv_children = self.sampler.proc.children(self._sv_pid)
+        self._infos = self.supervisor.processes()
+
+    def slow_tick(self, now: float) -> None:
+        """Every second: the bookkeeping that needs more syscalls than a sample."""
+        self._last_slow = now
+        self.sampler.refresh_nvidia(now)
+        if now - self._last_escaped >= ESCAPED_EVERY_S:
+            self._last_escaped = now
+            self.sampler.find_escaped(list(self.workers.values()))
+        for w in self.workers.values():
+            self._check_kernel(w)  # before _track: a kernel kill ends the process it counts
+            self._track(w, self._infos.get(w.name), now)
+            if w.pid:
+                if w.cgroup is None:
+                    self.sampler.attach_cgroup(w)
+                self.sampler.refresh(w, now)
+                self._check_leak(w)
+                self._check_drift(w, now)
+        self.status.write(now, self.guard.pressure, list(self.workers.values()), self.events)
+
+    def pressure_victim(self, infos: dict[str, Any], busy: set[str]) -> Worker | None:
+        return self.guard.victim(list(self.workers.values()), infos, busy)
+
+    # -- a worker's process ---------------------------------------------------------------------
+    def _track(self, w: Worker, info: dict[str, Any] | None, now: float) -> None:
+        w.state = info["statename"] if info else "UNKNOWN"
+        pid = info["pid"] if info and info["statename"] in ("RUNNING", "STARTING") and info["pid"] else None
+        if pid in w.ended:
+            pid = None  # killed and recorded; supervisord has not noticed yet
+        if pid == w.pid:
+            return
+        if w.pid is not None:
+            cause = w.pending_exit or rules.exit_cause(info, pid)
+            self._event(w, "exit", pid=w.pid, state=w.state, **cause, peak_bytes=w.peak)
+            self.sampler.proc.prune(set())
+            w.lost()
+            if w.phase is not Phase.GIVEN_UP:
+                w.to(Phase.DOWN)
+        w.forget()
+        if pid is None:
+            return
+        starts = self.events.count("start", w.name, self.run_start)
+        last = self.events.last("start", w.name, self.run_start)
+        w.began(pid, now)
+        if last is not None and last.detail.get("pid") == pid:  # the enforcer restarted, not the worker
+            w.restarts, w.started = starts - 1, last.ts
+        else:
+            w.restarts = starts
+            self._event(w, "start", pid=pid)
+        self.sampler.attach_cgroup(w)
+
+    def _check_soft(self, w: Worker) -> None:
+        crossed = rules.soft_crossing(w.usage, w.quota.soft, Finding.SOFT in w.raised)
+        if crossed:
+            w.raised.add(Finding.SOFT)
+            self._event(w, "soft_limit", usage_bytes=w.usage, soft_bytes=w.quota.soft, pid=w.pid)
+        elif crossed is False:
+            w.raised.discard(Finding.SOFT)
+
+    def _check_hard(self, w: Worker, now: float) -> None:
+        if w.pid is None or not rules.over_hard(w.usage, w.quota.hard):
+            return
+        pid, usage = w.pid, w.usage
+        kill_tree(pid, w.pids)
+        w.kills.append(now)
+        q = w.quota
+        self._event(
+            w,
+            "hard_limit_kill",
+            by="enforcer",
+            pid=pid,
+            usage_bytes=usage,
+            hard_bytes=q.hard,
+            cpu_bytes=w.cpu_side,
+            gpu_bytes=w.gpu_side,
+        )
+        # the kill is its exit: recorded as one (the next poll must not report an exit status for it)
+        self._event(w, "exit", pid=pid, state="KILLED", **rules.ENFORCER_KILL, peak_bytes=max(w.peak, usage))
+        w.ended.append(pid)
+        w.lost()
+        if w.phase is not Phase.GIVEN_UP:
+            w.to(Phase.KILLED)
+        self._maybe_give_up(w, now)
+
+    def _check_kernel(self, w: Worker) -> None:
+        if w.cgroup is None or w.pid is None:
+            return
+        kills = w.cgroup.oom_kills()
+        if kills <= w.oom_seen:
+            return
+        now = time.time()
+        w.kills.extend([now] * (kills - w.oom_seen))
+        self._event(
+            w,
+            "hard_limit_kill",
+            by="kernel",
+            pid=w.pid,
+            oom_kills=kills - w.oom_seen,
+            hard_bytes=w.quota.hard,
+            cgroup=str(w.cgroup.path),
+        )
+        w.oom_seen = kills
+        w.pending_exit = rules.KERNEL_KILL  # its exit, when seen, was this kill (v1 may have killed a child only)
+        if w.phase is Phase.UP:
+            w.to(Phase.OOM_KILLED)
+        self._maybe_give_up(w, now)
+
+    def _maybe_give_up(self, w: Worker, now: float) -> None:
+        pol = self.plan.policy
+        kills = rules.give_up_due(w.kills, now, pol.kill_window_s, pol.max_kills)
+        if kills is None or w.given_up:
+            return
+        w.to(Phase.GIVEN_UP)
+        failed = self.supervisor.try_stop(w.name, False)
+        self._event(
+            w,
+            "give_up",
+            reason=f"{kills} hard-limit kills within {pol.kill_window_s:g} s: left stopped",
+            kills=kills,
+            **({"stop": failed} if failed else {}),
+        )
+
+    def _check_leak(self, w: Worker) -> None:
+        window = float(self.plan.policy.leak_window_s)
+        s = w.samples
+        if Finding.LEAK in w.raised or len(s) < 3 or s[-1][0] - s[0][0] < window:
+            return
+        while s and s[-1][0] - s[0][0] > window:
+            s.popleft()
+        detail = rules.leak(list(s), window, self.plan.policy.leak_threshold_bytes, w.usage, w.quota.hard)
+        if detail is not None:
+            w.raised.add(Finding.LEAK)
+            self._event(w, "leak_suspected", **detail)
+
+    def _check_drift(self, w: Worker, now: float) -> None:
+        """Once a worker has settled, compare what it holds (and, for llama.cpp, what its own log
+        says it allocated) with the plan's estimate: more than 5% over is `estimate_drift`."""
+        if w.state != "RUNNING":
+            return
+        if w.running_since is None:
+            w.running_since = now
+        estimate = w.quota.estimate
+        if w.drift is not None or now - w.running_since < DRIFT_SETTLE_S or not estimate:
+            return
+        m = self.plan.models[w.name]
+        detail = self._llama_log_drift(w.name, m) if m.reports_buffers else {}
+        over = w.usage / estimate - 1
+        if detail or over > rules.DRIFT:
+            w.drift = max(over, detail.get("buffers_over", -1.0))
+            self._event(
+                w,
+                "estimate_drift",
+                measured_bytes=w.usage,
+                estimate_bytes=estimate,
+                over_pct=round(over * 100, 1),
+                source=m.estimate_source,
+                **detail,
+            )
+        else:
+            w.drift = over  # within 5%: checked, nothing to report
+
+    def _llama_log_drift(self, name: str, m: ModelDoc) -> dict[str, Any]:
+        text = ""
+        for suffix in ("err", "out"):
+            log = self.run_dir.log(name, suffix)
+            with contextlib.suppress(OSError), log.open("rb") as f:
+                f.seek(max(0, log.stat().st_size - LOG_TAIL))
+                text += f.read().decode(errors="replace")
+        parts = m.estimate_parts
+        return rules.buffers_drift(
+            totals(parse_buffers(text)), parts.weights_bytes + parts.kv_bytes + parts.compute_bytes
+        )
+
+    def _event(self, w: Worker, kind: str, **detail: Any) -> None:
+        w.last_event = kind
+        self.events.add(kind, w.name, **detail)
+
+
+def kill_tree(root: int, pids: list[int]) -> None:
+    """SIGKILL the worker's process group (supervisord made it the group leader), then any
+    descendant that left the group."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(root, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,119 @@
+"""One worker as the enforcer sees it: its quota (fixed by the plan), what was last measured, and one
+explicit state machine for what the enforcer did with its process. supervisord's own process state
+(STARTING, RUNNING, …) is a separate fact, read on every poll.
+
+    DOWN ──start──▶ UP ──over hard quota──▶ KILLED ──restarted──▶ UP
+                     │ └─kernel OOM in its group─▶ OOM_KILLED ──exit──▶ DOWN
+                     └─exit──▶ DOWN                    (either kill, max_kills times in kill_window) ──▶ GIVEN_UP
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..cgroups import Cgroup
+
+
+class Phase(Enum):
+    DOWN = "down"  # no process of its own (not started, stopped, exited)
+    UP = "up"  # a process is sampled
+    KILLED = "killed"  # the enforcer killed it and recorded the exit; supervisord has not restarted it yet
+    OOM_KILLED = "oom_killed"  # the kernel killed in its cgroup; its exit, when seen, is that kill
+    GIVEN_UP = "given_up"  # killed max_kills times within kill_window: left stopped until started again
+
+
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.DOWN: frozenset({Phase.UP}),
+    Phase.UP: frozenset({Phase.DOWN, Phase.KILLED, Phase.OOM_KILLED}),
+    Phase.KILLED: frozenset({Phase.UP, Phase.DOWN, Phase.GIVEN_UP}),
+    Phase.OOM_KILLED: frozenset({Phase.DOWN, Phase.UP, Phase.KILLED, Phase.GIVEN_UP}),
+    Phase.GIVEN_UP: frozenset({Phase.UP}),  # someone started it again (`umemc up`, supervisorctl)
+}
+
+
+class Finding(Enum):
+    """What is reported once per crossing (or per process): raised, then re-armed."""
+
+    SOFT = "soft_limit"  # re-armed below SOFT_REARM of the soft quota
+    LEAK = "leak_suspected"  # re-armed by the next start
+
+
+class IllegalTransition(RuntimeError):
+    """A bug: the enforcer tried a transition the table does not allow."""
+
+
+@dataclass(frozen=True)
+class Quota:
+    name: str
+    hard: int
+    soft: int
+    priority: int
+    estimate: int
+
+
+@dataclass
+class Worker:
+    quota: Quota
+    phase: Phase = Phase.DOWN
+    state: str = "UNKNOWN"  # supervisord's statename
+    raised: set[Finding] = field(default_factory=set)
+    last_event: str | None = None
+    # the process (pid is set while it is sampled)
+    pid: int | None = None
+    pids: list[int] = field(default_factory=list)
+    escaped: list[tuple[int, int]] = field(default_factory=list)  # (pid, start) of processes that left its tree
+    ended: deque[int] = field(default_factory=lambda: deque(maxlen=8))  # pids killed and recorded as exited
+    cgroup: Cgroup | None = None
+    oom_seen: int = 0
+    started: float = 0.0
+    restarts: int = -1
+    running_since: float | None = None
+    pending_exit: dict[str, Any] | None = None  # the cause its exit will be recorded with (a kernel kill)
+    # what was measured
+    cpu_side: int = 0
+    gpu_side: int = 0
+    peak: int = 0
+    samples: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=3600))
+    kills: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    reserved: int = 0  # what the worker's own ledger (umemc.worker) reports
+    last_active: float = 0.0
+    last_cpu: int = -1
+    drift: float | None = None  # measured / estimate - 1, once checked
+
+    @property
+    def name(self) -> str:
+        return self.quota.name
+
+    @property
+    def usage(self) -> int:
+        return self.cpu_side + self.gpu_side
+
+    @property
+    def given_up(self) -> bool:
+        return self.phase is Phase.GIVEN_UP
+
+    def to(self, phase: Phase) -> None:
+        if phase is not self.phase and phase not in TRANSITIONS[self.phase]:
+            raise IllegalTransition(f"{self.name}: {self.phase.value} -> {phase.value}")
+        self.phase = phase
+
+    def lost(self) -> None:
+        """Its process is no longer sampled (an exit seen, or killed by the enforcer)."""
+        self.pid, self.pids, self.cpu_side, self.gpu_side = None, [], 0, 0
+
+    def forget(self) -> None:
+        """Its process changed: everything measured and reported of the last one is forgotten."""
+        self.lost()
+        self.peak = 0
+        self.samples.clear()
+        self.raised.clear()
+        self.drift, self.running_since, self.pending_exit = None, None, None
+
+    def began(self, pid: int, now: float) -> None:
+        """A new process of its own is sampled from now on."""
+        self.pid, self.started, self.cgroup = pid, now, None
+        self.to(Phase.UP)
