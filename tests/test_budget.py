@@ -213,3 +213,33 @@ def test_a_missing_file_builds_only_with_files_later(write_stack, run_cli, tmp_p
     assert not (tmp_path / "out").exists()
     code, out, _ = run_cli("build", "stack.toml", "-o", "out", "--files-later", cwd=tmp_path)
     assert code == 0 and f"-m {tmp_path}/models/chat.gguf" in (tmp_path / "out/supervisord.conf").read_text()
+
+
+def test_advice_is_a_stage_above_the_budget_run_only_when_it_does_not_fit(write_stack, monkeypatch) -> None:
+    """The budget never re-estimates; advice does, and only for a stack that does not fit."""
+    import umemc.advice as advice_stage
+    from umemc.advice import advise
+
+    calls: list[str] = []
+    real = advice_stage.estimate_model
+    monkeypatch.setattr(advice_stage, "estimate_model", lambda loaded, m: calls.append(m.name) or real(loaded, m))
+    big = load_stack(
+        write_stack(
+            'version = 1\nname = "big"\n[platform]\nkind = "cpu"\nmemory = "16GiB"\nos_reserve = "2GiB"\n'
+            '[models.chat]\nruntime = "llama-server"\narch = "llama-3-8b"\nquant = "Q8_0"\ncontext = 32768\n'
+            + worker("side", 3072, 10)
+        )
+    )
+    plan = make_plan(big)
+    assert (plan.fits, plan.advice, calls) == (False, (), [])
+    advised = advise(big, plan)
+    assert advised.advice[0] == (  # the same stack as above: 16.9 GiB against 11.9 GiB
+        "does not fit: the hot set's hard quotas total 16.9 GiB, the budget is 11.9 GiB (over by 5.0 GiB)"
+    )
+    assert set(calls) == {"chat"}  # its context, KV type and quantization were tried; side's memory is fixed
+    calls.clear()
+    small = load_stack(
+        write_stack('version = 1\nname = "small"\n[platform]\nkind = "cpu"\nmemory = "16GiB"\n' + worker("a", 800, 50))
+    )
+    fitting = make_plan(small)
+    assert advise(small, fitting) is fitting and calls == []

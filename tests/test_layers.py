@@ -79,6 +79,9 @@ LAYERS = {
     "contract.py": (*COMPILE_SIDE, "umemc.runtime", "umemc.lockfile", "umemc.catalog"),
     "lockfile.py": (*COMPILE_SIDE, "umemc.runtime", "umemc.catalog", "umemc.launchers"),
     "stack": (*COMPILE_SIDE[1:], "umemc.runtime", "umemc.launchers"),
+    # advice is a stage above the budget (it re-estimates only a stack that does not fit)
+    "budget.py": ("umemc.advice", "umemc.compile", "umemc.targets", "umemc.runtime", "umemc.commands"),
+    "estimate": ("umemc.budget", "umemc.advice", "umemc.compile", "umemc.targets", "umemc.runtime"),
     "runtime": (*COMPILE_SIDE, "umemc.launchers", "umemc.targets", "umemc.catalog"),
 }
 

@@ -1,18 +1,17 @@
-"""What to change when a stack does not fit: the decisive fact first (a model that alone exceeds the
-budget), then the smallest changes that make the whole stack fit, each computed by re-estimating the
-stack with that one change; when no single change is enough, the changes that save the most."""
+"""The advice stage, above budget, run only for a stack that does not fit: the decisive fact first (a
+model that alone exceeds the budget), then the smallest changes that make the whole stack fit, each
+computed by re-estimating the stack with that one change; when no single change is enough, the
+changes that save the most. With nodes: why each unplaced model fits nowhere, then each node's own."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
+from .budget import ModelPlan, Plan, model_plan
 from .catalog.runtimes import LLAMA_RUNTIMES
 from .estimate.estimator import estimate_model
+from .stack.resolve import LoadedStack
 from .units import gib
-
-if TYPE_CHECKING:
-    from .budget import ModelPlan, Plan
 
 # lower quantizations to try for a model estimated from an architecture preset, mildest first
 QUANT_LADDER = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M")
@@ -30,9 +29,21 @@ class Change:
     saved_gpu: int
 
 
-def advice(plan: Plan) -> list[str]:
+def advise(loaded: LoadedStack, plan: Plan) -> Plan:
+    """The plan with its advice: unchanged (nothing re-estimated) when it fits."""
     if plan.fits:
-        return []
+        return plan
+    if not plan.nodes:
+        return replace(plan, advice=tuple(advice(loaded, plan)))
+    nodes = {name: advise(loaded.for_node(name, list(p.models)), p) for name, p in plan.nodes.items()}
+    assert plan.placement is not None
+    lines = [f"models.{n}: {why}" for n, why in plan.placement.unplaced.items()]
+    for name, p in nodes.items():
+        lines += [f"node {name}: {a}" for a in p.advice]
+    return replace(plan, nodes=nodes, advice=tuple(lines))
+
+
+def advice(loaded: LoadedStack, plan: Plan) -> list[str]:
     cap = plan.capacity
     lines = []
     if not plan.fits_ram:
@@ -51,12 +62,12 @@ def advice(plan: Plan) -> list[str]:
             lines.append(
                 f"model {m.name} alone ({gib(m.quota_hard)} GiB hard quota) exceeds the {gib(cap.budget)} GiB budget"
             )
-    over, changes = max(0, -plan.headroom), _changes(plan)
+    over, changes = max(0, -plan.headroom), _changes(loaded, plan)
     changes = [c for c in changes if c.rank < COLD or plan.models[c.model].quota_hard <= cap.budget]
     fitting = [c for c in changes if c.saved >= over and c.saved_gpu >= gpu_over]
     if not fitting:
         big = max((m for m in plan.models.values() if m.hot), key=lambda m: m.quota_hard)
-        lines.append(_combined(plan, big, over, gpu_over))
+        lines.append(_combined(loaded, plan, big, over, gpu_over))
     if fitting:
         best: dict[tuple[str, int], Change] = {}
         for c in sorted(fitting, key=lambda c: (c.rank, c.saved)):
@@ -71,35 +82,32 @@ def advice(plan: Plan) -> list[str]:
     return lines
 
 
-def _changes(plan: Plan) -> list[Change]:
+def _changes(loaded: LoadedStack, plan: Plan) -> list[Change]:
     out: list[Change] = []
     for m in plan.models.values():
         if not m.hot:
             continue
         spec = m.model.spec
         if any(p.name == "repacked copy" for p in m.estimate.weights.parts):
-            out += _try(plan, m, "mmap = false (no second copy of the repacked weights)", {"mmap": False}, 0)
+            out += _try(loaded, m, "mmap = false (no second copy of the repacked weights)", {"mmap": False}, 0)
         if spec.memory is None and spec.runtime in LLAMA_RUNTIMES and m.estimate.kv.bytes:
             if spec.kv_cache in ("f16", "f32", "bf16"):
                 fa = "" if spec.flash_attn else " with flash_attn = true"
-                out += _try(plan, m, f'kv_cache = "q8_0"{fa}', {"kv_cache": "q8_0", "flash_attn": True}, 0)
+                out += _try(loaded, m, f'kv_cache = "q8_0"{fa}', {"kv_cache": "q8_0", "flash_attn": True}, 0)
             context = spec.context // 2
             while context >= MIN_CONTEXT:
-                out += _try(plan, m, f"context = {context}", {"context": context}, 1)
+                out += _try(loaded, m, f"context = {context}", {"context": context}, 1)
                 context //= 2
         if spec.memory is None and m.estimate.source == "arch" and spec.runtime in LLAMA_RUNTIMES:
             now = m.estimate.facts.get("file type")
             lower = QUANT_LADDER[QUANT_LADDER.index(now) + 1 :] if now in QUANT_LADDER else ()
             for q in lower:
-                out += _try(plan, m, f'quant = "{q}"', {"quant": q}, 2)
+                out += _try(loaded, m, f'quant = "{q}"', {"quant": q}, 2)
         out.append(Change(m.name, f'mode = "cold" (priority {m.priority})', COLD, m.quota_hard, m.gpu_quota_hard))
     return out
 
 
-def _try(plan: Plan, m: ModelPlan, text: str, update: dict[str, object], rank: int) -> list[Change]:
-    from .budget import model_plan
-
-    loaded = plan.loaded
+def _try(loaded: LoadedStack, m: ModelPlan, text: str, update: dict[str, object], rank: int) -> list[Change]:
     alt = replace(m.model, spec=m.model.spec.model_copy(update=update))
     if "quant" in update:
         alt = replace(alt, quant=str(update["quant"]))
@@ -110,7 +118,7 @@ def _try(plan: Plan, m: ModelPlan, text: str, update: dict[str, object], rank: i
     return [Change(m.name, text, rank, saved, saved_gpu)] if saved > 0 else []
 
 
-def _combined(plan: Plan, m: ModelPlan, over: int, gpu_over: int) -> str:
+def _combined(loaded: LoadedStack, plan: Plan, m: ModelPlan, over: int, gpu_over: int) -> str:
     """The mildest combination of quantization, KV type and context that lets the largest model fit."""
     spec = m.model.spec
     if spec.memory is not None or spec.runtime not in LLAMA_RUNTIMES:
@@ -147,7 +155,7 @@ def _combined(plan: Plan, m: ModelPlan, over: int, gpu_over: int) -> str:
         freed, freed_gpu = sum(o.quota_hard for o in cold), sum(o.gpu_quota_hard for o in cold)
         also = f"; and {', '.join(o.name for o in cold)} cold" if cold else ""
         for text, update in tried:
-            for ch in _try(plan, m, text, update, 4):
+            for ch in _try(loaded, m, text, update, 4):
                 if ch.saved + freed >= over and ch.saved_gpu + freed_gpu >= gpu_over:
                     hard = gib(m.quota_hard - ch.saved)
                     return f"smallest change that fits: models.{m.name}: {ch.text} ({hard} GiB hard quota){also}"

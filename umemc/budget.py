@@ -4,15 +4,17 @@ All arithmetic of the report happens here; renderers only format (docs/CONTRACTS
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from . import policy
-from .advice import advice
 from .catalog.runtimes import LLAMA_RUNTIMES, NEEDS_MODEL_FILE
 from .estimate.estimator import estimate_stack
 from .estimate.figures import Estimate
 from .placement import Bin, Item, Placement, place
 from .placement import Need as PlaceNeed
-from .stack.resolve import LoadedStack, ResolvedModel
+from .stack.load import Source
+from .stack.models import Stack
+from .stack.resolve import LoadedStack, ResolvedModel, ResolvedPlatform
 from .units import MiB, gib, mul_ceil, mul_floor, round_up
 
 TIGHT = 0.10  # headroom below this share of the budget counts as a tight box
@@ -55,7 +57,14 @@ class ColdAdmission:
 
 @dataclass(frozen=True)
 class Plan:
-    loaded: LoadedStack
+    """The budget of one machine (or, with nodes, of the whole stack): frozen, and all the later stages
+    (advice, compile, render) read. Of the loaded stack it keeps only what they need: the stack's own
+    (frozen) spec, its file and position index, the platform and the nodes' labels."""
+
+    path: Path
+    source: Source
+    stack: Stack
+    platform: ResolvedPlatform
     capacity: Capacity
     models: dict[str, ModelPlan]
     hot_total: int
@@ -67,10 +76,11 @@ class Plan:
     # the fields above are then the whole stack's (capacities summed, every model)
     nodes: dict[str, Plan] = field(default_factory=dict)
     placement: Placement | None = None
+    node_labels: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
-        return self.loaded.name
+        return self.stack.name
 
     @property
     def headroom(self) -> int:
@@ -139,11 +149,15 @@ def assemble(loaded: LoadedStack, models: dict[str, ModelPlan]) -> Plan:
     hot = [m for m in models.values() if m.hot]
     hot_total = sum(m.quota_hard for m in hot)
     hot_gpu = sum(m.gpu_quota_hard for m in hot) if cap.gpu_budget is not None else 0
-    plan = Plan(loaded, cap, models, hot_total, hot_gpu, {}, ())
+    plan = Plan(*_of(loaded), cap, models, hot_total, hot_gpu, {}, ())
     held = held_on_paper(plan)  # once: a stack may have hundreds of cold models
     admission = {m.name: admit(plan, m, held) for m in models.values() if not m.hot}
     plan = replace(plan, cold_admission=admission)
-    return replace(plan, warnings=tuple(_warnings(plan, estimates)), advice=tuple(advice(plan)))
+    return replace(plan, warnings=tuple(_warnings(loaded, plan, estimates)))
+
+
+def _of(loaded: LoadedStack) -> tuple[Path, Source, Stack, ResolvedPlatform]:
+    return loaded.path, loaded.source, loaded.stack, loaded.platform
 
 
 def admit(plan: Plan, cold: ModelPlan, held: list[policy.Held] | None = None) -> ColdAdmission:
@@ -176,11 +190,10 @@ def _budget(plan: Plan) -> policy.Budget:
     """The plan's budget for the one policy, with its pressure rule: on paper, the pressure is what the hot set's
     hard quotas take of usable memory (the gateway measures it live)."""
     cap = plan.capacity
-    return policy.Budget(cap.budget, cap.gpu_budget, usable=cap.usable, load_below=plan.loaded.stack.policy.load_below)
+    return policy.Budget(cap.budget, cap.gpu_budget, usable=cap.usable, load_below=plan.stack.policy.load_below)
 
 
-def _warnings(plan: Plan, estimates: dict[str, Estimate]) -> list[str]:
-    loaded = plan.loaded
+def _warnings(loaded: LoadedStack, plan: Plan, estimates: dict[str, Estimate]) -> list[str]:
     out = list(loaded.warnings)
     for est in estimates.values():
         out += est.warnings
@@ -207,7 +220,7 @@ def _cold_warnings(plan: Plan) -> list[str]:
     out: list[str] = []
     if not plan.cold_admission:
         return out
-    cap, load_below = plan.capacity, plan.loaded.stack.policy.load_below
+    cap, load_below = plan.capacity, plan.stack.policy.load_below
     held = held_on_paper(plan)
     ledger_only = policy.Budget(cap.budget, cap.gpu_budget)
     pressure = sum(h.ram for h in held) / cap.usable if cap.usable else 0.0
@@ -245,15 +258,15 @@ def missing_files(plan: Plan) -> list[tuple[bool, str]]:
                 f'no model file: {spec.runtime} cannot start without one (the estimate used arch = "{spec.arch}"); '
                 'give model = "path/to/file.gguf"'
             )
-            out.append((True, plan.loaded.source.warning(("models", m.name), message, what="table")))
+            out.append((True, plan.source.warning(("models", m.name), message, what="table")))
         else:
             message = f"{spec.model} does not exist yet: `umemc build` needs --files-later, `umemc up` needs the file"
-            out.append((False, plan.loaded.source.warning(("models", m.name, "model"), message)))
+            out.append((False, plan.source.warning(("models", m.name, "model"), message)))
     for m in plan.models.values():  # a named projector follows the same rule as the model file
         spec = m.model.spec
         if spec.mmproj is not None and not m.model.mmproj_present:
             message = f"{spec.mmproj} does not exist yet: `umemc build` needs --files-later, `umemc up` needs the file"
-            out.append((False, plan.loaded.source.warning(("models", m.name, "mmproj"), message)))
+            out.append((False, plan.source.warning(("models", m.name, "mmproj"), message)))
     return out
 
 
@@ -309,8 +322,8 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
         warnings += [w for w in p.warnings if w not in warnings]
     for name in placement.unplaced:
         warnings += [w for w in models[name].estimate.warnings if w not in warnings]
-    plan = Plan(
-        loaded,
+    return Plan(
+        *_of(loaded),
         capacity,
         models,
         sum(m.quota_hard for m in hot),
@@ -319,8 +332,5 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
         tuple(warnings),
         nodes=nodes,
         placement=placement,
+        node_labels={name: dict(node.labels) for name, node in loaded.nodes.items()},
     )
-    advice_lines = [f"models.{n}: {why}" for n, why in placement.unplaced.items()]
-    for name, p in nodes.items():
-        advice_lines += [f"node {name}: {a}" for a in p.advice]
-    return replace(plan, advice=tuple(advice_lines))

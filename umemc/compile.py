@@ -81,7 +81,7 @@ class Bundle:
     @property
     def gateway_wrap(self) -> tuple[str, ...]:
         """The gateway runs in a budgeted group like a worker (gateway.memory); it keeps the token's variable."""
-        memory = self.plan.loaded.stack.gateway.memory
+        memory = self.plan.stack.gateway.memory
         return wrap_argv(self.plan, self.python, GATEWAY, memory, memory, unset=False)
 
     @property
@@ -90,12 +90,12 @@ class Bundle:
 
     @property
     def ttm_pages(self) -> int | None:
-        p = self.plan.loaded.platform
+        p = self.plan.platform
         return p.gpu_window // (4 * KiB) if p.kind == "amd-apu" and p.gpu_window else None
 
     @property
     def wired_limit_mb(self) -> int | None:
-        p = self.plan.loaded.platform
+        p = self.plan.platform
         return p.gpu_window // MiB if p.kind == "apple" and p.gpu_window else None
 
 
@@ -113,7 +113,7 @@ def compile_bundle(plan: Plan, python: str | None = None, simulate: bool = False
     memlock = any(m.model.spec.mlock for m in plan.models.values())
     return Bundle(
         plan,
-        plan.loaded.path.name,
+        plan.path.name,
         programs,
         _sysctl(plan),
         memlock,
@@ -162,9 +162,9 @@ def wrap_argv(plan: Plan, python: str, name: str, hard: int, soft: int, *, unset
         "--soft",
         str(soft),
         "--cgroup",
-        plan.loaded.stack.policy.kernel_enforcement,
+        plan.stack.policy.kernel_enforcement,
     )
-    token = plan.loaded.stack.gateway.token_env
+    token = plan.stack.gateway.token_env
     return argv + ("--unset", token) if unset and token else argv
 
 
@@ -172,9 +172,9 @@ def _cwd(plan: Plan, m: ModelPlan) -> str | None:
     """The worker's directory: `cwd` relative to the stack file; ComfyUI defaults to the stack's directory."""
     spec = m.model.spec
     if spec.cwd is not None:
-        return spec.cwd if Path(spec.cwd).is_absolute() else str((plan.loaded.path.parent / spec.cwd).resolve())
+        return spec.cwd if Path(spec.cwd).is_absolute() else str((plan.path.parent / spec.cwd).resolve())
     if spec.runtime == "comfyui":
-        return str(plan.loaded.path.parent.resolve())
+        return str(plan.path.parent.resolve())
     return None
 
 
@@ -189,7 +189,7 @@ def _placeholder(ctx: Context, m: ModelPlan, port: int | None) -> list[str]:
 
 def worker_env(plan: Plan, m: ModelPlan, port: int | None) -> dict[str, str]:
     """The worker's environment: umemc's quota contract, platform knobs, then the model's own env."""
-    p, spec = plan.loaded.platform, m.model.spec
+    p, spec = plan.platform, m.model.spec
     env = {
         "UMEMC_MODEL": m.name,
         "UMEMC_QUOTA_SOFT_BYTES": str(m.quota_soft),
@@ -197,13 +197,13 @@ def worker_env(plan: Plan, m: ModelPlan, port: int | None) -> dict[str, str]:
     }
     if port is not None:
         env["UMEMC_PORT"] = str(port)
-    gw = plan.loaded.stack.gateway
+    gw = plan.stack.gateway
     if gw.enabled:  # where a worker (a ComfyUI extension, umemc.worker) asks for leases
         host = "127.0.0.1" if gw.host in ("0.0.0.0", "::", "127.0.0.1", "localhost") else gw.host
         env["UMEMC_GATEWAY_URL"] = f"http://{host}:{gw.port}"
     if p.kind == "amd-apu":
         # SDMA copy engines: a policy setting, off by default as the practitioners ran Strix Halo.
-        env["HSA_ENABLE_SDMA"] = "1" if plan.loaded.stack.policy.hsa_enable_sdma else "0"
+        env["HSA_ENABLE_SDMA"] = "1" if plan.stack.policy.hsa_enable_sdma else "0"
         env["HIP_VISIBLE_DEVICES"] = "0"
         env["ROCR_VISIBLE_DEVICES"] = "0"
     if p.kind == "nvidia-unified" and spec.runtime in ("llama-server", "llama-cpp-python"):
@@ -218,7 +218,7 @@ def worker_env(plan: Plan, m: ModelPlan, port: int | None) -> dict[str, str]:
 
 
 def _torch_allocator(plan: Plan, m: ModelPlan) -> dict[str, str]:
-    p = plan.loaded.platform
+    p = plan.platform
     conf = "expandable_segments:True,garbage_collection_threshold:0.8"  # return freed blocks, less fragmentation
     if p.kind == "amd-apu":
         return {"PYTORCH_HIP_ALLOC_CONF": conf}
@@ -235,7 +235,7 @@ def _torch_allocator(plan: Plan, m: ModelPlan) -> dict[str, str]:
 
 
 def _threads(plan: Plan) -> int | None:
-    cores = plan.loaded.platform.cpu_cores
+    cores = plan.platform.cpu_cores
     if cores is None:
         return None
     hot = sum(1 for m in plan.models.values() if m.hot) or 1
@@ -243,7 +243,7 @@ def _threads(plan: Plan) -> int | None:
 
 
 def _sysctl(plan: Plan) -> tuple[Tunable, ...]:
-    mem = plan.loaded.platform.memory
+    mem = plan.platform.memory
     min_free = min(max(mem // 256 // KiB, 65536), 1048576)  # ~512 MiB on 128 GiB, within 64 MiB..1 GiB
     defaults = [
         Tunable(
@@ -274,7 +274,7 @@ def _sysctl(plan: Plan) -> tuple[Tunable, ...]:
         ),
         Tunable("vm.max_map_count", 262144, "several large models map many regions; the default 65530 is too low", VM),
     ]
-    overrides = plan.loaded.stack.sysctl
+    overrides = plan.stack.sysctl
     out = [
         Tunable(t.key, overrides[t.key], f"overridden (umemc's default: {t.value})") if t.key in overrides else t
         for t in defaults
@@ -291,7 +291,7 @@ def _check_carriable(plan: Plan, m: ModelPlan, argv: list[str]) -> None:
     """supervisord's INI layer truncates values at ' ;'/' #' and strips surrounding whitespace, and
     its environment= parser corrupts some quotes: refuse such values with the key that holds them
     instead of writing a config that lies. (Control characters were refused when the stack loaded.)"""
-    src, at, spec = plan.loaded.source, ("models", m.name), m.model.spec
+    src, at, spec = plan.source, ("models", m.name), m.model.spec
     for i, arg in enumerate(argv):
         problem = ini_problem(arg)
         if problem:

@@ -14,8 +14,12 @@ if TYPE_CHECKING:
 
 
 def plan_from_arg(stack_arg: str) -> Plan:
-    """Load, estimate and budget the stack named on the command line (errors carry its spelling)."""
-    return make_plan(load_stack(Path(stack_arg), shown=stack_arg))
+    """Load, estimate and budget the stack named on the command line (errors carry its spelling); a
+    stack that does not fit gets its advice."""
+    from ..advice import advise
+
+    loaded = load_stack(Path(stack_arg), shown=stack_arg)
+    return advise(loaded, make_plan(loaded))
 
 
 def console() -> Console:

@@ -22,7 +22,7 @@ PINNED = ("--listen", "--port", "--reserve-vram")
 
 
 def reserve_gib(m: ModelPlan, ctx: Context) -> float:
-    window = ctx.plan.loaded.platform.gpu_window or ctx.plan.loaded.platform.memory
+    window = ctx.plan.platform.gpu_window or ctx.plan.platform.memory
     return max(0.0, (window - m.quota_hard) / GiB)
 
 

@@ -59,7 +59,7 @@ def argv(m: ModelPlan, ctx: Context) -> list[str]:
         "-ctv",
         spec.kv_cache,
         "-ngl",
-        "0" if ctx.plan.loaded.platform.kind == "cpu" else ALL_LAYERS,
+        "0" if ctx.plan.platform.kind == "cpu" else ALL_LAYERS,
     ]
     out += ["--load-mode", LOAD_MODE[(rm.mmap, spec.mlock)]]
     out += ["--log-verbosity", "4"]  # llama.cpp's buffer lines (the drift check, calibrate) are at level 4

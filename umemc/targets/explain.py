@@ -26,7 +26,7 @@ def explain_text(plan: Plan, m: ModelPlan) -> str:
     lines.append("")
     for fig in (e.weights, e.kv, e.compute, e.overhead):
         _figure(fig, lines, depth=1)
-    h = plan.loaded.stack.policy.quota_headroom
+    h = plan.stack.policy.quota_headroom
     total = e.sum_bytes
     lines.append("")
     lines.append(f"  estimate = weights + kv + compute + overhead = {human(total)} ({total} bytes)")

@@ -17,8 +17,8 @@ Files = dict[str, str]
 
 def plan_json(b: Bundle) -> Files:
     """plan.json: the runtime's whole input, as the contract's typed model (umemc/contract.py)."""
-    plan, p, pol = b.plan, b.plan.loaded.platform, b.plan.loaded.stack.policy
-    gw = plan.loaded.stack.gateway
+    plan, p, pol = b.plan, b.plan.platform, b.plan.stack.policy
+    gw = plan.stack.gateway
     doc = c.PlanDoc(
         generated_by=b.header,
         stack=plan.name,
@@ -141,7 +141,7 @@ def env_files(b: Bundle) -> Files:
 
 def sysctl(b: Bundle) -> Files:
     """Linux VM tunables; macOS has none of them (its knob is the wired limit, under kernel/apple/)."""
-    if b.plan.loaded.platform.kind == "apple":
+    if b.plan.platform.kind == "apple":
         return {}
     return {"sysctl/90-umemc.conf": render("sysctl.conf.j2", bundle=b)}
 
@@ -149,7 +149,7 @@ def sysctl(b: Bundle) -> Files:
 def kernel(b: Bundle, kubernetes: bool = False) -> Files:
     """The host's kernel and GPU settings; `kubernetes`: for a node whose models the kubelet runs (no
     `umemc up` checks them, no systemd unit runs the stack)."""
-    platform = b.plan.loaded.platform
+    platform = b.plan.platform
     out = {"kernel/README.md": render("kernel/README.md.j2", bundle=b, platform=platform, kubernetes=kubernetes)}
     if b.ttm_pages is not None:
         out["kernel/amd/cmdline.txt"] = render("kernel/amd-cmdline.txt.j2", bundle=b)
@@ -162,7 +162,7 @@ def kernel(b: Bundle, kubernetes: bool = False) -> Files:
 
 def systemd(b: Bundle) -> Files:
     """At boot: a systemd unit on Linux, a launchd daemon on macOS (placeholders filled by `umemc apply`)."""
-    if b.plan.loaded.platform.kind == "apple":
+    if b.plan.platform.kind == "apple":
         return {f"launchd/com.umemc.{b.plan.name}.plist": launchd_plist(b.plan.name, b.header)}
     return {f"systemd/umemc-{b.plan.name}.service": render("systemd.service.j2", bundle=b)}
 

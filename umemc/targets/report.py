@@ -67,7 +67,7 @@ def budget_dict(plan: Plan) -> dict[str, Any]:
 
 def node_dict(p: Plan) -> dict[str, Any]:
     """One node of a stack with [nodes]: the same capacity and ledger fields as a single machine's."""
-    cap, plat = p.capacity, p.loaded.platform
+    cap, plat = p.capacity, p.platform
     return {
         "platform": {"preset": plat.preset, "kind": plat.kind},
         "fits": p.fits,
@@ -119,10 +119,10 @@ def budget_markdown(plan: Plan) -> str:
             out += [f"- {w}" for w in plan.warnings] + ["", "</details>"]
         return "\n".join(out).rstrip() + "\n"
     out = [f"### umemc: `{plan.name}` {verdict}", ""]
-    p = plan.loaded.platform
+    p = plan.platform
     out.append(
         f"Platform: {p.preset or p.kind} ({p.kind}), {gib(p.memory)} GiB RAM, "
-        f"{gib(p.os_reserve)} GiB OS reserve, safety margin {plan.loaded.stack.policy.safety_margin:.0%}."
+        f"{gib(p.os_reserve)} GiB OS reserve, safety margin {plan.stack.policy.safety_margin:.0%}."
     )
     out += ["", "| ledger | hot set (hard quotas) | budget | usable | |", "|---|---:|---:|---:|---|"]
     for name, used, budget, usable, ok in ledger_lines(plan):

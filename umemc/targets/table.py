@@ -31,11 +31,11 @@ def budget_renderable(plan: Plan) -> Group:
 
 
 def _platform(plan: Plan) -> Text:
-    p = plan.loaded.platform
+    p = plan.platform
     window = f"GPU window {gib(p.gpu_window)} GiB" if p.gpu_window is not None else "no GPU window"
     return Text(
         f"{p.preset or p.kind} ({p.kind}): {gib(p.memory)} GiB RAM, {gib(p.os_reserve)} GiB OS reserve, "
-        f"{window}, safety margin {plan.loaded.stack.policy.safety_margin:.0%}",
+        f"{window}, safety margin {plan.stack.policy.safety_margin:.0%}",
         style="dim",
     )
 
