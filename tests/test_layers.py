@@ -129,3 +129,30 @@ def test_one_owner_of_run_dir_paths() -> None:
         if RUN_DIR_NAMES.search(line) and "/" in line.split("#")[0]
     ]
     assert spelled == []
+
+
+def test_the_runtime_is_composed_of_parts_that_own_their_state() -> None:
+    """The gateway scheduler and the enforcer are made of objects (no mixins over a base of stubs), and a
+    name for a set of states is defined once."""
+    from umemc.runtime.enforcer.loop import Enforcer
+    from umemc.runtime.enforcer.pressure import PressureGuard
+    from umemc.runtime.enforcer.sampler import Sampler
+    from umemc.runtime.enforcer.status import StatusWriter
+    from umemc.runtime.gateway.leases import LeaseBook
+    from umemc.runtime.gateway.scheduler import Scheduler
+    from umemc.runtime.gateway.slots import Slots
+    from umemc.runtime.gateway.sync import StateSync
+
+    for cls in (Scheduler, Slots, LeaseBook, StateSync, Enforcer, Sampler, PressureGuard, StatusWriter):
+        assert cls.__bases__ == (object,), cls
+    defined = sorted(
+        f"{path.relative_to(PKG)}: {m.group(1)}"
+        for path in sorted(PKG.rglob("*.py"))
+        for line in path.read_text().splitlines()
+        if (m := re.match(r"^(SERVING|LIVE|ANSWERING)\s*=", line))
+    )
+    assert defined == [
+        "runtime/gateway/lifecycle.py: SERVING",
+        "runtime/supervisor.py: ANSWERING",
+        "runtime/supervisor.py: LIVE",
+    ]

@@ -53,75 +53,73 @@ def read_header(path: Path) -> Header:
         return _parse(buf, gguf)
 
 
-def _parse(buf: mmap.mmap, gguf: Any) -> Header:
-    pos = 0
+class _Reader:
+    """Little-endian reads from the mapped header, each checked against the file's end."""
 
-    def take(fmt: str) -> Any:
-        nonlocal pos
+    def __init__(self, buf: mmap.mmap):
+        self.buf, self.pos = buf, 0
+
+    def take(self, fmt: str) -> Any:
         size = struct.calcsize("<" + fmt)
-        if pos + size > len(buf):
-            raise HeaderError(f"truncated at byte {pos}")
-        (value,) = struct.unpack_from("<" + fmt, buf, pos)
-        pos += size
+        if self.pos + size > len(self.buf):
+            raise HeaderError(f"truncated at byte {self.pos}")
+        (value,) = struct.unpack_from("<" + fmt, self.buf, self.pos)
+        self.pos += size
         return value
 
-    def string() -> str:
-        nonlocal pos
-        n = take("Q")
-        if pos + n > len(buf):
-            raise HeaderError(f"truncated string at byte {pos}")
-        text = bytes(buf[pos : pos + n]).decode("utf-8", "replace")
-        pos += n
+    def string(self) -> str:
+        n = self.take("Q")
+        if self.pos + n > len(self.buf):
+            raise HeaderError(f"truncated string at byte {self.pos}")
+        text = bytes(self.buf[self.pos : self.pos + n]).decode("utf-8", "replace")
+        self.pos += n
         return text
 
-    def skip_strings(count: int) -> None:
-        nonlocal pos
+    def skip_strings(self, count: int) -> None:
         for _ in range(count):
-            if pos + 8 > len(buf):
-                raise HeaderError(f"truncated at byte {pos}")
-            (n,) = struct.unpack_from("<Q", buf, pos)
-            pos += 8 + n
-        if pos > len(buf):
+            if self.pos + 8 > len(self.buf):
+                raise HeaderError(f"truncated at byte {self.pos}")
+            (n,) = struct.unpack_from("<Q", self.buf, self.pos)
+            self.pos += 8 + n
+        if self.pos > len(self.buf):
             raise HeaderError("truncated string array")
 
-    if bytes(buf[:4]) != b"GGUF":
-        raise HeaderError("not a GGUF file (no GGUF magic)")
-    pos = 4
-    version = take("I")
-    if version not in (2, 3):
-        raise HeaderError(f"GGUF version {version} is not supported (2 and 3 are)")
-    n_tensors, n_kv = take("Q"), take("Q")
-    fields: dict[str, Any] = {}
-    counts: dict[str, int] = {}
-    for _ in range(n_kv):
-        key = string()
-        vtype = take("I")
+    def array(self, key: str, etype: int, count: int) -> list[Any] | None:
+        """A numeric array's values; a string array is skipped (None): umemc reads only its length."""
+        if etype == _STRING:
+            self.skip_strings(count)
+            return None
+        if etype not in _SCALAR:
+            raise HeaderError(f"{key}: unsupported array element type {etype}")
+        fmt = _SCALAR[etype]
+        size = struct.calcsize("<" + fmt) * count
+        if self.pos + size > len(self.buf):
+            raise HeaderError(f"truncated array {key}")
+        values = list(struct.unpack_from(f"<{count}{fmt}", self.buf, self.pos))
+        self.pos += size
+        return values
+
+    def field(self, fields: dict[str, Any], counts: dict[str, int]) -> None:
+        key = self.string()
+        vtype = self.take("I")
         if vtype == _ARRAY:
-            etype, count = take("I"), take("Q")
+            etype, count = self.take("I"), self.take("Q")
             counts[key] = count
-            if etype == _STRING:
-                skip_strings(count)
-            elif etype in _SCALAR:
-                fmt = _SCALAR[etype]
-                size = struct.calcsize("<" + fmt)
-                if pos + size * count > len(buf):
-                    raise HeaderError(f"truncated array {key}")
-                fields[key] = list(struct.unpack_from(f"<{count}{fmt}", buf, pos))
-                pos += size * count
-            else:
-                raise HeaderError(f"{key}: unsupported array element type {etype}")
+            values = self.array(key, etype, count)
+            if values is not None:
+                fields[key] = values
         elif vtype == _STRING:
-            fields[key] = string()
+            fields[key] = self.string()
         elif vtype in _SCALAR:
-            fields[key] = take(_SCALAR[vtype])
+            fields[key] = self.take(_SCALAR[vtype])
         else:
             raise HeaderError(f"{key}: unknown value type {vtype}")
-    tensors = []
-    for _ in range(n_tensors):
-        name = string()
-        dims = tuple(take("Q") for _ in range(take("I")))
-        type_id = take("I")
-        take("Q")  # offset in the data section
+
+    def tensor(self, gguf: Any) -> Tensor:
+        name = self.string()
+        dims = tuple(self.take("Q") for _ in range(self.take("I")))
+        type_id = self.take("I")
+        self.take("Q")  # offset in the data section
         try:
             qtype = gguf.GGMLQuantizationType(type_id)
         except ValueError:
@@ -130,5 +128,20 @@ def _parse(buf: mmap.mmap, gguf: Any) -> Header:
         elements = 1
         for d in dims:
             elements *= d
-        tensors.append(Tensor(name, qtype.name, dims, elements // block * size))
-    return Header(fields, counts, tensors)
+        return Tensor(name, qtype.name, dims, elements // block * size)
+
+
+def _parse(buf: mmap.mmap, gguf: Any) -> Header:
+    if bytes(buf[:4]) != b"GGUF":
+        raise HeaderError("not a GGUF file (no GGUF magic)")
+    r = _Reader(buf)
+    r.pos = 4
+    version = r.take("I")
+    if version not in (2, 3):
+        raise HeaderError(f"GGUF version {version} is not supported (2 and 3 are)")
+    n_tensors, n_kv = r.take("Q"), r.take("Q")
+    fields: dict[str, Any] = {}
+    counts: dict[str, int] = {}
+    for _ in range(n_kv):
+        r.field(fields, counts)
+    return Header(fields, counts, [r.tensor(gguf) for _ in range(n_tensors)])

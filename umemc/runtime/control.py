@@ -31,7 +31,7 @@ from .cgroups import Cgroup, run_backends
 from .events import EventLog
 from .probes.proc import ProcTree, alive, marked_processes, run_environ
 from .rundir import ENFORCER, GATEWAY, SUPERVISORD, RunDir
-from .supervisor import Supervisor
+from .supervisor import LIVE, Supervisor
 from .wrap import run_mark, start_time
 
 OWN = (ENFORCER, GATEWAY)  # umemc's own programs in the stack's supervisord
@@ -377,9 +377,6 @@ class Stack:
 
     def events(self) -> EventLog:
         return EventLog(self.run.events)
-
-
-LIVE = ("RUNNING", "STARTING", "BACKOFF", "STOPPING")
 
 
 def _held(name: str, m: ModelDoc, usage: int) -> Held:

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from ..contract import PlanDoc
     from .rundir import RunDir
 
+# supervisord's process states (the gateway's own phases are gateway.lifecycle.Phase)
+LIVE = ("RUNNING", "STARTING", "BACKOFF", "STOPPING")  # a process exists (or is about to)
+ANSWERING = ("RUNNING", "STARTING")  # it may answer: supervisord's startsecs need not have passed
 ALREADY_STARTED = 60  # supervisor.xmlrpc.Faults.ALREADY_STARTED
 NOT_RUNNING = 70  # supervisor.xmlrpc.Faults.NOT_RUNNING
 

@@ -27,7 +27,7 @@ from ...chars import CONTROL
 from ...policy import Decision, Need
 from ...units import parse_duration, parse_size
 from .metrics import Metrics
-from .scheduler import Model, Refused, Scheduler, lease_json
+from .scheduler import Admit, Model, Refused, Scheduler, lease_json
 
 HOP_BY_HOP = frozenset(
     (
@@ -88,10 +88,11 @@ HTTP_STATUS = {
 }  # fmt: skip
 
 
-def wants_to_wait(request: web.Request) -> bool:
+def admit_of(request: web.Request) -> Admit:
     """`X-Umemc-Wait: 1` (or true/yes): queue for a model that cannot be admitted now, until memory
     frees or the queue timeout; without it such a request is refused at once with the reason."""
-    return request.headers.get("X-Umemc-Wait", "").strip().lower() in ("1", "true", "yes")
+    wait = request.headers.get("X-Umemc-Wait", "").strip().lower() in ("1", "true", "yes")
+    return Admit.QUEUE if wait else Admit.REFUSE_NOW
 
 
 def refused(exc: Refused) -> web.Response:
@@ -200,7 +201,7 @@ async def forward(request: web.Request, m: Model, path: str, body: bytes) -> web
         sched = app[SCHED]
         for attempt in (1, 2):
             try:
-                async with sched.slot(m, wait=wants_to_wait(request)):
+                async with sched.slot(m, admit_of(request)):
                     # the stack's generation budget (policy.max_generating): highest priority first, then FIFO
                     async with sched.generation.hold(m.plan.generation_weight, m.plan.priority) as waited:
                         app[METRICS].generation_wait(m.name, waited)

@@ -1,79 +1,80 @@
-"""What every part of the scheduler shares: its state, and the few operations one part calls on
-another (implemented in slots.py, leases.py, sync.py and scheduler.py). The parts are mixins of
-`Scheduler`; this base only declares, so each part type-checks on its own."""
+"""What the scheduler's parts share, and what they ask of the scheduler that composes them.
+
+The parts (slots.py: request slots and queues; leases.py: the lease book; sync.py: polls, health, TTL,
+gateway.json) are objects that each own their state; they are given the `Host` (the Scheduler) for the
+stack's shared facts (its plan, models, event log, lock) and the few operations that cross parts. The
+modes these operations take are enums, never booleans."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from enum import Enum
+from typing import Any, Protocol
 
-from ...contract import (
-    EnforcerStatus,
-    GatewayDoc,
-    PlanDoc,
-)
-from ...policy import Budget, Decision, Held, Lease, Need
+from ...contract import GatewayDoc, PlanDoc
+from ...policy import Decision, Lease, Need
 from ..events import EventLog
 from ..rundir import RunDir
 from ..supervisor import Supervisor
 from .model import Model, Refused
 
 
-class Core:
+class Admit(Enum):
+    """What a request does when its model is not ready."""
+
+    QUEUE = "queue"  # wait for a slot (and a cold start) up to the queue timeout
+    REFUSE_NOW = "refuse_now"  # a model the policy cannot admit now is refused at once (503 not_admissible)
+
+
+class Evicted(Enum):
+    """What becomes of a hot worker the gateway stops."""
+
+    RESTORE = "restore"  # evicted to admit another: it comes back once it fits again
+    STAY_DOWN = "stay_down"  # evicted for pressure (it would oscillate) or unloaded: it stays down
+
+
+class Write(Enum):
+    """How gateway.json is written."""
+
+    BEST_EFFORT = "best_effort"  # atomically; a crash may lose the latest change
+    DURABLE = "durable"  # fsynced (file and directory) before it returns: a granted lease survives kill -9
+
+
+class Host(Protocol):
     plan: PlanDoc
     gw: GatewayDoc
     run: RunDir
     supervisor: Supervisor
-    budget: Budget
     models: dict[str, Model]
-    routes: dict[str, str]
-    leases: dict[str, Lease]
     lock: asyncio.Lock
     events: EventLog
-    enforcer: EnforcerStatus | None  # its latest fresh status file
-    pressure: float | None
-    supervisord_pid: int | None
-    probe: Any
-    metrics: Any
+    probe: Any  # async (model) -> healthy?, given by the app (its HTTP client)
+    metrics: Any  # the app's metrics (optional)
     closing: bool
-    _published_busy: set[str]
-    _state_error: str | None
 
-    def kick(self) -> None:
-        raise NotImplementedError
+    @property
+    def state_error(self) -> str | None: ...  # why gateway.json could not be written last, if it could not
 
-    def decide(self, need: Need, exclude: str | None = None) -> Decision:
-        raise NotImplementedError
+    def kick(self) -> None: ...
 
-    def decide_model(self, m: Model) -> Decision:
-        raise NotImplementedError
+    def announce(self, model: str) -> None: ...
 
-    def need_for(self, m: Model) -> Need:
-        raise NotImplementedError
+    def decide(self, need: Need, exclude: str | None = None) -> Decision: ...
 
-    def held(self, exclude: str | None = None) -> list[Held]:
-        raise NotImplementedError
+    def decide_model(self, m: Model) -> Decision: ...
 
-    def live_leases(self) -> list[Lease]:
-        raise NotImplementedError
+    def need_for(self, m: Model) -> Need: ...
 
-    def write_state(self, now: float, arriving: str | None = None, durable: bool = False) -> bool:
-        raise NotImplementedError
+    def live_leases(self) -> list[Lease]: ...
 
-    def _dispatch(self, m: Model) -> None:
-        raise NotImplementedError
+    def write_state(self, now: float, arriving: str | None = None, how: Write = Write.BEST_EFFORT) -> bool: ...
 
-    def _fail_waiters(self, m: Model, exc: Refused) -> None:
-        raise NotImplementedError
+    def dispatch(self, m: Model) -> None: ...
 
-    def _begin_start(self, m: Model, decision: Decision) -> None:
-        raise NotImplementedError
+    def fail_waiters(self, m: Model, exc: Refused) -> None: ...
 
-    async def _stop(self, m: Model, why: str, restorable: bool = True, **detail: Any) -> None:
-        raise NotImplementedError
+    def begin_start(self, m: Model, decision: Decision) -> None: ...
 
-    def mark_healthy(self, m: Model, was: str | None = None) -> None:
-        raise NotImplementedError
+    async def stop(self, m: Model, why: str, evicted: Evicted = Evicted.RESTORE, **detail: Any) -> None: ...
 
-    def release_lease(self, lease_id: str, why: str = "lease_release") -> Lease | None:
-        raise NotImplementedError
+    def release_lease(self, lease_id: str, why: str = "lease_release") -> Lease | None: ...

@@ -14,37 +14,45 @@ from ...contract import (
     read_optional,
 )
 from ...policy import Decision, Lease, Need
-from .core import Core
+from .core import Host, Write
 from .lifecycle import Phase
 from .model import Refused
 
 
-class Leases(Core):
-    def live_leases(self) -> list[Lease]:
+class LeaseBook:
+    """Owns the leases: granted under the same admission as a cold start, on disk before the client hears
+    of them, released, extended or expired."""
+
+    def __init__(self, host: Host):
+        self.host = host
+        self.leases: dict[str, Lease] = {}
+
+    def live(self) -> list[Lease]:
         now = time.time()
         return [lease for lease in self.leases.values() if lease.expires > now]
 
     async def grant(
         self, holder: str, ram: int, gpu: int, priority: int, ttl: float, model: str | None = None
     ) -> tuple[Lease | None, Decision, Need]:
+        host = self.host
         need = Need("lease", ram, gpu, priority, False, False)
-        async with self.lock:
-            decision = self.decide(need)
+        async with host.lock:
+            decision = host.decide(need)
             if not decision.fits:
                 return None, decision, need
             lease = Lease(f"l-{secrets.token_hex(6)}", holder, ram, gpu, priority, time.time() + ttl, model)
             self.leases[lease.id] = lease
             # on disk before anyone hears of it: a gateway killed right after answering 201 finds it again
-            if not self.write_state(time.time(), durable=True):
+            if not host.write_state(time.time(), how=Write.DURABLE):
                 del self.leases[lease.id]
                 raise Refused(
-                    f"the lease could not be recorded ({self._state_error}): it is not granted",
+                    f"the lease could not be recorded ({host.state_error}): it is not granted",
                     "state_unwritable",
                     10,
                 )
             for v in decision.evict:
-                self.models[v].life.to(Phase.STOPPING, f"evicted for lease {lease.id}")
-        self.events.add(
+                host.models[v].life.to(Phase.STOPPING, f"evicted for lease {lease.id}")
+        host.events.add(
             "lease_grant",
             None,
             id=lease.id,
@@ -55,38 +63,42 @@ class Leases(Core):
             for_model=model,
         )
         try:
-            await asyncio.gather(*(self._stop(self.models[v], "evict", for_lease=lease.id) for v in decision.evict))
+            await asyncio.gather(*(host.stop(host.models[v], "evict", for_lease=lease.id) for v in decision.evict))
         except Refused:
-            self.release_lease(lease.id, "lease_release")  # its room could not be made: it never held
+            self.release(lease.id, "lease_release")  # its room could not be made: it never held
             raise
         return lease, decision, need
 
-    def _load_leases(self) -> None:
+    def load(self, supervisord_pid: int | None) -> None:
         """Leases outlive a restart of the gateway (they are in RUN/state/gateway.json), not a
         restart of the stack: only those written under this same supervisord come back."""
-        doc = read_optional(GatewayState, self.run.gateway_state)
-        if doc is None or self.supervisord_pid is None or doc.supervisord_pid != self.supervisord_pid:
+        doc = read_optional(GatewayState, self.host.run.gateway_state)
+        if doc is None or supervisord_pid is None or doc.supervisord_pid != supervisord_pid:
             return
         now = time.time()
         for x in doc.leases:
             if x.expires > now:
                 self.leases[x.id] = x.lease()
 
-    def release_lease(self, lease_id: str, why: str = "lease_release") -> Lease | None:
+    def release(self, lease_id: str, why: str = "lease_release") -> Lease | None:
         lease = self.leases.pop(lease_id, None)
         if lease is not None:
-            self.events.add(why, None, id=lease.id, holder=lease.holder, bytes=lease.ram)
-            self.write_state(time.time(), durable=True)  # a released lease does not come back after a crash
-            self.kick()
+            self.host.events.add(why, None, id=lease.id, holder=lease.holder, bytes=lease.ram)
+            self.host.write_state(time.time(), how=Write.DURABLE)  # a released lease does not come back
+            self.host.kick()
         return lease
 
-    def extend_lease(self, lease_id: str, ttl: float) -> Lease | None:
+    def expire(self, now: float) -> None:
+        for lease in [x for x in self.leases.values() if x.expires <= now]:
+            self.release(lease.id, "lease_expire")
+
+    def extend(self, lease_id: str, ttl: float) -> Lease | None:
         lease = self.leases.get(lease_id)
         if lease is None or lease.expires <= time.time():
             return None
         lease = Lease(lease.id, lease.holder, lease.ram, lease.gpu, lease.priority, time.time() + ttl, lease.model)
         self.leases[lease.id] = lease
-        self.write_state(time.time(), durable=True)  # the client is told its new expiry: keep it
+        self.host.write_state(time.time(), how=Write.DURABLE)  # the client is told its new expiry: keep it
         return lease
 
 

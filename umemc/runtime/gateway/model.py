@@ -13,10 +13,11 @@ from ...contract import (
     ModelDoc,
 )
 from ...policy import Held
+from ..supervisor import ANSWERING, LIVE
 from .lifecycle import Lifecycle, Phase
 
-LIVE = ("RUNNING", "STARTING", "BACKOFF", "STOPPING")
-SERVING = ("RUNNING", "STARTING")  # STARTING: supervisord's startsecs have not passed, yet it may answer
+__all__ = ["ANSWERING", "CONNECT_ERRORS", "LIVE", "Model", "Refused"]  # supervisord's states, as the parts read them
+
 CONNECT_ERRORS = (OSError, xmlrpc.client.Error, http.client.HTTPException)
 
 

@@ -8,9 +8,10 @@ and the victims being evicted keep counting in the ledger until they are gone), 
 decisions can spend the same bytes. Requests for a model that is starting all wait for that one
 start: interleaved A B C A B C loads start each model once.
 
-The parts: model.py (a model, its refusal), lifecycle.py (its state machine), slots.py (slots and
-queues), leases.py, sync.py (polls, health, TTL, gateway.json); this module holds the admission
-decisions and the starts and stops they make, and puts the parts together."""
+The parts, each owning its state: model.py (a model, its refusal), lifecycle.py (its state machine),
+slots.py (routes, slots and queues), leases.py (the lease book), sync.py (polls, health, TTL,
+gateway.json); this module holds the admission decisions and the starts and stops they make, and
+composes the parts (each is given this scheduler as its `core.Host`)."""
 
 from __future__ import annotations
 
@@ -34,21 +35,22 @@ from ...policy import Budget, Decision, Held, Lease, Need, decide, pressure_vict
 from ..events import EventLog
 from ..rundir import RunDir
 from ..supervisor import Supervisor
+from .core import Admit, Evicted, Write
 from .generation import GenerationBudget
 from .kvslots import slot_action, slot_detail, slot_file
-from .leases import Leases, lease_doc, lease_json
+from .leases import LeaseBook, lease_doc, lease_json
 from .lifecycle import Phase
-from .model import CONNECT_ERRORS, LIVE, SERVING, Model, Refused
+from .model import ANSWERING, CONNECT_ERRORS, LIVE, Model, Refused
 from .slots import Slots
 from .sync import StateSync
 
 HEALTH_POLL_S = 0.1
 EXITED_GRACE_S = 3.0  # supervisord restarts an exited autorestart program at once
 
-__all__ = ["Model", "Refused", "Scheduler", "lease_doc", "lease_json", "LIVE", "SERVING"]
+__all__ = ["Admit", "Model", "Refused", "Scheduler", "lease_doc", "lease_json", "LIVE", "ANSWERING"]
 
 
-class Scheduler(Slots, Leases, StateSync):
+class Scheduler:
     def __init__(self, bundle: Path):
         self.bundle = bundle
         self.plan = read(PlanDoc, bundle / "plan.json")
@@ -66,43 +68,93 @@ class Scheduler(Slots, Leases, StateSync):
             load_below=self.plan.policy.load_below,
         )
         self.models = {n: Model(n, m) for n, m in self.plan.models.items()}
-        self.routes = {n: n for n in self.models}
-        for n, m in self.plan.models.items():
-            self.routes.update({alias: n for alias in m.aliases})
-        self.leases: dict[str, Lease] = {}
         self.lock = asyncio.Lock()
         self.events = EventLog(self.run.events)
-        self.pressure: float | None = None
-        self.enforcer: EnforcerStatus | None = None
         self.run_start = self.events.last_id("up")  # metrics count this run's events
-        self.supervisord_pid: int | None = None
-        self._published_busy: set[str] = set()  # models gateway.json says are busy (or about to be)
+        self.slots = Slots(self)
+        self.book = LeaseBook(self)
+        self.sync = StateSync(self, self.book)
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.probe: Any = None  # async (model) -> healthy?, given by the app (its HTTP client)
         self.metrics: Any = None  # the app's metrics: cold starts, evictions (optional)
         self.closing = False
-        self._state_error: str | None = None
         self._deferred: str | None = None  # the pressure victim waited for (one evict_deferred event)
         self._background: set[asyncio.Task[None]] = set()
+
+    # -- what the parts own, as the app and the metrics read it ---------------------------------------
+    @property
+    def leases(self) -> dict[str, Lease]:
+        return self.book.leases
+
+    @property
+    def pressure(self) -> float | None:
+        return self.sync.pressure
+
+    @property
+    def enforcer(self) -> EnforcerStatus | None:
+        return self.sync.enforcer
+
+    @property
+    def state_error(self) -> str | None:
+        return self.sync.state_error
+
+    def route(self, name: str) -> Model:
+        return self.slots.route(name)
+
+    def slot(self, m: Model, admit: Admit = Admit.QUEUE) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.slots.slot(m, admit)
+
+    def dispatch(self, m: Model) -> None:
+        self.slots.dispatch(m)
+
+    def fail_waiters(self, m: Model, exc: Refused) -> None:
+        self.slots.fail_waiters(m, exc)
+
+    def live_leases(self) -> list[Lease]:
+        return self.book.live()
+
+    async def grant(
+        self, holder: str, ram: int, gpu: int, priority: int, ttl: float, model: str | None = None
+    ) -> tuple[Lease | None, Decision, Need]:
+        return await self.book.grant(holder, ram, gpu, priority, ttl, model)
+
+    def release_lease(self, lease_id: str, why: str = "lease_release") -> Lease | None:
+        return self.book.release(lease_id, why)
+
+    def extend_lease(self, lease_id: str, ttl: float) -> Lease | None:
+        return self.book.extend(lease_id, ttl)
+
+    def announce(self, model: str) -> None:
+        self.sync.announce(model)
+
+    def write_state(self, now: float, arriving: str | None = None, how: Write = Write.BEST_EFFORT) -> bool:
+        return self.sync.write_state(now, arriving, how)
+
+    def mark_unhealthy(self, m: Model, why: str) -> None:
+        self.sync.mark_unhealthy(m, why)
+
+    def worker_lost(self, m: Model, why: str) -> None:
+        self.sync.worker_lost(m, why)
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
         with contextlib.suppress(*CONNECT_ERRORS):
-            self.supervisord_pid = int(await asyncio.to_thread(self.supervisor.call, "supervisor.getPID"))
-        self._load_leases()
+            pid = int(await asyncio.to_thread(self.supervisor.call, "supervisor.getPID"))
+            self.sync.supervisord_pid = pid
+        self.book.load(self.sync.supervisord_pid)
         with contextlib.suppress(*CONNECT_ERRORS):
-            await self.refresh()
+            await self.sync.refresh()
         self._tasks = [
             asyncio.create_task(self._pump()),
-            asyncio.create_task(self._housekeeping()),
-            asyncio.create_task(self._health_watch()),
+            asyncio.create_task(self.sync.housekeeping()),
+            asyncio.create_task(self.sync.health_watch()),
         ]
 
     def refuse_queued(self) -> None:
         self.closing = True
         for m in self.models.values():
-            self._fail_waiters(m, Refused("the gateway is shutting down", "shutting_down", 5))
+            self.slots.fail_waiters(m, Refused("the gateway is shutting down", "shutting_down", 5))
 
     async def close(self) -> None:
         self.refuse_queued()
@@ -173,11 +225,11 @@ class Scheduler(Slots, Leases, StateSync):
     def _pump_once(self) -> None:
         waiting = sorted((m for m in self.models.values() if m.waiters), key=lambda m: m.waiters[0][0])
         for m in waiting:
-            self._dispatch(m)
+            self.slots.dispatch(m)
             if m.ready or m.starting is not None or m.evicting or not m.waiters:
                 continue  # served, starting, or being stopped (it is started afresh once down)
             if m.live:  # supervisord runs it (a restart after a crash, or started outside the gateway)
-                self._begin_start(m, Decision(True))
+                self.begin_start(m, Decision(True))
                 continue
             decision = self.decide_model(m)
             if decision.fits:
@@ -188,10 +240,10 @@ class Scheduler(Slots, Leases, StateSync):
                     victim.life.to(Phase.DRAINING, f"evicted for {m.name} once its requests are done")
                     victim.drain_since = time.monotonic()
                     victim.drained.clear()
-                    self._check_drained(victim)
-                self._begin_start(m, decision)
+                    self.slots.check_drained(victim)
+                self.begin_start(m, decision)
 
-    def _begin_start(self, m: Model, decision: Decision) -> None:
+    def begin_start(self, m: Model, decision: Decision) -> None:
         m.life.to(Phase.STARTING)
         m.starting = asyncio.create_task(self._start(m, decision))
 
@@ -205,14 +257,14 @@ class Scheduler(Slots, Leases, StateSync):
                     "drain_timeout", m.name, victims=decision.drain, drain_timeout_s=self.gw.drain_timeout_s
                 )
                 return
-            await asyncio.gather(*(self._stop(self.models[v], "evict", for_model=m.name) for v in decision.victims))
+            await asyncio.gather(*(self.stop(self.models[v], "evict", for_model=m.name) for v in decision.victims))
             await self._ensure_started(m)
             await self._wait_healthy(m)
             if m.saved_slots:
                 await self._restore_slots(m)
             m.life.to(Phase.READY)
             m.failure, m.last_used, m.evicted = None, time.time(), False
-            self.mark_healthy(m)
+            self.sync.mark_healthy(m)
             m.cold_starts += 1
             seconds = round(time.monotonic() - t0, 3)
             self.events.add("cold_start", m.name, seconds=seconds, evicted=decision.victims, waiting=len(m.waiters))
@@ -221,20 +273,20 @@ class Scheduler(Slots, Leases, StateSync):
         except Refused as exc:
             m.failure = exc.message
             self.events.add("cold_start_failed", m.name, reason=exc.message)
-            self._fail_waiters(m, exc)
+            self.slots.fail_waiters(m, exc)
         except CONNECT_ERRORS as exc:
             m.failure = f"supervisord did not answer: {exc}"
-            self._fail_waiters(m, Refused(f"model {m.name} could not start: {m.failure}", "start_failed", 5))
+            self.slots.fail_waiters(m, Refused(f"model {m.name} could not start: {m.failure}", "start_failed", 5))
         finally:
             for v in decision.victims:  # a drain that timed out, a start abandoned: the victims serve on
                 victim = self.models[v]
                 if victim.life.phase in (Phase.DRAINING, Phase.STOPPING):
                     victim.life.to(Phase.READY, "its eviction was abandoned")
-                self._dispatch(victim)
+                self.slots.dispatch(victim)
             if m.life.phase is Phase.STARTING:
                 m.life.to(Phase.DOWN, m.failure or "the start was abandoned")
             m.starting, m.draining_for = None, []
-            self._dispatch(m)
+            self.slots.dispatch(m)
             self.kick()
 
     async def _drain(self, names: list[str]) -> bool:
@@ -290,11 +342,11 @@ class Scheduler(Slots, Leases, StateSync):
             f"worker {m.name} did not become healthy within {self.gw.start_timeout_s:g} s", "start_timeout", 10
         )
 
-    async def _stop(self, m: Model, why: str, restorable: bool = True, **detail: Any) -> None:
+    async def stop(self, m: Model, why: str, evicted: Evicted = Evicted.RESTORE, **detail: Any) -> None:
         """Stop a worker (eviction, TTL unload). A hot worker evicted to admit another comes back when
-        it fits again (restorable); one evicted for pressure stays down, or it would oscillate. A llama-server
-        that was serving has its slots' KV saved first (umemc.runtime.gateway.kvslots)."""
-        if m.state in SERVING and m.plan.kv_slots and m.port is not None:  # (already marked STOPPING)
+        it fits again (Evicted.RESTORE); one evicted for pressure stays down, or it would oscillate. A
+        llama-server that was serving has its slots' KV saved first (umemc.runtime.gateway.kvslots)."""
+        if m.state in ANSWERING and m.plan.kv_slots and m.port is not None:  # (already marked STOPPING)
             await self._save_slots(m)
         m.life.to(Phase.STOPPING, why)
         try:
@@ -305,7 +357,7 @@ class Scheduler(Slots, Leases, StateSync):
                 raise Refused(f"could not stop {m.name} to make room: {failed}", "stop_failed", 5)
             m.life.to(Phase.DOWN, why)
             m.state, m.usage = "STOPPED", 0
-            m.evicted = why == "evict" and restorable
+            m.evicted = why == "evict" and evicted is Evicted.RESTORE
             self.events.add(why, m.name, by="gateway", usage_bytes=usage, priority=m.plan.priority, **detail)
             if self.metrics is not None:
                 self.metrics.eviction(m.name, why)
@@ -351,7 +403,8 @@ class Scheduler(Slots, Leases, StateSync):
             running = [
                 m
                 for m in self.models.values()
-                if m.life.phase in (Phase.READY, Phase.UNHEALTHY) or (m.life.phase is Phase.DOWN and m.state in SERVING)
+                if m.life.phase in (Phase.READY, Phase.UNHEALTHY)
+                or (m.life.phase is Phase.DOWN and m.state in ANSWERING)
             ]
             victim = pressure_victim([m.held() for m in running])
             if victim is None:
@@ -370,7 +423,7 @@ class Scheduler(Slots, Leases, StateSync):
             "evict_above": pol.evict_above,
             "load_below": pol.load_below,
         }
-        task = asyncio.create_task(self._stop(m, "evict", restorable=False, **detail))
+        task = asyncio.create_task(self.stop(m, "evict", Evicted.STAY_DOWN, **detail))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return {"action": "evicting", "model": m.name}

@@ -11,30 +11,38 @@ import time
 from collections.abc import AsyncIterator
 
 from ...policy import Decision
-from .core import Core
+from .core import Admit, Host
 from .lifecycle import Phase
 from .model import Model, Refused
 
 UNSETTLED = (Phase.STARTING, Phase.DRAINING, Phase.STOPPING)
 
 
-class Slots(Core):
+class Slots:
+    """Owns the routes (names and aliases) and every model's slots and queue."""
+
+    def __init__(self, host: Host):
+        self.host = host
+        self.routes = {n: n for n in host.models}
+        for n, m in host.plan.models.items():
+            self.routes.update({alias: n for alias in m.aliases})
+
     def route(self, name: str) -> Model:
         target = self.routes.get(name)
         if target is None:
             known = ", ".join(sorted(self.routes))
             raise Refused(f"model {name!r} is not in this stack (known: {known})", "model_not_found")
-        return self.models[target]
+        return self.host.models[target]
 
     @contextlib.asynccontextmanager
-    async def slot(self, m: Model, wait: bool = True) -> AsyncIterator[None]:
-        """Hold one of the model's max_concurrency slots while the request runs. wait=False: a model
+    async def slot(self, m: Model, admit: Admit = Admit.QUEUE) -> AsyncIterator[None]:
+        """Hold one of the model's max_concurrency slots while the request runs. Admit.REFUSE_NOW: a model
         that cannot be admitted is refused at once instead of queued."""
         asked = time.monotonic()
-        await self.acquire(m, wait)
+        await self.acquire(m, admit)
         start = time.monotonic()
-        if self.metrics is not None:
-            self.metrics.queue_wait(m.name, start - asked)
+        if self.host.metrics is not None:
+            self.host.metrics.queue_wait(m.name, start - asked)
         try:
             yield
         finally:
@@ -47,12 +55,13 @@ class Slots(Core):
         until queue_timeout. Only when nothing is on its way in or out: a start or a stop in flight
         changes the answer. The same decision as a start (the budget and the pressure rule): what `umemc check`
         promised, the gateway keeps, and what it refuses it says at once (event `refused`)."""
-        if m.live or any(x.life.phase in UNSETTLED for x in self.models.values()):
+        host = self.host
+        if m.live or any(x.life.phase in UNSETTLED for x in host.models.values()):
             return
-        need = self.need_for(m)
-        decision = self.decide(need, exclude=m.name)
+        need = host.need_for(m)
+        decision = host.decide(need, exclude=m.name)
         if not decision.fits:
-            self.events.add("refused", m.name, reason=decision.reason(need), blocked_by=decision.blocked_by)
+            host.events.add("refused", m.name, reason=decision.reason(need), blocked_by=decision.blocked_by)
             raise Refused(
                 f"model {m.name} cannot be loaded now: {decision.reason(need)}. "
                 "Send 'X-Umemc-Wait: 1' to queue until memory frees (up to the queue timeout)",
@@ -60,13 +69,13 @@ class Slots(Core):
                 30,
             )
 
-    async def acquire(self, m: Model, wait: bool = True) -> None:
-        if m.name not in self._published_busy:
-            self.write_state(time.time(), arriving=m.name)  # the enforcer's pressure guard must know first
+    async def acquire(self, m: Model, admit: Admit = Admit.QUEUE) -> None:
+        host = self.host
+        host.announce(m.name)  # the enforcer's pressure guard must know first
         if m.ready and not m.draining and m.in_flight < m.max_concurrency and not m.waiters:
             m.in_flight += 1
             return
-        if self.closing:
+        if host.closing:
             raise Refused("the gateway is shutting down", "shutting_down", 5)
         if m.unhealthy is not None:
             raise Refused(
@@ -81,21 +90,21 @@ class Slots(Core):
                 "(see `umemc events`); restart the stack to try again",
                 "worker_given_up",
             )
-        if not wait:
+        if admit is Admit.REFUSE_NOW:
             self._refuse_if_never(m)
-        if len(m.waiters) >= self.gw.queue:
+        if len(m.waiters) >= host.gw.queue:
             raise Refused(
                 f"model {m.name}: {m.in_flight} requests in flight and {len(m.waiters)} queued "
-                f"(max_concurrency {m.max_concurrency}, queue {self.gw.queue})",
+                f"(max_concurrency {m.max_concurrency}, queue {host.gw.queue})",
                 "queue_full",
                 self._queue_retry_after(m),
             )
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (time.monotonic(), fut)
         m.waiters.append(entry)
-        self.kick()
+        host.kick()
         try:
-            await asyncio.wait_for(asyncio.shield(fut), self.gw.queue_timeout_s)
+            await asyncio.wait_for(asyncio.shield(fut), host.gw.queue_timeout_s)
         except TimeoutError:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 return  # granted in the same instant
@@ -112,20 +121,20 @@ class Slots(Core):
             m.waiters.remove(entry)
         if not entry[1].done():
             entry[1].cancel()
-        self._check_drained(m)
-        self.kick()
+        self.check_drained(m)
+        self.host.kick()
 
     def release(self, m: Model) -> None:
         m.in_flight -= 1
         m.last_used = time.time()
-        self._dispatch(m)
-        self._check_drained(m)
+        self.dispatch(m)
+        self.check_drained(m)
         if not m.busy:
-            for other in self.models.values():
+            for other in self.host.models.values():
                 other.no_drain.discard(m.name)
-            self.kick()  # an idle model may be what a waiting cold start needs
+            self.host.kick()  # an idle model may be what a waiting cold start needs
 
-    def _dispatch(self, m: Model) -> None:
+    def dispatch(self, m: Model) -> None:
         """Grant free slots to waiters, first come first served. A draining model still serves
         the requests that were queued before the drain began (they came for it), no later ones."""
         while m.ready and m.waiters and m.in_flight < m.max_concurrency:
@@ -138,11 +147,11 @@ class Slots(Core):
             m.in_flight += 1
             fut.set_result(None)
 
-    def _check_drained(self, m: Model) -> None:
+    def check_drained(self, m: Model) -> None:
         if m.draining and m.in_flight == 0 and (not m.waiters or m.waiters[0][0] > m.drain_since):
             m.drained.set()
 
-    def _fail_waiters(self, m: Model, exc: Refused) -> None:
+    def fail_waiters(self, m: Model, exc: Refused) -> None:
         while m.waiters:
             _, fut = m.waiters.popleft()
             if not fut.done():
@@ -152,14 +161,14 @@ class Slots(Core):
         return max(1, math.ceil(m.latency_ewma * (len(m.waiters) + 1) / m.max_concurrency))
 
     def _timed_out(self, m: Model) -> Refused:
-        waited = self.gw.queue_timeout_s
+        waited = self.host.gw.queue_timeout_s
         if m.ready:
             return Refused(
                 f"model {m.name}: no slot within {waited:g} s ({m.in_flight} in flight, {len(m.waiters)} queued)",
                 "queue_timeout",
                 self._queue_retry_after(m),
             )
-        decision = self.decide_model(m)
+        decision = self.host.decide_model(m)
         if m.starting is not None:
             why = (
                 f"waiting for {', '.join(m.draining_for)} to finish their requests"
@@ -167,7 +176,7 @@ class Slots(Core):
                 else "still starting"
             )
         elif m.failure or not decision.fits:
-            why = m.failure or decision.reason(self.need_for(m))
+            why = m.failure or decision.reason(self.host.need_for(m))
         else:
             why = "memory became free just now: try again"
         return Refused(
