@@ -49,7 +49,16 @@ def test_every_manifest_is_valid_against_the_official_schemas(built: Path) -> No
 
     found = docs(built)
     kinds = sorted({d["kind"] for _, d in found})
-    assert kinds == ["ConfigMap", "Deployment", "Namespace", "PriorityClass", "Service"]  # no secret env here
+    assert kinds == [  # no Secret: umemc references Secrets and never writes one
+        "ConfigMap",
+        "Deployment",
+        "Namespace",
+        "NetworkPolicy",
+        "PersistentVolumeClaim",
+        "PodDisruptionBudget",
+        "PriorityClass",
+        "Service",
+    ]
     for version in VERSIONS:
         for path, d in found:
             try:
@@ -78,7 +87,7 @@ def test_golden_manifests(built: Path) -> None:
 def test_figures_and_placement_match_the_budget(built: Path) -> None:
     budget = json.loads((built / "budget.json").read_text())
     deployments = {d["metadata"]["name"]: d for _, d in docs(built) if d["kind"] == "Deployment"}
-    assert sorted(deployments) == ["chat", "code", "embed", "gateway", "image", "vision"]
+    assert sorted(deployments) == ["chat", "code", "embed", "image", "umemc-gateway", "vision"]
     for name, m in budget["models"].items():
         d = deployments[name]
         pod = d["spec"]["template"]["spec"]
@@ -87,24 +96,65 @@ def test_figures_and_placement_match_the_budget(built: Path) -> None:
         assert res["limits"]["memory"] == str(m["quota_hard_bytes"])  # limits = hard quota
         assert d["spec"]["replicas"] == (1 if m["mode"] == "hot" else 0)
         assert d["spec"]["strategy"] == {"type": "Recreate"}
+        assert d["spec"]["progressDeadlineSeconds"] == 1200  # above the startup probe's 90 x 10 s
         assert pod["priorityClassName"] == f"umemc-two-node-p{m['priority']}"
         terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
         assert terms == [{"matchExpressions": [{"key": "umemc.io/node", "operator": "In", "values": [m["node"]]}]}]
         gpu = {"halo": "amd.com/gpu", "spark": "nvidia.com/gpu"}[m["node"]]
         assert res["limits"][gpu] == res["requests"][gpu] == 1
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert "workingDir" not in pod["containers"][0] or name == "image"  # only an absolute cwd of the stack's
     classes = {d["metadata"]["name"]: d["value"] for _, d in docs(built) if d["kind"] == "PriorityClass"}
-    assert classes == {f"umemc-two-node-p{p}": p for p in (40, 50, 60, 80, 90)}
+    assert classes == {**{f"umemc-two-node-p{p}": p for p in (40, 50, 60, 80, 90)}, "umemc-two-node-gateway": 91}
     chat = deployments["chat"]["spec"]["template"]["spec"]["containers"][0]
-    assert chat["image"] == "ghcr.io/ggml-org/llama.cpp:server-vulkan" and "command" not in chat
+    assert chat["image"] == "ghcr.io/ggml-org/llama.cpp:server-vulkan-b9426" and "command" not in chat  # pinned
     assert chat["args"][-4:] == ["--host", "0.0.0.0", "--port", "10001"]  # a pod listens on its own address
+    assert chat["args"][chat["args"].index("--slot-save-path") + 1] == "/var/lib/umemc/slots/chat"  # an emptyDir
     assert chat["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
-    assert chat["volumeMounts"] == [{"name": "files-0", "mountPath": "/srv/models", "readOnly": True}]
+    assert chat["securityContext"]["readOnlyRootFilesystem"] is True
+    assert chat["volumeMounts"] == [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "umemc-state", "mountPath": "/var/lib/umemc"},
+        {"name": "files-0", "mountPath": "/srv/models", "readOnly": True},
+    ]
+    volumes = deployments["chat"]["spec"]["template"]["spec"]["volumes"]
+    assert volumes[2] == {
+        "name": "files-0",
+        "persistentVolumeClaim": {"claimName": "models-srv-models", "readOnly": True},
+    }
+    assert all("hostPath" not in v for d in deployments.values() for v in d["spec"]["template"]["spec"]["volumes"])
+    # spark is arm64: its llama-server models run the node's own image (nodes.spark.images), with its entrypoint
+    code = deployments["code"]["spec"]["template"]["spec"]["containers"][0]
+    assert code["image"] == "registry.example.com/llama.cpp:server-cuda-arm64-b9426" and "command" not in code
     image = deployments["image"]["spec"]["template"]["spec"]["containers"][0]
-    assert image["image"] == "registry.example.com/comfyui:cuda" and image["command"] == ["python3"]  # the image's
+    assert image["image"] == "registry.example.com/comfyui:cuda-arm64-v0.3" and image["command"] == ["python3"]
+    env = {d["metadata"]["name"]: d["data"] for _, d in docs(built) if d["kind"] == "ConfigMap"}
+    assert "UMEMC_GATEWAY_URL" not in env["chat-env"]  # no umemc gateway in the cluster to lease from
+    assert env["chat-env"]["UMEMC_HOST"] == "0.0.0.0"
+    namespace = next(d for _, d in docs(built) if d["kind"] == "Namespace")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    pdbs = sorted(d["metadata"]["name"] for _, d in docs(built) if d["kind"] == "PodDisruptionBudget")
+    assert pdbs == ["chat", "code", "embed", "umemc-gateway", "vision"]  # the hot models and the router
 
 
-def test_gateway_routes_every_name_and_alias_to_its_service(built: Path) -> None:
-    config = next(d for _, d in docs(built) if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gateway-config")
+def test_no_node_is_given_more_gpu_pods_than_it_has_devices(built: Path) -> None:
+    """halo's AMD plugin gives one pod the GPU (gpu_devices default 1); spark time-slices 4."""
+    held: dict[str, int] = {}
+    for _, d in docs(built):
+        if d["kind"] != "Deployment" or d["spec"]["replicas"] == 0 or d["metadata"]["name"] == "umemc-gateway":
+            continue
+        node = d["metadata"]["annotations"]["umemc.io/node"]
+        limits = d["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+        held[node] = held.get(node, 0) + sum(v for k, v in limits.items() if k.endswith("/gpu"))
+    assert held == {"halo": 1, "spark": 3}
+
+
+def test_gateway_routes_the_models_that_speak_openai(built: Path) -> None:
+    config = next(
+        d for _, d in docs(built) if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "umemc-gateway-config"
+    )
     routes = yaml.safe_load(config["data"]["config.yaml"])
     assert [(r["model_name"], r["litellm_params"]["api_base"]) for r in routes["model_list"]] == [
         ("chat", "http://chat:10001/v1"),
@@ -113,17 +163,38 @@ def test_gateway_routes_every_name_and_alias_to_its_service(built: Path) -> None
         ("vision", "http://vision:10003/v1"),
         ("embed", "http://embed:10004/v1"),
         ("text-embedding-3-small", "http://embed:10004/v1"),
-        ("image", "http://image:10005/v1"),
-    ]
+    ]  # ComfyUI (image) does not speak OpenAI: reached by its own Service
     assert routes["general_settings"] == {"master_key": "os.environ/UMEMC_GATEWAY_TOKEN"}
-    gateway = next(d for _, d in docs(built) if d["kind"] == "Deployment" and d["metadata"]["name"] == "gateway")
-    env = gateway["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert env == [
+    gateway = next(d for _, d in docs(built) if d["kind"] == "Deployment" and d["metadata"]["name"] == "umemc-gateway")
+    pod = gateway["spec"]["template"]["spec"]
+    assert pod["containers"][0]["env"] == [
         {
             "name": "UMEMC_GATEWAY_TOKEN",
             "valueFrom": {"secretKeyRef": {"name": "two-node-gateway-token", "key": "token"}},
         }
     ]
+    assert pod["priorityClassName"] == "umemc-two-node-gateway"
+    assert pod["containers"][0]["image"] == "ghcr.io/berriai/litellm:v1.89.4"
+    startup = pod["containers"][0]["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] == 300  # LiteLLM took 106 s here
+    policies = {d["metadata"]["name"]: d["spec"] for _, d in docs(built) if d["kind"] == "NetworkPolicy"}
+    assert policies["umemc-models-from-gateway"]["ingress"] == [
+        {
+            "from": [
+                {
+                    "podSelector": {
+                        "matchLabels": {
+                            "app.kubernetes.io/name": "umemc-gateway",
+                            "app.kubernetes.io/instance": "two-node",
+                        }
+                    }
+                }
+            ]
+        }
+    ]
+    readme = (built / "kubernetes" / "secrets" / "README.md").read_text()
+    token = '--from-literal=token="$(openssl rand -hex 32)"'
+    assert f"kubectl -n two-node create secret generic two-node-gateway-token {token}" in readme
 
 
 STACK = """version = 1
@@ -134,54 +205,186 @@ preset = "dgx-spark-128"
 runtime = "llama-server"
 model = "/srv/m/chat.gguf"
 arch = "llama-3-8b"
+image = "registry.example.com/llama.cpp:server-cuda-arm64-b9426"
+public_env = ["LOG_FORMAT"]
 [models.chat.env]
 HF_TOKEN = "*hf: [x] {y} 'q' 0x1F"
+OPENAI_KEY = "sk-live-1234"
+DATABASE_URL = "postgres://app:hunter2@db/app"
+GITHUB_PAT = "ghp_abcdef"
+AWS_ACCESS_KEY_ID = "AKIAEXAMPLE"
 LOG_FORMAT = "on"
 """
+SECRET_VALUES = ("*hf: [x]", "sk-live-1234", "hunter2", "ghp_abcdef", "AKIAEXAMPLE")
 
 
-def test_secrets_go_to_a_secret_and_values_round_trip(write_stack, tmp_path: Path) -> None:
+def test_env_values_are_secrets_unless_public_and_never_written(write_stack, tmp_path: Path) -> None:
     import kubernetes_validate
 
     out = tmp_path / "out"
     build_kubernetes(make_plan(load_stack(write_stack(STACK))), out)
     found = {(d["kind"], d["metadata"]["name"]): d for _, d in docs(out)}
-    config, secret = found[("ConfigMap", "chat-env")], found[("Secret", "chat-secret")]
-    assert secret["stringData"] == {"HF_TOKEN": "*hf: [x] {y} 'q' 0x1F"}  # YAML syntax inside: quoted
-    assert "HF_TOKEN" not in config["data"]
-    assert config["data"]["LOG_FORMAT"] == "on"  # a YAML 1.1 boolean stays a string
+    config = found[("ConfigMap", "chat-env")]
+    assert config["data"]["LOG_FORMAT"] == "on"  # public, and a YAML 1.1 boolean stays a string
+    assert not {"HF_TOKEN", "OPENAI_KEY", "DATABASE_URL", "GITHUB_PAT", "AWS_ACCESS_KEY_ID"} & set(config["data"])
+    assert not [k for k in found if k[0] == "Secret"]  # referenced, never written
     container = found[("Deployment", "chat")]["spec"]["template"]["spec"]["containers"][0]
-    assert container["envFrom"] == [{"configMapRef": {"name": "chat-env"}}, {"secretRef": {"name": "chat-secret"}}]
+    assert container["envFrom"] == [
+        {"configMapRef": {"name": "chat-env"}},
+        {"secretRef": {"name": "chat-secret", "optional": False}},
+    ]
+    assert (out / "kubernetes/secrets/chat-secret.env.example").read_text() == (
+        "HF_TOKEN=\nOPENAI_KEY=\nDATABASE_URL=\nGITHUB_PAT=\nAWS_ACCESS_KEY_ID=\n"
+    )
+    readme = (out / "kubernetes/secrets/README.md").read_text()
+    assert "kubectl -n one create secret generic chat-secret --from-env-file=chat-secret.env" in readme
+    for path in out.rglob("*"):
+        if path.is_file():
+            text = path.read_text()
+            assert not [v for v in SECRET_VALUES if v in text], path
     assert "affinity" not in found[("Deployment", "chat")]["spec"]["template"]["spec"]  # one machine
     for _, d in docs(out):
         kubernetes_validate.validate(d, VERSIONS[-1], strict=True)
 
 
-def test_refusals(write_stack, run_cli, tmp_path: Path) -> None:
-    write_stack(STACK.replace('runtime = "llama-server"', 'runtime = "llama-cpp-python"'))
-    assert run_cli("build", "stack.toml", "--target", "kubernetes", "-o", "out", "--files-later", cwd=tmp_path) == (
+def test_public_env_names_env_keys(write_stack, run_cli, tmp_path: Path) -> None:
+    write_stack(STACK.replace('public_env = ["LOG_FORMAT"]', 'public_env = ["LOG_FORMAT", "LOG_LEVEL"]'))
+    assert run_cli("check", "stack.toml", cwd=tmp_path) == (
         2,
         "",
-        'models.chat.image: required for --target kubernetes: runtime = "llama-cpp-python" on kind = '
-        '"nvidia-unified" has no official image to default to\n',
+        'stack.toml:10:29: models.chat.public_env[1]: "LOG_LEVEL" is not a key of env (keys: AWS_ACCESS_KEY_ID, '
+        "DATABASE_URL, GITHUB_PAT, HF_TOKEN, LOG_FORMAT, OPENAI_KEY)\n"
+        "  hint: public_env names env keys whose values are not secret\n",
+    )
+
+
+def test_refusals(write_stack, run_cli, tmp_path: Path) -> None:
+    def build() -> tuple[int, str, str]:
+        return run_cli("build", "stack.toml", "--target", "kubernetes", "-o", "out", "--files-later", cwd=tmp_path)
+
+    write_stack(STACK.replace('image = "registry.example.com/llama.cpp:server-cuda-arm64-b9426"\n', ""))
+    assert build() == (
+        2,
+        "",
+        'stack.toml:5:1: models.chat: image is required for --target kubernetes: runtime = "llama-server" on kind '
+        '= "nvidia-unified" has no official image to default to (DGX Spark and Jetson are arm64, and upstream\'s '
+        "CUDA images are amd64 only: build one from llama.cpp's .devops/cuda.Dockerfile)\n"
+        '  hint: give image = "registry/name:version"\n',
+    )
+    write_stack(STACK.replace(":server-cuda-arm64-b9426", ":latest"))
+    assert build() == (
+        2,
+        "",
+        "stack.toml:9:9: models.chat.image: 'registry.example.com/llama.cpp:latest' has no fixed version: a floating "
+        "tag changes under a running cluster\n  hint: pin a version tag or a digest (image@sha256:…)\n",
     )
     write_stack(STACK.replace('preset = "dgx-spark-128"', 'preset = "apple-silicon-64"'))
-    assert run_cli("build", "stack.toml", "--target", "kubernetes", "-o", "out", "--files-later", cwd=tmp_path) == (
+    assert build() == (
         2,
         "",
         'platform kind = "apple" cannot run models in containers with the GPU: use `umemc up`\n',
     )
-    write_stack(
-        STACK
-        + '[models.chat_2]\nruntime = "llama-server"\nmodel = "/srv/m/c.gguf"\narch = "llama-3-8b"\n'
-        + '[models.chat-2]\nruntime = "llama-server"\nmodel = "/srv/m/d.gguf"\narch = "llama-3-8b"\n'
+    assert not (tmp_path / "out").exists()
+
+
+def test_names_are_valid_kubernetes_names_or_refused_at_check(write_stack, run_cli, tmp_path: Path) -> None:
+    """A model called gateway does not collide with the router (umemc-gateway), a stack name with '_' becomes
+    its namespace with '-'; two models of one Kubernetes name and a label-less node whose name cannot be a
+    hostname are refused by `check`, located."""
+    node = 'kind = "cpu"\nmemory = "64GiB"\n'
+    text = (
+        'version = 1\nname = "my_stack"\n[nodes.a]\n'
+        + node
+        + "[nodes.b]\n"
+        + node
+        + '[models.gateway]\nruntime = "command"\ncommand = ["serve", "--host", "{host}", "--port", "{port}"]\n'
+        'memory = "1GiB"\nimage = "registry.example.com/serve:1.0"\n'
     )
-    assert run_cli("build", "stack.toml", "--target", "kubernetes", "-o", "out", "--files-later", cwd=tmp_path) == (
+    write_stack(text)
+    code, _, err = run_cli("build", "stack.toml", "--target", "kubernetes", "-o", "out", cwd=tmp_path)
+    assert code == 0, err
+    found = {(d["kind"], d["metadata"]["name"]) for _, d in docs(tmp_path / "out")}
+    assert {("Deployment", "gateway"), ("Deployment", "umemc-gateway"), ("Namespace", "my-stack")} <= found
+    kustomization = yaml.safe_load((tmp_path / "out/kubernetes/kustomization.yaml").read_text())
+    assert kustomization["namespace"] == "my-stack"
+    deployment = next(
+        d for _, d in docs(tmp_path / "out") if d["metadata"]["name"] == "gateway" and d["kind"] == "Deployment"
+    )
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == ["--host", "0.0.0.0", "--port", "10001"]  # {host}: every address in a pod
+    code, _, err = run_cli("build", "stack.toml", "-o", "local", cwd=tmp_path)
+    assert code == 0, err
+    plan = json.loads((tmp_path / "local/nodes/a/plan.json").read_text())
+    assert plan["models"]["gateway"]["argv"] == ["serve", "--host", "127.0.0.1", "--port", "10001"]  # loopback here
+
+    write_stack(
+        text
+        + '[models.chat_2]\nruntime = "command"\ncommand = ["x"]\nmemory = "1GiB"\n'
+        + '[models.chat-2]\nruntime = "command"\ncommand = ["x"]\nmemory = "1GiB"\n'
+    )
+    assert run_cli("check", "stack.toml", cwd=tmp_path) == (
         2,
         "",
-        "models.chat-2: its Kubernetes name 'chat-2' is also models.chat_2's ('_' becomes '-'): rename one\n",
+        'stack.toml:18:9: models.chat-2: "chat-2" and "chat_2" are the same Kubernetes name "chat-2" (\'_\' becomes '
+        "'-')\n  hint: rename one of them\n",
     )
-    assert not (tmp_path / "out").exists()
+    write_stack(text.replace("[nodes.b]", "[nodes.b_2]"))
+    assert run_cli("check", "stack.toml", cwd=tmp_path) == (
+        2,
+        "",
+        "stack.toml:6:1: nodes.b_2: a node without labels is found by its hostname (kubernetes.io/hostname = "
+        "\"b_2\"), and a hostname cannot contain '_'\n"
+        '  hint: name the node as its hostname, or give labels = { "umemc.io/node" = "b-2" }\n',
+    )
+
+
+def test_a_cold_model_gets_one_deployment_per_node_it_may_start_on(write_stack, tmp_path: Path) -> None:
+    """Each variant carries that node's image, GPU resource, environment and limits: the figures of the plan
+    on that node (budget.json), not the home node's."""
+    text = """version = 1
+name = "mixed"
+[nodes.halo]
+preset = "strix-halo-128"
+labels = { "umemc.io/node" = "halo" }
+[nodes.spark]
+preset = "dgx-spark-128"
+labels = { "umemc.io/node" = "spark" }
+gpu_devices = 2
+images = { llama-server = "registry.example.com/llama.cpp:server-cuda-arm64-b9426" }
+[models.side]
+runtime = "llama-server"
+model = "/srv/m/side.gguf"
+arch = "llama-3-8b"
+mode = "cold"
+priority = 30
+"""
+    out = tmp_path / "out"
+    plan = make_plan(load_stack(write_stack(text)))
+    build_kubernetes(plan, out)
+    found = {d["metadata"]["name"]: d for _, d in docs(out) if d["kind"] == "Deployment"}
+    assert sorted(found) == ["side-halo", "side-spark", "umemc-gateway"]
+    for node, image, gpu in (
+        ("halo", "ghcr.io/ggml-org/llama.cpp:server-vulkan-b9426", "amd.com/gpu"),
+        ("spark", "registry.example.com/llama.cpp:server-cuda-arm64-b9426", "nvidia.com/gpu"),
+    ):
+        d = found[f"side-{node}"]
+        want = plan.variants["side"][node]
+        container = d["spec"]["template"]["spec"]["containers"][0]
+        assert container["image"] == image
+        assert container["resources"]["limits"] == {"memory": str(want.quota_hard), gpu: 1}
+        assert d["spec"]["replicas"] == 0
+        assert d["spec"]["selector"]["matchLabels"]["umemc.io/node"] == node
+        config = next(
+            x for _, x in docs(out) if x["kind"] == "ConfigMap" and x["metadata"]["name"] == f"side-{node}-env"
+        )
+        assert config["data"]["UMEMC_QUOTA_HARD_BYTES"] == str(want.quota_hard)
+    env = {
+        n: next(x for _, x in docs(out) if x["metadata"]["name"] == f"side-{n}-env")["data"] for n in ("halo", "spark")
+    }
+    assert "HSA_ENABLE_SDMA" in env["halo"] and "HSA_ENABLE_SDMA" not in env["spark"]  # each node's own knobs
+    assert env["spark"]["GGML_CUDA_ENABLE_UNIFIED_MEMORY"] == "1"
+    services = [d for _, d in docs(out) if d["kind"] == "Service" and d["metadata"]["name"] == "side"]
+    assert services[0]["spec"]["selector"] == {"app.kubernetes.io/name": "side", "app.kubernetes.io/instance": "mixed"}
 
 
 KUBECTL = shutil.which("kubectl")

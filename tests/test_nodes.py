@@ -209,10 +209,12 @@ def test_one_runnable_bundle_per_node(write_stack, run_cli, tmp_path: Path) -> N
     )
 
 
-def test_an_exhaustive_search_places_what_the_greedy_placement_leaves_out(write_stack) -> None:
+def test_a_constrained_first_pass_places_what_priority_order_leaves_out(write_stack) -> None:
     # budgets (14600 - 1024) MiB x 0.85 = 11539.6 MiB. By priority: x 6600, b 3300, c 3300, d 4400, e 4400
-    # (hard quotas). Greedy: x -> a, b -> a (best fit, 1639.6 left), c -> b, d -> b (3839.6 left), and e
-    # fits neither. a = {x, d}, b = {b, c, e} holds 11000 MiB on each: the search finds it.
+    # (hard quotas). Priority first: x -> a, b -> a (best fit, 1639.6 left), c -> b, d -> b (3839.6 left), and
+    # e fits neither. Constrained first (every model may use both nodes), then larger first: x -> a, d -> a
+    # (539.6 left), e -> b (7139.6 = 7.0 GiB left), b -> b, c -> b: a = {x, d}, b = {e, b, c}; e misses a by
+    # 4400 - 539.6 = 3860.4 MiB = 3.8 GiB.
     node = 'kind = "cpu"\nmemory = "14600MiB"\nos_reserve = "1GiB"\n'
     text = f"\n[nodes.a]\n{node}\n[nodes.b]\n{node}"
     text += worker("x", 6000, 90) + worker("b", 3000, 80) + worker("c", 3000, 70)
@@ -220,6 +222,7 @@ def test_an_exhaustive_search_places_what_the_greedy_placement_leaves_out(write_
     plan = plan_of(write_stack, text)
     assert plan.fits and plan.placement.home == {"x": "a", "d": "a", "e": "b", "b": "b", "c": "b"}
     assert plan.placement.why["e"] == (
-        "placed on b by an exhaustive search (0.5 GiB of its budget left): the greedy placement (priority "
-        "first, best fit) left e without a node"
+        "placed on b, which it fits with the least room left (7.0 GiB of the budget free after it; the models "
+        "with the fewest possible nodes first, then larger first, best fit; priority order alone left a hot model "
+        "without a node); a is 3.8 GiB short"
     )

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import policy
-from .catalog.runtimes import LLAMA_RUNTIMES, NEEDS_MODEL_FILE
+from .catalog.runtimes import LLAMA_RUNTIMES, NEEDS_MODEL_FILE, holds_gpu_device
 from .estimate.estimator import estimate_stack
 from .estimate.figures import Estimate
 from .placement import Bin, Item, Placement, place
@@ -77,6 +77,9 @@ class Plan:
     nodes: dict[str, Plan] = field(default_factory=dict)
     placement: Placement | None = None
     node_labels: dict[str, dict[str, str]] = field(default_factory=dict)
+    node_images: dict[str, dict[str, str]] = field(default_factory=dict)  # by node: container image by runtime
+    # with nodes: each cold model's plan on every node it may use (its quotas, files and flags there)
+    variants: dict[str, dict[str, ModelPlan]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -284,12 +287,19 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
     bins = []
     for name, (view, _) in node_view.items():
         cap = capacity_of(view)  # the view of the first node of this platform: the same platform
-        bins.append(Bin(name, cap.budget, cap.gpu_budget, cap.usable, loaded.stack.policy.load_below))
+        devices = loaded.nodes[name].gpu_devices
+        bins.append(Bin(name, cap.budget, cap.gpu_budget, cap.usable, loaded.stack.policy.load_below, devices))
     every = tuple(loaded.nodes)
+    # one Need per (platform, model): nodes of one platform share it (the placement compares by identity)
+    shared: dict[tuple[object, str], PlaceNeed] = {}
+    for platform, (view, mplans) in by_platform.items():
+        for name, mp in mplans.items():
+            gpu_pod = holds_gpu_device(mp.model.spec.runtime, view.platform.kind)
+            shared[(platform, name)] = PlaceNeed(mp.quota_hard, mp.gpu_quota_hard, int(gpu_pod))
     items = []
     for name, spec in loaded.stack.models.items():
         allowed = (spec.node,) if spec.node else tuple(n for n in every if n in (spec.nodes or every))
-        needs = {n: PlaceNeed(node_view[n][1][name].quota_hard, node_view[n][1][name].gpu_quota_hard) for n in allowed}
+        needs = {n: shared[(loaded.nodes[n].platform, name)] for n in allowed}
         items.append(Item(name, spec.priority, spec.mode == "hot", allowed, needs))
     placement = place(bins, items)
     nodes: dict[str, Plan] = {}
@@ -333,4 +343,6 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
         nodes=nodes,
         placement=placement,
         node_labels={name: dict(node.labels) for name, node in loaded.nodes.items()},
+        node_images={name: dict(node.images) for name, node in loaded.nodes.items()},
+        variants={i.name: {n: node_view[n][1][i.name] for n in i.allowed} for i in items if not i.hot},
     )

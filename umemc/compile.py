@@ -135,7 +135,7 @@ def _program(plan: Plan, m: ModelPlan, ctx: Context, simulate: bool) -> Program:
         m.name,
         tuple(argv),
         wrap,
-        tuple(worker_env(plan, m, port).items()),
+        tuple(worker_env(plan, m, port, ctx.host).items()),
         cwd,
         spec.mode == "hot",
         200 - spec.priority,
@@ -187,8 +187,9 @@ def _placeholder(ctx: Context, m: ModelPlan, port: int | None) -> list[str]:
     return argv
 
 
-def worker_env(plan: Plan, m: ModelPlan, port: int | None) -> dict[str, str]:
-    """The worker's environment: umemc's quota contract, platform knobs, then the model's own env."""
+def worker_env(plan: Plan, m: ModelPlan, port: int | None, host: str = "127.0.0.1") -> dict[str, str]:
+    """The worker's environment: umemc's quota contract, platform knobs, then the model's own env. In a pod
+    (host 0.0.0.0) there is no umemc gateway to lease from: no UMEMC_GATEWAY_URL."""
     p, spec = plan.platform, m.model.spec
     env = {
         "UMEMC_MODEL": m.name,
@@ -197,8 +198,9 @@ def worker_env(plan: Plan, m: ModelPlan, port: int | None) -> dict[str, str]:
     }
     if port is not None:
         env["UMEMC_PORT"] = str(port)
+        env["UMEMC_HOST"] = host  # the address to bind: loopback under supervisord, every address in a pod
     gw = plan.stack.gateway
-    if gw.enabled:  # where a worker (a ComfyUI extension, umemc.worker) asks for leases
+    if gw.enabled and host == "127.0.0.1":  # where a worker (a ComfyUI extension, umemc.worker) asks for leases
         host = "127.0.0.1" if gw.host in ("0.0.0.0", "::", "127.0.0.1", "localhost") else gw.host
         env["UMEMC_GATEWAY_URL"] = f"http://{host}:{gw.port}"
     if p.kind == "amd-apu":

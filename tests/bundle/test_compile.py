@@ -200,6 +200,7 @@ arch = "sdxl"
         "UMEMC_QUOTA_SOFT_BYTES": "6366213120",
         "UMEMC_QUOTA_HARD_BYTES": "7003439104",
         "UMEMC_PORT": "10001",
+        "UMEMC_HOST": "127.0.0.1",  # the address to bind under supervisord
         "UMEMC_GATEWAY_URL": "http://127.0.0.1:10000",  # where a worker asks for leases
         "HSA_ENABLE_SDMA": "1",
         "HIP_VISIBLE_DEVICES": "0",

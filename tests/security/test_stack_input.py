@@ -271,8 +271,9 @@ BOUNDS = {
     ),
     "umemc's own variable in env": (
         WORKER + '[models.w.env]\nUMEMC_QUOTA_HARD_BYTES = "1"\n',
-        "11:1: models.w.env.UMEMC_QUOTA_HARD_BYTES: is umemc's own: every worker gets UMEMC_MODEL, UMEMC_PORT, "
-        "UMEMC_STATE and UMEMC_QUOTA_*_BYTES from the plan (and UMEMC_ENV_* carries the model's env to it)\n"
+        "11:1: models.w.env.UMEMC_QUOTA_HARD_BYTES: is umemc's own: every worker gets UMEMC_MODEL, UMEMC_HOST, "
+        "UMEMC_PORT, UMEMC_STATE and UMEMC_QUOTA_*_BYTES from the plan (and UMEMC_ENV_* carries the model's env "
+        "to it)\n"
         "  hint: give the variable another name",
     ),
     "an empty command": (

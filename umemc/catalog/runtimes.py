@@ -30,5 +30,20 @@ FULL_SWA_CACHE = frozenset({"llama-cpp-python"})
 # How a runtime's argv turns off weight repacking on the CPU (llama-server: --no-repack / -nr);
 # llama-cpp-python has no such setting.
 NO_REPACK_FLAGS: dict[str, frozenset[str]] = {"llama-server": frozenset({"--no-repack", "-nr"})}
+# Platform kinds whose GPU a Kubernetes pod gets from a device plugin, by its extended resource: each GPU
+# model's pod holds one device (apple has no containers with Metal; cpu has no device)
+GPU_RESOURCE: dict[str, str] = {
+    "amd-apu": "amd.com/gpu",
+    "nvidia-unified": "nvidia.com/gpu",
+    "nvidia-discrete": "nvidia.com/gpu",
+}
+GPU_DEVICE_KINDS = frozenset(GPU_RESOURCE)
+
+
+def holds_gpu_device(runtime: str, kind: str) -> bool:
+    """Whether a model's pod asks for the node's GPU device (a `command` worker says nothing of its GPU)."""
+    return kind in GPU_DEVICE_KINDS and runtime != "command"
+
+
 # Runtimes that cannot start without a weights file (their launcher modules say the same: NEEDS_MODEL_FILE)
 NEEDS_MODEL_FILE = frozenset({"llama-server", "llama-cpp-python", "whisper-server"})

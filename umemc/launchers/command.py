@@ -1,4 +1,5 @@
-"""Any command (`runtime = "command"`): the argv as given, `{port}` replaced by the port."""
+"""Any command (`runtime = "command"`): the argv as given, `{port}` replaced by the port and `{host}` by the
+address to bind (loopback under supervisord, every address in a pod)."""
 
 from __future__ import annotations
 
@@ -19,4 +20,4 @@ PINNED: tuple[str, ...] = ()
 
 def argv(m: ModelPlan, ctx: Context) -> list[str]:
     port = str(m.model.port)
-    return [part.replace("{port}", port) for part in (m.model.spec.command or [])]
+    return [part.replace("{port}", port).replace("{host}", ctx.host) for part in (m.model.spec.command or [])]

@@ -1,5 +1,6 @@
 """A Python worker module (`runtime = "torch"`), run as `python -m MODULE`; it reads its port and
-quota from the environment umemc sets (UMEMC_PORT, UMEMC_QUOTA_*)."""
+quota from the environment umemc sets (UMEMC_HOST, UMEMC_PORT, UMEMC_QUOTA_*); `{host}` and `{port}` in its
+args are replaced too."""
 
 from __future__ import annotations
 
@@ -20,4 +21,6 @@ PINNED: tuple[str, ...] = ()
 
 def argv(m: ModelPlan, ctx: Context) -> list[str]:
     spec = m.model.spec
-    return [spec.bin or ctx.python, "-m", str(spec.module), *spec.args]
+    port = str(m.model.port)
+    args = [a.replace("{port}", port).replace("{host}", ctx.host) for a in spec.args]
+    return [spec.bin or ctx.python, "-m", str(spec.module), *args]

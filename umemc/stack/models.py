@@ -69,6 +69,19 @@ class Node(Platform):
         default_factory=dict,
         description="Kubernetes node labels that select this machine (default: kubernetes.io/hostname = the name).",
     )
+    images: dict[str, str] = Field(
+        default_factory=dict,
+        description="Container images by runtime on this node (--target kubernetes), e.g. { llama-server = "
+        '"registry/llama.cpp:server-cuda-arm64-b9426" } for an arm64 node; a model\'s own image wins.',
+    )
+    gpu_devices: int | None = Field(
+        None,
+        ge=0,
+        le=1024,
+        description="How many models may hold this node's GPU at once: under Kubernetes each GPU model's pod holds "
+        "one device of the node's device plugin (NVIDIA time-slicing: GPUs x replicas). Default 1 on a GPU kind; "
+        "not counted on apple and cpu.",
+    )
 
 
 class Policy(_Strict):
@@ -243,8 +256,16 @@ class ModelSpec(_Strict):
     env: dict[str, str] = Field(
         default_factory=dict, description="Extra environment for the worker; wins over what umemc sets."
     )
+    public_env: list[str] = Field(
+        default_factory=list,
+        description="Keys of env that are not secret: under Kubernetes they go into a ConfigMap; every other "
+        "env value is a Secret's (never written by umemc).",
+    )
     command: list[str] | None = Field(
-        None, min_length=1, description='runtime = "command" only: the argv; "{port}" is replaced by the port.'
+        None,
+        min_length=1,
+        description='runtime = "command" only: the argv; "{port}" is replaced by the port and "{host}" by the '
+        "address to bind (127.0.0.1 under supervisord, 0.0.0.0 in a pod).",
     )
     module: str | None = Field(None, description='runtime = "torch": the Python worker module to run.')
     cwd: str | None = Field(None, description="Working directory of the worker, relative to the stack file.")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..catalog.archs import LLM_PRESETS, TORCH_PRESETS, family_of
 from ..catalog.gguf import is_gguf
 from ..catalog.quant import FILE_TYPES, TORCH_DTYPES, WHISPER_TYPES
-from ..catalog.runtimes import LLAMA_RUNTIMES, RUNTIME_FAMILY, RUNTIMES_FOR
+from ..catalog.runtimes import GPU_DEVICE_KINDS, LLAMA_RUNTIMES, RUNTIME_FAMILY, RUNTIMES_FOR
 from ..units import gib, human
 from .load import Document, Source, read_document, validate
 from .models import NAME_PATTERN, ModelSpec, Platform, Stack
@@ -104,6 +104,8 @@ class ResolvedNode:
     name: str
     platform: ResolvedPlatform
     labels: dict[str, str]
+    gpu_devices: int | None = None  # pods that may hold its GPU at once (None: not counted)
+    images: dict[str, str] = field(default_factory=dict)  # container image by runtime (--target kubernetes)
 
 
 def load_stack(path: Path, shown: str | None = None) -> LoadedStack:
@@ -161,7 +163,27 @@ def _nodes(stack: Stack, doc: Document) -> dict[str, ResolvedNode]:
             problem = label_problem(key, value)
             if problem:
                 raise src.error(at + ("labels", key), problem, "Kubernetes label syntax: [prefix/]name = value")
-        out[name] = ResolvedNode(name, platform, dict(node.labels))
+        if not node.labels and not _DNS_SUBDOMAIN.fullmatch(name):
+            raise src.error(
+                at,
+                f"a node without labels is found by its hostname (kubernetes.io/hostname = {toml_repr(name)}), "
+                "and a hostname cannot contain '_'",
+                f'name the node as its hostname, or give labels = {{ "umemc.io/node" = "{name.replace("_", "-")}" }}',
+                what="table",
+            )
+        devices = node.gpu_devices
+        if devices is None and platform.kind in GPU_DEVICE_KINDS:
+            devices = 1
+        for runtime in node.images:
+            if runtime not in RUNTIME_FAMILY:
+                raise src.error(
+                    at + ("images", runtime),
+                    f"unknown runtime {toml_repr(runtime)}",
+                    f"one of {', '.join(RUNTIME_FAMILY)}",
+                    what="key",
+                )
+        gpu = None if platform.kind == "apple" else devices
+        out[name] = ResolvedNode(name, platform, dict(node.labels), gpu, dict(node.images))
     return out
 
 
@@ -208,6 +230,7 @@ RESERVED = ("umemc-enforcer", "umemc-gateway", "umemc-supervisord")  # umemc's o
 
 
 def _check_names(stack: Stack, src: Source) -> None:
+    seen: dict[str, str] = {}
     for name in stack.models:
         if name in RESERVED:
             raise src.error(
@@ -224,6 +247,16 @@ def _check_names(stack: Stack, src: Source) -> None:
                 "digits, '-' and '_', starting with a letter",
                 what="key",
             )
+        kube = name.replace("_", "-")  # its Kubernetes object name (DNS-1123 has no '_')
+        if kube in seen:
+            raise src.error(
+                ("models", name),
+                f"{toml_repr(name)} and {toml_repr(seen[kube])} are the same Kubernetes name {toml_repr(kube)} "
+                "('_' becomes '-')",
+                "rename one of them",
+                what="key",
+            )
+        seen[kube] = name
 
 
 def _platform(p: Platform, src: Source, at: tuple[str, ...]) -> ResolvedPlatform:
@@ -433,7 +466,8 @@ def _check_env(spec: ModelSpec, src: Source, at: tuple[str, ...], token_env: str
         if key.startswith("UMEMC_"):
             raise src.error(
                 at + ("env", key),
-                "is umemc's own: every worker gets UMEMC_MODEL, UMEMC_PORT, UMEMC_STATE and UMEMC_QUOTA_*_BYTES "
+                "is umemc's own: every worker gets UMEMC_MODEL, UMEMC_HOST, UMEMC_PORT, UMEMC_STATE and "
+                "UMEMC_QUOTA_*_BYTES "
                 "from the plan (and UMEMC_ENV_* carries the model's env to it)",
                 "give the variable another name",
                 what="key",
@@ -444,6 +478,14 @@ def _check_env(spec: ModelSpec, src: Source, at: tuple[str, ...], token_env: str
                 "is the gateway's token variable (gateway.token_env): workers never receive the gateway's token",
                 "give the worker its own variable",
                 what="key",
+            )
+    for i, key in enumerate(spec.public_env):
+        if key not in spec.env:
+            known = ", ".join(sorted(spec.env)) or "none"
+            raise src.error(
+                at + ("public_env", i),
+                f"{toml_repr(key)} is not a key of env (keys: {known})",
+                "public_env names env keys whose values are not secret",
             )
 
 

@@ -4,43 +4,61 @@ shared objects and a kustomization.yaml, so `kubectl apply -k DIR/kubernetes` or
 takes them as they are.
 
 What maps to what (docs/KUBERNETES.md):
-- a model: a Deployment (replicas 1 hot, 0 cold; strategy Recreate: two copies would double its
-  memory), requests.memory = its estimate, limits.memory = its hard quota (the kubelet's cgroup is
-  the kernel limit umemc sets locally), node affinity from the placement, a PriorityClass from its
-  priority, probes from its health URL, a Service on its port, a ConfigMap for its environment and a
-  Secret for the variables that look like secrets (never a ConfigMap);
-- GPUs: amd.com/gpu or nvidia.com/gpu = 1 where the node's platform needs the device plugin;
-- the gateway: an OpenAI-compatible router (LiteLLM proxy) Deployment + Service, routing each model
-  name and alias to the model's Service;
+- a hot model: a Deployment (replicas 1; strategy Recreate: two copies would double its memory) on the node
+  the placement chose, requests.memory = its estimate, limits.memory = its hard quota (the kubelet's
+  cgroup is the kernel limit umemc sets locally), a PriorityClass from its priority, probes from its health
+  URL, a Service on its port, a PodDisruptionBudget;
+- a cold model: one Deployment per node it may start on (replicas 0), each with that node's image, GPU
+  resource, environment and limits; one Service selects whichever runs;
+- GPUs: one device of the node's plugin (amd.com/gpu, nvidia.com/gpu) per GPU model, as placed
+  (nodes.NAME.gpu_devices);
+- environment: umemc's own variables and the stack's `public_env` in a ConfigMap; every other `env` value
+  in a Secret that umemc references and never writes (secrets/README.md says how to create it);
+- the gateway: an OpenAI-compatible router (LiteLLM proxy) for the models that speak OpenAI, always behind
+  a master key from a Secret, with a NetworkPolicy that lets only the router reach the models;
+- pods run as non-root with a RuntimeDefault seccomp profile and no capabilities, the namespace enforces
+  the restricted Pod Security Standard, model files come from read-only PersistentVolumeClaims;
 - host settings (sysctl, kernel arguments) cannot be set from a manifest without a privileged pod:
   node-prep/NODE/ holds each node's files and README.md says how to apply them.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from typing import Any
 
 from ..budget import ModelPlan, Plan
+from ..catalog.runtimes import GPU_RESOURCE, holds_gpu_device
 from ..compile import Bundle, Program, compile_bundle
 from ..errors import UsageError
 from ..launchers import health_path
+from ..runtime.wrap import STATE_PLACEHOLDER
+from ..units import GiB
 
-# The runtime's official image per platform kind; other runtimes need `image` in the stack. The
+# The runtime's official image per platform kind, pinned to one llama.cpp build (a floating tag would
+# change under a running cluster). nvidia-unified machines (DGX Spark, Jetson) are arm64, and upstream's
+# CUDA images are amd64 only: those need `image` in the stack. Other runtimes need `image` too. The
 # llama.cpp images' entrypoint is llama-server itself: only its arguments are given.
+LLAMA_CPP_BUILD = "b9426"
 DEFAULT_IMAGES = {
-    ("llama-server", "cpu"): "ghcr.io/ggml-org/llama.cpp:server",
-    ("llama-server", "amd-apu"): "ghcr.io/ggml-org/llama.cpp:server-vulkan",
-    ("llama-server", "nvidia-unified"): "ghcr.io/ggml-org/llama.cpp:server-cuda",
-    ("llama-server", "nvidia-discrete"): "ghcr.io/ggml-org/llama.cpp:server-cuda",
+    ("llama-server", "cpu"): f"ghcr.io/ggml-org/llama.cpp:server-{LLAMA_CPP_BUILD}",
+    ("llama-server", "amd-apu"): f"ghcr.io/ggml-org/llama.cpp:server-vulkan-{LLAMA_CPP_BUILD}",
+    ("llama-server", "nvidia-discrete"): f"ghcr.io/ggml-org/llama.cpp:server-cuda-{LLAMA_CPP_BUILD}",
 }
-GATEWAY_IMAGE = "ghcr.io/berriai/litellm:main-stable"
-GPU_RESOURCE = {"amd-apu": "amd.com/gpu", "nvidia-unified": "nvidia.com/gpu", "nvidia-discrete": "nvidia.com/gpu"}
-SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|CREDENTIAL|PRIVATE)", re.IGNORECASE)
+ARM64_KINDS = frozenset({"nvidia-unified"})
+GATEWAY_IMAGE = "ghcr.io/berriai/litellm:v1.89.4"
+OPENAI_RUNTIMES = frozenset({"llama-server", "llama-cpp-python"})  # what the router may send OpenAI requests
+READ_ONLY_ROOT = frozenset({"llama-server", "whisper-server"})  # write nothing outside /tmp and the state dir
 DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 STARTUP_S = 900  # a 70B model may take minutes to load from disk: 15 minutes before the kubelet gives up
+GATEWAY_STARTUP_S = 300  # LiteLLM took 106 s to answer its health URL on a small machine
+POD_STATE = "/var/lib/umemc"  # the pod's own state directory (an emptyDir): llama-server's slot files
+USER = 65532  # the conventional non-root uid/gid of distroless images
+VIDEO_GID = 44  # owns /dev/dri on Debian, Ubuntu and Fedora; the render group's id differs per distribution
+FLOATING = ("", "latest")
 
 
 @dataclass(frozen=True)
@@ -48,6 +66,17 @@ class Node:
     name: str
     plan: Plan
     labels: dict[str, str]
+    images: dict[str, str]  # container image by runtime on this node (nodes.NAME.images)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One Deployment of a model: where it runs and what it is there."""
+
+    name: str  # the Deployment's name
+    node: Node
+    plan: ModelPlan
+    program: Program
 
 
 def dump_all(docs: list[dict[str, Any]]) -> str:
@@ -64,44 +93,38 @@ def dump_all(docs: list[dict[str, Any]]) -> str:
 
 def render(plan: Plan) -> dict[str, str]:
     """{relative path under kubernetes/: text}."""
-    stack = plan.name
+    ns = _dns(plan.name)
     nodes = _nodes(plan)
-    objs: dict[str, list[dict[str, Any]]] = {
-        "namespace.yaml": [
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": stack, "labels": _part(stack)}}
-        ],
-        "priorityclasses.yaml": [_priority_class(stack, p) for p in sorted({m.priority for m in plan.models.values()})],
-    }
-    seen: dict[str, str] = {}
-    for name in plan.models:
-        if _dns(name) in seen:
-            raise UsageError(
-                f"models.{name}: its Kubernetes name {_dns(name)!r} is also models.{seen[_dns(name)]}'s "
-                "('_' becomes '-'): rename one"
-            )
-        seen[_dns(name)] = name
-    routes: list[tuple[str, str, int]] = []  # (model name or alias, service, port)
     bundles = {n: _compile(node.plan) for n, node in nodes.items()}
-    programs = {n: b.programs for n, b in bundles.items()}
+    prios = sorted({m.priority for m in plan.models.values()})
+    objs: dict[str, list[dict[str, Any]]] = {
+        "namespace.yaml": [_namespace(ns)],
+        "priorityclasses.yaml": [_priority_class(ns, p) for p in prios] + [_gateway_class(ns, prios)],
+    }
+    routes: list[tuple[str, str, int]] = []  # (model name or alias, service, port)
+    secrets: dict[str, list[str]] = {}  # Secret name -> the keys it must hold
+    storage: dict[str, int] = {}  # directory of model files -> bytes they hold
     for name, m in plan.models.items():
-        home = plan.node_of(name) or next(iter(nodes))
-        node = nodes[home]
-        program = programs[home].get(name)
-        if program is None:  # a hot model that fits nowhere is not emitted: `check` says why
+        targets = _targets(plan, name, m, nodes, bundles)
+        if not targets:  # a hot model that fits nowhere is not emitted: `check` says why
             continue
-        objs[f"models/{name}.yaml"] = _model_objects(plan, m, program, node, nodes)
-        if program.port is not None:
-            for alias in (name, *m.model.spec.aliases):
-                routes.append((alias, _dns(name), program.port))
-    objs["gateway.yaml"] = _gateway(plan, routes)
+        objs[f"models/{name}.yaml"] = _model_objects(plan, m, targets, secrets, storage)
+        port = targets[0].program.port
+        if port is not None and m.model.spec.runtime in OPENAI_RUNTIMES:
+            routes += [(alias, _dns(name), port) for alias in (name, *m.model.spec.aliases)]
+    objs["gateway.yaml"] = _gateway(plan, ns, routes, prios)
+    objs["networkpolicy.yaml"] = _network_policies(plan, ns)
+    if storage:
+        objs["storage.yaml"] = [_claim(ns, d, size) for d, size in sorted(storage.items())]
     files = {path: dump_all(docs) for path, docs in objs.items()}
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "namespace": stack,
+        "namespace": ns,
         "resources": list(objs),
     }
     files["kustomization.yaml"] = dump_all([kustomization])
+    files |= _secrets_readme(plan, ns, secrets)
     files |= _node_prep(plan, nodes, bundles)
     header = f"# generated by umemc from {plan.path.name} — do not edit\n"
     return {p: (header + t if p.endswith(".yaml") else t) for p, t in sorted(files.items())}
@@ -116,11 +139,11 @@ def _nodes(plan: Plan) -> dict[str, Node]:
                     f'nodes.{name}: kind = "apple" cannot run models in containers with the GPU (Metal is not '
                     "available to containers): run that node with `umemc build` and `umemc up --node`"
                 )
-            out[name] = Node(name, p, plan.node_labels[name])
+            out[name] = Node(name, p, plan.node_labels[name], plan.node_images[name])
         return out
     if plan.platform.kind == "apple":
         raise UsageError('platform kind = "apple" cannot run models in containers with the GPU: use `umemc up`')
-    return {"default": Node("default", plan, {})}
+    return {"default": Node("default", plan, {}, {})}
 
 
 def _compile(p: Plan) -> Bundle:
@@ -128,148 +151,244 @@ def _compile(p: Plan) -> Bundle:
     return compile_bundle(p, host="0.0.0.0", python="python")
 
 
-def _part(stack: str) -> dict[str, str]:
-    return {"app.kubernetes.io/part-of": stack, "app.kubernetes.io/managed-by": "umemc"}
+def _targets(plan: Plan, name: str, m: ModelPlan, nodes: dict[str, Node], bundles: dict[str, Bundle]) -> list[Target]:
+    """A hot model: its home node. A cold model: every node it is admissible on, each compiled there."""
+    if not plan.nodes:
+        return [Target(_dns(name), nodes["default"], m, bundles["default"].programs[name])]
+    assert plan.placement is not None
+    if m.hot:
+        home = plan.placement.home.get(name)
+        if home is None or name in plan.placement.unplaced:
+            return []
+        return [Target(_dns(name), nodes[home], m, bundles[home].programs[name])]
+    admissible = [c.node for c in plan.placement.cold.get(name, []) if c.admissible] or [plan.placement.home[name]]
+    out = []
+    for node in admissible:
+        variant = plan.variants[name][node]
+        program = _compile(replace(plan.nodes[node], models={name: variant})).programs[name]
+        label = _dns(name) if len(admissible) == 1 else f"{_dns(name)}-{_dns(node)}"
+        out.append(Target(label, nodes[node], variant, program))
+    return out
+
+
+def _labels(ns: str, name: str, component: str, version: str | None = None) -> dict[str, str]:
+    out = {
+        "app.kubernetes.io/name": name,
+        "app.kubernetes.io/instance": ns,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": ns,
+        "app.kubernetes.io/managed-by": "umemc",
+    }
+    if version:
+        out["app.kubernetes.io/version"] = version
+    return out
 
 
 def _dns(name: str) -> str:
-    """A model name as a Kubernetes object name (DNS-1123 label: no '_')."""
+    """A stack, model or node name as a Kubernetes object name (DNS-1123 label: no '_'; the stack language
+    refuses two models that map to one name)."""
     return name.replace("_", "-")
 
 
-def _priority_class(stack: str, priority: int) -> dict[str, Any]:
+def _namespace(ns: str) -> dict[str, Any]:
+    labels = {"app.kubernetes.io/part-of": ns, "app.kubernetes.io/managed-by": "umemc"}
+    for mode in ("enforce", "audit", "warn"):  # the restricted Pod Security Standard
+        labels[f"pod-security.kubernetes.io/{mode}"] = "restricted"
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}}
+
+
+def _priority_class(ns: str, priority: int, name: str | None = None, what: str | None = None) -> dict[str, Any]:
     return {
         "apiVersion": "scheduling.k8s.io/v1",
         "kind": "PriorityClass",
-        "metadata": {"name": _pc_name(stack, priority), "labels": _part(stack)},
+        "metadata": {"name": name or _pc_name(ns, priority), "labels": _labels(ns, "umemc", "priority")},
         "value": priority,
         "globalDefault": False,
         "preemptionPolicy": "PreemptLowerPriority",
-        "description": f"umemc stack {stack}: models of priority {priority} (higher survives eviction longer)",
+        "description": what or f"umemc stack {ns}: models of priority {priority} (higher survives eviction longer)",
     }
 
 
-def _pc_name(stack: str, priority: int) -> str:
-    return f"umemc-{_dns(stack)}-p{priority}"
+def _gateway_class(ns: str, prios: list[int]) -> dict[str, Any]:
+    value = max(prios, default=0) + 1
+    return _priority_class(ns, value, f"umemc-{ns}-gateway", f"umemc stack {ns}: the router, above every model")
 
 
-def _affinity(plan: Plan, name: str, nodes: dict[str, Node]) -> dict[str, Any] | None:
+def _pc_name(ns: str, priority: int) -> str:
+    return f"umemc-{ns}-p{priority}"
+
+
+def _affinity(node: Node, plan: Plan) -> dict[str, Any] | None:
     if not plan.nodes:
         return None
-    assert plan.placement is not None
-    if plan.models[name].hot:
-        targets = [plan.placement.home[name]]
-    else:
-        targets = [c.node for c in plan.placement.cold.get(name, []) if c.admissible] or [plan.placement.home[name]]
-    terms = []
-    for n in targets:
-        labels = nodes[n].labels or {"kubernetes.io/hostname": n}
-        terms.append({"matchExpressions": [{"key": k, "operator": "In", "values": [v]} for k, v in labels.items()]})
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+    labels = node.labels or {"kubernetes.io/hostname": node.name}
+    term = {"matchExpressions": [{"key": k, "operator": "In", "values": [v]} for k, v in labels.items()]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+def _image(plan: Plan, m: ModelPlan, node: Node) -> str:
+    """The model's own image, else its node's for the runtime, else the official one (pinned)."""
+    spec, at, kind = m.model.spec, ("models", m.name), node.plan.platform.kind
+    given: list[tuple[str, tuple[str, ...]]] = [(spec.image, at + ("image",))] if spec.image else []
+    if spec.runtime in node.images:
+        given.append((node.images[spec.runtime], ("nodes", node.name, "images", spec.runtime)))
+    for chosen, where in given[:1]:
+        tag = chosen.rsplit("/", 1)[-1].partition(":")[2] if "@" not in chosen else "@"
+        if tag in FLOATING:
+            raise plan.source.error(
+                where,
+                f"{chosen!r} has no fixed version: a floating tag changes under a running cluster",
+                "pin a version tag or a digest (image@sha256:…)",
+            )
+        return chosen
+    image = DEFAULT_IMAGES.get((spec.runtime, kind))
+    if image is None:
+        arm = (
+            " (DGX Spark and Jetson are arm64, and upstream's CUDA images are amd64 only: build one from llama.cpp's "
+            ".devops/cuda.Dockerfile)"
+            if kind in ARM64_KINDS and spec.runtime == "llama-server"
+            else ""
+        )
+        raise plan.source.error(
+            at,
+            f'image is required for --target kubernetes: runtime = "{spec.runtime}" on kind = "{kind}" has no '
+            f"official image to default to{arm}",
+            f'give image = "registry/name:version", or the node\'s nodes.{node.name}.images.{spec.runtime}'
+            if plan.nodes
+            else 'give image = "registry/name:version"',
+            what="table",
+        )
+    return image
 
 
 def _model_objects(
-    plan: Plan, m: ModelPlan, program: Program, node: Node, nodes: dict[str, Node]
+    plan: Plan, m: ModelPlan, targets: list[Target], secrets: dict[str, list[str]], storage: dict[str, int]
 ) -> list[dict[str, Any]]:
-    stack, name, spec = plan.name, _dns(m.name), m.model.spec
+    ns, name, spec = _dns(plan.name), _dns(m.name), m.model.spec
     if not DNS_LABEL.fullmatch(name):
-        raise UsageError(f"models.{m.name}: {name!r} is not a Kubernetes object name (DNS-1123 label)")
-    kind = node.plan.platform.kind
-    image = spec.image or DEFAULT_IMAGES.get((spec.runtime, kind))
-    if image is None:
-        raise UsageError(
-            f'models.{m.name}.image: required for --target kubernetes: runtime = "{spec.runtime}" on kind = "{kind}" '
-            "has no official image to default to"
-        )
-    labels = {"app.kubernetes.io/name": name, **_part(stack)}
-    env = dict(program.env)
-    secret = {k: v for k, v in env.items() if SECRET_NAME.search(k)}
-    plain = {k: v for k, v in env.items() if k not in secret}
-    out: list[dict[str, Any]] = [
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": f"{name}-env", "labels": labels},
-            "data": plain,
-        }
-    ]
-    env_from: list[dict[str, Any]] = [{"configMapRef": {"name": f"{name}-env"}}]
-    if secret:
+        raise plan.source.error(("models", m.name), f"{name!r} is not a Kubernetes object name", what="key")
+    out: list[dict[str, Any]] = []
+    secret_keys = [k for k in spec.env if k not in spec.public_env]
+    if secret_keys:
+        secrets[f"{name}-secret"] = secret_keys
+    for t in targets:
+        out += _deployment(plan, m, t, secret_keys, storage)
+    port = targets[0].program.port
+    if port is not None:
         out.append(
             {
                 "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {"name": f"{name}-secret", "labels": labels},
-                "type": "Opaque",
-                "stringData": secret,
+                "kind": "Service",
+                "metadata": {"name": name, "labels": _labels(ns, name, "model")},
+                "spec": {
+                    "selector": {"app.kubernetes.io/name": name, "app.kubernetes.io/instance": ns},
+                    "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+                },
             }
         )
-        env_from.append({"secretRef": {"name": f"{name}-secret"}})
-    argv = list(program.argv)
+    if m.hot:
+        out.append(
+            {
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": {"name": name, "labels": _labels(ns, name, "model")},
+                "spec": {
+                    "minAvailable": 1,
+                    "selector": {"matchLabels": {"app.kubernetes.io/name": name, "app.kubernetes.io/instance": ns}},
+                },
+            }
+        )
+    return out
+
+
+def _deployment(
+    plan: Plan, m: ModelPlan, t: Target, secret_keys: list[str], storage: dict[str, int]
+) -> list[dict[str, Any]]:
+    ns, name, spec, kind = _dns(plan.name), _dns(m.name), m.model.spec, t.node.plan.platform.kind
+    image = _image(plan, t.plan, t.node)
+    version = image.rsplit(":", 1)[-1][:63] if ":" in image.rsplit("/", 1)[-1] else None
+    labels = _labels(ns, name, "model", version)
+    select = {"app.kubernetes.io/name": name, "app.kubernetes.io/instance": ns}
+    if t.name != name:  # one Deployment per node of a cold model
+        labels["umemc.io/node"] = t.node.name
+        select["umemc.io/node"] = t.node.name
+    env = dict(t.program.env)
+    plain = {k: v for k, v in env.items() if k not in secret_keys}
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{t.name}-env", "labels": labels}}
+    config["data"] = plain
+    env_from: list[dict[str, Any]] = [{"configMapRef": {"name": f"{t.name}-env"}}]
+    if secret_keys:
+        env_from.append({"secretRef": {"name": f"{name}-secret", "optional": False}})
+    argv = [a.replace(STATE_PLACEHOLDER, POD_STATE) for a in t.program.argv]
     container: dict[str, Any] = {"name": name, "image": image}
-    if spec.image is None and (spec.runtime, kind) in DEFAULT_IMAGES:
-        container["args"] = argv[1:]  # the image's entrypoint is the runtime
+    if spec.runtime == "llama-server" and spec.image is None:
+        container["args"] = argv[
+            1:
+        ]  # llama.cpp's server images (and a node's, built alike): llama-server is the entrypoint
     else:
         container["command"] = argv[:1]
         container["args"] = argv[1:]
-    if program.cwd:
-        container["workingDir"] = program.cwd
-    if program.port is not None:
-        container["ports"] = [{"name": "http", "containerPort": program.port, "protocol": "TCP"}]
+    if spec.cwd is not None and PurePosixPath(spec.cwd).is_absolute():
+        container["workingDir"] = spec.cwd  # as the stack names it; a relative one was this machine's
+    if t.program.port is not None:
+        container["ports"] = [{"name": "http", "containerPort": t.program.port, "protocol": "TCP"}]
     container["envFrom"] = env_from
-    limits: dict[str, Any] = {"memory": str(m.quota_hard)}
-    requests: dict[str, Any] = {"memory": str(m.quota_soft)}
-    gpu = GPU_RESOURCE.get(kind)
-    if gpu and spec.runtime != "command":
-        limits[gpu] = 1  # an extended resource: request = limit
-        requests[gpu] = 1
+    limits: dict[str, Any] = {"memory": str(t.plan.quota_hard)}
+    requests: dict[str, Any] = {"memory": str(t.plan.quota_soft)}
+    if holds_gpu_device(spec.runtime, kind):
+        limits[GPU_RESOURCE[kind]] = 1  # an extended resource: request = limit
+        requests[GPU_RESOURCE[kind]] = 1
     container["resources"] = {"requests": requests, "limits": limits}
-    container |= _probes(m, program)
-    container["securityContext"] = {"allowPrivilegeEscalation": False}
-    mounts, volumes = _files(m)
-    if mounts:
-        container["volumeMounts"] = mounts
-    pod: dict[str, Any] = {"priorityClassName": _pc_name(stack, m.priority)}
-    affinity = _affinity(plan, m.name, nodes)
+    container |= _probes(t.plan, t.program)
+    container["securityContext"] = {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": spec.runtime in READ_ONLY_ROOT,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    mounts, volumes = _volumes(ns, t.plan, storage)
+    container["volumeMounts"] = mounts
+    pod: dict[str, Any] = {"priorityClassName": _pc_name(ns, m.priority), "securityContext": _pod_security(kind)}
+    affinity = _affinity(t.node, plan)
     if affinity:
         pod["affinity"] = affinity
+    pod["automountServiceAccountToken"] = False
     pod["containers"] = [container]
-    if volumes:
-        pod["volumes"] = volumes
+    pod["volumes"] = volumes
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
-            "name": name,
+            "name": t.name,
             "labels": labels,
             "annotations": {
                 "umemc.io/mode": spec.mode,
-                "umemc.io/estimate-bytes": str(m.quota_soft),
-                "umemc.io/hard-quota-bytes": str(m.quota_hard),
-                "umemc.io/gpu-window-bytes": str(m.gpu_quota_hard),
-                "umemc.io/node": plan.node_of(m.name) or "",
+                "umemc.io/estimate-bytes": str(t.plan.quota_soft),
+                "umemc.io/hard-quota-bytes": str(t.plan.quota_hard),
+                "umemc.io/gpu-window-bytes": str(t.plan.gpu_quota_hard),
+                "umemc.io/node": t.node.name if plan.nodes else "",
             },
         },
         "spec": {
             "replicas": 1 if m.hot else 0,
             "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": stack}},
+            "progressDeadlineSeconds": STARTUP_S + 300,  # above the startup probe's budget
+            "selector": {"matchLabels": select},
             "template": {"metadata": {"labels": labels}, "spec": pod},
         },
     }
-    out.append(deployment)
-    if program.port is not None:
-        out.append(
-            {
-                "apiVersion": "v1",
-                "kind": "Service",
-                "metadata": {"name": name, "labels": labels},
-                "spec": {
-                    "selector": {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": stack},
-                    "ports": [{"name": "http", "port": program.port, "targetPort": "http", "protocol": "TCP"}],
-                },
-            }
-        )
+    return [config, deployment]
+
+
+def _pod_security(kind: str) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "runAsNonRoot": True,
+        "runAsUser": USER,
+        "runAsGroup": USER,
+        "fsGroup": USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if kind == "amd-apu":  # /dev/dri and /dev/kfd belong to video and render (add render's id in an overlay)
+        out["supplementalGroups"] = [VIDEO_GID]
     return out
 
 
@@ -285,18 +404,50 @@ def _probes(m: ModelPlan, program: Program) -> dict[str, Any]:
     }
 
 
-def _files(m: ModelPlan) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The model files' directories, mounted read-only from the node at the same path (the stack names
-    them as they are on the machine)."""
-    dirs = sorted({str(PurePosixPath(p).parent) for p in (m.model.model_path, m.model.mmproj_path) if p is not None})
-    mounts = [{"name": f"files-{i}", "mountPath": d, "readOnly": True} for i, d in enumerate(dirs)]
-    volumes = [{"name": f"files-{i}", "hostPath": {"path": d, "type": "Directory"}} for i, d in enumerate(dirs)]
+def _volumes(ns: str, m: ModelPlan, storage: dict[str, int]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A writable /tmp and state directory (emptyDir: the root filesystem may be read-only), and the model
+    files' directories from read-only PersistentVolumeClaims mounted at the path the stack names."""
+    mounts: list[dict[str, Any]] = [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "umemc-state", "mountPath": POD_STATE},
+    ]
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}, {"name": "umemc-state", "emptyDir": {}}]
+    files = [p for p in (m.model.model_path, m.model.mmproj_path) if p is not None]
+    for d in sorted({str(PurePosixPath(p).parent) for p in files}):
+        storage[d] = storage.get(d, 0) + m.estimate.weights.bytes
+        claim = _claim_name(d)
+        volume = f"files-{len(volumes) - 2}"
+        mounts.append({"name": volume, "mountPath": d, "readOnly": True})
+        volumes.append({"name": volume, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
     return mounts, volumes
 
 
-def _gateway(plan: Plan, routes: list[tuple[str, str, int]]) -> list[dict[str, Any]]:
-    stack, gw = plan.name, plan.stack.gateway
-    labels = {"app.kubernetes.io/name": "gateway", **_part(stack)}
+def _claim_name(directory: str) -> str:
+    """models-<the directory as a DNS label>: /srv/models -> models-srv-models."""
+    return "models-" + (re.sub(r"[^a-z0-9]+", "-", directory.lower()).strip("-")[:40].strip("-") or "root")
+
+
+def _claim(ns: str, directory: str, size: int) -> dict[str, Any]:
+    gib = max(1, math.ceil(size * 1.1 / GiB))  # the weights the stack counts there, and a tenth more
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": _claim_name(directory),
+            "labels": _labels(ns, "models", "storage"),
+            "annotations": {"umemc.io/mount-path": directory},
+        },
+        "spec": {
+            "accessModes": ["ReadOnlyMany"],  # every node's pods read the same files
+            "resources": {"requests": {"storage": f"{gib}Gi"}},
+        },
+    }
+
+
+def _gateway(plan: Plan, ns: str, routes: list[tuple[str, str, int]], prios: list[int]) -> list[dict[str, Any]]:
+    gw = plan.stack.gateway
+    labels = _labels(ns, "umemc-gateway", "gateway", GATEWAY_IMAGE.rsplit(":", 1)[-1])
+    select = {"app.kubernetes.io/name": "umemc-gateway", "app.kubernetes.io/instance": ns}
     config: dict[str, Any] = {
         "model_list": [
             {
@@ -308,49 +459,58 @@ def _gateway(plan: Plan, routes: list[tuple[str, str, int]]) -> list[dict[str, A
                 },
             }
             for alias, svc, port in routes
-        ]
+        ],
+        # never open to the cluster: the key comes from a Secret umemc does not write (secrets/README.md)
+        "general_settings": {"master_key": "os.environ/UMEMC_GATEWAY_TOKEN"},
     }
-    env: list[dict[str, Any]] = []
-    if gw.token_env:
-        config["general_settings"] = {"master_key": "os.environ/UMEMC_GATEWAY_TOKEN"}
-        env.append(
-            {
-                "name": "UMEMC_GATEWAY_TOKEN",
-                "valueFrom": {"secretKeyRef": {"name": f"{_dns(stack)}-gateway-token", "key": "token"}},
-            }
-        )
+    health = {"httpGet": {"path": "/health/liveliness", "port": "http"}}
     container: dict[str, Any] = {
         "name": "gateway",
         "image": GATEWAY_IMAGE,
         "args": ["--config", "/etc/umemc-gateway/config.yaml", "--port", str(gw.port)],
         "ports": [{"name": "http", "containerPort": gw.port, "protocol": "TCP"}],
-        "volumeMounts": [{"name": "config", "mountPath": "/etc/umemc-gateway", "readOnly": True}],
+        "env": [
+            {
+                "name": "UMEMC_GATEWAY_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": f"{ns}-gateway-token", "key": "token"}},
+            }
+        ],
+        "volumeMounts": [
+            {"name": "config", "mountPath": "/etc/umemc-gateway", "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        "startupProbe": {**health, "periodSeconds": 10, "failureThreshold": GATEWAY_STARTUP_S // 10},
         "readinessProbe": {"httpGet": {"path": "/health/readiness", "port": "http"}, "periodSeconds": 5},
-        "livenessProbe": {"httpGet": {"path": "/health/liveliness", "port": "http"}, "periodSeconds": 10},
+        "livenessProbe": {**health, "periodSeconds": 10},
         "resources": {"requests": {"memory": str(gw.memory // 2)}, "limits": {"memory": str(gw.memory)}},
-        "securityContext": {"allowPrivilegeEscalation": False},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
-    if env:
-        container["env"] = env
     return [
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": {"name": "gateway-config", "labels": labels},
+            "metadata": {"name": "umemc-gateway-config", "labels": labels},
             "data": {"config.yaml": dump_all([config])},
         },
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
-            "metadata": {"name": "gateway", "labels": labels},
+            "metadata": {"name": "umemc-gateway", "labels": labels},
             "spec": {
                 "replicas": 1,
-                "selector": {"matchLabels": {"app.kubernetes.io/name": "gateway", "app.kubernetes.io/part-of": stack}},
+                "progressDeadlineSeconds": GATEWAY_STARTUP_S + 300,
+                "selector": {"matchLabels": select},
                 "template": {
                     "metadata": {"labels": labels},
                     "spec": {
+                        "priorityClassName": f"umemc-{ns}-gateway",
+                        "securityContext": _pod_security("cpu"),
+                        "automountServiceAccountToken": False,
                         "containers": [container],
-                        "volumes": [{"name": "config", "configMap": {"name": "gateway-config"}}],
+                        "volumes": [
+                            {"name": "config", "configMap": {"name": "umemc-gateway-config"}},
+                            {"name": "tmp", "emptyDir": {}},
+                        ],
                     },
                 },
             },
@@ -358,13 +518,79 @@ def _gateway(plan: Plan, routes: list[tuple[str, str, int]]) -> list[dict[str, A
         {
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": {"name": "gateway", "labels": labels},
+            "metadata": {"name": "umemc-gateway", "labels": labels},
             "spec": {
-                "selector": {"app.kubernetes.io/name": "gateway", "app.kubernetes.io/part-of": stack},
+                "selector": select,
                 "ports": [{"name": "http", "port": gw.port, "targetPort": "http", "protocol": "TCP"}],
             },
         },
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "umemc-gateway", "labels": labels},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": select}},
+        },
     ]
+
+
+def _network_policies(plan: Plan, ns: str) -> list[dict[str, Any]]:
+    """Models answer only the router (and the kubelet's probes, which come from the node); the router takes
+    requests from anywhere its Service is reachable, each checked against the master key."""
+    models = {"app.kubernetes.io/component": "model", "app.kubernetes.io/instance": ns}
+    gateway = {"app.kubernetes.io/name": "umemc-gateway", "app.kubernetes.io/instance": ns}
+    labels = _labels(ns, "umemc", "network-policy")
+    return [
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": "umemc-models-from-gateway", "labels": labels},
+            "spec": {
+                "podSelector": {"matchLabels": models},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": [{"podSelector": {"matchLabels": gateway}}]}],
+            },
+        },
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": "umemc-gateway-ingress", "labels": labels},
+            "spec": {
+                "podSelector": {"matchLabels": gateway},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"ports": [{"port": "http", "protocol": "TCP"}]}],
+            },
+        },
+    ]
+
+
+def _secrets_readme(plan: Plan, ns: str, secrets: dict[str, list[str]]) -> dict[str, str]:
+    """The Secrets the manifests reference and umemc never writes: their keys, and how to create them
+    from files kept out of the repository."""
+    lines = [
+        f"# Secrets of `{plan.name}`",
+        "",
+        "The manifests reference these Secrets; umemc writes no secret value into a file. Create them in the",
+        f"namespace `{ns}` before applying (or with your secret manager: External Secrets, Sealed Secrets):",
+        "",
+        "```sh",
+        f"kubectl create namespace {ns}",
+        f'kubectl -n {ns} create secret generic {ns}-gateway-token --from-literal=token="$(openssl rand -hex 32)"',
+    ]
+    out: dict[str, str] = {}
+    for name, keys in sorted(secrets.items()):
+        lines.append(f"kubectl -n {ns} create secret generic {name} --from-env-file={name}.env")
+        out[f"secrets/{name}.env.example"] = "".join(f"{k}=\n" for k in keys)
+    lines += [
+        "```",
+        "",
+        f"`{ns}-gateway-token` is the router's master key: clients send it as `Authorization: Bearer …`.",
+        "Each `NAME.env.example` lists a Secret's keys; copy it to `NAME.env` outside the repository, fill in",
+        "the values, and create the Secret from it. A model's environment values that are not secret belong in",
+        "its `public_env` in the stack file: they go into its ConfigMap instead.",
+        "",
+    ]
+    out["secrets/README.md"] = "\n".join(lines)
+    return out
 
 
 def _node_prep(plan: Plan, nodes: dict[str, Node], bundles: dict[str, Bundle]) -> dict[str, str]:
