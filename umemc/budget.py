@@ -273,10 +273,45 @@ def missing_files(plan: Plan) -> list[tuple[bool, str]]:
     return out
 
 
+PlatformPlans = dict[object, tuple[LoadedStack, dict[str, ModelPlan]]]
+
+
+def _items(loaded: LoadedStack, by_platform: PlatformPlans) -> list[Item]:
+    """What the placement places: each model's allowed nodes and its quotas there. One Need per (platform,
+    model): nodes of one platform share it (the placement compares them by identity)."""
+    every = tuple(loaded.nodes)
+    kinds = list(by_platform)
+    kind_of = {n: kinds.index(node.platform) for n, node in loaded.nodes.items()}
+    shared = [
+        {
+            name: PlaceNeed(
+                mp.quota_hard, mp.gpu_quota_hard, int(holds_gpu_device(mp.model.spec.runtime, view.platform.kind))
+            )
+            for name, mp in mplans.items()
+        }
+        for view, mplans in by_platform.values()
+    ]
+    items = []
+    for name, spec in loaded.stack.models.items():
+        if spec.node:
+            allowed: tuple[str, ...] = (spec.node,)
+        elif spec.nodes:
+            chosen = set(spec.nodes)
+            allowed = tuple(n for n in every if n in chosen)
+        else:
+            allowed = every
+        if len(kinds) == 1:
+            needs = dict.fromkeys(allowed, shared[0][name])
+        else:
+            needs = {n: shared[kind_of[n]][name] for n in allowed}
+        items.append(Item(name, spec.priority, spec.mode == "hot", allowed, needs))
+    return items
+
+
 def make_cluster_plan(loaded: LoadedStack) -> Plan:
     """Several nodes: estimate each model for each node platform (once per distinct platform), place
     them (umemc.placement), then one ordinary plan per node with the models it holds."""
-    by_platform: dict[object, tuple[LoadedStack, dict[str, ModelPlan]]] = {}
+    by_platform: PlatformPlans = {}
     node_view: dict[str, tuple[LoadedStack, dict[str, ModelPlan]]] = {}
     for name, node in loaded.nodes.items():
         if node.platform not in by_platform:
@@ -289,22 +324,15 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
         cap = capacity_of(view)  # the view of the first node of this platform: the same platform
         devices = loaded.nodes[name].gpu_devices
         bins.append(Bin(name, cap.budget, cap.gpu_budget, cap.usable, loaded.stack.policy.load_below, devices))
-    every = tuple(loaded.nodes)
-    # one Need per (platform, model): nodes of one platform share it (the placement compares by identity)
-    shared: dict[tuple[object, str], PlaceNeed] = {}
-    for platform, (view, mplans) in by_platform.items():
-        for name, mp in mplans.items():
-            gpu_pod = holds_gpu_device(mp.model.spec.runtime, view.platform.kind)
-            shared[(platform, name)] = PlaceNeed(mp.quota_hard, mp.gpu_quota_hard, int(gpu_pod))
-    items = []
-    for name, spec in loaded.stack.models.items():
-        allowed = (spec.node,) if spec.node else tuple(n for n in every if n in (spec.nodes or every))
-        needs = {n: shared[(loaded.nodes[n].platform, name)] for n in allowed}
-        items.append(Item(name, spec.priority, spec.mode == "hot", allowed, needs))
+    items = _items(loaded, by_platform)
     placement = place(bins, items)
+    by_node: dict[str, list[str]] = {n: [] for n in loaded.nodes}
+    for m in loaded.stack.models:
+        if m in placement.home and m not in placement.unplaced:
+            by_node[placement.home[m]].append(m)
     nodes: dict[str, Plan] = {}
     for name, (view, mplans) in node_view.items():
-        here = [m for m in loaded.stack.models if placement.home.get(m) == name and m not in placement.unplaced]
+        here = by_node[name]
         sub = replace(view, models={m: view.models[m] for m in here}, warnings=[])
         nodes[name] = assemble(sub, {m: mplans[m] for m in here})
     models: dict[str, ModelPlan] = {}

@@ -184,10 +184,8 @@ def _uniform(item: Item, every: int) -> Need | None:
     builds them per platform, or equal)."""
     if len(item.allowed) != every:
         return None
-    needs = item.needs.values()
-    if len(set(map(id, needs))) == 1 or len(set(needs)) == 1:
-        return next(iter(needs))
-    return None
+    distinct = list(dict(zip(map(id, item.needs.values()), item.needs.values(), strict=True)).values())
+    return distinct[0] if all(n == distinct[0] for n in distinct) else None
 
 
 class Facts:
@@ -410,7 +408,6 @@ def _generic_why(node: str, how: str, room: Room) -> str:
 def _cold(
     bins: list[Bin], items: list[Item], hot: list[Item], out: Placement, room: Room, order: dict[str, int]
 ) -> None:
-    by_name = {b.name: b for b in bins}
     held: dict[str, list[policy.Held]] = {b.name: [] for b in bins}  # each node's hot set, on paper
     devices: dict[str, dict[str, int]] = {b.name: {} for b in bins}  # the GPU devices they hold
     for h in hot:
@@ -419,31 +416,26 @@ def _cold(
             need = h.needs[home]
             devices[home][h.name] = need.devices
             held[home].append(policy.Held(h.name, h.priority, False, need.ram, need.gpu, False, True, last_used=0.0))
-    lower: dict[str, tuple[list[int], list[int], list[int]]] = {}  # per node: priorities, prefix sums
-    for node, hs in held.items():
-        ranked = sorted(hs, key=lambda h: h.priority)
-        lower[node] = (
-            [h.priority for h in ranked],
-            list(itertools.accumulate((h.ram for h in ranked), initial=0)),
-            list(itertools.accumulate((h.gpu for h in ranked), initial=0)),
-        )
+    paper = {b.name: policy.OnPaper(held[b.name], b.policy_budget()) for b in bins}
+    alongside = {b.name: ColdPlace(b.name, True, True, ()) for b in bins}  # shared: a large stack has many
+    never = {b.name: ColdPlace(b.name, False, False, ()) for b in bins}
+    calm = {  # the pressure rule on paper: what the hot set holds of usable memory
+        b.name: not b.usable or (b.budget - room.ram[b.name]) / b.usable < b.load_below for b in bins
+    }
     for item in (i for i in items if not i.hot):
         places = []
         for node in item.allowed:
-            b, need = by_name[node], item.needs[node]
-            calm = not b.usable or (b.budget - room.ram[node]) / b.usable < b.load_below  # the pressure rule
-            if room.fits(need, node) and calm:
-                places.append(ColdPlace(node, True, True, ()))  # fits as things are: nothing to decide
+            need = item.needs[node]
+            if calm[node] and room.fits(need, node):
+                places.append(alongside[node])  # fits as things are: nothing to decide
                 continue
-            prios, ram_upto, gpu_upto = lower[node]
-            k = bisect.bisect_left(prios, item.priority)  # the policy only ever stops lower priorities
-            if need.ram > room.ram[node] + ram_upto[k] or need.gpu > room.gpu[node] + gpu_upto[k]:
-                places.append(ColdPlace(node, False, False, ()))
-                continue
-            want = policy.Need(item.name, need.ram, need.gpu, item.priority, True, False)
-            d = policy.decide(want, held[node], [], b.policy_budget())
-            fits = d.fits and need.devices <= room.dev[node] + sum(devices[node].get(v, 0) for v in d.victims)
-            places.append(ColdPlace(node, fits and not d.victims, fits, tuple(d.victims) if fits else ()))
+            fits, victims = paper[node].admit(need.ram, need.gpu, item.priority)
+            if fits and need.devices > room.dev[node]:  # a GPU device must come free too
+                fits = need.devices <= room.dev[node] + sum(devices[node].get(v, 0) for v in victims)
+            if not fits:
+                places.append(never[node])
+            else:
+                places.append(ColdPlace(node, not victims, True, tuple(victims)) if victims else alongside[node])
         out.cold[item.name] = places
         admissible = [p for p in places if p.admissible]
         if admissible:
@@ -456,7 +448,8 @@ def _cold(
                     if cheapest.fits_alongside_hot
                     else f"by evicting {', '.join(cheapest.evicts)}"
                 )
-                + f"; admissible on {', '.join(p.node for p in admissible)}"
+                + f"; admissible on {', '.join(p.node for p in admissible[:SHOWN])}"
+                + (f" (and {len(admissible) - SHOWN} other nodes)" if len(admissible) > SHOWN else "")
             )
         else:
             out.home[item.name] = item.allowed[0]

@@ -16,6 +16,8 @@ a lower one. Pure functions: the caller owns any lock. Bottom of the package: im
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,6 +141,47 @@ def decide(need: Need, held: list[Held], leases: list[Lease], budget: Budget) ->
         for lease in leases
     ]
     return Decision(False, blocked_by=blocked, free_ram=free_ram, free_gpu=free_gpu)
+
+
+class OnPaper:
+    """`decide` for many needs against one node's hot set on paper (nothing busy, used or being evicted;
+    every holder hot, no leases): the same answer, found by bisection on the eviction order's prefix
+    sums instead of a pass over every holder per need. A 1000-cold-model stack on 500 nodes asks it
+    half a million times."""
+
+    def __init__(self, held: list[Held], budget: Budget):
+        assert not any(h.busy or h.evicting or h.cold or h.live is not None for h in held), "on paper only"
+        self.order = eviction_order(held)
+        self.budget = budget
+        self.prios = [h.priority for h in self.order]
+        self.ram = list(itertools.accumulate((h.ram for h in self.order), initial=0))
+        self.gpu = list(itertools.accumulate((h.gpu for h in self.order), initial=0))
+        used = self.ram[-1]
+        self.free_ram = budget.ram - used
+        self.free_gpu = None if budget.gpu is None else budget.gpu - self.gpu[-1]
+        self.pressure = _pressure(budget, used)
+
+    def decide(self, need: Need) -> tuple[bool, list[str]]:
+        """(admissible, the victims in eviction order) as decide() would say for a cold need."""
+        return self.admit(need.ram, need.gpu, need.priority)
+
+    def admit(self, ram: int, gpu: int, priority: int) -> tuple[bool, list[str]]:
+        b = self.budget
+        k = bisect.bisect_left(self.prios, priority)  # only lower priorities may make room
+        j = bisect.bisect_left(self.ram, ram - self.free_ram)
+        if self.free_gpu is not None:
+            j = max(j, bisect.bisect_left(self.gpu, gpu - self.free_gpu))
+        if j > k:
+            return False, []
+        pressure = self.pressure  # the same arithmetic as decide(), holder by holder
+        for h in self.order[:j]:
+            pressure -= h.usage / b.usable if b.usable else 0.0
+        while pressure >= b.load_below:
+            if j == k:
+                return False, []
+            pressure -= self.order[j].usage / b.usable if b.usable else 0.0
+            j += 1
+        return True, [h.name for h in self.order[:j]]
 
 
 def _pressure(budget: Budget, used_ram: int) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 import stat
@@ -23,10 +24,18 @@ from .types import toml_repr
 
 @dataclass
 class Source:
-    """The stack file as read: its text's position index, for locating any key path."""
+    """The stack file as read: its text's position index, for locating any key path. The index is built
+    on first use (an error or a warning to locate): a valid 5000-model stack is never scanned twice."""
 
     file: str
-    index: PositionIndex
+    text: str
+
+    @functools.cached_property
+    def index(self) -> PositionIndex:
+        try:
+            return scan(self.text)
+        except RecursionError:
+            return PositionIndex()  # nested too deeply to scan: every position falls back to 1:1
 
     def at(self, path: KeyPath, what: str = "value") -> Location:
         pos = {"value": self.index.of_value, "key": self.index.of_key, "table": self.index.of_table}[what](path)
@@ -77,7 +86,7 @@ def read_document(path: Path, shown: str | None = None) -> Document:
         raise StackError(Location(shown, line, col), "", "not valid UTF-8 (TOML files are UTF-8)") from None
     try:
         data = tomllib.loads(text)
-        doc = Document(path, Source(shown, scan(text)), data)  # both parsers recurse into nesting
+        doc = Document(path, Source(shown, text), data)
     except tomllib.TOMLDecodeError as exc:
         raise _syntax_error(shown, text, exc) from None
     except RecursionError:

@@ -50,16 +50,9 @@ def budget_dict(plan: Plan) -> dict[str, Any]:
         out["placement"] = {
             "hot": {n: plan.placement.home[n] for n, m in plan.models.items() if m.hot and n in plan.placement.home},
             "unplaced": dict(plan.placement.unplaced),
+            # per cold model, the nodes where it could start and what it would evict there ([]: alongside)
             "cold": {
-                n: {
-                    c.node: {
-                        "fits_alongside_hot": c.fits_alongside_hot,
-                        "admissible": c.admissible,
-                        "evicts": list(c.evicts),
-                    }
-                    for c in places
-                }
-                for n, places in plan.placement.cold.items()
+                n: {c.node: list(c.evicts) for c in places if c.admissible} for n, places in plan.placement.cold.items()
             },
         }
     return out
@@ -90,8 +83,12 @@ def capacity_dict(cap: Capacity) -> dict[str, int | None]:
     }
 
 
+COMPACT_ABOVE = 200  # models: a larger report is written on one line (json's C encoder; `jq .` indents it)
+
+
 def budget_json(plan: Plan) -> str:
-    return json.dumps(budget_dict(plan), indent=2) + "\n"
+    indent = None if len(plan.models) > COMPACT_ABOVE else 2
+    return json.dumps(budget_dict(plan), indent=indent) + "\n"
 
 
 def ledger_lines(plan: Plan) -> list[tuple[str, int, int, int | None, bool]]:
