@@ -175,3 +175,34 @@ def test_check_gateway_and_enforcer_choose_the_same_victims(tmp_path) -> None:  
         victim.pid = None  # stopped
     assert victims == EXPECTED  # the enforcer
     enforcer.events.close()
+
+
+def test_on_paper_gives_decide_s_answer_for_every_need() -> None:
+    """policy.OnPaper (bisection on the eviction order, for the placement's half a million questions) against
+    decide() itself on 2000 random hot sets and cold needs, pressure rule included."""
+    import random
+
+    from umemc.policy import Budget, Held, OnPaper, decide
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        held = [
+            Held(
+                f"h{i}",
+                rng.choice((10, 20, 20, 50, 80)),
+                False,
+                rng.randint(1, 40) * MiB,
+                rng.randint(0, 20) * MiB,
+                False,
+                True,
+                0.0,
+            )
+            for i in range(rng.randint(0, 8))
+        ]
+        gpu = None if rng.random() < 0.3 else rng.randint(50, 300) * MiB
+        budget = Budget(rng.randint(50, 300) * MiB, gpu, usable=rng.choice((0, 400 * MiB)), load_below=0.7)
+        paper = OnPaper(held, budget)
+        for _ in range(5):
+            need = Need("x", rng.randint(1, 120) * MiB, rng.randint(0, 60) * MiB, rng.choice((15, 50, 90)), True, False)
+            d = decide(need, held, [], budget)
+            assert paper.decide(need) == (d.fits, list(d.evict) if d.fits else []), (held, budget, need)
