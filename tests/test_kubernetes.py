@@ -338,14 +338,17 @@ def test_names_are_valid_kubernetes_names_or_refused_at_check(write_stack, run_c
     )
 
 
-def test_a_cold_model_gets_one_deployment_per_node_it_may_start_on(write_stack, tmp_path: Path) -> None:
-    """Each variant carries that node's image, GPU resource, environment and limits: the figures of the plan
-    on that node (budget.json), not the home node's."""
+def test_a_cold_model_gets_one_deployment_per_variant_of_its_nodes(write_stack, tmp_path: Path) -> None:
+    """Each variant carries its nodes' image, GPU resource, environment and limits: the figures of the plan
+    on that node, not the home node's; two nodes of one platform and image share a Deployment."""
     text = """version = 1
 name = "mixed"
 [nodes.halo]
 preset = "strix-halo-128"
 labels = { "umemc.io/node" = "halo" }
+[nodes.halo2]
+preset = "strix-halo-128"
+labels = { "umemc.io/node" = "halo2" }
 [nodes.spark]
 preset = "dgx-spark-128"
 labels = { "umemc.io/node" = "spark" }
@@ -383,6 +386,10 @@ priority = 30
     }
     assert "HSA_ENABLE_SDMA" in env["halo"] and "HSA_ENABLE_SDMA" not in env["spark"]  # each node's own knobs
     assert env["spark"]["GGML_CUDA_ENABLE_UNIFIED_MEMORY"] == "1"
+    terms = found["side-halo"]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    terms = terms["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert [t["matchExpressions"][0]["values"] for t in terms] == [["halo"], ["halo2"]]  # either halo
+    assert found["side-halo"]["metadata"]["annotations"]["umemc.io/node"] == "halo,halo2"
     services = [d for _, d in docs(out) if d["kind"] == "Service" and d["metadata"]["name"] == "side"]
     assert services[0]["spec"]["selector"] == {"app.kubernetes.io/name": "side", "app.kubernetes.io/instance": "mixed"}
 

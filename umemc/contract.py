@@ -217,6 +217,14 @@ class LeaseDoc(Document):
         return Lease(self.id, self.holder, self.bytes, self.gpu_bytes, self.priority, self.expires, self.model)
 
 
+class GenerationDoc(Document):
+    """The stack's generation budget (policy.max_generating): units in flight and requests waiting."""
+
+    max: int | None
+    in_use: float
+    waiting: int
+
+
 class GatewayState(Document):
     format: Literal["umemc-gateway-state"] = "umemc-gateway-state"
     version: int = STATUS_VERSION
@@ -225,6 +233,7 @@ class GatewayState(Document):
     supervisord_pid: int | None
     models: dict[str, GatewayModel]
     leases: list[LeaseDoc]
+    generation: GenerationDoc | None = None  # added in version 1's lifetime: older files lack it
 
 
 class Reservation(Document):

@@ -618,6 +618,15 @@ def test_max_generating_caps_generations_across_models_by_priority_then_fifo(sta
     a = later(run, "a", 0.1)
     gw.run.wait_for(lambda: gw.status()["generation"]["waiting"] == 2, timeout=10, what="a waiting")
     assert gw.status()["generation"] == {"max": 1, "in_use": 1.0, "waiting": 2}
+    from umemc.commands.status import collect, table
+
+    # gateway.json carries it too (written every 0.5 s): `umemc status` shows it in its title and --json
+    gw.run.wait_for(
+        lambda: collect(str(gw.run.run_dir))["_generation"] == {"max": 1, "in_use": 1.0, "waiting": 2},
+        timeout=10,
+        what="gateway.json with the generation budget",
+    )
+    assert ", generating 1 of 1 (2 waiting)" in str(table(collect(str(gw.run.run_dir))).title)
     assert [f.result(timeout=30) for f in (long, b, a)] == [200, 200, 200]
     assert done["c"] < done["a"] < done["b"]  # priority first, not arrival
     metrics = {

@@ -68,6 +68,7 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
         "models": {},
         "_gateway": None if plan is None or plan.gateway is None else plan.gateway.model_dump(),
         "_leases": [] if gateway is None else [x.model_dump() for x in gateway.leases],
+        "_generation": None if gateway is None or gateway.generation is None else gateway.generation.model_dump(),
         "_orphans": orphans,
         "_problems": problems,
     }
@@ -162,6 +163,11 @@ def table(status: dict[str, Any]) -> Any:
         title += f", gateway :{status['_gateway']['port']}"
         if leases:
             title += f", {len(leases)} lease(s) {gib(sum(x['bytes'] for x in leases))}"
+        gen = status.get("_generation")
+        if gen and gen["max"] is not None:
+            title += f", generating {gen['in_use']:g} of {gen['max']}" + (
+                f" ({gen['waiting']} waiting)" if gen["waiting"] else ""
+            )
     t = Table(
         title=title + "  (GiB)",
         title_justify="left",

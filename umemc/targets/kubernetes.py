@@ -8,8 +8,8 @@ What maps to what (docs/KUBERNETES.md):
   the placement chose, requests.memory = its estimate, limits.memory = its hard quota (the kubelet's
   cgroup is the kernel limit umemc sets locally), a PriorityClass from its priority, probes from its health
   URL, a Service on its port, a PodDisruptionBudget;
-- a cold model: one Deployment per node it may start on (replicas 0), each with that node's image, GPU
-  resource, environment and limits; one Service selects whichever runs;
+- a cold model: one Deployment per variant (replicas 0): the nodes it may start on that share a platform
+  and an image, with their image, GPU resource, environment and limits; one Service selects whichever runs;
 - GPUs: one device of the node's plugin (amd.com/gpu, nvidia.com/gpu) per GPU model, as placed
   (nodes.NAME.gpu_devices);
 - environment: umemc's own variables and the stack's `public_env` in a ConfigMap; every other `env` value
@@ -74,9 +74,13 @@ class Target:
     """One Deployment of a model: where it runs and what it is there."""
 
     name: str  # the Deployment's name
-    node: Node
+    nodes: tuple[Node, ...]  # where it may run: one platform, one image (the first names the variant)
     plan: ModelPlan
     program: Program
+
+    @property
+    def node(self) -> Node:
+        return self.nodes[0]
 
 
 def dump_all(docs: list[dict[str, Any]]) -> str:
@@ -152,22 +156,27 @@ def _compile(p: Plan) -> Bundle:
 
 
 def _targets(plan: Plan, name: str, m: ModelPlan, nodes: dict[str, Node], bundles: dict[str, Bundle]) -> list[Target]:
-    """A hot model: its home node. A cold model: every node it is admissible on, each compiled there."""
+    """A hot model: its home node. A cold model: the nodes it is admissible on, one Deployment per variant
+    (nodes of one platform and one image share it: the same quotas, argv and environment), compiled there."""
     if not plan.nodes:
-        return [Target(_dns(name), nodes["default"], m, bundles["default"].programs[name])]
+        return [Target(_dns(name), (nodes["default"],), m, bundles["default"].programs[name])]
     assert plan.placement is not None
     if m.hot:
         home = plan.placement.home.get(name)
         if home is None or name in plan.placement.unplaced:
             return []
-        return [Target(_dns(name), nodes[home], m, bundles[home].programs[name])]
+        return [Target(_dns(name), (nodes[home],), m, bundles[home].programs[name])]
     admissible = [c.node for c in plan.placement.cold.get(name, []) if c.admissible] or [plan.placement.home[name]]
+    groups: dict[tuple[int, str | None], list[str]] = {}
+    for node in admissible:  # the budget shares one ModelPlan among the nodes of a platform
+        key = (id(plan.variants[name][node]), nodes[node].images.get(m.model.spec.runtime))
+        groups.setdefault(key, []).append(node)
     out = []
-    for node in admissible:
-        variant = plan.variants[name][node]
-        program = _compile(replace(plan.nodes[node], models={name: variant})).programs[name]
-        label = _dns(name) if len(admissible) == 1 else f"{_dns(name)}-{_dns(node)}"
-        out.append(Target(label, nodes[node], variant, program))
+    for members in groups.values():
+        variant = plan.variants[name][members[0]]
+        program = _compile(replace(plan.nodes[members[0]], models={name: variant})).programs[name]
+        label = _dns(name) if len(groups) == 1 else f"{_dns(name)}-{_dns(members[0])}"
+        out.append(Target(label, tuple(nodes[n] for n in members), variant, program))
     return out
 
 
@@ -218,12 +227,15 @@ def _pc_name(ns: str, priority: int) -> str:
     return f"umemc-{ns}-p{priority}"
 
 
-def _affinity(node: Node, plan: Plan) -> dict[str, Any] | None:
+def _affinity(nodes: tuple[Node, ...], plan: Plan) -> dict[str, Any] | None:
+    """Any of the nodes (one term each: terms are ORed), each by its labels or its hostname."""
     if not plan.nodes:
         return None
-    labels = node.labels or {"kubernetes.io/hostname": node.name}
-    term = {"matchExpressions": [{"key": k, "operator": "In", "values": [v]} for k, v in labels.items()]}
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+    terms = []
+    for node in nodes:
+        labels = node.labels or {"kubernetes.io/hostname": node.name}
+        terms.append({"matchExpressions": [{"key": k, "operator": "In", "values": [v]} for k, v in labels.items()]})
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
 
 
 def _image(plan: Plan, m: ModelPlan, node: Node) -> str:
@@ -348,7 +360,7 @@ def _deployment(
     mounts, volumes = _volumes(ns, t.plan, storage)
     container["volumeMounts"] = mounts
     pod: dict[str, Any] = {"priorityClassName": _pc_name(ns, m.priority), "securityContext": _pod_security(kind)}
-    affinity = _affinity(t.node, plan)
+    affinity = _affinity(t.nodes, plan)
     if affinity:
         pod["affinity"] = affinity
     pod["automountServiceAccountToken"] = False
@@ -365,7 +377,7 @@ def _deployment(
                 "umemc.io/estimate-bytes": str(t.plan.quota_soft),
                 "umemc.io/hard-quota-bytes": str(t.plan.quota_hard),
                 "umemc.io/gpu-window-bytes": str(t.plan.gpu_quota_hard),
-                "umemc.io/node": t.node.name if plan.nodes else "",
+                "umemc.io/node": ",".join(n.name for n in t.nodes) if plan.nodes else "",
             },
         },
         "spec": {

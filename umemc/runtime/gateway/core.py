@@ -16,6 +16,7 @@ from ...policy import Decision, Lease, Need
 from ..events import EventLog
 from ..rundir import RunDir
 from ..supervisor import Supervisor
+from .generation import GenerationBudget
 from .model import Model, Refused
 
 
@@ -48,6 +49,7 @@ class Host(Protocol):
     models: dict[str, Model]
     lock: asyncio.Lock
     events: EventLog
+    generation: GenerationBudget
     probe: Any  # async (model) -> healthy?, given by the app (its HTTP client)
     metrics: Any  # the app's metrics (optional)
     closing: bool

@@ -13,6 +13,7 @@ from ...contract import (
     EnforcerStatus,
     GatewayModel,
     GatewayState,
+    GenerationDoc,
     dump,
     read_optional,
 )
@@ -184,6 +185,7 @@ class StateSync:
             supervisord_pid=self.supervisord_pid,
             models=models,
             leases=[lease_doc(x) for x in self.book.leases.values()],
+            generation=GenerationDoc(**self.host.generation.status()),
         )
         path = self.host.run.gateway_state
         try:
