@@ -239,7 +239,17 @@ def test_observing_a_running_stack(stack, capsys) -> None:
 
     assert r.cli("status", "--json") == 0
     doc = json.loads(capsys.readouterr().out)
-    assert list(doc) == ["models", "stack", "running", "pressure", "gateway", "leases", "orphans", "problems"]
+    assert list(doc) == [
+        "models",
+        "stack",
+        "running",
+        "pressure",
+        "gateway",
+        "leases",
+        "generation",
+        "orphans",
+        "problems",
+    ]
     w = doc["models"]["w"]
     assert list(w)[:7] == CONTRACT_KEYS
     assert set(w) - set(list(w)[:7]) == {
