@@ -160,6 +160,13 @@ class OnPaper:
         self.free_ram = budget.ram - used
         self.free_gpu = None if budget.gpu is None else budget.gpu - self.gpu[-1]
         self.pressure = _pressure(budget, used)
+        # the pressure after stopping each prefix, with decide()'s own float arithmetic (the same order of
+        # subtractions), negated so that it rises: the first prefix below load_below is a bisection
+        pressures, p = [self.pressure], self.pressure
+        for h in self.order:
+            p -= h.usage / budget.usable if budget.usable else 0.0
+            pressures.append(p)
+        self.neg_pressure = [-x for x in pressures]
 
     def decide(self, need: Need) -> tuple[bool, list[str]]:
         """(admissible, the victims in eviction order) as decide() would say for a cold need."""
@@ -171,16 +178,9 @@ class OnPaper:
         j = bisect.bisect_left(self.ram, ram - self.free_ram)
         if self.free_gpu is not None:
             j = max(j, bisect.bisect_left(self.gpu, gpu - self.free_gpu))
+        j = max(j, bisect.bisect_right(self.neg_pressure, -b.load_below))  # pressure < load_below from here
         if j > k:
             return False, []
-        pressure = self.pressure  # the same arithmetic as decide(), holder by holder
-        for h in self.order[:j]:
-            pressure -= h.usage / b.usable if b.usable else 0.0
-        while pressure >= b.load_below:
-            if j == k:
-                return False, []
-            pressure -= self.order[j].usage / b.usable if b.usable else 0.0
-            j += 1
         return True, [h.name for h in self.order[:j]]
 
 

@@ -52,7 +52,7 @@ def budget_dict(plan: Plan) -> dict[str, Any]:
             "unplaced": dict(plan.placement.unplaced),
             # per cold model, the nodes where it could start and what it would evict there ([]: alongside)
             "cold": {
-                n: {c.node: list(c.evicts) for c in places if c.admissible} for n, places in plan.placement.cold.items()
+                n: {c.node: c.evicts for c in places if c.admissible} for n, places in plan.placement.cold.items()
             },
         }
     return out
