@@ -205,4 +205,4 @@ def test_on_paper_gives_decide_s_answer_for_every_need() -> None:
         for _ in range(5):
             need = Need("x", rng.randint(1, 120) * MiB, rng.randint(0, 60) * MiB, rng.choice((15, 50, 90)), True, False)
             d = decide(need, held, [], budget)
-            assert paper.decide(need) == (d.fits, list(d.evict) if d.fits else []), (held, budget, need)
+            assert paper.decide(need) == (d.fits, tuple(d.evict) if d.fits else ()), (held, budget, need)

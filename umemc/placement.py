@@ -424,22 +424,26 @@ def _cold(
     }
     for item in (i for i in items if not i.hot):
         places = []
+        admissible = []
+        cheapest: ColdPlace | None = None  # fewest evictions, then the earliest node
         for node in item.allowed:
             need = item.needs[node]
             if calm[node] and room.fits(need, node):
-                places.append(alongside[node])  # fits as things are: nothing to decide
-                continue
-            fits, victims = paper[node].admit(need.ram, need.gpu, item.priority)
-            if fits and need.devices > room.dev[node]:  # a GPU device must come free too
-                fits = need.devices <= room.dev[node] + sum(devices[node].get(v, 0) for v in victims)
-            if not fits:
-                places.append(never[node])
+                place = alongside[node]  # fits as things are: nothing to decide
             else:
-                places.append(ColdPlace(node, not victims, True, tuple(victims)) if victims else alongside[node])
+                fits, victims = paper[node].admit(need.ram, need.gpu, item.priority)
+                if fits and need.devices > room.dev[node]:  # a GPU device must come free too
+                    fits = need.devices <= room.dev[node] + sum(devices[node].get(v, 0) for v in victims)
+                place = (
+                    never[node] if not fits else ColdPlace(node, False, True, victims) if victims else alongside[node]
+                )
+            places.append(place)
+            if place.admissible:
+                admissible.append(place)
+                if cheapest is None or (len(place.evicts), order[node]) < (len(cheapest.evicts), order[cheapest.node]):
+                    cheapest = place
         out.cold[item.name] = places
-        admissible = [p for p in places if p.admissible]
-        if admissible:
-            cheapest = min(admissible, key=lambda p: (len(p.evicts), order[p.node]))
+        if cheapest is not None:
             out.home[item.name] = cheapest.node
             out.why[item.name] = (
                 f"cold; starts on {cheapest.node} "

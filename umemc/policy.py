@@ -166,22 +166,22 @@ class OnPaper:
         for h in self.order:
             p -= h.usage / budget.usable if budget.usable else 0.0
             pressures.append(p)
-        self.neg_pressure = [-x for x in pressures]
+        # the shortest prefix that brings the pressure under load_below (the same for every need)
+        self.calm_from = bisect.bisect_right([-x for x in pressures], -budget.load_below)
+        self.names = tuple(h.name for h in self.order)
 
-    def decide(self, need: Need) -> tuple[bool, list[str]]:
+    def decide(self, need: Need) -> tuple[bool, tuple[str, ...]]:
         """(admissible, the victims in eviction order) as decide() would say for a cold need."""
         return self.admit(need.ram, need.gpu, need.priority)
 
-    def admit(self, ram: int, gpu: int, priority: int) -> tuple[bool, list[str]]:
-        b = self.budget
+    def admit(self, ram: int, gpu: int, priority: int) -> tuple[bool, tuple[str, ...]]:
         k = bisect.bisect_left(self.prios, priority)  # only lower priorities may make room
-        j = bisect.bisect_left(self.ram, ram - self.free_ram)
+        j = max(self.calm_from, bisect.bisect_left(self.ram, ram - self.free_ram))
         if self.free_gpu is not None:
             j = max(j, bisect.bisect_left(self.gpu, gpu - self.free_gpu))
-        j = max(j, bisect.bisect_right(self.neg_pressure, -b.load_below))  # pressure < load_below from here
         if j > k:
-            return False, []
-        return True, [h.name for h in self.order[:j]]
+            return False, ()
+        return True, self.names[:j]
 
 
 def _pressure(budget: Budget, used_ram: int) -> float:
