@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal
 
 from .contract import ContractError, Document, dump, parse
 
-FORMAT, VERSION = "umemc-calibration", 1
+VERSION = 1
 HEAD_BYTES = 4 * 1024 * 1024
 FLAG_KEYS = ("runtime", "context", "parallel", "ubatch", "kv_cache", "flash_attn", "mmap", "mlock", "kind")
 # llama.cpp's buffer report: {device: {model|kv|rs|compute|output: bytes}}

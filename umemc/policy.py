@@ -152,7 +152,6 @@ class OnPaper:
     def __init__(self, held: list[Held], budget: Budget):
         assert not any(h.busy or h.evicting or h.cold or h.live is not None for h in held), "on paper only"
         self.order = eviction_order(held)
-        self.budget = budget
         self.prios = [h.priority for h in self.order]
         self.ram = list(itertools.accumulate((h.ram for h in self.order), initial=0))
         self.gpu = list(itertools.accumulate((h.gpu for h in self.order), initial=0))

@@ -245,8 +245,7 @@ def _image(plan: Plan, m: ModelPlan, node: Node) -> str:
     if spec.runtime in node.images:
         given.append((node.images[spec.runtime], ("nodes", node.name, "images", spec.runtime)))
     for chosen, where in given[:1]:
-        tag = chosen.rsplit("/", 1)[-1].partition(":")[2] if "@" not in chosen else "@"
-        if tag in FLOATING:
+        if "@" not in chosen and _tag(chosen) in FLOATING:
             raise plan.source.error(
                 where,
                 f"{chosen!r} has no fixed version: a floating tag changes under a running cluster",
@@ -271,6 +270,11 @@ def _image(plan: Plan, m: ModelPlan, node: Node) -> str:
             what="table",
         )
     return image
+
+
+def _tag(image: str) -> str:
+    """The tag of `registry/name:tag` (a port in the registry's host is not one); '' when there is none."""
+    return image.rsplit("/", 1)[-1].partition(":")[2]
 
 
 def _model_objects(
@@ -318,7 +322,7 @@ def _deployment(
 ) -> list[dict[str, Any]]:
     ns, name, spec, kind = _dns(plan.name), _dns(m.name), m.model.spec, t.node.plan.platform.kind
     image = _image(plan, t.plan, t.node)
-    version = image.rsplit(":", 1)[-1][:63] if ":" in image.rsplit("/", 1)[-1] else None
+    version = _tag(image)[:63] or None
     labels = _labels(ns, name, "model", version)
     select = {"app.kubernetes.io/name": name, "app.kubernetes.io/instance": ns}
     if t.name != name:  # one Deployment per node of a cold model
@@ -326,8 +330,12 @@ def _deployment(
         select["umemc.io/node"] = t.node.name
     env = dict(t.program.env)
     plain = {k: v for k, v in env.items() if k not in secret_keys}
-    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{t.name}-env", "labels": labels}}
-    config["data"] = plain
+    config = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": f"{t.name}-env", "labels": labels},
+        "data": plain,
+    }
     env_from: list[dict[str, Any]] = [{"configMapRef": {"name": f"{t.name}-env"}}]
     if secret_keys:
         env_from.append({"secretRef": {"name": f"{name}-secret", "optional": False}})
@@ -357,7 +365,7 @@ def _deployment(
         "readOnlyRootFilesystem": spec.runtime in READ_ONLY_ROOT,
         "capabilities": {"drop": ["ALL"]},
     }
-    mounts, volumes = _volumes(ns, t.plan, storage)
+    mounts, volumes = _volumes(t.plan, storage)
     container["volumeMounts"] = mounts
     pod: dict[str, Any] = {"priorityClassName": _pc_name(ns, m.priority), "securityContext": _pod_security(kind)}
     affinity = _affinity(t.nodes, plan)
@@ -416,7 +424,7 @@ def _probes(m: ModelPlan, program: Program) -> dict[str, Any]:
     }
 
 
-def _volumes(ns: str, m: ModelPlan, storage: dict[str, int]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _volumes(m: ModelPlan, storage: dict[str, int]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """A writable /tmp and state directory (emptyDir: the root filesystem may be read-only), and the model
     files' directories from read-only PersistentVolumeClaims mounted at the path the stack names."""
     mounts: list[dict[str, Any]] = [
@@ -458,7 +466,7 @@ def _claim(ns: str, directory: str, size: int) -> dict[str, Any]:
 
 def _gateway(plan: Plan, ns: str, routes: list[tuple[str, str, int]], prios: list[int]) -> list[dict[str, Any]]:
     gw = plan.stack.gateway
-    labels = _labels(ns, "umemc-gateway", "gateway", GATEWAY_IMAGE.rsplit(":", 1)[-1])
+    labels = _labels(ns, "umemc-gateway", "gateway", _tag(GATEWAY_IMAGE))
     select = {"app.kubernetes.io/name": "umemc-gateway", "app.kubernetes.io/instance": ns}
     config: dict[str, Any] = {
         "model_list": [
