@@ -340,7 +340,8 @@ def test_names_are_valid_kubernetes_names_or_refused_at_check(write_stack, run_c
 
 def test_a_cold_model_gets_one_deployment_per_variant_of_its_nodes(write_stack, tmp_path: Path) -> None:
     """Each variant carries its nodes' image, GPU resource, environment and limits: the figures of the plan
-    on that node, not the home node's; two nodes of one platform and image share a Deployment."""
+    on that node, not the home node's; two nodes of one platform and image share a Deployment (one of the
+    same kind with other cores does not: its worker gets other threads)."""
     text = """version = 1
 name = "mixed"
 [nodes.halo]
@@ -349,6 +350,10 @@ labels = { "umemc.io/node" = "halo" }
 [nodes.halo2]
 preset = "strix-halo-128"
 labels = { "umemc.io/node" = "halo2" }
+[nodes.halo8]
+preset = "strix-halo-128"
+cpu_cores = 8
+labels = { "umemc.io/node" = "halo8" }
 [nodes.spark]
 preset = "dgx-spark-128"
 labels = { "umemc.io/node" = "spark" }
@@ -365,7 +370,7 @@ priority = 30
     plan = make_plan(load_stack(write_stack(text)))
     build_kubernetes(plan, out)
     found = {d["metadata"]["name"]: d for _, d in docs(out) if d["kind"] == "Deployment"}
-    assert sorted(found) == ["side-halo", "side-spark", "umemc-gateway"]
+    assert sorted(found) == ["side-halo", "side-halo8", "side-spark", "umemc-gateway"]
     for node, image, gpu in (
         ("halo", "ghcr.io/ggml-org/llama.cpp:server-vulkan-b9426", "amd.com/gpu"),
         ("spark", "registry.example.com/llama.cpp:server-cuda-arm64-b9426", "nvidia.com/gpu"),
@@ -382,8 +387,10 @@ priority = 30
         )
         assert config["data"]["UMEMC_QUOTA_HARD_BYTES"] == str(want.quota_hard)
     env = {
-        n: next(x for _, x in docs(out) if x["metadata"]["name"] == f"side-{n}-env")["data"] for n in ("halo", "spark")
+        n: next(x for _, x in docs(out) if x["metadata"]["name"] == f"side-{n}-env")["data"]
+        for n in ("halo", "halo8", "spark")
     }
+    assert (env["halo"]["OMP_NUM_THREADS"], env["halo8"]["OMP_NUM_THREADS"]) == ("16", "8")  # no hot model: 1
     assert "HSA_ENABLE_SDMA" in env["halo"] and "HSA_ENABLE_SDMA" not in env["spark"]  # each node's own knobs
     assert env["spark"]["GGML_CUDA_ENABLE_UNIFIED_MEMORY"] == "1"
     terms = found["side-halo"]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]

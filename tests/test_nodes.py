@@ -223,3 +223,36 @@ def test_a_constrained_first_pass_places_what_priority_order_leaves_out(write_st
         "with the fewest possible nodes first, then larger first, best fit; priority order alone left a hot model "
         "without a node); a is 3.8 GiB short"
     )
+
+
+def test_nodes_of_one_kind_share_estimates_and_keep_their_own_budgets(write_stack, tmp_path: Path) -> None:
+    """The budget estimates a model once per node kind (a memory size changes the budget, not the model): each
+    node's figures must be what a one-machine stack of that node's platform says, for an estimated model
+    (llama-server by arch: GPU window, compute and overhead depend on the kind) and an explicit one."""
+    apu = 'kind = "amd-apu"\nmemory = "{}GiB"\nos_reserve = "4GiB"\ngpu_window = "{}GiB"\n'
+    platforms = {
+        "small": apu.format(64, 48),
+        "big": apu.format(128, 110),
+        "cpu": 'kind = "cpu"\nmemory = "96GiB"\nos_reserve = "4GiB"\n',
+    }
+    models = (
+        '\n[models.chat]\nruntime = "llama-server"\narch = "qwen2.5-7b"\ncontext = 16384\nmode = "cold"\n'
+        + worker("tool", 2000, 40, mode="cold")
+        + worker("base", 8000, 90)
+    )
+    text = "".join(f"\n[nodes.{n}]\n{p}" for n, p in platforms.items()) + models
+    plan = plan_of(write_stack, text)
+    for node, platform in platforms.items():
+        alone = make_plan(load_stack(write_stack(f"{HEAD}\n[platform]\n{platform}{models}")))
+        assert plan.nodes[node].capacity == alone.capacity, node
+        for name in ("chat", "tool"):
+            mine, theirs = plan.variants[name][node], alone.models[name]
+            assert (mine.quota_soft, mine.quota_hard, mine.gpu_quota_hard) == (
+                theirs.quota_soft,
+                theirs.quota_hard,
+                theirs.gpu_quota_hard,
+            ), (node, name)
+            assert mine.estimate == theirs.estimate, (node, name)
+    # the two APU nodes hold one figure (one estimate), the CPU node its own: nothing in a GPU window
+    assert plan.variants["chat"]["small"] is plan.variants["chat"]["big"]
+    assert plan.variants["chat"]["cpu"].gpu_quota_hard == 0 < plan.variants["chat"]["big"].gpu_quota_hard

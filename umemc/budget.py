@@ -10,7 +10,7 @@ from . import policy
 from .catalog.runtimes import LLAMA_RUNTIMES, NEEDS_MODEL_FILE, holds_gpu_device
 from .estimate.estimator import estimate_stack
 from .estimate.figures import Estimate
-from .placement import Bin, Item, Placement, place
+from .placement import Bin, Item, PerKind, Placement, place
 from .placement import Need as PlaceNeed
 from .stack.load import Source
 from .stack.models import Stack
@@ -277,19 +277,18 @@ PlatformPlans = dict[object, tuple[LoadedStack, dict[str, ModelPlan]]]
 
 
 def _items(loaded: LoadedStack, by_platform: PlatformPlans) -> list[Item]:
-    """What the placement places: each model's allowed nodes and its quotas there. One Need per (platform,
-    model): nodes of one platform share it (the placement compares them by identity)."""
+    """What the placement places: each model's allowed nodes and its quotas there. One Need per (kind, model):
+    nodes of one kind share it (the placement compares them by identity)."""
     every = tuple(loaded.nodes)
-    kinds = list(by_platform)
-    kind_of = {n: kinds.index(node.platform) for n, node in loaded.nodes.items()}
+    plans = list({id(mplans): (view.platform.kind, mplans) for view, mplans in by_platform.values()}.values())
+    which = {id(mplans): k for k, (_, mplans) in enumerate(plans)}
+    kind_of = {n: which[id(by_platform[node.platform][1])] for n, node in loaded.nodes.items()}
     shared = [
         {
-            name: PlaceNeed(
-                mp.quota_hard, mp.gpu_quota_hard, int(holds_gpu_device(mp.model.spec.runtime, view.platform.kind))
-            )
+            name: PlaceNeed(mp.quota_hard, mp.gpu_quota_hard, int(holds_gpu_device(mp.model.spec.runtime, kind)))
             for name, mp in mplans.items()
         }
-        for view, mplans in by_platform.values()
+        for kind, mplans in plans
     ]
     items = []
     for name, spec in loaded.stack.models.items():
@@ -300,10 +299,8 @@ def _items(loaded: LoadedStack, by_platform: PlatformPlans) -> list[Item]:
             allowed = tuple(n for n in every if n in chosen)
         else:
             allowed = every
-        if len(kinds) == 1:
-            needs = dict.fromkeys(allowed, shared[0][name])
-        else:
-            needs = {n: shared[kind_of[n]][name] for n in allowed}
+        per_kind = tuple(s[name] for s in shared)
+        needs = PerKind(kind_of if allowed is every else {n: kind_of[n] for n in allowed}, per_kind)
         items.append(Item(name, spec.priority, spec.mode == "hot", allowed, needs))
     return items
 
@@ -312,12 +309,17 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
     """Several nodes: estimate each model for each node platform (once per distinct platform), place
     them (umemc.placement), then one ordinary plan per node with the models it holds."""
     by_platform: PlatformPlans = {}
+    by_kind: dict[str, tuple[LoadedStack, dict[str, ModelPlan]]] = {}
     node_view: dict[str, tuple[LoadedStack, dict[str, ModelPlan]]] = {}
     for name, node in loaded.nodes.items():
         if node.platform not in by_platform:
-            view = loaded.for_node(name)
-            est = estimate_stack(view)
-            by_platform[node.platform] = (view, {n: model_plan(view, view.models[n], e) for n, e in est.items()})
+            if node.platform.kind not in by_kind:
+                view = loaded.for_node(name)
+                est = estimate_stack(view)
+                by_kind[node.platform.kind] = (view, {n: model_plan(view, view.models[n], e) for n, e in est.items()})
+            # a model resolves and estimates alike on every platform of a kind (memory sizes the budget alone)
+            kind_view, mplans = by_kind[node.platform.kind]
+            by_platform[node.platform] = (replace(kind_view, platform=node.platform), mplans)
         node_view[name] = by_platform[node.platform]
     bins = []
     for name, (view, _) in node_view.items():
@@ -355,11 +357,12 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
     )
     hot = [m for m in models.values() if m.hot]
     cold = {n: nodes[placement.home[n]].cold_admission[n] for n in models if not models[n].hot}
-    warnings = list(loaded.warnings)
+    said = dict.fromkeys(loaded.warnings)  # each warning once, in the order first said
     for p in nodes.values():
-        warnings += [w for w in p.warnings if w not in warnings]
+        said.update(dict.fromkeys(p.warnings))
     for name in placement.unplaced:
-        warnings += [w for w in models[name].estimate.warnings if w not in warnings]
+        said.update(dict.fromkeys(models[name].estimate.warnings))
+    warnings = list(said)
     return Plan(
         *_of(loaded),
         capacity,

@@ -42,7 +42,7 @@ class ContractError(UmemcError):
 
 
 class Document(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     # what to do with a file of another version (every document has `format` and `version` fields)
     remedy: ClassVar[str] = "rebuild it with this one (`umemc up STACK` rebuilds the bundle)"
 

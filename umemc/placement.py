@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from . import policy
@@ -66,15 +66,27 @@ class Item:
     priority: int
     hot: bool
     allowed: tuple[str, ...]  # node names, in the stack's node order
-    needs: dict[str, Need]  # per allowed node: its quotas there (estimates depend on the node's platform)
+    needs: Mapping[str, Need]  # per allowed node: its quotas there (estimates depend on the node's kind)
 
 
-@dataclass(frozen=True)
-class ColdPlace:
-    node: str
-    fits_alongside_hot: bool
-    admissible: bool
-    evicts: tuple[str, ...]
+class PerKind(Mapping[str, Need]):
+    """A model's needs when they depend only on each node's kind: the node -> kind index (one mapping shared
+    by every model of the same allowed nodes) and a need per kind, instead of a dict per model of every
+    node (5000 models on 500 nodes would hold 2.5 million entries)."""
+
+    __slots__ = ("kind_of", "per_kind")
+
+    def __init__(self, kind_of: Mapping[str, int], per_kind: tuple[Need, ...]):
+        self.kind_of, self.per_kind = kind_of, per_kind
+
+    def __getitem__(self, node: str) -> Need:
+        return self.per_kind[self.kind_of[node]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.kind_of)
+
+    def __len__(self) -> int:
+        return len(self.kind_of)
 
 
 @dataclass
@@ -82,7 +94,8 @@ class Placement:
     home: dict[str, str] = field(default_factory=dict)  # model -> node (hot: placed; cold: cheapest admission)
     why: dict[str, str] = field(default_factory=dict)  # model -> a sentence for `umemc explain`
     unplaced: dict[str, str] = field(default_factory=dict)  # hot model -> why it fits nowhere
-    cold: dict[str, list[ColdPlace]] = field(default_factory=dict)  # cold model -> per allowed node
+    # cold model -> {each allowed node where it could start: what it would evict there (nothing: alongside)}
+    cold: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -184,7 +197,9 @@ def _uniform(item: Item, every: int) -> Need | None:
     builds them per platform, or equal)."""
     if len(item.allowed) != every:
         return None
-    distinct = list(dict(zip(map(id, item.needs.values()), item.needs.values(), strict=True)).values())
+    needs = item.needs
+    kinds = needs.per_kind if isinstance(needs, PerKind) else needs.values()
+    distinct = list(dict(zip(map(id, kinds), kinds, strict=True)).values())
     return distinct[0] if all(n == distinct[0] for n in distinct) else None
 
 
@@ -408,6 +423,9 @@ def _generic_why(node: str, how: str, room: Room) -> str:
 def _cold(
     bins: list[Bin], items: list[Item], hot: list[Item], out: Placement, room: Room, order: dict[str, int]
 ) -> None:
+    """For every cold model, each allowed node where it could start and what it would stop there (umemc.policy
+    on paper); its home is where that costs least (fewest evictions, then the earliest node)."""
+    cold = [i for i in items if not i.hot]
     held: dict[str, list[policy.Held]] = {b.name: [] for b in bins}  # each node's hot set, on paper
     devices: dict[str, dict[str, int]] = {b.name: {} for b in bins}  # the GPU devices they hold
     for h in hot:
@@ -416,48 +434,38 @@ def _cold(
             need = h.needs[home]
             devices[home][h.name] = need.devices
             held[home].append(policy.Held(h.name, h.priority, False, need.ram, need.gpu, False, True, last_used=0.0))
-    paper = {b.name: policy.OnPaper(held[b.name], b.policy_budget()) for b in bins}
-    alongside = {b.name: ColdPlace(b.name, True, True, ()) for b in bins}  # shared: a large stack has many
-    never = {b.name: ColdPlace(b.name, False, False, ()) for b in bins}
-    calm = {  # the pressure rule on paper: what the hot set holds of usable memory
-        b.name: not b.usable or (b.budget - room.ram[b.name]) / b.usable < b.load_below for b in bins
-    }
-    for item in (i for i in items if not i.hot):
-        places = []
-        admissible = []
-        cheapest: ColdPlace | None = None  # fewest evictions, then the earliest node
+    answers = {}  # per node: its eviction order's answer, the victims of each answer, devices they free
+    for b in bins:
+        paper = policy.OnPaper(held[b.name], b.policy_budget())
+        prefixes = [paper.names[:j] for j in range(len(paper.names) + 1)]  # one tuple per answer, shared
+        freed = list(itertools.accumulate((devices[b.name][v] for v in paper.names), initial=room.dev[b.name]))
+        answers[b.name] = (paper.evictions, prefixes, freed, order[b.name])
+    for item in cold:
+        where: dict[str, tuple[str, ...]] = {}
+        cheapest = (NO_LIMIT, NO_LIMIT)  # (evictions, node order)
+        needs, priority = item.needs, item.priority
         for node in item.allowed:
-            need = item.needs[node]
-            if calm[node] and room.fits(need, node):
-                place = alongside[node]  # fits as things are: nothing to decide
-            else:
-                fits, victims = paper[node].admit(need.ram, need.gpu, item.priority)
-                if fits and need.devices > room.dev[node]:  # a GPU device must come free too
-                    fits = need.devices <= room.dev[node] + sum(devices[node].get(v, 0) for v in victims)
-                place = (
-                    never[node] if not fits else ColdPlace(node, False, True, victims) if victims else alongside[node]
-                )
-            places.append(place)
-            if place.admissible:
-                admissible.append(place)
-                if cheapest is None or (len(place.evicts), order[node]) < (len(cheapest.evicts), order[cheapest.node]):
-                    cheapest = place
-        out.cold[item.name] = places
-        if cheapest is not None:
-            out.home[item.name] = cheapest.node
-            out.why[item.name] = (
-                f"cold; starts on {cheapest.node} "
-                + (
-                    "alongside the hot models there"
-                    if cheapest.fits_alongside_hot
-                    else f"by evicting {', '.join(cheapest.evicts)}"
-                )
-                + f"; admissible on {', '.join(p.node for p in admissible[:SHOWN])}"
-                + (f" (and {len(admissible) - SHOWN} other nodes)" if len(admissible) > SHOWN else "")
-            )
-        else:
+            need = needs[node]
+            evictions, prefixes, freed, rank = answers[node]
+            j = evictions(need.ram, need.gpu, priority)
+            if j < 0 or need.devices > freed[j]:  # a GPU device must come free too
+                continue
+            where[node] = prefixes[j]
+            if (j, rank) < cheapest:
+                cheapest = (j, rank)
+        out.cold[item.name] = where
+        if not where:
             out.home[item.name] = item.allowed[0]
             out.why[item.name] = "cold; admissible on no allowed node (even evicting every lower-priority model)"
+            continue
+        out.home[item.name] = home = bins[cheapest[1]].name
+        evicts = where[home]
+        out.why[item.name] = (
+            f"cold; starts on {home} "
+            + (f"by evicting {', '.join(evicts)}" if evicts else "alongside the hot models there")
+            + f"; admissible on {', '.join(itertools.islice(where, SHOWN))}"
+            + (f" (and {len(where) - SHOWN} other nodes)" if len(where) > SHOWN else "")
+        )
 
 
 def max_need(item: Item) -> int:

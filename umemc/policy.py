@@ -171,16 +171,20 @@ class OnPaper:
 
     def decide(self, need: Need) -> tuple[bool, tuple[str, ...]]:
         """(admissible, the victims in eviction order) as decide() would say for a cold need."""
-        return self.admit(need.ram, need.gpu, need.priority)
+        j = self.evictions(need.ram, need.gpu, need.priority)
+        return (False, ()) if j < 0 else (True, self.names[:j])
 
-    def admit(self, ram: int, gpu: int, priority: int) -> tuple[bool, tuple[str, ...]]:
-        k = bisect.bisect_left(self.prios, priority)  # only lower priorities may make room
-        j = max(self.calm_from, bisect.bisect_left(self.ram, ram - self.free_ram))
-        if self.free_gpu is not None:
+    def evictions(self, ram: int, gpu: int, priority: int) -> int:
+        """How many of the eviction order a cold need of these quotas stops to start (-1: it cannot)."""
+        j = self.calm_from
+        if ram > self.free_ram:
+            j = max(j, bisect.bisect_left(self.ram, ram - self.free_ram))
+        if self.free_gpu is not None and gpu > self.free_gpu:
             j = max(j, bisect.bisect_left(self.gpu, gpu - self.free_gpu))
-        if j > k:
-            return False, ()
-        return True, self.names[:j]
+        # only lower priorities may make room: the j-th to go must be below the need's priority
+        if j == 0:
+            return 0
+        return j if j <= len(self.prios) and self.prios[j - 1] < priority else -1
 
 
 def _pressure(budget: Budget, used_ram: int) -> float:

@@ -7,11 +7,11 @@ import functools
 import os
 import re
 import stat
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomli
 from pydantic import BaseModel, ValidationError
 
 from ..chars import CONTROL
@@ -75,7 +75,7 @@ MAX_STACK_BYTES = 4 * 1024 * 1024  # a stack file is a few KiB; /dev/zero is not
 
 
 def read_document(path: Path, shown: str | None = None) -> Document:
-    """Read and parse; TOML syntax errors keep tomllib's own line and column."""
+    """Read and parse; TOML syntax errors keep the parser's own line and column."""
     shown = shown or str(path)
     raw = _read_regular(path, shown)
     try:
@@ -85,9 +85,9 @@ def read_document(path: Path, shown: str | None = None) -> Document:
         col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
         raise StackError(Location(shown, line, col), "", "not valid UTF-8 (TOML files are UTF-8)") from None
     try:
-        data = tomllib.loads(text)
+        data = tomli.loads(text)
         doc = Document(path, Source(shown, text), data)
-    except tomllib.TOMLDecodeError as exc:
+    except tomli.TOMLDecodeError as exc:
         raise _syntax_error(shown, text, exc) from None
     except RecursionError:
         raise StackError(

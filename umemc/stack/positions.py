@@ -1,11 +1,11 @@
 """Where each key and value of a TOML document sits (line, column).
 
-tomllib gives positions only for syntax errors. A valid document that fails validation still
-needs `FILE:LINE:COL` for the offending key, so this module scans the text once more and records
-the position of every key, value, table header and array item, addressed by the same path tuples
-pydantic reports in `loc` (strings for keys, ints for array items).
+The TOML parser (tomli, held at TOML 1.0: tomllib's grammar) gives positions only for syntax errors. A
+valid document that fails validation still needs `FILE:LINE:COL` for the offending key, so this module
+scans the text once more and records the position of every key, value, table header and array item,
+addressed by the same path tuples pydantic reports in `loc` (strings for keys, ints for array items).
 
-The scanner runs only on text that tomllib has already accepted, so it may be lenient about
+The scanner runs only on text that the parser has already accepted, so it may be lenient about
 syntax; what it must get right is the line and column, which tests check against tomllib's own
 error positions (tests/stack/test_positions.py).
 """

@@ -16,13 +16,17 @@ def explain_text(plan: Plan, m: ModelPlan) -> str:
     if plan.placement is not None:
         where = plan.placement.unplaced.get(m.name) or plan.placement.why.get(m.name, "")
         lines.append(f"  node: {where}")
-        for c in plan.placement.cold.get(m.name, []):
+        could = plan.placement.cold.get(m.name, {})
+        for node in plan.variants.get(m.name, {}):  # a cold model's allowed nodes
+            evicts = could.get(node)
             fate = (
-                "fits alongside the hot models"
-                if c.fits_alongside_hot
-                else (f"starts by evicting {', '.join(c.evicts)}" if c.admissible else "cannot start")
+                "cannot start"
+                if evicts is None
+                else f"starts by evicting {', '.join(evicts)}"
+                if evicts
+                else "fits alongside the hot models"
             )
-            lines.append(f"    on {c.node}: {fate}")
+            lines.append(f"    on {node}: {fate}")
     lines.append("")
     for fig in (e.weights, e.kv, e.compute, e.overhead):
         _figure(fig, lines, depth=1)

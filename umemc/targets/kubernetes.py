@@ -36,6 +36,7 @@ from ..compile import Bundle, Program, compile_bundle
 from ..errors import UsageError
 from ..launchers import health_path
 from ..runtime.wrap import STATE_PLACEHOLDER
+from ..stack.resolve import ResolvedPlatform
 from ..units import GiB
 
 # The runtime's official image per platform kind, pinned to one llama.cpp build (a floating tag would
@@ -166,10 +167,10 @@ def _targets(plan: Plan, name: str, m: ModelPlan, nodes: dict[str, Node], bundle
         if home is None or name in plan.placement.unplaced:
             return []
         return [Target(_dns(name), (nodes[home],), m, bundles[home].programs[name])]
-    admissible = [c.node for c in plan.placement.cold.get(name, []) if c.admissible] or [plan.placement.home[name]]
-    groups: dict[tuple[int, str | None], list[str]] = {}
-    for node in admissible:  # the budget shares one ModelPlan among the nodes of a platform
-        key = (id(plan.variants[name][node]), nodes[node].images.get(m.model.spec.runtime))
+    admissible = list(plan.placement.cold.get(name, ())) or [plan.placement.home[name]]
+    groups: dict[tuple[ResolvedPlatform, str | None], list[str]] = {}
+    for node in admissible:  # the platform sets the figures and the environment, the image the argv
+        key = (plan.nodes[node].platform, nodes[node].images.get(m.model.spec.runtime))
         groups.setdefault(key, []).append(node)
     out = []
     for members in groups.values():

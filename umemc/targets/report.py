@@ -51,9 +51,7 @@ def budget_dict(plan: Plan) -> dict[str, Any]:
             "hot": {n: plan.placement.home[n] for n, m in plan.models.items() if m.hot and n in plan.placement.home},
             "unplaced": dict(plan.placement.unplaced),
             # per cold model, the nodes where it could start and what it would evict there ([]: alongside)
-            "cold": {
-                n: {c.node: c.evicts for c in places if c.admissible} for n, places in plan.placement.cold.items()
-            },
+            "cold": plan.placement.cold,
         }
     return out
 
