@@ -256,3 +256,30 @@ def test_nodes_of_one_kind_share_estimates_and_keep_their_own_budgets(write_stac
     # the two APU nodes hold one figure (one estimate), the CPU node its own: nothing in a GPU window
     assert plan.variants["chat"]["small"] is plan.variants["chat"]["big"]
     assert plan.variants["chat"]["cpu"].gpu_quota_hard == 0 < plan.variants["chat"]["big"].gpu_quota_hard
+
+
+def test_a_stack_of_many_nodes_prints_one_row_per_node(write_stack, run_cli, tmp_path: Path) -> None:
+    """Above 12 nodes the terminal report is one row per node (its tables would run to thousands of lines):
+    hot and cold models there, the hot set against the budget on each ledger. n00-n12: budget (11 - 1) x 0.85
+    = 8.5 GiB. pinned (1000 MiB -> 1100 MiB = 1.1 GiB) on n05; lazy (cold, 500 MiB) starts alongside on
+    every node, cheapest on the first."""
+    text = "".join(cpu_node(f"n{i:02d}", 11) for i in range(13))
+    text += worker("pinned", 1000, 60, extra='node = "n05"\n') + worker("lazy", 500, 40, mode="cold")
+    write_stack(HEAD + text)
+    code, out, _ = run_cli("check", "stack.toml", cwd=tmp_path)
+    assert code == 0
+    lines = [line.split() for line in out.splitlines() if line.strip()]
+    # headroom: 13 x 8.5 GiB - 1100 MiB = 110.5 - 1.07 = 109.4 GiB
+    assert lines[0] == ["umemc", "multi", "FITS", "headroom", "109.4", "GiB", "on", "13", "nodes"]
+    assert lines[1] == ["GiB", "per", "node", "(hard", "quotas)"]
+    assert lines[2] == ["node", "platform", "hot", "cold", "hot", "set", "budget", "GPU", "set", "GPU", "budget"]
+    rows = {r[0]: r for r in lines[4:17]}
+    assert sorted(rows) == [f"n{i:02d}" for i in range(13)]
+    assert rows["n05"] == ["n05", "cpu", "1", "0", "1.1", "8.5", "-", "-", "ok"]
+    assert rows["n00"] == ["n00", "cpu", "0", "1", "0.0", "8.5", "-", "-", "ok"]
+    assert rows["n12"] == ["n12", "cpu", "0", "0", "0.0", "8.5", "-", "-", "ok"]
+    assert " ".join(lines[17]) == (
+        "every model's figures: --format markdown or json; one model's, where it goes and why: umemc explain "
+        "STACK MODEL"
+    )
+    assert len(lines) == 18  # no node's own tables

@@ -11,6 +11,8 @@ from ..budget import Plan
 from ..units import gib
 from .report import admission_text, ledger_lines
 
+DETAILED_NODES = 12  # a stack of more nodes gets one row per node instead of each node's tables
+
 
 def budget_renderable(plan: Plan) -> Group:
     verdict = (
@@ -22,6 +24,8 @@ def budget_renderable(plan: Plan) -> Group:
     if plan.nodes:
         title.append(f"  on {len(plan.nodes)} nodes")
         parts: list[RenderableType] = [title, *_advice(plan)]
+        if len(plan.nodes) > DETAILED_NODES:  # one row per node: 500 nodes' tables are read by no one
+            return Group(*parts, _node_rows(plan), _where_the_rest_is(), *_warnings(plan))
         for name, node in plan.nodes.items():
             mark = Text(" ok ", style="black on green") if node.fits else Text(" over ", style="white on red")
             parts += [Text(""), Text.assemble(("node ", "bold"), (name, "bold magenta"), " ", mark), _platform(node)]
@@ -91,6 +95,38 @@ def _models(plan: Plan) -> Table:
         "hot set", "", "", "", "", "", "", "", hot, gib(plan.hot_gpu_total) if plan.capacity.gpu_budget else "-", ""
     )
     return t
+
+
+def _node_rows(plan: Plan) -> Table:
+    t = Table(title="GiB per node (hard quotas)", title_justify="left", title_style="dim", header_style="bold")
+    t.box, t.pad_edge = box.SIMPLE_HEAD, False
+    for col in ("node", "platform", "hot", "cold", "hot set", "budget", "GPU set", "GPU budget", ""):
+        t.add_column(col, justify="left" if col in ("node", "platform", "") else "right", no_wrap=True)
+    for name, node in plan.nodes.items():
+        cap, hot = node.capacity, sum(m.hot for m in node.models.values())
+        over = [
+            f"{ledger} over by {gib(used - budget)} GiB" for ledger, used, budget, _, ok in ledger_lines(node) if not ok
+        ]
+        t.add_row(
+            name,
+            node.platform.preset or node.platform.kind,
+            str(hot),
+            str(len(node.models) - hot),
+            gib(node.hot_total),
+            gib(cap.budget),
+            gib(node.hot_gpu_total) if cap.gpu_budget is not None else "-",
+            gib(cap.gpu_budget) if cap.gpu_budget is not None else "-",
+            Text("; ".join(over), style="bold red") if over else Text("ok", style="green"),
+        )
+    return t
+
+
+def _where_the_rest_is() -> Text:
+    return Text(
+        "every model's figures: --format markdown or json; one model's, where it goes and why: umemc explain "
+        "STACK MODEL",
+        style="dim",
+    )
 
 
 def _cold(plan: Plan) -> list[Text]:
