@@ -273,22 +273,21 @@ def missing_files(plan: Plan) -> list[tuple[bool, str]]:
     return out
 
 
-PlatformPlans = dict[object, tuple[LoadedStack, dict[str, ModelPlan]]]
+ModelPlans = dict[str, ModelPlan]
 
 
-def _items(loaded: LoadedStack, by_platform: PlatformPlans) -> list[Item]:
+def _items(loaded: LoadedStack, by_kind: dict[str, ModelPlans]) -> list[Item]:
     """What the placement places: each model's allowed nodes and its quotas there. One Need per (kind, model):
     nodes of one kind share it (the placement compares them by identity)."""
     every = tuple(loaded.nodes)
-    plans = list({id(mplans): (view.platform.kind, mplans) for view, mplans in by_platform.values()}.values())
-    which = {id(mplans): k for k, (_, mplans) in enumerate(plans)}
-    kind_of = {n: which[id(by_platform[node.platform][1])] for n, node in loaded.nodes.items()}
+    kinds = list(by_kind)
+    kind_of = {n: kinds.index(node.platform.kind) for n, node in loaded.nodes.items()}
     shared = [
         {
             name: PlaceNeed(mp.quota_hard, mp.gpu_quota_hard, int(holds_gpu_device(mp.model.spec.runtime, kind)))
             for name, mp in mplans.items()
         }
-        for kind, mplans in plans
+        for kind, mplans in by_kind.items()
     ]
     items = []
     for name, spec in loaded.stack.models.items():
@@ -306,27 +305,27 @@ def _items(loaded: LoadedStack, by_platform: PlatformPlans) -> list[Item]:
 
 
 def make_cluster_plan(loaded: LoadedStack) -> Plan:
-    """Several nodes: estimate each model for each node platform (once per distinct platform), place
-    them (umemc.placement), then one ordinary plan per node with the models it holds."""
-    by_platform: PlatformPlans = {}
-    by_kind: dict[str, tuple[LoadedStack, dict[str, ModelPlan]]] = {}
-    node_view: dict[str, tuple[LoadedStack, dict[str, ModelPlan]]] = {}
+    """Several nodes: estimate each model once per node kind (a model resolves and estimates alike on every
+    platform of a kind: a node's memory sizes its budget, not its models), place them (umemc.placement),
+    then one ordinary plan per node with the models it holds."""
+    by_kind: dict[str, tuple[LoadedStack, ModelPlans]] = {}
+    by_platform: dict[ResolvedPlatform, tuple[LoadedStack, ModelPlans]] = {}
     for name, node in loaded.nodes.items():
-        if node.platform not in by_platform:
-            if node.platform.kind not in by_kind:
-                view = loaded.for_node(name)
-                est = estimate_stack(view)
-                by_kind[node.platform.kind] = (view, {n: model_plan(view, view.models[n], e) for n, e in est.items()})
-            # a model resolves and estimates alike on every platform of a kind (memory sizes the budget alone)
-            kind_view, mplans = by_kind[node.platform.kind]
-            by_platform[node.platform] = (replace(kind_view, platform=node.platform), mplans)
-        node_view[name] = by_platform[node.platform]
+        kind = node.platform.kind
+        if kind not in by_kind:
+            view = loaded.for_node(name)
+            est = estimate_stack(view)
+            by_kind[kind] = (view, {n: model_plan(view, view.models[n], e) for n, e in est.items()})
+        if node.platform not in by_platform:  # the kind's models, on this platform
+            view, plans = by_kind[kind]
+            by_platform[node.platform] = (replace(view, platform=node.platform), plans)
+    node_view = {name: by_platform[node.platform] for name, node in loaded.nodes.items()}
     bins = []
     for name, (view, _) in node_view.items():
-        cap = capacity_of(view)  # the view of the first node of this platform: the same platform
+        cap = capacity_of(view)  # the view of this node's platform
         devices = loaded.nodes[name].gpu_devices
         bins.append(Bin(name, cap.budget, cap.gpu_budget, cap.usable, loaded.stack.policy.load_below, devices))
-    items = _items(loaded, by_platform)
+    items = _items(loaded, {kind: plans for kind, (_, plans) in by_kind.items()})
     placement = place(bins, items)
     by_node: dict[str, list[str]] = {n: [] for n in loaded.nodes}
     for m in loaded.stack.models:

@@ -560,27 +560,18 @@ def _network_policies(plan: Plan, ns: str) -> list[dict[str, Any]]:
     models = {"app.kubernetes.io/component": "model", "app.kubernetes.io/instance": ns}
     gateway = {"app.kubernetes.io/name": "umemc-gateway", "app.kubernetes.io/instance": ns}
     labels = _labels(ns, "umemc", "network-policy")
+
+    def policy(name: str, pods: dict[str, str], ingress: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"podSelector": {"matchLabels": pods}, "policyTypes": ["Ingress"], "ingress": [ingress]},
+        }
+
     return [
-        {
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": {"name": "umemc-models-from-gateway", "labels": labels},
-            "spec": {
-                "podSelector": {"matchLabels": models},
-                "policyTypes": ["Ingress"],
-                "ingress": [{"from": [{"podSelector": {"matchLabels": gateway}}]}],
-            },
-        },
-        {
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": {"name": "umemc-gateway-ingress", "labels": labels},
-            "spec": {
-                "podSelector": {"matchLabels": gateway},
-                "policyTypes": ["Ingress"],
-                "ingress": [{"ports": [{"port": "http", "protocol": "TCP"}]}],
-            },
-        },
+        policy("umemc-models-from-gateway", models, {"from": [{"podSelector": {"matchLabels": gateway}}]}),
+        policy("umemc-gateway-ingress", gateway, {"ports": [{"port": "http", "protocol": "TCP"}]}),
     ]
 
 

@@ -98,8 +98,14 @@ def _models(plan: Plan) -> Table:
 
 
 def _node_rows(plan: Plan) -> Table:
-    t = Table(title="GiB per node (hard quotas)", title_justify="left", title_style="dim", header_style="bold")
-    t.box, t.pad_edge = box.SIMPLE_HEAD, False
+    t = Table(
+        title="GiB per node (hard quotas)",
+        title_justify="left",
+        title_style="dim",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
     for col in ("node", "platform", "hot", "cold", "hot set", "budget", "GPU set", "GPU budget", ""):
         t.add_column(col, justify="left" if col in ("node", "platform", "") else "right", no_wrap=True)
     for name, node in plan.nodes.items():
