@@ -49,15 +49,17 @@ LLAMA_SERVER = VENV / "llama-server"
 
 
 def setup_llama_server() -> int:
-    """Build llama-server from the llama.cpp source the llama-cpp-python sdist vendors (the same llama.cpp the
-    `llama` tests run), CPU only, into .venv/llama-server/bin. Needs cmake and a C++ compiler."""
+    """Build llama-server and llama-fit-params (llama.cpp's own memory dry run, which `umemc check --measure`
+    runs) from the llama.cpp source the llama-cpp-python sdist vendors (the same llama.cpp the `llama` tests
+    run), CPU only, into .venv/llama-server/bin. Needs cmake and a C++ compiler."""
     import shutil
     import tarfile
     import tempfile
 
-    binary = LLAMA_SERVER / "bin" / "llama-server"
-    if binary.exists():
-        print(f"{binary} exists")
+    targets = ("llama-server", "llama-fit-params")
+    binaries = [LLAMA_SERVER / "bin" / t for t in targets]
+    if all(b.exists() for b in binaries):
+        print(f"{', '.join(map(str, binaries))} exist")
         return 0
     if shutil.which("cmake") is None:
         sys.exit("llama-server needs cmake (Debian: apt-get install cmake)")
@@ -81,10 +83,11 @@ def setup_llama_server() -> int:
         flags += ["-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"]
         subprocess.run(["cmake", "-S", str(src), "-B", str(build), *flags], check=True, stdout=subprocess.DEVNULL)
         jobs = str(os.cpu_count() or 2)
-        subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs], check=True)
+        subprocess.run(["cmake", "--build", str(build), "--target", *targets, "-j", jobs], check=True)
         (LLAMA_SERVER / "bin").mkdir(parents=True, exist_ok=True)
-        shutil.copy2(build / "bin" / "llama-server", binary)  # static: one file
-    print(f"built {binary}")
+        for target, binary in zip(targets, binaries, strict=True):
+            shutil.copy2(build / "bin" / target, binary)  # static: one file each
+    print(f"built {', '.join(map(str, binaries))}")
     return 0
 
 

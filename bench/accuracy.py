@@ -9,6 +9,8 @@ lines and compares them with `umemc check`'s figures for the same stack.
     python bench/accuracy.py --full     # only the full-size preset section (sparse GGUFs, ~10 min)
     python bench/accuracy.py --full gpt-oss-20b ...   # those presets' rows, printed only
     python bench/accuracy.py --archs    # only the small models of each 2026 architecture family (~2 min)
+    python bench/accuracy.py --new      # architectures umemc was not tuned to, at full size: the estimate vs
+                                        # llama.cpp's dry run (check --measure) vs llama-server's own load
     UMEMC_LLAMA_PYTHON=/path/to/python python bench/accuracy.py
 
 Goals: weights and KV within 1%, compute within 25%, weights+KV+compute within 5%.
@@ -26,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import llama_python, write_section
+from bench.common import ROOT, llama_python, write_section
 from umemc.budget import make_plan
 from umemc.estimate.figures import Estimate
 from umemc.stack.resolve import load_stack
@@ -170,6 +172,13 @@ def main() -> int:
         print(text)
         write_section("Estimate accuracy vs llama.cpp, 2026 architecture families (bench/accuracy.py)", text)
         return 0
+    if "--new" in sys.argv:
+        with tempfile.TemporaryDirectory() as d:
+            text = new_archs(py, Path(d))
+        print(text)
+        if not [a for a in sys.argv[2:] if not a.startswith("-")]:
+            write_section("Architectures umemc was not tuned to: estimate, dry run, load (bench/accuracy.py)", text)
+        return 0
     if "--full" in sys.argv:
         with tempfile.TemporaryDirectory() as d:
             text = full_scale(py, Path(d))
@@ -198,6 +207,9 @@ def main() -> int:
         text = full_scale(py, tmp)
         print(text)
         write_section("Estimate accuracy at full size, preset path (bench/accuracy.py)", text)
+        text = new_archs(py, tmp)
+        print(text)
+        write_section("Architectures umemc was not tuned to: estimate, dry run, load (bench/accuracy.py)", text)
         try:
             import llama_cpp.server  # noqa: F401  (served models run under umemc's own interpreter)
         except ImportError:
@@ -360,6 +372,169 @@ def full_scale(py: str, tmp: Path) -> str:
         "sliding-window KV cache): docs/ESTIMATES.md.",
     ]
     return "\n".join(lines)
+
+
+NEW_CONFIGS = ((8192, True, "f16", 1), (32768, True, "q8_0", 1), (8192, True, "f16", 4), (8192, False, "f16", 1))
+
+
+def llama_server() -> str:
+    """The llama-server (with llama-fit-params beside it) the dry run and the loads use."""
+    return os.environ.get("UMEMC_LLAMA_SERVER") or str(ROOT / ".venv" / "llama-server" / "bin" / "llama-server")
+
+
+def new_archs(py: str, tmp: Path) -> str:
+    """Architectures umemc was not tuned to (umemc.testing.archspecs), at their published sizes: sparse GGUFs
+    laid out by llama.cpp's own loader (umemc.testing.discover), then for each configuration umemc's own estimate
+    (no lock), `umemc check --measure` (llama.cpp's no_alloc dry run through llama-fit-params) and llama-server's
+    real load with the argv umemc compiles (mmap, --no-repack: the holes are never read), in the same pass."""
+    from umemc.testing.archspecs import FULL
+    from umemc.testing.discover import discover, write_discovered
+
+    server = llama_server()
+    only = {a for a in sys.argv[2:] if not a.startswith("-")}
+    lines = [
+        f"llama.cpp: {server} ({_server_version(server)}). Each cell: MiB as the estimate / the dry run / the "
+        "load, and the estimate's and the dry run's errors against the load. Weights exclude the repacked copy "
+        "(--no-repack), KV includes the recurrent state (RS buffer), compute includes the output buffer.",
+        "",
+        "| model (arch) | ctx | fa | kv | seqs | weights | KV + state | compute + output | peer KV |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|",
+    ]
+    worst = {"est": {"weights": 0.0, "kv": 0.0, "compute": 0.0}, "dry": {"weights": 0.0, "kv": 0.0, "compute": 0.0}}
+    costs: list[str] = []
+    for name, spec in FULL.items():
+        if only and name not in only:
+            continue
+        path = write_discovered(tmp / f"{name}.gguf", spec, discover(spec, tmp, py), "Q4_K_M")
+        cost = "?"
+        for ctx, fa, kv, par in NEW_CONFIGS:
+            stack = tmp / f"{name}.toml"
+            stack.write_text(_new_stack(server, path, ctx, fa, kv, par))
+            row = f"| {name} ({spec.arch}) | {ctx} | {'on' if fa else 'off'} | {kv} | {par} | "
+            try:
+                hand, dry, cost = _three_ways(stack)
+                real = _served_load(stack, tmp)
+            except RuntimeError as exc:  # llama.cpp itself refuses this configuration: the row says so
+                lines.append(row + f"llama.cpp refuses it: {str(exc)[-160:]} | | | |")
+                print(lines[-1], flush=True)
+                continue
+            cells = []
+            for key, (a, b, c) in {
+                "weights": (hand.weights.bytes, dry.weights.bytes, real["model"]),
+                "kv": (hand.kv.bytes, dry.kv.bytes, real["kv"]),
+                "compute": (hand.compute.bytes, dry.compute.bytes, real["compute"] + real["output"]),
+            }.items():
+                e, d = (a - c) / c * 100 if c else 0.0, (b - c) / c * 100 if c else 0.0
+                worst["est"][key] = max(worst["est"][key], e, key=abs)
+                worst["dry"][key] = max(worst["dry"][key], d, key=abs)
+                cells.append(f"{a / MiB:.2f} / {b / MiB:.2f} / {c / MiB:.2f} ({e:+.2f}% / {d:+.2f}%)")
+            cells.append(_peer_kv(path, ctx, kv, par, real["kv"]))
+            lines.append(row + " | ".join(cells) + " |")
+            print(lines[-1], flush=True)
+        costs.append(f"| {name} | {path.stat().st_size / 1e9:.1f} GB | {cost} |")
+    lines += [
+        "",
+        "Largest errors against the load: the estimate "
+        + ", ".join(f"{k} {v:+.2f}%" for k, v in worst["est"].items())
+        + "; the dry run "
+        + ", ".join(f"{k} {v:+.2f}%" for k, v in worst["dry"].items())
+        + ". Goals: the dry run within 0.1% of the load on every row; the estimate weights and KV within 0.5%, "
+        "compute within 5%.",
+        "",
+        "What a dry run costs (llama-server's fit pass on the sparse file, the last configuration): wall time, the",
+        "process's peak resident memory and the bytes it read (/proc/PID/io rchar, sampled while it runs) against",
+        "the file's size: it reads the header, never a weight.",
+        "",
+        "| model | file | seconds / peak RSS / bytes read |",
+        "|---|---:|---:|",
+        *costs,
+        "",
+        "peer KV: clanker-gguf's KV line (as in the preset table), against the load's KV + state.",
+    ]
+    return "\n".join(lines)
+
+
+def _new_stack(server: str, path: Path, ctx: int, fa: bool, kv: str, par: int) -> str:
+    return (
+        f'version = 1\nname = "bench"\n[platform]\nkind = "cpu"\nmemory = "2048GiB"\n[models.m]\n'
+        f'runtime = "llama-server"\nbin = "{server}"\nmodel = "{path}"\ncontext = {ctx}\n'
+        f'flash_attn = {"true" if fa else "false"}\nkv_cache = "{kv}"\nparallel = {par}\nmmap = true\n'
+        f'args = ["--no-repack"]\nport = {_free_port()}\n'
+    )
+
+
+def _three_ways(stack: Path) -> tuple[Estimate, Estimate, str]:
+    """umemc's own estimate (no lock) and `check --measure`'s (llama.cpp's dry run), and what that dry run cost."""
+    from umemc.commands.asking import Measure
+    from umemc.commands.common import plan_from_arg
+    from umemc.lockfile import path_for
+
+    path_for(stack).unlink(missing_ok=True)
+    hand = make_plan(load_stack(stack, locks={})).models["m"].estimate
+    import contextlib
+    import io
+
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        dry = plan_from_arg(str(stack), Measure.FRESH).models["m"]
+    if dry.estimate.source != "llama.cpp":
+        raise RuntimeError(" ".join(said.getvalue().split()))
+    return hand, dry.estimate, _dry_run_cost(stack)
+
+
+def _dry_run_cost(stack: Path) -> str:
+    """What the recorded dry run cost (umemc.dryrun measures it: wait4's peak RSS, /proc/PID/io rchar)."""
+    from umemc import lockfile
+
+    run = lockfile.load(stack)["m"].dry_run
+    assert run is not None
+    rss = f"{run.peak_rss_bytes / MiB:.0f} MiB" if run.peak_rss_bytes else "?"
+    read = f"{run.read_bytes / 1e6:.1f} MB" if run.read_bytes is not None else "?"
+    return f"{run.seconds:.2f} s / {rss} / {read}"
+
+
+def _served_load(stack: Path, tmp: Path) -> dict[str, int]:
+    """llama-server's own buffer report for the argv umemc compiled (its log, at --log-verbosity 4), read once it
+    listens; the process is stopped by its pid."""
+    import time
+
+    from umemc.compile import compile_bundle
+    from umemc.lockfile import totals
+    from umemc.runtime.llamalog import parse_buffers
+
+    plan = make_plan(load_stack(stack, locks={}))
+    argv = [a.replace("@UMEMC_STATE@", str(tmp)) for a in compile_bundle(plan).programs["m"].argv]
+    argv.append("--no-warmup")  # a warm-up decode would page in every (zero) weight; it allocates nothing more
+    (tmp / "slots" / "m").mkdir(parents=True, exist_ok=True)
+    log = tmp / "load.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 600
+            while proc.poll() is None and time.monotonic() < deadline:
+                if "llama_server: listening on" in log.read_text(errors="replace"):
+                    break
+                time.sleep(0.1)
+        finally:
+            proc.terminate()
+            proc.wait()
+    text = log.read_text(errors="replace")
+    if "llama_server: listening on" not in text:
+        raise RuntimeError(f"llama-server did not load {stack}: {text[-2000:]}")
+    return totals(parse_buffers(text))
+
+
+def _server_version(server: str) -> str:
+    out = subprocess.run([server, "--version"], capture_output=True, text=True, check=False)
+    return next((x for x in (out.stdout + out.stderr).splitlines() if x.startswith("version")), "?")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 TINY_CONFIGS = [

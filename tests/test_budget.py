@@ -124,14 +124,14 @@ def test_does_not_fit_leads_with_the_decisive_fact_and_the_smallest_change(
     # no single change is enough: the mildest combination that fits comes first (Q6_K weights 6.1 GiB and
     # 1 GiB of KV at 8192 tokens instead of 7.9 + 4 GiB), then what frees the most
     assert report["advice"] == [
-        "does not fit: the hot set's hard quotas total 16.9 GiB, the budget is 11.9 GiB (over by 5.0 GiB)",
-        "model chat alone (13.6 GiB hard quota) exceeds the 11.9 GiB budget",
-        'smallest change that fits: models.chat: quant = "Q6_K", context = 8192 (8.3 GiB hard quota)',
+        "does not fit: the hot set's hard quotas total 16.8 GiB, the budget is 11.9 GiB (over by 4.9 GiB)",
+        "model chat alone (13.5 GiB hard quota) exceeds the 11.9 GiB budget",
+        'smallest change that fits: models.chat: quant = "Q6_K", context = 8192 (8.1 GiB hard quota)',
         "no single change fits; these free the most:",
-        "  models.chat: context = 2048 frees 4.1 GiB",
-        "  models.chat: context = 4096 frees 3.8 GiB",
-        '  models.side: mode = "cold" (priority 10) frees 3.3 GiB',
+        "  models.chat: context = 2048 frees 4.2 GiB",
+        "  models.chat: context = 4096 frees 3.9 GiB",
         "  models.chat: context = 8192 frees 3.3 GiB",
+        '  models.side: mode = "cold" (priority 10) frees 3.3 GiB',
         '  models.chat: quant = "Q3_K_M" frees 3.2 GiB',
     ]
     stack = "stack.toml"
@@ -139,7 +139,7 @@ def test_does_not_fit_leads_with_the_decisive_fact_and_the_smallest_change(
         f"{stack}:11:11: models.chat.context: context 32768 is above the model's trained context 8192: quality "
         "degrades without RoPE scaling",
         f"{stack}:7:9: models.chat.mmap: weights memory-mapped (mmap = true) without mlock on a tight box "
-        "(headroom -5.0 GiB): the OS may page them out; set mlock = true or mmap = false",
+        "(headroom -4.9 GiB): the OS may page them out; set mlock = true or mmap = false",
         f"{stack}:7:1: models.chat: no model file: llama-server cannot start without one (the estimate used "
         'arch = "llama-3-8b"); give model = "path/to/file.gguf"',
     ]
@@ -151,9 +151,9 @@ def test_does_not_fit_leads_with_the_decisive_fact_and_the_smallest_change(
         "| model | mode | prio | weights | KV | compute | overhead | estimate | hard quota | GPU | source |"
     )
     assert lines[at + 2 : at + 5] == [
-        "- does not fit: the hot set's hard quotas total 16.9 GiB, the budget is 11.9 GiB (over by 5.0 GiB)",
-        "- model chat alone (13.6 GiB hard quota) exceeds the 11.9 GiB budget",
-        '- smallest change that fits: models.chat: quant = "Q6_K", context = 8192 (8.3 GiB hard quota)',
+        "- does not fit: the hot set's hard quotas total 16.8 GiB, the budget is 11.9 GiB (over by 4.9 GiB)",
+        "- model chat alone (13.5 GiB hard quota) exceeds the 11.9 GiB budget",
+        '- smallest change that fits: models.chat: quant = "Q6_K", context = 8192 (8.1 GiB hard quota)',
     ]
     assert "<details>" not in "\n".join(
         lines[
@@ -175,8 +175,8 @@ def test_a_single_change_that_fits_is_named(write_stack, run_cli, tmp_path: Path
     code, out, _ = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
     assert code == 1
     assert json.loads(out)["advice"] == [
-        "does not fit: the hot set's hard quotas total 8.6 GiB, the budget is 7.6 GiB (over by 1.0 GiB)",
-        "model chat alone (8.6 GiB hard quota) exceeds the 7.6 GiB budget",
+        "does not fit: the hot set's hard quotas total 8.4 GiB, the budget is 7.6 GiB (over by 0.8 GiB)",
+        "model chat alone (8.4 GiB hard quota) exceeds the 7.6 GiB budget",
         "smallest changes that fit (each alone, re-estimated):",
         "  models.chat: mmap = false (no second copy of the repacked weights) frees 3.2 GiB",
         '  models.chat: quant = "Q3_K_M" frees 2.8 GiB',
@@ -233,8 +233,8 @@ def test_advice_is_a_stage_above_the_budget_run_only_when_it_does_not_fit(write_
     plan = make_plan(big)
     assert (plan.fits, plan.advice, calls) == (False, (), [])
     advised = advise(big, plan)
-    assert advised.advice[0] == (  # the same stack as above: 16.9 GiB against 11.9 GiB
-        "does not fit: the hot set's hard quotas total 16.9 GiB, the budget is 11.9 GiB (over by 5.0 GiB)"
+    assert advised.advice[0] == (  # the same stack as above: 16.8 GiB against 11.9 GiB
+        "does not fit: the hot set's hard quotas total 16.8 GiB, the budget is 11.9 GiB (over by 4.9 GiB)"
     )
     assert set(calls) == {"chat"}  # its context, KV type and quantization were tried; side's memory is fixed
     calls.clear()

@@ -78,6 +78,8 @@ LAYERS = {
     "chars.py": ("umemc.",),
     "contract.py": (*COMPILE_SIDE, "umemc.runtime", "umemc.lockfile", "umemc.catalog"),
     "lockfile.py": (*COMPILE_SIDE, "umemc.runtime", "umemc.catalog", "umemc.launchers"),
+    # llama.cpp's dry run: the estimator checks a recorded answer with it, the commands run it
+    "dryrun.py": (*COMPILE_SIDE, "umemc.runtime", "umemc.catalog", "umemc.launchers", "umemc.commands"),
     "stack": (*COMPILE_SIDE[1:], "umemc.runtime", "umemc.launchers"),
     # advice is a stage above the budget (it re-estimates only a stack that does not fit)
     "budget.py": ("umemc.advice", "umemc.compile", "umemc.targets", "umemc.runtime", "umemc.commands"),

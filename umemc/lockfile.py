@@ -6,7 +6,10 @@ For each llama.cpp-family model with a real file it records
   sizes (source "lock"), and verifies them wherever the file is present;
 - the memory-relevant flags it was started with and llama.cpp's own buffer report plus the process's
   resident memory after a warm-up request — the *calibration*: used instead of the estimate (source
-  "measured") while the flags still match, ignored with a warning naming what changed otherwise.
+  "measured") while the flags still match, ignored with a warning naming what changed otherwise;
+- llama.cpp's own dry run (`dry_run`, umemc.dryrun): what llama.cpp would allocate with exactly the flags the
+  launcher passes, without reading a weight, with the identity of the llama.cpp that answered — used instead
+  of the estimate (source "llama.cpp") while the flags, the file and that llama.cpp are unchanged.
 A torch worker records its flags and its measured peak.
 
 This is a bottom layer: the stack loader, the estimator (which turns a header into its own facts) and
@@ -55,11 +58,41 @@ class Measured(Document):
     runtime_version: str = "?"
 
 
+class ToolIdentity(Document):
+    """A llama.cpp build as the file system names it: a changed binary (or library) is another llama.cpp."""
+
+    path: str
+    size: int
+    mtime_ns: int
+
+
+class DryRun(Document):
+    """llama.cpp's answer to "what would you allocate?" (llama_model_params.no_alloc): per buffer, in bytes.
+
+    `buffers` holds what its log states to 0.01 MiB ({buffer: {kv, rs, compute, output}}, and `model: 0` for
+    each buffer the weights would go to: a no_alloc load logs their sizes as 0.00 MiB); `table` its memory
+    breakdown in whole MiB ({buffer type or device: {model, context, compute}}; llama-fit-params only). The
+    estimator turns them into figures (umemc.estimate.llama)."""
+
+    tool: str  # "llama-fit-params" | "llama-cpp-python"
+    build: str  # the llama.cpp that answered, as it names itself
+    identity: ToolIdentity
+    flags: dict[str, Any]  # the memory-relevant settings it ran with (estimate.llama.dry_run_flags)
+    argv: list[str]
+    buffers: BufferReport = {}
+    table: BufferReport = {}
+    seconds: float
+    peak_rss_bytes: int | None = None  # what the dry run itself cost: its peak resident set
+    read_bytes: int | None = None  # and what it read (Linux /proc/PID/io rchar): the header, not the weights
+    at: str
+
+
 class LockEntry(Document):
     file: FileIdentity | None = None
     header: LockedHeader | None = None
     flags: dict[str, Any] = {}
     measured: Measured | None = None
+    dry_run: DryRun | None = None
 
 
 class CalibrationDoc(Document):
@@ -93,12 +126,25 @@ def load(stack: Path) -> dict[str, LockEntry]:
 
 
 def save(stack: Path, models: dict[str, LockEntry]) -> Path:
+    """Atomically: a reader sees the old file or the new one, never half of one."""
     path = path_for(stack)
     doc = CalibrationDoc(models=dict(sorted(models.items())))
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(dump(doc, indent=2) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(dump(doc, indent=2) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
+
+
+def tool_identity(path: Path) -> ToolIdentity | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return ToolIdentity(path=str(path), size=st.st_size, mtime_ns=st.st_mtime_ns)
 
 
 def totals(buffers: BufferReport) -> dict[str, int]:

@@ -61,6 +61,8 @@ port = 9100
         "999",
         "--load-mode",
         "mlock",
+        "--fit",
+        "off",
         "--log-verbosity",
         "4",
         "--slot-save-path",
@@ -196,9 +198,9 @@ arch = "sdxl"
     env = dict(amd.programs["chat"].env)
     assert env == {
         "UMEMC_MODEL": "chat",
-        # llama-3-8b's estimate (the budget row); hard = 6366213120 x 1.1 = 7002834432, up to a MiB: 6679 MiB
-        "UMEMC_QUOTA_SOFT_BYTES": "6366213120",
-        "UMEMC_QUOTA_HARD_BYTES": "7003439104",
+        # llama-3-8b's estimate (the budget row); hard = 6212596736 x 1.1 = 6833856409.6, up to a MiB: 6518 MiB
+        "UMEMC_QUOTA_SOFT_BYTES": "6212596736",
+        "UMEMC_QUOTA_HARD_BYTES": "6834618368",
         "UMEMC_PORT": "10001",
         "UMEMC_HOST": "127.0.0.1",  # the address to bind under supervisord
         "UMEMC_GATEWAY_URL": "http://127.0.0.1:10000",  # where a worker asks for leases

@@ -132,7 +132,7 @@ def test_unknown_architecture_is_said_not_guessed(write_stack, run_cli, tmp_path
     assert report["warnings"] == [
         "stack.toml:8:9: models.m.model: architecture 'novel' is not one umemc models: weights are exact from the "
         "header; KV cache and compute follow the generic transformer rules (every layer attends to the whole "
-        "context, dense FFN or the routed experts it declares); run `umemc calibrate` to measure it"
+        "context, dense FFN or the routed experts it declares); `umemc check --measure` asks llama.cpp itself"
     ]
 
 

@@ -288,6 +288,6 @@ def test_bad_arguments_exit_2(tmp_path: Path, run_cli) -> None:
     assert run_cli("check", "x.toml", "--format", "yaml", cwd=tmp_path) == (
         2,
         "",
-        "usage: umemc check [-h] [--format {table,json,markdown}] stack [stack ...]\n"
+        "usage: umemc check [-h] [--format {table,json,markdown}] [--measure]\n                   stack [stack ...]\n"
         "umemc check: error: argument --format: invalid choice: 'yaml' (choose from 'table', 'json', 'markdown')\n",
     )

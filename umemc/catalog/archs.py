@@ -46,6 +46,13 @@ class LlmShape:
     n_embd_r: int = 0  # conv state per sequence and layer, f32 elements
     n_embd_s: int = 0  # SSM state per sequence and layer, f32 elements
     ssm_dims: tuple[int, ...] = ()  # (d_conv, d_inner, d_state, n_group, n_head) of the Mamba-2 mixer
+    # Layers that keep a KV cache, where the architecture decides it apart from its KV heads (llama.cpp's
+    # per-architecture memory filters: falcon-h1's layers attend and recur; qwen3next attends every 4th layer;
+    # gemma3n's later layers reuse an earlier layer's cache). Empty: a layer of the main graph with KV heads
+    # that is not recurrent.
+    kv_layers: tuple[bool, ...] = ()
+    recurrent_kind: str = "mamba"  # the mixer whose state recurrent_layers keep (umemc.estimate.llm)
+    resident_width: int = 0  # floats per token alive through every layer beside the residual (gemma3n's altup)
     unmodelled: tuple[str, ...] = ()  # what of an unknown architecture the generic rules cannot see
 
     @property
@@ -58,9 +65,12 @@ class LlmShape:
         return self.n_layer - self.n_layer_nextn
 
     def has_kv(self, layer: int) -> bool:
-        """llama_hparams::has_kv and the KV filters: a layer of the main graph, not recurrent, with KV heads."""
+        """llama_hparams::has_kv and the KV filters: a layer of the main graph with KV heads that the
+        architecture's filter keeps (kv_layers), else that is not recurrent."""
         if layer >= self.n_layer_main or self.n_head_kv[layer] == 0:
             return False
+        if self.kv_layers:
+            return self.kv_layers[layer]
         return not (self.recurrent_layers and self.recurrent_layers[layer])
 
     def is_moe(self, layer: int) -> bool:

@@ -185,15 +185,24 @@ def category(name: str) -> str:
     return "other"
 
 
+# llama-quant.cpp tensor_allows_quantization: the matrices it leaves in their source type, by name part
+_NEVER_QUANTIZED = (
+    "_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel", "per_layer_model_proj",
+    "ssm_conv1d", "shortconv.conv.weight", "indexer.k_proj.weight", "indexer.q_proj.weight", "time_mix_first.weight",
+    "time_mix_w0.weight", "time_mix_w1.weight", "time_mix_w2.weight", "time_mix_v0.weight", "time_mix_v1.weight",
+    "time_mix_v2.weight", "time_mix_a0.weight", "time_mix_a1.weight", "time_mix_a2.weight", "time_mix_g1.weight",
+    "time_mix_g2.weight", "time_mix_decay_w1.weight", "time_mix_decay_w2.weight", "time_mix_lerp_fused.weight",
+    "attn_rel_b.weight", ".position_embd",
+)  # fmt: skip
+
+
 def quantizable(name: str, ndim: int) -> bool:
-    """tensor_allows_quantization: 2-D+ weights, not norms, not routers, not BERT position/token-type tables,
-    not Mamba's small conv1d."""
+    """tensor_allows_quantization: 2-D+ weights, not norms, routers, BERT's position/token-type tables, conv
+    kernels, Gemma 3n's altup/laurel, RWKV's small mixing matrices (_NEVER_QUANTIZED)."""
     return (
         ndim >= 2
         and name.endswith("weight")
-        and "_norm.weight" not in name
-        and "ffn_gate_inp.weight" not in name
-        and "ssm_conv1d" not in name
+        and not any(part in name for part in _NEVER_QUANTIZED)
         and name not in ("position_embd.weight", "token_types.weight")
     )
 
@@ -203,7 +212,7 @@ def source_type(name: str, shape: tuple[int, ...], default: str = "F16") -> str:
     routers, conv kernels and Mamba's A/D; the model's own type for other matrices."""
     if len(shape) < 2 or not name.endswith("weight") or "_norm.weight" in name:
         return "F32"
-    if "ffn_gate_inp" in name or "ssm_conv1d" in name:
+    if "ffn_gate_inp" in name or "ssm_conv1d" in name or "shortconv.conv" in name:
         return "F32"
     return default
 

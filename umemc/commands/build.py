@@ -29,7 +29,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         action="store_true",
         help="model files named in the stack arrive before `umemc up` (build without them)",
     )
+    add_no_measure(p)
     p.set_defaults(func=run)
+
+
+def add_no_measure(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-measure",
+        action="store_true",
+        help="do not ask llama.cpp's dry run for models it has not sized yet (the default where llama.cpp is here)",
+    )
 
 
 def build(plan: Plan, out: Path, simulate: bool = False, files_later: bool | None = None) -> list[str]:
@@ -104,8 +113,9 @@ def check_bundle_dir(out: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..targets.table import print_budget
+    from .asking import Measure
 
-    plan = plan_from_arg(args.stack)
+    plan = plan_from_arg(args.stack, Measure.READ if args.no_measure else Measure.MISSING)
     out = Path(args.output) if args.output else Path("build") / plan.name
     if args.target == "kubernetes":  # the files are read on the nodes (their volume), not here: --files-later
         written = build_kubernetes(plan, out, files_later=True)

@@ -21,6 +21,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("stack", help="the stack file (TOML)")
     p.add_argument("models", nargs="*", metavar="MODEL", help="only these models (default: every one with a file)")
     p.add_argument("--lock-only", action="store_true", help="record the GGUF header facts only; start nothing")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="ask llama.cpp's own dry run (no_alloc: no weight read, nothing started) instead of loading each model",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each model to load")
     p.add_argument("--node", metavar="NAME", help="a stack with [nodes]: this machine (its platform's flags)")
     p.set_defaults(func=run)
@@ -38,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.measure import measure, measure_peak
     from ..stack.resolve import load_stack
 
+    if args.dry_run:
+        return _dry_run(args)
     stack_path = Path(args.stack)
     loaded = load_stack(stack_path, shown=args.stack)
     if loaded.nodes:
@@ -107,3 +114,30 @@ def _report(name: str, est: Any, entry: LockEntry) -> None:
     for label, e, real in rows:
         err = (e - real) / real * 100 if real else 0.0
         print(f"  {label:8} {human(e):>12} vs {human(real):>12}  ({err:+.1f}%)")
+
+
+def _dry_run(args: argparse.Namespace) -> int:
+    """`calibrate --dry-run`: what `check --measure` records, with each answer set beside the hand estimate."""
+    from .. import lockfile
+    from ..budget import make_plan
+    from ..stack.resolve import load_stack
+    from .asking import Measure
+    from .common import plan_from_arg
+
+    if args.node is not None:
+        raise UsageError("umemc calibrate --dry-run: a stack with [nodes] is asked on each node by `umemc build`")
+    plan = plan_from_arg(args.stack, Measure.FRESH, only=args.models or None)
+    entries = lockfile.load(Path(args.stack))
+    asked = [n for n, e in entries.items() if e.dry_run is not None and (not args.models or n in args.models)]
+    if not asked:
+        raise UsageError(f"umemc calibrate --dry-run: llama.cpp sized no model of {args.stack} (see the warnings)")
+    hand = make_plan(load_stack(Path(args.stack), shown=args.stack, locks={}))
+    for name in asked:
+        est, real = hand.models[name].estimate, plan.models[name].estimate
+        print(f"{name}: umemc's own estimate vs llama.cpp's dry run")
+        for label, e, r in (("weights", est.weights.bytes, real.weights.bytes), ("kv", est.kv.bytes, real.kv.bytes),
+                            ("compute", est.compute.bytes, real.compute.bytes)):  # fmt: skip
+            err = (e - r) / r * 100 if r else 0.0
+            print(f"  {label:8} {human(e):>12} vs {human(r):>12}  ({err:+.1f}%)")
+    print(f"wrote {lockfile.path_for(Path(args.stack))}")
+    return 0

@@ -10,6 +10,7 @@ import sys
 from ..budget import Plan
 from ..compile import compile_bundle
 from ..errors import StackError
+from .asking import Measure
 from .common import console, plan_from_arg, print_warnings, write_stdout
 
 
@@ -23,6 +24,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="table (default), json (the budget.json contract, alone on stdout) or markdown "
         "(for a pull-request comment)",
     )
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="ask llama.cpp itself (its no_alloc dry run, no weight read) for every llama.cpp model whose file is "
+        "here, and record the answers in STACK.calibration.json (without it, check uses what was recorded)",
+    )
     p.set_defaults(func=run)
 
 
@@ -33,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     invalid = 0
     for arg in args.stack:
         try:
-            plan = plan_from_arg(arg)
+            plan = plan_from_arg(arg, Measure.FRESH if args.measure else Measure.READ)
             for one in plan.nodes.values() or [plan]:  # what `build` would refuse, `check` refuses too
                 compile_bundle(one)
         except StackError as exc:

@@ -8,18 +8,33 @@ from typing import TYPE_CHECKING
 
 from ..budget import Plan, make_plan
 from ..stack.resolve import load_stack
+from .asking import Measure
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 
-def plan_from_arg(stack_arg: str) -> Plan:
+def plan_from_arg(stack_arg: str, measure: Measure = Measure.READ, only: list[str] | None = None) -> Plan:
     """Load, estimate and budget the stack named on the command line (errors carry its spelling); a
-    stack that does not fit gets its advice."""
+    stack that does not fit gets its advice. `measure`: whether llama.cpp's dry run is asked first (and
+    recorded in the stack's lock) where llama.cpp is on this machine."""
     from ..advice import advise
 
-    loaded = load_stack(Path(stack_arg), shown=stack_arg)
-    return advise(loaded, make_plan(loaded))
+    path = Path(stack_arg)
+    loaded = load_stack(path, shown=stack_arg)
+    plan = make_plan(loaded)
+    if measure is not Measure.READ:
+        from .asking import ask_llama_cpp, record, report
+
+        asked = ask_llama_cpp(loaded, plan, measure, only)
+        problem = record(path, asked)
+        if asked.asked:
+            loaded = load_stack(path, shown=stack_arg, locks=asked.entries)
+            plan = make_plan(loaded)
+        report(asked, plan, loud=measure is Measure.FRESH)
+        if problem:
+            print(f"warning: {problem}", file=sys.stderr)
+    return advise(loaded, plan)
 
 
 def console() -> Console:

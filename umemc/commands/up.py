@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import RuntimeFailure, UsageError
+from .build import add_no_measure
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -60,6 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--foreground", action="store_true", help="keep supervisord in the foreground (systemd unit)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for hot workers (default 900)")
+    add_no_measure(p)
     p.set_defaults(func=run)
 
 
@@ -162,10 +164,11 @@ def install_bundle(args: argparse.Namespace, run_dir: RunDir) -> None:
     from ..commands.build import build
     from ..commands.common import plan_from_arg
     from ..write import is_bundle, write_bundle
+    from .asking import Measure
 
     target = Path(args.target)
     if not target.is_dir():
-        plan = plan_from_arg(args.target)
+        plan = plan_from_arg(args.target, Measure.READ if getattr(args, "no_measure", False) else Measure.MISSING)
         if plan.nodes:
             if args.node not in plan.nodes:
                 raise UsageError(

@@ -183,10 +183,12 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
     hd_v = int(key("attention.value_length", n_embd // n_head))
     swa, swa_layers, unmodelled = _windows(key, arch, n_layer)
     moe = _experts(key, n_layer, tensors)
-    recurrent = _recurrent(key, n_head_kv, n_layer)
-    if arch not in KNOWN_ARCHS:
-        unmodelled = (*unmodelled, *_generic_limits(arch, f, bool(recurrent)))
+    n_ff = _per_layer(key("feed_forward_length", 4 * n_embd), n_layer)
+    recurrent = _recurrent(key, arch, n_head_kv, n_ff, n_layer - int(key("nextn_predict_layers", 0) or 0))
+    if arch not in KNOWN_ARCHS and arch not in LAYERS_KNOWN:
+        unmodelled = (*unmodelled, *_generic_limits(arch, f, recurrent))
     return LlmShape(
+        resident_width=_resident_width(key, arch, n_layer, n_embd),
         arch=arch,
         n_layer=n_layer,
         n_embd=n_embd,
@@ -252,27 +254,131 @@ def _experts(key: Any, n_layer: int, tensors: dict[str, tuple[int, ...]]) -> dic
     }
 
 
-def _recurrent(key: Any, n_head_kv: tuple[int, ...], n_layer: int) -> dict[str, Any]:
-    """Mamba-2 layers (llama_hparams::n_embd_r/n_embd_s): a hybrid marks them with 0 KV heads; a file with
-    ssm keys and no attention at all is recurrent throughout."""
-    d_inner = int(key("ssm.inner_size", 0) or 0)
-    if not d_inner:
-        return {}
-    d_conv, d_state = int(key("ssm.conv_kernel", 0) or 0), int(key("ssm.state_size", 0) or 0)
-    n_group, n_head = int(key("ssm.group_count", 0) or 0), int(key("ssm.time_step_rank", 0) or 0)
+# Which layers run a recurrent mixer (llama_hparams::is_recr) and which keep a KV cache, as llama.cpp decides
+# per architecture (src/models/<arch>.cpp load_arch_hparams; the memory filters of src/llama-model.cpp
+# create_memory). Architectures not named here mark their recurrent layers with 0 KV heads.
+_ALL_RECURRENT = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})  # llm_arch_is_recurrent
+_PARALLEL_HYBRID = frozenset({"falcon-h1"})  # every layer attends and recurs, side by side
+# attention on every Nth layer unless the file lists its recurrent layers (full_attention_interval, default N)
+_INTERVAL_HYBRID = {"qwen3next": 4, "qwen35": 4, "qwen35moe": 4, "qwen4exp": 4, "minimax-01": 8}
+_FFN_ONLY_LAYERS = frozenset({"nemotron_h", "nemotron_h_moe"})  # a layer with n_ff > 0 neither attends nor recurs
+# later layers read an earlier layer's cache (hparams.n_layer_kv_from_start): gemma3n from layer 20, gemma4
+# from block_count - attention.shared_kv_layers
+_KV_FROM_START = {"gemma3n": 20}
+_MIXER_KEYS = ("ssm.inner_size", "wkv.head_size", "shortconv.l_cache", "kda.head_dim")
+# Hybrids that mark their recurrent layers with 0 KV heads (src/models/<arch>.cpp: is_recr = n_head_kv == 0)
+_ZERO_KV_HYBRID = frozenset(
+    {"granitehybrid", "jamba", "lfm2", "lfm2moe", "plamo2", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next"}
+)
+# Architectures whose KV cache and recurrent state follow llama.cpp's own per-architecture rules here, though
+# their compute graph is not modelled (KNOWN_ARCHS is both): the warning says compute alone is generic.
+LAYERS_KNOWN = (
+    _ALL_RECURRENT | _PARALLEL_HYBRID | frozenset(_INTERVAL_HYBRID) | _FFN_ONLY_LAYERS | frozenset(_KV_FROM_START)
+    | _ZERO_KV_HYBRID | {"gemma4"}
+)  # fmt: skip
+
+
+def _recurrent(key: Any, arch: str, n_head_kv: tuple[int, ...], n_ff: tuple[int, ...], n_main: int) -> dict[str, Any]:
+    """The recurrent layers, the layers with a KV cache where the architecture decides it apart from its KV heads,
+    and the state a recurrent layer keeps per sequence (llama_hparams::n_embd_r / n_embd_s, in f32)."""
+    n_layer = len(n_head_kv)
+    kv: tuple[bool, ...] = ()
+    start = _kv_from_start(key, arch, n_layer)
+    if start is not None:
+        kv = tuple(i < start for i in range(n_layer))
+    mixer = arch in _ALL_RECURRENT or any(key(k) for k in _MIXER_KEYS) or arch in _INTERVAL_HYBRID
+    if not mixer:
+        return {"kv_layers": kv} if kv else {}
+    listed = key("attention.recurrent_layers")
+    if arch in _ALL_RECURRENT:
+        recr, kv = (True,) * n_layer, (False,) * n_layer
+    elif arch in _PARALLEL_HYBRID:
+        recr, kv = (True,) * n_layer, (True,) * n_layer
+    elif arch in _INTERVAL_HYBRID and isinstance(listed, list):
+        recr = tuple(bool(x) for x in listed)
+    elif arch in _INTERVAL_HYBRID:
+        every = int(key("full_attention_interval", _INTERVAL_HYBRID[arch]) or _INTERVAL_HYBRID[arch])
+        recr = tuple(i < n_main and (i + 1) % every != 0 for i in range(n_layer))
+    elif arch in _FFN_ONLY_LAYERS:
+        recr = tuple(i < n_main and h == 0 and f == 0 for i, (h, f) in enumerate(zip(n_head_kv, n_ff, strict=True)))
+        kv = tuple(not r and f == 0 for r, f in zip(recr, n_ff, strict=True))
+    else:
+        recr = tuple(h == 0 for h in n_head_kv) if any(n_head_kv) else (True,) * n_layer
+    return {"recurrent_layers": recr, **({"kv_layers": kv} if kv else {}), **_state(key, arch)}
+
+
+def _kv_from_start(key: Any, arch: str, n_layer: int) -> int | None:
+    if arch in _KV_FROM_START:
+        return _KV_FROM_START[arch]
+    shared = key("attention.shared_kv_layers")
+    return n_layer - int(shared) if shared else None
+
+
+def _state(key: Any, arch: str) -> dict[str, Any]:
+    """llama_hparams::n_embd_r (the convolution's or token shift's state) and n_embd_s (the scan's), in the
+    order llama.cpp tests them: RWKV, LFM2's short convolution, Kimi's KDA, MiniMax's lightning attention, then
+    the Mamba/Gated-DeltaNet convolution and scan from the ssm keys."""
+    n_embd, n_head = int(key("embedding_length", 0)), _max(key("attention.head_count", 0))
+    d_conv, d_inner = int(key("ssm.conv_kernel", 0) or 0), int(key("ssm.inner_size", 0) or 0)
+    d_state, n_group = int(key("ssm.state_size", 0) or 0), int(key("ssm.group_count", 0) or 0)
+    conv = max(0, d_conv - 1) * (d_inner + 2 * n_group * d_state)
+    scan = d_state * d_inner
+    kind = "deltanet" if arch in _INTERVAL_HYBRID and arch != "minimax-01" else "mamba"
+    if key("wkv.head_size"):
+        head = int(key("wkv.head_size"))
+        conv, scan, kind = int(key("token_shift_count", 2) or 2) * n_embd, n_embd * head, "rwkv"
+    elif key("shortconv.l_cache"):
+        conv, kind = n_embd * (int(key("shortconv.l_cache")) - 1), "shortconv"
+    elif key("kda.head_dim"):
+        head = int(key("kda.head_dim"))
+        conv, scan, kind = 3 * (d_conv - 1 if d_conv else 3) * n_head * head, head * head * n_head, "kda"
+    if arch == "minimax-01":  # n_embd_head_la = the full attention's head size
+        head = int(key("attention.key_length", n_embd // max(1, n_head)))
+        scan, kind = head * head * n_head, "lightning"
     return {
-        "recurrent_layers": tuple(h == 0 for h in n_head_kv) if any(n_head_kv) else (True,) * n_layer,
-        "n_embd_r": max(0, d_conv - 1) * (d_inner + 2 * n_group * d_state),
-        "n_embd_s": d_state * d_inner,
-        "ssm_dims": (d_conv, d_inner, d_state, n_group, n_head),
+        "n_embd_r": conv,
+        "n_embd_s": scan,
+        "ssm_dims": (d_conv, d_inner, d_state, n_group, int(key("ssm.time_step_rank", 0) or 0)),
+        "recurrent_kind": kind,
     }
 
 
-def _generic_limits(arch: str, f: dict[str, Any], recurrent: bool) -> tuple[str, ...]:
-    said = ["KV cache and compute follow the generic transformer rules"]
-    if any(k.startswith(f"{arch}.ssm.") or k.startswith(f"{arch}.wkv.") for k in f) and not recurrent:
-        said.append("its recurrent state (ssm/wkv keys) is not counted")
+def _generic_limits(arch: str, f: dict[str, Any], layers: dict[str, Any]) -> tuple[str, ...]:
+    """What of an architecture umemc has no rules for follows the generic ones, part by part: never a silent
+    guess, and a figure that may be low says so."""
+    said = [
+        "KV cache and compute follow the generic transformer rules (every layer attends to the whole context, "
+        "dense FFN or the routed experts it declares)"
+    ]
+    keys = [k.removeprefix(f"{arch}.") for k in f if k.startswith(f"{arch}.")]
+    if any(k.startswith(("ssm.", "wkv.", "shortconv.", "kda.")) for k in keys):
+        if any(layers.get("recurrent_layers", ())):
+            said.append(
+                "its recurrent state is sized by the generic rule (the layers with 0 KV heads keep "
+                "n_embd_r + n_embd_s per sequence)"
+            )
+        else:
+            said.append(
+                "it has a recurrent mixer but no layer without KV heads: its recurrent state is NOT counted "
+                "(the estimate may be low by it)"
+            )
+    if any("shared_kv" in k for k in keys):
+        said.append("its layers that reuse another layer's KV cache are each counted with their own")
     return tuple(said)
+
+
+def _resident_width(key: Any, arch: str, n_layer: int, n_embd: int) -> int:
+    """Gemma 3n keeps n_altup predictions of the hidden state and every layer's per-layer embedding input
+    through the whole graph (src/models/gemma3n.cpp; llama_hparams defaults n_altup 4, n_embd_altup 256)."""
+    if arch != "gemma3n":
+        return 0
+    n_altup = int(key("altup.num_inputs", 4) or 4)
+    per_layer = int(key("embedding_length_per_layer_input", 256) or 256)
+    return n_altup * n_embd + per_layer * n_layer
+
+
+def _per_layer(value: Any, n_layer: int) -> tuple[int, ...]:
+    return tuple(int(x) for x in value) if isinstance(value, list) else (int(value),) * n_layer
 
 
 def _max(value: Any) -> int:

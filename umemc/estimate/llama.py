@@ -7,12 +7,12 @@ from pathlib import Path
 from ..catalog.archs import LLM_PRESETS, LlmPreset, LlmShape, VisionShape
 from ..catalog.quant import FILE_TYPE_BITS, REPACK_ISA, is_repacked, loaded, preset_mix, tensor_bytes
 from ..catalog.runtimes import FULL_SWA_CACHE, NO_REPACK_FLAGS
-from ..lockfile import LockEntry
+from ..lockfile import DryRun, LockEntry
 from ..stack.resolve import LoadedStack, ResolvedModel
 from ..units import with_gib
 from .figures import Estimate, Figure
 from .finish import finish
-from .gguf_file import GgufFacts, NotGguf, facts_from_lock
+from .gguf_file import KNOWN_ARCHS, LAYERS_KNOWN, GgufFacts, NotGguf, facts_from_lock
 from .gguf_file import read as read_gguf
 from .llm import compute_figure, kv_figure, projector_from_preset, vision_compute_figure, weights_from_preset
 from .other import estimate_command
@@ -65,14 +65,17 @@ def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
     vision = _vision(loaded, m, facts, preset)
     weights_parts = [weights] + ([vision[0]] if vision else [])
     swa_full = spec.runtime in FULL_SWA_CACHE
-    kv = kv_figure(shape, spec.context, spec.parallel, spec.ubatch, spec.kv_cache, swa_full)
+    kv = kv_figure(shape, spec.context, spec.parallel, spec.ubatch, spec.kv_cache, swa_full, spec.flash_attn)
     # llama-cpp-python in embedding mode sizes the context for min(n_batch, 256) sequences (its Llama.__init__)
     seqs = min(spec.ubatch, 256) if spec.runtime == "llama-cpp-python" and not shape.causal else 0
+    # llama-server reserves one row of logits per sequence (an embedding server every token of the batch)
+    outputs = spec.parallel if spec.runtime == "llama-server" and shape.causal else None
     compute_parts = [
         compute_figure(
-            shape, spec.context, spec.parallel, spec.ubatch, spec.flash_attn, swa_full, spec.kv_cache, embed_seqs=seqs
+            shape, spec.context, spec.parallel, spec.ubatch, spec.flash_attn, swa_full, spec.kv_cache,
+            embed_seqs=seqs, outputs=outputs,
         )
-    ]
+    ]  # fmt: skip
     repack = _repack(loaded, m, facts.repack_bytes if facts is not None else _preset_repack(preset, ftype))
     if repack is not None:
         weights_parts.append(repack)
@@ -86,6 +89,9 @@ def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
     if measured is not None:
         source = "measured"
         weights_fig, kv, compute_fig, overhead = measured
+    elif facts is not None and (asked := _asked(loaded, m, entry, facts, vision, warnings)) is not None:
+        source = "llama.cpp"
+        weights_fig, kv, compute_fig = asked
     return finish(
         loaded,
         m,
@@ -113,6 +119,128 @@ def current_flags(loaded: LoadedStack, m: ResolvedModel) -> dict[str, object]:
         "mlock": s.mlock,
         "kind": loaded.platform.kind,
     }
+
+
+def dry_run_flags(loaded: LoadedStack, m: ResolvedModel) -> dict[str, object]:
+    """What a dry run is keyed by: the calibration's flags, the runtime's executable and its extra argv (an -ot,
+    --no-repack or --swa-full there changes what llama.cpp allocates)."""
+    return current_flags(loaded, m) | {"bin": m.spec.bin, "args": list(m.spec.args)}
+
+
+def _asked(
+    loaded: LoadedStack,
+    m: ResolvedModel,
+    entry: LockEntry | None,
+    facts: GgufFacts,
+    vision: tuple[Figure, Figure] | None,
+    warnings: list[str],
+) -> tuple[Figure, Figure, Figure] | None:
+    """llama.cpp's own dry run (umemc.dryrun) recorded in the lock, while it still answers for this model: the
+    same flags, the same file (_checked_entry) and, where that llama.cpp is on this machine, the same build."""
+    from ..dryrun import still_answers
+    from ..lockfile import flag_changes
+
+    if entry is None or entry.dry_run is None:
+        return None
+    run, at = entry.dry_run, ("models", m.name)
+    changes = flag_changes(run.flags, dry_run_flags(loaded, m), tuple(run.flags))
+    if changes:
+        warnings.append(
+            loaded.source.warning(
+                at,
+                "llama.cpp's dry run no longer applies (" + ", ".join(changes) + "): estimating; "
+                "`umemc check --measure` asks it again",
+                what="table",
+            )
+        )
+        return None
+    current = still_answers(run, m.spec.runtime, m.spec.bin)
+    if current is False:
+        warnings.append(
+            loaded.source.warning(
+                at,
+                f"the llama.cpp that sized this model changed or is not the one it would run now "
+                f"({run.identity.path}): estimating; `umemc check --measure` asks it again",
+                what="table",
+            )
+        )
+        return None
+    return dry_run_figures(m, facts, run, vision, verified=current is True)
+
+
+def dry_run_figures(
+    m: ResolvedModel, facts: GgufFacts, run: DryRun, vision: tuple[Figure, Figure] | None, verified: bool
+) -> tuple[Figure, Figure, Figure]:
+    """Weights, KV (+ recurrent state) and compute (+ output) from llama.cpp's dry run. A no_alloc load sizes
+    no weight buffer in its log: the weights are the header's exact tensor bytes, checked against the dry run's
+    breakdown table (whole MiB) where it has one; a CPU_REPACK buffer there (or in the log) is the repacked copy,
+    held besides the mapped file pages when the model is mmap'd (the `_repack` rule)."""
+    by: dict[str, object] = {"llama.cpp": f"{run.tool} {run.build}", "asked": run.at, "seconds": run.seconds}
+    if not verified:
+        by["note"] = "that llama.cpp is not on this machine: its recorded answer is used"
+    weights, kv, compute = _asked_weights(m, facts, run, by), _asked_kv(run, by), _asked_compute(run, by)
+    if vision:
+        weights = Figure.total("weights", [weights, vision[0]])
+        compute = Figure.total("compute", [compute, vision[1]])
+    return weights, kv, compute
+
+
+def _asked_weights(m: ResolvedModel, facts: GgufFacts, run: DryRun, by: dict[str, object]) -> Figure:
+    mib = 1024 * 1024
+    table_repack = run.table.get("CPU_REPACK", {}).get("model")
+    repack = 0
+    if "CPU_REPACK" in run.buffers or table_repack:
+        repack = facts.repack_bytes
+        if table_repack is not None and repack // mib != table_repack // mib:
+            repack = table_repack + mib  # llama.cpp repacks another set than umemc's rule: its figure, rounded up
+    file_part = facts.tensor_bytes - repack if not m.mmap else facts.tensor_bytes
+    table_rest = sum(v.get("model", 0) for k, v in run.table.items() if k != "CPU_REPACK")
+    inputs = dict(by, **{"header tensor bytes": facts.tensor_bytes})
+    if run.table:
+        inputs["breakdown table (MiB)"] = ", ".join(f"{k} {v.get('model', 0) // mib}" for k, v in run.table.items())
+    if run.table and table_rest > (facts.tensor_bytes - repack) + mib:
+        if m.mmap:  # a tensor loaded twice (a tied output) maps the file's same pages: the header's bytes hold
+            inputs["note"] = (
+                f"llama.cpp's breakdown ({table_rest // mib} MiB) counts a tensor it loads twice (a tied output), "
+                "which a mapped file holds once"
+            )
+        else:  # loaded into memory, the second copy is memory: llama.cpp's figure, rounded up
+            file_part = table_rest + mib
+            inputs["note"] = "llama.cpp holds more than the header's tensors (a tensor loaded twice): its breakdown"
+    parts = [Figure("model buffers", file_part, "the GGUF header's loaded tensor bytes (exact), as llama.cpp maps "
+                    "or loads them", inputs)]  # fmt: skip
+    if repack:
+        parts.append(
+            Figure(
+                "repacked copy",
+                repack,
+                "llama.cpp's CPU_REPACK buffer" + (" (besides the mapped file pages)" if m.mmap else ""),
+                {"llama.cpp": by["llama.cpp"]},
+            )
+        )
+    return Figure.total("weights", parts)
+
+
+def _asked_kv(run: DryRun, by: dict[str, object]) -> Figure:
+    kv = sum(v.get("kv", 0) for v in run.buffers.values())
+    rs = sum(v.get("rs", 0) for v in run.buffers.values())
+    parts = [Figure("kv cache", kv, "llama.cpp: llama_kv_cache size (dry run)", dict(by))]
+    if rs:
+        tool = {"llama.cpp": by["llama.cpp"]}
+        parts.append(Figure("recurrent state", rs, "llama.cpp: RS buffer size (dry run)", tool))
+    return Figure.total("kv", parts)
+
+
+def _asked_compute(run: DryRun, by: dict[str, object]) -> Figure:
+    compute = sum(v.get("compute", 0) for v in run.buffers.values())
+    output = sum(v.get("output", 0) for v in run.buffers.values())
+    return Figure.total(
+        "compute",
+        [
+            Figure("compute buffer", compute, "llama.cpp: compute buffer size (dry run)", dict(by)),
+            Figure("output buffer", output, "llama.cpp: output buffer size (dry run)", {"llama.cpp": by["llama.cpp"]}),
+        ],
+    )
 
 
 def _checked_entry(loaded: LoadedStack, m: ResolvedModel, warnings: list[str]) -> LockEntry | None:
@@ -249,7 +377,9 @@ def _preset_repack(preset: LlmPreset | None, ftype: str) -> int:
 def _warnings(loaded: LoadedStack, m: ResolvedModel, shape: LlmShape, ftype: str, family: str, kv: Figure) -> list[str]:
     spec, at, src, out = m.spec, ("models", m.name), loaded.source, []
     if spec.runtime in FULL_SWA_CACHE and shape.sliding_window and any(shape.swa_layers):
-        small = kv_figure(shape, spec.context, spec.parallel, spec.ubatch, spec.kv_cache, swa_full=False).bytes
+        small = kv_figure(
+            shape, spec.context, spec.parallel, spec.ubatch, spec.kv_cache, swa_full=False, flash_attn=spec.flash_attn
+        ).bytes
         if kv.bytes > small:
             out.append(
                 src.warning(
@@ -265,8 +395,16 @@ def _warnings(loaded: LoadedStack, m: ResolvedModel, shape: LlmShape, ftype: str
                 at + ("model",),
                 f"architecture {shape.arch!r} is not one umemc models: weights are exact from the header; "
                 + "; ".join(shape.unmodelled)
-                + " (every layer attends to the whole context, dense FFN or the routed experts it declares); "
-                "run `umemc calibrate` to measure it",
+                + "; `umemc check --measure` asks llama.cpp itself",
+            )
+        )
+    elif shape.arch in LAYERS_KNOWN and shape.arch not in KNOWN_ARCHS:
+        out.append(
+            src.warning(
+                at + ("model",),
+                f"umemc sizes {shape.arch!r}'s KV cache and recurrent state by llama.cpp's rules, but not its "
+                "compute graph: compute follows the generic rules and may be off by tens of percent; "
+                "`umemc check --measure` asks llama.cpp itself",
             )
         )
     want = _WANTS.get(family)

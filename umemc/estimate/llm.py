@@ -92,10 +92,17 @@ def swa_cells(shape: LlmShape, context: int, parallel: int, ubatch: int, swa_ful
 
 
 def kv_figure(
-    shape: LlmShape, context: int, parallel: int, ubatch: int, kv_type: str, swa_full: bool = False
+    shape: LlmShape,
+    context: int,
+    parallel: int,
+    ubatch: int,
+    kv_type: str,
+    swa_full: bool = False,
+    flash_attn: bool = True,
 ) -> Figure:
     """The KV cache (llama-kv-cache.cpp) plus, for hybrid models, the recurrent state (llama-memory-recurrent.cpp):
-    both are what llama.cpp allocates for the context at load."""
+    both are what llama.cpp allocates for the context at load. Without flash attention V is stored transposed,
+    every layer's V as wide as the widest layer's (llama_kv_cache: n_embd_v_gqa_max, [TAG_V_CACHE_VARIABLE])."""
     if not shape.causal:
         return Figure("kv", 0, "encoder model: llama.cpp keeps no KV cache", {"arch": shape.arch})
     n_cells = cells(context, parallel)
@@ -103,10 +110,11 @@ def kv_figure(
     n_swa_cells = swa_cells(shape, context, parallel, ubatch, swa_full)
     total = 0
     layers = [i for i in range(shape.n_layer) if shape.has_kv(i)]
+    v_max = max(shape.n_head_kv) * shape.head_dim_v
     for layer in layers:
         n_kv = shape.n_head_kv[layer]
         c = n_swa_cells if shape.swa_layers and shape.swa_layers[layer] else n_cells
-        v = 0 if shape.mla else row_bytes(gtype, shape.head_dim_v * n_kv)
+        v = 0 if shape.mla else row_bytes(gtype, shape.head_dim_v * n_kv if flash_attn else v_max)
         total += (row_bytes(gtype, shape.head_dim_k * n_kv) + v) * c
     inputs: dict[str, object] = {
         "layers": f"{len(layers)} of {shape.n_layer}" if len(layers) != shape.n_layer else shape.n_layer,
@@ -121,6 +129,13 @@ def kv_figure(
         inputs["latent attention (MLA)"] = "one K row per token (the latent and the rope part); V is read from it"
     if shape.n_layer_nextn:
         inputs["next-token-prediction layers"] = f"{shape.n_layer_nextn}: no cache (not run)"
+    if shape.kv_layers and shape.recurrent_layers and all(shape.recurrent_layers[i] for i in layers):
+        inputs["hybrid"] = "every layer keeps a KV cache and a recurrent state (its mixers run side by side)"
+    elif shape.kv_layers and not shape.recurrent_layers:
+        n_reuse = sum(1 for i in range(shape.n_layer) if not shape.kv_layers[i])
+        inputs["shared KV"] = f"{n_reuse} later layers read an earlier layer's cache: no cache of their own"
+    if not flash_attn and len(set(shape.n_head_kv[i] for i in layers)) > 1:
+        inputs["V without flash attention"] = f"every layer's V as wide as the widest ({v_max})"
     if shape.sliding_window:
         n_swa = sum(shape.swa_layers[i] for i in layers) if shape.swa_layers else 0
         inputs["sliding-window layers"] = (
@@ -136,9 +151,20 @@ def kv_figure(
     return Figure.total("kv", [kv, state])
 
 
+# What each recurrent mixer keeps per layer and sequence, as llama_hparams::n_embd_r and n_embd_s compute it.
+_STATE = {
+    "mamba": "conv (d_conv - 1) x (d_inner + 2 n_group d_state) + scan d_state x d_inner",
+    "deltanet": "conv (d_conv - 1) x (2 x key heads x key dim + value dim) + delta state key dim x value dim",
+    "rwkv": "token shift token_shift_count x n_embd + wkv n_embd x head size",
+    "shortconv": "short convolution n_embd x (l_cache - 1)",
+    "kda": "conv 3 x (d_conv - 1) x heads x head dim + state head dim² x heads",
+    "lightning": "state head dim² x heads",
+}
+
+
 def recurrent_figure(shape: LlmShape, parallel: int) -> Figure | None:
-    """Mamba-2 layers keep a conv state ((d_conv - 1) x (d_inner + 2 n_group d_state)) and an SSM state
-    (d_state x d_inner) per sequence, in f32, whatever the context: llama.cpp sizes it for max(1, n_seq)."""
+    """Recurrent layers keep a convolution (or token-shift) state and a scan state per sequence, in f32,
+    whatever the context: llama.cpp sizes it for max(1, n_seq) (llama-memory-recurrent.cpp)."""
     n = sum(shape.recurrent_layers)
     if not n:
         return None
@@ -147,7 +173,13 @@ def recurrent_figure(shape: LlmShape, parallel: int) -> Figure | None:
         "recurrent state",
         n * (shape.n_embd_r + shape.n_embd_s) * F32 * rows,
         "recurrent layers x (n_embd_r + n_embd_s) x 4 bytes x sequences",
-        {"recurrent layers": n, "n_embd_r": shape.n_embd_r, "n_embd_s": shape.n_embd_s, "sequences": rows},
+        {
+            "recurrent layers": n,
+            "mixer": f"{shape.recurrent_kind}: {_STATE.get(shape.recurrent_kind, '?')}",
+            "n_embd_r": shape.n_embd_r,
+            "n_embd_s": shape.n_embd_s,
+            "sequences": rows,
+        },
     )
 
 
@@ -164,12 +196,17 @@ def compute_figure(
     swa_full: bool = False,
     kv_type: str = "f16",
     embed_seqs: int = 0,
+    outputs: int | None = None,
 ) -> Figure:
     """llama.cpp's compute buffer for its worst-case graph (a full ubatch against a full cache),
     plus the output buffer. ggml-alloc frees a tensor after its last use, so the buffer is the
     largest set of tensors alive at once: inside a layer (the attention masks are graph inputs and
-    stay allocated) or at the end (the logits of every token of the reserve batch)."""
+    stay allocated) or at the end (the logits of the reserve batch's outputs). `outputs`: the rows of
+    logits the runtime reserves (llama_context_params.n_outputs_max; llama-server sets one per sequence,
+    tools/server/server-context.cpp server_output_limits); None: every token of the ubatch (the library's
+    default, n_batch)."""
     n_ub = min(ubatch, context * parallel) if shape.causal else ubatch
+    n_out = n_ub if outputs is None else max(1, min(n_ub, outputs))
     # one KV stream per sequence: each of the reserve batch's sequences attends to its own stream's cells
     streams = parallel if shape.causal else 1
     n_kv = cells(context, 1) if shape.causal else pad(n_ub, CTX_PAD)  # an encoder attends to its batch
@@ -197,8 +234,8 @@ def compute_figure(
         below = LOGITS_BELOW + (quantized or (swa_full and any(shape.swa_layers)))
     end = Figure(
         "logits",
-        (width + below * e) * n_ub * F32,
-        f"(n_vocab + {below} x n_embd) x n_ubatch x 4: the reserve graph outputs every token; the logits land "
+        (width + below * e) * n_out * F32,
+        f"(n_vocab + {below} x n_embd) x outputs x 4: the reserve graph's output rows; the logits land "
         "above the final activations"
         + (
             f" ({shape.arch}: measured)"
@@ -207,20 +244,25 @@ def compute_figure(
             if below > 2
             else ""
         ),
-        {"n_vocab": shape.n_vocab},
+        {"n_vocab": shape.n_vocab, "outputs": n_out if outputs is not None else f"{n_out} (every token of the ubatch)"},
     )
     layer = max(attn, ffn, key=lambda f: f.bytes)
-    mamba = mamba_figure(shape, n_ub)
-    candidates = [(mask.bytes + layer.bytes, f"kq_mask + {layer.name}"), (end.bytes, "logits")]
-    if mamba is not None:
-        candidates.append((mamba.bytes, mamba.name))
+    mamba = mixer_figure(shape, n_ub, parallel)
+    resident = _resident(shape, n_ub)
+    alive = mask.bytes + (resident.bytes if resident else 0)
+    with_resident = " + resident streams" if resident else ""
+    candidates = [(alive + layer.bytes, f"kq_mask{with_resident} + {layer.name}"), (end.bytes, "logits")]
+    if mamba is not None:  # the masks are graph inputs: alive in a recurrent layer too, where there are any
+        masked = mask.bytes if any(shape.has_kv(i) for i in range(shape.n_layer)) else 0
+        candidates.append((masked + mamba.bytes, f"kq_mask + {mamba.name}" if masked else mamba.name))
     graph_bytes, peak = max(candidates)
     graph = Figure(
         "compute buffer",
         graph_bytes,
-        f"max(kq_mask + max(attention, ffn), {'mamba-2 mixer, ' if mamba else ''}logits) [= {peak}]",
+        f"max(kq_mask{with_resident} + max(attention, ffn), {'kq_mask + recurrent mixer, ' if mamba else ''}"
+        f"logits) [= {peak}]",
         {"n_ubatch": n_ub, "flash_attn": flash_attn},
-        parts=(mask, attn, ffn, *([mamba] if mamba else []), end),
+        parts=(mask, *([resident] if resident else []), attn, ffn, *([mamba] if mamba else []), end),
     )
     if shape.causal:
         output = Figure(
@@ -292,14 +334,20 @@ def ffn_figure(shape: LlmShape, n_ub: int) -> Figure:
     inputs: dict[str, object] = {"n_ff": shape.n_ff} if dense else {}
     if shape.n_expert:
         routed_e = 3 if shape.arch == "gpt-oss" else 4  # gpt-oss adds each expert's bias in place of one copy
-        terms["routed experts"] = 3 * shape.n_ff_exp * shape.n_expert_used + routed_e * e
-        inputs.update(experts=f"{shape.n_expert_used} of {shape.n_expert} x n_ff_exp {shape.n_ff_exp}")
+        k = shape.n_expert_used
+        terms["routed experts"] = 3 * shape.n_ff_exp * k + routed_e * e
+        # then the down projections of the k experts ([n_embd, k, n_ubatch]) and their weighted copy, beside the
+        # swiglu product they were made from: wider than the above when the experts are narrow (qwen3moe, glm)
+        terms["expert outputs"] = shape.n_ff_exp * k + 2 * e * k + (3 + MOE_EXTRA_BY_ARCH.get(shape.arch, 0)) * e
+        inputs.update(experts=f"{k} of {shape.n_expert} x n_ff_exp {shape.n_ff_exp}")
         if shape.n_ff_shexp:
             # the routed output stays alive while the shared experts run; llama4 also keeps its pre-weighted input
             terms["shared experts"] = 3 * shape.n_ff_shexp + (6 if shape.arch == "llama4" else 5) * e
             inputs["shared experts width"] = shape.n_ff_shexp
     name, width = max(terms.items(), key=lambda kv: kv[1])
     formulas = {
+        "expert outputs": "(n_ff_exp x n_expert_used: the swiglu product + 2 x n_embd x n_expert_used: the experts' "
+        "down projections and their weighted copy + 3 x n_embd)",
         "dense ffn": "(3 x n_ff: gate, up and their product + 4 x n_embd)",
         "routed experts": "(3 x n_ff_exp x n_expert_used + 4 x n_embd)",
         "shared experts": "(3 x shared width + 5 x n_embd: the routed output waits)",
@@ -308,21 +356,56 @@ def ffn_figure(shape: LlmShape, n_ub: int) -> Figure:
     return Figure("ffn", width * n_ub * F32, f"{formulas[name]} x n_ubatch x 4", inputs)
 
 
-def mamba_figure(shape: LlmShape, n_ub: int) -> Figure | None:
-    """A Mamba-2 mixer's step (llama.cpp build_mamba2_layer): the in-projection (z, xBC, dt), the conv input
-    and output, the scan; no attention mask is read there. Calibrated on granitehybrid shapes against
-    llama.cpp's compute buffer (within 2%, bench/accuracy.py): 2 x in-projection + conv width + 4 x n_embd."""
-    if not any(shape.recurrent_layers) or not shape.ssm_dims:
+# n_embd-wide activations an MoE layer keeps beyond its experts' outputs, measured where the cause is not
+# known (llama.cpp's dry run under llama-server, bench/accuracy.py): gpt-oss (biases and clamped swiglu),
+# deepseek2 (latent attention's output beside the experts)
+MOE_EXTRA_BY_ARCH = {"gpt-oss": 2, "deepseek2": 3}
+DELTA_CHUNK = 64  # build_delta_net_chunking: tokens per chunk (16 for Kimi's KDA)
+# n_embd-wide activations a mixer layer keeps beside its own tensors, measured where the graph keeps more than
+# the mixer (granite's residual and embedding multipliers scale copies of the stream): llama.cpp's dry run of
+# granite-4.0-h-small at 8K and 32K (bench/accuracy.py); other mixers keep none (nemotron_h, qwen3next, falcon-h1)
+MIXER_EXTRA_BY_ARCH = {"granitehybrid": 4}
+
+
+def mixer_figure(shape: LlmShape, n_ub: int, parallel: int = 1) -> Figure | None:
+    """A recurrent mixer's step with the ssm keys (llama.cpp build_mamba2_layer; Qwen3-Next's Gated DeltaNet,
+    src/models/delta-net-base.cpp): the in-projection (z, xBC, dt), the conv input and output, the scan, and the
+    scan's state of every sequence it reads and writes (n_seq x n_embd_s); a chunked delta rule also holds two
+    chunk x chunk matrices per chunk and value head (the chunk's attention and its decay mask). Checked against
+    llama.cpp's dry run (bench/accuracy.py): granitehybrid, nemotron_h, falcon-h1, qwen3next."""
+    if not any(shape.recurrent_layers) or not shape.ssm_dims or shape.recurrent_kind not in ("mamba", "deltanet"):
         return None
     _, d_inner, d_state, n_group, n_head = shape.ssm_dims
     d_in_proj = 2 * d_inner + 2 * n_group * d_state + n_head
     xbc = d_inner + 2 * n_group * d_state
-    return Figure(
-        "mamba-2 mixer",
-        (2 * d_in_proj + xbc + 4 * shape.n_embd) * n_ub * F32,
+    extra = MIXER_EXTRA_BY_ARCH.get(shape.arch, 0)
+    width = (2 * d_in_proj + xbc + (4 + extra) * shape.n_embd) * n_ub
+    state = max(1, parallel) * shape.n_embd_s
+    formula = (
         "(2 x in-projection (2 d_inner + 2 n_group d_state + n_head) + conv width (d_inner + 2 n_group d_state) "
-        "+ 4 x n_embd) x n_ubatch x 4",
-        {"d_inner": d_inner, "d_state": d_state, "n_group": n_group, "ssm heads": n_head},
+        "+ 4 x n_embd) x n_ubatch x 4 + n_seq x n_embd_s x 4"
+    )
+    inputs: dict[str, object] = {"d_inner": d_inner, "d_state": d_state, "n_group": n_group, "heads": n_head}
+    if extra:
+        inputs[f"{shape.arch}: measured"] = f"{extra} more n_embd-wide activations alive"
+    chunks = 0
+    if shape.recurrent_kind == "deltanet":
+        chunks = 2 * DELTA_CHUNK * DELTA_CHUNK * -(-n_ub // DELTA_CHUNK) * n_head
+        formula += " + 2 x chunk² x chunks x value heads x 4"
+        inputs["chunk"] = DELTA_CHUNK
+    return Figure(f"{shape.recurrent_kind} mixer", (width + state + chunks) * F32, formula, inputs)
+
+
+def _resident(shape: LlmShape, n_ub: int) -> Figure | None:
+    """Activations an architecture keeps alive across all its layers beside the residual (shape.resident_width
+    floats per token: Gemma 3n's altup predictions and per-layer embeddings)."""
+    if not shape.resident_width:
+        return None
+    return Figure(
+        "resident streams",
+        shape.resident_width * n_ub * F32,
+        "resident width x n_ubatch x 4 (kept through every layer)",
+        {"width": shape.resident_width},
     )
 
 

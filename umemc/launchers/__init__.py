@@ -43,6 +43,13 @@ def runtime_of(m: ModelPlan) -> Runtime:
     return RUNTIMES[m.model.spec.runtime]
 
 
+def dry_run_args(m: ModelPlan, argv: list[str]) -> list[str] | None:
+    """What llama.cpp's dry run (umemc.dryrun) is given for this worker: the memory-relevant part of its compiled
+    argv, in the runtime's own spelling; None for a runtime that is not llama.cpp."""
+    module = {"llama-server": llama_server, "llama-cpp-python": llama_cpp_python}.get(m.model.spec.runtime)
+    return None if module is None else module.dry_run_args(argv)
+
+
 def help_argv(m: ModelPlan, argv: list[str]) -> list[str]:
     """How preflight asks the runtime for its --help (argv[0] is the runtime's executable)."""
     module = runtime_of(m).HELP_MODULE

@@ -75,3 +75,10 @@ def argv(m: ModelPlan, ctx: Context) -> list[str]:
     if m.estimate.facts.get("family") == "embedding":
         out += ["--embedding", "true"]
     return out + ["--host", ctx.host, "--port", str(rm.port), *spec.args]
+
+
+def dry_run_args(argv: list[str]) -> list[str]:
+    """The server's own arguments (after `-m llama_cpp.server`): umemc.dryrun's helper parses them with the
+    server's own settings parser, so the dry run builds the model the server would."""
+    i = argv.index("llama_cpp.server") if "llama_cpp.server" in argv else 0
+    return argv[i + 1 :]

@@ -9,13 +9,34 @@ import re
 from ..lockfile import BufferReport
 
 _BUFFER = re.compile(r"(\S+)\s+(model|KV|RS|compute|output) buffer size =\s+([\d.]+) MiB")
+# A model (re)load and a context (re)creation start their reports afresh (llama-model.cpp load_tensors,
+# llama-context.cpp's constructor); inside one report, a model with sliding-window layers logs two KV caches
+# (llama-kv-cache-iswa.cpp: the full-size and the windowed one), a hybrid a KV cache and a recurrent state.
+_MODEL_LOAD = "load_tensors: loading model tensors"
+_NEW_CONTEXT = "llama_context: constructing llama_context"
+_SUMMED = ("kv", "rs", "model")
 MiB = 1024 * 1024
 
 
 def parse_buffers(log: str) -> BufferReport:
-    """{device: {model|kv|rs|compute|output: bytes}}. A reloaded context prints its lines again: the last
-    report of each buffer counts."""
+    """{device: {model|kv|rs|compute|output: bytes}} of the last model load and the last context: a reloaded
+    model or context prints its lines again, and that report replaces the earlier one; within one report the
+    lines of several caches (or weight buffers) on one device add up."""
+    model: BufferReport = {}
+    context: BufferReport = {}
+    for line in log.splitlines():
+        if _MODEL_LOAD in line:
+            model = {}
+        elif _NEW_CONTEXT in line:
+            context = {}
+        m = _BUFFER.search(line)
+        if m is None:
+            continue
+        device, kind, size = m.group(1), m.group(2).lower(), round(float(m.group(3)) * MiB)
+        slot = (model if kind == "model" else context).setdefault(device, {})
+        slot[kind] = slot.get(kind, 0) + size if kind in _SUMMED else size
     out: BufferReport = {}
-    for device, kind, mib in _BUFFER.findall(log):
-        out.setdefault(device, {})[kind.lower()] = round(float(mib) * MiB)
+    for part in (model, context):
+        for device, kinds in part.items():
+            out.setdefault(device, {}).update(kinds)
     return out

@@ -108,14 +108,15 @@ class ResolvedNode:
     images: dict[str, str] = field(default_factory=dict)  # container image by runtime (--target kubernetes)
 
 
-def load_stack(path: Path, shown: str | None = None) -> LoadedStack:
-    """The whole load stage: read, parse, validate, check, resolve."""
+def load_stack(path: Path, shown: str | None = None, locks: dict[str, LockEntry] | None = None) -> LoadedStack:
+    """The whole load stage: read, parse, validate, check, resolve. `locks`: the stack's lock entries when the
+    caller holds newer ones than its file (llama.cpp's answers it could not write)."""
     from .. import lockfile
 
     doc = read_document(path, shown)
     stack = validate(doc)
     src = doc.source
-    locks = lockfile.load(path)
+    locks = lockfile.load(path) if locks is None else locks
     _check_names(stack, src)
     nodes = _nodes(stack, doc)
     if nodes:
