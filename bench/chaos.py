@@ -1,7 +1,8 @@
 """A bounded chaos soak: a real stack (`umemc up`: supervisord, enforcer, gateway; placeholder workers and
-one real leaking worker) under steady requests, while random faults hit it: kill -9 of a worker, of the
-gateway or of the enforcer, SIGSTOP/SIGCONT of a worker, leases granted and released. Loopback only, fixed
-duration, it stops by itself and brings the stack down.
+one real leaking worker, all run as the stack's own `command` workers, so the leaker really leaks: under
+`--simulate` it would be a placeholder too) under steady requests, while random faults hit it: kill -9 of a
+worker, of the gateway or of the enforcer, SIGSTOP/SIGCONT of a worker, leases granted and released. Loopback
+only, fixed duration, it stops by itself and brings the stack down.
 
     python bench/chaos.py [--seconds 120] [--clients 4] [--seed 1]
 
@@ -41,10 +42,17 @@ WORKERS = Path(__file__).resolve().parents[1] / "tests" / "workers"
 MODELS = ("a", "b", "c")  # placeholders; "leak" leaks on purpose and is killed at its quota
 
 
+def placeholder(name: str) -> str:
+    """umemc's placeholder run as a plain command worker: it holds 56 MiB and answers like a model server."""
+    argv = [PY, "-m", "umemc.runtime.placeholder", "--model", name, "--bytes", str(56 * MiB), "--port", "{port}"]
+    return json.dumps([*argv, "--health", "/health"])
+
+
 def stack_text(ports: dict[str, int]) -> str:
     models = "".join(
-        f'\n[models.{n}]\nruntime = "command"\ncommand = ["true"]\nmemory = "64MiB"\nport = {ports[n]}\n'
-        f'mode = "{"hot" if n == "a" else "cold"}"\npriority = {80 if n == "a" else 50}\nmax_concurrency = 4\n'
+        f'\n[models.{n}]\nruntime = "command"\ncommand = {placeholder(n)}\nmemory = "64MiB"\nport = {ports[n]}\n'
+        f'health = "/health"\nmode = "{"hot" if n == "a" else "cold"}"\npriority = {80 if n == "a" else 50}\n'
+        "max_concurrency = 4\n"
         for n in MODELS
     )
     leak = [PY, str(WORKERS / "leaker.py"), "50", "4", "256", "5"]
@@ -67,6 +75,7 @@ class Soak:
         self.heal: list[float] = []
         self.pending: dict[str, float] = {}  # model -> when a fault hit it
         self.overshoot = 0
+        self.kills: dict[str, int] = {}  # the leaker's hard-limit kills, by whom
         self.leases: list[str] = []
         self.samples: dict[str, str] = {}  # one message per failing outcome
         self.stop = threading.Event()
@@ -200,11 +209,12 @@ def main() -> int:
         ports = {n: free_port() for n in (*MODELS, "gateway")}
         (where / "stack.toml").write_text(stack_text(ports))
         run = where / "run"
-        up = [PY, "-m", "umemc", "up", str(where / "stack.toml"), "--run-dir", str(run), "--simulate"]
+        up = [PY, "-m", "umemc", "up", str(where / "stack.toml"), "--run-dir", str(run)]
         subprocess.run(up, check=True, capture_output=True, timeout=300)
         soak = Soak(run, ports["gateway"], a.seconds, a.clients, a.seed)
         try:
             soak.run_for()
+            soak.kills = _leak_kills(run)
         finally:
             mark = run_mark(run / "state")
             down = subprocess.run([PY, "-m", "umemc", "down", "--run-dir", str(run)], capture_output=True, text=True)
@@ -219,6 +229,16 @@ def main() -> int:
     return 1 if soak.violations else 0
 
 
+def _leak_kills(run: Path) -> dict[str, int]:
+    out = subprocess.run(
+        [PY, "-m", "umemc", "events", "--json", "--run-dir", str(run), "--kind", "hard_limit_kill", "--model", "leak"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    kills: Counter[str] = Counter(e["detail"].get("by", "enforcer") for e in json.loads(out or "[]"))
+    return dict(kills)
+
+
 def report(s: Soak, a: argparse.Namespace) -> str:
     total = sum(s.outcomes.values())
     lines = [
@@ -230,7 +250,9 @@ def report(s: Soak, a: argparse.Namespace) -> str:
         *[f"| {k} | {v} |" for k, v in s.outcomes.most_common()],
         "",
         "Largest overshoot of a worker over its hard quota (50 ms samples of /proc): "
-        f"{max(0, s.overshoot) / MiB:.1f} MiB.",
+        f"{max(0, s.overshoot) / MiB:.1f} MiB; the leaker (a real process growing 50 MiB/s to 256 MiB against "
+        f"its 120 MiB hard quota) was killed {s.kills.get('enforcer', 0)} times by the enforcer and "
+        f"{s.kills.get('kernel', 0)} by the kernel (its cgroup's limit).",
         *[f"- {k}: {v}" for k, v in s.samples.items()],
     ]
     if s.heal:

@@ -15,6 +15,25 @@ from umemc.cli import main
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _patience() -> float:
+    """How much longer than on an idle machine a wait may take here: UMEMC_TEST_PATIENCE, else from the load
+    average when the session starts (a busy 2-core machine at load 9 waits up to 10x). Waits follow events; this
+    only scales the bound after which a test gives up."""
+    given = os.environ.get("UMEMC_TEST_PATIENCE")
+    if given:
+        return max(1.0, float(given))
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return min(10.0, max(1.0, 1.0 + 2.0 * load))
+
+
+PATIENCE = _patience()
+
+
+def patience(seconds: float) -> float:
+    """A wait's bound on this machine, now (see _patience)."""
+    return seconds * PATIENCE
+
+
 @pytest.fixture(autouse=True)
 def no_etc_writes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests must never write host configuration: any write under /etc fails loudly."""
@@ -73,9 +92,25 @@ memory = "16GiB"
 SLOW_MARKERS = ("llama", "llama_server", "torch")
 
 
+STARTS_SUPERVISORD = ("bring_up(", '["up", ', "start_supervisord(")  # a test that starts one without the fixture
+
+
+def _starts_supervisord(item: pytest.Item) -> bool:
+    import inspect
+
+    function = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(function) if function is not None else ""
+    except (OSError, TypeError):
+        return False
+    return any(s in source for s in STARTS_SUPERVISORD)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`slow`: every test that brings up a real stack (the `stack` fixture) or needs a long-built lane, besides
-    the modules and tests marked by hand; `pytest -m "not slow"` is the fast lane while editing."""
+    """`slow`: every test that brings up a real stack (the `stack` fixture, or supervisord started some other way:
+    bring_up, `umemc up`), or needs a long-built lane, besides the modules and tests marked by hand; `pytest -m
+    "not slow"` is the fast lane while editing."""
     for item in items:
-        if "stack" in getattr(item, "fixturenames", ()) or any(item.get_closest_marker(m) for m in SLOW_MARKERS):
+        fixtures = getattr(item, "fixturenames", ())
+        if "stack" in fixtures or any(item.get_closest_marker(m) for m in SLOW_MARKERS) or _starts_supervisord(item):
             item.add_marker(pytest.mark.slow)

@@ -113,8 +113,9 @@ def test_does_not_fit_leads_with_the_decisive_fact_and_the_smallest_change(
 ) -> None:
     text = (
         'version = 1\nname = "big"\n[platform]\nkind = "cpu"\nmemory = "16GiB"\nos_reserve = "2GiB"\n'
-        '[models.chat]\nruntime = "llama-server"\narch = "llama-3-8b"\nquant = "Q8_0"\ncontext = 32768\n'
-        'priority = 90\n[models.side]\nruntime = "command"\ncommand = ["true"]\nmemory = "3GiB"\npriority = 10\n'
+        '[models.chat]\nruntime = "llama-server"\narch = "llama-3-8b"\nmodel = "chat.gguf"\nquant = "Q8_0"\n'
+        'context = 32768\npriority = 90\n[models.side]\nruntime = "command"\ncommand = ["true"]\nmemory = "3GiB"\n'
+        "priority = 10\n"
     )
     write_stack(text)
     code, out, err = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
@@ -136,12 +137,11 @@ def test_does_not_fit_leads_with_the_decisive_fact_and_the_smallest_change(
     ]
     stack = "stack.toml"
     assert report["warnings"] == [
-        f"{stack}:11:11: models.chat.context: context 32768 is above the model's trained context 8192: quality "
+        f'{stack}:10:9: models.chat.model: file not found, estimating from arch = "llama-3-8b"',
+        f"{stack}:12:11: models.chat.context: context 32768 is above the model's trained context 8192: quality "
         "degrades without RoPE scaling",
         f"{stack}:7:9: models.chat.mmap: weights memory-mapped (mmap = true) without mlock on a tight box "
         "(headroom -4.9 GiB): the OS may page them out; set mlock = true or mmap = false",
-        f"{stack}:7:1: models.chat: no model file: llama-server cannot start without one (the estimate used "
-        'arch = "llama-3-8b"); give model = "path/to/file.gguf"',
     ]
     assert err == "".join(f"warning: {w}\n" for w in report["warnings"]) + "".join(f"{a}\n" for a in report["advice"])
     code, md, _ = run_cli("check", "stack.toml", "--format", "markdown", cwd=tmp_path)
@@ -169,7 +169,7 @@ def test_a_single_change_that_fits_is_named(write_stack, run_cli, tmp_path: Path
     the CPU_REPACK copy), so mmap = false (the mildest change) fits, and so does a lower quantization."""
     text = (
         'version = 1\nname = "cpu"\n[platform]\nkind = "cpu"\nmemory = "10GiB"\nos_reserve = "1GiB"\n'
-        '[models.chat]\nruntime = "llama-server"\narch = "qwen2.5-7b"\ncontext = 2048\n'
+        '[models.chat]\nruntime = "llama-server"\narch = "qwen2.5-7b"\nmodel = "chat.gguf"\ncontext = 2048\n'
     )
     write_stack(text)
     code, out, _ = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
@@ -189,14 +189,14 @@ ARCH_ONLY = (
 )
 
 
-def test_arch_only_model_warns_at_check_and_is_refused_at_build(write_stack, run_cli, tmp_path: Path) -> None:
+def test_arch_only_model_is_refused_by_check_and_build_alike(write_stack, run_cli, tmp_path: Path) -> None:
     write_stack(ARCH_ONLY)
     message = (
         "stack.toml:5:1: models.chat: no model file: llama-server cannot start without one (the estimate used arch = "
         '"llama-3-8b"); give model = "path/to/file.gguf"'
     )
-    code, _, err = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
-    assert (code, err) == (0, f"warning: {message}\n")
+    # what build refuses, check refuses (a CI dry run must not say FITS for a stack that cannot be built)
+    assert run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path) == (2, "", message + "\n")
     for flags in ((), ("--files-later",)):  # no model key: nothing could come later
         assert run_cli("build", "stack.toml", "-o", "out", *flags, cwd=tmp_path) == (2, "", message + "\n")
         assert not (tmp_path / "out").exists()

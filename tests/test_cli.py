@@ -23,6 +23,7 @@ os_reserve = "1GiB"
 [models.chat]
 runtime = "llama-server"
 arch = "qwen2.5-7b"
+model = "models/qwen2.5-7b-q4_k_m.gguf"
 quant = "Q4_K_M"
 context = 2048
 priority = 70
@@ -41,8 +42,7 @@ def test_json_is_exactly_the_contract(tmp_path: Path, run_cli) -> None:
     (tmp_path / "stack.toml").write_text(SMALL)
     code, out, err = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
     assert code == 0 and err == (
-        "warning: stack.toml:9:1: models.chat: no model file: llama-server cannot start without one (the estimate "
-        'used arch = "qwen2.5-7b"); give model = "path/to/file.gguf"\n'
+        'warning: stack.toml:12:9: models.chat.model: file not found, estimating from arch = "qwen2.5-7b"\n'
     )
     r = json.loads(out)
     assert list(r) == [
@@ -94,10 +94,7 @@ def test_json_is_exactly_the_contract(tmp_path: Path, run_cli) -> None:
     assert r["headroom_bytes"] == r["capacity"]["budget_bytes"] - r["hot_total_bytes"]
     assert r["cold_admission"] == {"helper": {"fits_alongside_hot": True, "admissible": True, "evicts": []}}
     assert (r["stack"], r["fits"], r["hot_gpu_total_bytes"], r["advice"]) == ("small", True, 0, [])
-    assert r["warnings"] == [
-        "stack.toml:9:1: models.chat: no model file: llama-server cannot start without one (the estimate used arch = "
-        '"qwen2.5-7b"); give model = "path/to/file.gguf"'
-    ]
+    assert r["warnings"] == ['stack.toml:12:9: models.chat.model: file not found, estimating from arch = "qwen2.5-7b"']
 
 
 def test_markdown_for_pull_requests(tmp_path: Path, run_cli) -> None:

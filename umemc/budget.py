@@ -250,7 +250,8 @@ def _cold_warnings(plan: Plan) -> list[str]:
 
 def missing_files(plan: Plan) -> list[tuple[bool, str]]:
     """Models whose runtime needs a weights file the stack does not provide: (no model key at all, message).
-    `check` warns; `build` refuses (a missing file is allowed with --files-later, no model key never is)."""
+    `check` and `build` refuse a model without a model key (exit 2); a named file that is not there yet is a
+    warning in `check` and needs --files-later in `build`."""
     out = []
     for m in plan.models.values():
         spec = m.model.spec

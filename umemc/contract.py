@@ -181,6 +181,7 @@ class WorkerStatus(Document):
     reserved_bytes: int
     # added in status version 1's lifetime: defaults keep older status files readable
     leak_rate_bytes_per_s: float | None = None  # the usage trend over the samples kept (None: too few yet)
+    allowance_bytes: int = 0  # what live leases that name it add to its quotas (ComfyUI's workflow models)
 
 
 class EnforcerStatus(Document):
@@ -192,6 +193,11 @@ class EnforcerStatus(Document):
     events_error: str | None
     events_moved_to: str | None
     models: dict[str, WorkerStatus]
+    # added in status version 1's lifetime (older files lack them): the trends over the leak window
+    box_trend_bytes_per_s: float | None = None  # the machine's used memory (usable - MemAvailable)
+    own_bytes: int | None = None  # umemc's own processes (supervisord, enforcer, gateway), resident
+    own_trend_bytes_per_s: float | None = None
+    exhaustion_s: float | None = None  # MemAvailable / the machine's trend, while it grows
 
 
 class GatewayModel(Document):
@@ -212,9 +218,12 @@ class LeaseDoc(Document):
     model: str | None
     expires: float
     expires_in_s: float
+    worker: str | None = None  # the worker whose allowance it raises (absent in files of older gateways)
 
     def lease(self) -> Lease:
-        return Lease(self.id, self.holder, self.bytes, self.gpu_bytes, self.priority, self.expires, self.model)
+        return Lease(
+            self.id, self.holder, self.bytes, self.gpu_bytes, self.priority, self.expires, self.model, self.worker
+        )
 
 
 class GenerationDoc(Document):

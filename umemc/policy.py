@@ -36,6 +36,7 @@ class Held:
     last_used: float
     evicting: bool = False  # already chosen by another decision: its memory is on its way back
     live: int | None = None  # measured usage, what stopping it takes off the pressure (None: ram)
+    hard: int = 0  # its hard quota (ram is the larger of this and its usage); a lease may raise it
 
     @property
     def usage(self) -> int:
@@ -51,6 +52,9 @@ class Lease:
     priority: int
     expires: float  # wall-clock seconds
     model: str | None = None
+    # the stack's worker whose allowance the lease raises (ComfyUI leasing for its own workflow): counted as
+    # that worker's larger quota, not beside it; a lease for nobody (a batch job) is memory of its own
+    worker: str | None = None
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,30 @@ class Budget:
     pressure: float | None = None  # live; None: on paper, the ledger's own total over usable
 
 
+def attach(held: list[Held], leases: list[Lease]) -> tuple[list[Held], list[Lease]]:
+    """Leases that raise a live worker's allowance, folded into that worker: its ledger entry becomes the larger
+    of its usage and its hard quota plus those leases (the memory it will use for them is its own), and while
+    they live it is busy (not evicted as idle); the other leases stay memory of their own."""
+    by_worker: dict[str, list[Lease]] = {}
+    for lease in leases:
+        if lease.worker is not None:
+            by_worker.setdefault(lease.worker, []).append(lease)
+    names = {h.name for h in held}
+    out = []
+    for h in held:
+        mine = by_worker.get(h.name)
+        if mine:
+            extra_ram, extra_gpu = sum(x.ram for x in mine), sum(x.gpu for x in mine)
+            h = Held(
+                h.name, h.priority, h.cold, max(h.usage, h.hard + extra_ram), h.gpu + extra_gpu, True, h.drainable,
+                h.last_used, h.evicting, h.live, h.hard + extra_ram,
+            )  # fmt: skip
+        out.append(h)
+    return out, [x for x in leases if x.worker is None or x.worker not in names]
+
+
 def decide(need: Need, held: list[Held], leases: list[Lease], budget: Budget) -> Decision:
+    held, leases = attach(held, leases)
     used_ram = sum(h.ram for h in held) + sum(lease.ram for lease in leases)
     used_gpu = sum(h.gpu for h in held) + sum(lease.gpu for lease in leases)
     free_ram = budget.ram - used_ram

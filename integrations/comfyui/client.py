@@ -58,6 +58,8 @@ class LeaseClient:
         """A lease of `nbytes` (evicting lower-priority idle workers if the policy allows); its id."""
         body: dict[str, Any] = {"holder": f"{holder}:{self.model}" if self.model else holder}
         body |= {"bytes": int(nbytes), "ttl": ttl_s}
+        if self.model:  # the memory this ComfyUI will hold itself: it raises its own quota, not beside it
+            body["worker"] = self.model
         if priority is not None:
             body["priority"] = priority
         status, doc = self._call("POST", "/umemc/leases", body)

@@ -30,10 +30,11 @@ def tree(root: Path) -> dict[str, bytes]:
 
 
 def normalized(files: dict[str, bytes]) -> dict[str, str]:
-    """Golden files hold no machine paths: the checkout and the interpreter become placeholders."""
+    """Golden files hold no machine paths: the interpreter and the checkout become placeholders (the interpreter
+    first: a venv inside the checkout would otherwise become <REPO>/.venv/... and tie the goldens to it)."""
     out = {}
     for rel, data in files.items():
-        text = data.decode().replace(str(REPO), "<REPO>").replace(sys.executable, "<PYTHON>")
+        text = data.decode().replace(sys.executable, "<PYTHON>").replace(str(REPO), "<REPO>")
         out[rel] = text
     return out
 

@@ -23,6 +23,7 @@ memory = "64GiB"
 [models.m]
 runtime = "{runtime}"
 arch = "gemma-3-27b"
+model = "gemma-3-27b-q4_k_m.gguf"
 context = 8192
 mmap = false
 """
@@ -44,7 +45,7 @@ def test_llama_cpp_python_warns_about_its_full_sliding_window_cache(write_stack,
     write_stack(GEMMA.format(runtime="llama-cpp-python"))
     code, out, _ = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
     assert code == 0
-    assert json.loads(out)["warnings"][:1] == [
+    assert json.loads(out)["warnings"][1:2] == [
         "stack.toml:7:11: models.m.runtime: llama-cpp-python keeps full-size KV caches on the model's "
         "sliding-window layers (llama.cpp's swa_full default; its server has no setting for it): KV 4160749568 "
         "bytes (3.88 GiB) instead of 1325400064 bytes (1.23 GiB) with llama-server, which keeps only the window"

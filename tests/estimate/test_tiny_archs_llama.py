@@ -1,7 +1,9 @@
 """Small models of each 2026 architecture family (umemc.testing.tinyarchs) loaded by real llama.cpp
 (llama-cpp-python): its own buffer report against `umemc check` on the file. Weights and KV (with a hybrid's
-recurrent state) must match to the 0.01 MiB llama.cpp prints; compute within the small-model bound that
-bench/RESULTS.md records (full-size figures are in the bench's full-size table)."""
+recurrent state) must match to the 0.01 MiB llama.cpp prints; compute never more than 10% below llama.cpp's and
+within the small-model bound above it that bench/RESULTS.md records (the experts' outputs term, exact for
+full-size qwen3moe and glm4moe, is conservative on these small ones, whose allocator reuses more; full-size figures
+are in the bench's tables)."""
 
 from __future__ import annotations
 
@@ -52,4 +54,4 @@ def test_llama_cpp_reports_what_umemc_estimates(write_stack, tmp_path: Path, nam
     e = make_plan(load_stack(stack)).models["m"].estimate
     assert abs(e.weights.bytes - real["weights"]) <= 0.01 * MiB
     assert abs(e.kv.bytes - real["kv"]) <= 0.01 * MiB
-    assert abs(e.compute.bytes - real["compute"]) <= 0.25 * real["compute"]
+    assert -0.10 * real["compute"] <= e.compute.bytes - real["compute"] <= 0.40 * real["compute"]

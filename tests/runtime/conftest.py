@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.conftest import patience
 from umemc.cli import main
 from umemc.runtime.preflight import read_sysctl
 
@@ -78,6 +79,8 @@ class Running:
         return [e for e in out if (kind is None or e["kind"] == kind) and (model is None or e["model"] == model)]
 
     def wait_for(self, predicate: Callable[[], object], timeout: float = 30, what: str = "condition") -> object:
+        """Until predicate() is truthy; `timeout` is an idle machine's bound, scaled by tests.conftest.patience."""
+        timeout = patience(timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             value = predicate()
@@ -113,7 +116,7 @@ def bring_up(where: Path, text: str, *flags: str, expect: int = 0) -> Running:
     path = where / "stack.toml"
     path.write_text(text)
     r = Running(where / "run")
-    code = main(["up", str(path), "--run-dir", str(r.run_dir), "--timeout", "60", *flags])
+    code = main(["up", str(path), "--run-dir", str(r.run_dir), "--timeout", str(patience(60)), *flags])
     if code != expect:
         bring_down(r)
     assert code == expect

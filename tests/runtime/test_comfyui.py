@@ -119,3 +119,51 @@ def test_an_unreachable_gateway_runs_the_prompt_without_a_lease(tmp_path: Path) 
     hook = LeaseHook(LeaseClient(f"http://127.0.0.1:{free_port()}", timeout_s=2), resolver(models_dir(tmp_path)))
     out = hook.on_prompt({"prompt": WORKFLOW})
     assert out["prompt"] == WORKFLOW and EXTRA not in out.get("extra_data", {})
+
+
+def test_a_lease_that_names_its_worker_raises_that_workers_allowance(stack: Any, tmp_path: Path) -> None:
+    """ComfyUI's lease is for memory ComfyUI itself will hold. Counted beside its quota, it was double (the
+    ledger held quota + lease while the worker grew into the lease) and the enforcer still killed the worker at
+    its old quota. Named with `worker`, it raises that worker's allowance: a real worker grows into the lease
+    and lives, the ledger counts it once, the kernel limit grows with it, and the release takes it back."""
+    import http.client
+    import json as _json
+
+    from tests.runtime.conftest import free_port, live_sysctl_table, worker
+
+    port, gw_port = free_port(), free_port()
+    text = (
+        'version = 1\nname = "allow"\n[platform]\nkind = "cpu"\nmemory = "1280MiB"\nos_reserve = "256MiB"\n'
+        "[policy]\nsafety_margin = 0.0\nquota_headroom = 0.25\nload_below = 0.99\nevict_above = 0.995\n"
+        f"{live_sysctl_table()}[gateway]\nport = {gw_port}\n"
+        + worker("comfy", "grower.py", "{port}", 40, memory="64MiB", port=port)  # hard quota 80 MiB
+    )
+    gw = Gateway(stack(text))
+    hard = gw.plan["models"]["comfy"]["quota_hard_bytes"]
+    client = LeaseClient(f"http://127.0.0.1:{gw.port}", model="comfy")
+    lease = client.acquire(200 * MiB, holder="comfyui", ttl_s=600)
+    [listed] = gw.call("GET", "/umemc/leases")[2]["leases"]
+    assert (listed["id"], listed["worker"], listed["bytes"]) == (lease, "comfy", 200 * MiB)
+    allowance = gw.run.wait_for(lambda: gw.run.events("allowance"), what="the enforcer to raise the allowance")
+    assert allowance[-1]["detail"] == {"allowance_bytes": 200 * MiB, "hard_bytes": hard + 200 * MiB}
+    cgroup = Path((gw.run.run_dir / "state" / "cgroups" / "comfy").read_text().split()[1])
+    limit_file = next((cgroup / f for f in ("memory.max", "memory.limit_in_bytes") if (cgroup / f).exists()), None)
+    if limit_file is not None:  # the kernel's limit too, where the worker has a cgroup
+        assert int(limit_file.read_text()) == hard + 200 * MiB
+
+    def grow(mib: int) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("GET", f"/grow?mib={mib}")
+        return int(_json.loads(conn.getresponse().read())["held_mib"])
+
+    pid = gw.run.status()["comfy"]["pid"]
+    assert grow(150) == 190  # 190 MiB: far over its plain 80 MiB quota, within 80 + 200
+    gw.run.wait_for(lambda: gw.run.status()["comfy"]["rss_bytes"] > 190 * MiB, what="the growth to be sampled")
+    # counted once: the larger of its usage and its raised quota, not its quota beside the lease
+    committed = gw.status()["budget"]["committed_bytes"]
+    assert committed == hard + 200 * MiB
+    assert gw.run.status()["comfy"]["pid"] == pid and not gw.run.events("hard_limit_kill")
+
+    client.release(lease)  # the allowance goes back: the worker, still at 190 MiB, is over its plain quota
+    kill = gw.run.wait_for(lambda: gw.run.events("hard_limit_kill"), what="the kill after the release")
+    assert kill[0]["model"] == "comfy" and kill[0]["detail"]["hard_bytes"] == hard

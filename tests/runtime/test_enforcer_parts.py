@@ -107,3 +107,51 @@ def test_a_new_process_forgets_what_was_measured_of_the_last() -> None:
     w.forget()
     assert (w.pid, w.usage, w.peak, w.drift, list(w.samples)) == (None, 0, 0, None, [])
     assert list(w.kills) == [1.5]  # kills count across restarts (max_kills within kill_window)
+
+
+def test_a_six_hour_leak_window_is_spanned_and_fires() -> None:
+    """The 1 Hz ring used to hold an hour: leak_window = "6h" was accepted and never fired. The series keeps one
+    point every window / 1800 s, so six hours fit in 1,802 points and a slow steady leak (2 MiB/min, over a
+    threshold of 1 MiB/min) is reported once the window is full."""
+    from umemc.runtime.enforcer.series import Series
+
+    window = 6 * 3600.0
+    series = Series(window)
+    assert series.period == 12.0
+    for t in range(0, 7 * 3600):  # the enforcer's 1 Hz bookkeeping for seven hours
+        series.add(float(t), 100 * MiB + t * 2 * MiB // 60)
+        if t == 5 * 3600:
+            assert not series.spans_window()  # five hours in: not yet
+    assert series.spans_window() and len(series) <= 1802
+    points = series.points()
+    assert points[-1][0] - points[0][0] < window + series.period  # no more than the window (and one period)
+    detail = rules.leak(points, window, 1 * MiB, points[-1][1], 2000 * MiB)
+    assert detail is not None and detail["bytes_per_min"] == pytest.approx(2 * MiB, rel=0.001)
+
+
+def test_a_short_window_keeps_one_point_a_second() -> None:
+    from umemc.runtime.enforcer.series import Series
+
+    series = Series(300.0)
+    for t in range(400):
+        series.add(float(t), t)
+    assert series.period == 1.0 and [p[0] for p in series.points()][:2] == [99.0, 100.0]
+
+
+def test_box_and_own_trends_and_the_time_to_exhaustion() -> None:
+    # the box's used memory grows 1 MiB/s with 3600 MiB available: exhausted in 3600 s; umemc itself is flat
+    from umemc.runtime.enforcer.series import Series
+
+    box, own = Series(300.0), Series(300.0)
+    for t in range(120):
+        box.add(float(t), 1000 * MiB + t * MiB)
+        own.add(float(t), 80 * MiB)
+    assert rules.box_trends(box, own, 3600 * MiB) == {
+        "own_bytes": 80 * MiB,
+        "box_trend_bytes_per_s": float(MiB),
+        "own_trend_bytes_per_s": 0.0,
+        "exhaustion_s": 3600.0,
+    }
+    assert rules.box_trends(Series(300.0), Series(300.0), None) == {
+        "own_bytes": None, "box_trend_bytes_per_s": None, "own_trend_bytes_per_s": None, "exhaustion_s": None,
+    }  # fmt: skip

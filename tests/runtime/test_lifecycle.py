@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import patience
 from tests.runtime.conftest import REPO, free_port, live_sysctl_table, worker
 from umemc.cli import main
 from umemc.runtime.preflight import read_sysctl
@@ -20,8 +21,23 @@ CONTRACT_KEYS = ["state", "pid", "rss_bytes", "gpu_bytes", "quota_soft_bytes", "
 MiB = 2**20
 
 
+def on_free_ports(text: str) -> tuple[str, dict[str, int]]:
+    """A bundled example with every model and the gateway on a free port (a running stack may hold the
+    defaults); the ports by model."""
+    import re
+
+    ports: dict[str, int] = {}
+
+    def add(m: re.Match[str]) -> str:
+        ports[m.group(1)] = free_port()
+        return f"{m.group(0)}\nport = {ports[m.group(1)]}"
+
+    text = re.sub(r"^\[models\.([a-z0-9_-]+)\]$", add, text, flags=re.M)
+    return text + f"\n[gateway]\nport = {free_port()}\n", ports
+
+
 def test_simulate_small_16g_end_to_end(stack, capsys) -> None:
-    text = (REPO / "examples/small-16g.toml").read_text()
+    text, ports = on_free_ports((REPO / "examples/small-16g.toml").read_text())
     r = stack(text, "--simulate")
     status = r.status()
     assert [status[n]["state"] for n in ("chat", "embed", "speech")] == ["RUNNING", "RUNNING", "STOPPED"]
@@ -45,7 +61,7 @@ def test_simulate_small_16g_end_to_end(stack, capsys) -> None:
     # a request to the placeholder answers like the runtime would
     import http.client
 
-    conn = http.client.HTTPConnection("127.0.0.1", 10001, timeout=5)
+    conn = http.client.HTTPConnection("127.0.0.1", ports["chat"], timeout=patience(5))
     conn.request("POST", "/v1/chat/completions", body=json.dumps({"model": "chat", "messages": []}))
     reply = json.loads(conn.getresponse().read())
     assert reply["choices"][0]["message"]["content"] == "(simulated reply from chat)"
@@ -259,6 +275,7 @@ def test_observing_a_running_stack(stack, capsys) -> None:
         "mode",
         "drift",
         "reserved_bytes",
+        "allowance_bytes",
         "requests",
         "health",
     }
@@ -280,7 +297,10 @@ def test_deep_run_dir_runs_with_a_private_socket(tmp_path: Path, target: str) ->
     if target == "bundle":
         assert main(["build", str(stack), "-o", str(source)]) == 0
     run = tmp_path / ("d" * 60) / ("e" * 60) / "run"
-    assert main(["up", str(stack if target == "stack" else source), "--run-dir", str(run), "--timeout", "60"]) == 0
+    assert (
+        main(["up", str(stack if target == "stack" else source), "--run-dir", str(run), "--timeout", str(patience(60))])
+        == 0
+    )
     try:
         sock = Path((run / "state" / "socket").read_text().strip())
         assert sock.exists() and len(str(sock)) <= 107

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import patience
 from tests.runtime.test_gateway import Gateway, model, stack_text
 from umemc.cli import main
 
@@ -16,7 +17,17 @@ MiB = 2**20
 
 
 def up_again(r: Any, *flags: str) -> int:
-    return main(["up", str(r.run_dir.parent / "stack.toml"), "--run-dir", str(r.run_dir), "--timeout", "60", *flags])
+    return main(
+        [
+            "up",
+            str(r.run_dir.parent / "stack.toml"),
+            "--run-dir",
+            str(r.run_dir),
+            "--timeout",
+            str(patience(60)),
+            *flags,
+        ]
+    )
 
 
 def own_pids(r: Any) -> tuple[int, int]:

@@ -147,7 +147,7 @@ LEASE_CASES = {
         "invalid_lease",
     ),
     '{"holder": "h", "bytes": 1, "evil": 1}': (
-        "unknown lease field(s): evil (known: bytes, holder, model, priority, ttl)",
+        "unknown lease field(s): evil (known: bytes, holder, model, priority, ttl, worker)",
         "invalid_lease",
     ),
     '{"holder": "h\\n[x]", "bytes": 1}': (
@@ -210,9 +210,66 @@ def test_body_limit(gw: Gateway) -> None:
     big = {"model": "a", "prompt": "x" * 8192}
     assert gw.call("POST", "/v1/completions", big)[::2] == (
         413,
-        err("request body larger than 4096 bytes (gateway.max_body)", "body_too_large"),
+        err("request body of 8220 bytes is larger than 4096 bytes (gateway.max_body)", "body_too_large"),
     )
     assert gw.complete("a")[0] == 200
+
+
+def test_a_declared_body_over_the_limit_is_refused_at_once(gw: Gateway) -> None:
+    """Content-Length above max_body: 413 before a byte of the body is waited for (it used to wait for the
+    body until body_timeout and answer 408)."""
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{gw.port}\r\nContent-Type: application/json\r\n"
+        "Content-Length: 1000000\r\n\r\n"
+    ).encode()
+    got, _ = raw_exchange(gw.port, head, limit=6, until=b"}}")
+    assert got.startswith(b"HTTP/1.1 413 "), got
+    assert got.endswith(
+        json.dumps(
+            err("request body of 1000000 bytes is larger than 4096 bytes (gateway.max_body)", "body_too_large")
+        ).encode()
+    )
+
+
+def test_the_umemc_api_takes_only_json_that_says_so(gw: Gateway) -> None:
+    """A lease body without a Content-Type was granted; umemc's own API (it grants memory and evicts) now wants
+    application/json. The OpenAI routes still take a JSON body that does not say what it is."""
+    body = json.dumps({"holder": "typeless", "bytes": "1MiB"}).encode()
+    for path in ("/umemc/leases", "/umemc/pressure"):
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{gw.port}\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n"
+        ).encode()
+        got, _ = raw_exchange(gw.port, head + body, limit=6, until=b"}}")
+        assert got.startswith(b"HTTP/1.1 415 "), got
+    assert not [d for _, _, d in gw.kinds("lease_grant") if d["holder"] == "typeless"]
+    body = json.dumps({"model": "a", "prompt": "hi"}).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{gw.port}\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    got, _ = raw_exchange(gw.port, head + body, limit=6, until=b"}]")
+    assert got.startswith(b"HTTP/1.1 200 "), got
+
+
+def test_leases_are_bounded(gw: Gateway) -> None:
+    """1,500 one-byte leases were granted, each rewriting and syncing the whole state file: at most 64 live."""
+    ids = []
+    try:
+        for i in range(64):
+            status, _, doc = gw.call("POST", "/umemc/leases", {"holder": f"h{i}", "bytes": 1})
+            assert status == 201, doc
+            ids.append(doc["lease"]["id"])
+        assert gw.call("POST", "/umemc/leases", {"holder": "one-too-many", "bytes": 1})[::2] == (
+            429,
+            err("64 leases are live: release one first (GET /umemc/leases lists them)", "too_many_leases",
+                "rate_limit_error"),
+        )  # fmt: skip
+    finally:
+        for lease in ids:
+            gw.call("DELETE", f"/umemc/leases/{lease}")
+    assert gw.call("POST", "/umemc/leases", {"holder": "again", "bytes": 1})[0] == 201
+    gw.call("DELETE", f"/umemc/leases/{gw.call('GET', '/umemc/leases')[2]['leases'][0]['id']}")
 
 
 def raw_exchange(

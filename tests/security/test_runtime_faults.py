@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.conftest import patience
 from tests.runtime.conftest import free_port, live_sysctl_table, worker
 from umemc.cli import main
 from umemc.runtime.cgroups import detect
@@ -99,13 +100,39 @@ def test_up_after_kill9_stops_the_orphans_instead_of_adopting_them(stack, tmp_pa
     kill_supervisord(r)
     pidfile.unlink()
     capsys.readouterr()
-    assert main(["up", str(tmp_path / "stack.toml"), "--run-dir", str(r.run_dir), "--timeout", "60"]) == 0
+    assert main(["up", str(tmp_path / "stack.toml"), "--run-dir", str(r.run_dir), "--timeout", str(patience(60))]) == 0
     out = capsys.readouterr().out
     assert "found 1 process(es) of an earlier run whose supervisord is gone (w): stopped" in out
     assert "found state left by a crashed run (pid file or socket without supervisord): cleaned" in out
     assert not alive(grandchild)
     status = r.status()
     assert (status["w"]["state"], status["s"]["state"]) == ("RUNNING", "RUNNING")
+
+
+def test_up_after_kill9_of_supervisord_alone_starts_cleanly(stack, tmp_path: Path, capsys) -> None:
+    """Nothing outlived supervisord (its children died with it): the next `up` must not read the dead
+    supervisord's record as the new one's (it used to exit 1, "supervisord did not start", while the new
+    stack came up), and it starts and serves."""
+    r = stack(head("k9up") + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port()))
+    old = r.status()["w"]["pid"]
+    kill_supervisord(r)
+    capsys.readouterr()
+    assert main(["up", str(tmp_path / "stack.toml"), "--run-dir", str(r.run_dir), "--timeout", str(patience(60))]) == 0
+    out, err = capsys.readouterr()
+    assert "supervisord did not start" not in err + out
+    assert "found state left by a crashed run (pid file or socket without supervisord): cleaned" in out
+    status = r.status()
+    assert status["w"]["state"] == "RUNNING" and status["w"]["pid"] != old
+
+
+def test_supervisords_own_stderr_holds_no_tracebacks(stack, tmp_path: Path) -> None:
+    """supervisor writes bytes to a stream it does not take for text; umemc's wrapper of supervisord's stderr
+    used to reject them, so every log line became a TypeError traceback in state/supervisord.stderr.log."""
+    r = stack(head("clean") + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port()))
+    os.kill(r.status()["w"]["pid"], signal.SIGKILL)  # supervisord logs the exit and the restart
+    r.wait_for(lambda: r.status()["w"]["state"] == "RUNNING" and r.events("exit"), what="the restart")
+    text = (r.run_dir / "state" / "supervisord.stderr.log").read_text(errors="replace")
+    assert "Traceback" not in text and "TypeError" not in text
 
 
 def test_deleted_pid_file_does_not_lose_the_stack(stack, tmp_path: Path, capsys) -> None:
@@ -185,6 +212,26 @@ def test_corrupt_event_log_is_moved_aside_and_the_enforcer_keeps_enforcing(stack
     code, out, err = run_cli("down", "--run-dir", str(r.run_dir))
     assert code == 0 and out.startswith("down: evcorrupt stopped (")
     assert not alive(pid)
+
+
+def test_an_event_log_damaged_under_its_writers_is_moved_aside_while_they_run(stack, run_cli, capsys) -> None:
+    """The file overwritten in place (same inode) while the enforcer and gateway hold it open: their own
+    connections would go on appending to the WAL while every reader failed. The enforcer looks at the file
+    afresh every few seconds: it is moved aside and a new log started, with no writer restarted."""
+    r = stack(head("evlive") + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port()))
+    state = r.run_dir / "state"
+    enforcer = record(r.run_dir, "umemc-enforcer")
+    with open(state / "events.db", "r+b") as f:
+        f.write(b"this is not a database\n" * 512)
+    moved = r.wait_for(
+        lambda: [p for p in state.glob("events.db.corrupt-*") if not p.name.endswith(("-wal", "-shm"))],
+        what="the damaged log moved aside",
+    )
+    assert record(r.run_dir, "umemc-enforcer") == enforcer  # no writer restarted for it
+    capsys.readouterr()
+    code, out, err = run_cli("events", "--json", "--run-dir", str(r.run_dir))
+    assert code == 0
+    assert [e["detail"]["moved_to"] for e in json.loads(out) if e["kind"] == "event_log_reset"] == [str(moved[0])]
 
 
 def test_unusable_event_log_degrades_to_stderr_and_enforcement_goes_on(stack, tmp_path: Path, run_cli, capsys) -> None:
@@ -383,6 +430,35 @@ def test_a_full_state_dir_does_not_take_the_stack_down(small_tmpfs: Path, capsys
         bring_down(r)  # while the disk is still full: down stops everything, records and cgroups included
 
 
+def test_a_read_only_state_dir_never_blocks_a_restart(stack, tmp_path: Path) -> None:
+    """The state dir made read-only (a read-only bind mount over it), then kill -9 of a worker: supervisord cannot
+    open the worker's log files (EROFS) and used to leave it FATAL, so its model answered 503 until the dir was
+    writable again. Now it starts with its output dropped, and serves."""
+    import http.client
+    import subprocess
+
+    port = free_port()
+    r = stack(head("ro") + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=port))
+    state = r.run_dir / "state"
+    before = r.status()["w"]["pid"]
+    bound = subprocess.run(["mount", "--bind", str(state), str(state)], capture_output=True)
+    if bound.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {bound.stderr.decode().strip()}")
+    try:
+        done = subprocess.run(["mount", "-o", "remount,bind,ro", str(state)], capture_output=True)
+        assert done.returncode == 0, done.stderr
+        os.kill(before, signal.SIGKILL)
+        r.wait_for(
+            lambda: r.status()["w"]["pid"] not in (None, before) and r.status()["w"]["state"] == "RUNNING",
+            what="the restart of w on a read-only state dir",
+        )
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=patience(10))
+        conn.request("GET", "/health")
+        assert conn.getresponse().status == 200
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=False)
+
+
 def test_without_cgroups_down_and_the_enforcer_find_a_double_forked_daemon(stack, tmp_path: Path, capsys) -> None:
     """kernel_enforcement = "off": no cgroup knows the worker's setsid grandchild. It still carries the run's
     mark (UMEMC_RUN, UMEMC_MODEL from the exec wrapper): the enforcer counts its memory against the worker's
@@ -406,6 +482,26 @@ def test_without_cgroups_down_and_the_enforcer_find_a_double_forked_daemon(stack
     capsys.readouterr()
     assert main(["down", "--run-dir", str(r.run_dir)]) == 0
     assert not alive(small)
+
+
+def test_down_returns_only_once_every_daemon_of_the_stack_is_gone(stack, tmp_path: Path, capsys) -> None:
+    """kernel_enforcement = "off" and a worker that makes a daemon every 20 ms: one born between `down`'s scan and
+    its kill used to outlive `down`, which said 0. Every pass kills what the last one missed; `down` returns 0
+    only when no process carrying the run's mark is left."""
+    from umemc.runtime.probes.proc import marked_processes
+
+    r = stack(
+        head("spawn", 'kernel_enforcement = "off"')
+        + worker("w", "spawner.py", "{port}", memory="200MiB", port=free_port())
+    )
+    from umemc.runtime.control import Stack
+    from umemc.runtime.rundir import RunDir
+
+    mark = Stack(RunDir(r.run_dir)).mark
+    r.wait_for(lambda: len(marked_processes(mark)) > 5, what="the daemons")
+    capsys.readouterr()
+    assert main(["down", "--run-dir", str(r.run_dir)]) == 0
+    assert marked_processes(mark) == []
 
 
 def test_down_never_kills_what_a_forged_record_names(stack, tmp_path: Path, capsys) -> None:

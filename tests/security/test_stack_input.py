@@ -317,6 +317,31 @@ def test_fifo_refused_without_blocking(tmp_path: Path, run_cli) -> None:
     )
 
 
+@pytest.mark.parametrize("key", ["model", "mmproj"])
+@pytest.mark.parametrize("command", ["check", "build"])
+def test_a_fifo_named_as_a_model_file_is_refused_without_blocking(
+    tmp_path: Path, run_cli, key: str, command: str
+) -> None:
+    from umemc.testing.tinygguf import TinySpec, write_tiny_gguf
+
+    write_tiny_gguf(tmp_path / "real.gguf", TinySpec())
+    os.mkfifo(tmp_path / "pipe.gguf")  # nobody writes to it: opening it would wait forever
+    files = {"model": "real.gguf", "mmproj": None} | {key: "pipe.gguf"}
+    extra = "".join(f'{k} = "{v}"\n' for k, v in files.items() if v)
+    (tmp_path / "stack.toml").write_text(
+        'version = 1\nname = "f"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n[models.m]\nruntime = "llama-server"\n'
+        + extra
+    )
+    col = 9 if key == "model" else 10
+    line = 8 if key == "model" else 9
+    assert run_cli(command, "stack.toml", cwd=tmp_path) == (
+        2,
+        "",
+        f"stack.toml:{line}:{col}: models.m.{key}: not a regular file: {tmp_path / 'pipe.gguf'} is a FIFO\n"
+        "  hint: name the model's file itself\n",
+    )
+
+
 def test_directory_refused(tmp_path: Path, run_cli) -> None:
     assert run_cli("check", str(tmp_path)) == (
         2,

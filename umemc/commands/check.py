@@ -11,6 +11,7 @@ from ..budget import Plan
 from ..compile import compile_bundle
 from ..errors import StackError
 from .asking import Measure
+from .build import refuse_missing_files
 from .common import console, plan_from_arg, print_warnings, write_stdout
 
 
@@ -43,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
             plan = plan_from_arg(arg, Measure.FRESH if args.measure else Measure.READ)
             for one in plan.nodes.values() or [plan]:  # what `build` would refuse, `check` refuses too
                 compile_bundle(one)
+            refuse_missing_files(plan, files_later=True)  # a named file may come later; no model key never
         except StackError as exc:
             if len(args.stack) == 1:
                 raise

@@ -94,6 +94,7 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
             "_mode": None if m is None else m.mode,
             "_drift": lv.drift if same and lv else None,
             "_reserved": lv.reserved_bytes if same and lv else 0,
+            "_allowance": lv.allowance_bytes if same and lv else 0,  # leases that raise its quotas now
             "_requests": None if gm is None else {"in_flight": gm.in_flight, "queued": gm.queued},
             "_health": None if gm is None else gm.health,
         }
@@ -141,7 +142,7 @@ def contract(status: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-EXTRA_NAMES = {"_reserved": "reserved_bytes"}
+EXTRA_NAMES = {"_reserved": "reserved_bytes", "_allowance": "allowance_bytes"}
 
 
 def table(status: dict[str, Any]) -> Any:

@@ -101,8 +101,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             events.add("up", None, bundle=str(run_dir.bundle), simulate=plan.simulate)
             events.close()
+            since = time.time() - 1.0  # a record written since is this start's (mtime granularity, clock steps)
             start_supervisord(run_dir, plan, foreground=args.foreground)
-            stack.wait_started()
+            stack.wait_started(timeout=args.timeout, since=since)  # while its process lives, it is starting
     finally:
         events.close()
     wait(console, stack, hot, args.timeout)

@@ -53,11 +53,17 @@ class Cgroup:
             with contextlib.suppress(OSError):
                 (self.path / "memory.swap.max").write_text("0")
         else:
+            # v1 wants memsw >= limit at every step: raising, memsw goes first; lowering, the limit does
+            memsw = self.path / "memory.memsw.limit_in_bytes"  # only with swap accounting: no swap for the worker
+            raising = memsw.exists() and hard > int(self._read("memory.limit_in_bytes") or 0)
+            if raising:
+                memsw.write_text(str(hard))
             (self.path / "memory.limit_in_bytes").write_text(str(hard))
             with contextlib.suppress(OSError):
                 (self.path / "memory.soft_limit_in_bytes").write_text(str(soft))
-            with contextlib.suppress(OSError):  # only with swap accounting: keep the worker out of swap
-                (self.path / "memory.memsw.limit_in_bytes").write_text(str(hard))
+            if not raising:
+                with contextlib.suppress(OSError):
+                    memsw.write_text(str(hard))
 
     def enter(self, pid: int) -> None:
         (self.path / "cgroup.procs").write_text(str(pid))

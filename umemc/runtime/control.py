@@ -81,11 +81,16 @@ class Stack:
         return "stopped"
 
     def clean_stale(self) -> bool:
-        """With supervisord gone, remove its pid file and socket; True when there were any."""
+        """With supervisord gone, remove its pid file and socket, and forget the records of processes that are
+        gone (a dead supervisord's record would be read as the new one's before the new one rewrites it);
+        True when there was a pid file or socket."""
         stale = [p for p in (self.run.pidfile, self.run.socket()) if p.exists() or p.is_symlink()]
         for p in stale:
             with contextlib.suppress(OSError):
                 p.unlink()
+        for record in self.run.records():
+            if not _same_process(record):
+                self.run.forget(record.name)
         return bool(stale)
 
     def leftovers(self) -> dict[str, list[int]]:
@@ -156,18 +161,13 @@ class Stack:
         groups, and every process carrying the run's mark. Then remove the cgroups, and forget only the
         records of what is gone. Returns (pids killed, what survived by name: records of those are kept)."""
         before = self.leftovers()
-        for group in self._groups():
-            group.kill_all()
-        for record in self.run.records():
-            if _same_process(record):
-                if self.belongs(record.pid):
-                    _kill_group(record.pid)
-            elif not Path(f"/proc/{record.pid}").exists():
-                _kill_group(record.pid)  # the leader is gone, its group may not be: a free pid is never a pgid
-        for pid, _ in self._marked():
-            _kill_group(pid)
         deadline = time.monotonic() + 5
-        while (left := self.leftovers()) and time.monotonic() < deadline:
+        # kill, look again, kill what is new (a process forked a daemon between the scan and its own death)
+        while True:
+            self._kill_pass()
+            if not (left := self.leftovers()) or time.monotonic() >= deadline:
+                break
+            before = {n: sorted(set(before.get(n, [])) | set(p)) for n, p in (before | left).items()}
             time.sleep(0.05)
         for backend in run_backends(self.run.state):
             backend.remove_all()
@@ -183,6 +183,20 @@ class Stack:
                     path.unlink()
         killed = sorted({p for pids in before.values() for p in pids})
         return killed, left
+
+    def _kill_pass(self) -> None:
+        """SIGKILL to every member of the run's cgroups, every recorded process of this run (with its process
+        group) and every process carrying the run's mark."""
+        for group in self._groups():
+            group.kill_all()
+        for record in self.run.records():
+            if _same_process(record):
+                if self.belongs(record.pid):
+                    _kill_group(record.pid)
+            elif not Path(f"/proc/{record.pid}").exists():
+                _kill_group(record.pid)  # the leader is gone, its group may not be: a free pid is never a pgid
+        for pid, _ in self._marked():
+            _kill_group(pid)
 
     def groups_left(self) -> list[Path]:
         return [g.path for g in self._groups()]
@@ -273,11 +287,19 @@ class Stack:
         host = gw.host if ":" not in gw.host else f"[{gw.host}]"
         return f"http://{host}:{gw.port}/v1"
 
-    def wait_started(self, timeout: float = 30.0) -> None:
-        """Until supervisord answers on its socket; fails at once when its recorded process ended."""
-        deadline = time.monotonic() + timeout
+    def wait_started(self, timeout: float = 30.0, since: float | None = None, unrecorded: float = 30.0) -> None:
+        """Until supervisord answers on its socket, for as long as its process lives (it may spawn a hundred
+        programs first), up to `timeout`; fails at once when the process recorded for it since `since` (the
+        wall-clock time it was started: an older record is a crashed run's) ended, and when no record appears
+        within `unrecorded` seconds (the exec wrapper writes it before supervisord runs)."""
+        start = time.monotonic()
+        deadline = start + timeout
         while not self.supervisor.alive():
             record = next((r for r in self.run.records() if r.name == SUPERVISORD), None)
+            if record is not None and since is not None and self.run.recorded_at(SUPERVISORD) < since:
+                record = None  # not this start's
+            if record is None and time.monotonic() - start > unrecorded:
+                raise RuntimeFailure(f"supervisord did not start: no record of it in {self.run.pids}")
             if record is not None and not alive(record.pid):
                 log = self.run.supervisord_log
                 tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log.exists() else []

@@ -25,12 +25,15 @@ KINDS: tuple[str, ...] = (
     "leak_suspected", "give_up", "estimate_drift", "evict", "evict_deferred", "evict_failed", "cold_start",
     "cold_start_failed", "drain_timeout", "ttl_unload", "refused", "unhealthy", "recovered", "restore",
     "lease_grant", "lease_release", "lease_expire", "event_log_reset", "slot_save", "slot_restore",
-    "slot_save_failed", "slot_restore_failed",
+    "slot_save_failed", "slot_restore_failed", "allowance",
 )  # fmt: skip
 MAX_ROWS = 100_000
 MAX_AGE_S = 30 * 24 * 3600
 PRUNE_EVERY = 500
 RETRY_S = 10.0  # a degraded log tries its database again this often
+# A writer's own connection can go on appending to its WAL over a file damaged under it (its page cache never
+# re-reads the header), while every reader fails: a writer looks at the file afresh this often.
+VERIFY_S = 15.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -67,6 +70,7 @@ class EventLog:
         self.moved_to: Path | None = None  # where a corrupt database was moved
         self._since_prune = 0
         self._next_try = 0.0
+        self._next_verify = time.monotonic() + VERIFY_S
         self._inode: int | None = None
         self._open()
 
@@ -93,6 +97,13 @@ class EventLog:
             self._degrade(exc)
             return
         self.add("event_log_reset", None, moved_to=str(self.moved_to), reason="the event log was corrupt")
+
+    def _damaged(self, exc: sqlite3.Error) -> bool:
+        """A write that failed on damage: moved aside and started anew at once (a writer), True; else False."""
+        if not (self.recover and isinstance(exc, sqlite3.DatabaseError) and _corrupt(exc)):
+            return False
+        self._start_over(exc)
+        return self.db is not None
 
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -146,11 +157,51 @@ class EventLog:
         return self.db is not None
 
     # -- writing --------------------------------------------------------------------------------
+    def verify_due(self) -> None:
+        """verify() when VERIFY_S has passed (the enforcer calls this every second: an idle stack adds no event)."""
+        if time.monotonic() >= self._next_verify:
+            self.verify()
+
+    def verify(self) -> None:
+        """A writer's check of the file as a new reader sees it (a fresh connection: its own would not notice);
+        damaged, it is moved aside and a new log started at once, so `umemc events` works again."""
+        self._next_verify = time.monotonic() + VERIFY_S
+        if not self.recover or self.db is None:
+            return
+        try:
+            probe = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5)
+            try:
+                found = probe.execute("PRAGMA quick_check(1)").fetchone()
+                probe.execute("SELECT COUNT(*) FROM events").fetchone()
+            finally:
+                probe.close()
+        except sqlite3.DatabaseError as exc:
+            if not _corrupt(exc):
+                return  # locked, busy: not damage
+            damage: BaseException = exc
+        else:
+            if found is not None and found[0] == "ok":
+                return
+            damage = sqlite3.DatabaseError(f"integrity check: {found[0] if found else 'no answer'}")
+        self._start_over(damage)
+
+    def _start_over(self, damage: BaseException) -> None:
+        """The damaged file moved aside, a new log opened, and the reset recorded in it."""
+        self.close()
+        self._move_aside(damage)
+        self._open()
+        if self.db is not None:
+            self.add(
+                "event_log_reset", None, moved_to=str(self.moved_to), reason=f"the event log was corrupt: {damage}"
+            )
+
     def add(self, kind: str, model: str | None = None, **detail: Any) -> None:
         ts = time.time()
         text = json.dumps(detail, sort_keys=True, default=str)
         if kind != "event_log_reset":
             self._reopen_if_replaced()
+            if time.monotonic() >= self._next_verify:
+                self.verify()
         if self._usable():
             assert self.db is not None
             try:
@@ -158,6 +209,9 @@ class EventLog:
                     "INSERT INTO events(ts, model, kind, detail) VALUES (?, ?, ?, ?)", (ts, model, kind, text)
                 )
             except sqlite3.Error as exc:
+                if self._damaged(exc):
+                    self.add(kind, model, **detail)
+                    return
                 self._degrade(exc)
             else:
                 self._since_prune += 1

@@ -185,6 +185,13 @@ class RunDir:
                     out.append(PidRecord.parse(path.name, path.read_text()))
         return out
 
+    def recorded_at(self, name: str) -> float:
+        """When a process's record was written (wall clock; 0 when there is none)."""
+        try:
+            return (self.pids / name).stat().st_mtime
+        except OSError:
+            return 0.0
+
     def forget(self, name: str) -> None:
         for folder in (self.pids, self.cgroups):
             with contextlib.suppress(OSError):

@@ -109,6 +109,7 @@ def start_supervisord(run: RunDir, plan: PlanDoc, *, foreground: bool) -> None:
     UMEMC_SUPERVISOR_SOCKET, set here to the run dir's (claimed before anything binds it)."""
     from ..contract import SOCKET_ENV
     from .rundir import SUPERVISORD
+    from .supervisord import ROTATE_BYTES, rotate
 
     state, config = run.state, run.bundle / "supervisord.conf"
 
@@ -143,7 +144,8 @@ def start_supervisord(run: RunDir, plan: PlanDoc, *, foreground: bool) -> None:
     if foreground:
         os.execve(sys.executable, argv, env)
     argv.insert(argv.index("--outlive-parent"), "--daemon")
-    with open(state / "supervisord.stderr.log", "ab") as log:  # what it says before its own log exists
+    with open(run.supervisord_log, "ab") as log:  # what it says before its own log exists
+        rotate(log, ROTATE_BYTES)  # an earlier run's: kept as .1 once it is large
         subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env, check=True)
 
 

@@ -1,29 +1,55 @@
-"""supervisord, as umemc runs it: the real supervisord (supervisor.supervisord.main), with one change made
-before it starts. supervisor's log handlers report a failed write by printing a traceback to stderr; when
-the state directory is full, that print fails too, the exception escapes into supervisord's main loop and
-supervisord dies, taking every worker with it (their parent-death signal). Here a log line that cannot be
-written is dropped, and supervising goes on: the logs degrade, the stack does not.
+"""supervisord, as umemc runs it: the real supervisord (supervisor.supervisord.main), with three changes made
+before it starts.
+
+- supervisor's log handlers report a failed write by printing a traceback to stderr; when the state directory
+  is full, that print fails too, the exception escapes into supervisord's main loop and supervisord dies, taking
+  every worker with it (their parent-death signal). Here a log line that cannot be written is dropped, and
+  supervising goes on: the logs degrade, the stack does not.
+- supervisord's own stdout/stderr (`up` points stderr at state/supervisord.stderr.log; in the foreground mode
+  supervisord echoes its log there) are a text stream that also takes the bytes supervisor writes to a stream it
+  does not recognise as text (supervisor.compat.is_text_stream), and that file is rotated at ROTATE_BYTES.
+- A worker's log file that cannot be opened (a read-only or vanished state directory) no longer fails the
+  worker's start: its output goes nowhere, with one line in supervisord's log saying so (supervisor opens a
+  program's log files at every spawn; a failure there left the program FATAL).
 
     python -m umemc.runtime.supervisord -n -c supervisord.conf   (what `umemc up` starts through the wrapper)
 """
 
 from __future__ import annotations
 
+import io
+import os
+import stat
 import sys
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
+
+ROTATE_BYTES = 10 * 1024 * 1024  # supervisord's own stderr file: one backup (.1) of this size
+_CHECK_EVERY = 64  # writes between size checks
 
 
-class _Tolerant:
-    """A stream whose failed writes are dropped (ENOSPC, EIO): a diagnostic is never worth the stack."""
+class _Tolerant(io.TextIOBase):
+    """supervisord's stdout/stderr: text or bytes in, failed writes (ENOSPC, EIO) dropped, the file behind it (when
+    it is one) rotated to NAME.1 once it holds ROTATE_BYTES. A TextIOBase, so supervisor writes str to it."""
 
-    def __init__(self, stream: TextIO):
-        self._stream = stream
+    def __init__(self, stream: TextIO, rotate_bytes: int = ROTATE_BYTES):
+        super().__init__()
+        self._stream, self._rotate, self._writes = stream, rotate_bytes, 0
 
-    def write(self, text: str) -> int:
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: Any) -> int:
+        if isinstance(text, (bytes, bytearray)):
+            text = bytes(text).decode("utf-8", "replace")
         try:
-            return self._stream.write(text)
+            self._stream.write(text)
+            self._writes += 1
+            if self._writes % _CHECK_EVERY == 0:
+                self._stream.flush()
+                rotate(self._stream, self._rotate)
         except (OSError, ValueError):
-            return len(text)
+            pass
+        return len(text)
 
     def flush(self) -> None:
         try:
@@ -31,8 +57,34 @@ class _Tolerant:
         except (OSError, ValueError):
             pass
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def isatty(self) -> bool:
+        try:
+            return self._stream.isatty()
+        except (OSError, ValueError):
+            return False
+
+
+def rotate(stream: TextIO | BinaryIO, limit: int) -> bool:
+    """When the regular file behind `stream` holds `limit` bytes or more, keep them as NAME.1 and start it empty
+    (the descriptor stays: supervisord holds it for its lifetime, opened for appending). True when it rotated."""
+    try:
+        fd = stream.fileno()
+        st = os.fstat(fd)
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_size < limit:
+        return False
+    path = os.readlink(f"/proc/self/fd/{fd}") if os.path.exists(f"/proc/self/fd/{fd}") else None
+    if path is None or not os.path.isfile(path):
+        return False
+    with open(path, "rb") as src, open(path + ".1", "wb") as backup:
+        while chunk := src.read(1 << 20):
+            backup.write(chunk)
+    os.ftruncate(fd, 0)
+    return True
 
 
 def tolerate_log_failures() -> None:
@@ -51,8 +103,25 @@ def tolerate_log_failures() -> None:
     sys.stdout = _Tolerant(sys.stdout)
 
 
+def tolerate_unopenable_logs() -> None:
+    """A program whose log file cannot be opened starts anyway, its output dropped (supervisor's dispatchers
+    open the files at each spawn through loggers.handle_file)."""
+    from supervisor import loggers
+
+    open_file = loggers.handle_file
+
+    def handle_file(logger: Any, filename: str, fmt: str, rotating: bool = False, **kw: Any) -> None:
+        try:
+            open_file(logger, filename, fmt, rotating, **kw)
+        except OSError as exc:  # the logger keeps no handler: what the program writes is read and dropped
+            print(f"umemc: cannot open {filename} ({exc.strerror}): this program's output is dropped", file=sys.stderr)
+
+    loggers.handle_file = handle_file
+
+
 def main() -> None:
     tolerate_log_failures()
+    tolerate_unopenable_logs()
     from supervisor.supervisord import main as supervisord
 
     supervisord()

@@ -598,6 +598,9 @@ def _file(
             )
         doc.warnings.append(src.warning(at, f"file not found, estimating from {fallback}"))
         return path, False
+    kind = _not_regular(path)
+    if kind:  # opening a FIFO would wait for a writer forever; a device or socket is no model either
+        raise src.error(at, f"not a regular file: {path} is {kind}", "name the model's file itself")
     if llama:
         try:
             ok = is_gguf(path)
@@ -606,6 +609,19 @@ def _file(
         if not ok:
             raise src.error(at, f"not a GGUF file: {path}", "llama.cpp runtimes load .gguf files")
     return path, True
+
+
+def _not_regular(path: Path) -> str | None:
+    """What a path that exists is, when it is not a regular file (nor a directory): never opened."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"))  # fmt: skip
+    return next((name for test, name in kinds if test(mode)), None)
 
 
 def _fallback(spec: ModelSpec, is_mmproj: bool) -> str | None:

@@ -14,7 +14,7 @@ import xmlrpc.client
 from pathlib import Path
 from typing import Any
 
-from ...contract import ModelDoc, PlanDoc, read
+from ...contract import GatewayState, ModelDoc, PlanDoc, read, read_optional
 from ...lockfile import totals
 from ..events import EventLog
 from ..llamalog import parse_buffers
@@ -23,11 +23,13 @@ from ..supervisor import Supervisor
 from . import rules
 from .pressure import PressureGuard
 from .sampler import Sampler
+from .series import Series
 from .status import StatusWriter
 from .worker import Finding, Phase, Quota, Worker
 
 FAST_S = 0.005  # sampling period of a worker above NEAR of its hard quota
 NEAR = 0.75
+OWN = ("umemc-supervisord", "umemc-enforcer", "umemc-gateway")  # umemc's own programs (their run-dir records)
 SLOW_EVERY_S = 1.0  # process trees, kernel OOM counters, leak samples, status file
 ESCAPED_EVERY_S = 5.0  # without a cgroup: look for processes that left a worker's tree (by the run's mark)
 POLL_EVERY_S = 5.0  # supervisord's process list, also fetched whenever supervisord's children change
@@ -46,10 +48,15 @@ class Enforcer:
         self.sampler = Sampler(self.plan, self.run_dir, proc)
         self.guard = PressureGuard(self.plan, self.run_dir, self.supervisor, self.interval, self._event)
         self.status = StatusWriter(self.run_dir.status)
+        window = float(self.plan.policy.leak_window_s)
         self.workers = {
-            n: Worker(Quota(n, m.quota_hard_bytes, m.quota_soft_bytes, m.priority, m.estimate_bytes))
+            n: Worker(
+                Quota(n, m.quota_hard_bytes, m.quota_soft_bytes, m.priority, m.estimate_bytes), history=Series(window)
+            )
             for n, m in self.plan.models.items()
         }
+        self.box = Series(window)  # the whole machine's used memory (usable - MemAvailable)
+        self.own = Series(window)  # umemc's own processes: supervisord, the enforcer, the gateway
         self.run_start = self.events.last_id("up")
         self._last_slow = self._last_poll = self._last_escaped = 0.0
         self._gone = False
@@ -81,7 +88,7 @@ class Enforcer:
     def _fast_until(self, deadline: float) -> None:
         """Between ticks, re-read only the workers close to their hard quota (a few preads)."""
         while (remaining := deadline - time.monotonic()) > 0 and not self._stop:
-            near = [w for w in self.workers.values() if w.pid and w.usage >= NEAR * w.quota.hard]
+            near = [w for w in self.workers.values() if w.pid and w.usage >= NEAR * w.hard]
             if not near:
                 time.sleep(remaining)
                 return
@@ -127,10 +134,12 @@ class Enforcer:
     def slow_tick(self, now: float) -> None:
         """Every second: the bookkeeping that needs more syscalls than a sample."""
         self._last_slow = now
+        self.events.verify_due()  # a log damaged under its open connection is moved aside within VERIFY_S
         self.sampler.refresh_nvidia(now)
         if now - self._last_escaped >= ESCAPED_EVERY_S:
             self._last_escaped = now
             self.sampler.find_escaped(list(self.workers.values()))
+        self._allowances()
         for w in self.workers.values():
             self._check_kernel(w)  # before _track: a kernel kill ends the process it counts
             self._track(w, self._infos.get(w.name), now)
@@ -140,7 +149,43 @@ class Enforcer:
                 self.sampler.refresh(w, now)
                 self._check_leak(w)
                 self._check_drift(w, now)
-        self.status.write(now, self.guard.pressure, list(self.workers.values()), self.events)
+        available = self._box_and_own(now)
+        self.status.write(
+            now,
+            self.guard.pressure,
+            list(self.workers.values()),
+            self.events,
+            rules.box_trends(self.box, self.own, available),
+        )
+
+    def _box_and_own(self, now: float) -> int | None:
+        """One sample of the machine's used memory and of umemc's own processes' (their trends go to the status
+        and /metrics: a slow leak of the box or of umemc itself is seen long before it bites). MemAvailable."""
+        available = self.sampler.available()
+        if available is not None:
+            self.box.add(now, max(0, self.sampler.usable - available))
+        own = 0
+        for record in self.run_dir.records():
+            if record.name in OWN:
+                own += self.sampler.proc.rss(record.pid)
+        self.own.add(now, own)
+        return available
+
+    def _allowances(self) -> None:
+        """Leases that name a worker raise its quotas while they live (gateway.json, written by the gateway under
+        the same supervisord): the enforcer's limit and the kernel's. A lease that ends takes its allowance back;
+        a worker still above its plain quota then is over it, like any other."""
+        doc = read_optional(GatewayState, self.run_dir.gateway_state)
+        now, extra = time.time(), {n: 0 for n in self.workers}
+        if doc is not None and (self._sv_pid is None or doc.supervisord_pid == self._sv_pid):
+            for lease in doc.leases:
+                if lease.worker in extra and lease.expires > now:
+                    extra[lease.worker] += lease.bytes
+        for w in self.workers.values():
+            if extra[w.name] != w.allowance:
+                w.allowance = extra[w.name]
+                self.sampler.apply_limits(w)  # the kernel's limit first: the event says what is in force
+                self._event(w, "allowance", allowance_bytes=w.allowance, hard_bytes=w.hard)
 
     def pressure_victim(self, infos: dict[str, Any], busy: set[str]) -> Worker | None:
         return self.guard.victim(list(self.workers.values()), infos, busy)
@@ -174,27 +219,27 @@ class Enforcer:
         self.sampler.attach_cgroup(w)
 
     def _check_soft(self, w: Worker) -> None:
-        crossed = rules.soft_crossing(w.usage, w.quota.soft, Finding.SOFT in w.raised)
+        crossed = rules.soft_crossing(w.usage, w.soft, Finding.SOFT in w.raised)
         if crossed:
             w.raised.add(Finding.SOFT)
-            self._event(w, "soft_limit", usage_bytes=w.usage, soft_bytes=w.quota.soft, pid=w.pid)
+            self._event(w, "soft_limit", usage_bytes=w.usage, soft_bytes=w.soft, pid=w.pid)
         elif crossed is False:
             w.raised.discard(Finding.SOFT)
 
     def _check_hard(self, w: Worker, now: float) -> None:
-        if w.pid is None or not rules.over_hard(w.usage, w.quota.hard):
+        if w.pid is None or not rules.over_hard(w.usage, w.hard):
             return
         pid, usage = w.pid, w.usage
         kill_tree(pid, w.pids)
         w.kills.append(now)
-        q = w.quota
         self._event(
             w,
             "hard_limit_kill",
             by="enforcer",
             pid=pid,
             usage_bytes=usage,
-            hard_bytes=q.hard,
+            hard_bytes=w.hard,
+            **({"allowance_bytes": w.allowance} if w.allowance else {}),
             cpu_bytes=w.cpu_side,
             gpu_bytes=w.gpu_side,
         )
@@ -220,7 +265,7 @@ class Enforcer:
             by="kernel",
             pid=w.pid,
             oom_kills=kills - w.oom_seen,
-            hard_bytes=w.quota.hard,
+            hard_bytes=w.hard,
             cgroup=str(w.cgroup.path),
         )
         w.oom_seen = kills
@@ -245,13 +290,11 @@ class Enforcer:
         )
 
     def _check_leak(self, w: Worker) -> None:
-        window = float(self.plan.policy.leak_window_s)
-        s = w.samples
-        if Finding.LEAK in w.raised or len(s) < 3 or s[-1][0] - s[0][0] < window:
+        """A steady climb over the whole leak window (its samples downsampled to span it: any window works)."""
+        if Finding.LEAK in w.raised or not w.history.spans_window():
             return
-        while s and s[-1][0] - s[0][0] > window:
-            s.popleft()
-        detail = rules.leak(list(s), window, self.plan.policy.leak_threshold_bytes, w.usage, w.quota.hard)
+        window = w.history.window
+        detail = rules.leak(w.history.points(), window, self.plan.policy.leak_threshold_bytes, w.usage, w.hard)
         if detail is not None:
             w.raised.add(Finding.LEAK)
             self._event(w, "leak_suspected", **detail)

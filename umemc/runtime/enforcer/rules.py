@@ -109,3 +109,20 @@ def exit_cause(info: dict[str, Any] | None, new_pid: int | None) -> dict[str, An
 
 KERNEL_KILL = {"exitstatus": None, "signal": "SIGKILL", "cause": "hard quota (kernel, cgroup OOM)"}
 ENFORCER_KILL = {"exitstatus": None, "signal": "SIGKILL", "cause": "hard quota (enforcer)"}
+
+
+TREND_MIN_SPAN_S = 60.0  # a box or own-process trend needs a minute of samples before it says anything
+
+
+def box_trends(box: Any, own: Any, available: int | None) -> dict[str, Any]:
+    """The machine's and umemc's own memory trends over the leak window (bytes/s, least squares), umemc's own
+    resident total, and the seconds until MemAvailable is gone at the machine's trend (None while it does not
+    grow). `box` and `own` are enforcer.series.Series."""
+    out: dict[str, Any] = {"own_bytes": own.items[-1][1] if len(own) else None}
+    for name, series in (("box", box), ("own", own)):
+        points = series.points()
+        spans = len(points) >= 3 and points[-1][0] - points[0][0] >= TREND_MIN_SPAN_S
+        out[f"{name}_trend_bytes_per_s"] = round(trend(points)[0], 1) if spans else None
+    slope = out["box_trend_bytes_per_s"]
+    out["exhaustion_s"] = round(available / slope, 1) if slope and slope > 0 and available is not None else None
+    return out

@@ -5,6 +5,7 @@ discrete NVIDIA), its activity, its own ledger; and the machine's memory pressur
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from ...contract import CgroupRecord, PlanDoc, WorkerReport, read_optional
@@ -66,6 +67,17 @@ class Sampler:
         if rec.pid == w.pid:
             w.cgroup = Cgroup(rec.version, rec.path)
             w.oom_seen = w.cgroup.oom_kills()
+            if w.allowance:  # the wrapper set the plan's limit: a lease has raised it since
+                self.apply_limits(w)
+
+    def apply_limits(self, w: Worker) -> None:
+        """The kernel's limit of the worker's cgroup to its quotas in force (the plan's plus its leases)."""
+        if w.cgroup is None:
+            return
+        try:
+            w.cgroup.set_limits(w.hard, w.soft)
+        except OSError as exc:  # a group that vanished with its process, a full kernel: the enforcer still kills
+            print(f"umemc-enforcer: cannot set {w.name}'s cgroup limit: {exc.strerror}", file=sys.stderr, flush=True)
 
     def refresh(self, w: Worker, now: float) -> None:
         """The worker's process tree (with what escaped it), its GPU descriptors, activity, its own ledger
@@ -78,6 +90,7 @@ class Sampler:
             self.drm.refresh(w.pids)
         self.record(w, self.cpu_side(w))
         w.samples.append((now, w.usage))
+        w.history.add(now, w.usage)
         cpu = self.proc.cpu_ticks(w.pid)
         if cpu != w.last_cpu:
             w.last_cpu, w.last_active = cpu, now
@@ -95,6 +108,10 @@ class Sampler:
             w = by_model.get(model or "")
             if w is not None and pid not in w.pids and pid != w.pid:
                 w.escaped.append((pid, start_time(pid)))
+
+    def available(self) -> int | None:
+        """The OS's MemAvailable now (bytes)."""
+        return self._meminfo.read()
 
     def pressure(self, workers: list[Worker]) -> float:
         """The conservative one of: 1 - MemAvailable/usable (the OS's view), the workers' own total

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from ...contract import EnforcerStatus, WorkerStatus, dump
 from ...records import write_atomic
@@ -20,7 +21,9 @@ class StatusWriter:
         self.path = path
         self._error: str | None = None
 
-    def write(self, now: float, pressure: float, workers: list[Worker], events: EventLog) -> None:
+    def write(
+        self, now: float, pressure: float, workers: list[Worker], events: EventLog, trends: dict[str, Any] | None = None
+    ) -> None:
         doc = EnforcerStatus(
             time=now,
             pid=os.getpid(),
@@ -28,6 +31,7 @@ class StatusWriter:
             events_error=events.error,
             events_moved_to=None if events.moved_to is None else str(events.moved_to),
             models={w.name: _worker(w) for w in workers},
+            **(trends or {}),
         )
         try:
             write_atomic(self.path, dump(doc))
@@ -52,4 +56,5 @@ def _worker(w: Worker) -> WorkerStatus:
         drift=None if w.drift is None else round(w.drift, 4),
         reserved_bytes=w.reserved,
         leak_rate_bytes_per_s=None if w.pid is None else leak_rate(w.samples),
+        allowance_bytes=w.allowance,
     )

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from .series import Series
+
 if TYPE_CHECKING:
     from ..cgroups import Cgroup
 
@@ -77,9 +79,11 @@ class Worker:
     cpu_side: int = 0
     gpu_side: int = 0
     peak: int = 0
-    samples: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=3600))
+    samples: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=120))  # 1 Hz: the recent rate
+    history: Series = field(default_factory=lambda: Series(300.0))  # the leak window, downsampled (set by the loop)
     kills: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     reserved: int = 0  # what the worker's own ledger (umemc.worker) reports
+    allowance: int = 0  # live gateway leases that raise this worker's quotas (a ComfyUI workflow's models)
     last_active: float = 0.0
     last_cpu: int = -1
     drift: float | None = None  # measured / estimate - 1, once checked
@@ -91,6 +95,15 @@ class Worker:
     @property
     def usage(self) -> int:
         return self.cpu_side + self.gpu_side
+
+    @property
+    def hard(self) -> int:
+        """The hard quota in force: the plan's, raised by its leases."""
+        return self.quota.hard + self.allowance
+
+    @property
+    def soft(self) -> int:
+        return self.quota.soft + self.allowance
 
     @property
     def given_up(self) -> bool:
@@ -110,6 +123,7 @@ class Worker:
         self.lost()
         self.peak = 0
         self.samples.clear()
+        self.history.clear()
         self.raised.clear()
         self.drift, self.running_since, self.pending_exit = None, None, None
 

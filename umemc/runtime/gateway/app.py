@@ -79,7 +79,8 @@ HTTP_STATUS = {
     "invalid_json": 400, "model_missing": 400, "invalid_lease": 400,
     "model_not_found": 404, "no_port": 404,
     "body_timeout": 408,
-    "queue_full": 429,
+    "queue_full": 429, "too_many_leases": 429,
+    "body_too_large": 413,
     "upstream_unreachable": 502, "upstream_disconnected": 502,
     "shutting_down": 503, "worker_unhealthy": 503, "worker_given_up": 503, "queue_timeout": 503,
     "insufficient_memory": 503, "not_admissible": 503, "start_failed": 503, "start_timeout": 503, "stop_failed": 503,
@@ -126,7 +127,14 @@ def _multipart_model(content_type: str, body: bytes) -> str:
 
 async def read_body(request: web.Request) -> bytes:
     """The whole body within gateway.body_timeout (a client trickling bytes cannot hold a handler),
-    at most gateway.max_body bytes (aiohttp answers 413 beyond)."""
+    at most gateway.max_body bytes (aiohttp answers 413 beyond; a larger declared Content-Length is
+    answered 413 at once, before a byte of it is waited for)."""
+    limit = request.app[SCHED].gw.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise Refused(
+            f"request body of {request.content_length} bytes is larger than {limit} bytes (gateway.max_body)",
+            "body_too_large",
+        )
     try:
         async with asyncio.timeout(request.app[SCHED].gw.body_timeout_s):
             return await request.read()
@@ -369,7 +377,7 @@ async def leases_list(request: web.Request) -> web.Response:
     return web.json_response({"leases": [lease_json(x) for x in request.app[SCHED].leases.values()]})
 
 
-LEASE_KEYS = frozenset({"holder", "bytes", "model", "priority", "ttl"})
+LEASE_KEYS = frozenset({"holder", "bytes", "model", "priority", "ttl", "worker"})
 MAX_LEASE_TTL_S = 7 * 24 * 3600.0
 MAX_LEASE_BYTES = 2**60
 
@@ -388,10 +396,24 @@ async def lease_create(request: web.Request) -> web.Response:
         raise Refused('"holder" is required: who asks (e.g. "comfyui"), 1-128 printable characters', "invalid_lease")
     ttl = _seconds(doc.get("ttl", DEFAULT_LEASE_TTL_S))
     ram, gpu, priority, model = _lease_size(sched, doc)
-    lease, decision, need = await sched.grant(holder, ram, gpu, priority, ttl, model)
+    worker = _lease_worker(sched, doc)
+    lease, decision, need = await sched.grant(holder, ram, gpu, priority, ttl, model, worker)
     if lease is None:
         return _lease_refused(decision, need)
     return web.json_response({"granted": True, "lease": lease_json(lease), "evicted": decision.evict}, status=201)
+
+
+def _lease_worker(sched: Scheduler, doc: dict[str, Any]) -> str | None:
+    """`worker`: the worker of this stack whose allowance the lease raises (its enforcer limit and its kernel
+    limit grow by the lease while it lives). A worker that is not running holds nothing: its lease is then
+    memory of its own, like any other."""
+    name = doc.get("worker")
+    if name is None:
+        return None
+    m = sched.models.get(name) if isinstance(name, str) else None
+    if m is None:
+        raise Refused(f'"worker" must name a model of this stack (got {name!r})', "invalid_lease")
+    return m.name if m.live else None
 
 
 def _lease_refused(decision: Decision, need: Need) -> web.Response:
@@ -541,10 +563,11 @@ def _multipart_allowed(path: str) -> bool:
 
 
 def _accepted_type(request: web.Request) -> bool:
-    """JSON (multipart for uploads to workers), or no Content-Type at all: a browser sends one with
-    every cross-origin body except a typeless Blob, and that request carries an Origin (refused)."""
+    """JSON (multipart for uploads to workers). No Content-Type at all only on the OpenAI routes and the
+    passthrough (clients that post JSON without saying so; a browser sends a typeless body only with an Origin,
+    refused): umemc's own API, which grants memory and evicts, takes JSON that says it is JSON."""
     if "Content-Type" not in request.headers:
-        return True
+        return _multipart_allowed(request.path)
     ctype = request.content_type.lower()
     if ctype == "application/json" or (ctype.startswith("application/") and ctype.endswith("+json")):
         return True

@@ -18,6 +18,10 @@ from .core import Host, Write
 from .lifecycle import Phase
 from .model import Refused
 
+# Live leases at once: each is a ledger entry and a line of gateway.json, rewritten and synced at every grant; a
+# client leasing in a loop must not grow either without bound
+MAX_LEASES = 64
+
 
 class LeaseBook:
     """Owns the leases: granted under the same admission as a cold start, on disk before the client hears
@@ -32,15 +36,27 @@ class LeaseBook:
         return [lease for lease in self.leases.values() if lease.expires > now]
 
     async def grant(
-        self, holder: str, ram: int, gpu: int, priority: int, ttl: float, model: str | None = None
+        self,
+        holder: str,
+        ram: int,
+        gpu: int,
+        priority: int,
+        ttl: float,
+        model: str | None = None,
+        worker: str | None = None,
     ) -> tuple[Lease | None, Decision, Need]:
         host = self.host
         need = Need("lease", ram, gpu, priority, False, False)
         async with host.lock:
+            if len(self.live()) >= MAX_LEASES:
+                raise Refused(
+                    f"{MAX_LEASES} leases are live: release one first (GET /umemc/leases lists them)", "too_many_leases"
+                )
+            # a worker's lease raises its allowance by the lease: the same need as memory of its own
             decision = host.decide(need)
             if not decision.fits:
                 return None, decision, need
-            lease = Lease(f"l-{secrets.token_hex(6)}", holder, ram, gpu, priority, time.time() + ttl, model)
+            lease = Lease(f"l-{secrets.token_hex(6)}", holder, ram, gpu, priority, time.time() + ttl, model, worker)
             self.leases[lease.id] = lease
             # on disk before anyone hears of it: a gateway killed right after answering 201 finds it again
             if not host.write_state(time.time(), how=Write.DURABLE):
@@ -96,7 +112,9 @@ class LeaseBook:
         lease = self.leases.get(lease_id)
         if lease is None or lease.expires <= time.time():
             return None
-        lease = Lease(lease.id, lease.holder, lease.ram, lease.gpu, lease.priority, time.time() + ttl, lease.model)
+        lease = Lease(
+            lease.id, lease.holder, lease.ram, lease.gpu, lease.priority, time.time() + ttl, lease.model, lease.worker
+        )
         self.leases[lease.id] = lease
         self.host.write_state(time.time(), how=Write.DURABLE)  # the client is told its new expiry: keep it
         return lease
@@ -112,6 +130,7 @@ def lease_doc(lease: Lease) -> LeaseDoc:
         model=lease.model,
         expires=round(lease.expires, 3),
         expires_in_s=round(max(0.0, lease.expires - time.time()), 1),
+        worker=lease.worker,
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -224,3 +224,29 @@ def _from_enforcer(s: Scheduler, proc: ProcTree) -> Iterator[Metric]:
             own.add_metric(["enforcer"], enforcer)
     own.add_metric(["gateway"], proc.rss(os.getpid()))
     yield from (drift, leak, own)
+    yield from _trends(st)
+
+
+def _trends(st: Any) -> Iterator[Metric]:
+    """The trends over the leak window (NaN until the enforcer has a minute of samples, or while the machine's
+    memory does not grow): a slow leak of the whole box or of umemc itself, and how long until it runs out."""
+
+    def value(name: str) -> float:
+        got = None if st is None else getattr(st, name)
+        return float("nan") if got is None else float(got)
+
+    yield GaugeMetricFamily(
+        "umemc_box_memory_trend_bytes_per_second",
+        "The machine's used memory trend over the leak window (least squares).",
+        value=value("box_trend_bytes_per_s"),
+    )
+    yield GaugeMetricFamily(
+        "umemc_own_memory_trend_bytes_per_second",
+        "umemc's own processes' (supervisord, enforcer, gateway) resident memory trend over the leak window.",
+        value=value("own_trend_bytes_per_s"),
+    )
+    yield GaugeMetricFamily(
+        "umemc_memory_exhaustion_seconds",
+        "Seconds until MemAvailable is gone at the machine's trend (NaN while it does not grow).",
+        value=value("exhaustion_s"),
+    )

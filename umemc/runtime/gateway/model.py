@@ -109,4 +109,5 @@ class Model:
             self.last_used,
             self.evicting or self.draining,
             live=self.usage,
+            hard=self.plan.quota_hard_bytes,
         )

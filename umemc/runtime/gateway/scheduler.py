@@ -31,7 +31,7 @@ from ...contract import (
     PlanDoc,
     read,
 )
-from ...policy import Budget, Decision, Held, Lease, Need, decide, pressure_victim
+from ...policy import Budget, Decision, Held, Lease, Need, attach, decide, pressure_victim
 from ..events import EventLog
 from ..rundir import RunDir
 from ..supervisor import Supervisor
@@ -115,9 +115,16 @@ class Scheduler:
         return self.book.live()
 
     async def grant(
-        self, holder: str, ram: int, gpu: int, priority: int, ttl: float, model: str | None = None
+        self,
+        holder: str,
+        ram: int,
+        gpu: int,
+        priority: int,
+        ttl: float,
+        model: str | None = None,
+        worker: str | None = None,
     ) -> tuple[Lease | None, Decision, Need]:
-        return await self.book.grant(holder, ram, gpu, priority, ttl, model)
+        return await self.book.grant(holder, ram, gpu, priority, ttl, model, worker)
 
     def release_lease(self, lease_id: str, why: str = "lease_release") -> Lease | None:
         return self.book.release(lease_id, why)
@@ -430,7 +437,7 @@ class Scheduler:
 
     # -- views ----------------------------------------------------------------------------------
     def committed(self) -> tuple[int, int]:
-        held, leases = self.held(), self.live_leases()
+        held, leases = attach(self.held(), self.live_leases())  # a worker's own lease counts in its allowance
         return sum(h.ram for h in held) + sum(x.ram for x in leases), sum(h.gpu for h in held) + sum(
             x.gpu for x in leases
         )
