@@ -7,8 +7,9 @@
 Optional parts the marked tests use (they skip, saying why, where these are absent):
     python3 dev.py setup-llama   # llama-cpp-python[server]: compiles llama.cpp, ~5 min on 2 cores
     python3 dev.py setup-torch   # torch==2.13.0 (CPU wheel)
-    python3 dev.py setup-llama-server   # llama-server built from the llama.cpp llama-cpp-python vendors
-                                        # (cmake, the server target only; ~8 min on 2 cores)
+    python3 dev.py setup-llama-server   # llama-server and llama-fit-params built from the llama.cpp
+                                        # llama-cpp-python vendors (cmake, two targets; ~8 min on 2 cores)
+    python3 dev.py test-all  # the three set-ups above, then the whole suite with no lane skipped
 
 The venv is (re)installed only when pyproject.toml changed since the last install.
 """
@@ -103,6 +104,11 @@ def main(argv: list[str]) -> int:
         ensure_venv("test")
         spec = ["llama-cpp-python[server]"] if what == "setup-llama" else ["torch==2.13.0"]
         return subprocess.run([str(PY), "-m", "pip", "install", "-q", *spec], cwd=ROOT).returncode
+    if what == "test-all":
+        for part in ("setup-llama", "setup-torch", "setup-llama-server"):
+            if code := main([part]):
+                return code
+        what = "test"
     if what == "test":
         ensure_venv("test")
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")

@@ -137,10 +137,21 @@ def run(tool: Tool, args: list[str], flags: dict[str, object], timeout: float = 
         argv = [tool.argv0, "--fit-print", "on", "-v", *args]
     else:
         argv = [tool.argv0, "-c", LLAMA_CPP_PYTHON_DRY_RUN, *args]
-    done = _watch(argv, timeout, stop_at=_BREAKDOWN_HOST if tool.kind == SERVER else None)
-    ok = _BREAKDOWN_HOST in done.log if tool.kind == SERVER else done.code == 0
-    if tool.kind == LLAMA_CPP_PYTHON:
-        ok = ok and _OK in done.log
+    # llama.cpp's logger writes from a thread of its own and is not flushed at exit: llama-fit-params may exit
+    # before the tail of its log (the buffer lines, the breakdown table) is written. The breakdown table is
+    # logged after every buffer line, so a log holding its Host row is whole; one without it is asked again.
+    for _ in range(FIT_PARAMS_TRIES if tool.kind == FIT_PARAMS else 1):
+        done = _watch(argv, timeout, stop_at=_BREAKDOWN_HOST if tool.kind == SERVER else None)
+        ok = _BREAKDOWN_HOST in done.log if tool.kind == SERVER else done.code == 0
+        if tool.kind == LLAMA_CPP_PYTHON:
+            ok = ok and _OK in done.log
+        if not ok or tool.kind != FIT_PARAMS or _BREAKDOWN_HOST in done.log:
+            break
+    else:
+        raise RuntimeFailure(
+            f"{tool.kind} exited {FIT_PARAMS_TRIES} times before its log was written out (llama.cpp's logger "
+            "is not flushed at exit): its answer is incomplete"
+        )
     if not ok:
         raise RuntimeFailure(f"{tool.kind} refused the model (exit {done.code}): {last_words(done.log)}")
     shown = argv if tool.kind != LLAMA_CPP_PYTHON else [tool.argv0, "-c", "<LLAMA_CPP_PYTHON_DRY_RUN>", *args]
@@ -160,6 +171,7 @@ def run(tool: Tool, args: list[str], flags: dict[str, object], timeout: float = 
 
 
 _BREAKDOWN_HOST = "common_memory_breakdown_print: |   - Host"
+FIT_PARAMS_TRIES = 5
 
 
 @dataclass

@@ -1,0 +1,64 @@
+"""A llama-fit-params whose log is cut short at exit (llama.cpp's logger is not flushed then, which happens on a
+busy machine): umemc asks again rather than reading a log without its buffer lines as "no KV, no compute".
+
+The stand-in program prints recorded outputs of the real llama-fit-params (tests/recorded/README.md says how
+they were made): the cut one for its first runs, then the whole one. The real program cannot be made to cut its
+log on demand; tests/runtime/test_dryrun.py runs it for real."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from umemc.dryrun import FIT_PARAMS, FIT_PARAMS_TRIES, RuntimeFailure, Tool, run
+from umemc.lockfile import tool_identity
+
+RECORDED = Path(__file__).resolve().parent / "recorded"
+MiB = 2**20
+
+
+def stand_in(tmp_path: Path, cut_runs: int) -> Tool:
+    """A program answering `--version` like llama.cpp and any other argv with a recorded output: the cut log
+    for its first `cut_runs` runs (counted in a file beside it), the whole one after."""
+    count = tmp_path / "runs"
+    program = tmp_path / "llama-fit-params"
+    program.write_text(
+        f"#!{sys.executable}\n"
+        "import sys\n"
+        "from pathlib import Path\n"
+        "if sys.argv[1:] == ['--version']:\n"
+        "    print('version: 1 (recorded)')\n"
+        "    sys.exit(0)\n"
+        f"count = Path({str(count)!r})\n"
+        "n = int(count.read_text()) if count.exists() else 0\n"
+        "count.write_text(str(n + 1))\n"
+        f"name = 'llama-fit-params-falcon-h1.cut.log' if n < {cut_runs} else 'llama-fit-params-falcon-h1.log'\n"
+        f"sys.stdout.write((Path({str(RECORDED)!r}) / name).read_text())\n"
+    )
+    program.chmod(0o755)
+    ident = tool_identity(program)
+    assert ident is not None
+    return Tool(FIT_PARAMS, str(program), ident)
+
+
+def test_a_cut_log_is_asked_again_and_the_whole_answer_kept(tmp_path: Path) -> None:
+    answer = run(stand_in(tmp_path, cut_runs=2), ["-m", "falcon.gguf"], {})
+    assert (tmp_path / "runs").read_text() == "3"
+    # the whole log's lines: KV 16.00 MiB, recurrent state 4.20 MiB, compute 33.84 MiB, output 0.03 MiB
+    assert answer.buffers == {
+        "CPU": {"model": 0, "output": round(0.03 * MiB), "kv": 16 * MiB, "rs": round(4.20 * MiB),
+                "compute": round(33.84 * MiB)},
+    }  # fmt: skip
+    assert answer.table == {"Host": {"model": 70 * MiB, "context": 20 * MiB, "compute": 33 * MiB}}
+
+
+def test_a_log_cut_every_time_is_no_answer(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeFailure) as exc:
+        run(stand_in(tmp_path, cut_runs=FIT_PARAMS_TRIES), ["-m", "falcon.gguf"], {})
+    assert str(exc.value) == (
+        "llama-fit-params exited 5 times before its log was written out (llama.cpp's logger is not flushed at "
+        "exit): its answer is incomplete"
+    )
+    assert (tmp_path / "runs").read_text() == "5"
