@@ -257,21 +257,29 @@ def missing_files(plan: Plan) -> list[tuple[bool, str]]:
         spec = m.model.spec
         if spec.runtime not in NEEDS_MODEL_FILE or m.model.model_present:
             continue
-        if spec.model is None:
+        if spec.model is None and spec.hf is None:
             message = (
                 f'no model file: {spec.runtime} cannot start without one (the estimate used arch = "{spec.arch}"); '
                 'give model = "path/to/file.gguf"'
             )
             out.append((True, plan.source.warning(("models", m.name), message, what="table")))
+        elif spec.model is None:
+            out.append((False, _not_yet(plan, m.name, "hf", str(m.model.model_path))))
         else:
-            message = f"{spec.model} does not exist yet: `umemc build` needs --files-later, `umemc up` needs the file"
-            out.append((False, plan.source.warning(("models", m.name, "model"), message)))
+            out.append((False, _not_yet(plan, m.name, "model", spec.model, spec.hf is not None)))
     for m in plan.models.values():  # a named projector follows the same rule as the model file
         spec = m.model.spec
-        if spec.mmproj is not None and not m.model.mmproj_present:
-            message = f"{spec.mmproj} does not exist yet: `umemc build` needs --files-later, `umemc up` needs the file"
-            out.append((False, plan.source.warning(("models", m.name, "mmproj"), message)))
+        if (spec.mmproj is not None or spec.mmproj_hf is not None) and not m.model.mmproj_present:
+            key = "mmproj" if spec.mmproj is not None else "mmproj_hf"
+            shown = spec.mmproj or str(m.model.mmproj_path)
+            out.append((False, _not_yet(plan, m.name, key, shown, spec.mmproj_hf is not None)))
     return out
+
+
+def _not_yet(plan: Plan, name: str, key: str, shown: str, hub: bool = True) -> str:
+    pull = f"`umemc pull {plan.source.file}` downloads it; " if hub else ""
+    message = f"{shown} does not exist yet: {pull}`umemc build` needs --files-later, `umemc up` needs the file"
+    return plan.source.warning(("models", name, key), message)
 
 
 ModelPlans = dict[str, ModelPlan]

@@ -10,10 +10,10 @@ import tempfile
 import traceback
 from collections.abc import Sequence
 
-from .commands import apply, build, calibrate, check, down, events, explain, init, logs, schema, status, up
+from .commands import apply, build, calibrate, check, down, events, explain, init, logs, pull, schema, status, up
 from .errors import UmemcError
 
-COMMANDS = (init, check, build, explain, calibrate, up, down, status, events, logs, apply, schema)
+COMMANDS = (init, pull, check, build, explain, calibrate, up, down, status, events, logs, apply, schema)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -222,6 +222,10 @@ def _watch(argv: list[str], timeout: float, stop_at: str | None) -> _Done:
         proc.returncode = os.waitstatus_to_exitcode(status)
         proc.stdout.close()
     peak = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    if stop is not None and _line_complete(out, stop):
+        # the answer ends with that line: on a busy machine the kill may come after the real load has logged
+        # its own buffers too (a second model and context), which are not the dry run's
+        del out[out.find(b"\n", out.find(stop)) + 1 :]
     return _Done(proc.returncode, out.decode(errors="replace"), time.monotonic() - start, peak, read)
 
 

@@ -7,6 +7,8 @@ For each llama.cpp-family model with a real file it records
 - the memory-relevant flags it was started with and llama.cpp's own buffer report plus the process's
   resident memory after a warm-up request — the *calibration*: used instead of the estimate (source
   "measured") while the flags still match, ignored with a warning naming what changed otherwise;
+- for a file named on the Hugging Face Hub (`hf`), where it comes from (`hub`: repository, revision, commit,
+  each part's size and sha256): its header facts are read from the Hub before it is downloaded;
 - llama.cpp's own dry run (`dry_run`, umemc.dryrun): what llama.cpp would allocate with exactly the flags the
   launcher passes, without reading a weight, with the identity of the llama.cpp that answered — used instead
   of the estimate (source "llama.cpp") while the flags, the file and that llama.cpp are unchanged.
@@ -87,8 +89,26 @@ class DryRun(Document):
     at: str
 
 
+class HubPart(Document):
+    path: str  # in the repository
+    size: int
+    sha256: str | None = None  # the Hub's checksum of the file (its LFS object id); None for a file kept in git
+
+
+class HubOrigin(Document):
+    """Where a model's file comes from on the Hugging Face Hub, as the Hub answered (umemc.hub)."""
+
+    repo: str
+    path: str  # the first part
+    revision: str  # as the stack asks: a branch, a tag or a commit
+    commit: str  # what that revision was when the header was read
+    parts: list[HubPart]
+    header_bytes: int  # what was read of it to size it (HTTP range requests)
+
+
 class LockEntry(Document):
     file: FileIdentity | None = None
+    hub: HubOrigin | None = None
     header: LockedHeader | None = None
     flags: dict[str, Any] = {}
     measured: Measured | None = None

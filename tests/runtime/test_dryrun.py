@@ -195,3 +195,30 @@ def test_llama_cpp_python_dry_run_equals_its_load(falcon: Path, tmp_path: Path, 
     assert abs(asked["weights_bytes"] - real["model"]) <= 0.005 * MiB
     assert abs(asked["kv_bytes"] - real["kv"]) <= 0.01 * MiB
     assert abs(asked["compute_bytes"] - (real["compute"] + real["output"])) <= 0.01 * MiB
+
+
+def test_a_hub_model_is_asked_on_its_header_before_it_is_downloaded(
+    falcon: Path, tmp_path: Path, run_cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`check --measure` on a model named on the Hub and not downloaded: llama.cpp sizes the sparse copy of its
+    header (a few MB read from the Hub) and answers as for the file itself."""
+    from tests.hubserver import FakeHub
+
+    local = tmp_path / "local"
+    local.mkdir()
+    stack(local, falcon)
+    on_disk, _ = report(run_cli, local, "--measure")
+    with FakeHub() as hub:
+        hub.add("acme/Falcon-H1-GGUF", "falcon.gguf", falcon)
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setenv("UMEMC_CACHE_DIR", str(tmp_path / "cache"))
+        (tmp_path / "stack.toml").write_text(
+            (local / "stack.toml").read_text().replace(f'model = "{falcon}"', 'hf = "acme/Falcon-H1-GGUF/falcon.gguf"')
+        )
+        asked, err = report(run_cli, tmp_path, "--measure")
+        served = hub.served()
+    assert asked["source"] == "llama.cpp" and "llama.cpp sized m (llama-server " in err
+    figures = ("weights_bytes", "kv_bytes", "compute_bytes", "estimate_bytes")
+    assert {k: asked[k] for k in figures} == {k: on_disk[k] for k in figures}
+    assert served == 4 * MiB and falcon.stat().st_size > 16 * served  # the header's first read, not the weights
+    assert not (tmp_path / "models").exists()  # nothing downloaded

@@ -48,7 +48,9 @@ def ask_llama_cpp(loaded: LoadedStack, plan: Plan, measure: Measure, only: list[
     chosen = [
         m
         for m in loaded.models.values()
-        if m.spec.runtime in LLAMA_RUNTIMES and m.model_present and (not only or m.name in only)
+        if m.spec.runtime in LLAMA_RUNTIMES
+        and (m.model_present or _hub_copy(m, out.entries.get(m.name)) is not None)
+        and (not only or m.name in only)
     ]
     if not chosen:
         return out
@@ -59,10 +61,14 @@ def ask_llama_cpp(loaded: LoadedStack, plan: Plan, measure: Measure, only: list[
             out.not_asked.append(f"{m.name}: llama.cpp not asked: {tool}")
             continue
         flags, entry = dry_run_flags(loaded, m), out.entries.get(m.name)
-        if measure is Measure.MISSING and _still_valid(entry, m, tool.identity, flags):
+        # a Hub model not downloaded yet is asked on the sparse copy of its header (llama.cpp reads no weight)
+        file = m.model_path if m.model_present else _hub_copy(m, entry)
+        assert file is not None and m.model_path is not None
+        if measure is Measure.MISSING and _still_valid(entry, file, tool.identity, flags):
             continue
         args = dry_run_args(plan.models[m.name], list(bundle.programs[m.name].argv))
-        assert args is not None and m.model_path is not None
+        assert args is not None
+        args = [str(file) if a == str(m.model_path) else a for a in args]
         try:
             answer = run(tool, args, flags)
         except RuntimeFailure as exc:
@@ -70,35 +76,43 @@ def ask_llama_cpp(loaded: LoadedStack, plan: Plan, measure: Measure, only: list[
             continue
         base = entry or lockfile.LockEntry()
         out.entries[m.name] = base.model_copy(
-            update={
-                "file": lockfile.identity(m.model_path),
-                "header": locked_header(read_gguf(m.model_path)),
-                "dry_run": answer,
-            }
+            update={"file": lockfile.identity(file), "header": locked_header(read_gguf(file)), "dry_run": answer}
         )
         out.asked.append(m.name)
     return out
 
 
-def _still_valid(entry: LockEntry | None, m: ResolvedModel, identity: object, flags: dict[str, object]) -> bool:
+def _hub_copy(m: ResolvedModel, entry: LockEntry | None) -> Path | None:
+    """The sparse copy of a Hub model's header that the lock's entry was read from, if it is still cached."""
+    if m.model_present or m.spec.hf is None or entry is None or entry.hub is None:
+        return None
+    from ..hub.ref import parse
+    from ..hub.remote import header_copy_path
+
+    path = header_copy_path(parse(m.spec.hf, m.spec.hf_revision), entry.hub.commit)
+    return path if path.exists() else None
+
+
+def _still_valid(entry: LockEntry | None, file: Path, identity: object, flags: dict[str, object]) -> bool:
     from ..lockfile import identity as file_identity
 
-    if entry is None or entry.dry_run is None or m.model_path is None:
+    if entry is None or entry.dry_run is None:
         return False
     run = entry.dry_run
-    return run.identity == identity and run.flags == flags and entry.file == file_identity(m.model_path)
+    return run.identity == identity and run.flags == flags and entry.file == file_identity(file)
 
 
-def record(stack: Path, asked: Asked) -> str | None:
-    """Write the lock; None, or why it could not be written (the answers still serve this command)."""
+def record(stack: Path, asked: Asked, fetched: list[str] | None = None) -> str | None:
+    """Write the lock (llama.cpp's answers, and the headers of Hub models read for this load: `fetched`);
+    None, or why it could not be written (the answers still serve this command)."""
     from .. import lockfile
 
-    if not asked.asked:
+    if not asked.asked and not fetched:
         return None
     try:
         lockfile.save(stack, asked.entries)
     except OSError as exc:
-        return f"cannot record llama.cpp's answers in {lockfile.path_for(stack)}: {exc.strerror}"
+        return f"cannot record what was learnt in {lockfile.path_for(stack)}: {exc.strerror}"
     return None
 
 

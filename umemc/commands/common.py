@@ -13,6 +13,9 @@ from .asking import Measure
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from ..hub.ref import HfRef
+    from ..lockfile import LockEntry
+
 
 def plan_from_arg(stack_arg: str, measure: Measure = Measure.READ, only: list[str] | None = None) -> Plan:
     """Load, estimate and budget the stack named on the command line (errors carry its spelling); a
@@ -21,13 +24,13 @@ def plan_from_arg(stack_arg: str, measure: Measure = Measure.READ, only: list[st
     from ..advice import advise
 
     path = Path(stack_arg)
-    loaded = load_stack(path, shown=stack_arg)
+    loaded = load_stack(path, shown=stack_arg, hub=hub_header)
     plan = make_plan(loaded)
     if measure is not Measure.READ:
         from .asking import ask_llama_cpp, record, report
 
         asked = ask_llama_cpp(loaded, plan, measure, only)
-        problem = record(path, asked)
+        problem = record(path, asked, loaded.fetched)
         if asked.asked:
             loaded = load_stack(path, shown=stack_arg, locks=asked.entries)
             plan = make_plan(loaded)
@@ -35,6 +38,13 @@ def plan_from_arg(stack_arg: str, measure: Measure = Measure.READ, only: list[st
         if problem:
             print(f"warning: {problem}", file=sys.stderr)
     return advise(loaded, plan)
+
+
+def hub_header(ref: HfRef) -> LockEntry:
+    """A Hub model not on disk, sized from its header on the Hub (umemc.hub.remote: a few MB read)."""
+    from ..hub.remote import lock_entry
+
+    return lock_entry(ref)
 
 
 def console() -> Console:

@@ -107,7 +107,7 @@ def read(path: Path) -> GgufFacts:
 @lru_cache(maxsize=64)
 def _read(name: str, size: int, mtime_ns: int, inode: int) -> GgufFacts:
     try:
-        header = read_header(Path(name))
+        header = _with_parts(Path(name), read_header(Path(name)))
     except (HeaderError, OSError) as exc:
         raise NotGguf(f"cannot read the GGUF header: {exc}") from None
     fields = {k: v for k, v in header.fields.items() if not k.startswith("tokenizer.ggml.")}
@@ -133,6 +133,26 @@ def _read(name: str, size: int, mtime_ns: int, inode: int) -> GgufFacts:
         ),
         skipped_bytes=sum(t.n_bytes for t in header.tensors if t.name in skipped),
     )
+
+
+def _with_parts(path: Path, first: Header) -> Header:
+    """A split GGUF (gguf-split: `split.count` parts named NAME-0000k-of-0000N.gguf beside each other, the
+    first holding the metadata) as one header: the first part's fields, every part's tensors."""
+    from ..hub.ref import SPLIT
+
+    count = int(first.fields.get("split.count", 1) or 1)
+    if count <= 1:
+        return first
+    m = SPLIT.match(path.name)
+    if not m or int(m.group("count")) != count or m.group("no") != "00001":
+        raise HeaderError(f"the first part of a {count}-part split GGUF must be named NAME-00001-of-{count:05d}.gguf")
+    tensors = list(first.tensors)
+    for i in range(2, count + 1):
+        part = path.with_name(f"{m.group('stem')}-{i:05d}-of-{count:05d}.gguf")
+        if not part.exists():
+            raise HeaderError(f"part {i} of {count} is missing: {part}")
+        tensors += read_header(part).tensors
+    return Header(first.fields, first.counts, tensors)
 
 
 def _nextn_tensors(fields: dict[str, Any], arch: str, header: Header) -> frozenset[str]:

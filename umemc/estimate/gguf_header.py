@@ -26,6 +26,10 @@ class HeaderError(Exception):
     pass
 
 
+class Truncated(HeaderError):
+    """The header runs past the bytes given: a file cut short, or a prefix too short (umemc.hub reads more)."""
+
+
 @dataclass(frozen=True)
 class Tensor:
     name: str
@@ -56,13 +60,13 @@ def read_header(path: Path) -> Header:
 class _Reader:
     """Little-endian reads from the mapped header, each checked against the file's end."""
 
-    def __init__(self, buf: mmap.mmap):
+    def __init__(self, buf: mmap.mmap | bytes):
         self.buf, self.pos = buf, 0
 
     def take(self, fmt: str) -> Any:
         size = struct.calcsize("<" + fmt)
         if self.pos + size > len(self.buf):
-            raise HeaderError(f"truncated at byte {self.pos}")
+            raise Truncated(f"truncated at byte {self.pos}")
         (value,) = struct.unpack_from("<" + fmt, self.buf, self.pos)
         self.pos += size
         return value
@@ -70,7 +74,7 @@ class _Reader:
     def string(self) -> str:
         n = self.take("Q")
         if self.pos + n > len(self.buf):
-            raise HeaderError(f"truncated string at byte {self.pos}")
+            raise Truncated(f"truncated string at byte {self.pos}")
         text = bytes(self.buf[self.pos : self.pos + n]).decode("utf-8", "replace")
         self.pos += n
         return text
@@ -78,11 +82,11 @@ class _Reader:
     def skip_strings(self, count: int) -> None:
         for _ in range(count):
             if self.pos + 8 > len(self.buf):
-                raise HeaderError(f"truncated at byte {self.pos}")
+                raise Truncated(f"truncated at byte {self.pos}")
             (n,) = struct.unpack_from("<Q", self.buf, self.pos)
             self.pos += 8 + n
         if self.pos > len(self.buf):
-            raise HeaderError("truncated string array")
+            raise Truncated("truncated string array")
 
     def array(self, key: str, etype: int, count: int) -> list[Any] | None:
         """A numeric array's values; a string array is skipped (None): umemc reads only its length."""
@@ -94,7 +98,7 @@ class _Reader:
         fmt = _SCALAR[etype]
         size = struct.calcsize("<" + fmt) * count
         if self.pos + size > len(self.buf):
-            raise HeaderError(f"truncated array {key}")
+            raise Truncated(f"truncated array {key}")
         values = list(struct.unpack_from(f"<{count}{fmt}", self.buf, self.pos))
         self.pos += size
         return values
@@ -131,7 +135,14 @@ class _Reader:
         return Tensor(name, qtype.name, dims, elements // block * size)
 
 
-def _parse(buf: mmap.mmap, gguf: Any) -> Header:
+def parse_prefix(buf: bytes) -> Header:
+    """The header from the file's first bytes (Truncated when they stop inside it)."""
+    import gguf
+
+    return _parse(buf, gguf)
+
+
+def _parse(buf: mmap.mmap | bytes, gguf: Any) -> Header:
     if bytes(buf[:4]) != b"GGUF":
         raise HeaderError("not a GGUF file (no GGUF magic)")
     r = _Reader(buf)

@@ -212,6 +212,19 @@ class ModelSpec(_Strict):
         description="Weights file, relative to the stack file. For llama.cpp "
         "runtimes a GGUF whose header gives exact sizes when present.",
     )
+    hf: str | None = Field(
+        None,
+        description='The model file on the Hugging Face Hub: "owner/repository/path/in/repo.gguf" (a split GGUF by '
+        "its first part, NAME-00001-of-0000N.gguf). `umemc pull` downloads it to `model` (default "
+        "models_dir/owner/repository/path); until then its GGUF header, read from the Hub with range requests "
+        "(a few MB), gives the exact sizes.",
+    )
+    hf_revision: str | None = Field(
+        None, description='The Hub revision of `hf` and `mmproj_hf`: a branch, a tag or a commit (default "main").'
+    )
+    mmproj_hf: str | None = Field(
+        None, description="The vision projector on the Hub, like `hf`; `umemc pull` downloads it to `mmproj`."
+    )
     arch: Arch | None = Field(None, description="Built-in architecture preset, used when the model file is absent.")
     quant: str | None = Field(
         None,
@@ -298,5 +311,11 @@ class Stack(_Strict):
     gateway: Gateway = Field(default_factory=lambda: Gateway(), description="The OpenAI-compatible gateway.")
     sysctl: dict[str, SysctlValue] = Field(
         default_factory=dict, description='Overrides of the compiled Linux VM tunables, e.g. {"vm.swappiness" = 5}.'
+    )
+    models_dir: str = Field(
+        "models",
+        min_length=1,
+        description="Where `umemc pull` puts the Hub files of models that name no `model` path, relative to the "
+        "stack file.",
     )
     models: dict[str, ModelSpec] = Field(min_length=1, description="The models, by name (^[a-z][a-z0-9_-]{0,62}$).")

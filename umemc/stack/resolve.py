@@ -21,6 +21,11 @@ from .presets import PLATFORM_PRESETS, UNIFIED_KINDS, default_gpu_window, defaul
 from .types import toml_repr
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..hub.ref import HfRef
+
+if TYPE_CHECKING:
     from ..lockfile import LockEntry
 
 FIRST_PORT = 10001
@@ -71,6 +76,7 @@ class LoadedStack:
     # for_node() gives the stack as seen on one of them (models resolved for its platform)
     nodes: dict[str, ResolvedNode] = field(default_factory=dict)
     document: Document | None = None
+    fetched: list[str] = field(default_factory=list)  # models whose Hub header was read for this load
 
     @property
     def name(self) -> str:
@@ -93,6 +99,7 @@ class LoadedStack:
                     n.platform,
                     self.models[name].port,
                     self.calibration.get(name),
+                    self.stack.models_dir,
                 )
                 for name in names
             }
@@ -108,15 +115,22 @@ class ResolvedNode:
     images: dict[str, str] = field(default_factory=dict)  # container image by runtime (--target kubernetes)
 
 
-def load_stack(path: Path, shown: str | None = None, locks: dict[str, LockEntry] | None = None) -> LoadedStack:
+def load_stack(
+    path: Path,
+    shown: str | None = None,
+    locks: dict[str, LockEntry] | None = None,
+    hub: Callable[[HfRef], LockEntry] | None = None,
+) -> LoadedStack:
     """The whole load stage: read, parse, validate, check, resolve. `locks`: the stack's lock entries when the
-    caller holds newer ones than its file (llama.cpp's answers it could not write)."""
+    caller holds newer ones than its file (llama.cpp's answers it could not write). `hub`: how to size a
+    model named on the Hub (`hf`) that is neither on disk nor in the lock (umemc.hub.remote.lock_entry, which
+    reads its header over the network); without it such a model is sized as if the Hub were unreachable."""
     from .. import lockfile
 
     doc = read_document(path, shown)
     stack = validate(doc)
     src = doc.source
-    locks = lockfile.load(path) if locks is None else locks
+    locks = dict(lockfile.load(path) if locks is None else locks)
     _check_names(stack, src)
     nodes = _nodes(stack, doc)
     if nodes:
@@ -137,10 +151,49 @@ def load_stack(path: Path, shown: str | None = None, locks: dict[str, LockEntry]
     _check_sysctl(stack, src)
     ports = _ports(stack, src)
     _check_aliases(stack, src)
+    fetched, unasked = _ask_hub(doc, stack, locks, hub)
     models = {
-        name: _model(doc, name, spec, platform, ports[name], locks.get(name)) for name, spec in stack.models.items()
+        name: _model(doc, name, spec, platform, ports[name], locks.get(name), stack.models_dir, unasked.get(name))
+        for name, spec in stack.models.items()
     }
-    return LoadedStack(path, src, stack, platform, models, doc.warnings, locks, nodes, doc)
+    return LoadedStack(path, src, stack, platform, models, doc.warnings, locks, nodes, doc, fetched)
+
+
+def _ask_hub(
+    doc: Document, stack: Stack, locks: dict[str, LockEntry], hub: Callable[[HfRef], LockEntry] | None
+) -> tuple[list[str], dict[str, str]]:
+    """Lock entries for the Hub models that are not on disk and not (or no longer) in the lock, read from the
+    Hub into `locks`; returns the models read, and why the Hub was not asked or could not answer, by model."""
+    from ..hub.ref import HubFailure, RefError, matches, parse
+
+    fetched: list[str] = []
+    unasked: dict[str, str] = {}
+    for name, spec in stack.models.items():
+        if spec.hf is None or spec.runtime not in LLAMA_RUNTIMES:
+            continue
+        try:
+            ref = parse(spec.hf, spec.hf_revision)
+        except RefError:
+            continue  # _model says what is wrong with it
+        if _local(doc, spec.model or str(ref.local_path(stack.models_dir))).exists():
+            continue
+        entry = locks.get(name)
+        if entry is not None and entry.header is not None and matches(entry.hub, ref):
+            continue
+        if hub is None:
+            unasked[name] = "the Hub was not asked"
+            continue
+        try:
+            locks[name] = hub(ref)
+        except HubFailure as exc:
+            unasked[name] = str(exc)
+            continue
+        fetched.append(name)
+    return fetched, unasked
+
+
+def _local(doc: Document, value: str) -> Path:
+    return (doc.path.parent / value).resolve() if not Path(value).is_absolute() else Path(value)
 
 
 def _nodes(stack: Stack, doc: Document) -> dict[str, ResolvedNode]:
@@ -415,11 +468,19 @@ def _check_aliases(stack: Stack, src: Source) -> None:
 
 
 def _model(
-    doc: Document, name: str, spec: ModelSpec, platform: ResolvedPlatform, port: int, lock: LockEntry | None
+    doc: Document,
+    name: str,
+    spec: ModelSpec,
+    platform: ResolvedPlatform,
+    port: int,
+    lock: LockEntry | None,
+    models_dir: str,
+    hub_problem: str | None = None,
 ) -> ResolvedModel:
     src, at = doc.source, ("models", name)
     _check_env(spec, src, at, doc_token_env(doc))
     _check_runtime_keys(spec, src, at)
+    (model_value, model_at), (mmproj_value, mmproj_at) = _hub_files(spec, src, at, models_dir)
     family = family_of(spec.arch) if spec.arch else RUNTIME_FAMILY[spec.runtime]
     if spec.arch and spec.runtime != "command" and spec.runtime not in RUNTIMES_FOR[family]:
         raise src.error(
@@ -430,9 +491,15 @@ def _model(
     quant = _quant(spec, src, at)
     locked = lock is not None and lock.header is not None and spec.runtime in LLAMA_RUNTIMES
     model_path, model_present = _file(
-        doc, spec.model, at + ("model",), spec, llama=spec.runtime in LLAMA_RUNTIMES, locked=locked
+        doc,
+        model_value,
+        model_at,
+        spec,
+        llama=spec.runtime in LLAMA_RUNTIMES,
+        locked=locked,
+        hub=_hub_note(lock, hub_problem) if spec.hf and spec.runtime in LLAMA_RUNTIMES else None,
     )
-    mmproj_path, mmproj_present = _file(doc, spec.mmproj, at + ("mmproj",), spec, llama=True, is_mmproj=True)
+    mmproj_path, mmproj_present = _file(doc, mmproj_value, mmproj_at, spec, llama=True, is_mmproj=True)
     _check_size_source(spec, src, at, model_present or locked)
     mmap = spec.mmap if spec.mmap is not None else not platform.unified
     return ResolvedModel(
@@ -448,6 +515,64 @@ def _model(
         spec.max_concurrency or spec.parallel,
         port,
     )
+
+
+Named = tuple[str | None, tuple[str, ...]]  # a file's path as the stack gives it, and the key that names it
+
+
+def _hub_files(spec: ModelSpec, src: Source, at: tuple[str, ...], models_dir: str) -> tuple[Named, Named]:
+    """The model's and the projector's files (the stack's `model`/`mmproj`, else where `umemc pull` puts
+    `hf`/`mmproj_hf`), each with the key that names it; the Hub spellings checked."""
+    from ..hub.ref import RefError, check_revision, parse
+
+    try:
+        check_revision(spec.hf_revision)
+    except RefError as exc:
+        raise src.error(at + ("hf_revision",), str(exc), exc.hint) from None
+    for key in ("hf", "mmproj_hf"):
+        value = getattr(spec, key)
+        if value is None:
+            continue
+        if spec.runtime in ("command", "torch"):
+            raise src.error(
+                at + (key,),
+                f'runtime = "{spec.runtime}" loads no single model file',
+                "download it yourself and name its directory in the worker's own arguments",
+            )
+        try:
+            ref = parse(value, spec.hf_revision)
+        except RefError as exc:
+            raise src.error(at + (key,), str(exc), exc.hint) from None
+        local = spec.model if key == "hf" else spec.mmproj
+        if local is not None and len(ref.parts) > 1 and Path(local).name != Path(ref.path).name:
+            raise src.error(
+                at + ("model" if key == "hf" else "mmproj",),
+                f"a split GGUF keeps its parts' names: must end in {Path(ref.path).name}",
+                "llama.cpp finds the other parts beside the first by their names",
+            )
+    if spec.hf_revision is not None and spec.hf is None and spec.mmproj_hf is None:
+        raise src.error(at + ("hf_revision",), "is the revision of hf or mmproj_hf; neither is given")
+
+    def named(local: str | None, hub: str | None, key: str) -> Named:
+        if local is not None or hub is None:
+            return local, at + (key,)
+        return str(parse(hub, spec.hf_revision).local_path(models_dir)), at + (
+            f"{key}_hf" if key == "mmproj" else "hf",
+        )
+
+    return named(spec.model, spec.hf, "model"), named(spec.mmproj, spec.mmproj_hf, "mmproj")
+
+
+def _hub_note(lock: LockEntry | None, problem: str | None) -> tuple[str | None, str | None]:
+    """How a Hub file not yet downloaded is sized (from its header on the Hub), or why the Hub did not."""
+    if problem is None and lock is not None and lock.hub is not None and lock.header is not None:
+        h = lock.hub
+        size = sum(p.size for p in h.parts)
+        return (
+            f"its GGUF header on the Hub ({h.repo} at {h.commit[:12]}, {human(h.header_bytes)} of {human(size)} read)",
+            None,
+        )
+    return None, problem or "no answer"
 
 
 def doc_token_env(doc: Document) -> str | None:
@@ -572,14 +697,17 @@ def _file(
     llama: bool,
     is_mmproj: bool = False,
     locked: bool = False,
+    hub: tuple[str | None, str | None] | None = None,
 ) -> tuple[Path | None, bool]:
     if value is None:
         return None, False
     src = doc.source
-    path = (doc.path.parent / value).resolve() if not Path(value).is_absolute() else Path(value)
+    path = _local(doc, value)
     if path.is_dir() or not path.exists():
         if path.is_dir() and not llama:
             return path, True  # torch/comfyui model directories
+        if hub is not None:
+            return _not_downloaded(doc, path, at, spec, locked, *hub), False
         fallback = f"the lock in {doc.path.stem}.calibration.json" if locked else _fallback(spec, is_mmproj)
         if fallback is None and is_mmproj:  # one rule with model files: a missing file is said, not fatal
             doc.warnings.append(
@@ -609,6 +737,36 @@ def _file(
         if not ok:
             raise src.error(at, f"not a GGUF file: {path}", "llama.cpp runtimes load .gguf files")
     return path, True
+
+
+def _not_downloaded(
+    doc: Document,
+    path: Path,
+    at: tuple[str, ...],
+    spec: ModelSpec,
+    locked: bool,
+    sized: str | None,
+    problem: str | None,
+) -> Path:
+    """A Hub model not on disk yet: sized from its header on the Hub, else from another fallback (said), else
+    an error that says how to get it."""
+    src, pull = doc.source, f"`umemc pull {doc.source.file}` downloads it"
+    if sized is not None:
+        doc.warnings.append(src.warning(at, f"not downloaded yet ({path}): sized from {sized}; {pull}"))
+        return path
+    fallback = f"the lock in {doc.path.stem}.calibration.json" if locked else _fallback(spec, False)
+    if fallback is None:
+        raise src.error(
+            at,
+            f"not downloaded yet ({path}), and the Hub could not size it: {problem}",
+            f'{pull}; or give arch = "<preset>" as a fallback, or memory = "…"',
+        )
+    doc.warnings.append(
+        src.warning(
+            at, f"not downloaded yet ({path}); the Hub could not size it: {problem}; estimating from {fallback}"
+        )
+    )
+    return path
 
 
 def _not_regular(path: Path) -> str | None:

@@ -65,13 +65,15 @@ def add_vocabulary(w: Any, n_vocab: int) -> None:
     w.add_add_bos_token(True)
 
 
-def write_tiny_gguf(path: Path, spec: TinySpec, seed: int = 0) -> Path:
-    """Write a loadable GGUF model of the given shape; returns the path."""
+def write_tiny_gguf(path: Path, spec: TinySpec, seed: int = 0, split_max_tensors: int = 0) -> Path:
+    """Write a loadable GGUF model of the given shape; returns the path. With `split_max_tensors`, a split GGUF
+    (gguf-split's layout, written by gguf's own writer): parts of at most that many tensors, named
+    PATH-0000k-of-0000N.gguf; the first part's path is returned."""
     import gguf
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), spec.arch)
+    w = gguf.GGUFWriter(str(path), spec.arch, split_max_tensors=split_max_tensors)
     a = spec.arch
     w.add_name(f"tiny-{a}-{spec.n_layer}x{spec.n_embd}")
     w.add_context_length(spec.n_ctx_train)
@@ -125,6 +127,8 @@ def write_tiny_gguf(path: Path, spec: TinySpec, seed: int = 0) -> Path:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    if split_max_tensors:
+        return next(iter(sorted(path.parent.glob(f"{path.stem}-00001-of-*.gguf"))))
     return path
 
 

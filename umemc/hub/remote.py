@@ -1,0 +1,220 @@
+"""What the Hub says of a file, and its GGUF header without the weights.
+
+The Hub answers a HEAD of `ENDPOINT/OWNER/NAME/resolve/REVISION/PATH` with the commit the revision is at
+(`X-Repo-Commit`), the file's size (`X-Linked-Size`) and, for a file kept in LFS (every GGUF), its sha256
+(`X-Linked-Etag`), and sends the bytes from a CDN that honours HTTP range requests. huggingface_hub's
+`get_hf_file_metadata` reads those headers; the header itself is read here with `Range: bytes=0-N`, N grown
+until the GGUF header parses (4 MiB holds most: a 128k-token vocabulary is ~5 MB), and written into a sparse
+copy of the file's full size in umemc's cache: umemc's header reader and llama.cpp's dry run (which reads no
+weight) both run on that copy as on the real file.
+
+HF_ENDPOINT, HF_TOKEN and HF_HUB_OFFLINE mean what they mean to huggingface_hub, read when used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from ..lockfile import HEAD_BYTES, FileIdentity, HubOrigin, HubPart, LockEntry
+from .ref import HfRef, HubFailure
+
+FIRST_READ = HEAD_BYTES  # the identity umemc records of a file is the sha256 of its first 4 MiB
+MAX_HEADER = 512 * 1024 * 1024
+TIMEOUT_S = 20.0
+
+
+@dataclass(frozen=True)
+class RemotePart:
+    path: str
+    size: int
+    sha256: str | None
+    location: str  # where its bytes are (the CDN's signed URL for an LFS file)
+
+
+@dataclass(frozen=True)
+class Remote:
+    ref: HfRef
+    commit: str
+    parts: list[RemotePart]
+
+
+def endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+def offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def token() -> str | None:
+    """HF_TOKEN, else the token `hf auth login` stored (huggingface_hub's own lookup)."""
+    from huggingface_hub import get_token
+
+    return get_token()
+
+
+def describe(ref: HfRef) -> Remote:
+    """Every part's size, checksum and location at the revision's current commit (one HEAD each)."""
+    if offline():
+        raise HubFailure("HF_HUB_OFFLINE is set")
+    import huggingface_hub as hh
+
+    parts: list[RemotePart] = []
+    commit = ref.revision
+    for i, path in enumerate(ref.parts):
+        # the later parts at the commit the first resolved to: one consistent version of a split model
+        url = hh.hf_hub_url(ref.repo, path, revision=commit if i else ref.revision, endpoint=endpoint())
+        try:
+            meta = hh.get_hf_file_metadata(url, token=token(), timeout=TIMEOUT_S, endpoint=endpoint())
+        except Exception as exc:  # noqa: BLE001 - huggingface_hub and its HTTP client raise many kinds
+            raise HubFailure(_why(exc, ref, path)) from None
+        if meta.size is None:
+            raise HubFailure(f"the Hub gave no size for {ref.repo}/{path}")
+        if i == 0:
+            if not meta.commit_hash:
+                raise HubFailure(f"the Hub named no commit for {ref.repo} at {ref.revision}")
+            commit = meta.commit_hash
+        sha = meta.etag if meta.etag and len(meta.etag) == 64 and _hex(meta.etag) else None
+        parts.append(RemotePart(path, meta.size, sha, meta.location))
+    return Remote(ref, commit, parts)
+
+
+def _hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text.lower())
+
+
+def _why(exc: Exception, ref: HfRef, path: str) -> str:
+    from huggingface_hub import errors
+
+    name = f"{ref.repo}/{path}"
+    if isinstance(exc, errors.GatedRepoError):
+        return f"{ref.repo} is gated: accept its terms on the Hub, then set HF_TOKEN"
+    if isinstance(exc, errors.RepositoryNotFoundError):
+        return f"no repository {ref.repo} on {endpoint()} (or it is private: set HF_TOKEN)"
+    if isinstance(exc, errors.RevisionNotFoundError):
+        return f"{ref.repo} has no revision {ref.revision!r}"
+    if isinstance(exc, errors.EntryNotFoundError):
+        return f"{ref.repo} has no file {path} at {ref.revision}"
+    if isinstance(exc, errors.HfHubHTTPError):
+        status = getattr(exc.response, "status_code", "?")
+        return f"the Hub answered {status} for {name}"
+    return f"cannot reach {endpoint()} ({type(exc).__name__}: {exc})"
+
+
+def read_prefix(part: RemotePart, n: int) -> bytes:
+    """The first n bytes of a part (one range request; a server that ignores the range is read no further)."""
+    from huggingface_hub import get_session
+    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # lazily exported
+
+    same_host = urlparse(part.location).netloc == urlparse(endpoint()).netloc
+    headers: dict[str, Any] = build_hf_headers(token=token() if same_host else False)  # never a token to a CDN
+    headers["Range"] = f"bytes=0-{n - 1}"
+    headers["Accept-Encoding"] = "identity"
+    out = bytearray()
+    try:
+        with get_session().stream(
+            "GET", part.location, headers=headers, timeout=TIMEOUT_S, follow_redirects=True
+        ) as response:
+            if response.status_code not in (200, 206):
+                raise HubFailure(f"the Hub answered {response.status_code} for a range of {part.path}")
+            for chunk in response.iter_bytes():
+                out += chunk
+                if len(out) >= n:
+                    break
+    except HubFailure:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the HTTP client's errors, whatever their kind
+        raise HubFailure(f"cannot read {part.path} from {endpoint()} ({type(exc).__name__}: {exc})") from None
+    return bytes(out[:n])
+
+
+def read_header(part: RemotePart) -> bytes:
+    """The part's first bytes, enough to hold its whole GGUF header (and at least its first 4 MiB)."""
+    from ..estimate.gguf_header import HeaderError, Truncated, parse_prefix
+
+    n = min(part.size, FIRST_READ)
+    while True:
+        data = read_prefix(part, n)
+        try:
+            parse_prefix(data)
+            return data
+        except Truncated:
+            if n >= part.size or len(data) < n:
+                raise HubFailure(f"{part.path}: the GGUF header runs past the end of the file") from None
+            if n >= MAX_HEADER:
+                raise HubFailure(f"{part.path}: a GGUF header larger than {MAX_HEADER >> 20} MiB") from None
+            n = min(part.size, n * 4)
+        except HeaderError as exc:
+            raise HubFailure(f"{part.path} is not a GGUF file umemc can read: {exc}") from None
+
+
+def cache_dir() -> Path:
+    """UMEMC_CACHE_DIR, else $XDG_CACHE_HOME/umemc, else ~/.cache/umemc."""
+    explicit = os.environ.get("UMEMC_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "umemc"
+
+
+def header_copy_path(ref: HfRef, commit: str) -> Path:
+    """The sparse copy of the first part (the others beside it, named as llama.cpp expects)."""
+    return cache_dir() / "hub" / ref.repo / commit / ref.path
+
+
+def header_copy(remote: Remote) -> tuple[Path, int, bytes]:
+    """Sparse copies of every part (the header real, the rest a hole of the file's size) in the cache, made
+    once per commit; returns the first's path, the bytes of the Hub's files they hold (what was read to make
+    them), and the first part's first bytes."""
+    first = header_copy_path(remote.ref, remote.commit)
+    held, head = 0, b""
+    for i, part in enumerate(remote.parts):
+        path = first.parent / Path(part.path).name
+        if not (path.exists() and path.stat().st_size == part.size):
+            _write_sparse(path, read_header(part), part.size)
+        held += min(part.size, path.stat().st_blocks * 512)
+        if i == 0:
+            with path.open("rb") as f:
+                head = f.read(FIRST_READ)
+    return first, held, head
+
+
+def _write_sparse(path: Path, data: bytes, size: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.truncate(size)  # the weights are a hole: no disk space, zeros if read
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def lock_entry(ref: HfRef) -> LockEntry:
+    """What umemc records of a Hub file it has not downloaded: where it comes from, its identity and its
+    header's facts (exactly what the file itself would give)."""
+    from ..estimate.gguf_file import NotGguf, locked_header, read
+
+    remote = describe(ref)
+    first, held, head = header_copy(remote)
+    try:
+        facts = read(first)
+    except NotGguf as exc:
+        raise HubFailure(f"{ref.repo}/{ref.path}: {exc}") from None
+    origin = HubOrigin(
+        repo=ref.repo,
+        path=ref.path,
+        revision=ref.revision,
+        commit=remote.commit,
+        parts=[HubPart(path=p.path, size=p.size, sha256=p.sha256) for p in remote.parts],
+        header_bytes=held,
+    )
+    ident = FileIdentity(size=remote.parts[0].size, sha256_head=hashlib.sha256(head[:HEAD_BYTES]).hexdigest())
+    return LockEntry(file=ident, hub=origin, header=locked_header(facts))
