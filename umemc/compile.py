@@ -12,7 +12,7 @@ from .budget import ModelPlan, Plan
 from .chars import CONTROL
 from .contract import SOCKET
 from .errors import UsageError
-from .launchers import Context, argv_for, health_path
+from .launchers import Context, argv_for, health_path, pinned_flags
 from .runtime.rundir import ENFORCER, GATEWAY
 from .stack.types import toml_repr
 from .units import KiB, MiB
@@ -36,6 +36,7 @@ class Program:
     port: int | None
     health: str | None
     plan: ModelPlan
+    pinned: tuple[str, ...] = ()  # flags of the real argv the installed runtime's --help must list (preflight)
 
     @property
     def wrapped_env(self) -> tuple[tuple[str, str], ...]:
@@ -99,8 +100,12 @@ class Bundle:
         return p.gpu_window // MiB if p.kind == "apple" and p.gpu_window else None
 
 
-def compile_bundle(plan: Plan, python: str | None = None, simulate: bool = False, host: str = "127.0.0.1") -> Bundle:
-    ctx = Context(plan, python or sys.executable, host)
+def compile_bundle(
+    plan: Plan, python: str | None = None, simulate: bool = False, host: str = "127.0.0.1", local: bool = True
+) -> Bundle:
+    """`local`: the runtimes installed on this machine are the ones that will run (their --help decides the
+    spelling of their argv); False for container images."""
+    ctx = Context(plan, python or sys.executable, host, local)
     if ini_problem(ctx.python):  # every program's command starts with it
         raise UsageError(
             f"umemc's interpreter path {ctx.python!r} cannot be written into supervisord.conf: "
@@ -128,7 +133,8 @@ def _program(plan: Plan, m: ModelPlan, ctx: Context, simulate: bool) -> Program:
     port: int | None = rm.port
     if spec.runtime == "command" and spec.port is None and not any("{port}" in a for a in spec.command or []):
         port = None  # a command that was never told a port does not listen on one
-    argv = _placeholder(ctx, m, port) if simulate else argv_for(m, ctx)
+    real = argv_for(m, ctx)
+    argv = _placeholder(ctx, m, port) if simulate else real
     wrap = wrap_argv(plan, ctx.python, m.name, m.quota_hard, m.quota_soft, unset=True)
     cwd = None if simulate else _cwd(plan, m)
     return Program(
@@ -142,6 +148,7 @@ def _program(plan: Plan, m: ModelPlan, ctx: Context, simulate: bool) -> Program:
         port,
         health_path(m) if port is not None else None,
         m,
+        tuple(pinned_flags(m, real)),
     )
 
 

@@ -42,6 +42,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .errors import RuntimeFailure
+from .helptext import llama_cpp_version, probe
 from .lockfile import BufferReport, DryRun, ToolIdentity, tool_identity
 
 SERVER = "llama-server"
@@ -97,7 +98,8 @@ def _fit_params(bin: str | None) -> Tool | str:
     server = server_binary(bin)
     if server is None:
         return f"no {bin or 'llama-server'} {'found' if bin else 'on PATH'}"
-    if "--fit" in server_flags(server):
+    described = probe(server)
+    if described is not None and described.has("--fit"):
         ident = tool_identity(Path(server))
         return Tool(SERVER, server, ident) if ident else f"cannot stat {server}"
     fit = Path(server).parent / FIT_PARAMS
@@ -309,28 +311,8 @@ def _build(tool: Tool, log: str) -> str:
     if tool.kind == LLAMA_CPP_PYTHON:
         m = re.search(rf"{_OK} (\S+)", log)
         return m.group(1) if m else "unknown"
-    return llama_cpp_version(tool.argv0)
-
-
-@lru_cache(maxsize=16)
-def server_flags(server: str) -> frozenset[str]:
-    """The long flags a llama.cpp binary's `--help` lists (cached per path for the life of the process)."""
-    try:
-        done = subprocess.run([server, "--help"], capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return frozenset()
-    return frozenset(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", done.stdout + done.stderr))
-
-
-@lru_cache(maxsize=16)
-def llama_cpp_version(argv0: str) -> str:
-    """`version: 0.5.0-dev (build 1, commit 0c1e570)` as llama.cpp prints it (common.cpp); its first line."""
-    try:
-        done = subprocess.run([argv0, "--version"], capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    line = next((x for x in (done.stdout + done.stderr).splitlines() if x.startswith("version:")), "")
-    return line.removeprefix("version:").strip() or "unknown"
+    described = probe(tool.argv0) if tool.kind == SERVER else None
+    return described.version if described is not None else llama_cpp_version(tool.argv0)
 
 
 _OK = "UMEMC-DRY-RUN-OK"

@@ -89,3 +89,51 @@ def test_llama_server_end_to_end_with_kv_slots_kept_across_an_eviction(stack: An
         save["detail"]["tokens"],
         save["detail"]["bytes"],
     )
+
+
+# Older llama-server builds to run for real when they are here (each a path; os.pathsep between): e.g. the servers
+# of the llama.cpp trees llama-cpp-python 0.3.16 and 0.3.2 vendor (`cmake --build B --target llama-server`), whose
+# --help texts tests/test_llama_server_spelling.py checks the spelling against.
+OLDER = [p for p in os.environ.get("UMEMC_LLAMA_SERVER_OLDER", "").split(os.pathsep) if p]
+
+
+@pytest.mark.skipif(not OLDER, reason="UMEMC_LLAMA_SERVER_OLDER names no older llama-server build")
+@pytest.mark.parametrize("binary", OLDER)
+def test_an_older_llama_server_runs_with_its_own_spelling(binary: str, stack: Any, tmp_path: Path) -> None:
+    model = write_tiny_gguf(tmp_path / "tiny.gguf", SPEC)
+    text = (
+        f'version = 1\nname = "old"\n[platform]\nkind = "cpu"\nmemory = "2GiB"\nos_reserve = "256MiB"\n'
+        f"{live_sysctl_table()}[gateway]\nport = {free_port()}\n"
+        f'[models.chat]\nruntime = "llama-server"\nbin = "{binary}"\nmodel = "{model}"\ncontext = 1024\n'
+        f"mmap = false\nport = {free_port()}\n"
+    )
+    gw = Gateway(stack(text))
+    status, _, body = gw.call("POST", "/v1/completions", {"model": "chat", "prompt": "hello", "max_tokens": 2})
+    assert status == 200, body
+    argv = json.loads((gw.run.run_dir / "bundle" / "plan.json").read_text())["models"]["chat"]["argv"]
+    assert "--no-mmap" in argv and "--load-mode" not in argv and "--fit" not in argv
+    assert argv[argv.index("-fa") + 1] == "-ctk"  # the switch of a build before `-fa on|off|auto`
+    log = (gw.run.run_dir / "state" / "logs" / "chat.err.log").read_text()
+    parts = json.loads((gw.run.run_dir / "bundle" / "plan.json").read_text())["models"]["chat"]["estimate_parts"]
+    assert abs(totals(parse_buffers(log))["kv"] - parts["kv_bytes"]) <= 0.01 * MiB
+
+
+# An interpreter with an older llama-cpp-python[server] (e.g. 0.2.55, 2024-03: no --flash_attn, --type_k,
+# --n_ubatch), to run for real where it is here.
+OLDER_LCP = os.environ.get("UMEMC_LLAMA_CPP_PYTHON_OLDER")
+
+
+@pytest.mark.skipif(not OLDER_LCP, reason="UMEMC_LLAMA_CPP_PYTHON_OLDER names no interpreter with an older server")
+def test_an_older_llama_cpp_python_server_runs_with_the_settings_it_has(stack: Any, tmp_path: Path) -> None:
+    model = write_tiny_gguf(tmp_path / "tiny.gguf", SPEC)
+    text = (
+        f'version = 1\nname = "oldlcp"\n[platform]\nkind = "cpu"\nmemory = "2GiB"\nos_reserve = "256MiB"\n'
+        f"[policy]\nquota_headroom = 0.5\n{live_sysctl_table()}[gateway]\nport = {free_port()}\n"
+        f'[models.chat]\nruntime = "llama-cpp-python"\nbin = "{OLDER_LCP}"\nmodel = "{model}"\ncontext = 512\n'
+        f"flash_attn = false\nport = {free_port()}\n"
+    )
+    gw = Gateway(stack(text))
+    status, _, body = gw.call("POST", "/v1/completions", {"model": "chat", "prompt": "hello", "max_tokens": 2})
+    assert status == 200, body
+    argv = json.loads((gw.run.run_dir / "bundle" / "plan.json").read_text())["models"]["chat"]["argv"]
+    assert "--flash_attn" not in argv and "--type_k" not in argv and "--n_ubatch" not in argv

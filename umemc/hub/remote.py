@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from ..cache import cache_dir
 from ..lockfile import HEAD_BYTES, FileIdentity, HubOrigin, HubPart, LockEntry
 from .ref import HfRef, HubFailure
 
@@ -151,15 +152,6 @@ def read_header(part: RemotePart) -> bytes:
             n = min(part.size, n * 4)
         except HeaderError as exc:
             raise HubFailure(f"{part.path} is not a GGUF file umemc can read: {exc}") from None
-
-
-def cache_dir() -> Path:
-    """UMEMC_CACHE_DIR, else $XDG_CACHE_HOME/umemc, else ~/.cache/umemc."""
-    explicit = os.environ.get("UMEMC_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "umemc"
 
 
 def header_copy_path(ref: HfRef, commit: str) -> Path:

@@ -5,10 +5,13 @@ the process allocates what the estimate assumed. Registered in RUNTIMES (pre-com
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..budget import ModelPlan, Plan
 from . import comfyui, command, llama_cpp_python, llama_server, torch_worker, whisper_server
+
+if TYPE_CHECKING:
+    from ..helptext import Help
 
 
 @dataclass(frozen=True)
@@ -16,6 +19,16 @@ class Context:
     plan: Plan
     python: str  # the interpreter umemc runs under: umemc's own programs and torch workers
     host: str = "127.0.0.1"  # the address servers bind: loopback under supervisord, 0.0.0.0 in a pod
+    local: bool = True  # the runtimes are the ones installed here (False: a container image's, the newest)
+
+    def help_of(self, argv0: str, module: str | None = None) -> Help | None:
+        """What the installed runtime says of itself (its --help and version; cached), so its argv is spelled
+        for it; None where it is not installed here or not run here (the launcher spells for its newest)."""
+        if not self.local:
+            return None
+        from ..helptext import probe
+
+        return probe(argv0, module)
 
 
 class Runtime(Protocol):
@@ -41,6 +54,14 @@ def argv_for(m: ModelPlan, ctx: Context) -> list[str]:
 
 def runtime_of(m: ModelPlan) -> Runtime:
     return RUNTIMES[m.model.spec.runtime]
+
+
+def pinned_flags(m: ModelPlan, argv: list[str]) -> list[str]:
+    """The flags of the worker's argv that its installed runtime's --help must list (preflight: a bundle spelled
+    for one release and run with another is refused before it starts)."""
+    module = runtime_of(m)
+    spelled = getattr(module, "pinned", None)
+    return spelled(argv, len(m.model.spec.args)) if spelled is not None else list(module.PINNED)
 
 
 def dry_run_args(m: ModelPlan, argv: list[str]) -> list[str] | None:

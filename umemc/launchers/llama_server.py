@@ -1,20 +1,28 @@
-"""llama.cpp's llama-server. Flag spelling of the llama.cpp that llama-cpp-python 0.3.36 vendors (2026-10):
-`-fa` takes on|off|auto, and `--load-mode none|mmap|mlock|mmap+mlock` replaced `--no-mmap` and `--mlock`
-(preflight refuses an older llama-server that does not list the pinned flags in its --help)."""
+"""llama.cpp's llama-server, spelled for the build that is installed: its `--help` (umemc.helptext, read once per
+binary) says which spelling it takes. The newest (llama.cpp 2026-10, the one llama-cpp-python 0.3.36 vendors):
+`--load-mode none|mmap|mlock|mmap+mlock` instead of `--no-mmap`/`--mlock`, `-fa on|off|auto` instead of the
+`-fa` switch, `--fit off` (builds from 2025-12 fit unset parameters to free memory by default). Older builds get
+their own spelling; what they cannot do at all is refused (a projector without `--mmproj`), what umemc can do
+without is left out (`--slot-save-path`: the gateway then keeps no KV slots across an eviction). Where no
+llama-server is installed (a bundle built for another machine, Kubernetes images) the newest spelling is used,
+and preflight checks on the machine that runs it that its --help lists every flag the bundle passes."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ._common import model_flag
 
 if TYPE_CHECKING:
     from ..budget import ModelPlan
+    from ..helptext import Help
     from . import Context
 
 NAME = "llama-server"
 HEALTH = "/health"
-FLAGS_MATCH = "llama.cpp with --load-mode (2026-10) and later"
+FLAGS_MATCH = "llama.cpp with --load-mode (2026-10) and later; older builds spelled as their --help says"
 NEEDS_MODEL_FILE = True  # cannot start without a weights file
 REPORTS_BUFFERS = True  # its log states llama.cpp's buffer sizes (drift check)
 HELP_MODULE: str | None = None  # `python -m MODULE --help` instead of `ARGV0 --help`
@@ -35,13 +43,56 @@ PINNED = (
     "--log-verbosity",
     "--fit",
 )
+# the long name of every flag argv() passes (preflight looks for these in the installed --help)
+LONG = {
+    "-m": "--model", "-c": "--ctx-size", "-np": "--parallel", "-ub": "--ubatch-size", "-b": "--batch-size",
+    "-fa": "--flash-attn", "-ctk": "--cache-type-k", "-ctv": "--cache-type-v", "-ngl": "--n-gpu-layers",
+}  # fmt: skip
+REQUIRED = ("--parallel", "--ubatch-size", "--cache-type-k", "--cache-type-v", "--n-gpu-layers")
 SLOTS_DIR = "@UMEMC_STATE@/slots"  # filled in by the exec wrapper (umemc.runtime.wrap.fill_state)
 LOAD_MODE = {(False, False): "none", (True, False): "mmap", (False, True): "mlock", (True, True): "mmap+mlock"}
 ALL_LAYERS = "999"  # more than any model has: every layer offloaded (the estimate assumes it)
 
 
+@dataclass(frozen=True)
+class Dialect:
+    """What an installed llama-server takes (the newest spelling where none is installed here)."""
+
+    version: str = "newest"
+    load_mode: bool = True  # --load-mode (else --no-mmap / --mlock)
+    fa_value: bool = True  # -fa on|off|auto (else -fa is a switch: present means on)
+    fit: bool = True  # --fit (and it defaults to on: umemc turns it off)
+    verbosity: bool = True  # --log-verbosity
+    slot_save: bool = True  # --slot-save-path
+    mmproj: bool = True  # --mmproj
+    embeddings: str = "--embeddings"
+    missing: tuple[str, ...] = ()  # flags umemc cannot do without
+
+    @classmethod
+    def of(cls, h: Help | None) -> Dialect:
+        if h is None:
+            return cls()
+        return cls(
+            version=h.version,
+            load_mode=h.has("--load-mode"),
+            fa_value="on|off" in h.line("--flash-attn"),
+            fit=h.has("--fit"),
+            verbosity=h.has("--log-verbosity"),
+            slot_save=h.has("--slot-save-path"),
+            mmproj=h.has("--mmproj"),
+            embeddings="--embeddings" if h.has("--embeddings") else "--embedding",
+            missing=tuple(f for f in REQUIRED if not h.has(f)),
+        )
+
+
+def dialect(m: ModelPlan, ctx: Context) -> Dialect:
+    return Dialect.of(ctx.help_of(m.model.spec.bin or "llama-server"))
+
+
 def argv(m: ModelPlan, ctx: Context) -> list[str]:
     spec, rm = m.model.spec, m.model
+    d = dialect(m, ctx)
+    _refuse(m, ctx, d)
     out = [
         spec.bin or "llama-server",
         *model_flag("-m", rm),
@@ -53,8 +104,7 @@ def argv(m: ModelPlan, ctx: Context) -> list[str]:
         str(spec.ubatch),
         "-b",
         str(max(spec.ubatch, 2048)),
-        "-fa",
-        "on" if spec.flash_attn else "off",
+        *_flash_attn(spec.flash_attn, d),
         "-ctk",
         spec.kv_cache,
         "-ctv",
@@ -62,18 +112,50 @@ def argv(m: ModelPlan, ctx: Context) -> list[str]:
         "-ngl",
         "0" if ctx.plan.platform.kind == "cpu" else ALL_LAYERS,
     ]
-    out += ["--load-mode", LOAD_MODE[(rm.mmap, spec.mlock)]]
+    if d.load_mode:
+        out += ["--load-mode", LOAD_MODE[(rm.mmap, spec.mlock)]]
+    else:
+        out += [*([] if rm.mmap else ["--no-mmap"]), *(["--mlock"] if spec.mlock else [])]
     # llama.cpp's tools default to --fit on: at start they shrink unset parameters (context, offloaded layers) to
     # the free device memory. Every one is set here, and the model umemc budgeted is the model that runs.
-    out += ["--fit", "off"]
-    out += ["--log-verbosity", "4"]  # llama.cpp's buffer lines (the drift check, calibrate) are at level 4
+    out += ["--fit", "off"] if d.fit else []
+    # llama.cpp's buffer lines (the drift check, calibrate) are at level 4
+    out += ["--log-verbosity", "4"] if d.verbosity else []
     if rm.mmproj_path is not None:
         out += ["--mmproj", str(rm.mmproj_path)]
     if m.estimate.facts.get("family") == "embedding":
-        out.append("--embeddings")
-    else:  # the gateway saves its slots' KV before evicting it and restores them after its next start
+        out.append(d.embeddings)
+    elif d.slot_save:  # the gateway saves its slots' KV before evicting it and restores them after its next start
         out += ["--slot-save-path", f"{SLOTS_DIR}/{m.name}"]
     return out + ["--host", ctx.host, "--port", str(rm.port), *spec.args]
+
+
+def _flash_attn(on: bool, d: Dialect) -> list[str]:
+    if d.fa_value:
+        return ["-fa", "on" if on else "off"]
+    return ["-fa"] if on else []  # a switch, off by default
+
+
+def _refuse(m: ModelPlan, ctx: Context, d: Dialect) -> None:
+    """What the installed llama-server cannot do at all, located at the key that asks for it."""
+    source, at = ctx.plan.source, ("models", m.name)
+    which = f"this llama-server ({m.model.spec.bin or 'llama-server'}, version {d.version})"
+    hint = "update llama.cpp (the server of a build from 2025-05 or later takes every flag umemc needs)"
+    if d.missing:
+        raise source.error(at + ("runtime",), f"{which} is too old: its --help lists no {', '.join(d.missing)}", hint)
+    if m.model.mmproj_path is not None and not d.mmproj:
+        raise source.error(at + ("mmproj",), f"{which} takes no --mmproj: it cannot load a vision projector", hint)
+
+
+def pinned(argv: list[str], extra: int) -> list[str]:
+    """The flags of a compiled argv that the installed --help must list, by their long names (the stack's own
+    `args`, the last `extra` items, are the user's)."""
+    return [LONG.get(a, a) for a in flags_of(argv, extra)]
+
+
+def flags_of(argv: list[str], extra: int) -> list[str]:
+    own = argv[1 : len(argv) - extra] if extra else argv[1:]
+    return [a for a in own if re.fullmatch(r"--?[A-Za-z][\w-]*", a)]
 
 
 # The flags of argv() that decide what llama.cpp allocates, with how many values each takes: llama-fit-params

@@ -398,12 +398,16 @@ def check_executable(m: ModelDoc) -> str | None:
         return f"{exe or '(none)'} not found"
     if not m.pinned_flags:
         return None
-    try:
-        out = subprocess.run(m.help_argv, capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"`{shlex.join(m.help_argv)}` failed: {exc}"
-    text = out.stdout + out.stderr
-    missing = [f for f in m.pinned_flags if f not in text]
+    from ..helptext import probe
+
+    module = m.help_argv[2] if m.help_argv[1:2] == ["-m"] else None
+    described = probe(m.help_argv[0], module)
+    if described is None:
+        return f"`{shlex.join(m.help_argv)}` failed"
+    missing = [f for f in m.pinned_flags if not described.has(f)]
     if missing:
-        return f"`{shlex.join(m.help_argv)}` does not list {', '.join(missing)} (too old a {m.runtime}?)"
+        return (
+            f"`{shlex.join(m.help_argv)}` does not list {', '.join(missing)}: this bundle was spelled for another "
+            f"{m.runtime} than the one installed (version {described.version}); `umemc up STACK` builds it for that one"
+        )
     return None

@@ -116,7 +116,7 @@ def _model(b: Bundle, name: str) -> c.ModelDoc:
         generation_weight=spec.generation_weight,
         kv_slots=spec.parallel if "--slot-save-path" in prog.argv else 0,
         kv_bytes=m.estimate.kv.bytes,
-        pinned_flags=list(runtime.PINNED),
+        pinned_flags=list(prog.pinned),
         help_argv=help_argv(m, list(prog.argv)),
         reports_buffers=runtime.REPORTS_BUFFERS,
     )

@@ -153,7 +153,7 @@ def _nodes(plan: Plan) -> dict[str, Node]:
 
 def _compile(p: Plan) -> Bundle:
     # a pod listens on its own address, not loopback; its Python is the image's, not this machine's
-    return compile_bundle(p, host="0.0.0.0", python="python")
+    return compile_bundle(p, host="0.0.0.0", python="python", local=False)  # the images' runtimes
 
 
 def _targets(plan: Plan, name: str, m: ModelPlan, nodes: dict[str, Node], bundles: dict[str, Bundle]) -> list[Target]:

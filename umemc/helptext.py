@@ -1,0 +1,127 @@
+"""What an installed runtime says of itself: its `--help` (the flags it takes, in its own words) and its version,
+read once per version of the program and kept in umemc's cache (a changed binary or package is asked again).
+
+The launchers spell each runtime's argv for the flags its `--help` lists (llama.cpp renamed `--no-mmap`/`--mlock`
+to `--load-mode` and `-fa` became `-fa on|off|auto`); preflight checks that what a bundle was compiled for is
+still what is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+from pathlib import Path
+
+from .cache import cache_dir, write_atomic
+
+TIMEOUT_S = 30.0
+_FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
+
+
+@dataclass(frozen=True)
+class Help:
+    program: str  # the resolved executable (with the module for `python -m MODULE --help`)
+    version: str  # as the program says it ("7125 (0c1e570)" for llama.cpp's "version: 7125 (0c1e570)")
+    text: str  # its --help, stdout and stderr
+
+    @cached_property
+    def flags(self) -> frozenset[str]:
+        """Every flag the text names, short and long."""
+        return frozenset(_FLAG.findall(self.text))
+
+    def has(self, flag: str) -> bool:
+        return flag in self.flags
+
+    def line(self, flag: str) -> str:
+        """The line of the text that introduces `flag` ('' when none does)."""
+        return next((x for x in self.text.splitlines() if re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", x)), "")
+
+
+def probe(argv0: str, module: str | None = None) -> Help | None:
+    """The program's --help and version; None when it is not installed here (a bundle built for another
+    machine is spelled for the newest release its launcher knows)."""
+    path = shutil.which(argv0) or (argv0 if Path(argv0).is_file() else None)
+    if path is None:
+        return None
+    program = os.path.abspath(path)  # not resolved: a venv's python is a symlink to an interpreter without the venv
+    try:
+        st = os.stat(program)  # the file it points to: another build in its place is another program
+    except OSError:
+        return None
+    return _probe(program, module, st.st_size, st.st_mtime_ns, _module_stamp(program, module))
+
+
+def _module_stamp(python: str, module: str | None) -> str:
+    """What identifies the version of a module an interpreter would run: its package's files (umemc's own
+    interpreter: found without importing it; another one: asked)."""
+    if module is None:
+        return ""
+    import sys
+
+    top = module.split(".")[0]
+    if python == os.path.abspath(sys.executable):
+        spec = importlib.util.find_spec(top)
+        origin = spec.origin if spec is not None else None
+        if origin is None:
+            return "absent"
+        st = Path(origin).stat()
+        return f"{origin}:{st.st_size}:{st.st_mtime_ns}"
+    code = (
+        f"import importlib.util as u, os; s = u.find_spec({top!r}); o = s and s.origin; "
+        "print(o, o and os.stat(o).st_mtime_ns)"
+    )
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip()
+
+
+@lru_cache(maxsize=32)
+def _probe(program: str, module: str | None, size: int, mtime_ns: int, stamp: str) -> Help | None:
+    key = hashlib.sha256(f"{program}\0{module}\0{size}\0{mtime_ns}\0{stamp}".encode()).hexdigest()[:32]
+    cached = cache_dir() / "help" / f"{key}.json"
+    try:
+        doc = json.loads(cached.read_text())
+        return Help(doc["program"], doc["version"], doc["text"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    argv = [program, *(["-m", module] if module else [])]
+    text = _run([*argv, "--help"])
+    if text is None:
+        return None
+    help_ = Help(" ".join(argv), _version(argv, module), text)
+    write_atomic(cached, json.dumps({"program": help_.program, "version": help_.version, "text": help_.text}))
+    return help_
+
+
+def _run(argv: list[str]) -> str | None:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout + done.stderr
+
+
+def _version(argv: list[str], module: str | None) -> str:
+    if module is not None:  # a Python package: its distribution's version
+        top = module.split(".")[0]
+        dist = {"llama_cpp": "llama-cpp-python"}.get(top, top)
+        code = f"import importlib.metadata as m; print(m.version({dist!r}))"
+        out = _run([argv[0], "-c", code])
+        return (out or "").strip().splitlines()[-1] if out and out.strip() else "unknown"
+    return llama_cpp_version(argv[0])
+
+
+def llama_cpp_version(argv0: str) -> str:
+    """`version: 7125 (0c1e570)` as llama.cpp's tools print it (common.cpp), without the prefix."""
+    out = _run([argv0, "--version"]) or ""
+    line = next((x for x in out.splitlines() if x.startswith("version:")), "")
+    return line.removeprefix("version:").strip() or "unknown"
