@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 from pathlib import Path
+
+import pytest
 
 from umemc.budget import hard_quota, make_plan
 from umemc.stack.resolve import load_stack
@@ -243,3 +246,24 @@ def test_advice_is_a_stage_above_the_budget_run_only_when_it_does_not_fit(write_
     )
     fitting = make_plan(small)
     assert advise(small, fitting) is fitting and calls == []
+
+
+@pytest.mark.parametrize(
+    "example", sorted((Path(__file__).parent.parent / "examples").glob("*.toml")), ids=lambda p: p.stem
+)
+@pytest.mark.parametrize("f", [0.05, 0.1, 0.25, 0.5])
+def test_a_scaled_rehearsal_decides_as_the_full_size(example: Path, f: float) -> None:
+    """`up --simulate --scale F`: every capacity and quota times F; what fits and what a cold start evicts are
+    the full size's (the one policy asked again on the scaled figures)."""
+    from umemc.budget import make_plan, scaled
+    from umemc.stack.resolve import load_stack
+
+    plan = make_plan(load_stack(example))
+    if plan.nodes:
+        pytest.skip("a stack of several nodes is rehearsed one node at a time (up --node)")
+    small = scaled(plan, f)
+    assert (small.fits, small.cold_admission) == (plan.fits, plan.cold_admission)
+    exact = Fraction(repr(f))
+    assert small.capacity.budget == plan.capacity.budget * exact.numerator // exact.denominator
+    assert all(small.models[n].quota_hard >= plan.models[n].quota_hard * exact for n in plan.models)
+    assert small.scale == f

@@ -80,6 +80,7 @@ class Plan:
     node_images: dict[str, dict[str, str]] = field(default_factory=dict)  # by node: container image by runtime
     # with nodes: each cold model's plan on every node it may use (its quotas, files and flags there)
     variants: dict[str, dict[str, ModelPlan]] = field(default_factory=dict)
+    scale: float = 1.0  # a scaled rehearsal (`up --simulate --scale F`): every byte figure of the budget times F
 
     @property
     def name(self) -> str:
@@ -111,6 +112,45 @@ class Plan:
     @property
     def fits(self) -> bool:
         return self.fits_ram and self.fits_gpu
+
+
+def scaled(plan: Plan, f: float) -> Plan:
+    """The plan as a rehearsal at F of its size: the machine's memory, reserve, GPU window and budgets and every
+    quota times F (capacities rounded down, quotas up to a whole MiB, so a scaled stack is never roomier than the
+    real one), the hot totals and the cold admissions recomputed with the one policy: the same decisions as at
+    full size, on a machine F times as large."""
+
+    def down(n: int) -> int:
+        return mul_floor(n, f)
+
+    def up(n: int) -> int:
+        return round_up(mul_ceil(n, f), MiB) if n else 0
+
+    cap = plan.capacity
+    capacity = Capacity(
+        down(cap.memory),
+        down(cap.os_reserve),
+        None if cap.gpu_window is None else down(cap.gpu_window),
+        down(cap.usable),
+        down(cap.budget),
+        None if cap.gpu_budget is None else down(cap.gpu_budget),
+    )
+    models = {
+        n: replace(m, quota_soft=min(up(m.quota_soft), up(m.quota_hard)), quota_hard=up(m.quota_hard),
+                   gpu_quota_hard=up(m.gpu_quota_hard))
+        for n, m in plan.models.items()
+    }  # fmt: skip
+    hot = [m for m in models.values() if m.hot]
+    out = replace(
+        plan,
+        capacity=capacity,
+        models=models,
+        hot_total=sum(m.quota_hard for m in hot),
+        hot_gpu_total=sum(m.gpu_quota_hard for m in hot) if capacity.gpu_budget is not None else 0,
+        scale=plan.scale * f,
+    )
+    held = held_on_paper(out)
+    return replace(out, cold_admission={m.name: admit(out, m, held) for m in models.values() if not m.hot})
 
 
 def capacity_of(loaded: LoadedStack) -> Capacity:

@@ -165,6 +165,7 @@ class PlanDoc(Document):
     simulate: bool
     enforcer: list[str]
     models: dict[str, ModelDoc]
+    scale: float = 1.0  # a scaled rehearsal (`up --simulate --scale F`): every quota and capacity times F
 
 
 # -- live state -----------------------------------------------------------------------------------

@@ -265,6 +265,7 @@ def test_observing_a_running_stack(stack, capsys) -> None:
         "generation",
         "orphans",
         "problems",
+        "rehearsal",
     ]
     w = doc["models"]["w"]
     assert list(w)[:7] == CONTRACT_KEYS
@@ -328,3 +329,53 @@ def test_up_refuses_a_stack_that_does_not_fit(stack, capsys) -> None:
     assert "  FAIL  budget: the hot set does not fit its budget (over by 1.5 GiB)" in out
     assert "          fix: umemc check STACK  # says what would make it fit" in out
     assert err == "umemc up: preflight refused (1 problem(s) above); fix them or pass --force\n"
+
+
+def test_a_128gb_stack_rehearsed_at_a_twentieth_of_its_size(stack, capsys, run_cli) -> None:
+    """The Strix Halo 128 GB example on this machine: every quota and the machine's memory times 0.05, the same
+    decisions as the full-size report (its cold admissions: code evicts image and vision), said everywhere."""
+    from tests.runtime.test_gateway import Gateway
+
+    text, _ = on_free_ports((REPO / "examples/strix-halo-5.toml").read_text())
+    _, out, _ = run_cli("check", str(REPO / "examples/strix-halo-5.toml"), "--format", "json")
+    full = json.loads(out)
+    r = stack(text, "--simulate", "--scale", "0.05")
+    plan = json.loads((r.run_dir / "bundle" / "plan.json").read_text())
+    assert plan["scale"] == 0.05
+    mib = 2**20
+
+    def ceil_div(a: int, b: int) -> int:
+        return (a + b - 1) // b
+
+    for name, m in full["models"].items():  # hard quotas: the full size's times 0.05, up to a whole MiB
+        assert plan["models"][name]["quota_hard_bytes"] == ceil_div(ceil_div(m["quota_hard_bytes"] * 5, 100), mib) * mib
+    assert plan["capacity"]["budget_bytes"] == full["capacity"]["budget_bytes"] * 5 // 100
+    capsys.readouterr()
+    assert r.cli("status") == 0
+    assert (
+        "rehearsal: placeholders at 0.05 of the size (every quota and the machine times 0.05)"
+        in capsys.readouterr().out
+    )
+    assert [e["detail"]["scale"] for e in r.events("up")] == [0.05]
+    gw = Gateway(r)
+    assert gw.status()["rehearsal"] == {"scale": 0.05}
+    status, _, body = gw.complete("code")  # cold: at full size it evicts image and vision
+    assert status == 200, body
+    assert sorted(e["model"] for e in r.events("evict")) == sorted(full["cold_admission"]["code"]["evicts"])
+
+
+def test_a_scale_too_small_for_a_placeholder_is_refused(tmp_path: Path, run_cli) -> None:
+    code, _, err = run_cli(
+        "up",
+        str(REPO / "examples/strix-halo-5.toml"),
+        "--simulate",
+        "--scale",
+        "0.01",
+        "--run-dir",
+        str(tmp_path / "r"),
+    )
+    assert code == 2
+    assert err == (
+        "umemc up: at --scale 0.01 speech (3.85 GiB) would hold 39.43 MiB, less than a placeholder process needs for "
+        "itself (64.00 MiB): use --scale 0.016 or more\n"
+    )

@@ -71,6 +71,7 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
         "_generation": None if gateway is None or gateway.generation is None else gateway.generation.model_dump(),
         "_orphans": orphans,
         "_problems": problems,
+        "_rehearsal": None if plan is None or not plan.simulate else {"scale": plan.scale},
     }
     names = list(plan.models) if plan is not None else [n for n in infos if n not in OWN_PROGRAMS]
     for name in names:
@@ -156,6 +157,13 @@ def table(status: dict[str, Any]) -> Any:
         title += (
             f" — [red]{sum(len(p) for p in orphans.values())} process(es) left without supervisord "
             f"({', '.join(orphans)}): `umemc down` stops them[/]"
+        )
+    rehearsal = status.get("_rehearsal")
+    if rehearsal:
+        title += " — rehearsal: placeholders" + (
+            f" at {rehearsal['scale']:g} of the size (every quota and the machine times {rehearsal['scale']:g})"
+            if rehearsal["scale"] != 1
+            else ""
         )
     if pressure is not None:
         title += f", pressure {pressure:.0%}"

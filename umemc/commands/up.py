@@ -17,6 +17,7 @@ from .build import add_no_measure
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from ..budget import Plan
     from ..contract import PlanDoc
     from ..runtime.control import Stack
     from ..runtime.rundir import RunDir
@@ -59,14 +60,35 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         action="store_true",
         help="replace every worker by a placeholder that holds its soft quota and answers requests",
     )
+    p.add_argument(
+        "--scale",
+        type=_scale,
+        default=None,
+        metavar="F",
+        help="with --simulate: rehearse at F of the size (0 < F <= 1): the machine's memory and every quota times "
+        "F, the same decisions (e.g. a 128 GB stack at 0.15 on a 24 GB box)",
+    )
     p.add_argument("--foreground", action="store_true", help="keep supervisord in the foreground (systemd unit)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for hot workers (default 900)")
     add_no_measure(p)
     p.set_defaults(func=run)
 
 
+def _scale(text: str) -> float:
+    try:
+        f = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < f <= 1:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 1 (got {text})")
+    return f
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
+
+    if args.scale is not None and not args.simulate:
+        raise UsageError("umemc up: --scale rehearses placeholders: it needs --simulate")
 
     from ..runtime.control import Stack
     from ..runtime.rundir import RunDir
@@ -99,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
             hot = [n for n in hot if n not in held_back]
             events.add("reconcile", None, started=started, held_back=held_back)
         else:
-            events.add("up", None, bundle=str(run_dir.bundle), simulate=plan.simulate)
+            events.add("up", None, bundle=str(run_dir.bundle), simulate=plan.simulate, scale=plan.scale)
             events.close()
             since = time.time() - 1.0  # a record written since is this start's (mtime granularity, clock steps)
             start_supervisord(run_dir, plan, foreground=args.foreground)
@@ -179,6 +201,8 @@ def install_bundle(args: argparse.Namespace, run_dir: RunDir) -> None:
             plan = plan.nodes[args.node]
         elif args.node is not None:
             raise UsageError(f"{args.target} has no [nodes]: --node does not apply")
+        if args.scale is not None:
+            plan = rehearsal(plan, args.scale)
         build(plan, run_dir.bundle, simulate=args.simulate)
         return
     if not is_bundle(target):
@@ -198,6 +222,25 @@ def install_bundle(args: argparse.Namespace, run_dir: RunDir) -> None:
             if p.is_file() and p.name != ".umemc-bundle"
         }
         write_bundle(run_dir.bundle, files)
+
+
+PLACEHOLDER_FLOOR = 64 * 1024 * 1024  # a placeholder process's interpreter alone takes ~30-40 MiB
+
+
+def rehearsal(plan: Plan, f: float) -> Plan:
+    """The plan at F of its size; refused when a placeholder could not hold so little (its own interpreter)."""
+    from ..budget import scaled
+    from ..units import human
+
+    small = min(plan.models.values(), key=lambda m: m.quota_soft)
+    if small.quota_soft * f < PLACEHOLDER_FLOOR:
+        least = PLACEHOLDER_FLOOR / small.quota_soft
+        raise UsageError(
+            f"umemc up: at --scale {f:g} {small.name} ({human(small.quota_soft)}) would hold "
+            f"{human(int(small.quota_soft * f))}, less than a placeholder process needs for itself "
+            f"({human(PLACEHOLDER_FLOOR)}): use --scale {min(1.0, least):.2g} or more"
+        )
+    return scaled(plan, f)
 
 
 def preflight(console: Console, run_dir: RunDir, plan: PlanDoc, args: argparse.Namespace, running: set[str]) -> bool:

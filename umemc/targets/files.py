@@ -73,6 +73,7 @@ def plan_json(b: Bundle) -> Files:
         supervisor=c.SupervisorDoc(config="supervisord.conf", socket=b.socket, state=c.STATE),
         memlock=b.memlock,
         simulate=b.simulate,
+        scale=b.plan.scale,
         enforcer=list(b.enforcer),
         models={name: _model(b, name) for name in b.programs},
     )

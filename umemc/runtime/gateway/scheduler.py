@@ -447,6 +447,7 @@ class Scheduler:
         now = time.time()
         return {
             "stack": self.plan.stack,
+            "rehearsal": {"scale": self.plan.scale} if self.plan.simulate else None,
             "gateway": {"pid": os.getpid(), "host": self.gw.host, "port": self.gw.port},
             "budget": {
                 "budget_bytes": self.budget.ram,
