@@ -103,3 +103,41 @@ def test_init_comments_show_the_real_os_reserve_default() -> None:
     # 128 GiB: the 8 GiB cap
     table = platform_table(None, Machine("cpu", 128 * 2**30, "no unified-memory GPU found"))
     assert '# os_reserve = "8GiB"  # the default (min(8 GiB, memory / 8))' in table
+
+
+def test_a_bios_carve_out_is_counted_as_what_it_is(tmp_path: Path, run_cli) -> None:
+    """A Strix Halo 128 GB whose BIOS reserves 96 GiB for the GPU (UMA frame buffer): the OS sees ~31 GiB.
+    init writes kind = amd-apu with the installed RAM and the carve-out, and check says which BIOS setting."""
+    root = tree(
+        tmp_path / "root",
+        {
+            "proc/meminfo": meminfo(32_505_856),  # 31 GiB: the 32 GiB the carve-out leaves, less the kernel's
+            "sys/class/drm/card1/device/vendor": "0x1002\n",
+            "sys/class/drm/card1/device/device": "0x1586\n",  # Strix Halo's Radeon 8060S
+            "sys/class/drm/card1/device/mem_info_vram_total": f"{96 * GiB}\n",
+            "sys/class/drm/card1/device/mem_info_gtt_total": f"{16 * GiB}\n",
+        },
+    )
+    m = detect(root, "linux")
+    assert m == Machine(
+        "amd-apu", 32_505_856 * 1024 + 96 * GiB, "AMD APU (card1) with a 96.0 GiB BIOS carve-out", 96 * GiB
+    )
+    assert preset_for(m) is None
+    from umemc.commands.init import TEMPLATE, platform_table
+
+    out = tmp_path / "stack.toml"
+    out.write_text(TEMPLATE.format(file=out.name, name="carved", platform=platform_table(None, m)))
+    text = out.read_text()
+    assert 'kind = "amd-apu"' in text and 'memory = "128GiB"' in text and 'uma_carveout = "96GiB"' in text
+    assert 'gpu_window = "16GiB"' in text  # the driver's default GTT: half of the 32 GiB the carve-out leaves
+    line = [x.startswith("uma_carveout") for x in text.splitlines()].index(True) + 1
+    code, out_json, err = run_cli("check", str(out), "--format", "json")
+    assert code == 0
+    assert [x for x in err.splitlines() if "uma_carveout" in x] == [
+        f"warning: {out}:{line}:16: platform.uma_carveout: the BIOS reserves 96.0 GiB of the 128.0 GiB for the GPU "
+        "(its UMA frame buffer): the OS sees 32.0 GiB, and the models' CPU side has 24.0 GiB of it. With the "
+        "smallest frame buffer (BIOS setup: UMA Frame Buffer Size, or iGPU Memory Size, = 512M) the GPU maps system "
+        "memory through its GTT instead (ttm.pages_limit, which `umemc apply` sets) and every GiB serves either side"
+    ]
+    cap = __import__("json").loads(out_json)["capacity"]
+    assert cap["gpu_window_bytes"] == 96 * GiB + 16 * GiB  # the VRAM and the GTT window

@@ -156,10 +156,12 @@ def scaled(plan: Plan, f: float) -> Plan:
 def capacity_of(loaded: LoadedStack) -> Capacity:
     p, margin = loaded.platform, loaded.stack.policy.safety_margin
     usable = p.memory - p.os_reserve
-    if p.unified and p.gpu_window is not None:
-        usable = min(usable, p.gpu_window)  # the GPU window bounds the models on unified memory
-    gpu_budget = None if p.gpu_window is None else mul_floor(p.gpu_window, 1 - margin)
-    return Capacity(p.memory, p.os_reserve, p.gpu_window, usable, mul_floor(usable, 1 - margin), gpu_budget)
+    # an APU with a BIOS carve-out: the GPU has that VRAM besides what its GTT maps of the rest
+    window = None if p.gpu_window is None else p.gpu_window + (p.uma_carveout or 0)
+    if p.unified and window is not None:
+        usable = min(usable, window)  # the GPU window bounds the models on unified memory
+    gpu_budget = None if window is None else mul_floor(window, 1 - margin)
+    return Capacity(p.memory, p.os_reserve, window, usable, mul_floor(usable, 1 - margin), gpu_budget)
 
 
 def hard_quota(n: int, headroom: float) -> int:
@@ -253,7 +255,37 @@ def _warnings(loaded: LoadedStack, plan: Plan, estimates: dict[str, Estimate]) -
                 )
             )
     out += [w for no_key, w in missing_files(plan) if no_key]  # a missing file is already said at load
+    out += _carveout_warnings(loaded, plan)
     out += _cold_warnings(plan)
+    return out
+
+
+def _carveout_warnings(loaded: LoadedStack, plan: Plan) -> list[str]:
+    """A BIOS carve-out is memory the OS never sees: the models' CPU side (weights a CPU backend repacks,
+    host buffers, the processes themselves) must fit what is left, and the setting is usually a mistake."""
+    p = loaded.platform
+    if not p.uma_carveout:
+        return []
+    host = p.memory - p.uma_carveout - p.os_reserve
+    need = sum(m.quota_hard - m.gpu_quota_hard for m in plan.models.values() if m.hot)
+    out = [
+        loaded.source.warning(
+            ("platform", "uma_carveout"),
+            f"the BIOS reserves {gib(p.uma_carveout)} GiB of the {gib(p.memory)} GiB for the GPU (its UMA frame "
+            f"buffer): the OS sees {gib(p.memory - p.uma_carveout)} GiB, and the models' CPU side has "
+            f"{gib(host)} GiB of it. With the smallest frame buffer (BIOS setup: UMA Frame Buffer Size, or iGPU "
+            "Memory Size, = 512M) the GPU maps system memory through its GTT instead (ttm.pages_limit, which "
+            "`umemc apply` sets) and every GiB serves either side",
+        )
+    ]
+    if need > host:
+        out.append(
+            loaded.source.warning(
+                ("platform", "uma_carveout"),
+                f"the hot models' CPU side needs {gib(need)} GiB (hard quotas less their GPU part), more than the "
+                f"{gib(host)} GiB the carve-out leaves the OS: shrink the carve-out in the BIOS",
+            )
+        )
     return out
 
 

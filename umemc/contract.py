@@ -55,6 +55,7 @@ class PlatformDoc(Document):
     os_reserve_bytes: int
     gpu_window_bytes: int | None
     cpu_cores: int | None
+    uma_carveout_bytes: int | None = None  # amd-apu: VRAM the BIOS carves out of RAM (the stack's uma_carveout)
 
 
 class CapacityDoc(Document):
@@ -145,6 +146,7 @@ class ModelDoc(Document):
     pinned_flags: list[str] = []  # flags the runtime's --help must list (preflight: too old a runtime?)
     help_argv: list[str] = []  # how to ask the runtime for its --help
     reports_buffers: bool = False  # llama.cpp: its log states its buffer sizes (the enforcer's drift check)
+    hub_files: list[str] = []  # keys whose file is on the Hub (hf, mmproj_hf): `umemc pull` fetches them
 
     @property
     def cold(self) -> bool:
@@ -166,6 +168,7 @@ class PlanDoc(Document):
     enforcer: list[str]
     models: dict[str, ModelDoc]
     scale: float = 1.0  # a scaled rehearsal (`up --simulate --scale F`): every quota and capacity times F
+    stack_file: str | None = None  # the stack the bundle was built from (what preflight's fixes name)
 
 
 # -- live state -----------------------------------------------------------------------------------

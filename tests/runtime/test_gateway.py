@@ -477,7 +477,7 @@ def test_off_loopback_needs_the_bearer_token(stack: Any, monkeypatch: pytest.Mon
     stack(text, "--simulate", expect=1)
     out = capsys.readouterr().out
     assert (
-        "  FAIL  gateway: gateway.token_env names UMEMC_TEST_TOKEN, which is not set (or empty) here; `umemc up` "
+        "    FAIL  gateway: gateway.token_env names UMEMC_TEST_TOKEN, which is not set (or empty) here; `umemc up` "
         "hands the token to the gateway (never to the workers) and the gateway refuses to start without it"
     ) in out
     monkeypatch.setenv("UMEMC_TEST_TOKEN", "s3cret-token")

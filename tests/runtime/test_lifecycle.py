@@ -77,12 +77,12 @@ def test_preflight_refuses_a_wrong_sysctl_then_force(stack, capsys) -> None:
     )
     stack(text, expect=1)
     out, err = capsys.readouterr()
-    assert f"  FAIL  sysctl: vm.min_free_kbytes is {live}, the plan needs at least {wrong}" in out
-    assert f"          fix: sudo sysctl -w vm.min_free_kbytes={wrong}" in out
-    assert err == "umemc up: preflight refused (1 problem(s) above); fix them or pass --force\n"
+    assert f"    FAIL  sysctl: vm.min_free_kbytes is {live}, the plan needs at least {wrong}" in out
+    assert f"          or now, until the next boot: sudo sysctl -w vm.min_free_kbytes={wrong}" in out
+    assert err == "umemc up: preflight refused: 1 problem, 1 fix above; fix them or pass --force\n"
     r = stack(text, "--force")
     out, _ = capsys.readouterr()
-    assert f"  warn  sysctl: vm.min_free_kbytes is {live}, the plan needs at least {wrong}" in out
+    assert f"    warn  sysctl: vm.min_free_kbytes is {live}, the plan needs at least {wrong}" in out
     assert "--force: starting despite the preflight" in out
     assert r.status()["w"]["state"] == "RUNNING"
 
@@ -326,9 +326,9 @@ def test_up_refuses_a_stack_that_does_not_fit(stack, capsys) -> None:
     )
     stack(text, expect=1)
     out, err = capsys.readouterr()
-    assert "  FAIL  budget: the hot set does not fit its budget (over by 1.5 GiB)" in out
-    assert "          fix: umemc check STACK  # says what would make it fit" in out
-    assert err == "umemc up: preflight refused (1 problem(s) above); fix them or pass --force\n"
+    assert "  fix 1: umemc check STACK  # says what would make it fit" in out
+    assert "    FAIL  budget: the hot set does not fit its budget (over by 1.5 GiB)" in out
+    assert err == "umemc up: preflight refused: 1 problem, 1 fix above; fix them or pass --force\n"
 
 
 def test_a_128gb_stack_rehearsed_at_a_twentieth_of_its_size(stack, capsys, run_cli) -> None:

@@ -4,6 +4,7 @@ a fixture tree in /proc/sys's own format (one file per key, the value and a newl
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,10 +68,9 @@ def test_the_unsafe_side_fails_with_the_bound(bundle: Path, tmp_path: Path) -> N
         "vm.swappiness is 60, the plan needs at most 10; vm.overcommit_memory is 2, the plan needs 0; "
         "vm.min_free_kbytes is 32768, the plan needs at least 65536"
     )
-    assert finding.fix[:3] == (
-        "sudo sysctl -w vm.swappiness=10",
-        "sudo sysctl -w vm.overcommit_memory=0",
-        "sudo sysctl -w vm.min_free_kbytes=65536",
+    assert finding.fix == (
+        f"sudo {sys.executable} -m umemc apply {bundle.resolve()}",
+        "or now, until the next boot: sudo sysctl -w vm.swappiness=10 vm.overcommit_memory=0 vm.min_free_kbytes=65536",
     )
 
 
@@ -103,3 +103,76 @@ def test_preflight_refuses_a_stack_built_for_another_os(
     assert host[0] in pf.blocking()
     # nothing of the other OS is proposed: no sysctl -w on a Mac, no iogpu.wired_limit_mb on Linux
     assert not [f for f in findings if f.check in ("sysctl", "gpu window", "memlock", "swap", "cgroups")]
+
+
+def test_a_stock_kernel_gets_its_fixes_grouped_with_a_summary(tmp_path: Path) -> None:
+    """The Strix Halo example on a stock Debian kernel (fixture trees in /proc/sys's, /sys/module's and
+    /proc/meminfo's formats, the values a fresh install has): a problem per check, one fix per command."""
+    from umemc.runtime.findings import report
+
+    bundle = tmp_path / "bundle"
+    build(make_plan(load_stack(REPO / "examples/strix-halo-5.toml")), bundle)
+    stock = {"vm.swappiness": "60", "vm.overcommit_memory": "0", "vm.vfs_cache_pressure": "100",
+             "vm.min_free_kbytes": "67584", "vm.watermark_scale_factor": "10", "vm.max_map_count": "65530"}  # fmt: skip
+    for key, value in stock.items():
+        path = tmp_path / "proc" / "sys" / key.replace(".", "/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{value}\n")
+    ttm = tmp_path / "sys/module/ttm/parameters/pages_limit"
+    ttm.parent.mkdir(parents=True)
+    ttm.write_text("16252928\n")  # the driver's default: half of 124 GiB of RAM, in 4 KiB pages
+    (tmp_path / "proc/sys/kernel").mkdir(parents=True)
+    (tmp_path / "proc/sys/kernel/osrelease").write_text("6.17.0-8-generic\n")
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       130023424 kB\nMemAvailable:   125829120 kB\nSwapTotal:             0 kB\n")
+    pf = Preflight(bundle, read(PlanDoc, bundle / "plan.json"), proc_sys=str(tmp_path / "proc/sys"), root=tmp_path,
+                   meminfo=str(meminfo))  # fmt: skip
+    findings = pf.run()
+    lines, summary = report(findings, pf.blocking(), force=False)
+    apply = f"sudo {sys.executable} -m umemc apply {bundle.resolve()}"
+    problems = [line for line in lines if not line.startswith("  [green]ok")]
+    assert problems[:8] == [
+        "  10 problems, 5 fixes (1 after a reboot):",
+        f"  [bold]fix 1[/] (after a reboot): {apply}",
+        "    [red]FAIL[/]  sysctl: vm.swappiness is 60, the plan needs at most 10; vm.vfs_cache_pressure is 100, the "
+        "plan needs at most 50; vm.min_free_kbytes is 67584, the plan needs at least 524288; "
+        "vm.watermark_scale_factor is 10, the plan needs at least 125; vm.max_map_count is 65530, the plan needs "
+        "at least 262144",
+        "    [red]FAIL[/]  gpu window: ttm.pages_limit gives 62.0 GiB, the plan needs 120.0 GiB",
+        "          or now, until the next boot: sudo sysctl -w vm.swappiness=10 vm.vfs_cache_pressure=50 "
+        "vm.min_free_kbytes=524288 vm.watermark_scale_factor=125 vm.max_map_count=262144",
+        "          (it writes the ttm option to modprobe.d; add ttm.pages_limit=31457280 to the kernel command line "
+        "too: kernel/README.md)",
+        "          or now, until the next boot: echo 31457280 | sudo tee /sys/module/ttm/parameters/pages_limit",
+        "  [bold]fix 2[/]: download each file to the path shown, or name it on the Hugging Face Hub "
+        '(hf = "owner/repo/file.gguf", mmproj_hf = …) and `umemc pull` fetches it',
+    ]
+    assert summary == (
+        "umemc up: preflight refused: 10 problems, 5 fixes above (1 after a reboot); fix them or pass --force"
+    )
+
+
+def test_a_carve_out_the_plan_does_not_count_is_found(tmp_path: Path) -> None:
+    """amdgpu's sysfs (mem_info_vram_total, bytes) says the BIOS reserves 96 GiB; the strix-halo-128 preset
+    assumes the 512 MB minimum."""
+    bundle = tmp_path / "bundle"
+    build(make_plan(load_stack(REPO / "examples/strix-halo-5.toml")), bundle)
+    dev = tmp_path / "sys/class/drm/card1/device"
+    dev.mkdir(parents=True)
+    for name, text in (("vendor", "0x1002"), ("device", "0x1586"), ("mem_info_vram_total", str(96 << 30)),
+                       ("mem_info_gtt_total", str(16 << 30))):  # fmt: skip
+        (dev / name).write_text(text + "\n")
+    pf = Preflight(bundle, read(PlanDoc, bundle / "plan.json"), root=tmp_path)
+    found = [f for f in pf.run() if f.check == "carve-out"]
+    assert [(f.ok, f.message, f.fix, f.reboot) for f in found] == [
+        (
+            False,
+            "the BIOS reserves 96.0 GiB of RAM for the GPU (UMA frame buffer, mem_info_vram_total) and the plan "
+            "counts 0.0 GiB: the OS has 96.0 GiB less than the budget assumes",
+            (
+                "BIOS setup: set UMA Frame Buffer Size (or iGPU Memory Size) to 512M, then reboot",
+                'or count it: [platform] uma_carveout = "96GiB" (`umemc init` writes it)',
+            ),
+            True,
+        )
+    ]

@@ -34,8 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 @dataclass(frozen=True)
 class Machine:
     kind: str
-    memory: int
+    memory: int  # the installed RAM as far as it can be seen (MemTotal, plus a BIOS carve-out)
     why: str  # what the detection saw, for the comment
+    carveout: int = 0  # an AMD APU's BIOS carve-out (UMA frame buffer) beyond the 512 MB minimum
 
 
 def detect(root: Path = Path("/"), host_os: str = sys.platform) -> Machine:
@@ -49,12 +50,17 @@ def detect(root: Path = Path("/"), host_os: str = sys.platform) -> Machine:
         return Machine("nvidia-unified", mem, f"Jetson ({model or '/etc/nv_tegra_release'})")
     if "gb10" in model.lower() or "dgx spark" in model.lower():
         return Machine("nvidia-unified", mem, f"NVIDIA GB10 ({model})")
-    for card in sorted((root / "sys/class/drm").glob("card*/device")):
-        if _read(card / "vendor").strip() == "0x1002" and (card / "mem_info_gtt_total").exists():
-            vram = int(_read(card / "mem_info_vram_total").strip() or 0)
-            if vram <= 4 * GiB:  # an APU: a small carve-out, the rest mapped through GTT
-                return Machine("amd-apu", mem, f"AMD APU ({card.parent.name}, {gib(vram)} GiB carve-out)")
+    from ..runtime.probes.drm import amd_apu_cards
+
+    for card, vram in amd_apu_cards(root):
+        if vram <= CARVEOUT_MIN:  # the BIOS's minimum: nearly all RAM is the OS's, the GPU maps it through GTT
+            return Machine("amd-apu", mem, f"AMD APU ({card}, {gib(vram)} GiB carve-out)")
+        # a large UMA frame buffer: RAM the OS never sees (MemTotal is what is left), counted as what it is
+        return Machine("amd-apu", mem + vram, f"AMD APU ({card}) with a {gib(vram)} GiB BIOS carve-out", vram)
     return Machine("cpu", mem, "no unified-memory GPU found")
+
+
+CARVEOUT_MIN = 1 << 30  # the 512 MB minimum frame buffer (and the driver's rounding) is no carve-out
 
 
 def _detect_mac() -> Machine:
@@ -83,7 +89,10 @@ def _read(path: Path) -> str:
 
 def preset_for(m: Machine) -> str | None:
     """The preset of this kind whose memory is the machine's RAM rounded to a whole GiB (MemTotal is a
-    little less than the installed RAM: the kernel keeps some)."""
+    little less than the installed RAM: the kernel keeps some). None for a machine with a carve-out (the
+    presets assume the minimum frame buffer)."""
+    if m.carveout:
+        return None
     for name, p in PLATFORM_PRESETS.items():
         if p.kind == m.kind and m.memory <= p.memory and m.memory >= p.memory * 0.9:
             return name
@@ -103,17 +112,33 @@ def platform_table(preset: str | None, m: Machine | None) -> str:
     assert m is not None
     from ..stack.presets import default_os_reserve
 
-    whole = round(m.memory / GiB)
+    # the RAM the kernel keeps is not in MemTotal: round to the installed size (a carved box: up to 8 GiB,
+    # what the carve-out and the kernel's share hide together)
+    whole = -(-m.memory // (8 * GiB)) * 8 if m.carveout else round(m.memory / GiB)
     reserve = default_os_reserve(whole * GiB)
+    carve = ""
+    if m.carveout:
+        gtt = (whole * GiB - m.carveout) // 2 // GiB  # the driver's default GTT: half of what the OS sees
+        carve = (
+            f'uma_carveout = "{round(m.carveout / GiB)}GiB"     # the BIOS\'s UMA frame buffer '
+            "(mem_info_vram_total): RAM the OS never sees.\n"
+            "# The GPU gets it as VRAM, plus its GTT window below; the OS and the models' CPU side get the rest.\n"
+            "# Better: set UMA Frame Buffer Size (or iGPU Memory Size) to 512M in the BIOS setup, remove this "
+            "line,\n# and let the GPU map system memory through its GTT (ttm.pages_limit, set by `umemc apply`).\n"
+            f'gpu_window = "{gtt}GiB"       # the GTT: amdgpu\'s default, half of the memory the OS sees\n'
+        )
     return (
         f"[platform]\n"
         f'kind = "{m.kind}"            # detected: {m.why}\n'
-        f'memory = "{whole}GiB"           # MemTotal {m.memory} bytes, rounded to the installed RAM\n'
+        f'memory = "{whole}GiB"           # MemTotal {m.memory - m.carveout} bytes'
+        + (" + the carve-out" if m.carveout else "")
+        + ", rounded to the installed RAM\n"
         f'# os_reserve = "{reserve / GiB:g}GiB"  # the default (min(8 GiB, memory / 8)): kept for the OS and '
         "everything outside the stack\n"
+        + carve
         + (
             '# gpu_window = "…GiB"      # what the GPU may map (default: derived from memory)\n'
-            if m.kind != "cpu"
+            if m.kind != "cpu" and not carve
             else ""
         )
     )

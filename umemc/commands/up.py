@@ -244,24 +244,18 @@ def rehearsal(plan: Plan, f: float) -> Plan:
 
 
 def preflight(console: Console, run_dir: RunDir, plan: PlanDoc, args: argparse.Namespace, running: set[str]) -> bool:
+    from ..runtime.findings import report
     from ..runtime.preflight import Preflight
 
     pf = Preflight(run_dir.bundle, plan, simulate=args.simulate)
     findings = pf.run(running)
     blocking = pf.blocking()
+    lines, refused = report(findings, blocking, args.force)
     console.print("preflight:")
-    for f in findings:
-        if f.ok:
-            console.print(f"  [green]ok[/]    {f.check}: {f.message}")
-            continue
-        label = "[red]FAIL[/]" if f in blocking and not args.force else "[yellow]warn[/]"
-        console.print(f"  {label}  {f.check}: {f.message}")
-        for fix in f.fix:
-            console.print(f"          fix: {fix}")
-    if blocking and not args.force:
-        print(
-            f"umemc up: preflight refused ({len(blocking)} problem(s) above); fix them or pass --force", file=sys.stderr
-        )
+    for line in lines:
+        console.print(line)
+    if refused:
+        print(refused, file=sys.stderr)
         return False
     if blocking:
         console.print("[yellow]--force: starting despite the preflight[/]")

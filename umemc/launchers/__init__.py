@@ -74,6 +74,8 @@ def dry_run_args(m: ModelPlan, argv: list[str]) -> list[str] | None:
 def help_argv(m: ModelPlan, argv: list[str]) -> list[str]:
     """How preflight asks the runtime for its --help (argv[0] is the runtime's executable)."""
     module = runtime_of(m).HELP_MODULE
+    if m.model.spec.runtime == "comfyui":  # its main.py, from the checkout (the program's directory)
+        return [*argv[:2], "--help"]
     return [*argv[:1], *(["-m", module] if module else []), "--help"]
 
 

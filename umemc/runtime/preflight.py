@@ -18,18 +18,9 @@ from typing import Any
 
 from ..contract import ModelDoc, PlanDoc
 from ..units import gib
+from .findings import Finding, umemc_command
 from .probes.meminfo import read_meminfo
 from .rundir import GATEWAY, RunDir
-
-
-@dataclass(frozen=True)
-class Finding:
-    check: str
-    ok: bool
-    message: str
-    fix: tuple[str, ...] = ()
-    host: bool = False  # a host setting: a warning only under --simulate
-    advisory: bool = False  # never refuses (swap on, no cgroups): shown as a warning
 
 
 @dataclass
@@ -40,6 +31,7 @@ class Preflight:
     proc_sys: str = "/proc/sys"
     host_os: str = sys.platform
     root: Path = Path("/")  # where /sys and /proc are read for the GPU checks (fixture trees in tests)
+    meminfo: str = "/proc/meminfo"
     findings: list[Finding] = field(default_factory=list)
 
     def run(self, running: Collection[str] = frozenset()) -> list[Finding]:
@@ -127,10 +119,13 @@ class Preflight:
             self._add("sysctl", True, f"{len(wanted)} VM tunables as planned (or safer)", host=True)
             return
         what = "; ".join(f"{k} is {live}, the plan needs {need}" for k, live, _, need in bad)
-        fix = tuple(f"sudo sysctl -w {k}={shlex.quote(want)}" for k, _, want, _ in bad)
-        self._add(
-            "sysctl", False, what, fix + (f"sudo umemc apply {shlex.quote(str(self.bundle))}  # persist",), host=True
-        )
+        now = shlex.join(["sudo", "sysctl", "-w", *(f"{k}={want}" for k, _, want, _ in bad)])
+        self._add("sysctl", False, what, (self._apply, f"or now, until the next boot: {now}"), host=True)
+
+    @property
+    def _apply(self) -> str:
+        """`sudo umemc apply BUNDLE`: the sysctl file (loaded at once), the GTT limit, the unit."""
+        return umemc_command("apply", str(self.bundle.resolve()), sudo=True)
 
     def _memlock(self) -> None:
         locked = sum(m.quota_hard_bytes for m in self.plan.models.values() if m.mlock and m.mode == "hot")
@@ -145,15 +140,15 @@ class Preflight:
             False,
             f"models lock {gib(locked)} GiB but RLIMIT_MEMLOCK is {hard} bytes",
             (
-                "sudo prlimit --memlock=unlimited:unlimited --pid $$   # then run umemc up again",
-                "or run the systemd unit (LimitMEMLOCK=infinity): sudo umemc apply BUNDLE",
+                "sudo prlimit --memlock=unlimited:unlimited --pid $$   # in the shell, then umemc up again",
+                f"or run the stack as its systemd unit (LimitMEMLOCK=infinity): {self._apply}",
             ),
             host=True,
         )
 
     def _memory(self, running: Collection[str]) -> None:
         need = sum(m.quota_hard_bytes for n, m in self.plan.models.items() if m.mode == "hot" and n not in running)
-        available = read_meminfo().get("MemAvailable", 0)
+        available = read_meminfo(self.meminfo).get("MemAvailable", 0)
         if available >= need:
             self._add(
                 "memory", True, f"MemAvailable {gib(available)} GiB covers the hot set's hard quotas ({gib(need)} GiB)"
@@ -171,9 +166,30 @@ class Preflight:
         if p.gpu_window_bytes is None:
             return
         if p.kind == "amd-apu":
+            self._carveout()
             self._amd_window(p.gpu_window_bytes)
         elif p.kind == "apple":
             self._apple_window(p.gpu_window_bytes)
+
+    def _carveout(self) -> None:
+        """The BIOS's UMA frame buffer as the driver reports it (amdgpu's mem_info_vram_total, bytes), against
+        what the plan counts: memory the OS never sees is memory the budget must not give out."""
+        live = apu_carveout(self.root)
+        planned = self.plan.platform.uma_carveout_bytes or 0
+        if live is None or abs(live - planned) <= CARVEOUT_SLACK:
+            return
+        self._add(
+            "carve-out",
+            False,
+            f"the BIOS reserves {gib(live)} GiB of RAM for the GPU (UMA frame buffer, mem_info_vram_total) and the "
+            f"plan counts {gib(planned)} GiB: the OS has {gib(live - planned)} GiB less than the budget assumes",
+            (
+                "BIOS setup: set UMA Frame Buffer Size (or iGPU Memory Size) to 512M, then reboot",
+                f'or count it: [platform] uma_carveout = "{round(live / (1 << 30))}GiB" (`umemc init` writes it)',
+            ),
+            host=True,
+            reboot=True,
+        )
 
     def _amd_window(self, want: int) -> None:
         pages = want // 4096
@@ -196,10 +212,13 @@ class Preflight:
                 False,
                 f"ttm.pages_limit gives {gib(live)} GiB, the plan needs {gib(want)} GiB",
                 (
-                    f"echo {pages} | sudo tee /sys/module/ttm/parameters/pages_limit   # until reboot",
-                    "persist: see kernel/README.md (modprobe.d + kernel command line)",
+                    self._apply,
+                    f"(it writes the ttm option to modprobe.d; add ttm.pages_limit={pages} to the kernel command "
+                    "line too: kernel/README.md)",
+                    f"or now, until the next boot: echo {pages} | sudo tee /sys/module/ttm/parameters/pages_limit",
                 ),
                 host=True,
+                reboot=True,
             )
 
     def _rocm(self) -> None:
@@ -228,12 +247,12 @@ class Preflight:
                 "gpu window",
                 False,
                 f"iogpu.wired_limit_mb is {live}, the plan needs {mb}",
-                (f"sudo sysctl iogpu.wired_limit_mb={mb}",),
+                (f"sudo sysctl iogpu.wired_limit_mb={mb}", f"persist across boots: {self._apply}"),
                 host=True,
             )
 
     def _swap(self) -> None:
-        info = read_meminfo()
+        info = read_meminfo(self.meminfo)
         total, free = info.get("SwapTotal", 0), info.get("SwapFree", 0)
         if total == 0:
             self._add("swap", True, "no swap: nothing pages the models out")
@@ -265,33 +284,34 @@ class Preflight:
             self._add("cgroups", True, f"kernel enforcement: {reason}")
 
     def _files_and_executables(self) -> None:
-        checked: dict[str, str | None] = {}
         for name, m in self.plan.models.items():
-            for key, path in (("model_file", m.model_file), ("mmproj_file", m.mmproj_file)):
+            for key, path in (("model", m.model_file), ("mmproj", m.mmproj_file)):
                 if path is not None and not Path(path).exists():
-                    self._add(
-                        "files",
-                        False,
-                        f"models.{name}: {path} does not exist",
-                        (f"download it, or fix models.{name}.{key.split('_')[0]}",),
-                    )
+                    self._add("files", False, f"models.{name}: {path} does not exist", self._download(m, key))
             if m.needs_model_file and m.model_file is None:
                 self._add(
                     "files",
                     False,
                     f"models.{name}: no model file (the stack gives only an arch preset)",
-                    (f"set models.{name}.model, or run with --simulate",),
+                    (f'set models.{name}.model = "path/to/file.gguf" (or hf = "owner/repo/file.gguf")',),
                 )
-            exe = m.argv[0] if m.argv else ""
-            problem = checked.get(exe) if exe in checked else check_executable(m)
-            checked[exe] = problem
+        failing: dict[tuple[str, str], list[str]] = {}  # one finding per program and problem, naming its models
+        for name, m in self.plan.models.items():
+            problem = _comfyui_checkout(m) if m.runtime == "comfyui" else None
+            problem = problem or check_executable(m)
             if problem:
-                self._add(
-                    "executables",
-                    False,
-                    f"models.{name}: {problem}",
-                    (f"install {m.runtime} or set models.{name}.bin",),
-                )
+                failing.setdefault((m.runtime, problem), []).append(name)
+        for (runtime, problem), names in failing.items():
+            models = ", ".join(f"models.{n}" for n in names)
+            self._add("executables", False, f"{models}: {problem}", (INSTALL.get(runtime, f"install {runtime}"),))
+
+    def _download(self, m: ModelDoc, key: str) -> tuple[str, ...]:
+        if ("hf" if key == "model" else "mmproj_hf") in m.hub_files and self.plan.stack_file:
+            return (umemc_command("pull", self.plan.stack_file),)
+        return (
+            "download each file to the path shown, or name it on the Hugging Face Hub "
+            '(hf = "owner/repo/file.gguf", mmproj_hf = …) and `umemc pull` fetches it',
+        )
 
     def _slots_disk(self) -> None:
         """Room on disk for the KV slots the gateway saves before evicting a llama-server (each at most its
@@ -391,6 +411,43 @@ def port_free(port: int) -> bool:
     return True
 
 
+CARVEOUT_SLACK = 1 << 30  # the 512 MB minimum frame buffer and the driver's own rounding are no carve-out
+
+
+def apu_carveout(root: Path) -> int | None:
+    """The VRAM of the AMD integrated GPU, in bytes (None: no AMD APU here). An APU is an AMD display device
+    with a GTT whose PCI device id is an APU's, or whose VRAM is a few GiB at most."""
+    from .probes.drm import amd_apu_cards
+
+    cards = amd_apu_cards(root)
+    return cards[0][1] if cards else None
+
+
+# how to get each runtime (the first line of its fix)
+INSTALL = {
+    "llama-server": "install llama.cpp's llama-server (a release of github.com/ggml-org/llama.cpp, or your "
+    "distribution's package) and put it on PATH, or set each model's bin to it",
+    "llama-cpp-python": "pip install 'llama-cpp-python[server]' (or set each model's bin to the python that has it)",
+    "whisper-server": "install whisper.cpp's whisper-server (github.com/ggml-org/whisper.cpp) and put it on PATH, or "
+    "set each model's bin to it",
+    "comfyui": "clone ComfyUI (github.com/comfyanonymous/ComfyUI) and set each model's cwd to the checkout, and bin "
+    "to the python of its environment",
+    "torch": "pip install torch into umemc's environment (or set each model's bin to a python that has it)",
+}
+
+
+def _comfyui_checkout(m: ModelDoc) -> str | None:
+    """ComfyUI runs `main.py` from its checkout: the model's cwd (default: the stack file's directory)."""
+    where = Path(m.cwd) if m.cwd else None
+    if where is None or not (where / "main.py").is_file():
+        return (
+            f"no ComfyUI checkout at {where}: its cwd must be the directory that holds ComfyUI's main.py"
+            if where
+            else "no cwd: ComfyUI runs main.py from its checkout"
+        )
+    return None
+
+
 def check_executable(m: ModelDoc) -> str | None:
     """None when argv[0] exists and its --help lists every pinned flag of the runtime."""
     exe = m.argv[0] if m.argv else ""
@@ -398,16 +455,24 @@ def check_executable(m: ModelDoc) -> str | None:
         return f"{exe or '(none)'} not found"
     if not m.pinned_flags:
         return None
-    from ..helptext import probe
+    from ..helptext import Help, probe
 
-    module = m.help_argv[2] if m.help_argv[1:2] == ["-m"] else None
-    described = probe(m.help_argv[0], module)
+    described: Help | None
+    if m.help_argv[1:] == ["--help"] or (m.help_argv[1:2] == ["-m"] and len(m.help_argv) == 4):
+        described = probe(m.help_argv[0], m.help_argv[2] if len(m.help_argv) == 4 else None)
+    else:  # a script's own --help (ComfyUI's main.py), run from the worker's directory
+        try:
+            done = subprocess.run(m.help_argv, capture_output=True, text=True, timeout=120, check=False, cwd=m.cwd)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"`{shlex.join(m.help_argv)}` failed: {exc}"
+        described = Help(shlex.join(m.help_argv), "unknown", done.stdout + done.stderr)
     if described is None:
         return f"`{shlex.join(m.help_argv)}` failed"
+    version = described.version
     missing = [f for f in m.pinned_flags if not described.has(f)]
     if missing:
         return (
             f"`{shlex.join(m.help_argv)}` does not list {', '.join(missing)}: this bundle was spelled for another "
-            f"{m.runtime} than the one installed (version {described.version}); `umemc up STACK` builds it for that one"
+            f"{m.runtime} than the one installed (version {version}); `umemc up STACK` builds it for that one"
         )
     return None

@@ -12,7 +12,7 @@ import shutil
 from functools import partial
 from pathlib import Path
 
-from .preflight import Finding
+from .findings import Finding
 
 GFX1151 = 110501  # KFD's gfx_target_version of Strix Halo (major 11, minor 5, stepping 1)
 # MES firmware that hangs gfx1151 compute queues ("MES failed to respond to msg=REMOVE_QUEUE", memory access

@@ -60,6 +60,13 @@ class Platform(_Strict):
         description="CPU cores; sets OMP_NUM_THREADS per worker "
         "(cores shared among the hot workers). Default: the preset's, else unset.",
     )
+    uma_carveout: Size | None = Field(
+        None,
+        description="kind = amd-apu: RAM the BIOS reserves for the GPU at boot (its UMA frame buffer, amdgpu's "
+        "mem_info_vram_total; `umemc init` reads it). `memory` stays the installed RAM: the GPU then has this "
+        "VRAM plus the GTT window (gpu_window), the OS and the models' CPU side the rest. Default: the minimum "
+        "(none counted).",
+    )
 
 
 class Node(Platform):

@@ -42,6 +42,7 @@ class ResolvedPlatform:
     os_reserve: int
     gpu_window: int | None  # None on kind = cpu
     cpu_cores: int | None = None
+    uma_carveout: int | None = None  # amd-apu: VRAM carved out of RAM by the BIOS (the GPU's besides its GTT)
 
     @property
     def unified(self) -> bool:
@@ -356,7 +357,21 @@ def _platform(p: Platform, src: Source, at: tuple[str, ...]) -> ResolvedPlatform
             "on a unified-memory machine the GPU maps system RAM",
         )
     cores = p.cpu_cores if p.cpu_cores is not None else (preset.cpu_cores if preset else None)
-    return ResolvedPlatform(p.preset, kind, memory, os_reserve, window, cores)
+    carve = p.uma_carveout
+    if carve is not None and kind != "amd-apu":
+        raise src.error(at + ("uma_carveout",), f'a BIOS carve-out of an AMD APU: not used for kind = "{kind}"')
+    if carve is not None and carve + os_reserve >= memory:
+        raise src.error(
+            at + ("uma_carveout",),
+            f"leaves nothing to the OS: {human(carve)} carved out + {human(os_reserve)} os_reserve >= "
+            f"{human(memory)} of memory",
+        )
+    if carve is not None and window is not None and window + carve > memory:
+        raise src.error(
+            at + ("gpu_window",),
+            f"the GTT maps the RAM the carve-out leaves: at most {human(memory - carve)} here (memory - uma_carveout)",
+        )
+    return ResolvedPlatform(p.preset, kind, memory, os_reserve, window, cores, carve or None)
 
 
 _DECIMAL = re.compile(r"\s*[0-9.]+\s*(k|m|g|t)b\s*", re.IGNORECASE)

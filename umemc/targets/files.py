@@ -29,6 +29,7 @@ def plan_json(b: Bundle) -> Files:
             os_reserve_bytes=p.os_reserve,
             gpu_window_bytes=p.gpu_window,
             cpu_cores=p.cpu_cores,
+            uma_carveout_bytes=p.uma_carveout,
         ),
         capacity=c.CapacityDoc(
             usable_bytes=plan.capacity.usable,
@@ -74,6 +75,7 @@ def plan_json(b: Bundle) -> Files:
         memlock=b.memlock,
         simulate=b.simulate,
         scale=b.plan.scale,
+        stack_file=str(b.plan.path),
         enforcer=list(b.enforcer),
         models={name: _model(b, name) for name in b.programs},
     )
@@ -120,6 +122,7 @@ def _model(b: Bundle, name: str) -> c.ModelDoc:
         pinned_flags=list(prog.pinned),
         help_argv=help_argv(m, list(prog.argv)),
         reports_buffers=runtime.REPORTS_BUFFERS,
+        hub_files=[k for k in ("hf", "mmproj_hf") if getattr(spec, k) is not None],
     )
 
 

@@ -74,3 +74,42 @@ class DrmProbe:
     def gpu_bytes(self, pids: list[int]) -> int:
         """Device-side bytes (VRAM + GTT) of a process tree."""
         return sum(sum(v for k, v in self.process_bytes(p).items() if k in REGIONS) for p in pids)
+
+
+# PCI device ids of AMD APUs' integrated GPUs (the PCI ID Repository, pci.ids, vendor 1002): an APU with a large
+# BIOS carve-out reports many GiB of "VRAM" that are the machine's own RAM
+APU_DEVICE_IDS = frozenset(
+    {
+        0x1586,  # Strix Halo: Radeon 8050S/8060S (Ryzen AI Max)
+        0x150E,  # Strix Point: Radeon 880M/890M
+        0x1114,  # Krackan Point: Radeon 840M/860M
+        0x15BF, 0x15C8,  # Phoenix / Hawk Point: Radeon 740M-780M
+        0x1681,  # Rembrandt: Radeon 660M/680M
+        0x164E,  # Raphael: Ryzen 7000 desktop iGPU
+        0x1638, 0x1636, 0x164C,  # Cezanne, Renoir, Lucienne
+    }
+)  # fmt: skip
+SMALL_VRAM = 4 << 30  # a GPU whose VRAM is this or less beside a GTT is taken for an APU
+
+
+def amd_apu_cards(root: str | os.PathLike[str] = "/") -> list[tuple[str, int]]:
+    """(card, VRAM bytes) of every AMD integrated GPU (amdgpu's sysfs: /sys/class/drm/cardN/device/{vendor,
+    device,mem_info_vram_total,mem_info_gtt_total}, hex ids and bytes)."""
+    from pathlib import Path
+
+    out = []
+    for dev in sorted(Path(root, "sys/class/drm").glob("card*/device")):
+        try:
+            vendor = (dev / "vendor").read_text().strip()
+            if vendor != "0x1002" or not (dev / "mem_info_gtt_total").exists():
+                continue
+            vram = int((dev / "mem_info_vram_total").read_text().strip() or 0)
+        except (OSError, ValueError):
+            continue
+        try:
+            device = int((dev / "device").read_text().strip() or "0", 16)
+        except (OSError, ValueError):
+            device = 0  # unknown: the size of its VRAM decides
+        if device in APU_DEVICE_IDS or vram <= SMALL_VRAM:
+            out.append((dev.parent.name, vram))
+    return out
