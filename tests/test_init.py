@@ -141,3 +141,49 @@ def test_a_bios_carve_out_is_counted_as_what_it_is(tmp_path: Path, run_cli) -> N
     ]
     cap = __import__("json").loads(out_json)["capacity"]
     assert cap["gpu_window_bytes"] == 96 * GiB + 16 * GiB  # the VRAM and the GTT window
+
+
+def test_init_scaffolds_the_models_it_finds(tmp_path: Path, run_cli, monkeypatch) -> None:
+    """A directory of GGUF files (a split one counted once) and a Hub file: one model each, sized from its
+    header (the sizes in the comments are the tensor bytes the gguf package wrote), the largest LLM hot."""
+    from tests.hubserver import FakeHub
+    from umemc.estimate.gguf_header import read_header
+    from umemc.testing.tinygguf import TinySpec, write_tiny_gguf
+
+    models = tmp_path / "models"
+    (models / "split").mkdir(parents=True)
+    big = write_tiny_gguf(models / "Big-Chat-Q8_0.gguf", TinySpec(n_layer=4, n_embd=256, n_ff=512, ftype="Q8_0"))
+    small = write_tiny_gguf(models / "small.gguf", TinySpec(n_layer=2))
+    write_tiny_gguf(models / "split" / "Parted.gguf", TinySpec(n_layer=4), split_max_tensors=12)
+    (models / "notes.gguf").write_text("not a model\n")
+    hosted = write_tiny_gguf(tmp_path / "hosted.gguf", TinySpec(n_layer=3))
+
+    def weights(p: Path) -> int:
+        return sum(t.n_bytes for t in read_header(p).tensors)
+
+    with FakeHub() as hub:
+        hub.add("acme/Remote-GGUF", "remote-F16.gguf", hosted)
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setenv("UMEMC_CACHE_DIR", str(tmp_path / "cache"))
+        code, out, err = run_cli(
+            "init", "--platform", "strix-halo-128", "--hf", "acme/Remote-GGUF/remote-F16.gguf", cwd=tmp_path
+        )
+    assert code == 0, err
+    assert out == (
+        "wrote stack.toml for platform preset strix-halo-128, 4 model(s) found: big-chat-q8_0, small, parted, "
+        "remote-f16; next: umemc check stack.toml\n"
+    )
+    text = (tmp_path / "stack.toml").read_text()
+    from umemc.units import human
+
+    parted = sum(weights(p) for p in sorted((models / "split").glob("Parted-*.gguf")))
+    assert f'model = "models/Big-Chat-Q8_0.gguf"  # {human(weights(big))} of weights: llama, Q8_0, 4 layers' in text
+    assert f'model = "models/small.gguf"  # {human(weights(small))} of weights: llama, F16, 2 layers' in text
+    assert f'model = "models/split/Parted-00001-of-00004.gguf"  # {human(parted)} of weights: llama, F16' in text
+    assert f'hf = "acme/Remote-GGUF/remote-F16.gguf"  # {human(weights(hosted))} of weights: llama, F16' in text
+    assert text.count('mode = "hot"') == 1 and '[models.big-chat-q8_0]\nruntime = "llama-server"' in text
+    # the Hub is gone: init recorded the header in the lock, so check sizes the remote model without it
+    code, out, err = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
+    assert code == 0, err
+    doc = __import__("json").loads(out)["models"]
+    assert doc["remote-f16"]["source"] == "lock" and doc["remote-f16"]["weights_bytes"] == weights(hosted)

@@ -13,13 +13,17 @@ import argparse
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
 from ..stack.models import NAME_PATTERN
 from ..stack.presets import PLATFORM_PRESETS
 from ..units import GiB, gib
+
+if TYPE_CHECKING:
+    from ..lockfile import LockEntry
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -28,6 +32,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--platform", metavar="PRESET", choices=sorted(PLATFORM_PRESETS), help="a platform preset")
     p.add_argument("--name", default=None, help="the stack's name (default: the file name without .toml)")
     p.add_argument("--force", action="store_true", help="replace an existing file")
+    p.add_argument(
+        "--models",
+        metavar="DIR",
+        default=None,
+        help="a directory of GGUF files: one model each, sized from its header (default: ./models where it exists)",
+    )
+    p.add_argument(
+        "--hf",
+        action="append",
+        default=[],
+        metavar="OWNER/REPO/FILE.gguf",
+        help="a model file on the Hugging Face Hub (repeatable): one model each, sized from its header on the Hub",
+    )
     p.set_defaults(func=run)
 
 
@@ -180,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
     from ..records import write_atomic
 
     out = Path(args.output)
+    found = scaffold(out, args)
     if out.exists() and not args.force:
         raise UsageError(f"{out} exists: choose another -o, or --force to replace it")
     if args.platform:
@@ -194,6 +212,146 @@ def run(args: argparse.Namespace) -> int:
     if not re.fullmatch(NAME_PATTERN, name):
         raise UsageError(f"stack name {name!r} must match {NAME_PATTERN}: give --name")
     text = TEMPLATE.format(file=out.name, name=name, platform=platform)
+    if found:
+        text = text[: text.index("[models.chat]")] + "".join(m.toml() for m in found)
+        said += f", {len(found)} model(s) found: " + ", ".join(m.name for m in found)
     write_atomic(out, text, mode=0o644)
+    locks = {f.name: f.lock for f in found if f.lock is not None}
+    if locks:
+        from .. import lockfile
+
+        lockfile.save(out, {**lockfile.load(out), **locks})
     print(f"wrote {out} for {said}; next: umemc check {out}")
     return 0
+
+
+@dataclass(frozen=True)
+class Found:
+    """One model init found: a GGUF file here or on the Hub, sized from its header."""
+
+    name: str
+    key: str  # model | hf
+    value: str  # the path (relative to the stack) or the Hub spelling
+    runtime: str
+    family: str  # llm | embedding
+    weights: int
+    what: str  # the header's architecture, type and layers, for the comment
+    context: int
+    mmproj: str | None = None
+    hot: bool = False
+    lock: LockEntry | None = None  # a Hub file's header, recorded so that `check` needs no network later
+
+    def toml(self) -> str:
+        from ..stack.types import toml_repr
+        from ..units import human
+
+        lines = [
+            f"[models.{self.name}]",
+            f'runtime = "{self.runtime}"',
+            f"{self.key} = {toml_repr(self.value)}  # {human(self.weights)} of weights: {self.what}",
+        ]
+        if self.mmproj:
+            lines.append(f"mmproj = {toml_repr(self.mmproj)}")
+        if self.family == "llm":
+            lines += [f"context = {self.context}", 'kv_cache = "q8_0"']
+        lines += [
+            f"priority = {80 if self.hot else 40 if self.family == 'embedding' else 50}",
+            f'mode = "{"hot" if self.hot else "cold"}"' + ("" if self.hot else "  # started on its first request"),
+        ]
+        return "\n" + "\n".join(lines) + "\n"
+
+
+def scaffold(out: Path, args: argparse.Namespace) -> list[Found]:
+    """The models of a directory of GGUF files and of the Hub files named, each sized; the largest language
+    model hot, the rest cold."""
+    from ..errors import RuntimeFailure
+
+    here = out.parent if str(out.parent) else Path(".")
+    directory = Path(args.models) if args.models else here / "models"
+    found = _local(directory, here) if args.models or directory.is_dir() else []
+    if args.models and not found:
+        raise UsageError(f"umemc init: no GGUF model file in {args.models}")
+    for spelling in args.hf:
+        try:
+            found.append(_on_hub(spelling))
+        except RuntimeFailure as exc:
+            raise RuntimeFailure(f"umemc init: {spelling}: {exc}") from None
+    names: set[str] = set()
+    unique = []
+    for f in found:
+        name, n = f.name, 2
+        while name in names:
+            name, n = f"{f.name[:60]}-{n}", n + 1
+        names.add(name)
+        unique.append(replace(f, name=name))
+    llms = [f for f in unique if f.family == "llm"]
+    hot = max(llms, key=lambda f: f.weights).name if llms else None
+    return [replace(f, hot=f.name == hot) for f in unique]
+
+
+def _local(directory: Path, stack_dir: Path) -> list[Found]:
+    import os
+
+    from ..estimate.gguf_file import NotGguf, read
+    from ..hub.ref import SPLIT
+
+    files = sorted(p for p in directory.rglob("*.gguf") if p.is_file())
+    facts = {}
+    for p in files:
+        m = SPLIT.match(p.name)
+        if m and m.group("no") != "00001":
+            continue  # a split model is its first part
+        try:
+            facts[p] = read(p)
+        except NotGguf:
+            continue
+    projectors = {p.parent: p for p, f in facts.items() if f.shape is None and f.vision is not None}
+    out = []
+    for p, f in facts.items():
+        if f.shape is None:
+            continue
+        rel = os.path.relpath(p.resolve(), stack_dir.resolve())
+        proj = projectors.get(p.parent)
+        out.append(_found(_name(p.name), "model", rel, f, None if proj is None else os.path.relpath(proj, stack_dir)))
+    return out
+
+
+def _on_hub(spelling: str) -> Found:
+    from ..errors import RuntimeFailure
+    from ..estimate.gguf_file import read
+    from ..hub.ref import HubFailure, RefError, parse
+    from ..hub.remote import header_copy_path, lock_entry
+
+    try:
+        ref = parse(spelling)
+    except RefError as exc:
+        raise UsageError(f"umemc init: --hf {spelling}: {exc}" + (f" ({exc.hint})" if exc.hint else "")) from None
+    try:
+        entry = lock_entry(ref)
+    except HubFailure as exc:
+        raise RuntimeFailure(str(exc)) from None
+    assert entry.hub is not None
+    facts = read(header_copy_path(ref, entry.hub.commit))
+    return replace(_found(_name(Path(ref.path).name), "hf", spelling, facts, None), lock=entry)
+
+
+def _found(name: str, key: str, value: str, f: object, mmproj: str | None) -> Found:
+    from ..estimate.gguf_file import GgufFacts
+
+    assert isinstance(f, GgufFacts) and f.shape is not None
+    s = f.shape
+    family = "llm" if s.causal else "embedding"  # an encoder (bert and kin): no KV cache, an embeddings server
+    what = f"{f.general_arch}, {f.file_type or 'mixed types'}, {s.n_layer} layers"
+    context = min(8192, s.n_ctx_train or 8192)
+    return Found(name, key, value, "llama-server", family, f.tensor_bytes, what, context, mmproj)
+
+
+def _name(filename: str) -> str:
+    """A model name from a file name: `Qwen3-30B-A3B-Q4_K_M.gguf` -> `qwen3-30b-a3b-q4_k_m`."""
+    from ..hub.ref import SPLIT
+
+    m = SPLIT.match(filename)
+    stem = m.group("stem") if m else filename.removesuffix(".gguf")
+    name = re.sub(r"[^a-z0-9_-]+", "-", stem.lower()).strip("-_")
+    name = name if name and name[0].isalpha() else f"m-{name}"
+    return name[:63].rstrip("-_")
