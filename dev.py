@@ -7,8 +7,8 @@
 Optional parts the marked tests use (they skip, saying why, where these are absent):
     python3 dev.py setup-llama   # llama-cpp-python[server]: compiles llama.cpp, ~5 min on 2 cores
     python3 dev.py setup-torch   # torch==2.13.0 (CPU wheel)
-    python3 dev.py setup-llama-server   # llama-server and llama-fit-params built from the llama.cpp
-                                        # llama-cpp-python vendors (cmake, two targets; ~8 min on 2 cores)
+    python3 dev.py setup-llama-server   # llama-server, llama-fit-params, llama-quantize, llama-imatrix built
+                                        # from the llama.cpp llama-cpp-python vendors (cmake; ~9 min on 2 cores)
     python3 dev.py test-all  # the three set-ups above, then the whole suite with no lane skipped
 
 The venv is (re)installed only when pyproject.toml changed since the last install.
@@ -50,14 +50,15 @@ LLAMA_SERVER = VENV / "llama-server"
 
 
 def setup_llama_server() -> int:
-    """Build llama-server and llama-fit-params (llama.cpp's own memory dry run, which `umemc check --measure`
-    runs) from the llama.cpp source the llama-cpp-python sdist vendors (the same llama.cpp the `llama` tests
-    run), CPU only, into .venv/llama-server/bin. Needs cmake and a C++ compiler."""
+    """Build llama-server, llama-fit-params (llama.cpp's own memory dry run, which `umemc check --measure`
+    runs), and llama-quantize and llama-imatrix (the tests check umemc's port of llama.cpp's quantization mixes
+    against them) from the llama.cpp source the llama-cpp-python sdist vendors (the same llama.cpp the `llama`
+    tests run), CPU only, into .venv/llama-server/bin. Needs cmake and a C++ compiler."""
     import shutil
     import tarfile
     import tempfile
 
-    targets = ("llama-server", "llama-fit-params")
+    targets = ("llama-server", "llama-fit-params", "llama-quantize", "llama-imatrix")
     binaries = [LLAMA_SERVER / "bin" / t for t in targets]
     if all(b.exists() for b in binaries):
         print(f"{', '.join(map(str, binaries))} exist")

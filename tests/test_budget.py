@@ -126,17 +126,18 @@ def test_does_not_fit_leads_with_the_decisive_fact_and_the_smallest_change(
     assert code == 1 and report["fits"] is False
     # budget: (16 - 2) GiB x 0.85 = 11.9 GiB; side: 3 GiB x 1.1 = 3.3 GiB; chat alone is over the budget, so
     # no single change is enough: the mildest combination that fits comes first (Q6_K weights 6.1 GiB and
-    # 1 GiB of KV at 8192 tokens instead of 7.9 + 4 GiB), then what frees the most
+    # 1 GiB of KV at 8192 tokens instead of 7.9 + 4 GiB; 11.9 - 8.1 - 3.3 = 0.5 GiB to spare), then what frees the
+    # most: IQ4_XS weights are 4.44e9 bytes against Q8_0's 8.53e9, 3.81 GiB x 1.1 = 4.2 GiB
     assert report["advice"] == [
         "does not fit: the hot set's hard quotas total 16.8 GiB, the budget is 11.9 GiB (over by 4.9 GiB)",
         "model chat alone (13.5 GiB hard quota) exceeds the 11.9 GiB budget",
-        'smallest change that fits: models.chat: quant = "Q6_K", context = 8192 (8.1 GiB hard quota)',
+        'smallest change that fits: models.chat: quant = "Q6_K", context = 8192 (8.1 GiB hard quota, 0.5 GiB to spare)',
         "no single change fits; these free the most:",
+        '  models.chat: quant = "IQ4_XS" frees 4.2 GiB',
         "  models.chat: context = 2048 frees 4.2 GiB",
         "  models.chat: context = 4096 frees 3.9 GiB",
         "  models.chat: context = 8192 frees 3.3 GiB",
         '  models.side: mode = "cold" (priority 10) frees 3.3 GiB',
-        '  models.chat: quant = "Q3_K_M" frees 3.2 GiB',
     ]
     stack = "stack.toml"
     assert report["warnings"] == [
@@ -156,7 +157,8 @@ def test_does_not_fit_leads_with_the_decisive_fact_and_the_smallest_change(
     assert lines[at + 2 : at + 5] == [
         "- does not fit: the hot set's hard quotas total 16.8 GiB, the budget is 11.9 GiB (over by 4.9 GiB)",
         "- model chat alone (13.5 GiB hard quota) exceeds the 11.9 GiB budget",
-        '- smallest change that fits: models.chat: quant = "Q6_K", context = 8192 (8.1 GiB hard quota)',
+        '- smallest change that fits: models.chat: quant = "Q6_K", context = 8192 (8.1 GiB hard quota, 0.5 GiB to '
+        "spare)",
     ]
     assert "<details>" not in "\n".join(
         lines[
@@ -267,3 +269,139 @@ def test_a_scaled_rehearsal_decides_as_the_full_size(example: Path, f: float) ->
     assert small.capacity.budget == plan.capacity.budget * exact.numerator // exact.denominator
     assert all(small.models[n].quota_hard >= plan.models[n].quota_hard * exact for n in plan.models)
     assert small.scale == f
+
+
+FLOORS = """
+version = 1
+name = "floors"
+[platform]
+preset = "strix-halo-128"
+[models.embed]
+runtime = "llama-server"
+arch = "bge-m3"
+model = "e.gguf"
+quant = "F16"
+[models.vl]
+runtime = "llama-server"
+arch = "qwen2.5-vl-7b"
+model = "vl.gguf"
+quant = "Q8_0"
+[models.small]
+runtime = "llama-server"
+arch = "llama-3-8b"
+model = "s.gguf"
+quant = "Q8_0"
+[models.mid]
+runtime = "llama-server"
+arch = "qwen3-32b"
+model = "m.gguf"
+quant = "Q8_0"
+[models.large]
+runtime = "llama-server"
+arch = "qwen3-235b-a22b"
+model = "l.gguf"
+quant = "Q4_K_M"
+[models.oss]
+runtime = "llama-server"
+arch = "gpt-oss-120b"
+model = "o.gguf"
+[models.pinned]
+runtime = "llama-server"
+arch = "llama-3-8b"
+model = "p.gguf"
+quant = "Q8_0"
+min_quant = "q4_k_s"
+"""
+
+
+def test_the_quantizations_advice_tries_stop_at_what_the_model_tolerates(write_stack) -> None:
+    """Embeddings stay at 8 bits, vision at 5; a language model goes lower the larger it is (8B: Q3_K_M, 32B:
+    IQ3_XXS, 235B: IQ2_XXS), never below its min_quant (Q4_K_S, 4.67 bits: Q4_K_M's 4.89 is the last above it);
+    gpt-oss's experts are MXFP4 as trained, so no k-quant is offered."""
+    from umemc.advice import lower_quants
+
+    plan = make_plan(load_stack(write_stack(FLOORS)))
+    assert {name: lower_quants(m) for name, m in plan.models.items()} == {
+        "embed": ("Q8_0",),
+        "vl": ("Q6_K", "Q5_K_M"),
+        "small": ("Q6_K", "Q5_K_M", "Q4_K_M", "IQ4_XS", "Q3_K_M"),
+        "mid": ("Q6_K", "Q5_K_M", "Q4_K_M", "IQ4_XS", "Q3_K_M", "IQ3_M", "Q2_K", "IQ3_XXS"),
+        "large": ("IQ4_XS", "Q3_K_M", "IQ3_M", "Q2_K", "IQ3_XXS", "IQ2_M", "IQ2_XS", "IQ2_XXS"),
+        "oss": (),
+        "pinned": ("Q6_K", "Q5_K_M", "Q4_K_M"),
+    }
+
+
+BIG_MOE = (
+    'version = 1\nname = "big"\n[platform]\npreset = "strix-halo-128"\n[models.chat]\nruntime = "llama-server"\n'
+    'arch = "qwen3-235b-a22b"\nmodel = "chat.gguf"\nquant = "{quant}"\ncontext = 16384\n{extra}'
+)
+
+
+def test_a_235b_mixture_of_experts_is_advised_down_to_three_bits(write_stack, run_cli, tmp_path: Path) -> None:
+    def hard(quant: str, extra: str = "") -> tuple[int, dict]:
+        write_stack(BIG_MOE.format(quant=quant, extra=extra))
+        code, out, _ = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
+        report = json.loads(out)
+        return code, report
+
+    code, report = hard("Q4_K_M")
+    assert code == 1
+    q4 = report["models"]["chat"]["quota_hard_bytes"]
+    code_iq3, fixed = hard("IQ3_XXS")
+    iq3 = fixed["models"]["chat"]["quota_hard_bytes"]
+    assert code_iq3 == 0  # what advice says fits, check says fits
+    assert report["advice"][3:] == [
+        "smallest changes that fit (each alone, re-estimated):",
+        f'  models.chat: quant = "IQ3_XXS" frees {(q4 - iq3) / GiB:.1f} GiB',
+    ]
+    # min_quant holds it at Q3_K_M, which is not enough: said, with the floor
+    code, report = hard("Q4_K_M", 'min_quant = "Q3_K_M"\n')
+    assert code == 1 and report["advice"][3] == (
+        "models.chat: no quantization down to Q3_K_M (its min_quant), KV type or context umemc can try makes the "
+        "stack fit: a smaller model, fewer hot models or a bigger machine"
+    )
+
+
+def test_a_lower_quantization_comes_after_going_cold(write_stack, run_cli, tmp_path: Path) -> None:
+    """Cold keeps the model's answers as they are; a lower quantization does not: it is offered last."""
+    text = (
+        'version = 1\nname = "cold"\n[platform]\nkind = "cpu"\nmemory = "16GiB"\nos_reserve = "2GiB"\n'
+        '[models.chat]\nruntime = "llama-server"\narch = "llama-3-8b"\nmodel = "chat.gguf"\nquant = "Q8_0"\n'
+        "context = 8192\nmmap = false\npriority = 90\n"
+        '[models.side]\nruntime = "command"\ncommand = ["true"]\nmemory = "3GiB"\npriority = 10\n'
+    )
+    write_stack(text)
+    code, out, _ = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
+    lines = json.loads(out)["advice"]
+    assert code == 1 and [line.split(" frees ")[0] for line in lines[1:]] == [
+        "smallest changes that fit (each alone, re-estimated):",
+        '  models.side: mode = "cold" (priority 10)',
+        '  models.chat: mode = "cold" (priority 90)',
+        '  models.chat: quant = "Q6_K"',
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('min_quant = "Q3_KM"', "stack.toml:11:13: models.chat.min_quant: unknown GGUF file type \"Q3_KM\"\n"
+         "  hint: did you mean 'Q3_K_M'?\n"),
+        ('min_quant = "IQ5"', "stack.toml:11:13: models.chat.min_quant: unknown GGUF file type \"IQ5\"\n"
+         "  hint: one of F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q5_0, Q5_1, Q4_K_M, Q4_K_S, Q4_0, Q4_1, "
+         "IQ4_XS, IQ4_NL, Q3_K_L, Q3_K_M, Q3_K_S, Q2_K, Q2_K_S, IQ3_M, IQ3_S, IQ3_XS, IQ3_XXS, IQ2_M, IQ2_S, IQ2_XS, "
+         "IQ2_XXS, IQ1_M, IQ1_S, MXFP4_MOE\n"),
+    ],
+)  # fmt: skip
+def test_an_unknown_min_quant_is_refused_at_its_key(write_stack, run_cli, tmp_path: Path, line, message) -> None:
+    write_stack(BIG_MOE.format(quant="Q4_K_M", extra=line + "\n"))
+    code, out, err = run_cli("check", "stack.toml", cwd=tmp_path)
+    assert (code, out, err) == (2, "", message)
+
+
+def test_min_quant_is_refused_where_no_gguf_is_quantized(write_stack, run_cli, tmp_path: Path) -> None:
+    write_stack(ADMISSION + worker("a", 1000, 50) + 'min_quant = "Q4_K_M"\n')
+    code, out, err = run_cli("check", "stack.toml", cwd=tmp_path)
+    assert (code, out) == (2, "") and err == (
+        'stack.toml:21:13: models.a.min_quant: a GGUF file type: not used for runtime = "command"\n  hint: remove it\n'
+    )

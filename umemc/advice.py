@@ -8,15 +8,21 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .budget import ModelPlan, Plan, model_plan
+from .catalog.quant import FILE_TYPE_BITS
 from .catalog.runtimes import LLAMA_RUNTIMES
 from .estimate.estimator import estimate_model
 from .stack.resolve import LoadedStack
 from .units import gib
 
-# lower quantizations to try for a model estimated from an architecture preset, mildest first
-QUANT_LADDER = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M")
+# lower quantizations to try for a model estimated from an architecture preset, mildest first: the k-quants and
+# the importance-matrix types published GGUF repositories carry (bits per weight falling)
+QUANT_LADDER = (
+    "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "IQ4_XS", "Q3_K_M", "IQ3_M", "Q2_K", "IQ3_XXS", "IQ2_M", "IQ2_XS",
+    "IQ2_XXS", "IQ1_M",
+)  # fmt: skip
 MIN_CONTEXT = 2048
 COLD = 3
+QUALITY = 4  # a lower quantization changes the model's answers: suggested after every other change
 SHOWN = 5
 
 
@@ -24,7 +30,7 @@ SHOWN = 5
 class Change:
     model: str
     text: str
-    rank: int  # how intrusive: KV type < context < quantization < cold
+    rank: int  # how intrusive: KV type, mmap < context < cold < quantization (it changes the answers)
     saved: int  # hard quota (all memory) freed
     saved_gpu: int
 
@@ -63,7 +69,7 @@ def advice(loaded: LoadedStack, plan: Plan) -> list[str]:
                 f"model {m.name} alone ({gib(m.quota_hard)} GiB hard quota) exceeds the {gib(cap.budget)} GiB budget"
             )
     over, changes = max(0, -plan.headroom), _changes(loaded, plan)
-    changes = [c for c in changes if c.rank < COLD or plan.models[c.model].quota_hard <= cap.budget]
+    changes = [c for c in changes if c.rank != COLD or plan.models[c.model].quota_hard <= cap.budget]
     fitting = [c for c in changes if c.saved >= over and c.saved_gpu >= gpu_over]
     if not fitting:
         big = max((m for m in plan.models.values() if m.hot), key=lambda m: m.quota_hard)
@@ -99,12 +105,37 @@ def _changes(loaded: LoadedStack, plan: Plan) -> list[Change]:
                 out += _try(loaded, m, f"context = {context}", {"context": context}, 1)
                 context //= 2
         if spec.memory is None and m.estimate.source == "arch" and spec.runtime in LLAMA_RUNTIMES:
-            now = m.estimate.facts.get("file type")
-            lower = QUANT_LADDER[QUANT_LADDER.index(now) + 1 :] if now in QUANT_LADDER else ()
-            for q in lower:
-                out += _try(loaded, m, f'quant = "{q}"', {"quant": q}, 2)
+            for q in lower_quants(m):
+                out += _try(loaded, m, f'quant = "{q}"', {"quant": q}, QUALITY)
         out.append(Change(m.name, f'mode = "cold" (priority {m.priority})', COLD, m.quota_hard, m.gpu_quota_hard))
     return out
+
+
+def lower_quants(m: ModelPlan) -> tuple[str, ...]:
+    """The ladder's types below the model's quantization (fewer bits per weight), down to its floor."""
+    ftype = str(m.estimate.facts.get("file type"))
+    now = FILE_TYPE_BITS.get(ftype)
+    if now is None or ftype == "MXFP4_MOE":  # experts trained in MXFP4: a k-quant of them saves next to nothing
+        return ()
+    floor = FILE_TYPE_BITS[quant_floor(m)]
+    return tuple(q for q in QUANT_LADDER if floor <= FILE_TYPE_BITS[q] < now)
+
+
+def quant_floor(m: ModelPlan) -> str:
+    """The lowest quantization advice suggests: the model's min_quant, else by what it is. Embeddings and vision
+    lose most (retrieval and detection quality fall off at 4 bits); a language model's tolerance grows with its
+    size (a 200B mixture of experts is still useful at 2 bits, an 8B one hardly below 4)."""
+    spec = m.model.spec
+    if spec.min_quant is not None:
+        return spec.min_quant.upper()
+    family = m.estimate.facts.get("family")
+    if family == "embedding":
+        return "Q8_0"
+    if family == "vision" or m.model.mmproj_path is not None:
+        return "Q5_K_M"
+    bits = FILE_TYPE_BITS.get(str(m.estimate.facts.get("file type")), 16.0)
+    params = m.estimate.weights.bytes * 8 / bits
+    return "IQ2_XXS" if params >= 100e9 else "IQ3_XXS" if params >= 25e9 else "Q3_K_M"
 
 
 def _try(loaded: LoadedStack, m: ModelPlan, text: str, update: dict[str, object], rank: int) -> list[Change]:
@@ -124,10 +155,9 @@ def _combined(loaded: LoadedStack, plan: Plan, m: ModelPlan, over: int, gpu_over
     if spec.memory is not None or spec.runtime not in LLAMA_RUNTIMES:
         fixed = f"models.{m.name}: its memory is fixed ({gib(m.quota_hard)} GiB hard quota)"
         return fixed + ": a bigger machine or fewer hot models"
-    now = m.estimate.facts.get("file type")
     quants: list[str | None] = [None]
-    if m.estimate.source == "arch" and now in QUANT_LADDER:
-        quants += list(QUANT_LADDER[QUANT_LADDER.index(now) + 1 :])
+    if m.estimate.source == "arch":
+        quants += list(lower_quants(m))
     kvs: list[str | None] = [None] + (["q8_0"] if spec.kv_cache in ("f16", "f32", "bf16") else [])
     contexts: list[int | None] = [None]
     half = spec.context // 2
@@ -157,9 +187,16 @@ def _combined(loaded: LoadedStack, plan: Plan, m: ModelPlan, over: int, gpu_over
         for text, update in tried:
             for ch in _try(loaded, m, text, update, 4):
                 if ch.saved + freed >= over and ch.saved_gpu + freed_gpu >= gpu_over:
-                    hard = gib(m.quota_hard - ch.saved)
-                    return f"smallest change that fits: models.{m.name}: {ch.text} ({hard} GiB hard quota){also}"
+                    hard, spare = gib(m.quota_hard - ch.saved), gib(ch.saved + freed - over)
+                    return (
+                        f"smallest change that fits: models.{m.name}: {ch.text} ({hard} GiB hard quota, "
+                        f"{spare} GiB to spare){also}"
+                    )
+    why = "its min_quant" if spec.min_quant is not None else "min_quant lets advice go lower"
+    tried_quants, now = lower_quants(m), m.estimate.facts.get("file type")
+    floor = f" down to {tried_quants[-1]} ({why})" if tried_quants else f" below {now} ({why})"
+    floor = floor if m.estimate.source == "arch" else ""
     return (
-        f"models.{m.name}: no quantization, KV type or context umemc can try makes the stack fit: "
+        f"models.{m.name}: no quantization{floor}, KV type or context umemc can try makes the stack fit: "
         "a smaller model, fewer hot models or a bigger machine"
     )

@@ -30,6 +30,13 @@ BLOCK: dict[str, tuple[int, int]] = {
     "Q6_K": (256, 210),
     "IQ4_NL": (32, 18),
     "IQ4_XS": (256, 136),
+    "IQ3_S": (256, 110),
+    "IQ3_XXS": (256, 98),
+    "IQ2_S": (256, 82),
+    "IQ2_XS": (256, 74),
+    "IQ2_XXS": (256, 66),
+    "IQ1_M": (256, 56),
+    "IQ1_S": (256, 50),
     "MXFP4": (32, 17),
 }
 
@@ -69,6 +76,17 @@ FILE_TYPES: dict[str, str] = {
     "Q3_K_M": "Q3_K",
     "Q3_K_S": "Q3_K",
     "Q2_K": "Q2_K",
+    "Q2_K_S": "Q2_K",
+    "IQ3_M": "IQ3_S",
+    "IQ3_S": "IQ3_S",
+    "IQ3_XS": "IQ3_S",
+    "IQ3_XXS": "IQ3_XXS",
+    "IQ2_M": "IQ2_S",
+    "IQ2_S": "IQ2_XS",
+    "IQ2_XS": "IQ2_XS",
+    "IQ2_XXS": "IQ2_XXS",
+    "IQ1_M": "IQ1_M",
+    "IQ1_S": "IQ1_S",
     "MXFP4_MOE": "MXFP4",  # experts MXFP4, every other matrix Q8_0 (gpt-oss as published)
 }
 
@@ -90,8 +108,19 @@ FILE_TYPE_IDS: dict[int, str] = {
     16: "Q5_K_S",
     17: "Q5_K_M",
     18: "Q6_K",
+    19: "IQ2_XXS",
+    20: "IQ2_XS",
+    21: "Q2_K_S",
+    22: "IQ3_XS",
+    23: "IQ3_XXS",
+    24: "IQ1_S",
     25: "IQ4_NL",
+    26: "IQ3_S",
+    27: "IQ3_M",
+    28: "IQ2_S",
+    29: "IQ2_M",
     30: "IQ4_XS",
+    31: "IQ1_M",
     32: "BF16",
     38: "MXFP4_MOE",
 }
@@ -118,6 +147,18 @@ FILE_TYPE_BITS: dict[str, float] = {
     "Q3_K_M": 3.91,
     "Q3_K_S": 3.64,
     "Q2_K": 3.16,
+    # llama-quantize's own table of the low-bit types (bits per weight of its Llama-3-8B reference files)
+    "IQ3_M": 3.66,
+    "IQ3_S": 3.44,
+    "IQ3_XS": 3.3,
+    "IQ3_XXS": 3.06,
+    "Q2_K_S": 2.96,
+    "IQ2_M": 2.7,
+    "IQ2_S": 2.5,
+    "IQ2_XS": 2.31,
+    "IQ2_XXS": 2.06,
+    "IQ1_M": 1.75,
+    "IQ1_S": 1.56,
     "MXFP4_MOE": 4.25,
 }
 
@@ -154,7 +195,7 @@ _FALLBACK = {  # tensor_type_fallback: 256-element types on rows that are not a 
     "Q6_K": "Q8_0",
     "Q2_K": "Q4_0",
     "Q3_K": "Q4_0",
-    "IQ4_XS": "IQ4_NL",
+    **dict.fromkeys(("IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S"), "IQ4_NL"),
 }
 
 
@@ -218,7 +259,12 @@ def source_type(name: str, shape: tuple[int, ...], default: str = "F16") -> str:
 
 
 _LAYER = re.compile(r"blk\.(\d+)\.")
-_EIGHT_EXPERT_ATTN_OUT = frozenset({"Q2_K", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ4_XS"})
+_EIGHT_EXPERT_ATTN_OUT = frozenset(
+    {"Q2_K", "IQ3_XS", "IQ3_XXS", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ3_S", "IQ3_M", "IQ4_XS"}
+)
+# the 1- and 2-bit mixes llama.cpp chooses by their own rules (llama-quant.cpp's first ftype branch)
+_LOWEST = frozenset({"IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"})
+_OUTPUT_Q5K = _LOWEST | {"IQ3_XXS"}  # their output matrix (and a tied embedding) is Q5_K, not Q6_K
 
 
 class MixState:
@@ -229,7 +275,7 @@ class MixState:
     ):
         self.ftype, self.base = ftype, FILE_TYPES[ftype]
         self.n_attn_v, self.n_layer = n_attn_v, n_layer  # llama.cpp: n_ffn_down = n_layer_all
-        self.i_attn_v = self.i_ffn_down = 0
+        self.i_attn_v = self.i_ffn_down = self.i_ffn_gate = self.i_ffn_up = 0
         self.n_gqa, self.is_70b, self.tied, self.n_expert = n_gqa, is_70b, tied, n_expert
 
     def choose(self, name: str, shape: tuple[int, ...], source_type: str) -> str:
@@ -244,23 +290,75 @@ class MixState:
 
     def _mix(self, name: str, cat: str, shape: tuple[int, ...], base: str) -> str:
         ft = self.ftype
-        if cat == "output" or (self.tied and cat == "token_embd"):
-            if ft == "MXFP4_MOE" or shape[0] % BLOCK[base][0] != 0:
-                return "Q8_0"
-            return base if base == "Q8_0" else "Q6_K"
-        if ft == "MXFP4_MOE":  # expert tensors (3-D) MXFP4, everything else Q8_0
-            return "MXFP4" if len(shape) > 2 and shape[2] > 1 else "Q8_0"
+        edge = self._edges(ft, cat, shape, base)
+        if edge is not None:
+            return edge
+        if ft in _LOWEST:
+            return self._lowest(ft, cat, base)
         if cat == "attn_v":
             return self._attn_v(ft, base)
         if cat == "attn_k":
-            return "Q8_0" if self.n_expert == 8 else base
+            return "Q8_0" if self.n_expert == 8 else {"IQ3_XS": "IQ3_XXS", "IQ3_XXS": "IQ2_S"}.get(ft, base)
+        if cat == "attn_q":
+            return {"IQ3_XS": "IQ3_XXS", "IQ3_XXS": "IQ2_S"}.get(ft, base)
         if cat == "ffn_down":
             return self._ffn_down(ft, base, name)
         if cat == "attn_output":
             if self.n_expert == 8:
                 return "Q5_K" if ft in _EIGHT_EXPERT_ATTN_OUT else base
-            return {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K"}.get(ft, base)
+            return {"Q2_K": "Q3_K", "IQ3_XXS": "IQ3_S", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K", "IQ3_M": "Q4_K"}.get(
+                ft, base
+            )
+        return self._gate_up(ft, base, cat, name) if cat in ("ffn_gate", "ffn_up") else base
+
+    def _edges(self, ft: str, cat: str, shape: tuple[int, ...], base: str) -> str | None:
+        """The output matrix (and an embedding tied to it), MXFP4's experts, the token embedding."""
+        if cat == "output" or (self.tied and cat == "token_embd"):
+            if ft == "MXFP4_MOE" or shape[0] % BLOCK[base][0] != 0:
+                return "Q8_0"
+            if ft in _OUTPUT_Q5K:
+                return "Q5_K"
+            return base if base == "Q8_0" else "Q6_K"
+        if ft == "MXFP4_MOE":  # expert tensors (3-D) MXFP4, everything else Q8_0
+            return "MXFP4" if len(shape) > 2 and shape[2] > 1 else "Q8_0"
+        if cat == "token_embd":
+            if ft in ("IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ1_M"):
+                return "Q2_K"
+            return "IQ3_S" if ft in ("IQ2_S", "IQ2_M", "IQ3_XXS") else base
+        return None
+
+    def _lowest(self, ft: str, cat: str, base: str) -> str:
+        """llama-quant.cpp's branch for IQ1_S/M and IQ2_*: more bits where they matter most."""
+        iq3 = ft in ("IQ2_S", "IQ2_M")
+        if cat == "attn_v":
+            self.i_attn_v += 1
+            if self.n_gqa >= 4 or self.n_expert >= 4:
+                return "Q4_K"
+            return "IQ3_S" if iq3 else "Q2_K"
+        if cat == "attn_k" and self.n_expert == 8:
+            return "Q4_K"
+        if cat == "ffn_down":
+            i = self.i_ffn_down  # this branch counts the tensors, experts or not
+            self.i_ffn_down += 1
+            return ("IQ3_S" if iq3 else "Q2_K") if i < self.n_layer // 8 else base
+        if cat == "attn_output":
+            if self.n_expert == 8:
+                return "Q5_K"
+            return "IQ2_XXS" if ft in ("IQ1_S", "IQ1_M") else "IQ3_S" if iq3 else base
         return base
+
+    def _gate_up(self, ft: str, base: str, cat: str, name: str) -> str:
+        if cat == "ffn_gate":
+            i = self.i_ffn_gate
+            self.i_ffn_gate += 1
+        else:
+            i = self.i_ffn_up
+            self.i_ffn_up += 1
+        if self.n_expert > 1:
+            m = _LAYER.match(name)
+            i = int(m.group(1)) if m else i
+        n = self.n_layer
+        return "IQ3_XXS" if ft == "IQ3_XS" and n // 8 <= i < 7 * n // 8 else base
 
     def _ffn_down(self, ft: str, base: str, name: str) -> str:
         i, n = self.i_ffn_down, self.n_layer
@@ -270,14 +368,18 @@ class MixState:
             i = int(m.group(1)) if m else i
         if ft == "Q2_K":
             return "Q3_K"
+        if ft == "Q2_K_S":
+            return "Q4_K" if i < n // 8 else base
+        if ft == "IQ3_M" and (i < n // 8 or (self.n_expert == 8 and _more_bits(i, n))):
+            return "Q4_K"
         if ft == "Q3_K_M":
             return "Q5_K" if i < n // 16 else "Q4_K"
         if ft == "Q3_K_L":
             return "Q5_K"
         if ft in ("Q4_K_M", "Q5_K_M") and _more_bits(i, n):
             return "Q6_K"
-        if ft in ("IQ4_NL", "IQ4_XS") and i < n // 8:
-            return "Q5_K"
+        # (IQ4_NL/IQ4_XS without an importance matrix would take Q5_K for the first eighth: published I-quants
+        # all have one, and llama-quantize's IQ1/IQ2 refuse to run without)
         if ft == "Q4_K_S" and i < n // 8:
             return "Q5_K"
         return base
@@ -288,6 +390,14 @@ class MixState:
         new = base
         if ft == "Q2_K":
             new = "Q4_K" if self.n_gqa >= 4 else "Q3_K"
+        elif ft == "Q2_K_S" and self.n_gqa >= 4:
+            new = "Q4_K"
+        elif ft == "IQ3_XXS":  # published IQ files are quantized with an importance matrix
+            new = "Q4_K" if self.n_gqa >= 4 else "IQ3_XXS"
+        elif ft in ("IQ3_XS", "IQ3_S") and self.n_gqa >= 4:
+            new = "Q4_K"
+        elif ft == "IQ3_M":
+            new = "Q4_K"
         elif ft == "Q3_K_M":
             new = "Q5_K" if i < 2 else "Q4_K"
         elif ft == "Q3_K_L":

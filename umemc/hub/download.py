@@ -162,7 +162,7 @@ class _Dropped(Exception):
 def _stream(part: RemotePart, d: _Download) -> None:
     """One GET from where the download ends on (a range request when resuming)."""
     from huggingface_hub import get_session
-    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # lazily exported
+    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined,unused-ignore]  # lazily exported
 
     same_host = urlparse(part.location).netloc == urlparse(endpoint()).netloc
     headers: dict[str, Any] = build_hf_headers(token=token() if same_host else False)  # never a token to a CDN

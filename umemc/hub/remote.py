@@ -56,7 +56,8 @@ def token() -> str | None:
     """HF_TOKEN, else the token `hf auth login` stored (huggingface_hub's own lookup)."""
     from huggingface_hub import get_token
 
-    return get_token()
+    found: str | None = get_token()
+    return found
 
 
 def describe(ref: HfRef) -> Remote:
@@ -110,7 +111,7 @@ def _why(exc: Exception, ref: HfRef, path: str) -> str:
 def read_prefix(part: RemotePart, n: int) -> bytes:
     """The first n bytes of a part (one range request; a server that ignores the range is read no further)."""
     from huggingface_hub import get_session
-    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # lazily exported
+    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined,unused-ignore]  # lazily exported
 
     same_host = urlparse(part.location).netloc == urlparse(endpoint()).netloc
     headers: dict[str, Any] = build_hf_headers(token=token() if same_host else False)  # never a token to a CDN

@@ -239,6 +239,12 @@ class ModelSpec(_Strict):
         "(f16, q8_0, ...) or torch dtype (fp16, bf16, fp32, int8). Default: the file's "
         "own type, else the preset's default.",
     )
+    min_quant: str | None = Field(
+        None,
+        description="The lowest GGUF file type umemc's advice may suggest for this model (Q4_K_M, IQ3_M, Q2_K...). "
+        "Default: Q8_0 for embeddings, Q5_K_M for vision models, and for language models by size: IQ2_XXS from "
+        "100B parameters, IQ3_XXS from 25B, Q3_K_M below.",
+    )
     context: int = Field(4096, gt=0, le=16_777_216, description="Tokens per sequence.")
     parallel: int = Field(
         1, gt=0, le=1024, description="Concurrent sequences (llama-server -np); KV is sized for all of them."

@@ -504,6 +504,7 @@ def _model(
             f"use runtime = {' or '.join(toml_repr(r) for r in RUNTIMES_FOR[family])}",
         )
     quant = _quant(spec, src, at)
+    _check_min_quant(spec, src, at)
     locked = lock is not None and lock.header is not None and spec.runtime in LLAMA_RUNTIMES
     model_path, model_present = _file(
         doc,
@@ -701,6 +702,20 @@ def _quant(spec: ModelSpec, src: Source, at: tuple[str, ...]) -> str | None:
     close = difflib.get_close_matches(spec.quant.upper() if names[0].isupper() else spec.quant.lower(), names, n=1)
     hint = f"did you mean '{close[0]}'?" if close else f"one of {', '.join(names)}"
     raise src.error(at + ("quant",), f'unknown {what} {toml_repr(spec.quant)} for runtime = "{spec.runtime}"', hint)
+
+
+def _check_min_quant(spec: ModelSpec, src: Source, at: tuple[str, ...]) -> None:
+    if spec.min_quant is None:
+        return
+    if spec.runtime not in LLAMA_RUNTIMES:
+        raise src.error(at + ("min_quant",), f'a GGUF file type: not used for runtime = "{spec.runtime}"', "remove it")
+    if spec.min_quant.upper() not in FILE_TYPES:
+        close = difflib.get_close_matches(spec.min_quant.upper(), list(FILE_TYPES), n=1)
+        raise src.error(
+            at + ("min_quant",),
+            f"unknown GGUF file type {toml_repr(spec.min_quant)}",
+            f"did you mean '{close[0]}'?" if close else f"one of {', '.join(FILE_TYPES)}",
+        )
 
 
 def _file(
