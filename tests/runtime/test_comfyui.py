@@ -102,13 +102,20 @@ def test_a_refused_prompt_shows_umemcs_reason(stack: Any, tmp_path: Path) -> Non
     else:
         raise AssertionError("a lease beyond the budget was granted")
     assert reason.startswith(f"lease needs {64 * MiB} bytes (0.06 GiB), ")
+    # chat (priority 90) is idle and holds more than 64 MiB: a lease above its priority would evict it
+    assert reason.endswith(
+        "blocked by chat (priority 90 >= 50); at priority 91 it would be granted, evicting chat (this lease asked 50)"
+    )
     hook = LeaseHook(client, resolver(models_dir(tmp_path)))
     out = hook.on_prompt({"prompt": WORKFLOW, "client_id": "c1"})
     node = out["prompt"]["umemc"]
     assert node["class_type"] == "UmemcRefused"
     message = node["inputs"]["reason"]
     assert message.startswith("umemc cannot give this workflow 2.0 GiB now: lease needs ")
-    assert message.endswith("blocked by chat (priority 90 >= 50)")
+    # 2 GiB is more than the whole budget: no priority would get it
+    assert message.endswith(
+        "blocked by chat (priority 90 >= 50); no priority would be granted now (this lease asked 50)"
+    )
     assert UmemcRefused.VALIDATE_INPUTS(message) == message  # what ComfyUI shows as the prompt's error
     assert gw.call("GET", "/umemc/leases")[2]["leases"] == []
 

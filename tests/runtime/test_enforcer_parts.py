@@ -73,6 +73,7 @@ def test_buffers_drift_is_reported_only_over_five_percent() -> None:
         ({"statename": "STOPPED", "exitstatus": 0}, None, {"exitstatus": 0, "cause": "stopped"}),
         ({"statename": "EXITED", "exitstatus": 3}, None, {"exitstatus": 3, "cause": "exited"}),
         ({"statename": "BACKOFF", "exitstatus": 0}, None, {"exitstatus": None, "cause": "unknown"}),
+        ({"statename": "STOPPING", "exitstatus": 0}, None, {"exitstatus": None, "cause": "stopped"}),
     ],
 )
 def test_exit_cause(info: dict[str, object] | None, new_pid: int | None, want: dict[str, object]) -> None:

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from umemc.runtime.events import KINDS
 
 PACKAGE = Path(__file__).resolve().parents[2] / "umemc"
 # kinds passed in a variable (why="lease_release" and the like): the literals at their call sites
-BY_NAME = {"lease_release", "lease_expire", "ttl_unload"}
+BY_NAME = {"lease_release", "lease_expire", "ttl_unload", "ttl_unload_failed"}  # the last: f"{why}_failed"
 
 
 def recorded_kinds() -> set[str]:
@@ -34,3 +37,34 @@ def test_every_recorded_kind_is_listed() -> None:
     assert BY_NAME <= set(KINDS)
     for kind in BY_NAME:  # and each named kind really is written somewhere
         assert any(f'"{kind}"' in p.read_text() for p in PACKAGE.rglob("*.py")), kind
+
+
+def test_every_kind_reads_in_words() -> None:
+    from umemc.runtime.eventtext import SAID
+
+    assert set(SAID) == set(KINDS)
+
+
+@pytest.mark.parametrize(
+    ("kind", "detail", "words"),
+    [
+        ("evict", {"by": "gateway", "for_model": "chat", "usage_bytes": 1}, "evicted to start chat"),
+        ("evict", {"by": "gateway", "for_lease": "l-1"}, "evicted for lease l-1"),
+        ("evict", {"by": "enforcer", "reason": "pressure", "pressure": 0.9712},
+         "evicted for memory pressure 97% by the enforcer"),
+        ("exit", {"cause": "exited", "exitstatus": 3}, "exited (status 3)"),
+        ("exit", {"cause": "hard quota (enforcer)", "exitstatus": None}, "exited: hard quota (enforcer)"),
+        ("hard_limit_kill", {"by": "enforcer", "usage_bytes": 3 * 2**30, "hard_bytes": 2 * 2**30},
+         "killed over its hard quota (3.0 GiB of 2.0 GiB)"),
+        ("cold_start", {"seconds": 2.345, "evicted": ["a", "b"]}, "cold start in 2.3 s, evicting a, b"),
+        ("ttl_unload", {"by": "gateway", "ttl_s": 1.0}, "unloaded: idle past its ttl"),
+        ("evict", {"for_model": None, "reason": 5}, "evicted"),  # odd shapes read plainly, never raise
+        ("no_such_kind", {}, "no_such_kind"),
+        ("give_up", {"kills": "x"}, "left stopped: x hard-quota kills in a row"),
+        ("estimate_drift", None, "estimate_drift"),
+    ],
+)  # fmt: skip
+def test_an_event_in_words(kind: str, detail: Any, words: str) -> None:
+    from umemc.runtime.eventtext import said
+
+    assert said(kind, detail) == words

@@ -374,8 +374,10 @@ def test_leases_grant_evict_refuse_extend_expire_release(stack: Any) -> None:
     assert status == 409 and refused["granted"] is False
     assert refused["reason"] == (
         f"lease needs {MiB} bytes (0.00 GiB), 0 bytes (0.00 GiB) free; blocked by lease {a['lease']['id']} of "
-        f"comfyui ({160 * MiB} bytes (0.16 GiB)), lease {b['lease']['id']} of batch ({HARD} bytes (0.08 GiB))"
+        f"comfyui ({160 * MiB} bytes (0.16 GiB)), lease {b['lease']['id']} of batch ({HARD} bytes (0.08 GiB)); no "
+        "priority would be granted now (this lease asked 50)"
     )
+    assert refused["grant_at_priority"] is None  # leases are not evicted, whatever the priority
     status, _, can = gw.call("GET", "/umemc/can-load/hi")
     assert (status, can["fits_now"], can["would_evict"], [x["kind"] for x in can["blocked_by"]]) == (
         200,
@@ -573,6 +575,34 @@ def test_a_request_for_a_worker_supervisord_is_restarting_waits_for_it(stack: An
         assert [g[0] for g in got] == [200, 200, 200], [g[2] for g in got]
         assert gw.run.status()["c"]["pid"] != pid
     assert gw.kinds("cold_start_failed") == []
+    # two crashes, two restarts (its cold start is not one)
+    gw.run.wait_for(lambda: gw.run.status()["c"]["restarts"] == 2, timeout=30, what="two restarts counted")
+
+
+def test_status_says_an_eviction_and_counts_only_crashes_as_restarts(stack: Any) -> None:
+    """a and b take turns in a one-model budget: every start a cold start, every stop an eviction; none is a
+    restart, and each one's last event is the gateway's, in words. A kill -9 is a restart."""
+    import os
+    import signal
+
+    gw = Gateway(stack(stack_text("gw-turns", model("a") + model("b"), slots=1), "--simulate"))
+    for name in ("a", "b", "a", "b"):
+        assert gw.complete(name)[0] == 200
+    assert [(m, d["for_model"]) for m, _, d in gw.kinds("evict")] == [("a", "b"), ("b", "a"), ("a", "b")]
+
+    def settled() -> bool:
+        st = gw.run.status()
+        return (
+            st["a"]["state"] == "STOPPED" and st["b"]["state"] == "RUNNING" and st["b"]["_last_event"] == "cold_start"
+        )
+
+    gw.run.wait_for(settled, timeout=30, what="b running, a evicted")
+    st = gw.run.status()
+    assert (st["a"]["restarts"], st["b"]["restarts"]) == (0, 0)
+    assert st["a"]["_last_event"] == "evict" and st["a"]["_last_said"].startswith("evicted to start b, ")
+    assert st["b"]["_last_said"].startswith("cold start in ") and ", evicting a, " in st["b"]["_last_said"]
+    os.kill(st["b"]["pid"], signal.SIGKILL)
+    gw.run.wait_for(lambda: gw.run.status()["b"]["restarts"] == 1, timeout=30, what="the crash counted")
 
 
 def test_a_worker_that_cannot_start_is_said_once_supervisord_gives_up(stack: Any) -> None:

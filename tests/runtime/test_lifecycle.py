@@ -272,6 +272,7 @@ def test_observing_a_running_stack(stack, capsys) -> None:
     assert set(w) - set(list(w)[:7]) == {
         "uptime_s",
         "last_event",
+        "last_event_text",
         "priority",
         "mode",
         "drift",

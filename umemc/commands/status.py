@@ -73,6 +73,7 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
         "_problems": problems,
         "_rehearsal": None if plan is None or not plan.simulate else {"scale": plan.scale},
     }
+    latest = _latest_events(run_dir) if running else {}
     names = list(plan.models) if plan is not None else [n for n in infos if n not in OWN_PROGRAMS]
     for name in names:
         m = None if plan is None else plan.models[name]
@@ -90,7 +91,8 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
             "quota_hard_bytes": None if m is None else m.quota_hard_bytes,
             "restarts": 0 if lv is None else lv.restarts,
             "_uptime_s": (time.time() - info["start"]) if info.get("pid") and info.get("start") else None,
-            "_last_event": None if lv is None else lv.last_event,
+            "_last_event": latest[name].kind if name in latest else None if lv is None else lv.last_event,
+            "_last_said": _said(latest.get(name)),
             "_priority": None if m is None else m.priority,
             "_mode": None if m is None else m.mode,
             "_drift": lv.drift if same and lv else None,
@@ -103,6 +105,33 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
 
 
 OWN_PROGRAMS = ("umemc-enforcer", "umemc-gateway")
+
+
+def _latest_events(run_dir: Any) -> dict[str, Any]:
+    """Each model's latest event of this run from the log (read only), whoever wrote it: an eviction reads as
+    the gateway's eviction, not as the exit the enforcer saw."""
+    from ..runtime.events import EventLog
+
+    if not run_dir.events.is_file():
+        return {}
+    log = EventLog(run_dir.events, recover=False)
+    try:
+        return log.latest(log.last_id("up"))
+    finally:
+        log.close()
+
+
+def _said(event: Any) -> str | None:
+    if event is None:
+        return None
+    from ..runtime.eventtext import said
+
+    return f"{said(event.kind, event.detail)}, {_ago(time.time() - event.ts)} ago"
+
+
+def _ago(seconds: float) -> str:
+    s = max(0, int(seconds))
+    return f"{s} s" if s < 120 else f"{s // 60} min" if s < 7200 else f"{s // 3600} h"
 
 
 def _event_log_problems(path: Path) -> list[str]:
@@ -143,7 +172,7 @@ def contract(status: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-EXTRA_NAMES = {"_reserved": "reserved_bytes", "_allowance": "allowance_bytes"}
+EXTRA_NAMES = {"_reserved": "reserved_bytes", "_allowance": "allowance_bytes", "_last_said": "last_event_text"}
 
 
 def table(status: dict[str, Any]) -> Any:
@@ -223,7 +252,9 @@ def _requests(m: dict[str, Any]) -> str:
 
 
 def _last(m: dict[str, Any]) -> str:
-    text = m["_last_event"] or ""
+    from rich.markup import escape
+
+    text = escape(m.get("_last_said") or m["_last_event"] or "")
     drift = m.get("_drift")
     if drift is not None and drift > 0.05:
         text = f"[red]drift {drift:+.0%}[/] " + text

@@ -23,7 +23,8 @@ from typing import Any
 KINDS: tuple[str, ...] = (
     "up", "down", "reconcile", "enforcer_start", "start", "exit", "soft_limit", "hard_limit_kill",
     "leak_suspected", "give_up", "estimate_drift", "evict", "evict_deferred", "evict_failed", "cold_start",
-    "cold_start_failed", "drain_timeout", "ttl_unload", "refused", "unhealthy", "recovered", "restore",
+    "cold_start_failed", "drain_timeout", "ttl_unload", "ttl_unload_failed", "refused", "unhealthy", "recovered",
+    "restore",
     "lease_grant", "lease_release", "lease_expire", "event_log_reset", "slot_save", "slot_restore",
     "slot_save_failed", "slot_restore_failed", "allowance",
 )  # fmt: skip
@@ -271,6 +272,26 @@ class EventLog:
             "SELECT COUNT(*) FROM events WHERE kind = ? AND model = ? AND id > ?", (kind, model, after_id)
         )
         return int(rows[0][0]) if rows else 0
+
+    def restarts(self, model: str, after_id: int = 0) -> int:
+        """Exits of the model's worker that supervisord answers with a restart: every exit but a stop (a stop is
+        someone's decision, logged as its own event: an eviction, an idle unload, `umemc down`)."""
+        rows = self._rows(
+            "SELECT COUNT(*) FROM events WHERE kind = 'exit' AND model = ? AND id > ? "
+            "AND COALESCE(json_extract(detail, '$.cause'), '') != 'stopped'",
+            (model, after_id),
+        )
+        return int(rows[0][0]) if rows else 0
+
+    def latest(self, after_id: int = 0) -> dict[str, Event]:
+        """Each model's latest event after after_id, a stop's exit left out (the stop's own event says why)."""
+        rows = self._rows(
+            "SELECT id, ts, model, kind, detail FROM events WHERE id IN (SELECT MAX(id) FROM events WHERE id > ? "
+            "AND model IS NOT NULL AND NOT (kind = 'exit' AND COALESCE(json_extract(detail, '$.cause'), '') = "
+            "'stopped') GROUP BY model)",
+            (after_id,),
+        )
+        return {str(e.model): e for e in map(_event, rows)}
 
     def last(self, kind: str, model: str, after_id: int = 0) -> Event | None:
         rows = self._rows(

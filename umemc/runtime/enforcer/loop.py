@@ -208,13 +208,14 @@ class Enforcer:
         w.forget()
         if pid is None:
             return
-        starts = self.events.count("start", w.name, self.run_start)
         last = self.events.last("start", w.name, self.run_start)
         w.began(pid, now)
+        # restarts: what supervisord restarted after a crash or a kill; a cold start, an eviction or an idle unload
+        # is the gateway's decision, not a restart
+        w.restarts = self.events.restarts(w.name, self.run_start)
         if last is not None and last.detail.get("pid") == pid:  # the enforcer restarted, not the worker
-            w.restarts, w.started = starts - 1, last.ts
+            w.started = last.ts
         else:
-            w.restarts = starts
             self._event(w, "start", pid=pid)
         self.sampler.attach_cgroup(w)
 

@@ -96,7 +96,10 @@ def buffers_drift(reported: dict[str, int], planned: int) -> dict[str, Any]:
 def exit_cause(info: dict[str, Any] | None, new_pid: int | None) -> dict[str, Any]:
     """What supervisord can tell of a worker's end. Its `exitstatus` is `process.exitstatus or 0`: 0
     also when unknown, -1 for a signal, and stale once the worker was restarted; only an EXITED or
-    STOPPED worker's own status is reported (null otherwise, never a made-up 0)."""
+    STOPPED worker's own status is reported (null otherwise, never a made-up 0). STOPPING is a stop someone
+    asked for (the gateway's eviction, `umemc down`) that the sample caught under way."""
+    if info is not None and new_pid is None and info.get("statename") == "STOPPING":
+        return {"exitstatus": None, "cause": "stopped"}
     if info is None or new_pid is not None or info.get("statename") not in ("EXITED", "STOPPED"):
         return {"exitstatus": None, "cause": "restarted before it was sampled" if new_pid else "unknown"}
     status = int(info.get("exitstatus") or 0)

@@ -399,7 +399,7 @@ async def lease_create(request: web.Request) -> web.Response:
     worker = _lease_worker(sched, doc)
     lease, decision, need = await sched.grant(holder, ram, gpu, priority, ttl, model, worker)
     if lease is None:
-        return _lease_refused(decision, need)
+        return _lease_refused(decision, need, sched.book.granted_at(need))
     return web.json_response({"granted": True, "lease": lease_json(lease), "evicted": decision.evict}, status=201)
 
 
@@ -416,12 +416,19 @@ def _lease_worker(sched: Scheduler, doc: dict[str, Any]) -> str | None:
     return m.name if m.live else None
 
 
-def _lease_refused(decision: Decision, need: Need) -> web.Response:
+def _lease_refused(decision: Decision, need: Need, higher: tuple[int, Decision] | None) -> web.Response:
     reason = decision.reason(need)
+    if higher is None:
+        reason += f"; no priority would be granted now (this lease asked {need.priority})"
+    else:
+        at, would = higher
+        evicting = f", evicting {', '.join(would.victims)}" if would.victims else ""
+        reason += f"; at priority {at} it would be granted{evicting} (this lease asked {need.priority})"
     return web.json_response(
         {
             "granted": False,
             "reason": reason,
+            "grant_at_priority": None if higher is None else higher[0],
             "blocked_by": decision.blocked_by,
             "free_bytes": decision.free_ram,
             "error": {"message": reason, "type": "insufficient_memory", "code": "lease_refused"},

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from dataclasses import replace
 from typing import Any
 
 from ...contract import (
@@ -84,6 +85,16 @@ class LeaseBook:
             self.release(lease.id, "lease_release")  # its room could not be made: it never held
             raise
         return lease, decision, need
+
+    def granted_at(self, need: Need) -> tuple[int, Decision] | None:
+        """The lowest priority above the refused one at which the same lease would be granted now (and what it
+        would evict), or None where no priority would (the memory is held by leases, by busy workers or by
+        pressure, none of which a priority displaces)."""
+        for priority in range(need.priority + 1, 101):
+            decision = self.host.decide(replace(need, priority=priority))
+            if decision.fits:
+                return priority, decision
+        return None
 
     def load(self, supervisord_pid: int | None) -> None:
         """Leases outlive a restart of the gateway (they are in RUN/state/gateway.json), not a

@@ -112,7 +112,7 @@ class _Live(Collector):
                 ("model_quota_bytes", "The worker's quotas.", ["model", "kind"]),
                 ("model_state", "1 for the worker's current supervisord state.", ["model", "state"]),
                 ("model_ready", "1 when the worker is running and healthy.", ["model"]),
-                ("model_restarts", "Starts of the worker after its first, from the enforcer.", ["model"]),
+                ("model_restarts", "Restarts after a crash or a kill (not cold starts), from the enforcer.", ["model"]),
                 ("model_in_flight", "Requests in flight.", ["model"]),
                 ("model_queue_depth", "Requests waiting for a slot or a cold start.", ["model"]),
                 ("model_max_concurrency", "Requests the worker may have in flight.", ["model"]),

@@ -1,0 +1,94 @@
+"""One line of plain words for an event of the log (`umemc status`'s last event, the status page's event list):
+what happened, and the one figure that says why. The event itself (kind, detail) stays the record; this is only
+how it reads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..units import gib
+
+
+def _size(n: Any) -> str:
+    return f"{gib(int(n))} GiB" if isinstance(n, int) and not isinstance(n, bool) else "?"
+
+
+def _evict(d: dict[str, Any]) -> str:
+    if d.get("for_model"):
+        why = f"to start {d['for_model']}"
+    elif d.get("for_lease"):
+        why = f"for lease {d['for_lease']}"
+    elif d.get("reason") == "pressure" or d.get("pressure") is not None:
+        why = "for memory pressure" + (f" {d['pressure']:.0%}" if isinstance(d.get("pressure"), float) else "")
+    else:
+        why = ""
+    by = " by the enforcer" if d.get("by") == "enforcer" else ""
+    return " ".join(x for x in ("evicted", why) if x) + by
+
+
+def _exit(d: dict[str, Any]) -> str:
+    cause = d.get("cause") or "exited"
+    status = d.get("exitstatus")
+    text = "exited" if cause == "exited" else f"exited: {cause}"
+    return text + (f" (status {status})" if cause == "exited" and status is not None else "")
+
+
+def _kill(d: dict[str, Any]) -> str:
+    if d.get("by") == "kernel":
+        return f"killed by the kernel over its hard quota ({_size(d.get('hard_bytes'))})"
+    return f"killed over its hard quota ({_size(d.get('usage_bytes'))} of {_size(d.get('hard_bytes'))})"
+
+
+def _cold_start(d: dict[str, Any]) -> str:
+    seconds = d.get("seconds")
+    text = "cold start" + (f" in {seconds:.1f} s" if isinstance(seconds, (int, float)) else "")
+    evicted = d.get("evicted") or []
+    return text + (f", evicting {', '.join(map(str, evicted))}" if evicted else "")
+
+
+SAID: dict[str, Callable[[dict[str, Any]], str]] = {
+    "up": lambda d: "stack up" + (" (rehearsal)" if d.get("simulate") else ""),
+    "down": lambda d: "stack down",
+    "reconcile": lambda d: "reconciled with the running stack",
+    "enforcer_start": lambda d: "enforcer started",
+    "start": lambda d: "started" + (f" (pid {d['pid']})" if d.get("pid") else ""),
+    "exit": _exit,
+    "soft_limit": lambda d: f"over its soft quota ({_size(d.get('usage_bytes'))} of {_size(d.get('soft_bytes'))})",
+    "hard_limit_kill": _kill,
+    "leak_suspected": lambda d: "memory climbing steadily (a leak?)",
+    "give_up": lambda d: f"left stopped: {d.get('kills', '?')} hard-quota kills in a row",
+    "estimate_drift": lambda d: f"uses {d.get('over_pct', '?')}% more than its estimate",
+    "evict": _evict,
+    "evict_deferred": lambda d: "eviction deferred: " + str(d.get("reason") or "busy"),
+    "evict_failed": lambda d: "could not be evicted: " + str(d.get("reason") or "?"),
+    "cold_start": _cold_start,
+    "cold_start_failed": lambda d: "cold start failed: " + str(d.get("reason") or "?"),
+    "drain_timeout": lambda d: "could not start: the models in its way did not finish their requests in time",
+    "ttl_unload": lambda d: "unloaded: idle past its ttl",
+    "ttl_unload_failed": lambda d: "could not be unloaded: " + str(d.get("reason") or "?"),
+    "refused": lambda d: "refused a start: " + str(d.get("reason") or "?"),
+    "unhealthy": lambda d: "unhealthy: " + str(d.get("reason") or "?"),
+    "recovered": lambda d: "healthy again",
+    "restore": lambda d: "restarted: it fits again after its eviction",
+    "lease_grant": lambda d: f"lease {d.get('id')} granted to {d.get('holder')} ({_size(d.get('bytes'))})",
+    "lease_release": lambda d: f"lease {d.get('id')} of {d.get('holder')} released",
+    "lease_expire": lambda d: f"lease {d.get('id')} of {d.get('holder')} expired",
+    "event_log_reset": lambda d: "the event log was corrupt: a new one started",
+    "slot_save": lambda d: f"KV of slot {d.get('slot')} saved before its eviction",
+    "slot_restore": lambda d: f"KV of slot {d.get('slot')} restored",
+    "slot_save_failed": lambda d: f"KV of slot {d.get('slot')} not saved: {d.get('reason')}",
+    "slot_restore_failed": lambda d: f"KV of slot {d.get('slot')} not restored: {d.get('reason')}",
+    "allowance": lambda d: f"allowance from leases now {_size(d.get('allowance_bytes'))}",
+}
+
+
+def said(kind: str, detail: Any) -> str:
+    """The event in words; an unknown kind (a newer umemc's log) reads as its name."""
+    words = SAID.get(kind)
+    if words is None or not isinstance(detail, dict):
+        return kind
+    try:
+        return words(detail)
+    except (TypeError, ValueError, KeyError, AttributeError):  # a detail of another shape: its name
+        return kind
