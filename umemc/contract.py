@@ -147,6 +147,7 @@ class ModelDoc(Document):
     help_argv: list[str] = []  # how to ask the runtime for its --help
     reports_buffers: bool = False  # llama.cpp: its log states its buffer sizes (the enforcer's drift check)
     hub_files: list[str] = []  # keys whose file is on the Hub (hf, mmproj_hf): `umemc pull` fetches them
+    kind: str = "other"  # what it serves (chat, embeddings, audio, image, other): the gateway's /v1/models
 
     @property
     def cold(self) -> bool:
@@ -211,6 +212,7 @@ class GatewayModel(Document):
     starting: bool
     health: Literal["ok", "unhealthy"]
     unhealthy: str | None
+    tokens_per_s: float | None = None  # added in version 1's lifetime: over its last answers that said their tokens
 
 
 class LeaseDoc(Document):

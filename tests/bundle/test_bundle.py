@@ -201,3 +201,18 @@ def test_budget_picture_names_every_model_and_what_cold_starts_evict(tmp_path: P
     assert "cold models" in texts
     assert "code (prio 80) 50.9 GiB: starts by evicting image, vision" in texts
     assert "speech (prio 70) 4.2 GiB: fits alongside the hot set" in texts
+
+
+def test_each_model_says_what_it_serves(tmp_path: Path) -> None:
+    """plan.json's kind (what the gateway's /v1/models says): from each model's family in the example (two
+    language models and a vision-language model chat, SDXL under ComfyUI makes images, whisper is audio)."""
+    import json
+
+    plan = json.loads((build_stack(REPO / "examples/strix-halo-5.toml", tmp_path / "b") / "plan.json").read_text())
+    assert {name: m["kind"] for name, m in plan["models"].items()} == {
+        "chat": "chat",
+        "code": "chat",
+        "vision": "chat",
+        "image": "image",
+        "speech": "audio",
+    }

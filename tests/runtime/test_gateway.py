@@ -85,9 +85,9 @@ def later(fn: Any, *args: Any, **kw: Any) -> Any:
 @pytest.fixture(scope="module")
 def routing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     models = (
-        model("chat", priority=90, mode="hot", extra='aliases = ["gpt-4o-mini"]\nmax_concurrency = 4\n')
-        + model("embed")
-        + model("speech")
+        model("chat", priority=90, mode="hot", extra='aliases = ["gpt-4o-mini"]\nmax_concurrency = 4\nkind = "chat"\n')
+        + model("embed", extra='kind = "embeddings"\n')
+        + model("speech", extra='kind = "audio"\n')
     )
     r = bring_up(tmp_path_factory.mktemp("routing"), stack_text("gw-routing", models, slots=3), "--simulate")
     try:
@@ -215,6 +215,62 @@ def test_metrics_in_prometheus_format(routing: Gateway) -> None:
     assert after[("umemc_model_max_concurrency", (("model", "chat"),))] == 4
     assert after[("umemc_leases", ())] == 0
     assert after[("umemc_cold_starts_total", (("model", "embed"),))] == 1
+    # each placeholder answer says prompt_tokens 1, completion_tokens 4
+    tokens = [("umemc_tokens_total", (("direction", d), ("model", "chat"))) for d in ("in", "out")]
+    assert [after[k] - before.get(k, 0) for k in tokens] == [3, 12]
+    assert after[("umemc_model_tokens_per_second", (("model", "chat"),))] > 0
+
+
+def test_models_say_what_they_serve_and_the_access_log_each_request(routing: Gateway) -> None:
+    status, _, body = routing.call("GET", "/v1/models")
+    models = {m["id"]: m["umemc"] for m in body["data"]}
+    assert {name: m["kind"] for name, m in models.items()} == {
+        "chat": "chat",
+        "gpt-4o-mini": "chat",
+        "embed": "embeddings",
+        "speech": "audio",
+    }
+    assert models["chat"]["status"] == "ready"
+    for name in ("embed", "speech"):  # cold: started by an earlier request, or not yet
+        assert models[name]["status"] == ("ready" if models[name]["ready"] else "cold"), models[name]
+    log = routing.run.run_dir / "state" / "logs" / "access.log"
+
+    def last(n: int) -> list[dict[str, Any]]:
+        lines = log.read_text().splitlines()
+        return [json.loads(x) for x in lines[-n:]]
+
+    def logged(request: Any) -> dict[str, Any]:
+        before = len(log.read_text().splitlines()) if log.exists() else 0
+        request()
+        routing.run.wait_for(lambda: len(log.read_text().splitlines()) > before, timeout=10, what="its line")
+        return last(1)[0]
+
+    def stream(**extra: Any) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", routing.port, timeout=30)
+        conn.request("POST", "/v1/chat/completions", json.dumps({"model": "chat", "stream": True, **extra}))
+        assert conn.getresponse().read().endswith(b"data: [DONE]\n\n")
+        conn.close()
+
+    plain = logged(lambda: routing.complete("gpt-4o-mini"))
+    streamed = logged(lambda: stream(chunks=5))
+    counted = logged(lambda: stream(chunks=5, stream_options={"include_usage": True}))
+    for entry in (plain, streamed, counted):
+        assert entry["model"] == "chat" and entry["status"] == 200 and entry["method"] == "POST"
+        assert 0 <= entry["queue_wait_s"] <= entry["latency_s"] and entry["tokens_per_s"] > 0
+    assert (plain["path"], plain["stream"], plain["tokens_in"], plain["tokens_out"], plain["tokens_from"]) == (
+        "/v1/completions", False, 1, 4, "usage"
+    )  # fmt: skip
+    # a stream without usage: its five content chunks, one token each
+    assert (streamed["stream"], streamed["tokens_in"], streamed["tokens_out"], streamed["tokens_from"]) == (
+        True, None, 5, "chunks"
+    )  # fmt: skip
+    assert (counted["tokens_in"], counted["tokens_out"], counted["tokens_from"]) == (1, 5, "usage")
+    assert set(plain) == {
+        "time", "model", "method", "path", "status", "queue_wait_s", "latency_s", "tokens_in", "tokens_out",
+        "tokens_per_s", "tokens_from", "stream",
+    }  # fmt: skip
+    assert log.stat().st_mode & 0o777 == 0o600
+    assert routing.status()["models"]["chat"]["tokens_per_s"] > 0
 
 
 # -- admission, eviction, drains ------------------------------------------------------------------

@@ -280,6 +280,7 @@ def test_observing_a_running_stack(stack, capsys) -> None:
         "allowance_bytes",
         "requests",
         "health",
+        "tokens_per_s",
     }
     assert (doc["stack"], doc["running"], w["mode"], w["priority"]) == ("top", True, "hot", 50)
 

@@ -57,6 +57,13 @@ def test_llama_server_end_to_end_with_kv_slots_kept_across_an_eviction(stack: An
     prompt = "the quick brown fox jumps over the lazy dog " * 8
     status, _, body = gw.call("POST", "/v1/completions", {"model": "chat", "prompt": prompt, "max_tokens": 4})
     assert status == 200, body
+    # the access log says the tokens llama-server said, and its own speed
+    access = gw.run.run_dir / "state" / "logs" / "access.log"
+    [entry] = [json.loads(x) for x in access.read_text().splitlines()]
+    assert (entry["tokens_in"], entry["tokens_out"], entry["tokens_from"]) == (
+        body["usage"]["prompt_tokens"], body["usage"]["completion_tokens"], "usage"
+    )  # fmt: skip
+    assert entry["tokens_per_s"] == round(body["timings"]["predicted_per_second"], 2)
 
     # the argv the launcher pinned, as the process runs it (the slot path filled in by the exec wrapper)
     plan = json.loads((gw.run.run_dir / "bundle" / "plan.json").read_text())

@@ -15,6 +15,14 @@ RUNTIME_FAMILY: dict[str, str] = {
     "command": "command",
 }
 RUNTIMES: tuple[str, ...] = tuple(RUNTIME_FAMILY)
+# family of a model (as its estimate found it) -> what it serves, as the gateway's /v1/models says it
+KIND_OF_FAMILY: dict[str, str] = {
+    "llm": "chat",
+    "vision": "chat",
+    "embedding": "embeddings",
+    "speech": "audio",
+    "diffusion": "image",
+}
 LLAMA_RUNTIMES = frozenset({"llama-server", "llama-cpp-python"})
 # family of an arch preset -> the runtimes that can run it
 RUNTIMES_FOR: dict[str, tuple[str, ...]] = {

@@ -1,6 +1,7 @@
 """`umemc logs MODEL [-n N] [-f] [--run-dir DIR]`: a worker's output as supervisord captured it
 (RUN/state/logs/MODEL.out.log and MODEL.err.log), or umemc's own programs' (umemc-enforcer,
-umemc-gateway, supervisord). `-f` keeps printing new lines, across log rotation, until interrupted."""
+umemc-gateway, supervisord), or the gateway's access log (access: a JSON line per request). `-f` keeps
+printing new lines, across log rotation, until interrupted."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from .up import add_run_dir
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("logs", help="a worker's output (stdout and stderr as supervisord captured them)")
-    p.add_argument("model", help="a model of the running stack, or umemc-enforcer, umemc-gateway, supervisord")
+    p.add_argument("model", help="a model of the running stack, or umemc-enforcer, umemc-gateway, supervisord, access")
     add_run_dir(p)
     p.add_argument("-n", "--lines", type=int, default=50, metavar="N", help="print the last N lines (default 50)")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until interrupted")

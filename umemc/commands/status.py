@@ -100,6 +100,7 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
             "_allowance": lv.allowance_bytes if same and lv else 0,  # leases that raise its quotas now
             "_requests": None if gm is None else {"in_flight": gm.in_flight, "queued": gm.queued},
             "_health": None if gm is None else gm.health,
+            "_tokens_per_s": None if gm is None else gm.tokens_per_s,
         }
     return out
 
@@ -215,7 +216,10 @@ def table(status: dict[str, Any]) -> Any:
         padding=(0, 1, 0, 1),
         collapse_padding=True,
     )
-    for col in ("model", "state", "pid", "CPU", "GPU", "resv", "%hard", "hard", "req", "rst", "up", "last event"):
+    columns = (
+        "model", "state", "pid", "CPU", "GPU", "resv", "%hard", "hard", "req", "tok/s", "rst", "up", "last event",
+    )  # fmt: skip
+    for col in columns:
         t.add_column(col, justify="right" if col not in ("model", "state", "last event") else "left", no_wrap=True)
     for name, m in status["models"].items():
         used = m["rss_bytes"] + m["gpu_bytes"]
@@ -236,6 +240,7 @@ def table(status: dict[str, Any]) -> Any:
             f"[{style}]{share:.0%}[/]" if style else f"{share:.0%}",
             gib(m["quota_hard_bytes"]),
             _requests(m),
+            "-" if m.get("_tokens_per_s") is None else f"{m['_tokens_per_s']:.1f}",
             str(m["restarts"]),
             "-" if uptime is None else f"{uptime:.0f} s",
             _last(m),

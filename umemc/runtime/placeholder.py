@@ -128,6 +128,12 @@ def make_handler(model: str, health: str) -> type[http.server.BaseHTTPRequestHan
                     }
                     self._chunk(f"data: {json.dumps(delta)}\n\n".encode())
                     time.sleep(float(body.get("delay", 0.01)))
+                options = body.get("stream_options")
+                if isinstance(options, dict) and options.get("include_usage"):  # OpenAI's last chunk: usage
+                    tokens = {"prompt_tokens": 1, "completion_tokens": len(words), "total_tokens": 1 + len(words)}
+                    last = {"id": f"sim-{created}", "object": "chat.completion.chunk", "created": created,
+                            "model": name, "choices": [], "usage": tokens}  # fmt: skip
+                    self._chunk(f"data: {json.dumps(last)}\n\n".encode())
                 self._chunk(b"data: [DONE]\n\n")
                 self._chunk(b"")
             except (BrokenPipeError, ConnectionResetError):

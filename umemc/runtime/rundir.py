@@ -76,7 +76,15 @@ class RunDir:
             return [self.state / "supervisord.log"]
         if name in (ENFORCER, GATEWAY):
             return [self.logs / f"{name}.log"]
-        return [self.log(name, "out"), self.log(name, "err")]
+        worker = [self.log(name, "out"), self.log(name, "err")]
+        if name == "access" and not any(p.exists() for p in worker):  # a model called access keeps its name
+            return [self.access_log]
+        return worker
+
+    @property
+    def access_log(self) -> Path:
+        """The gateway's access log: a JSON line per request (umemc.runtime.gateway.access)."""
+        return self.logs / "access.log"
 
     @property
     def supervisord_log(self) -> Path:

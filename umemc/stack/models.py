@@ -301,6 +301,11 @@ class ModelSpec(_Strict):
     batch: int = Field(1, gt=0, le=1024, description="Torch families: batch size (activation estimate).")
     audio_seconds: float = Field(30.0, gt=0, le=86400, description="Speech: audio length per request in seconds.")
     aliases: list[str] = Field(default_factory=list, description="Other names the gateway routes to this model.")
+    kind: Literal["chat", "embeddings", "audio", "image", "other"] | None = Field(
+        None,
+        description="What the model serves, as /v1/models says it. Default: from its family (language and vision "
+        "models chat, embedding models embeddings, speech audio, diffusion image; a command or torch worker other).",
+    )
     ttl: Duration | None = Field(None, description='Idle time after which a cold model is unloaded (e.g. "10m").')
     health: str | None = Field(None, description="Health URL path; overrides the runtime's default.")
     node: str | None = Field(None, description="With [nodes]: the node this model must run on.")

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from xml.sax.saxutils import escape as xml_escape
 
 from .. import contract as c
+from ..catalog.runtimes import KIND_OF_FAMILY
 from ..compile import Bundle
 from ..launchers import help_argv, runtime_of
 from .jinja import render
@@ -123,6 +124,7 @@ def _model(b: Bundle, name: str) -> c.ModelDoc:
         help_argv=help_argv(m, list(prog.argv)),
         reports_buffers=runtime.REPORTS_BUFFERS,
         hub_files=[k for k in ("hf", "mmproj_hf") if getattr(spec, k) is not None],
+        kind=spec.kind or KIND_OF_FAMILY.get(str(m.estimate.facts.get("family")), "other"),
     )
 
 

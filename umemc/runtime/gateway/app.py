@@ -16,6 +16,7 @@ import json
 import math
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,8 +27,11 @@ from aiohttp import web
 from ...chars import CONTROL
 from ...policy import Decision, Need
 from ...units import parse_duration, parse_size
+from ..eventtext import said
+from .access import AccessLog
 from .metrics import Metrics
 from .scheduler import Admit, Model, Refused, Scheduler, lease_json
+from .usage import StreamReader, Usage, read_usage
 
 HOP_BY_HOP = frozenset(
     (
@@ -66,6 +70,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SCHED: web.AppKey[Scheduler] = web.AppKey("sched", Scheduler)
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 CLIENT: web.AppKey[aiohttp.ClientSession] = web.AppKey("client", aiohttp.ClientSession)
+ACCESS: web.AppKey[AccessLog] = web.AppKey("access", AccessLog)
 
 
 def error(status: int, message: str, code: str, retry_after: int | None = None) -> web.Response:
@@ -200,20 +205,35 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     return await forward(request, m, path, await read_body(request))
 
 
+@dataclass
+class Seen:
+    """What one request went through, for the access log and the token counts."""
+
+    queue_wait_s: float = 0.0
+    generation_wait_s: float = 0.0
+    upstream_s: float = 0.0
+    stream: bool = False
+    usage: Usage = field(default_factory=Usage)
+    refusal: str | None = None
+
+
 async def forward(request: web.Request, m: Model, path: str, body: bytes) -> web.StreamResponse:
     app, t0 = request.app, time.monotonic()
     code = 499  # the client went away before an answer
+    seen = Seen()
     try:
         if m.port is None:
             raise Refused(f"model {m.name} has no port: the gateway cannot route to it", "no_port")
         sched = app[SCHED]
         for attempt in (1, 2):
             try:
-                async with sched.slot(m, admit_of(request)):
+                async with sched.slot(m, admit_of(request)) as queued:
+                    seen.queue_wait_s += queued
                     # the stack's generation budget (policy.max_generating): highest priority first, then FIFO
                     async with sched.generation.hold(m.plan.generation_weight, m.plan.priority) as waited:
                         app[METRICS].generation_wait(m.name, waited)
-                        resp = await _relay(request, m, path, body)
+                        seen.generation_wait_s += waited
+                        resp = await _relay(request, m, path, body, seen)
                 break
             except Refused as exc:
                 # no answer began from a worker that stopped answering or died under the request (a crash
@@ -223,13 +243,49 @@ async def forward(request: web.Request, m: Model, path: str, body: bytes) -> web
         code = resp.status
         return resp
     except Refused as exc:
-        code = HTTP_STATUS[exc.code]
+        code, seen.refusal = HTTP_STATUS[exc.code], exc.code
         return refused(exc)
     finally:
-        app[METRICS].request(m.name, code, time.monotonic() - t0)
+        _account(app, request, m, code, time.monotonic() - t0, seen)
 
 
-async def _relay(request: web.Request, m: Model, path: str, body: bytes) -> web.StreamResponse:
+def _account(app: web.Application, request: web.Request, m: Model, code: int, latency: float, seen: Seen) -> None:
+    """The request's figures into /metrics and one access log line."""
+    usage = seen.usage
+    speed = usage.per_second(seen.upstream_s) if 200 <= code < 300 else None
+    app[METRICS].request(m.name, code, latency, usage)
+    entry: dict[str, Any] = {
+        "model": m.name,
+        "method": request.method,
+        "path": request.path,
+        "status": code,
+        "queue_wait_s": round(seen.queue_wait_s, 4),
+        "latency_s": round(latency, 4),
+        "tokens_in": usage.tokens_in,
+        "tokens_out": usage.tokens_out,
+        "tokens_per_s": None if speed is None else round(speed, 2),
+        "tokens_from": usage.source,
+        "stream": seen.stream,
+    }
+    if seen.generation_wait_s:
+        entry["generation_wait_s"] = round(seen.generation_wait_s, 4)
+    if seen.refusal is not None:
+        entry["error"] = seen.refusal
+    app[ACCESS].write(entry)
+
+
+def _answered(m: Model, seen: Seen, status: int, seconds: float, usage: Usage) -> None:
+    """The worker's answer is through: its tokens onto the model (before its slot is let go, so the state the
+    release publishes has them)."""
+    seen.upstream_s, seen.usage = seconds, usage
+    m.tokens_in += usage.tokens_in or 0
+    m.tokens_out += usage.tokens_out or 0
+    speed = usage.per_second(seconds) if 200 <= status < 300 else None
+    if speed is not None and usage.tokens_out:
+        m.generated(usage.tokens_out, usage.tokens_out / speed)
+
+
+async def _relay(request: web.Request, m: Model, path: str, body: bytes, seen: Seen) -> web.StreamResponse:
     token = request.app.get("token")
     headers = {
         k: v
@@ -239,23 +295,30 @@ async def _relay(request: web.Request, m: Model, path: str, body: bytes) -> web.
     url = f"http://127.0.0.1:{m.port}{path}"
     sched = request.app[SCHED]
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=sched.gw.upstream_timeout_s)
+    began = time.monotonic()
     try:
         async with request.app[CLIENT].request(
             request.method, url, data=body or None, headers=headers, timeout=timeout
         ) as up:
             out = {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
             if up.content_length is not None and not up.headers.get("Content-Type", "").startswith("text/event-stream"):
-                return web.Response(body=await up.read(), status=up.status, headers=out)
+                data = await up.read()
+                _answered(m, seen, up.status, time.monotonic() - began, read_usage(data))
+                return web.Response(body=data, status=up.status, headers=out)
             resp = web.StreamResponse(status=up.status, headers=out)
             await resp.prepare(request)
+            seen.stream = True
+            reader = StreamReader()
             try:
                 async for chunk in up.content.iter_any():
+                    reader.feed(chunk)
                     await resp.write(chunk)
                 await resp.write_eof()
             except (ConnectionResetError, aiohttp.ClientPayloadError):
                 pass  # one side went away mid-stream; leaving the block closes the upstream connection
             except TimeoutError:  # the worker stopped sending mid-stream: end the stream, mark it
                 sched.mark_unhealthy(m, f"no byte for {sched.gw.upstream_timeout_s:g} s while streaming")
+            _answered(m, seen, up.status, time.monotonic() - began, reader.usage())
             return resp
     except aiohttp.ClientConnectorError as exc:
         request.app[SCHED].worker_lost(m, "not answering on its port")  # the next request waits for it
@@ -282,10 +345,19 @@ async def list_models(request: web.Request) -> web.Response:
     sched = request.app[SCHED]
     data = []
     for m in sched.models.values():
-        info = {"state": m.state, "ready": m.ready, "mode": m.plan.mode, "aliases": m.plan.aliases}
+        info = {
+            "kind": m.kind,
+            "status": m.status_word,
+            "state": m.state,
+            "ready": m.ready,
+            "mode": m.plan.mode,
+            "aliases": m.plan.aliases,
+            "tokens_per_s": m.tokens_per_s,
+        }
         data.append({"id": m.name, "object": "model", "created": 0, "owned_by": "umemc", "umemc": info})
         data += [
-            {"id": a, "object": "model", "created": 0, "owned_by": "umemc", "root": m.name} for a in m.plan.aliases
+            {"id": a, "object": "model", "created": 0, "owned_by": "umemc", "root": m.name, "umemc": {"kind": m.kind}}
+            for a in m.plan.aliases
         ]
     return web.json_response({"object": "list", "data": data})
 
@@ -351,7 +423,7 @@ async def events_list(request: web.Request) -> web.Response:
         raise Refused("after and limit must be integers", "invalid_json") from None
     sched = request.app[SCHED]
     events = sched.events.since(after, limit)
-    return web.json_response({"events": [dict(e.as_json(), id=e.id) for e in events]})
+    return web.json_response({"events": [dict(e.as_json(), id=e.id, text=said(e.kind, e.detail)) for e in events]})
 
 
 async def log_tail(request: web.Request) -> web.Response:
@@ -615,6 +687,7 @@ def make_app(sched: Scheduler, token: str | None) -> web.Application:
     app = web.Application(client_max_size=gw.max_body_bytes, middlewares=[*guards, refusals])
     app[SCHED] = sched
     app[METRICS] = sched.metrics = Metrics(sched)
+    app[ACCESS] = AccessLog(sched.run.access_log)
     if token:
         app["token"] = token
     app.router.add_get("/v1/models", list_models)
@@ -662,3 +735,4 @@ async def _lifetime(app: web.Application) -> Any:
     yield
     await sched.close()
     await client.close()
+    app[ACCESS].close()

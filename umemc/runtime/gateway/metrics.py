@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..probes.proc import ProcTree
+from .usage import Usage
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler
@@ -67,15 +68,26 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.tokens = Counter(
+            "umemc_tokens",
+            "Tokens the workers' answers said they read (in) and generated (out).",
+            ["model", "direction"],
+            registry=r,
+        )
         r.register(_Live(sched))
         self._latency = {name: self.latency.labels(name) for name in sched.models}
         self.sched_has_budget = sched.generation.capacity is not None
 
-    def request(self, model: str, code: int, seconds: float) -> None:
+    def request(self, model: str, code: int, seconds: float, usage: Usage | None = None) -> None:
         self.requests.labels(model, str(code)).inc()
         child = self._latency.get(model)
         if child is not None:
             child.observe(seconds)
+        if usage is not None and model in self._latency:
+            if usage.tokens_in:
+                self.tokens.labels(model, "in").inc(usage.tokens_in)
+            if usage.tokens_out:
+                self.tokens.labels(model, "out").inc(usage.tokens_out)
 
     def queue_wait(self, model: str, seconds: float) -> None:
         self.queue_wait_seconds.labels(model).observe(seconds)
@@ -117,6 +129,11 @@ class _Live(Collector):
                 ("model_queue_depth", "Requests waiting for a slot or a cold start.", ["model"]),
                 ("model_max_concurrency", "Requests the worker may have in flight.", ["model"]),
                 ("model_priority", "Eviction priority (higher survives longer).", ["model"]),
+                (
+                    "model_tokens_per_second",
+                    "Tokens generated per second over the model's last answers that said their tokens.",
+                    ["model"],
+                ),
             )
         }
         for m in s.models.values():
@@ -131,6 +148,8 @@ class _Live(Collector):
             g["model_queue_depth"].add_metric([m.name], len(m.waiters))
             g["model_max_concurrency"].add_metric([m.name], m.max_concurrency)
             g["model_priority"].add_metric([m.name], m.plan.priority)
+            if m.tokens_per_s is not None:
+                g["model_tokens_per_second"].add_metric([m.name], m.tokens_per_s)
         yield from g.values()
         ram, gpu = s.committed()
         leases = list(s.leases.values())

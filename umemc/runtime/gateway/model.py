@@ -19,6 +19,7 @@ from .lifecycle import Lifecycle, Phase
 __all__ = ["ANSWERING", "CONNECT_ERRORS", "LIVE", "Model", "Refused"]  # supervisord's states, as the parts read them
 
 CONNECT_ERRORS = (OSError, xmlrpc.client.Error, http.client.HTTPException)
+SPEED_WINDOW = 20  # answers a model's tokens/s is taken over
 
 
 class Refused(Exception):
@@ -53,6 +54,45 @@ class Model:
     latency_ewma: float = 1.0
     health_failures: int = 0  # health probes failed in a row while ready
     saved_slots: list[int] = field(default_factory=list)  # llama-server slots saved before its eviction
+    tokens_in: int = 0  # this gateway's life: what its answers said (usage.py)
+    tokens_out: int = 0
+    speed: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=SPEED_WINDOW))
+
+    def generated(self, tokens: int, seconds: float) -> None:
+        self.speed.append((tokens, seconds))
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Tokens out per second over its last SPEED_WINDOW answers that said their tokens (None before one)."""
+        tokens, seconds = sum(t for t, _ in self.speed), sum(s for _, s in self.speed)
+        return round(tokens / seconds, 1) if tokens and seconds > 0 else None
+
+    @property
+    def kind(self) -> str:
+        return str(self.plan.kind)
+
+    @property
+    def status_word(self) -> str:
+        """What a client of /v1/models wants to know, in one word: ready (answering), draining (its last batch,
+        then out), starting, stopping, unhealthy, failed (given up, or its start failed), evicted (a hot model
+        stopped to make room: back once it fits), cold (starts on the first request), stopped."""
+        if self.given_up:
+            return "failed"
+        if self.unhealthy is not None:
+            return "unhealthy"
+        if self.draining:
+            return "draining"
+        if self.ready and self.starting is None:
+            return "ready"
+        if self.evicting:
+            return "stopping"
+        if self.starting is not None or self.state in ("STARTING", "BACKOFF"):
+            return "starting"
+        if self.state in ("FATAL",) or self.failure is not None and not self.live:
+            return "failed"
+        if self.evicted:
+            return "evicted"
+        return "cold" if self.cold else "stopped"
 
     @property
     def ready(self) -> bool:

@@ -102,7 +102,7 @@ class Scheduler:
     def route(self, name: str) -> Model:
         return self.slots.route(name)
 
-    def slot(self, m: Model, admit: Admit = Admit.QUEUE) -> contextlib.AbstractAsyncContextManager[None]:
+    def slot(self, m: Model, admit: Admit = Admit.QUEUE) -> contextlib.AbstractAsyncContextManager[float]:
         return self.slots.slot(m, admit)
 
     def dispatch(self, m: Model) -> None:
@@ -480,6 +480,11 @@ class Scheduler:
                     "failure": m.failure,
                     "given_up": m.given_up,
                     "unhealthy": m.unhealthy,
+                    "kind": m.kind,
+                    "status": m.status_word,
+                    "tokens_in": m.tokens_in,
+                    "tokens_out": m.tokens_out,
+                    "tokens_per_s": m.tokens_per_s,
                 }
                 for m in self.models.values()
             },

@@ -35,16 +35,17 @@ class Slots:
         return self.host.models[target]
 
     @contextlib.asynccontextmanager
-    async def slot(self, m: Model, admit: Admit = Admit.QUEUE) -> AsyncIterator[None]:
-        """Hold one of the model's max_concurrency slots while the request runs. Admit.REFUSE_NOW: a model
-        that cannot be admitted is refused at once instead of queued."""
+    async def slot(self, m: Model, admit: Admit = Admit.QUEUE) -> AsyncIterator[float]:
+        """Hold one of the model's max_concurrency slots while the request runs; yields the seconds it waited for
+        it (a cold start included). Admit.REFUSE_NOW: a model that cannot be admitted is refused at once instead
+        of queued."""
         asked = time.monotonic()
         await self.acquire(m, admit)
         start = time.monotonic()
         if self.host.metrics is not None:
             self.host.metrics.queue_wait(m.name, start - asked)
         try:
-            yield
+            yield start - asked
         finally:
             m.latency_ewma = 0.8 * m.latency_ewma + 0.2 * (time.monotonic() - start)
             self.release(m)

@@ -176,6 +176,7 @@ class StateSync:
                 starting=m.starting is not None,
                 health="unhealthy" if m.unhealthy else "ok",
                 unhealthy=m.unhealthy,
+                tokens_per_s=m.tokens_per_s,
             )
             for m in self.host.models.values()
         }

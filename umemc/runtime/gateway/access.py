@@ -1,0 +1,77 @@
+"""The gateway's access log: one JSON object per line for every request it answered, in RUN/state/logs/access.log
+(`umemc logs access`). What was asked of which model, what came of it and how long each part took; never a
+body, a header or a query string (they may hold prompts and keys).
+
+Bounded: past MAX_BYTES the file moves to access.log.1 (the one before is dropped). A log that cannot be written
+(full disk, read-only state) never fails a request: it is said once on stderr and tried again at the next
+rotation check."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+MAX_BYTES = 16 * 1024 * 1024
+RETRY_S = 10.0
+
+
+class AccessLog:
+    def __init__(self, path: Path, max_bytes: int = MAX_BYTES):
+        self.path, self.max_bytes = path, max_bytes
+        self.file: IO[str] | None = None
+        self.size = 0
+        self.failed: str | None = None
+        self.next_try = 0.0
+
+    def write(self, entry: dict[str, Any]) -> None:
+        now = time.time()
+        line = json.dumps({"time": datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds"), **entry})
+        try:
+            f = self._open(now)
+            if f is None:
+                return
+            f.write(line + "\n")
+            f.flush()
+            self.size += len(line) + 1
+        except OSError as exc:
+            self._failed(exc, now)
+
+    def _open(self, now: float) -> IO[str] | None:
+        if self.file is not None and self.size < self.max_bytes:
+            return self.file
+        if self.file is None and self.failed is not None and now < self.next_try:
+            return None
+        if self.file is not None:  # full: rotate
+            self.file.close()
+            self.file = None
+            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(self.path, "a", encoding="utf-8")  # held open for the gateway's life
+        os.chmod(self.path, 0o600)
+        self.size = self.file.tell()
+        self.failed = None
+        return self.file
+
+    def _failed(self, exc: OSError, now: float) -> None:
+        if str(exc) != self.failed:
+            print(f"umemc-gateway: access log {self.path}: {exc} (requests are served; not logged)", file=sys.stderr)
+        self.failed, self.next_try = str(exc), now + RETRY_S
+        if self.file is not None:
+            try:
+                self.file.close()
+            except OSError:
+                pass
+            self.file = None
+
+    def close(self) -> None:
+        if self.file is not None:
+            try:
+                self.file.close()
+            except OSError:
+                pass
+            self.file = None

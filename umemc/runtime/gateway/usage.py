@@ -1,0 +1,86 @@
+"""What a worker's answer says of its tokens, read from the bytes the gateway relays (never parsed whole: an
+embeddings answer is megabytes of floats, a stream arrives in pieces).
+
+The OpenAI `usage` object (prompt_tokens, completion_tokens) where the worker sent one; llama-server's `timings`
+(prompt_n + cache_n in, predicted_n out, predicted_per_second: its own generation speed, without the prompt or
+any queueing, taken as it says it) in every answer and in the last chunk of a stream; for a stream with neither
+(llama-cpp-python without stream_options.include_usage), the chunks that carry content, one token each as these
+servers stream.
+Each figure says where it came from."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_INT = rb'"%s"\s*:\s*(\d+)'
+_NUM = rb'"%s"\s*:\s*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)'
+PROMPT = re.compile(_INT % b"prompt_tokens")
+COMPLETION = re.compile(_INT % b"completion_tokens")
+PROMPT_N, CACHE_N, PREDICTED_N = (re.compile(_INT % k) for k in (b"prompt_n", b"cache_n", b"predicted_n"))
+PER_SECOND = re.compile(_NUM % b"predicted_per_second")
+# a streamed chunk with text in it: "delta": {"content": "x" ...} (or {"role": ..., "content": "x"})
+DELTA = re.compile(rb'"delta"\s*:\s*\{[^{}]*?"content"\s*:\s*"(?!")')
+TAIL = 16 * 1024  # usage and timings are in the last object of an answer or the last chunks of a stream
+WHOLE = 256 * 1024  # a body up to this is searched whole (usage may come first in some servers' JSON)
+
+
+@dataclass(frozen=True)
+class Usage:
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    worker_speed: float | None = None  # the worker's own tokens/s of generation (llama-server's timings)
+    source: str | None = None  # usage | timings | chunks
+
+    def per_second(self, upstream_s: float) -> float | None:
+        """Tokens out per second: as the worker measured its generation where it said (no prompt processing, no
+        queueing), else over the time the worker took to answer (its prompt processing included)."""
+        if not self.tokens_out:
+            return None
+        if self.worker_speed is not None and self.worker_speed > 0:
+            return self.worker_speed
+        return self.tokens_out / upstream_s if upstream_s > 0 else None
+
+
+def _last(pattern: re.Pattern[bytes], data: bytes) -> bytes | None:
+    found = None
+    for found in pattern.finditer(data):  # noqa: B007 - the last one is wanted
+        pass
+    return None if found is None else found.group(1)
+
+
+def read_usage(data: bytes, chunks: int = 0) -> Usage:
+    """The usage an answer (or a stream's last bytes) carries; `chunks`: a stream's chunks with content."""
+    text = data if len(data) <= WHOLE else data[-TAIL:]
+    prompt, completion = _last(PROMPT, text), _last(COMPLETION, text)
+    predicted, rate = _last(PREDICTED_N, text), _last(PER_SECOND, text)
+    speed = float(rate) if rate is not None and predicted is not None else None
+    if completion is not None or prompt is not None:
+        out = None if completion is None else int(completion)
+        if predicted is not None and out is not None and int(predicted) != out:
+            speed = None  # timings of another count: not this answer's
+        return Usage(None if prompt is None else int(prompt), out, speed, "usage")
+    if predicted is not None:
+        processed, cached = _last(PROMPT_N, text), _last(CACHE_N, text)
+        tokens_in = None if processed is None else int(processed) + int(cached or 0)
+        return Usage(tokens_in, int(predicted), speed, "timings")
+    if chunks:
+        return Usage(None, chunks, None, "chunks")
+    return Usage()
+
+
+class StreamReader:
+    """Fed each chunk of a stream as it is relayed: counts the chunks with content and keeps the last bytes."""
+
+    def __init__(self) -> None:
+        self.tail = b""
+        self.chunks = 0
+
+    def feed(self, chunk: bytes) -> None:
+        joined = self.tail[-512:] + chunk  # a delta cut across two reads is counted once, in the second
+        start = len(joined) - len(chunk)
+        self.chunks += sum(1 for x in DELTA.finditer(joined) if x.end() > start)
+        self.tail = (self.tail + chunk)[-TAIL:]
+
+    def usage(self) -> Usage:
+        return read_usage(self.tail, self.chunks)
