@@ -405,3 +405,26 @@ def test_min_quant_is_refused_where_no_gguf_is_quantized(write_stack, run_cli, t
     assert (code, out) == (2, "") and err == (
         'stack.toml:21:13: models.a.min_quant: a GGUF file type: not used for runtime = "command"\n  hint: remove it\n'
     )
+
+
+def test_an_embedding_context_past_its_ubatch_is_warned_with_the_fix(write_stack, run_cli, tmp_path: Path) -> None:
+    """bge-m3 takes one input per ubatch: at context 8192 with the default ubatch of 512 longer inputs are
+    refused by llama-server. The warning names both fixes; the first one taken, it is gone and the compute
+    buffers it costs are counted."""
+    text = (
+        'version = 1\nname = "emb"\n[platform]\nkind = "cpu"\nmemory = "16GiB"\n[models.embed]\n'
+        'runtime = "llama-server"\narch = "bge-m3"\nmodel = "e.gguf"\ncontext = 8192\n'
+    )
+    write_stack(text)
+    code, out, _ = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
+    report = json.loads(out)
+    assert code == 0 and report["warnings"][1:] == [
+        "stack.toml:6:9: models.embed.ubatch: embedding inputs must fit one ubatch: inputs longer than 512 tokens "
+        "will be rejected (context is 8192); fix: ubatch = 8192 takes inputs up to 8192 tokens (its compute buffers "
+        "grow with it, and this check counts them), or context = 512 says what it takes"
+    ]
+    write_stack(text + "ubatch = 8192\n")
+    code, out, _ = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
+    fixed = json.loads(out)
+    assert code == 0 and not any("ubatch" in w for w in fixed["warnings"])
+    assert fixed["models"]["embed"]["compute_bytes"] > report["models"]["embed"]["compute_bytes"]

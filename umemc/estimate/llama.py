@@ -427,11 +427,14 @@ def _warnings(loaded: LoadedStack, m: ResolvedModel, shape: LlmShape, ftype: str
             )
         )
     if not shape.causal and spec.context > spec.ubatch:
+        longest = min(spec.context, shape.n_ctx_train or spec.context)
         out.append(
             src.warning(
                 at + ("ubatch",),
                 f"embedding inputs must fit one ubatch: inputs longer than "
-                f"{spec.ubatch} tokens will be rejected (context is {spec.context})",
+                f"{spec.ubatch} tokens will be rejected (context is {spec.context}); fix: ubatch = {longest} takes "
+                f"inputs up to {longest} tokens (its compute buffers grow with it, and this check counts them), or "
+                f"context = {spec.ubatch} says what it takes",
             )
         )
     return out
