@@ -13,7 +13,14 @@ from umemc.runtime.events import KINDS
 
 PACKAGE = Path(__file__).resolve().parents[2] / "umemc"
 # kinds passed in a variable (why="lease_release" and the like): the literals at their call sites
-BY_NAME = {"lease_release", "lease_expire", "ttl_unload", "ttl_unload_failed"}  # the last: f"{why}_failed"
+BY_NAME = {
+    "lease_release",
+    "lease_expire",
+    "ttl_unload",
+    "ttl_unload_failed",
+    "unload",
+    "unload_failed",
+}  # *_failed: f"{why}_failed"
 
 
 def recorded_kinds() -> set[str]:
@@ -56,7 +63,13 @@ def test_every_kind_reads_in_words() -> None:
         ("exit", {"cause": "hard quota (enforcer)", "exitstatus": None}, "exited: hard quota (enforcer)"),
         ("hard_limit_kill", {"by": "enforcer", "usage_bytes": 3 * 2**30, "hard_bytes": 2 * 2**30},
          "killed over its hard quota (3.0 GiB of 2.0 GiB)"),
-        ("cold_start", {"seconds": 2.345, "evicted": ["a", "b"]}, "cold start in 2.3 s, evicting a, b"),
+        ("cold_start", {"seconds": 2.345, "evicted": ["a", "b"]}, "started on demand in 2.3 s, evicting a, b"),
+        ("cold_start", {"seconds": 7.0, "evicted": []}, "started on demand in 7.0 s, evicting nothing"),
+        ("evict", {"by": "gateway", "for_lease": "l-1", "holder": "comfyui", "priority": 40, "for_priority": 75},
+         "evicted for lease l-1 of comfyui (priority 40 < 75)"),
+        ("evict", {"by": "gateway", "for_model": "b", "priority": 50, "for_priority": 50},
+         "evicted to start b (both priority 50: the idle one gives way)"),
+        ("action", {"action": "start", "evicts": ["a"]}, "a start asked from the page or the API (evicting a)"),
         ("ttl_unload", {"by": "gateway", "ttl_s": 1.0}, "unloaded: idle past its ttl"),
         ("evict", {"for_model": None, "reason": 5}, "evicted"),  # odd shapes read plainly, never raise
         ("no_such_kind", {}, "no_such_kind"),

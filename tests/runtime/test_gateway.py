@@ -327,8 +327,16 @@ def test_queue_bound_429_and_queue_timeout_503(stack: Any, capsys: Any) -> None:
     gw.run.wait_for(lambda: gw.status()["models"]["q"]["queued"] == 1, what="one queued")
     published = gw.run.run_dir / "state" / "gateway.json"  # rewritten every 0.5 s
     gw.run.wait_for(
-        lambda: json.loads(published.read_text())["models"]["q"] | {"ready": 0}
-        == {"in_flight": 1, "queued": 1, "ready": 0, "starting": False, "health": "ok", "unhealthy": None},
+        lambda: json.loads(published.read_text())["models"]["q"] | {"ready": 0, "tokens_per_s": 0}
+        == {
+            "in_flight": 1,
+            "queued": 1,
+            "ready": 0,
+            "starting": False,
+            "health": "ok",
+            "unhealthy": None,
+            "tokens_per_s": 0,
+        },  # fmt: skip
         what="gateway.json",
     )
     capsys.readouterr()
@@ -655,8 +663,9 @@ def test_status_says_an_eviction_and_counts_only_crashes_as_restarts(stack: Any)
     gw.run.wait_for(settled, timeout=30, what="b running, a evicted")
     st = gw.run.status()
     assert (st["a"]["restarts"], st["b"]["restarts"]) == (0, 0)
-    assert st["a"]["_last_event"] == "evict" and st["a"]["_last_said"].startswith("evicted to start b, ")
-    assert st["b"]["_last_said"].startswith("cold start in ") and ", evicting a, " in st["b"]["_last_said"]
+    assert st["a"]["_last_event"] == "evict"
+    assert st["a"]["_last_said"].startswith("evicted to start b (both priority 50: the idle one gives way), ")
+    assert st["b"]["_last_said"].startswith("started on demand in ") and ", evicting a, " in st["b"]["_last_said"]
     os.kill(st["b"]["pid"], signal.SIGKILL)
     gw.run.wait_for(lambda: gw.run.status()["b"]["restarts"] == 1, timeout=30, what="the crash counted")
 

@@ -4,47 +4,95 @@ endpoints (/umemc/events, /umemc/logs/MODEL) and the Host/Origin/token rules are
 
 from __future__ import annotations
 
+import itertools
+import os
 import re
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.runtime.test_gateway import Gateway, model, stack_text
+from tests.runtime.test_gateway import Gateway, later, model, stack_text
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium here (Debian: apt-get install chromium)")
 REPO = Path(__file__).resolve().parents[2]
 
 
-def dom(url: str, screenshot: Path | None = None) -> str:
+UPDATE = os.environ.get("UMEMC_UPDATE_SCREENSHOTS") == "1"  # keep the screenshots in docs/
+
+
+def dom(url: str, screenshot: Path | None = None, width: int = 1280, budget_ms: int = 6000) -> str:
+    """The page as Chromium has it after `budget_ms` of the page's own (virtual) time; a screenshot at `width`."""
     assert CHROMIUM is not None
-    flags = [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=6000"]
+    flags = [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", f"--virtual-time-budget={budget_ms}"]
     if screenshot is not None:
-        subprocess.run([*flags, "--window-size=1280,900", f"--screenshot={screenshot}", url], capture_output=True,
+        subprocess.run([*flags, f"--window-size={width},1400", f"--screenshot={screenshot}", url], capture_output=True,
                        timeout=120)  # fmt: skip
     return subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
 
 
 @needs_chromium
 def test_the_status_page_shows_the_stack_in_a_real_browser(stack: Any, tmp_path: Path) -> None:
+    """Under load (requests to two models all along): memory over time drawn from the gateway's samples, every
+    model with its mode, state in a word, speed and what a start would evict, the lease with a release button,
+    the events in words; the first paint already shows the stack; at 1280 px and at a phone's 390 px."""
     text = stack_text(
-        "ui", model("chat", priority=90, mode="hot") + model("code", priority=70, mode="hot") + model("embed"), slots=4
+        "ui",
+        model("chat", priority=90, mode="hot", extra='kind = "chat"\n')
+        + model("code", priority=70, mode="hot")
+        + model("embed", extra='ttl = "10m"\nkind = "embeddings"\n')
+        + model("batch", priority=10),  # never asked for: drawn as stopped, with what a start would evict
+        slots=5,
     )
     gw = Gateway(stack(text, "--simulate"))
     assert gw.complete("embed")[0] == 200  # a cold start: an event to stream
     assert gw.call("POST", "/umemc/leases", {"holder": "comfyui", "bytes": "8MiB"})[0] == 201
-    page = dom(f"http://127.0.0.1:{gw.port}/ui", tmp_path / "ui.png")
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            for name in ("chat", "embed"):
+                gw.complete(name)
+
+    workers = [threading.Thread(target=load, daemon=True) for _ in range(2)]
+    for w in workers:
+        w.start()
+    try:
+        gw.run.wait_for(lambda: len(gw.call("GET", "/umemc/history")[2]["memory"]["t"]) >= 3, what="three samples")
+        first = dom(f"http://127.0.0.1:{gw.port}/ui", budget_ms=1)  # before any fetch has answered
+        page = dom(f"http://127.0.0.1:{gw.port}/ui", tmp_path / "wide.png")
+        dom(f"http://127.0.0.1:{gw.port}/ui", tmp_path / "phone.png", width=390)
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(timeout=30)
+    assert re.search(r"\d of 4 models ready, pressure \d+%, committed \d+\.\d\d GiB", first)  # first paint
+    assert "loading…" not in first
     assert re.search(r"committed \d+\.\d\d GiB of \d+\.\d\d GiB", page)
-    assert "all memory" in page and "used " in page
-    for name in ("chat", "code", "embed"):
-        assert re.search(rf"<td[^>]*>{name}</td><td[^>]*>(ready|starting)", page), name
-    assert re.search(r"l-[0-9a-f]{12} comfyui: 0\.01 GiB", page)  # the lease
-    assert re.search(r" embed cold start in \d+\.\d s", page)  # events streamed in, in words
-    assert re.search(r" - lease l-[0-9a-f]{12} granted to comfyui \(0\.0 GiB\)", page)
-    assert (tmp_path / "ui.png").stat().st_size > 10_000  # chromium drew it
+    lines = re.findall(r'<polyline points="([^"]+)"[^>]*class="series-line"', page)
+    assert len(lines) >= 5 and all(len(x.split()) >= 3 for x in lines)  # committed, all models, three models
+    assert "budget " in page and "of samples" in page
+    for name, kind, mode in (("chat", "chat", "hot"), ("code", "other", "hot"), ("embed", "embeddings", "cold")):
+        row = rf'<td>{name}<div class="muted kind">{kind}</div></td><td>{mode}[^<]*</td><td[^>]*>(ready|starting)'
+        assert re.search(row, page), name
+    assert re.search(r"<td>cold, ttl \d+(\.\d)? (s|min)( left)?</td>", page)  # embed's TTL (left, when idle)
+    assert re.search(r"l-[0-9a-f]{12} comfyui: 0\.01 GiB at priority 50, \d+ min left <button>release</button>", page)
+    assert re.search(r"embed: started on demand in \d+\.\d s, evicting nothing", page)  # events in words
+    assert re.search(r"stack: lease l-[0-9a-f]{12} granted to comfyui \(0\.0 GiB\)", page)
+    assert 'data-action="stop"' in page and 'data-action="evict"' in page
+    batch = re.search(r'<td>batch<div class="muted kind">other</div></td>(.*?)</tr>', page)
+    assert batch is not None and ">cold</td>" in batch[1] and ">stopped, holds nothing (quotas " in batch[1]
+    assert '<td class="wide">nothing</td>' in batch[1] and 'data-action="start"' in batch[1]  # the budget holds five
+    for shot in ("wide", "phone"):
+        assert (tmp_path / f"{shot}.png").stat().st_size > 10_000  # chromium drew it
+        if UPDATE:
+            shutil.copy(
+                tmp_path / f"{shot}.png", REPO / "docs" / f"status-page{'' if shot == 'wide' else '-phone'}.png"
+            )
 
 
 def test_the_pages_data_endpoints_and_rules(stack: Any) -> None:
@@ -64,3 +112,72 @@ def test_the_pages_data_endpoints_and_rules(stack: Any) -> None:
     assert gw.call("GET", "/umemc/logs/nope")[0] == 404
     assert gw.call("GET", "/ui", headers={"Host": "evil.example"})[0] == 403  # DNS rebinding
     assert gw.call("GET", "/umemc/events", headers={"Origin": "http://evil.example"})[0] == 403
+
+
+def test_the_page_data_memory_over_time_and_speed(stack: Any) -> None:
+    """/umemc/history: each model's usage from the enforcer's samples, one point per step, and per model its
+    requests, latency quantiles, queue wait and tokens over the last minutes (each placeholder answer says
+    prompt_tokens 1, completion_tokens 4)."""
+    gw = Gateway(stack(stack_text("ui-history", model("w", mode="hot") + model("c"), slots=2), "--simulate"))
+    for _ in range(5):
+        assert gw.complete("w")[0] == 200
+
+    def sampled() -> Any:
+        doc = gw.call("GET", "/umemc/history?minutes=5")[2]
+        return doc if len(doc["memory"]["t"]) >= 3 and doc["memory"]["models"]["w"][-1] > 0 else None
+
+    doc = gw.run.wait_for(sampled, timeout=30, what="three samples with w's usage")
+    memory = doc["memory"]
+    assert memory["step_s"] == 2.0 and all(b - a >= 2.0 for a, b in itertools.pairwise(memory["t"]))
+    assert set(memory["models"]) == {"w", "c"} and memory["models"]["c"][-1] == 0  # c is down: holds nothing
+    assert 0 < memory["models"]["w"][-1] <= gw.plan["models"]["w"]["quota_hard_bytes"]
+    assert doc["budget_bytes"] == gw.plan["capacity"]["budget_bytes"]
+    w = doc["speed"]["w"]
+    assert (w["requests"], w["errors"], w["tokens_in"], w["tokens_out"]) == (5, 0, 5, 20)
+    assert 0 < w["p50_latency_s"] <= w["p95_latency_s"] and w["tokens_per_s"] > 0
+    assert "c" not in doc["speed"]
+    assert gw.call("GET", "/umemc/history?minutes=x")[0] == 400
+
+
+def test_start_stop_and_evict_from_the_page(stack: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each action is a POST with a JSON body (a page elsewhere cannot send one without asking first), the token
+    where there is one, and an event; start admits as a request would, stop drains first, evict refuses a busy
+    model."""
+    monkeypatch.setenv("UMEMC_UI_TOKEN", "ui-token")
+    gw = Gateway(
+        stack(
+            stack_text(
+                "ui-act", model("w", mode="hot") + model("c"), slots=2, gateway='token_env = "UMEMC_UI_TOKEN"\n'
+            ),
+            "--simulate",
+        )
+    )
+    bearer = {"Authorization": "Bearer ui-token"}
+    assert gw.call("POST", "/umemc/models/c/start", {})[0] == 401  # no token
+    assert gw.call("POST", "/umemc/models/c/start", b"{}", {**bearer, "Content-Type": "text/plain"})[0] == 415
+    assert gw.call("POST", "/umemc/models/c/start", None, bearer)[0] == 415  # no body
+    assert gw.call("POST", "/umemc/models/c/start", {}, {**bearer, "Origin": "http://evil.example"})[0] == 403
+    assert gw.call("POST", "/umemc/models/c/launch", {}, bearer)[0] == 404
+    status, _, doc = gw.call("POST", "/umemc/models/c/start", {}, bearer)
+    assert (status, doc["said"]) == (200, "starting c")
+
+    def state(name: str) -> str:
+        return str(gw.call("GET", "/umemc/status", headers=bearer)[2]["models"][name]["status"])
+
+    gw.run.wait_for(lambda: state("c") == "ready", timeout=30, what="c started")
+    slow = later(gw.call, "POST", "/v1/completions", {"model": "c", "prompt": "hi", "delay": 1.5}, bearer)
+    gw.run.wait_for(
+        lambda: gw.call("GET", "/umemc/status", headers=bearer)[2]["models"]["c"]["in_flight"] == 1, what="in flight"
+    )
+    status, _, doc = gw.call("POST", "/umemc/models/c/evict", {}, bearer)
+    assert (status, doc["error"]["code"]) == (409, "busy")
+    assert doc["error"]["message"] == "model c has 1 request(s) in flight and 0 queued: stop drains them first"
+    status, _, doc = gw.call("POST", "/umemc/models/c/stop", {}, bearer)  # waits for the request, then stops
+    assert (status, doc["said"], doc["status"]) == (200, "stopped c", "cold")
+    assert slow.result(timeout=30)[0] == 200  # served to the end
+    status, _, doc = gw.call("POST", "/umemc/models/w/evict", {}, bearer)
+    assert (status, doc["status"]) == (200, "stopped")  # a hot model stopped on request stays down
+    kinds = [(m, k, d.get("action")) for m, k, d in gw.kinds("action", "unload")]
+    assert kinds == [("c", "action", "start"), ("c", "action", "stop"), ("c", "unload", None),
+                     ("w", "action", "evict"), ("w", "unload", None)]  # fmt: skip
+    assert state("w") == "stopped"

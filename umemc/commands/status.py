@@ -216,9 +216,8 @@ def table(status: dict[str, Any]) -> Any:
         padding=(0, 1, 0, 1),
         collapse_padding=True,
     )
-    columns = (
-        "model", "state", "pid", "CPU", "GPU", "resv", "%hard", "hard", "req", "tok/s", "rst", "up", "last event",
-    )  # fmt: skip
+    columns: tuple[str, ...] = ("model", "state", "pid", "CPU", "GPU", "resv", "%hard", "hard", "req")
+    columns += ("tok/s", "rst", "up", "last event")
     for col in columns:
         t.add_column(col, justify="right" if col not in ("model", "state", "last event") else "left", no_wrap=True)
     for name, m in status["models"].items():

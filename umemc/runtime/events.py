@@ -26,7 +26,7 @@ KINDS: tuple[str, ...] = (
     "cold_start_failed", "drain_timeout", "ttl_unload", "ttl_unload_failed", "refused", "unhealthy", "recovered",
     "restore",
     "lease_grant", "lease_release", "lease_expire", "event_log_reset", "slot_save", "slot_restore",
-    "slot_save_failed", "slot_restore_failed", "allowance",
+    "slot_save_failed", "slot_restore_failed", "allowance", "action", "unload", "unload_failed",
 )  # fmt: skip
 MAX_ROWS = 100_000
 MAX_AGE_S = 30 * 24 * 3600

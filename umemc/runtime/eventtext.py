@@ -15,10 +15,17 @@ def _size(n: Any) -> str:
 
 
 def _evict(d: dict[str, Any]) -> str:
+    mine, theirs = d.get("priority"), d.get("for_priority")
+    ranks = ""
+    if isinstance(mine, int) and isinstance(theirs, int):
+        ranks = (
+            f" (priority {mine} < {theirs})" if mine < theirs else f" (both priority {mine}: the idle one gives way)"
+        )
     if d.get("for_model"):
-        why = f"to start {d['for_model']}"
+        why = f"to start {d['for_model']}{ranks}"
     elif d.get("for_lease"):
-        why = f"for lease {d['for_lease']}"
+        holder = f" of {d['holder']}" if d.get("holder") else ""
+        why = f"for lease {d['for_lease']}{holder}{ranks}"
     elif d.get("reason") == "pressure" or d.get("pressure") is not None:
         why = "for memory pressure" + (f" {d['pressure']:.0%}" if isinstance(d.get("pressure"), float) else "")
     else:
@@ -42,9 +49,17 @@ def _kill(d: dict[str, Any]) -> str:
 
 def _cold_start(d: dict[str, Any]) -> str:
     seconds = d.get("seconds")
-    text = "cold start" + (f" in {seconds:.1f} s" if isinstance(seconds, (int, float)) else "")
+    text = "started on demand" + (f" in {seconds:.1f} s" if isinstance(seconds, (int, float)) else "")
     evicted = d.get("evicted") or []
-    return text + (f", evicting {', '.join(map(str, evicted))}" if evicted else "")
+    return text + f", evicting {', '.join(map(str, evicted)) if evicted else 'nothing'}"
+
+
+def _action(d: dict[str, Any]) -> str:
+    what = {"start": "a start", "stop": "a stop (after its requests)", "evict": "an eviction"}
+    evicts = d.get("evicts") or []
+    return f"{what.get(str(d.get('action')), str(d.get('action')))} asked from the page or the API" + (
+        f" (evicting {', '.join(map(str, evicts))})" if evicts else ""
+    )
 
 
 SAID: dict[str, Callable[[dict[str, Any]], str]] = {
@@ -80,6 +95,9 @@ SAID: dict[str, Callable[[dict[str, Any]], str]] = {
     "slot_save_failed": lambda d: f"KV of slot {d.get('slot')} not saved: {d.get('reason')}",
     "slot_restore_failed": lambda d: f"KV of slot {d.get('slot')} not restored: {d.get('reason')}",
     "allowance": lambda d: f"allowance from leases now {_size(d.get('allowance_bytes'))}",
+    "action": _action,
+    "unload": lambda d: "stopped on request",
+    "unload_failed": lambda d: "could not be stopped: " + str(d.get("reason") or "?"),
 }
 
 

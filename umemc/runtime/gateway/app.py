@@ -29,6 +29,7 @@ from ...policy import Decision, Need
 from ...units import parse_duration, parse_size
 from ..eventtext import said
 from .access import AccessLog
+from .history import Answered
 from .metrics import Metrics
 from .scheduler import Admit, Model, Refused, Scheduler, lease_json
 from .usage import StreamReader, Usage, read_usage
@@ -91,6 +92,7 @@ HTTP_STATUS = {
     "insufficient_memory": 503, "not_admissible": 503, "start_failed": 503, "start_timeout": 503, "stop_failed": 503,
     "state_unwritable": 503,
     "upstream_timeout": 504,
+    "busy": 409,
 }  # fmt: skip
 
 
@@ -250,10 +252,23 @@ async def forward(request: web.Request, m: Model, path: str, body: bytes) -> web
 
 
 def _account(app: web.Application, request: web.Request, m: Model, code: int, latency: float, seen: Seen) -> None:
-    """The request's figures into /metrics and one access log line."""
+    """The request's figures into /metrics, the page's history and one access log line."""
     usage = seen.usage
     speed = usage.per_second(seen.upstream_s) if 200 <= code < 300 else None
     app[METRICS].request(m.name, code, latency, usage)
+    app[SCHED].answered.add(
+        Answered(
+            time.time(),
+            m.name,
+            code,
+            latency,
+            seen.queue_wait_s,
+            usage.tokens_in,
+            usage.tokens_out,
+            speed,
+            usage.prompt_speed,
+        )  # fmt: skip
+    )
     entry: dict[str, Any] = {
         "model": m.name,
         "method": request.method,
@@ -404,9 +419,19 @@ LOG_TAIL_BYTES = 256 * 1024
 
 
 async def ui_page(request: web.Request) -> web.Response:
-    """The live status page: one self-contained HTML file (no external assets), polling the API below."""
+    """The live status page: one self-contained HTML file (no external assets), polling the API below. Its first
+    paint shows data: a gateway without a token puts the state in the page (what its open API would answer);
+    with a token the page holds nothing (the token is in its URL fragment, which never reaches the server) and
+    asks at once."""
+    initial = ""
+    if "token" not in request.app:
+        sched = request.app[SCHED]
+        events = sched.events.since(max(0, sched.events.last_id("up") - 1), 500)
+        doc = {"status": sched.status(), "history": _history(sched, 60), "events": [_event(e) for e in events]}
+        # inside <script>: no "</" may close it early, and nothing else is markup there
+        initial = json.dumps(doc).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     return web.Response(
-        body=UI_PAGE.read_bytes(),
+        body=UI_PAGE.read_bytes().replace(b"__UMEMC_INITIAL__", initial.encode()),
         content_type="text/html",
         headers={
             "Content-Security-Policy": "default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'"
@@ -423,7 +448,54 @@ async def events_list(request: web.Request) -> web.Response:
         raise Refused("after and limit must be integers", "invalid_json") from None
     sched = request.app[SCHED]
     events = sched.events.since(after, limit)
-    return web.json_response({"events": [dict(e.as_json(), id=e.id, text=said(e.kind, e.detail)) for e in events]})
+    return web.json_response({"events": [_event(e) for e in events]})
+
+
+def _event(e: Any) -> dict[str, Any]:
+    return dict(e.as_json(), id=e.id, text=said(e.kind, e.detail))
+
+
+def _history(sched: Scheduler, minutes: float) -> dict[str, Any]:
+    now = time.time()
+    return {
+        "memory": sched.memory.since(now - minutes * 60),
+        "speed": sched.answered.summary(now),
+        "budget_bytes": sched.budget.ram,
+        "usable_bytes": sched.budget.usable,
+    }
+
+
+async def history(request: web.Request) -> web.Response:
+    """?minutes= (default 60, at most 60): each model's memory over time, and its speed over the last minutes."""
+    try:
+        minutes = max(1.0, min(60.0, float(request.query.get("minutes", "60"))))
+    except ValueError:
+        raise Refused("minutes must be a number", "invalid_json") from None
+    return web.json_response(_history(request.app[SCHED], minutes))
+
+
+ACTIONS = ("start", "stop", "evict")
+
+
+async def model_action(request: web.Request) -> web.Response:
+    """POST /umemc/models/NAME/start|stop|evict with a JSON object body (a page elsewhere cannot send one
+    without the browser asking first, which this gateway never allows): start a model that is down under the
+    same admission as a request; stop one after draining its requests; evict one now (refused while busy)."""
+    sched = request.app[SCHED]
+    action = request.match_info["action"]
+    if action not in ACTIONS:
+        return error(404, f"no action {action!r} (one of {', '.join(ACTIONS)})", "no_such_action")
+    if request.content_type != "application/json" or not request.body_exists:
+        return error(
+            415, "send a JSON object body (e.g. {}) with Content-Type: application/json", "unsupported_media_type"
+        )
+    await _json_object(request)
+    m = sched.route(request.match_info["name"])
+    if action == "start":
+        said_ = await sched.start_now(m)
+    else:
+        said_ = await sched.stop_now(m, drain=action == "stop")
+    return web.json_response({"model": m.name, "action": action, "said": said_, "status": m.status_word})
 
 
 async def log_tail(request: web.Request) -> web.Response:
@@ -703,6 +775,8 @@ def make_app(sched: Scheduler, token: str | None) -> web.Application:
     app.router.add_delete("/umemc/leases/{id}", lease_delete)
     app.router.add_post("/umemc/leases/{id}/extend", lease_extend)
     app.router.add_get("/umemc/can-load/{model}", can_load)
+    app.router.add_get("/umemc/history", history)
+    app.router.add_post("/umemc/models/{name}/{action}", model_action)
     app.router.add_post("/umemc/pressure", pressure)
     app.router.add_get("/metrics", metrics)
     app.cleanup_ctx.append(_lifetime)

@@ -17,6 +17,7 @@ from ..events import EventLog
 from ..rundir import RunDir
 from ..supervisor import Supervisor
 from .generation import GenerationBudget
+from .history import Memory
 from .model import Model, Refused
 
 
@@ -52,6 +53,7 @@ class Host(Protocol):
     generation: GenerationBudget
     probe: Any  # async (model) -> healthy?, given by the app (its HTTP client)
     metrics: Any  # the app's metrics (optional)
+    memory: Memory  # what the status page draws over time
     closing: bool
 
     @property
@@ -64,6 +66,8 @@ class Host(Protocol):
     def decide(self, need: Need, exclude: str | None = None) -> Decision: ...
 
     def decide_model(self, m: Model) -> Decision: ...
+
+    def committed(self) -> tuple[int, int]: ...
 
     def need_for(self, m: Model) -> Need: ...
 

@@ -80,7 +80,12 @@ class LeaseBook:
             for_model=model,
         )
         try:
-            await asyncio.gather(*(host.stop(host.models[v], "evict", for_lease=lease.id) for v in decision.evict))
+            await asyncio.gather(
+                *(
+                    host.stop(host.models[v], "evict", for_lease=lease.id, holder=holder, for_priority=priority)
+                    for v in decision.evict
+                )
+            )
         except Refused:
             self.release(lease.id, "lease_release")  # its room could not be made: it never held
             raise

@@ -37,6 +37,7 @@ from ..rundir import RunDir
 from ..supervisor import Supervisor
 from .core import Admit, Evicted, Write
 from .generation import GenerationBudget
+from .history import Memory, Requests
 from .kvslots import slot_action, slot_detail, slot_file
 from .leases import LeaseBook, lease_doc, lease_json
 from .lifecycle import Phase
@@ -78,6 +79,8 @@ class Scheduler:
         self._tasks: list[asyncio.Task[None]] = []
         self.probe: Any = None  # async (model) -> healthy?, given by the app (its HTTP client)
         self.metrics: Any = None  # the app's metrics: cold starts, evictions (optional)
+        self.memory = Memory()  # what the status page draws (history.py)
+        self.answered = Requests()
         self.closing = False
         self._deferred: str | None = None  # the pressure victim waited for (one evict_deferred event)
         self._background: set[asyncio.Task[None]] = set()
@@ -240,15 +243,22 @@ class Scheduler:
                 continue
             decision = self.decide_model(m)
             if decision.fits:
-                for v in decision.evict:
-                    self.models[v].life.to(Phase.STOPPING, f"evicted for {m.name}")
-                for v in decision.drain:
-                    victim = self.models[v]
-                    victim.life.to(Phase.DRAINING, f"evicted for {m.name} once its requests are done")
-                    victim.drain_since = time.monotonic()
-                    victim.drained.clear()
-                    self.slots.check_drained(victim)
-                self.begin_start(m, decision)
+                self.launch(m, decision)
+
+    def launch(self, m: Model, decision: Decision) -> None:
+        """Start an admitted model: its idle victims marked for stopping, its busy ones draining, then the start."""
+        for v in decision.evict:
+            self.models[v].life.to(Phase.STOPPING, f"evicted for {m.name}")
+        for v in decision.drain:
+            self.drain(self.models[v], f"evicted for {m.name} once its requests are done")
+        self.begin_start(m, decision)
+
+    def drain(self, m: Model, why: str) -> None:
+        """It serves the requests queued before now, takes none after; `drained` is set once they are done."""
+        m.life.to(Phase.DRAINING, why)
+        m.drain_since = time.monotonic()
+        m.drained.clear()
+        self.slots.check_drained(m)
 
     def begin_start(self, m: Model, decision: Decision) -> None:
         m.life.to(Phase.STARTING)
@@ -264,7 +274,12 @@ class Scheduler:
                     "drain_timeout", m.name, victims=decision.drain, drain_timeout_s=self.gw.drain_timeout_s
                 )
                 return
-            await asyncio.gather(*(self.stop(self.models[v], "evict", for_model=m.name) for v in decision.victims))
+            await asyncio.gather(
+                *(
+                    self.stop(self.models[v], "evict", for_model=m.name, for_priority=m.plan.priority)
+                    for v in decision.victims
+                )
+            )
             await self._ensure_started(m)
             await self._wait_healthy(m)
             if m.saved_slots:
@@ -435,6 +450,55 @@ class Scheduler:
         task.add_done_callback(self._background.discard)
         return {"action": "evicting", "model": m.name}
 
+    def _start_now(self, m: Model) -> dict[str, Any]:
+        """For a model that is down: whether a start would be admitted now, and whom it would evict."""
+        if m.live:
+            return {"fits_now": None, "would_evict": None}
+        decision = self.decide_model(m)
+        return {"fits_now": decision.fits, "would_evict": decision.victims if decision.fits else []}
+
+    # -- what a person asks from the page or the API -----------------------------------------------
+    async def start_now(self, m: Model) -> str:
+        """Start a model that is down, under the same admission as a request for it (evicting what the policy
+        names), without a request. Returns what was done, in words."""
+        async with self.lock:
+            if m.live:
+                return f"{m.name} is already {m.status_word}"
+            decision = self.decide_model(m)
+            if not decision.fits:
+                raise Refused(f"model {m.name} cannot start now: {decision.reason(self.need_for(m))}", "not_admissible")
+            self.events.add("action", m.name, action="start", evicts=decision.victims)
+            m.evicted = False
+            self.launch(m, decision)
+        return f"starting {m.name}" + (f", evicting {', '.join(decision.victims)}" if decision.victims else "")
+
+    async def stop_now(self, m: Model, drain: bool) -> str:
+        """Stop a running model at a person's request: drain first (its requests in flight and queued are served,
+        none taken after), or at once (refused while it has requests). It stays down until asked for again."""
+        if not m.live or m.evicting:
+            return f"{m.name} is not running"
+        if m.starting is not None:
+            raise Refused(f"model {m.name} is starting: stop it once it is up", "busy")
+        if not drain and m.busy:
+            raise Refused(
+                f"model {m.name} has {m.in_flight} request(s) in flight and {len(m.waiters)} queued: stop drains "
+                "them first",
+                "busy",
+            )
+        self.events.add("action", m.name, action="stop" if drain else "evict")
+        if drain and m.busy:
+            self.drain(m, "asked to stop")
+            if not await self._drain([m.name]):
+                m.life.to(Phase.READY, "its drain timed out")
+                self.slots.dispatch(m)
+                raise Refused(
+                    f"model {m.name} still had requests after {self.gw.drain_timeout_s:g} s (gateway.drain_timeout): "
+                    "not stopped",
+                    "busy",
+                )
+        await self.stop(m, "unload", Evicted.STAY_DOWN)
+        return f"stopped {m.name}"
+
     # -- views ----------------------------------------------------------------------------------
     def committed(self) -> tuple[int, int]:
         held, leases = attach(self.held(), self.live_leases())  # a worker's own lease counts in its allowance
@@ -445,6 +509,7 @@ class Scheduler:
     def status(self) -> dict[str, Any]:
         ram, gpu = self.committed()
         now = time.time()
+        starts = {e.model: e.detail.get("seconds") for e in self.events.since(self.run_start) if e.kind == "cold_start"}
         return {
             "stack": self.plan.stack,
             "rehearsal": {"scale": self.plan.scale} if self.plan.simulate else None,
@@ -485,6 +550,13 @@ class Scheduler:
                     "tokens_in": m.tokens_in,
                     "tokens_out": m.tokens_out,
                     "tokens_per_s": m.tokens_per_s,
+                    "ttl_left_s": (
+                        round(max(0.0, m.plan.ttl_s - (now - m.last_used)), 1)
+                        if m.plan.ttl_s is not None and m.cold and m.ready and not m.busy
+                        else None
+                    ),
+                    "last_cold_start_s": starts.get(m.name),
+                    **self._start_now(m),
                 }
                 for m in self.models.values()
             },

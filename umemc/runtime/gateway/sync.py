@@ -87,6 +87,11 @@ class StateSync:
     async def housekeeping_once(self) -> None:
         await self.refresh()
         now = time.time()
+        status = self.enforcer
+        gpu = 0 if status is None else sum(w.gpu_bytes for w in status.models.values())
+        self.host.memory.record(
+            now, {m.name: m.usage for m in self.host.models.values()}, gpu, self.pressure, self.host.committed()[0]
+        )
         self.book.expire(now)
         await self._unload_idle(now)
         await self._restore_hot()

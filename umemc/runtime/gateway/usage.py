@@ -19,6 +19,7 @@ PROMPT = re.compile(_INT % b"prompt_tokens")
 COMPLETION = re.compile(_INT % b"completion_tokens")
 PROMPT_N, CACHE_N, PREDICTED_N = (re.compile(_INT % k) for k in (b"prompt_n", b"cache_n", b"predicted_n"))
 PER_SECOND = re.compile(_NUM % b"predicted_per_second")
+PROMPT_PER_SECOND = re.compile(_NUM % b"prompt_per_second")
 # a streamed chunk with text in it: "delta": {"content": "x" ...} (or {"role": ..., "content": "x"})
 DELTA = re.compile(rb'"delta"\s*:\s*\{[^{}]*?"content"\s*:\s*"(?!")')
 TAIL = 16 * 1024  # usage and timings are in the last object of an answer or the last chunks of a stream
@@ -31,6 +32,7 @@ class Usage:
     tokens_out: int | None = None
     worker_speed: float | None = None  # the worker's own tokens/s of generation (llama-server's timings)
     source: str | None = None  # usage | timings | chunks
+    prompt_speed: float | None = None  # the worker's own tokens/s reading the prompt (llama-server's timings)
 
     def per_second(self, upstream_s: float) -> float | None:
         """Tokens out per second: as the worker measured its generation where it said (no prompt processing, no
@@ -55,15 +57,17 @@ def read_usage(data: bytes, chunks: int = 0) -> Usage:
     prompt, completion = _last(PROMPT, text), _last(COMPLETION, text)
     predicted, rate = _last(PREDICTED_N, text), _last(PER_SECOND, text)
     speed = float(rate) if rate is not None and predicted is not None else None
+    reading = _last(PROMPT_PER_SECOND, text)
+    prompt_speed = float(reading) if reading is not None else None
     if completion is not None or prompt is not None:
         out = None if completion is None else int(completion)
         if predicted is not None and out is not None and int(predicted) != out:
             speed = None  # timings of another count: not this answer's
-        return Usage(None if prompt is None else int(prompt), out, speed, "usage")
+        return Usage(None if prompt is None else int(prompt), out, speed, "usage", prompt_speed)
     if predicted is not None:
         processed, cached = _last(PROMPT_N, text), _last(CACHE_N, text)
         tokens_in = None if processed is None else int(processed) + int(cached or 0)
-        return Usage(tokens_in, int(predicted), speed, "timings")
+        return Usage(tokens_in, int(predicted), speed, "timings", prompt_speed)
     if chunks:
         return Usage(None, chunks, None, "chunks")
     return Usage()
