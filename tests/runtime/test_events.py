@@ -73,6 +73,8 @@ def test_every_kind_reads_in_words() -> None:
         ("ttl_unload", {"by": "gateway", "ttl_s": 1.0}, "unloaded: idle past its ttl"),
         ("evict", {"for_model": None, "reason": 5}, "evicted"),  # odd shapes read plainly, never raise
         ("no_such_kind", {}, "no_such_kind"),
+        ("slot_restore", {"slot": 0, "tokens": 412, "ms": 9.5, "saved_s": 1.27},
+         "KV of slot 0 restored: 412 tokens in 9.5 ms, about 1.3 s of prompt reading saved"),
         ("give_up", {"kills": "x"}, "left stopped: x hard-quota kills in a row"),
         ("estimate_drift", None, "estimate_drift"),
     ],

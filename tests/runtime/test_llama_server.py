@@ -92,6 +92,11 @@ def test_llama_server_end_to_end_with_kv_slots_kept_across_an_eviction(stack: An
     assert gw.call("POST", "/v1/completions", {"model": "chat", "prompt": prompt, "max_tokens": 2})[0] == 200
     [restore] = gw.run.events("slot_restore")
     assert restore["model"] == "chat"
+    # what reading the restored tokens would have taken at the prompt speed llama-server said for chat's first
+    # answer, less the restore's own time
+    first_speed = body["timings"]["prompt_per_second"]
+    saved = restore["detail"]["tokens"] / first_speed - restore["detail"]["ms"] / 1000
+    assert restore["detail"]["saved_s"] == pytest.approx(max(0.0, saved), abs=0.002)
     assert (restore["detail"]["tokens"], restore["detail"]["bytes"]) == (
         save["detail"]["tokens"],
         save["detail"]["bytes"],

@@ -91,7 +91,8 @@ SAID: dict[str, Callable[[dict[str, Any]], str]] = {
     "lease_expire": lambda d: f"lease {d.get('id')} of {d.get('holder')} expired",
     "event_log_reset": lambda d: "the event log was corrupt: a new one started",
     "slot_save": lambda d: f"KV of slot {d.get('slot')} saved before its eviction",
-    "slot_restore": lambda d: f"KV of slot {d.get('slot')} restored",
+    "slot_restore": lambda d: f"KV of slot {d.get('slot')} restored: {d.get('tokens')} tokens in {d.get('ms')} ms"
+    + (f", about {d['saved_s']:.1f} s of prompt reading saved" if isinstance(d.get("saved_s"), float) else ""),
     "slot_save_failed": lambda d: f"KV of slot {d.get('slot')} not saved: {d.get('reason')}",
     "slot_restore_failed": lambda d: f"KV of slot {d.get('slot')} not restored: {d.get('reason')}",
     "allowance": lambda d: f"allowance from leases now {_size(d.get('allowance_bytes'))}",

@@ -295,6 +295,7 @@ def _answered(m: Model, seen: Seen, status: int, seconds: float, usage: Usage) -
     seen.upstream_s, seen.usage = seconds, usage
     m.tokens_in += usage.tokens_in or 0
     m.tokens_out += usage.tokens_out or 0
+    m.prompt_speed = usage.prompt_speed or m.prompt_speed
     speed = usage.per_second(seconds) if 200 <= status < 300 else None
     if speed is not None and usage.tokens_out:
         m.generated(usage.tokens_out, usage.tokens_out / speed)

@@ -56,6 +56,7 @@ class Model:
     saved_slots: list[int] = field(default_factory=list)  # llama-server slots saved before its eviction
     tokens_in: int = 0  # this gateway's life: what its answers said (usage.py)
     tokens_out: int = 0
+    prompt_speed: float | None = None  # prompt tokens/s of its last answer that said it (a KV restore's saving)
     speed: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=SPEED_WINDOW))
 
     def generated(self, tokens: int, seconds: float) -> None:

@@ -412,7 +412,11 @@ class Scheduler:
             except (OSError, ValueError) as exc:
                 self.events.add("slot_restore_failed", m.name, slot=slot, reason=str(exc))
                 continue
-            self.events.add("slot_restore", m.name, slot=slot, **slot_detail(doc, "restore"), file=name)
+            detail = slot_detail(doc, "restore")
+            if m.prompt_speed and isinstance(detail["tokens"], int) and isinstance(detail["ms"], (int, float)):
+                # what reading those tokens again would have taken at its last prompt speed, less the restore
+                detail["saved_s"] = round(max(0.0, detail["tokens"] / m.prompt_speed - detail["ms"] / 1000), 3)
+            self.events.add("slot_restore", m.name, slot=slot, **detail, file=name)
         m.saved_slots = []
 
     async def relieve_pressure(self, pressure: float) -> dict[str, Any]:
