@@ -6,6 +6,7 @@ need YAML quoting surviving a round trip, kustomize building the directory where
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -122,7 +123,10 @@ def test_figures_and_placement_match_the_budget(built: Path) -> None:
     volumes = deployments["chat"]["spec"]["template"]["spec"]["volumes"]
     assert volumes[2] == {
         "name": "files-0",
-        "persistentVolumeClaim": {"claimName": "models-srv-models", "readOnly": True},
+        "persistentVolumeClaim": {
+            "claimName": "models-srv-models-" + hashlib.sha256(b"/srv/models").hexdigest()[:8],
+            "readOnly": True,
+        },
     }
     assert all("hostPath" not in v for d in deployments.values() for v in d["spec"]["template"]["spec"]["volumes"])
     # spark is arm64: its llama-server models run the node's own image (nodes.spark.images), with its entrypoint
@@ -276,7 +280,13 @@ def test_refusals(write_stack, run_cli, tmp_path: Path) -> None:
         2,
         "",
         "stack.toml:9:9: models.chat.image: 'registry.example.com/llama.cpp:latest' has no fixed version: a floating "
-        "tag changes under a running cluster\n  hint: pin a version tag or a digest (image@sha256:…)\n",
+        "tag changes under a running cluster\n  hint: pin a version tag (one with a version number, e.g. "
+        "server-cuda-b6100) or a digest (image@sha256:…)\n",
+    )
+    write_stack(STACK.replace(":server-cuda-arm64-b9426", ":server-cuda"))  # a rolling tag: no version in it
+    code, _, err = build()
+    assert code == 2 and err.startswith(
+        "stack.toml:9:9: models.chat.image: 'registry.example.com/llama.cpp:server-cuda' has no fixed version"
     )
     write_stack(STACK.replace('preset = "dgx-spark-128"', 'preset = "apple-silicon-64"'))
     assert build() == (
@@ -326,7 +336,7 @@ def test_names_are_valid_kubernetes_names_or_refused_at_check(write_stack, run_c
         2,
         "",
         'stack.toml:18:9: models.chat-2: "chat-2" and "chat_2" are the same Kubernetes name "chat-2" (\'_\' becomes '
-        "'-')\n  hint: rename one of them\n",
+        "'-', a '-' at the end goes)\n  hint: rename one of them\n",
     )
     write_stack(text.replace("[nodes.b]", "[nodes.b_2]"))
     assert run_cli("check", "stack.toml", cwd=tmp_path) == (
@@ -452,3 +462,130 @@ def test_node_prep_is_for_the_kubelet_not_for_umemc_up(tmp_path: Path, run_cli) 
         text = readme.read_text()
         assert "umemc up" not in text and "systemd" not in text, readme
         assert "The kubelet runs this node's models" in text
+
+
+def _cmd(name: str, extra: str = "") -> str:
+    return (
+        f'[models.{name}]\nruntime = "command"\ncommand = ["serve", "{{port}}"]\nmemory = "1GiB"\n'
+        f'image = "registry.example.com/serve:1.0"\n{extra}'
+    )
+
+
+def test_names_that_would_collide_or_be_refused_by_the_api_server(write_stack, run_cli, tmp_path: Path) -> None:
+    """A model called umemc_gateway is the router's name once '_' becomes '-': refused; a stack named lab_ gets the
+    namespace lab (a DNS label ends alphanumeric); a cold model's per-node Deployment that would spell another
+    model's name gets a digest; an image pinned by tag and digest gives a valid version label."""
+    node = 'kind = "cpu"\nmemory = "64GiB"\n'
+    write_stack(f'version = 1\nname = "lab_"\n[nodes.a]\n{node}' + _cmd("umemc_gateway"))
+    assert run_cli("check", "stack.toml", cwd=tmp_path) == (
+        2,
+        "",
+        'stack.toml:6:9: models.umemc_gateway: "umemc_gateway" is reserved for umemc\'s own program (as '
+        '"umemc-gateway", its Kubernetes name)\n  hint: choose another model name\n',
+    )
+    digest = "sha256:" + "ab" * 32
+    write_stack(
+        f'version = 1\nname = "lab_"\n[nodes.a]\n{node}[nodes.a.images]\ncommand = "registry.example.com/serve:1.0"\n'
+        f'[nodes.b]\n{node}[nodes.b.images]\ncommand = "registry.example.com/serve:1.0-arm@{digest}"\n'
+        + _cmd("chat", 'mode = "cold"\n').replace('image = "registry.example.com/serve:1.0"\n', "")
+        + _cmd("chat-b", 'node = "a"\n')
+    )
+    code, _, err = run_cli("build", "stack.toml", "--target", "kubernetes", "-o", "out", cwd=tmp_path)
+    assert code == 0, err
+    found = [(d["kind"], d["metadata"]["name"]) for _, d in docs(tmp_path / "out")]
+    assert ("Namespace", "lab") in found
+    assert yaml.safe_load((tmp_path / "out/kubernetes/kustomization.yaml").read_text())["namespace"] == "lab"
+    deployments = sorted(name for kind, name in found if kind == "Deployment")
+    clash = hashlib.sha256(b"chat/b").hexdigest()[:8]  # chat's variant on node b against the model chat-b
+    assert deployments == sorted(["chat-a", f"chat-b-{clash}", "chat-b", "umemc-gateway"])
+    labels = [d["metadata"]["labels"] for _, d in docs(tmp_path / "out") if d["metadata"]["name"] == f"chat-b-{clash}"]
+    assert {x.get("app.kubernetes.io/version") for x in labels} == {"1.0-arm"}  # not "1.0-arm@sha256:…"
+    assert all(x["metadata"]["labels"]["app.kubernetes.io/part-of"] == "lab" for _, x in docs(tmp_path / "out"))
+
+
+def test_model_files_get_one_claim_per_exact_directory_sized_by_the_files(write_stack, tmp_path: Path) -> None:
+    """Directories the label alone would merge (/srv/Models and /srv/models; two long paths alike in their first
+    40 characters) get claims of their own; a claim asks for the files it holds once (a cold model's variants
+    share them), at their size on disk, not the estimate of the weights in memory."""
+    root = tmp_path / "srv"
+    upper, lower = root / "Models", root / "models"
+    longer = [root / ("x" * 40 + "-one"), root / ("x" * 40 + "-two")]
+    for d in (upper, lower, *longer):
+        d.mkdir(parents=True)
+    from umemc.testing.tinygguf import TinySpec, write_tiny_gguf
+
+    sizes = {}
+    for d in (upper, lower, *longer):
+        path = write_tiny_gguf(
+            d / "m.gguf", TinySpec(n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, n_vocab=300)
+        )
+        sizes[str(d)] = path.stat().st_size
+    node = 'kind = "cpu"\nmemory = "64GiB"\n'
+    text = 'version = 1\nname = "files"\n[nodes.a]\n' + node + "[nodes.b]\n" + node
+    for i, d in enumerate((upper, lower, *longer)):
+        mode = 'mode = "cold"\n' if i == 0 else ""
+        text += (
+            f'[models.m{i}]\nruntime = "llama-server"\nmodel = "{d}/m.gguf"\n{mode}'
+            'image = "registry.example.com/llama.cpp:server-b9426"\n'
+        )
+    out = tmp_path / "out"
+    build_kubernetes(make_plan(load_stack(write_stack(text))), out)
+    claims = {
+        d["metadata"]["annotations"]["umemc.io/mount-path"]: d
+        for _, d in docs(out)
+        if d["kind"] == "PersistentVolumeClaim"
+    }
+    assert sorted(claims) == sorted(sizes)
+    names = [c["metadata"]["name"] for c in claims.values()]
+    assert len(set(names)) == 4 and all(len(n) <= 63 for n in names)
+    for d, claim in claims.items():  # a tenth more than the files, in whole GiB: these tiny files ask 1Gi each
+        assert claim["spec"]["resources"]["requests"]["storage"] == f"{max(1, -(-sizes[d] * 11 // 10 // 2**30))}Gi"
+    mounted = {
+        v["persistentVolumeClaim"]["claimName"]
+        for _, d in docs(out)
+        if d["kind"] == "Deployment"
+        for v in d["spec"]["template"]["spec"]["volumes"]
+        if "persistentVolumeClaim" in v
+    }
+    assert mounted == set(names)
+
+
+def test_pods_that_can_start(write_stack, tmp_path: Path) -> None:
+    """A llama-server with an image of its own still runs the image's entrypoint (llama.cpp's images keep the
+    server at /app/llama-server, off PATH), unless bin names it; a model's own image on a node that names another
+    for its runtime (an arm64 node) is refused, not silently run there; the torch example listens on the pod's
+    address (its probes reach it)."""
+    text = (
+        'version = 1\nname = "pods"\n[platform]\nkind = "cpu"\nmemory = "64GiB"\n[models.chat]\n'
+        'runtime = "llama-server"\nmodel = "/srv/m/chat.gguf"\narch = "llama-3-8b"\n'
+        'image = "registry.example.com/llama.cpp:server-b9426"\n'
+    )
+    out = tmp_path / "out"
+    build_kubernetes(make_plan(load_stack(write_stack(text))), out)
+    [container] = [d for _, d in docs(out) if d["kind"] == "Deployment" and d["metadata"]["name"] == "chat"][0]["spec"][
+        "template"
+    ]["spec"]["containers"]
+    assert "command" not in container and container["args"][:2] == ["-m", "/srv/m/chat.gguf"]
+    build_kubernetes(make_plan(load_stack(write_stack(text + 'bin = "/opt/llama/bin/llama-server"\n'))), out)
+    [container] = [d for _, d in docs(out) if d["kind"] == "Deployment" and d["metadata"]["name"] == "chat"][0]["spec"][
+        "template"
+    ]["spec"]["containers"]
+    assert container["command"] == ["/opt/llama/bin/llama-server"]
+    spark = (
+        'version = 1\nname = "arm"\n[nodes.spark]\npreset = "dgx-spark-128"\n'
+        'images = { llama-server = "registry.example.com/llama.cpp:server-cuda-arm64-b9426" }\n[models.chat]\n'
+        'runtime = "llama-server"\nmodel = "/srv/m/chat.gguf"\narch = "llama-3-8b"\n'
+        'image = "registry.example.com/llama.cpp:server-cuda-b9426"\n'
+    )
+    from umemc.errors import StackError
+
+    with pytest.raises(StackError) as refused:
+        build_kubernetes(make_plan(load_stack(write_stack(spark))), tmp_path / "arm")
+    assert (
+        str(refused.value)
+        .split("/stack.toml:", 1)[1]
+        .startswith(
+            "10:9: models.chat.image: 'registry.example.com/llama.cpp:server-cuda-b9426' would run on node "
+            "spark, which names its own llama-server image"
+        )
+    )

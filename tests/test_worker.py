@@ -113,3 +113,9 @@ def test_with_real_torch_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     gc.collect()
     assert worker.ledger().reserved == 0
     worker.reserve(worker.nbytes_of(big_state), what="load_state_dict").release()
+
+
+def test_the_address_to_bind_is_umemcs_loopback_or_a_pods_every_address(tmp_path: Path) -> None:
+    env = {"UMEMC_QUOTA_SOFT_BYTES": "1", "UMEMC_QUOTA_HARD_BYTES": "2", "UMEMC_PORT": "9000"}
+    assert worker.Quota.from_env(env).host == "127.0.0.1"  # started by an older umemc, or by hand
+    assert worker.Quota.from_env(env | {"UMEMC_HOST": "0.0.0.0"}).host == "0.0.0.0"  # a pod (build --target kubernetes)

@@ -7,3 +7,9 @@ from __future__ import annotations
 import re
 
 CONTROL = re.compile("[\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]")
+
+
+def kube_name(name: str) -> str:
+    """A stack, model or node name (^[a-z][a-z0-9_-]*$) as a Kubernetes object name, a DNS-1123 label: no '_'
+    (it becomes '-') and no '-' at the end (it goes). The stack language refuses two models with one."""
+    return name.replace("_", "-").rstrip("-")

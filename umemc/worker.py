@@ -39,6 +39,7 @@ class Quota:
     hard_bytes: int
     port: int | None
     state_dir: Path | None
+    host: str = "127.0.0.1"  # the address to bind: loopback under supervisord, every address in a pod
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> Quota:
@@ -50,6 +51,7 @@ class Quota:
                 int(env["UMEMC_QUOTA_HARD_BYTES"]),
                 int(env["UMEMC_PORT"]) if env.get("UMEMC_PORT") else None,
                 Path(env["UMEMC_STATE"]) if env.get("UMEMC_STATE") else None,
+                env.get("UMEMC_HOST") or "127.0.0.1",
             )
         except KeyError as exc:
             raise RuntimeError(f"not started by umemc: {exc.args[0]} is not set") from None

@@ -96,8 +96,9 @@ def main() -> int:
         def log_message(self, *args: object) -> None:
             pass
 
-    port = worker.quota().port or int(os.environ.get("PORT", "8000"))
-    http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+    quota = worker.quota()  # where to listen: loopback under supervisord, every address in a Kubernetes pod
+    port = quota.port or int(os.environ.get("PORT", "8000"))
+    http.server.ThreadingHTTPServer((quota.host, port), Handler).serve_forever()
     return 0
 
 

@@ -14,6 +14,7 @@ from ..catalog.archs import LLM_PRESETS, TORCH_PRESETS, family_of
 from ..catalog.gguf import is_gguf
 from ..catalog.quant import FILE_TYPES, TORCH_DTYPES, WHISPER_TYPES
 from ..catalog.runtimes import GPU_DEVICE_KINDS, LLAMA_RUNTIMES, RUNTIME_FAMILY, RUNTIMES_FOR
+from ..chars import kube_name
 from ..units import gib, human
 from .load import Document, Source, read_document, validate
 from .models import NAME_PATTERN, ModelSpec, Platform, Stack
@@ -287,10 +288,11 @@ RESERVED = ("umemc-enforcer", "umemc-gateway", "umemc-supervisord")  # umemc's o
 def _check_names(stack: Stack, src: Source) -> None:
     seen: dict[str, str] = {}
     for name in stack.models:
-        if name in RESERVED:
+        if name in RESERVED or kube_name(name) in RESERVED:
+            own = "" if name in RESERVED else f" (as {toml_repr(kube_name(name))}, its Kubernetes name)"
             raise src.error(
                 ("models", name),
-                f"{toml_repr(name)} is reserved for umemc's own program",
+                f"{toml_repr(name)} is reserved for umemc's own program{own}",
                 "choose another model name",
                 what="key",
             )
@@ -302,12 +304,12 @@ def _check_names(stack: Stack, src: Source) -> None:
                 "digits, '-' and '_', starting with a letter",
                 what="key",
             )
-        kube = name.replace("_", "-")  # its Kubernetes object name (DNS-1123 has no '_')
+        kube = kube_name(name)  # its Kubernetes object name (DNS-1123 has no '_', ends alphanumeric)
         if kube in seen:
             raise src.error(
                 ("models", name),
                 f"{toml_repr(name)} and {toml_repr(seen[kube])} are the same Kubernetes name {toml_repr(kube)} "
-                "('_' becomes '-')",
+                "('_' becomes '-', a '-' at the end goes)",
                 "rename one of them",
                 what="key",
             )
