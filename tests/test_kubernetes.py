@@ -196,6 +196,22 @@ def test_gateway_routes_the_models_that_speak_openai(built: Path) -> None:
             ]
         }
     ]
+    # every model is reachable: the routed ones from the router, the others (ComfyUI here) on their port
+    routed = {r["litellm_params"]["api_base"].split("//")[1].split(":")[0] for r in routes["model_list"]}
+    for _, d in docs(built):
+        if d["kind"] != "Deployment" or d["metadata"]["name"] == "umemc-gateway":
+            continue
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        selecting = sorted(
+            name
+            for name, spec in policies.items()
+            if all(labels.get(k) == v for k, v in spec["podSelector"]["matchLabels"].items())
+        )
+        model = labels["app.kubernetes.io/name"]
+        assert selecting == (["umemc-models-from-gateway"] if model in routed else ["umemc-models-by-service"]), model
+    assert "image" not in routed and policies["umemc-models-by-service"]["ingress"] == [
+        {"ports": [{"port": "http", "protocol": "TCP"}]}
+    ]
     readme = (built / "kubernetes" / "secrets" / "README.md").read_text()
     token = '--from-literal=token="$(openssl rand -hex 32)"'
     assert f"kubectl -n two-node create secret generic two-node-gateway-token {token}" in readme
@@ -589,3 +605,33 @@ def test_pods_that_can_start(write_stack, tmp_path: Path) -> None:
             "spark, which names its own llama-server image"
         )
     )
+
+
+def test_a_command_worker_says_whether_it_uses_the_gpu(write_stack, run_cli, tmp_path: Path) -> None:
+    """A command worker is counted in the GPU window (the safe side) and asks for no device; gpu = false: nothing
+    in the GPU window (the GPU ledger and the device count leave it out); gpu = true: its pod asks for the GPU
+    device it is charged for."""
+    text = (
+        'version = 1\nname = "dev"\n[nodes.spark]\npreset = "dgx-spark-128"\ngpu_devices = 2\n'
+        '[models.big]\nruntime = "command"\ncommand = ["serve", "{port}"]\nmemory = "40GiB"\ngpu = true\n'
+        'image = "registry.example.com/serve:1.0"\n'
+        '[models.tool]\nruntime = "command"\ncommand = ["tool", "{port}"]\nmemory = "20GiB"\n'
+        'image = "registry.example.com/tool:1.0"\n'
+    )
+
+    def figures(extra: str) -> dict[str, Any]:
+        write_stack(text + extra)
+        code, out, err = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
+        assert code == 0, err
+        return json.loads(out)["models"]["tool"]
+
+    assert figures("")["gpu_bytes"] == 20 * 2**30  # explicit memory, all of it assumed in the GPU window
+    assert figures("gpu = false\n")["gpu_bytes"] == 0
+    code, _, err = run_cli("build", "stack.toml", "--target", "kubernetes", "-o", "out", cwd=tmp_path)
+    assert code == 0, err
+    pods = {
+        d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+        for _, d in docs(tmp_path / "out")
+        if d["kind"] == "Deployment"
+    }
+    assert pods["big"]["nvidia.com/gpu"] == 1 and "nvidia.com/gpu" not in pods["tool"]

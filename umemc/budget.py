@@ -365,7 +365,9 @@ def _items(loaded: LoadedStack, by_kind: dict[str, ModelPlans]) -> list[Item]:
     kind_of = {n: kinds.index(node.platform.kind) for n, node in loaded.nodes.items()}
     shared = [
         {
-            name: PlaceNeed(mp.quota_hard, mp.gpu_quota_hard, int(holds_gpu_device(mp.model.spec.runtime, kind)))
+            name: PlaceNeed(
+                mp.quota_hard, mp.gpu_quota_hard, int(holds_gpu_device(mp.model.spec.runtime, kind, mp.model.spec.gpu))
+            )
             for name, mp in mplans.items()
         }
         for kind, mplans in by_kind.items()

@@ -76,6 +76,31 @@ port = 9100
     assert b.programs["chat"].health == "/health"
 
 
+def test_a_model_that_uses_no_gpu_keeps_every_layer_on_the_cpu(write_stack) -> None:
+    """gpu = false on a GPU box: -ngl 0 (llama-server) and --n_gpu_layers 0 (llama-cpp-python), nothing in the GPU
+    window, and llama.cpp's CPU repack counted as on a CPU machine (mmap'd: the copy beside the file's pages)."""
+    models = """
+[models.a]
+runtime = "llama-server"
+model = "a.gguf"
+arch = "qwen2.5-7b"
+gpu = false
+mmap = true
+[models.b]
+runtime = "llama-cpp-python"
+model = "b.gguf"
+arch = "qwen2.5-7b"
+gpu = false
+"""
+    b = bundle(write_stack, 'preset = "strix-halo-128"', models)
+    argv_a, argv_b = b.programs["a"].argv, b.programs["b"].argv
+    assert argv_a[argv_a.index("-ngl") + 1] == "0"
+    assert argv_b[argv_b.index("--n_gpu_layers") + 1] == "0"
+    plan = b.plan
+    assert plan.models["a"].gpu_quota_hard == 0 and plan.models["b"].gpu_quota_hard == 0
+    assert any(p.name == "repacked copy" for p in plan.models["a"].estimate.weights.parts)
+
+
 def test_llama_cpp_python_argv_on_cpu(write_stack, tmp_path: Path) -> None:
     b = bundle(
         write_stack,

@@ -48,9 +48,10 @@ GPU_RESOURCE: dict[str, str] = {
 GPU_DEVICE_KINDS = frozenset(GPU_RESOURCE)
 
 
-def holds_gpu_device(runtime: str, kind: str) -> bool:
-    """Whether a model's pod asks for the node's GPU device (a `command` worker says nothing of its GPU)."""
-    return kind in GPU_DEVICE_KINDS and runtime != "command"
+def holds_gpu_device(runtime: str, kind: str, gpu: bool | None = None) -> bool:
+    """Whether a model's pod asks for the node's GPU device: the model's `gpu` key where it says, else every runtime
+    but `command` (which says nothing of its GPU unless `gpu = true`)."""
+    return kind in GPU_DEVICE_KINDS and (gpu if gpu is not None else runtime != "command")
 
 
 # Runtimes that cannot start without a weights file (their launcher modules say the same: NEEDS_MODEL_FILE)

@@ -38,6 +38,8 @@ def finish(
             ]
         if loaded.platform.kind != "cpu":
             gpu = Figure("gpu", explicit, "explicit memory, all of it assumed to be in the GPU window")
+    if m.spec.gpu is False and loaded.platform.kind != "cpu":
+        gpu = Figure("gpu", 0, "gpu = false: the worker uses no GPU, nothing in the GPU window")
     return Estimate(m.name, source, weights, kv, compute, overhead, gpu, explicit, facts, tuple(warnings))
 
 

@@ -345,7 +345,7 @@ def _repack(loaded: LoadedStack, m: ResolvedModel, repack_bytes: int) -> Figure 
     those tensors were read to make the copy and stay resident until the kernel reclaims them, so
     the process holds both: budget both. Without mmap the copy replaces the file's tensors."""
     spec = m.spec
-    if loaded.platform.kind != "cpu" or not m.mmap or not repack_bytes:
+    if (loaded.platform.kind != "cpu" and spec.gpu is not False) or not m.mmap or not repack_bytes:
         return None
     if NO_REPACK_FLAGS.get(spec.runtime, frozenset()) & set(spec.args):
         return None

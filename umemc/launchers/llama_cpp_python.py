@@ -55,7 +55,7 @@ def argv(m: ModelPlan, ctx: Context) -> list[str]:
         ("--type_v", kv),
         ("--use_mmap", _bool(rm.mmap)),
         ("--use_mlock", _bool(spec.mlock)),
-        ("--n_gpu_layers", "0" if ctx.plan.platform.kind == "cpu" else "-1"),
+        ("--n_gpu_layers", "0" if ctx.plan.platform.kind == "cpu" or spec.gpu is False else "-1"),
         # the server defaults to logits_all = true: it keeps n_vocab x 4 bytes of logits for every
         # token of the context (+265 MiB per 1000 tokens at a 32k vocabulary, measured); off, the
         # process holds what llama.cpp's buffers say

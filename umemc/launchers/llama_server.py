@@ -110,7 +110,7 @@ def argv(m: ModelPlan, ctx: Context) -> list[str]:
         "-ctv",
         spec.kv_cache,
         "-ngl",
-        "0" if ctx.plan.platform.kind == "cpu" else ALL_LAYERS,
+        "0" if ctx.plan.platform.kind == "cpu" or spec.gpu is False else ALL_LAYERS,
     ]
     if d.load_mode:
         out += ["--load-mode", LOAD_MODE[(rm.mmap, spec.mlock)]]

@@ -276,6 +276,13 @@ class ModelSpec(_Strict):
     memory: Size | None = Field(
         None, description="Explicit size of the whole worker; overrides the estimate. Required for runtime = command."
     )
+    gpu: bool | None = Field(
+        None,
+        description="Whether the worker uses the GPU: counted in the GPU window and, under Kubernetes, given one of "
+        "the node's GPU devices. false: neither (a CPU-only command worker on a GPU box). Default: true for the "
+        "model runtimes; a command worker is counted in the GPU window (the safe side) but asks for no device "
+        "unless gpu = true.",
+    )
     bin: str | None = Field(None, description="The runtime's executable (default: looked up on PATH).")
     args: list[str] = Field(default_factory=list, description="Extra argv for the runtime.")
     mmproj: str | None = Field(None, description="Vision projector GGUF (llama.cpp multimodal), counted in weights.")

@@ -360,6 +360,8 @@ def _deployment(
     image = _image(plan, t.plan, t.node)
     version = _version_label(image)
     labels = _labels(ns, name, "model", version)
+    # how it is reached (networkpolicy.yaml): through the router, or (a runtime it does not route) its own Service
+    labels["umemc.io/reached-by"] = "gateway" if spec.runtime in OPENAI_RUNTIMES else "service"
     select = {"app.kubernetes.io/name": name, "app.kubernetes.io/instance": ns}
     if t.name != name:  # one Deployment per node of a cold model
         labels["umemc.io/node"] = t.node.name
@@ -391,7 +393,7 @@ def _deployment(
     container["envFrom"] = env_from
     limits: dict[str, Any] = {"memory": str(t.plan.quota_hard)}
     requests: dict[str, Any] = {"memory": str(t.plan.quota_soft)}
-    if holds_gpu_device(spec.runtime, kind):
+    if holds_gpu_device(spec.runtime, kind, spec.gpu):
         limits[GPU_RESOURCE[kind]] = 1  # an extended resource: request = limit
         requests[GPU_RESOURCE[kind]] = 1
     container["resources"] = {"requests": requests, "limits": limits}
@@ -614,9 +616,16 @@ def _gateway(plan: Plan, ns: str, routes: list[tuple[str, str, int]], prios: lis
 
 
 def _network_policies(plan: Plan, ns: str) -> list[dict[str, Any]]:
-    """Models answer only the router (and the kubelet's probes, which come from the node); the router takes
-    requests from anywhere its Service is reachable, each checked against the master key."""
-    models = {"app.kubernetes.io/component": "model", "app.kubernetes.io/instance": ns}
+    """Models the router routes answer only the router (and the kubelet's probes, which come from the node); the
+    others (ComfyUI, whisper-server, torch, command: the router speaks only OpenAI to llama.cpp servers) answer on
+    their http port whoever reaches their Service, as the router does; the router checks each request against
+    the master key."""
+    models = {
+        "app.kubernetes.io/component": "model",
+        "app.kubernetes.io/instance": ns,
+        "umemc.io/reached-by": "gateway",
+    }
+    direct = models | {"umemc.io/reached-by": "service"}
     gateway = {"app.kubernetes.io/name": "umemc-gateway", "app.kubernetes.io/instance": ns}
     labels = _labels(ns, "umemc", "network-policy")
 
@@ -630,6 +639,7 @@ def _network_policies(plan: Plan, ns: str) -> list[dict[str, Any]]:
 
     return [
         policy("umemc-models-from-gateway", models, {"from": [{"podSelector": {"matchLabels": gateway}}]}),
+        policy("umemc-models-by-service", direct, {"ports": [{"port": "http", "protocol": "TCP"}]}),
         policy("umemc-gateway-ingress", gateway, {"ports": [{"port": "http", "protocol": "TCP"}]}),
     ]
 
