@@ -111,9 +111,10 @@ def test_figures_and_placement_match_the_budget(built: Path) -> None:
     assert classes == {**{f"umemc-two-node-p{p}": p for p in (40, 50, 60, 80, 90)}, "umemc-two-node-gateway": 91}
     chat = deployments["chat"]["spec"]["template"]["spec"]["containers"][0]
     assert chat["image"] == "ghcr.io/ggml-org/llama.cpp:server-vulkan-b9426" and "command" not in chat  # pinned
-    assert chat["args"][-4:] == ["--host", "0.0.0.0", "--port", "10001"]  # a pod listens on its own address
+    # a pod listens on its own address, and llama-server serves under /models/NAME (its health URL too)
+    assert chat["args"][-6:] == ["--host", "0.0.0.0", "--port", "10001", "--api-prefix", "/models/chat"]
     assert chat["args"][chat["args"].index("--slot-save-path") + 1] == "/var/lib/umemc/slots/chat"  # an emptyDir
-    assert chat["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert chat["readinessProbe"]["httpGet"] == {"path": "/models/chat/health", "port": "http"}
     assert chat["securityContext"]["readOnlyRootFilesystem"] is True
     assert chat["volumeMounts"] == [
         {"name": "tmp", "mountPath": "/tmp"},
@@ -161,12 +162,12 @@ def test_gateway_routes_the_models_that_speak_openai(built: Path) -> None:
     )
     routes = yaml.safe_load(config["data"]["config.yaml"])
     assert [(r["model_name"], r["litellm_params"]["api_base"]) for r in routes["model_list"]] == [
-        ("chat", "http://chat:10001/v1"),
-        ("gpt-4o", "http://chat:10001/v1"),
-        ("code", "http://code:10002/v1"),
-        ("vision", "http://vision:10003/v1"),
-        ("embed", "http://embed:10004/v1"),
-        ("text-embedding-3-small", "http://embed:10004/v1"),
+        ("chat", "http://chat:10001/models/chat/v1"),
+        ("gpt-4o", "http://chat:10001/models/chat/v1"),
+        ("code", "http://code:10002/models/code/v1"),
+        ("vision", "http://vision:10003/models/vision/v1"),
+        ("embed", "http://embed:10004/models/embed/v1"),
+        ("text-embedding-3-small", "http://embed:10004/models/embed/v1"),
     ]  # ComfyUI (image) does not speak OpenAI: reached by its own Service
     assert routes["general_settings"] == {"master_key": "os.environ/UMEMC_GATEWAY_TOKEN"}
     gateway = next(d for _, d in docs(built) if d["kind"] == "Deployment" and d["metadata"]["name"] == "umemc-gateway")
@@ -635,3 +636,61 @@ def test_a_command_worker_says_whether_it_uses_the_gpu(write_stack, run_cli, tmp
         if d["kind"] == "Deployment"
     }
     assert pods["big"]["nvidia.com/gpu"] == 1 and "nvidia.com/gpu" not in pods["tool"]
+
+
+KEDA_CRD = REPO / "tests" / "recorded" / "keda" / "http.keda.sh_httpscaledobjects-v0.15.0.yaml"
+
+
+def test_cold_models_start_on_a_request_through_kedas_http_add_on(write_stack, tmp_path: Path) -> None:
+    """kubernetes/keda/: an HTTPScaledObject per cold llama-server model, valid against the CRD KEDA's HTTP add-on
+    publishes (v0.15.0, tests/recorded/keda), whose path is the one the model's server serves under
+    (--api-prefix) and the one the overlay's router sends it on through the interceptor; scaled back to zero
+    after its ttl. Hot models keep their direct route; a ComfyUI model (not routed) gets no scaler."""
+    import jsonschema
+
+    text = (
+        'version = 1\nname = "lab"\n[nodes.halo]\npreset = "strix-halo-128"\n'
+        'labels = { "umemc.io/node" = "halo" }\n'
+        '[models.chat]\nruntime = "llama-server"\nmodel = "/srv/m/chat.gguf"\narch = "llama-3-8b"\npriority = 90\n'
+        '[models.code]\nruntime = "llama-server"\nmodel = "/srv/m/code.gguf"\narch = "qwen2.5-7b"\nmode = "cold"\n'
+        'ttl = "5m"\nmax_concurrency = 2\n'
+        '[models.image]\nruntime = "comfyui"\narch = "sdxl"\nmode = "cold"\nimage = "registry.example.com/comfyui:v0.3.40"\n'
+    )
+    out = tmp_path / "out"
+    build_kubernetes(make_plan(load_stack(write_stack(text))), out)
+    keda = out / "kubernetes" / "keda"
+    assert sorted(p.name for p in keda.iterdir()) == [
+        "gateway-config.yaml", "httpscaledobjects.yaml", "kustomization.yaml", "networkpolicy.yaml",
+    ]  # fmt: skip
+    crd = yaml.safe_load(KEDA_CRD.read_text())
+    [version] = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+    [scaler] = list(yaml.safe_load_all((keda / "httpscaledobjects.yaml").read_text()))
+    jsonschema.validate(scaler, version["schema"]["openAPIV3Schema"])
+    ref = scaler["spec"]["scaleTargetRef"]
+    assert ("portName" in ref) != ("port" in ref)  # the CRD's x-kubernetes-validations rule, by hand
+    assert scaler["apiVersion"] == f"{crd['spec']['group']}/v1alpha1" and scaler["kind"] == crd["spec"]["names"]["kind"]
+    base = {(d["kind"], d["metadata"]["name"]): d for _, d in docs(out) if not _.startswith("kubernetes/keda/")}
+    deployment = base[("Deployment", ref["name"])]
+    assert deployment["spec"]["replicas"] == 0 and deployment["metadata"]["annotations"]["umemc.io/mode"] == "cold"
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    prefix = container["args"][container["args"].index("--api-prefix") + 1]
+    assert (prefix, scaler["spec"]["pathPrefixes"]) == ("/models/code", ["/models/code/"])
+    assert container["startupProbe"]["httpGet"]["path"] == "/models/code/health"
+    service = base[("Service", ref["service"])]
+    assert ref["portName"] in [p["name"] for p in service["spec"]["ports"]]
+    assert scaler["spec"]["replicas"] == {"min": 0, "max": 1} and scaler["spec"]["scaledownPeriod"] == 300
+    assert scaler["spec"]["scalingMetric"] == {"concurrency": {"targetValue": 2}}
+    [patch] = list(yaml.safe_load_all((keda / "gateway-config.yaml").read_text()))
+    routes = {
+        r["model_name"]: r["litellm_params"]["api_base"]
+        for r in yaml.safe_load(patch["data"]["config.yaml"])["model_list"]
+    }
+    assert routes == {
+        "chat": "http://chat:10001/models/chat/v1",  # hot: straight to its Service
+        "code": "http://keda-add-ons-http-interceptor-proxy.keda:8080/models/code/v1",  # cold: KEDA starts it
+    }
+    assert patch["metadata"]["name"] == base[("ConfigMap", "umemc-gateway-config")]["metadata"]["name"]
+    kustomization = yaml.safe_load((keda / "kustomization.yaml").read_text())
+    assert kustomization["resources"][0] == ".." and kustomization["namespace"] == "lab"
+    [policy] = list(yaml.safe_load_all((keda / "networkpolicy.yaml").read_text()))
+    assert policy["spec"]["podSelector"]["matchExpressions"][1]["values"] == ["code"]

@@ -16,19 +16,20 @@ ANSWERS = Path(__file__).resolve().parents[1] / "recorded" / "answers"
 
 def test_a_llama_server_answer_says_usage_and_its_own_speed() -> None:
     got = read_usage((ANSWERS / "llama-server-completion.json").read_bytes())
-    assert got == Usage(3, 5, 944.9562957713207, "usage")
+    assert got == Usage(3, 5, 944.9562957713207, "usage", 1307.1895424836603)
     assert got.per_second(10.0) == 944.9562957713207  # its own figure, not the time the answer took
 
 
 def test_a_llama_server_stream_without_usage_is_read_from_its_timings() -> None:
-    # the last chunk: "cache_n":1,"prompt_n":51 (52 in), "predicted_n":5, "predicted_per_second":552.791597567717
+    # the last chunk: "cache_n":1,"prompt_n":51 (52 in), "predicted_n":5, "predicted_per_second":552.791597567717,
+    # "prompt_per_second":3039.3325387365912
     got = read_usage((ANSWERS / "llama-server-stream.txt").read_bytes())
-    assert got == Usage(52, 5, 552.791597567717, "timings")
+    assert got == Usage(52, 5, 552.791597567717, "timings", 3039.3325387365912)
 
 
 def test_a_llama_server_stream_with_usage() -> None:
     got = read_usage((ANSWERS / "llama-server-stream-usage.txt").read_bytes())
-    assert got == Usage(52, 5, 606.1524473405061, "usage")
+    assert got == Usage(52, 5, 606.1524473405061, "usage", 484.49612403100775)
 
 
 def test_llama_cpp_python_says_usage_without_timings() -> None:
@@ -51,7 +52,7 @@ def test_a_stream_read_in_pieces_counts_each_content_chunk_once(piece: int) -> N
     reader = StreamReader()
     for at in range(0, len(data), piece):
         reader.feed(data[at : at + piece])
-    assert reader.chunks == 5 and reader.usage() == Usage(52, 5, 552.791597567717, "timings")
+    assert reader.chunks == 5 and reader.usage() == Usage(52, 5, 552.791597567717, "timings", 3039.3325387365912)
 
 
 def test_a_large_answer_is_read_from_its_tail() -> None:
