@@ -654,7 +654,8 @@ def test_cold_models_start_on_a_request_through_kedas_http_add_on(write_stack, t
         '[models.chat]\nruntime = "llama-server"\nmodel = "/srv/m/chat.gguf"\narch = "llama-3-8b"\npriority = 90\n'
         '[models.code]\nruntime = "llama-server"\nmodel = "/srv/m/code.gguf"\narch = "qwen2.5-7b"\nmode = "cold"\n'
         'ttl = "5m"\nmax_concurrency = 2\n'
-        '[models.image]\nruntime = "comfyui"\narch = "sdxl"\nmode = "cold"\nimage = "registry.example.com/comfyui:v0.3.40"\n'
+        '[models.image]\nruntime = "comfyui"\narch = "sdxl"\nmode = "cold"\n'
+        'image = "registry.example.com/comfyui:v0.3.40"\n'
     )
     out = tmp_path / "out"
     build_kubernetes(make_plan(load_stack(write_stack(text))), out)
