@@ -254,3 +254,28 @@ def test_decimal_memory_is_said_once_and_apple_window_defaults_from_memory(tmp_p
         'warning: mac.toml:5:10: platform.memory: "64GB" is 64000000000 bytes = 59.6 GiB (GB/TB are powers of 10); '
         'RAM comes in powers of two: a machine sold as 64GB has "64GiB"'
     ) in out.splitlines()  # one line: nothing wrapped or cut at 80 columns off a terminal
+
+
+def test_a_command_imports_only_itself(tmp_path: Path) -> None:
+    """`umemc check` builds the parser of check alone: the other commands' modules (and what they pull in: the
+    runtime's supervisor client, the Hub) are most of a short command's time, and none is imported (check shares
+    build's refusal of missing files and the asking of llama.cpp); `umemc --help` lists them all."""
+    import subprocess
+    import sys
+
+    stack = tmp_path / "s.toml"
+    stack.write_text('version = 1\nname = "s"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n[models.a]\nruntime = '
+                     '"command"\ncommand = ["true"]\nmemory = "1GiB"\n')  # fmt: skip
+    probe = (
+        "import sys; from umemc.cli import main; code = main(['check', sys.argv[1]]); "
+        "print(sorted(m for m in sys.modules if m.startswith('umemc.commands.')), code)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, str(stack)], capture_output=True, text=True, timeout=120)
+    imported = "['umemc.commands.asking', 'umemc.commands.build', 'umemc.commands.check', 'umemc.commands.common'] 0"
+    assert done.stdout.splitlines()[-1] == imported, done.stderr
+    done = subprocess.run([sys.executable, "-m", "umemc", "--help"], capture_output=True, text=True, timeout=120)
+    listed = [
+        x.split()[0] for x in done.stdout.split("COMMAND\n", 1)[1].splitlines() if x.startswith("    ") and x[4] != " "
+    ]
+    assert listed == ["init", "pull", "check", "build", "explain", "calibrate", "up", "down", "status", "top",
+                      "events", "logs", "apply", "schema"]  # fmt: skip

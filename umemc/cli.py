@@ -5,15 +5,20 @@ input, 3 internal error (traceback to a log file), 130 interrupted."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import tempfile
 import traceback
 from collections.abc import Sequence
 
-from .commands import apply, build, calibrate, check, down, events, explain, init, logs, pull, schema, status, up
 from .errors import UmemcError
 
-COMMANDS = (init, pull, check, build, explain, calibrate, up, down, status, events, logs, apply, schema)
+# each a module of umemc.commands with register(sub); only the one asked for is imported (the others' imports
+# are most of a short command's time)
+COMMANDS = (
+    "init", "pull", "check", "build", "explain", "calibrate", "up", "down", "status", "events", "logs", "apply",
+    "schema",
+)  # fmt: skip
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,12 +32,14 @@ def _usage_exit(message: str) -> int:
     return 2
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; with `argv` naming a command first, only that command's (`umemc --help`, a typo: all)."""
     parser = _Parser(prog="umemc", description="Memory budgets for several AI models on one unified-memory machine.")
     parser.add_argument("--version", action=_VersionAction, nargs=0, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
-    for module in COMMANDS:
-        module.register(sub)
+    first = next(iter(argv), None) if argv is not None else None
+    for name in (first,) if first in COMMANDS else COMMANDS:
+        importlib.import_module(f"umemc.commands.{name}").register(sub)
     return parser
 
 
@@ -55,7 +62,7 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
         if getattr(args, "find_run_dir", False) and args.run_dir is None:
             from .commands.up import find_run_dir
 
