@@ -422,7 +422,7 @@ priority = 30
     assert env["spark"]["GGML_CUDA_ENABLE_UNIFIED_MEMORY"] == "1"
     terms = found["side-halo"]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
     terms = terms["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert [t["matchExpressions"][0]["values"] for t in terms] == [["halo"], ["halo2"]]  # either halo
+    assert terms == [{"matchExpressions": [{"key": "umemc.io/node", "operator": "In", "values": ["halo", "halo2"]}]}]
     assert found["side-halo"]["metadata"]["annotations"]["umemc.io/node"] == "halo,halo2"
     services = [d for _, d in docs(out) if d["kind"] == "Service" and d["metadata"]["name"] == "side"]
     assert services[0]["spec"]["selector"] == {"app.kubernetes.io/name": "side", "app.kubernetes.io/instance": "mixed"}

@@ -13,6 +13,9 @@ from pathlib import Path
 from .errors import UsageError
 
 MARKER = ".umemc-bundle"
+# Above this many files one sync of the filesystems before the swap costs less than a flush per file (a 5000-model
+# Kubernetes build writes 6000: 4.9 s of fsync alone)
+SYNC_ONCE_ABOVE = 64
 MARKER_TEXT = "umemc bundle v1\n"
 _RENAME_EXCHANGE = 2
 
@@ -38,9 +41,12 @@ def write_bundle(target: Path, files: dict[str, str]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
+        each = len(files) <= SYNC_ONCE_ABOVE
         for rel, text in files.items():
-            _write_file(tmp / rel, text)
-        _write_file(tmp / MARKER, MARKER_TEXT)
+            _write_file(tmp / rel, text, each)
+        _write_file(tmp / MARKER, MARKER_TEXT, each)
+        if not each:
+            os.sync()  # every file on disk before the swap makes them the bundle
         os.chmod(tmp, 0o700)  # worker environments may hold secrets: the bundle is its owner's alone
         if target.exists():
             _swap(tmp, target)  # tmp now holds the previous bundle
@@ -51,14 +57,15 @@ def write_bundle(target: Path, files: dict[str, str]) -> None:
             shutil.rmtree(tmp)
 
 
-def _write_file(path: Path, text: str) -> None:
+def _write_file(path: Path, text: str, durable: bool = True) -> None:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     mode = 0o700 if path.suffix == ".sh" else 0o600
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     with open(fd, "w", encoding="utf-8", newline="\n") as f:
         f.write(text)
         f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            os.fsync(f.fileno())
     os.chmod(path, mode)  # exactly, whatever the umask
 
 

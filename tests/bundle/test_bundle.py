@@ -93,17 +93,35 @@ def test_a_failure_mid_write_leaves_the_previous_bundle(tmp_path: Path, monkeypa
     before = tree(bundle)
     real, calls = write._write_file, []
 
-    def failing(path: Path, text: str) -> None:
+    def failing(path: Path, text: str, durable: bool = True) -> None:
         calls.append(path)
         if len(calls) == 4:
             raise KeyboardInterrupt  # Ctrl-C in the middle of writing
-        real(path, text)
+        real(path, text, durable)
 
     monkeypatch.setattr(write, "_write_file", failing)
     with pytest.raises(KeyboardInterrupt):
         build_stack(REPO / "examples/strix-halo-5.toml", bundle)
     assert tree(bundle) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]  # no temporary directory left
+
+
+def test_a_bundle_of_many_files_is_synced_once_before_it_is_swapped_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A few files: each flushed to disk; above write.SYNC_ONCE_ABOVE, one sync of the filesystems, and only
+    then the swap that makes them the bundle."""
+    seen: list[str] = []
+    monkeypatch.setattr(write.os, "fsync", lambda fd: seen.append("fsync"))
+    monkeypatch.setattr(write.os, "sync", lambda: seen.append("sync"))
+    real_rename = write.os.rename
+    monkeypatch.setattr(write.os, "rename", lambda a, b: (seen.append("rename"), real_rename(a, b)))
+    write.write_bundle(tmp_path / "few", {f"f{i}": "x" for i in range(3)})
+    assert seen == ["fsync"] * 4 + ["rename"]  # three files and the marker
+    seen.clear()
+    write.write_bundle(tmp_path / "many", {f"d/f{i}": "x" for i in range(write.SYNC_ONCE_ABOVE + 1)})
+    assert seen == ["sync", "rename"]
+    assert len(list((tmp_path / "many" / "d").iterdir())) == write.SYNC_ONCE_ABOVE + 1
 
 
 def _rpc(sock: Path) -> xmlrpc.client.ServerProxy:
