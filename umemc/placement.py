@@ -9,10 +9,13 @@ that gives every hot model a node wins:
    model gets the strongest machine, never a CPU node while a GPU node has room), then with the least
    room left (best fit, which keeps large holes for the large models still to come);
 2. constrained first: the models with the fewest nodes they could use first (a pinned model before one
-   that may go anywhere), then larger first, best fit;
-3. larger first, best fit.
+   that may go anywhere), then larger first;
+3. larger first.
 
-When no pass places them all, the placement keeps the highest priorities: on up to EXACT_MAX hot models the
+Every pass keeps the GPU preference (of the nodes a model fits, the largest GPU window first, then best fit).
+When none places them all, on up to FEASIBLE_MAX hot models an exact search looks for a placement of them all
+(so no false "does not fit" there); when there is none, the placement keeps the highest priorities: on up to
+EXACT_MAX hot models the
 priority-lexicographic optimum (the placed set whose priorities, sorted, are largest, found by trying every
 subset against an exact search); above that, the priority pass, then each model it left out retried by
 repacking with it (constrained first). Ties break on the stack's file order, so the same stack always gets
@@ -36,6 +39,7 @@ from .units import gib
 NO_LIMIT = 1 << 62
 SHOWN = 3  # other nodes named in a model's explanation
 EXACT_MAX = 8  # hot models up to which a stack that cannot place them all gets the exact optimum
+FEASIBLE_MAX = 16  # hot models up to which an exact search looks for a placement of them all before giving up
 SEARCH_STEPS = 200_000  # node visits of one exact feasibility search (about a second of Python)
 REPACKS = 32  # above EXACT_MAX: models left out by the priority pass retried by a repack
 
@@ -228,13 +232,13 @@ class Facts:
 
 def _passes(bins: list[Bin], hot: list[Item], order: dict[str, int], f: Facts) -> tuple[Pass, Pass, Pass]:
     strongest = {b.name: 1 if b.gpu_budget is None else -b.gpu_budget for b in bins}  # the largest GPU first
-    flat = {b.name: 0 for b in bins}
     size, options = f.size, f.options
     by_options = sorted(hot, key=lambda i: (options[i.name], -size[i.name], -i.priority, i.name))
+    # every pass keeps the GPU preference: a model goes to a CPU node only where no GPU node takes it
     return (
         Pass("priority", sorted(hot, key=lambda i: (-i.priority, -size[i.name], i.name)), strongest, order, f),
-        Pass("constrained", by_options, flat, order, f),
-        Pass("size", sorted(hot, key=lambda i: (-size[i.name], i.name)), flat, order, f),
+        Pass("constrained", by_options, strongest, order, f),
+        Pass("size", sorted(hot, key=lambda i: (-size[i.name], i.name)), strongest, order, f),
     )
 
 
@@ -249,6 +253,10 @@ def _place_hot(
         found = _greedy(bins, p)
         if len(found) == len(hot):
             return found, p.how, p
+    if EXACT_MAX < len(hot) <= FEASIBLE_MAX:
+        every = _feasible(bins, _gpu_first(bins, hot))
+        if every is not None:
+            return every, "exact", None
     if len(hot) <= EXACT_MAX:
         best = _optimum(bins, hot)
         for p in passes:  # the optimum's models, placed the way a pass would if it can
@@ -314,8 +322,9 @@ def _why(how: str, node: str, left: int, stronger: bool) -> str:
             "constrained": "the models with the fewest possible nodes first, then larger first, best fit",
             "size": "larger first, best fit",
         }[how]
+        where = "of the nodes it fits, the largest GPU window first, then" if stronger else "which it fits with"
         return (
-            f"placed on {node}, which it fits with the least room left ({gib(left)} GiB of the budget free after "
+            f"placed on {node}, {where} the least room left ({gib(left)} GiB of the budget free after "
             f"it; {reason}; priority order alone left a hot model without a node)"
         )
     if stronger:
@@ -362,6 +371,14 @@ def _feasible(bins: list[Bin], chosen: list[Item], steps: int = SEARCH_STEPS) ->
         return False
 
     return dict(out) if go(0) else None
+
+
+def _gpu_first(bins: list[Bin], hot: list[Item]) -> list[Item]:
+    """The models with their allowed nodes largest GPU first (the exact search tries nodes in that order)."""
+    strength = {b.name: -1 if b.gpu_budget is None else b.gpu_budget for b in bins}
+    return [
+        Item(i.name, i.priority, i.hot, tuple(sorted(i.allowed, key=lambda n: -strength[n])), i.needs) for i in hot
+    ]
 
 
 def _optimum(bins: list[Bin], hot: list[Item]) -> Assignment:
@@ -415,6 +432,7 @@ def _generic_why(node: str, how: str, room: Room) -> str:
     reason = {
         "optimum": "not every hot model fits: of all the placements, the one that keeps the highest priorities",
         "repacked": "not every hot model fits: the highest priorities kept, repacked with the constrained first",
+        "exact": "no pass of the usual orders placed every hot model; an exact search found a placement of them all",
     }[how]
     return f"placed on {node} ({gib(room.ram[node])} GiB of its budget left with every hot model placed): {reason}"
 
