@@ -695,3 +695,144 @@ def test_cold_models_start_on_a_request_through_kedas_http_add_on(write_stack, t
     assert kustomization["resources"][0] == ".." and kustomization["namespace"] == "lab"
     [policy] = list(yaml.safe_load_all((keda / "networkpolicy.yaml").read_text()))
     assert policy["spec"]["podSelector"]["matchExpressions"][1]["values"] == ["code"]
+
+
+MIXED = """version = 1
+name = "lab_cluster_"
+[nodes.halo128]
+preset = "strix-halo-128"
+[nodes.halo96]
+preset = "strix-halo-128"
+memory = "96GiB"
+gpu_window = "88GiB"
+[nodes.halo64]
+preset = "strix-halo-64"
+[nodes.spark_a]
+preset = "dgx-spark-128"
+labels = { "umemc.io/node" = "spark-a" }
+images = { llama-server = "registry.example.com/llama.cpp:server-cuda-arm64-b9426" }
+[nodes.spark_b]
+preset = "dgx-spark-128"
+labels = { "umemc.io/node" = "spark-b" }
+images = { llama-server = "registry.example.com/llama.cpp:server-cuda-arm64-b9426" }
+[nodes.jetson]
+preset = "jetson-orin-64"
+images = { llama-server = "registry.example.com/llama.cpp:server-cuda-jetson-b9426" }
+[nodes.gpubox]
+kind = "nvidia-discrete"
+memory = "128GiB"
+gpu_window = "48GiB"
+gpu_devices = 4
+[nodes.cpu1]
+kind = "cpu"
+memory = "64GiB"
+[nodes.cpu2]
+kind = "cpu"
+memory = "64GiB"
+"""
+
+
+def _mixed_models() -> str:
+    out = []
+    archs = ["llama-3-8b", "qwen2.5-7b", "qwen3-30b-a3b", "gemma-3-12b", "phi-4", "mistral-small-3.2-24b"]
+    for k in range(14):
+        mode = "cold" if k % 3 == 0 else "hot"
+        out.append(
+            f'[models.chat_{k}]\nruntime = "llama-server"\nmodel = "/srv/Models/chat_{k}.gguf"\n'
+            f'arch = "{archs[k % len(archs)]}"\ncontext = 4096\nmode = "{mode}"\npriority = {20 + 5 * k}\n'
+        )
+    out.append('[models.embed_m3]\nruntime = "llama-cpp-python"\nmodel = "/srv/models/bge-m3.gguf"\narch = "bge-m3"\n'
+               'image = "registry.example.com/llama-cpp-python:0.3.36"\n')  # fmt: skip
+    out.append(
+        '[models.whisper_1]\nruntime = "whisper-server"\nmodel = "/srv/models/ggml-large-v3.bin"\n'
+        'arch = "whisper-large-v3"\nmode = "cold"\nimage = "registry.example.com/whisper.cpp:1.7.6"\n'
+    )
+    out.append(
+        '[models.image_xl]\nruntime = "comfyui"\narch = "sdxl"\nmode = "cold"\ncwd = "/opt/ComfyUI"\n'
+        'image = "registry.example.com/comfyui:v0.3.40"\n'
+    )
+    out.append(
+        '[models.torch_emb]\nruntime = "torch"\nmodule = "embedder"\narch = "bge-m3"\n'
+        'image = "registry.example.com/umemc-torch:2.13.0"\n'
+    )
+    for k in range(3):
+        out.append(
+            f'[models.tool_{k}]\nruntime = "command"\ncommand = ["serve", "--host", "{{host}}", "--port", '
+            f'"{{port}}"]\nmemory = "2GiB"\ngpu = false\nimage = "registry.example.com/tool:1.{k}"\n'
+        )
+    return "\n".join(out)
+
+
+def test_a_mixed_cluster_gives_objects_the_api_server_accepts(write_stack, tmp_path: Path) -> None:
+    """Strix Halo 128/96/64, two arm64 DGX Sparks, a Jetson, a 4-device discrete GPU box, two CPU nodes; 22
+    models of every runtime, names with "_" (and a "_" at the end), capitals in paths: every object valid (strict) against the official
+    schemas, names unique per kind and valid DNS labels, every reference (ConfigMap, Service selector,
+    PriorityClass, PersistentVolumeClaim, the router's upstreams, KEDA's targets) resolving, every model pod
+    selected by exactly one of the base NetworkPolicies."""
+    import re
+
+    import kubernetes_validate
+
+    text = MIXED + _mixed_models()
+    out = tmp_path / "out"
+    plan = make_plan(load_stack(write_stack(text)))
+    build_kubernetes(plan, out)
+    found = docs(out)
+    for path, d in found:
+        if d["kind"] == "HTTPScaledObject":  # KEDA's: validated against its own CRD in the test above
+            continue
+        for version in VERSIONS:
+            try:
+                kubernetes_validate.validate(d, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail(f"{path} {d['kind']}/{d['metadata']['name']} against {version}: {exc}")
+    base = [(p, d) for p, d in found if not p.startswith("kubernetes/keda/")]
+    by_kind: dict[str, list[str]] = {}
+    for _, d in base:
+        by_kind.setdefault(d["kind"], []).append(d["metadata"]["name"])
+    label = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+    for kind, names in by_kind.items():
+        assert len(names) == len(set(names)), kind
+        assert all(label.fullmatch(n) for n in names if kind != "PriorityClass"), (kind, names)
+    objects = {(d["kind"], d["metadata"]["name"]): d for _, d in base}
+    assert ("Namespace", "lab-cluster") in objects
+    policies = [d["spec"] for (k, _), d in objects.items() if k == "NetworkPolicy"]
+    for (kind, name), d in objects.items():
+        if kind != "Deployment":
+            continue
+        pod = d["spec"]["template"]["spec"]
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        assert all(d["spec"]["selector"]["matchLabels"][k] == labels[k] for k in d["spec"]["selector"]["matchLabels"])
+        assert ("PriorityClass", pod["priorityClassName"]) in objects
+        for source in pod["containers"][0].get("envFrom", []):
+            if "configMapRef" in source:
+                assert ("ConfigMap", source["configMapRef"]["name"]) in objects
+        for volume in pod["volumes"]:
+            if "persistentVolumeClaim" in volume:
+                assert ("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]) in objects
+            if "configMap" in volume:
+                assert ("ConfigMap", volume["configMap"]["name"]) in objects
+        if name != "umemc-gateway":
+            selecting = [
+                p for p in policies if all(labels.get(k) == v for k, v in p["podSelector"]["matchLabels"].items())
+            ]
+            assert len(selecting) == 1, name
+    for (kind, name), d in objects.items():
+        if kind == "Service":
+            selector = d["spec"]["selector"]
+            assert any(
+                all(x["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in selector.items())
+                for (k2, _), x in objects.items()
+                if k2 == "Deployment"
+            ), name
+    config = yaml.safe_load(objects[("ConfigMap", "umemc-gateway-config")]["data"]["config.yaml"])
+    services = {n: d for (k, n), d in objects.items() if k == "Service"}
+    for route in config["model_list"]:
+        host, port = route["litellm_params"]["api_base"].split("//")[1].split("/")[0].split(":")
+        assert int(port) in [p["port"] for p in services[host]["spec"]["ports"]]
+    scalers = list(yaml.safe_load_all((out / "kubernetes/keda/httpscaledobjects.yaml").read_text()))
+    assert scalers  # the cold llama-server models
+    for s in scalers:
+        ref = s["spec"]["scaleTargetRef"]
+        assert ("Deployment", ref["name"]) in objects and ref["service"] in services
+    assert all(len(n) <= 63 for names in by_kind.values() for n in names)
