@@ -763,21 +763,9 @@ def _mixed_models() -> str:
     return "\n".join(out)
 
 
-def test_a_mixed_cluster_gives_objects_the_api_server_accepts(write_stack, tmp_path: Path) -> None:
-    """Strix Halo 128/96/64, two arm64 DGX Sparks, a Jetson, a 4-device discrete GPU box, two CPU nodes; 22
-    models of every runtime, names with "_" (and a "_" at the end), capitals in paths: every object valid (strict) against the official
-    schemas, names unique per kind and valid DNS labels, every reference (ConfigMap, Service selector,
-    PriorityClass, PersistentVolumeClaim, the router's upstreams, KEDA's targets) resolving, every model pod
-    selected by exactly one of the base NetworkPolicies."""
-    import re
-
+def _strict_valid(found: list[tuple[str, dict[str, Any]]]) -> None:
     import kubernetes_validate
 
-    text = MIXED + _mixed_models()
-    out = tmp_path / "out"
-    plan = make_plan(load_stack(write_stack(text)))
-    build_kubernetes(plan, out)
-    found = docs(out)
     for path, d in found:
         if d["kind"] == "HTTPScaledObject":  # KEDA's: validated against its own CRD in the test above
             continue
@@ -786,6 +774,35 @@ def test_a_mixed_cluster_gives_objects_the_api_server_accepts(write_stack, tmp_p
                 kubernetes_validate.validate(d, version, strict=True)
             except kubernetes_validate.ValidationError as exc:
                 pytest.fail(f"{path} {d['kind']}/{d['metadata']['name']} against {version}: {exc}")
+
+
+def _pod_references(objects: dict[tuple[str, str], dict[str, Any]], name: str, d: dict[str, Any]) -> list[tuple]:
+    """What a Deployment's pod names that must exist: its PriorityClass, ConfigMaps and claims."""
+    pod = d["spec"]["template"]["spec"]
+    refs: list[tuple] = [("PriorityClass", pod["priorityClassName"])]
+    refs += [
+        ("ConfigMap", s["configMapRef"]["name"]) for s in pod["containers"][0].get("envFrom", []) if "configMapRef" in s
+    ]
+    for volume in pod["volumes"]:
+        if "persistentVolumeClaim" in volume:
+            refs.append(("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]))
+        if "configMap" in volume:
+            refs.append(("ConfigMap", volume["configMap"]["name"]))
+    return refs
+
+
+def test_a_mixed_cluster_gives_objects_the_api_server_accepts(write_stack, tmp_path: Path) -> None:
+    """Strix Halo 128/96/64, two arm64 DGX Sparks, a Jetson, a 4-device discrete GPU box, two CPU nodes; 22
+    models of every runtime, names with "_" (and a "_" at the end), capitals in paths: every object valid
+    (strict) against the official schemas, names unique per kind and valid DNS labels, every reference
+    (ConfigMap, Service selector, PriorityClass, PersistentVolumeClaim, the router's upstreams, KEDA's targets)
+    resolving, every model pod selected by exactly one of the base NetworkPolicies."""
+    import re
+
+    out = tmp_path / "out"
+    build_kubernetes(make_plan(load_stack(write_stack(MIXED + _mixed_models()))), out)
+    found = docs(out)
+    _strict_valid(found)
     base = [(p, d) for p, d in found if not p.startswith("kubernetes/keda/")]
     by_kind: dict[str, list[str]] = {}
     for _, d in base:
@@ -797,36 +814,19 @@ def test_a_mixed_cluster_gives_objects_the_api_server_accepts(write_stack, tmp_p
     objects = {(d["kind"], d["metadata"]["name"]): d for _, d in base}
     assert ("Namespace", "lab-cluster") in objects
     policies = [d["spec"] for (k, _), d in objects.items() if k == "NetworkPolicy"]
-    for (kind, name), d in objects.items():
-        if kind != "Deployment":
-            continue
-        pod = d["spec"]["template"]["spec"]
+    deployments = {n: d for (k, n), d in objects.items() if k == "Deployment"}
+    for name, d in deployments.items():
         labels = d["spec"]["template"]["metadata"]["labels"]
-        assert all(d["spec"]["selector"]["matchLabels"][k] == labels[k] for k in d["spec"]["selector"]["matchLabels"])
-        assert ("PriorityClass", pod["priorityClassName"]) in objects
-        for source in pod["containers"][0].get("envFrom", []):
-            if "configMapRef" in source:
-                assert ("ConfigMap", source["configMapRef"]["name"]) in objects
-        for volume in pod["volumes"]:
-            if "persistentVolumeClaim" in volume:
-                assert ("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]) in objects
-            if "configMap" in volume:
-                assert ("ConfigMap", volume["configMap"]["name"]) in objects
-        if name != "umemc-gateway":
-            selecting = [
-                p for p in policies if all(labels.get(k) == v for k, v in p["podSelector"]["matchLabels"].items())
-            ]
-            assert len(selecting) == 1, name
-    for (kind, name), d in objects.items():
-        if kind == "Service":
-            selector = d["spec"]["selector"]
-            assert any(
-                all(x["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in selector.items())
-                for (k2, _), x in objects.items()
-                if k2 == "Deployment"
-            ), name
-    config = yaml.safe_load(objects[("ConfigMap", "umemc-gateway-config")]["data"]["config.yaml"])
+        assert all(labels[k] == v for k, v in d["spec"]["selector"]["matchLabels"].items())
+        assert all(ref in objects for ref in _pod_references(objects, name, d)), name
+        selecting = [p for p in policies if all(labels.get(k) == v for k, v in p["podSelector"]["matchLabels"].items())]
+        assert name == "umemc-gateway" or len(selecting) == 1, name
     services = {n: d for (k, n), d in objects.items() if k == "Service"}
+    for name, svc in services.items():
+        selector = svc["spec"]["selector"]
+        pods = [d["spec"]["template"]["metadata"]["labels"] for d in deployments.values()]
+        assert any(all(p.get(k) == v for k, v in selector.items()) for p in pods), name
+    config = yaml.safe_load(objects[("ConfigMap", "umemc-gateway-config")]["data"]["config.yaml"])
     for route in config["model_list"]:
         host, port = route["litellm_params"]["api_base"].split("//")[1].split("/")[0].split(":")
         assert int(port) in [p["port"] for p in services[host]["spec"]["ports"]]
@@ -834,5 +834,5 @@ def test_a_mixed_cluster_gives_objects_the_api_server_accepts(write_stack, tmp_p
     assert scalers  # the cold llama-server models
     for s in scalers:
         ref = s["spec"]["scaleTargetRef"]
-        assert ("Deployment", ref["name"]) in objects and ref["service"] in services
+        assert ref["name"] in deployments and ref["service"] in services
     assert all(len(n) <= 63 for names in by_kind.values() for n in names)
