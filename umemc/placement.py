@@ -376,9 +376,7 @@ def _feasible(bins: list[Bin], chosen: list[Item], steps: int = SEARCH_STEPS) ->
 def _gpu_first(bins: list[Bin], hot: list[Item]) -> list[Item]:
     """The models with their allowed nodes largest GPU first (the exact search tries nodes in that order)."""
     strength = {b.name: -1 if b.gpu_budget is None else b.gpu_budget for b in bins}
-    return [
-        Item(i.name, i.priority, i.hot, tuple(sorted(i.allowed, key=lambda n: -strength[n])), i.needs) for i in hot
-    ]
+    return [Item(i.name, i.priority, i.hot, tuple(sorted(i.allowed, key=lambda n: -strength[n])), i.needs) for i in hot]
 
 
 def _optimum(bins: list[Bin], hot: list[Item]) -> Assignment:

@@ -61,12 +61,7 @@ class AccessLog:
         if str(exc) != self.failed:
             print(f"umemc-gateway: access log {self.path}: {exc} (requests are served; not logged)", file=sys.stderr)
         self.failed, self.next_try = str(exc), now + RETRY_S
-        if self.file is not None:
-            try:
-                self.file.close()
-            except OSError:
-                pass
-            self.file = None
+        self.close()
 
     def close(self) -> None:
         if self.file is not None:
