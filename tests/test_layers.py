@@ -117,23 +117,46 @@ def test_every_runtime_has_one_launcher() -> None:
     assert list(LAUNCHERS) == list(RUNTIMES)
 
 
-RUN_DIR_NAMES = re.compile(
-    r"""["'](enforcer\.json|gateway\.json|events\.db|supervisor\.sock|supervisord\.pid|pids|cgroups|secrets|"""
-    r"""gateway-token|logs|workers|socket|state|\.\./state|[^"']*\.(?:err|out)\.log)["']"""
-)
+RUN_DIR_NAMES = frozenset({
+    "plan.json", "supervisord.conf", "enforcer.json", "gateway.json", "events.db", "supervisor.sock",
+    "supervisord.pid", "supervisord.log", "pids", "cgroups", "secrets", "gateway-token", "logs", "workers",
+    "state", "bundle", "slots", "access.log",
+})  # fmt: skip
+
+
+def _path_parts(node: ast.AST) -> list[tuple[int, str]]:
+    """The strings a piece of code builds a path of: either side of `/` (pathlib) and the arguments of
+    joinpath/os.path.join/Path(...)/with_name (each split at '/'). Prose and URLs are not paths."""
+    found: list[tuple[int, str]] = []
+    for n in ast.walk(node):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div):
+            for side in (n.left, n.right):
+                if isinstance(side, ast.Constant) and isinstance(side.value, str):
+                    found += [(side.lineno, p) for p in side.value.split("/")]
+        elif isinstance(n, ast.Call):
+            name = n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+            if name in ("joinpath", "join", "Path", "PurePosixPath", "with_name"):
+                found += [
+                    (a.lineno, p)
+                    for a in n.args
+                    if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                    for p in a.value.split("/")
+                ]
+    return found
 
 
 def test_one_owner_of_run_dir_paths() -> None:
-    """Every process gets its run-dir paths from runtime.rundir.RunDir (the compiler's two supervisord
-    spellings live in contract.py): a path spelled out anywhere else is a second owner that drifts."""
+    """Every process gets its run-dir and bundle paths from runtime.rundir.RunDir (the file names in a bundle and
+    the compiler's supervisord spellings live in contract.py): a path made of one of those names anywhere else
+    is a second owner that drifts. Read from the code's syntax tree, not its lines."""
     owners = {PKG / "runtime" / "rundir.py", PKG / "contract.py"}
-    spelled = [
-        f"{path.relative_to(PKG)}:{n}: {line.strip()}"
-        for path in sorted(PKG.rglob("*.py"))
+    spelled = sorted(
+        f"{path.relative_to(PKG)}:{line}: {part!r}"
+        for path in PKG.rglob("*.py")
         if path not in owners
-        for n, line in enumerate(path.read_text().splitlines(), 1)
-        if RUN_DIR_NAMES.search(line) and "/" in line.split("#")[0]
-    ]
+        for line, part in _path_parts(ast.parse(path.read_text()))
+        if part in RUN_DIR_NAMES or part.endswith((".err.log", ".out.log"))
+    )
     assert spelled == []
 
 

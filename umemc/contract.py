@@ -29,6 +29,8 @@ PLAN_VERSION = 1
 # The run dir as supervisord's config spells it (%(here)s is the bundle directory): RUN/state beside
 # RUN/bundle. Every path inside it is runtime.rundir.RunDir's; these two are what the compiler writes.
 STATE = "%(here)s/../state"
+PLAN_FILE = "plan.json"  # in a bundle: what the runtime reads
+SUPERVISOR_CONFIG = "supervisord.conf"  # in a bundle: supervisord's configuration
 # The control socket is not in the rendered text: supervisord (and supervisorctl) expand it from the
 # environment `umemc up` starts them with, RunDir.socket(): RUN/state/supervisor.sock, or a short private
 # directory's socket when the run dir is too deep for a unix socket path. A copied bundle is never edited.

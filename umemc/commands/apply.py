@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..contract import PlanDoc, read
+from ..contract import PLAN_FILE, PlanDoc, read
 from ..errors import RuntimeFailure, UsageError
 
 
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     bundle = Path(args.bundle).absolute()
     if not is_bundle(bundle):
         raise UsageError(f"{args.bundle}: not a umemc bundle (run `umemc build STACK -o {args.bundle}` first)")
-    plan = read(PlanDoc, bundle / "plan.json")
+    plan = read(PlanDoc, bundle / PLAN_FILE)
     run_dir = args.run_dir or f"/var/lib/umemc/{plan.stack}"
     actions, rendered = plan_actions(bundle, plan, run_dir)
     root = Path(args.root)

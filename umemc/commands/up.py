@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
 def _read_plan_bytes(run_dir: RunDir) -> bytes:
     """What umemc's own programs read when they start: the plan and the gateway's token."""
     out = b""
-    for path in (run_dir.bundle / "plan.json", run_dir.token_file):
+    for path in (run_dir.plan, run_dir.token_file):
         try:
             out += path.read_bytes() + b"\0"
         except OSError:
@@ -186,6 +186,7 @@ def install_bundle(args: argparse.Namespace, run_dir: RunDir) -> None:
     """A stack is built into RUN/bundle; a bundle directory is copied there."""
     from ..commands.build import build
     from ..commands.common import plan_from_arg
+    from ..contract import PLAN_FILE
     from ..write import is_bundle, write_bundle
     from .asking import Measure
 
@@ -207,7 +208,7 @@ def install_bundle(args: argparse.Namespace, run_dir: RunDir) -> None:
         return
     if not is_bundle(target):
         raise UsageError(f"{args.target}: neither a stack file nor a umemc bundle")
-    if not (target / "plan.json").exists() and (target / "nodes").is_dir():
+    if not (target / PLAN_FILE).exists() and (target / "nodes").is_dir():
         nodes = sorted(p.name for p in (target / "nodes").iterdir() if p.is_dir())
         raise UsageError(
             f"{args.target} holds one bundle per node: run the one for this machine, "

@@ -50,7 +50,7 @@ class Stack:
     @property
     def plan(self) -> PlanDoc:
         try:
-            return read(PlanDoc, self.run.bundle / "plan.json")
+            return read(PlanDoc, self.run.plan)
         except ContractError as exc:
             raise PlanUnreadable(
                 f"{exc}; `umemc down --run-dir {self.run.root}` still stops everything the stack started"
@@ -307,7 +307,7 @@ class Stack:
             if time.monotonic() > deadline:
                 raise RuntimeFailure(
                     f"supervisord did not answer on {self.run.socket()} within {timeout:g} s; "
-                    f"see {self.run.state / 'supervisord.log'}"
+                    f"see {self.run.supervisord_logfile}"
                 )
             time.sleep(0.05)
 

@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..contract import PLAN_FILE, SUPERVISOR_CONFIG
 from ..records import PidRecord, write_atomic
 
 SOCKET_MAX = 107
@@ -41,6 +42,14 @@ class RunDir:
     @property
     def bundle(self) -> Path:
         return self.root / "bundle"
+
+    @property
+    def plan(self) -> Path:
+        return self.bundle / PLAN_FILE
+
+    @property
+    def supervisor_config(self) -> Path:
+        return self.bundle / SUPERVISOR_CONFIG
 
     @property
     def state(self) -> Path:
@@ -73,7 +82,7 @@ class RunDir:
     def log_files(self, name: str) -> list[Path]:
         """A program's logs: supervisord's own, one file for umemc's processes, stdout and stderr for a worker."""
         if name == "supervisord":
-            return [self.state / "supervisord.log"]
+            return [self.supervisord_logfile]
         if name in (ENFORCER, GATEWAY):
             return [self.logs / f"{name}.log"]
         worker = [self.log(name, "out"), self.log(name, "err")]
@@ -85,6 +94,11 @@ class RunDir:
     def access_log(self) -> Path:
         """The gateway's access log: a JSON line per request (umemc.runtime.gateway.access)."""
         return self.logs / "access.log"
+
+    @property
+    def supervisord_logfile(self) -> Path:
+        """supervisord's own log (its logfile=)."""
+        return self.state / "supervisord.log"
 
     @property
     def supervisord_log(self) -> Path:

@@ -111,7 +111,7 @@ def start_supervisord(run: RunDir, plan: PlanDoc, *, foreground: bool) -> None:
     from .rundir import SUPERVISORD
     from .supervisord import ROTATE_BYTES, rotate
 
-    state, config = run.state, run.bundle / "supervisord.conf"
+    state, config = run.state, run.supervisor_config
 
     wrap = [
         sys.executable,

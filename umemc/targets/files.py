@@ -72,7 +72,7 @@ def plan_json(b: Bundle) -> Files:
             memory_bytes=gw.memory,
             argv=list(b.gateway),
         ),
-        supervisor=c.SupervisorDoc(config="supervisord.conf", socket=b.socket, state=c.STATE),
+        supervisor=c.SupervisorDoc(config=c.SUPERVISOR_CONFIG, socket=b.socket, state=c.STATE),
         memlock=b.memlock,
         simulate=b.simulate,
         scale=b.plan.scale,
@@ -80,7 +80,7 @@ def plan_json(b: Bundle) -> Files:
         enforcer=list(b.enforcer),
         models={name: _model(b, name) for name in b.programs},
     )
-    return {"plan.json": c.dump(doc, indent=2) + "\n"}
+    return {c.PLAN_FILE: c.dump(doc, indent=2) + "\n"}
 
 
 def _model(b: Bundle, name: str) -> c.ModelDoc:
@@ -138,7 +138,7 @@ def budget(b: Bundle) -> Files:
 
 
 def supervisord(b: Bundle) -> Files:
-    return {"supervisord.conf": render("supervisord.conf.j2", bundle=b, state=c.STATE)}
+    return {c.SUPERVISOR_CONFIG: render("supervisord.conf.j2", bundle=b, state=c.STATE)}
 
 
 def env_files(b: Bundle) -> Files:

@@ -14,7 +14,7 @@ import xmlrpc.client
 from pathlib import Path
 from typing import Any
 
-from ...contract import GatewayState, ModelDoc, PlanDoc, read, read_optional
+from ...contract import PLAN_FILE, GatewayState, ModelDoc, PlanDoc, read, read_optional
 from ...lockfile import totals
 from ..events import EventLog
 from ..llamalog import parse_buffers
@@ -40,7 +40,7 @@ LOG_TAIL = 512 * 1024  # of a llama.cpp worker's logs, for its buffer report
 class Enforcer:
     def __init__(self, bundle: Path, proc: str = "/proc"):
         self.bundle = bundle
-        self.plan = read(PlanDoc, bundle / "plan.json")
+        self.plan = read(PlanDoc, bundle / PLAN_FILE)
         self.run_dir = RunDir.of_bundle(bundle)
         self.interval = float(self.plan.policy.sample_interval_s)
         self.events = EventLog(self.run_dir.events)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ...contract import (
+    PLAN_FILE,
     ContractError,
     EnforcerStatus,
     GatewayDoc,
@@ -54,9 +55,9 @@ __all__ = ["Admit", "Model", "Refused", "Scheduler", "lease_doc", "lease_json", 
 class Scheduler:
     def __init__(self, bundle: Path):
         self.bundle = bundle
-        self.plan = read(PlanDoc, bundle / "plan.json")
+        self.plan = read(PlanDoc, bundle / PLAN_FILE)
         if self.plan.gateway is None:
-            raise ContractError(f"{bundle / 'plan.json'}: this stack has no gateway (gateway.enabled = false)")
+            raise ContractError(f"{bundle / PLAN_FILE}: this stack has no gateway (gateway.enabled = false)")
         self.gw: GatewayDoc = self.plan.gateway
         self.run = RunDir.of_bundle(bundle)
         self.supervisor = Supervisor(self.run.socket())
