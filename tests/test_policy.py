@@ -19,11 +19,13 @@ def held(
     last_used: float = 0.0,
     gpu: int = 0,
 ) -> Held:
-    return Held(name, priority, cold, ram * MiB, gpu * MiB, busy, drainable, last_used)
+    return Held(
+        name, priority, cold=cold, ram=ram * MiB, gpu=gpu * MiB, busy=busy, drainable=drainable, last_used=last_used
+    )
 
 
 def need(ram: int, priority: int = 50, *, cold: bool = True, drain: bool = True, gpu: int = 0) -> Need:
-    return Need("x", ram * MiB, gpu * MiB, priority, cold, drain)
+    return Need("x", ram=ram * MiB, gpu=gpu * MiB, priority=priority, cold=cold, drain=drain)
 
 
 def test_fits_in_free_memory_without_evicting() -> None:
@@ -190,12 +192,12 @@ def test_on_paper_gives_decide_s_answer_for_every_need() -> None:
             Held(
                 f"h{i}",
                 rng.choice((10, 20, 20, 50, 80)),
-                False,
-                rng.randint(1, 40) * MiB,
-                rng.randint(0, 20) * MiB,
-                False,
-                True,
-                0.0,
+                cold=False,
+                ram=rng.randint(1, 40) * MiB,
+                gpu=rng.randint(0, 20) * MiB,
+                busy=False,
+                drainable=True,
+                last_used=0.0,
             )
             for i in range(rng.randint(0, 8))
         ]
@@ -203,6 +205,13 @@ def test_on_paper_gives_decide_s_answer_for_every_need() -> None:
         budget = Budget(rng.randint(50, 300) * MiB, gpu, usable=rng.choice((0, 400 * MiB)), load_below=0.7)
         paper = OnPaper(held, budget)
         for _ in range(5):
-            need = Need("x", rng.randint(1, 120) * MiB, rng.randint(0, 60) * MiB, rng.choice((15, 50, 90)), True, False)
+            need = Need(
+                "x",
+                ram=rng.randint(1, 120) * MiB,
+                gpu=rng.randint(0, 60) * MiB,
+                priority=rng.choice((15, 50, 90)),
+                cold=True,
+                drain=False,
+            )
             d = decide(need, held, [], budget)
             assert paper.decide(need) == (d.fits, tuple(d.evict) if d.fits else ()), (held, budget, need)

@@ -217,14 +217,21 @@ def admit(plan: Plan, cold: ModelPlan, held: list[policy.Held] | None = None) ->
 
 
 def need_of(m: ModelPlan) -> policy.Need:
-    return policy.Need(m.name, m.quota_hard, m.gpu_quota_hard, m.priority, cold=not m.hot, drain=False)
+    return policy.Need(m.name, ram=m.quota_hard, gpu=m.gpu_quota_hard, priority=m.priority, cold=not m.hot, drain=False)
 
 
 def held_on_paper(plan: Plan) -> list[policy.Held]:
     """The hot set as the policy sees it before anything runs, in the stack's file order."""
     return [
         policy.Held(
-            m.name, m.priority, False, m.quota_hard, m.gpu_quota_hard, busy=False, drainable=True, last_used=0.0
+            m.name,
+            m.priority,
+            cold=False,
+            ram=m.quota_hard,
+            gpu=m.gpu_quota_hard,
+            busy=False,
+            drainable=True,
+            last_used=0.0,
         )
         for m in plan.models.values()
         if m.hot

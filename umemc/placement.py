@@ -449,7 +449,18 @@ def _cold(
         if home is not None:
             need = h.needs[home]
             devices[home][h.name] = need.devices
-            held[home].append(policy.Held(h.name, h.priority, False, need.ram, need.gpu, False, True, last_used=0.0))
+            held[home].append(
+                policy.Held(
+                    h.name,
+                    h.priority,
+                    cold=False,
+                    ram=need.ram,
+                    gpu=need.gpu,
+                    busy=False,
+                    drainable=True,
+                    last_used=0.0,
+                )
+            )
     answers = {}  # per node: its eviction order's answer, the victims of each answer, devices they free
     for b in bins:
         paper = policy.OnPaper(held[b.name], b.policy_budget())

@@ -18,16 +18,18 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any
 
 
 @dataclass(frozen=True)
 class Held:
-    """One worker as the ledger sees it."""
+    """One worker as the ledger sees it (every field after its priority by keyword: a row of booleans by position
+    is a bug waiting to happen)."""
 
     name: str
     priority: int
+    _: KW_ONLY
     cold: bool
     ram: int  # max(live usage, hard quota)
     gpu: int  # its GPU-side hard quota
@@ -60,6 +62,7 @@ class Lease:
 @dataclass(frozen=True)
 class Need:
     what: str  # a model name or "lease"
+    _: KW_ONLY
     ram: int
     gpu: int
     priority: int
@@ -130,10 +133,9 @@ def attach(held: list[Held], leases: list[Lease]) -> tuple[list[Held], list[Leas
         mine = by_worker.get(h.name)
         if mine:
             extra_ram, extra_gpu = sum(x.ram for x in mine), sum(x.gpu for x in mine)
-            h = Held(
-                h.name, h.priority, h.cold, max(h.usage, h.hard + extra_ram), h.gpu + extra_gpu, True, h.drainable,
-                h.last_used, h.evicting, h.live, h.hard + extra_ram,
-            )  # fmt: skip
+            h = replace(
+                h, ram=max(h.usage, h.hard + extra_ram), gpu=h.gpu + extra_gpu, busy=True, hard=h.hard + extra_ram
+            )
         out.append(h)
     return out, [x for x in leases if x.worker is None or x.worker not in names]
 

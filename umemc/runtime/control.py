@@ -248,7 +248,9 @@ class Stack:
         waiting = [n for n, m in models.items() if m.mode == "hot" and n not in live]
         for name in sorted(waiting, key=lambda n: -models[n].priority):  # higher priority first
             m = models[name]
-            need = Need(name, m.quota_hard_bytes, m.gpu_quota_hard_bytes, m.priority, False, False)
+            need = Need(
+                name, ram=m.quota_hard_bytes, gpu=m.gpu_quota_hard_bytes, priority=m.priority, cold=False, drain=False
+            )
             decision = decide(need, held, leases, budget)
             if decision.fits and not decision.victims:
                 self.supervisor.start(name)
@@ -406,9 +408,9 @@ def _held(name: str, m: ModelDoc, usage: int) -> Held:
     return Held(
         name,
         m.priority,
-        m.cold,
-        max(usage, m.quota_hard_bytes),
-        m.gpu_quota_hard_bytes,
+        cold=m.cold,
+        ram=max(usage, m.quota_hard_bytes),
+        gpu=m.gpu_quota_hard_bytes,
         busy=True,
         drainable=False,
         last_used=0.0,

@@ -75,12 +75,12 @@ class PressureGuard:
             Held(
                 w.name,
                 w.quota.priority,
-                self.plan.models[w.name].cold,
-                w.usage,
-                0,
-                w.name in busy,
-                True,
-                w.last_active,
+                cold=self.plan.models[w.name].cold,
+                ram=w.usage,
+                gpu=0,
+                busy=w.name in busy,
+                drainable=True,
+                last_used=w.last_active,
             )
             for w in running.values()
         ]

@@ -47,7 +47,7 @@ class LeaseBook:
         worker: str | None = None,
     ) -> tuple[Lease | None, Decision, Need]:
         host = self.host
-        need = Need("lease", ram, gpu, priority, False, False)
+        need = Need("lease", ram=ram, gpu=gpu, priority=priority, cold=False, drain=False)
         async with host.lock:
             if len(self.live()) >= MAX_LEASES:
                 raise Refused(

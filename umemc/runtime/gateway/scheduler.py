@@ -185,7 +185,9 @@ class Scheduler:
     # -- admission ------------------------------------------------------------------------------
     def need_for(self, m: Model) -> Need:
         p = m.plan
-        return Need(m.name, p.quota_hard_bytes, p.gpu_quota_hard_bytes, p.priority, m.cold, True)
+        return Need(
+            m.name, ram=p.quota_hard_bytes, gpu=p.gpu_quota_hard_bytes, priority=p.priority, cold=m.cold, drain=True
+        )
 
     def held(self, exclude: str | None = None) -> list[Held]:
         return [m.held() for m in self.models.values() if m.live and m.name != exclude]
