@@ -105,9 +105,9 @@ def test_imports_point_down(sub: str) -> None:
 
 
 def test_the_layer_check_sees_through_imports() -> None:
-    """The check follows imports: the stack loader reaches the calibration lock, which reaches contract."""
+    """The check follows imports: the stack loader reaches the contract, which reaches the policy."""
     chains = reachable(PKG / "stack" / "resolve.py")
-    assert chains["umemc.contract"] == "umemc.stack.resolve -> umemc.lockfile -> umemc.contract"
+    assert chains["umemc.policy"] == "umemc.stack.resolve -> umemc.contract -> umemc.policy"
 
 
 def test_every_runtime_has_one_launcher() -> None:

@@ -15,6 +15,7 @@ RUNTIME_FAMILY: dict[str, str] = {
     "command": "command",
 }
 RUNTIMES: tuple[str, ...] = tuple(RUNTIME_FAMILY)
+
 # family of a model (as its estimate found it) -> what it serves, as the gateway's /v1/models says it
 KIND_OF_FAMILY: dict[str, str] = {
     "llm": "chat",

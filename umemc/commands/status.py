@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..contract import ContractError, Doc, read
+from ..contract import ENFORCER, GATEWAY, ContractError, Doc, read
 from ..errors import UsageError
 from ..units import gib
 from .common import console
@@ -105,7 +105,7 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
     return out
 
 
-OWN_PROGRAMS = ("umemc-enforcer", "umemc-gateway")
+OWN_PROGRAMS = (ENFORCER, GATEWAY)  # the two supervisord runs beside the workers
 
 
 def _latest_events(run_dir: Any) -> dict[str, Any]:

@@ -15,11 +15,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..contract import ENFORCER as ENFORCER
+from ..contract import GATEWAY as GATEWAY
 from ..contract import PLAN_FILE, SUPERVISOR_CONFIG
+from ..contract import SUPERVISORD as SUPERVISORD
 from ..records import PidRecord, write_atomic
 
 SOCKET_MAX = 107
-ENFORCER, GATEWAY, SUPERVISORD = "umemc-enforcer", "umemc-gateway", "umemc-supervisord"  # umemc's own processes
 
 
 @dataclass(frozen=True)

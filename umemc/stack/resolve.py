@@ -15,6 +15,7 @@ from ..catalog.gguf import is_gguf
 from ..catalog.quant import FILE_TYPES, TORCH_DTYPES, WHISPER_TYPES
 from ..catalog.runtimes import GPU_DEVICE_KINDS, LLAMA_RUNTIMES, RUNTIME_FAMILY, RUNTIMES_FOR
 from ..chars import kube_name
+from ..contract import OWN_PROGRAMS
 from ..units import gib, human
 from .load import Document, Source, read_document, validate
 from .models import NAME_PATTERN, ModelSpec, Platform, Stack
@@ -282,7 +283,7 @@ def _check_placement_keys(stack: Stack, src: Source, nodes: dict[str, ResolvedNo
 
 
 _HOSTNAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}))*$")
-RESERVED = ("umemc-enforcer", "umemc-gateway", "umemc-supervisord")  # umemc's own processes
+RESERVED = OWN_PROGRAMS  # umemc's own processes
 
 
 def _check_names(stack: Stack, src: Source) -> None:

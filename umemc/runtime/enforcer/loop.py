@@ -14,7 +14,7 @@ import xmlrpc.client
 from pathlib import Path
 from typing import Any
 
-from ...contract import PLAN_FILE, GatewayState, ModelDoc, PlanDoc, read, read_optional
+from ...contract import OWN_PROGRAMS, PLAN_FILE, GatewayState, ModelDoc, PlanDoc, read, read_optional
 from ...lockfile import totals
 from ..events import EventLog
 from ..llamalog import parse_buffers
@@ -29,7 +29,7 @@ from .worker import Finding, Phase, Quota, Worker
 
 FAST_S = 0.005  # sampling period of a worker above NEAR of its hard quota
 NEAR = 0.75
-OWN = ("umemc-supervisord", "umemc-enforcer", "umemc-gateway")  # umemc's own programs (their run-dir records)
+OWN = OWN_PROGRAMS  # umemc's own programs (their run-dir records)
 SLOW_EVERY_S = 1.0  # process trees, kernel OOM counters, leak samples, status file
 ESCAPED_EVERY_S = 5.0  # without a cgroup: look for processes that left a worker's tree (by the run's mark)
 POLL_EVERY_S = 5.0  # supervisord's process list, also fetched whenever supervisord's children change
