@@ -223,18 +223,7 @@ def need_of(m: ModelPlan) -> policy.Need:
 def held_on_paper(plan: Plan) -> list[policy.Held]:
     """The hot set as the policy sees it before anything runs, in the stack's file order."""
     return [
-        policy.Held(
-            m.name,
-            m.priority,
-            cold=False,
-            ram=m.quota_hard,
-            gpu=m.gpu_quota_hard,
-            busy=False,
-            drainable=True,
-            last_used=0.0,
-        )
-        for m in plan.models.values()
-        if m.hot
+        policy.Held.on_paper(m.name, m.priority, m.quota_hard, m.gpu_quota_hard) for m in plan.models.values() if m.hot
     ]
 
 

@@ -449,18 +449,7 @@ def _cold(
         if home is not None:
             need = h.needs[home]
             devices[home][h.name] = need.devices
-            held[home].append(
-                policy.Held(
-                    h.name,
-                    h.priority,
-                    cold=False,
-                    ram=need.ram,
-                    gpu=need.gpu,
-                    busy=False,
-                    drainable=True,
-                    last_used=0.0,
-                )
-            )
+            held[home].append(policy.Held.on_paper(h.name, h.priority, need.ram, need.gpu))
     answers = {}  # per node: its eviction order's answer, the victims of each answer, devices they free
     for b in bins:
         paper = policy.OnPaper(held[b.name], b.policy_budget())

@@ -40,6 +40,11 @@ class Held:
     live: int | None = None  # measured usage, what stopping it takes off the pressure (None: ram)
     hard: int = 0  # its hard quota (ram is the larger of this and its usage); a lease may raise it
 
+    @classmethod
+    def on_paper(cls, name: str, priority: int, ram: int, gpu: int) -> Held:
+        """A hot model before anything runs: its hard quotas, idle, drainable, never used."""
+        return cls(name, priority, cold=False, ram=ram, gpu=gpu, busy=False, drainable=True, last_used=0.0)
+
     @property
     def usage(self) -> int:
         return self.ram if self.live is None else self.live

@@ -283,13 +283,18 @@ class EventLog:
         )
         return int(rows[0][0]) if rows else 0
 
-    def latest(self, after_id: int = 0) -> dict[str, Event]:
-        """Each model's latest event after after_id, a stop's exit left out (the stop's own event says why)."""
+    def latest(self, after_id: int = 0, kind: str | None = None) -> dict[str, Event]:
+        """Each model's latest event after after_id (of `kind`, else of any kind but a stop's exit: the stop's
+        own event says why)."""
+        which = (
+            "kind = ?"
+            if kind is not None
+            else ("NOT (kind = 'exit' AND COALESCE(json_extract(detail, '$.cause'), '') = 'stopped')")
+        )
         rows = self._rows(
             "SELECT id, ts, model, kind, detail FROM events WHERE id IN (SELECT MAX(id) FROM events WHERE id > ? "
-            "AND model IS NOT NULL AND NOT (kind = 'exit' AND COALESCE(json_extract(detail, '$.cause'), '') = "
-            "'stopped') GROUP BY model)",
-            (after_id,),
+            f"AND model IS NOT NULL AND {which} GROUP BY model)",
+            (after_id,) if kind is None else (after_id, kind),
         )
         return {str(e.model): e for e in map(_event, rows)}
 

@@ -103,8 +103,6 @@ def dump_all(docs: list[dict[str, Any]]) -> str:
 
 
 def _plain_dumper() -> Any:
-    import yaml
-
     base = yaml.CSafeDumper if getattr(yaml, "__with_libyaml__", False) else yaml.SafeDumper
 
     class Plain(base):  # type: ignore[misc,valid-type]  # PyYAML ships no type hints

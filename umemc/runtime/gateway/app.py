@@ -216,6 +216,7 @@ class Seen:
     upstream_s: float = 0.0
     stream: bool = False
     usage: Usage = field(default_factory=Usage)
+    speed: float | None = None  # tokens out per second of a 2xx answer that said its tokens
     refusal: str | None = None
 
 
@@ -254,7 +255,7 @@ async def forward(request: web.Request, m: Model, path: str, body: bytes) -> web
 def _account(app: web.Application, request: web.Request, m: Model, code: int, latency: float, seen: Seen) -> None:
     """The request's figures into /metrics, the page's history and one access log line."""
     usage = seen.usage
-    speed = usage.per_second(seen.upstream_s) if 200 <= code < 300 else None
+    speed = seen.speed if 200 <= code < 300 else None
     app[METRICS].request(m.name, code, latency, usage)
     app[SCHED].answered.add(
         Answered(
@@ -296,7 +297,7 @@ def _answered(m: Model, seen: Seen, status: int, seconds: float, usage: Usage) -
     m.tokens_in += usage.tokens_in or 0
     m.tokens_out += usage.tokens_out or 0
     m.prompt_speed = usage.prompt_speed or m.prompt_speed
-    speed = usage.per_second(seconds) if 200 <= status < 300 else None
+    speed = seen.speed = usage.per_second(seconds) if 200 <= status < 300 else None
     if speed is not None and usage.tokens_out:
         m.generated(usage.tokens_out, usage.tokens_out / speed)
 

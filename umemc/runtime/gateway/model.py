@@ -50,6 +50,7 @@ class Model:
     draining_for: list[str] = field(default_factory=list)
     drained: asyncio.Event = field(default_factory=asyncio.Event)
     cold_starts: int = 0
+    last_cold_start_s: float | None = None  # how long its last start on demand took (this run)
     restarts: int = 0
     latency_ewma: float = 1.0
     health_failures: int = 0  # health probes failed in a row while ready

@@ -73,6 +73,9 @@ class Scheduler:
         self.lock = asyncio.Lock()
         self.events = EventLog(self.run.events)
         self.run_start = self.events.last_id("up")  # metrics count this run's events
+        for name, event in self.events.latest(self.run_start, "cold_start").items():  # a restarted gateway's
+            if name in self.models and isinstance(event.detail.get("seconds"), (int, float)):
+                self.models[name].last_cold_start_s = event.detail["seconds"]
         self.slots = Slots(self)
         self.book = LeaseBook(self)
         self.sync = StateSync(self, self.book)
@@ -291,7 +294,7 @@ class Scheduler:
             m.failure, m.last_used, m.evicted = None, time.time(), False
             self.sync.mark_healthy(m)
             m.cold_starts += 1
-            seconds = round(time.monotonic() - t0, 3)
+            seconds = m.last_cold_start_s = round(time.monotonic() - t0, 3)
             self.events.add("cold_start", m.name, seconds=seconds, evicted=decision.victims, waiting=len(m.waiters))
             if self.metrics is not None:
                 self.metrics.cold_start(m.name, seconds)
@@ -516,7 +519,6 @@ class Scheduler:
     def status(self) -> dict[str, Any]:
         ram, gpu = self.committed()
         now = time.time()
-        starts = {e.model: e.detail.get("seconds") for e in self.events.since(self.run_start) if e.kind == "cold_start"}
         return {
             "stack": self.plan.stack,
             "rehearsal": {"scale": self.plan.scale} if self.plan.simulate else None,
@@ -562,7 +564,7 @@ class Scheduler:
                         if m.plan.ttl_s is not None and m.cold and m.ready and not m.busy
                         else None
                     ),
-                    "last_cold_start_s": starts.get(m.name),
+                    "last_cold_start_s": m.last_cold_start_s,
                     **self._start_now(m),
                 }
                 for m in self.models.values()
