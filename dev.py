@@ -5,7 +5,7 @@
     python3 dev.py test      # make .venv with the test extras, run the whole test suite (pytest)
 
 Optional parts the marked tests use (they skip, saying why, where these are absent):
-    python3 dev.py setup-llama   # llama-cpp-python[server]: compiles llama.cpp, ~5 min on 2 cores
+    python3 dev.py setup-llama   # llama-cpp-python[server]: compiles llama.cpp (portable x86-64), ~5 min on 2 cores
     python3 dev.py setup-torch   # torch==2.13.0 (CPU wheel)
     python3 dev.py setup-llama-server   # llama-server, llama-fit-params, llama-quantize, llama-imatrix built
                                         # from the llama.cpp llama-cpp-python vendors (cmake; ~9 min on 2 cores)
@@ -47,6 +47,11 @@ def ensure_venv(extras: str) -> None:
 
 
 LLAMA_SERVER = VENV / "llama-server"
+# The tests compare umemc with the llama.cpp they build, so every machine builds the same one: a portable x86-64
+# build (SSE4.2, AVX, AVX2, BMI2, FMA, F16C; no AVX-512, no AMX) rather than one tuned to the build machine. A native
+# build on a Xeon with AMX moves Q8_0, Q6_K and Q4_K weights into AMX's own repacked buffer (another memory layout
+# than the AVX2 repack umemc models) and aborts loading a deepseek2 model (ggml-backend.cpp: cur_backend_id != -1).
+PORTABLE = "-DGGML_NATIVE=OFF"
 
 
 def setup_llama_server() -> int:
@@ -82,7 +87,7 @@ def setup_llama_server() -> int:
         src = next(Path(d).glob("llama_cpp_python-*/vendor/llama.cpp"))
         build = Path(d) / "build"
         flags = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF"]
-        flags += ["-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"]
+        flags += ["-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", PORTABLE]
         subprocess.run(["cmake", "-S", str(src), "-B", str(build), *flags], check=True, stdout=subprocess.DEVNULL)
         jobs = str(os.cpu_count() or 2)
         subprocess.run(["cmake", "--build", str(build), "--target", *targets, "-j", jobs], check=True)
@@ -104,7 +109,11 @@ def main(argv: list[str]) -> int:
     if what in ("setup-llama", "setup-torch"):
         ensure_venv("test")
         spec = ["llama-cpp-python[server]"] if what == "setup-llama" else ["torch==2.13.0"]
-        return subprocess.run([str(PY), "-m", "pip", "install", "-q", *spec], cwd=ROOT).returncode
+        env = dict(os.environ, CMAKE_ARGS=f"{os.environ.get('CMAKE_ARGS', '')} {PORTABLE}".strip())
+        # --no-cache-dir: a wheel pip built earlier (natively, or with other flags) is never reused
+        return subprocess.run(
+            [str(PY), "-m", "pip", "install", "-q", "--no-cache-dir", *spec], cwd=ROOT, env=env
+        ).returncode
     if what == "test-all":
         for part in ("setup-llama", "setup-torch", "setup-llama-server"):
             if code := main([part]):

@@ -56,7 +56,11 @@ def test_json_is_exactly_the_contract(tmp_path: Path, run_cli) -> None:
         "cold_admission",
         "warnings",
         "advice",
+        "enforcement",
     ]
+    assert r["enforcement"] == (
+        "the kernel (a memory cgroup per worker, where the machine allows) and umemc's enforcer"
+    )
     assert r["capacity"] == {
         "memory_bytes": 10 << 30,
         "os_reserve_bytes": 1 << 30,

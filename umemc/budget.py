@@ -91,6 +91,20 @@ class Plan:
         return self.capacity.budget - self.hot_total
 
     @property
+    def kernel_enforcement(self) -> str:
+        """The policy's kernel_enforcement where the platform has memory cgroups; off on macOS, which has none (its
+        hard quotas are the enforcer's alone)."""
+        return "off" if self.platform.kind == "apple" else self.stack.policy.kernel_enforcement
+
+    @property
+    def enforcement(self) -> str:
+        """Who applies the hard quotas, in words (the report, `umemc status`)."""
+        if self.kernel_enforcement == "off":
+            why = "macOS has no memory cgroups" if self.platform.kind == "apple" else "kernel_enforcement = off"
+            return f"umemc's enforcer alone ({why}): a worker over its hard quota is killed at its next sample"
+        return "the kernel (a memory cgroup per worker, where the machine allows) and umemc's enforcer"
+
+    @property
     def gpu_headroom(self) -> int | None:
         return None if self.capacity.gpu_budget is None else self.capacity.gpu_budget - self.hot_gpu_total
 

@@ -169,7 +169,7 @@ def wrap_argv(plan: Plan, python: str, name: str, hard: int, soft: int, *, unset
         "--soft",
         str(soft),
         "--cgroup",
-        plan.stack.policy.kernel_enforcement,
+        plan.kernel_enforcement,
     )
     token = plan.stack.gateway.token_env
     return argv + ("--unset", token) if unset and token else argv

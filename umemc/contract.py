@@ -193,6 +193,8 @@ class WorkerStatus(Document):
     # added in status version 1's lifetime: defaults keep older status files readable
     leak_rate_bytes_per_s: float | None = None  # the usage trend over the samples kept (None: too few yet)
     allowance_bytes: int = 0  # what live leases that name it add to its quotas (ComfyUI's workflow models)
+    swapped_bytes: int | None = None  # what of it is in swap, where the platform tells per process (Linux)
+    enforced_by: str | None = None  # "cgroup v1" / "cgroup v2" (the kernel and the enforcer) or "enforcer"
 
 
 class EnforcerStatus(Document):
@@ -209,6 +211,12 @@ class EnforcerStatus(Document):
     own_bytes: int | None = None  # umemc's own processes (supervisord, enforcer, gateway), resident
     own_trend_bytes_per_s: float | None = None
     exhaustion_s: float | None = None  # MemAvailable / the machine's trend, while it grows
+    platform: str | None = None  # linux | darwin: which probes sample (umemc.runtime.probes.host)
+    memory_figure: str | None = None  # rss | phys_footprint: what a worker's CPU-side bytes are
+    swap_used_bytes: int | None = None
+    swap_grown_bytes: int | None = None  # since the enforcer started
+    pressure_level: str | None = None  # the OS's own (macOS: normal | warn | critical)
+    gpu_limit_bytes: int | None = None  # the GPU's working-set limit a runtime reported (Metal)
 
 
 class GatewayModel(Document):

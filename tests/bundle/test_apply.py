@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 import sys
 from pathlib import Path
@@ -54,20 +55,26 @@ def test_staging_root_installs_files_and_runs_nothing(tmp_path: Path, run_cli) -
     assert stat.S_IMODE((bundle / "sysctl/90-umemc.conf").stat().st_mode) == 0o600
 
 
-def test_apple_bundle_installs_the_launch_daemon(tmp_path: Path, run_cli) -> None:
+WIRED = [
+    "would install kernel/apple/com.umemc.wired-limit.plist -> /Library/LaunchDaemons/com.umemc.wired-limit.plist "
+    "(mode 644)  # wired limit at every boot",
+    "would run: launchctl bootstrap system /Library/LaunchDaemons/com.umemc.wired-limit.plist  # load the LaunchDaemon",
+]
+
+
+def test_apple_bundle_installs_a_launch_agent_by_default(tmp_path: Path, run_cli) -> None:
     bundle = build_stack(REPO / "examples/apple-m-128.toml", tmp_path / "b")
-    code, out, _ = run_cli("apply", str(bundle), "--dry-run")
+    code, out, _ = run_cli("apply", str(bundle), "--dry-run", "--user", "root")
     assert code == 0
+    run_dir = "/root/Library/Application Support/umemc/apple-m-128"
     assert out.splitlines() == [
-        "would install kernel/apple/com.umemc.wired-limit.plist -> /Library/LaunchDaemons/com.umemc.wired-limit.plist "
-        "(mode 644)  # wired limit at every boot",
-        "would run: launchctl bootstrap system /Library/LaunchDaemons/com.umemc.wired-limit.plist  # load the "
-        "LaunchDaemon",
+        *WIRED,
         f"would run: sh {bundle}/kernel/apple/umemc-wired-limit.sh  # wired limit now",
-        "would install launchd/com.umemc.apple-m-128.plist -> /Library/LaunchDaemons/com.umemc.apple-m-128.plist "
-        "(mode 644)  # run the stack at boot",
-        "would run: launchctl bootstrap system /Library/LaunchDaemons/com.umemc.apple-m-128.plist  # load the "
-        "LaunchDaemon",
+        f"would make {run_dir} (mode 700)  # the run dir (launchd's log and working directory)",
+        "would install launchd/LaunchAgents/com.umemc.apple-m-128.plist -> "
+        "/root/Library/LaunchAgents/com.umemc.apple-m-128.plist (mode 644)  # run the stack while root is logged in",
+        "would run: launchctl bootstrap gui/0 /root/Library/LaunchAgents/com.umemc.apple-m-128.plist  # load the "
+        "LaunchAgent",
     ]
     assert "iogpu.wired_limit_mb=114688" in (bundle / "kernel/apple/umemc-wired-limit.sh").read_text()
     assert not (bundle / "sysctl").exists() and not (bundle / "systemd").exists()  # Linux only
@@ -75,26 +82,92 @@ def test_apple_bundle_installs_the_launch_daemon(tmp_path: Path, run_cli) -> Non
     assert "sysctl --system" not in readme and "systemctl" not in readme and "/proc/" not in readme
 
 
-def test_apple_launch_daemon_gets_the_installed_paths(tmp_path: Path) -> None:
+def test_apple_bundle_as_a_launch_daemon(tmp_path: Path, run_cli) -> None:
+    bundle = build_stack(REPO / "examples/apple-m-128.toml", tmp_path / "b")
+    code, out, _ = run_cli("apply", str(bundle), "--dry-run", "--user", "root", "--launchd", "daemon")
+    assert code == 0
+    assert out.splitlines()[3:] == [
+        "would make /root/Library/Application Support/umemc/apple-m-128 (mode 700)  # the run dir (launchd's log "
+        "and working directory)",
+        "would install launchd/LaunchDaemons/com.umemc.apple-m-128.plist -> "
+        "/Library/LaunchDaemons/com.umemc.apple-m-128.plist (mode 644)  # run the stack at boot as root",
+        "would run: launchctl bootstrap system /Library/LaunchDaemons/com.umemc.apple-m-128.plist  # load the "
+        "LaunchDaemon",
+    ]
+
+
+@pytest.mark.parametrize("launchd", ["agent", "daemon"])
+def test_apple_launchd_jobs_get_the_installed_values(tmp_path: Path, launchd: str) -> None:
+    """Every @...@ of the bundle's job is filled (paths escaped for XML by plistlib, read back here by plistlib), and
+    the keys launchd.plist(5) gives them their meaning: KeepAlive on a crash only, Interactive (not throttled as
+    background work), time to drain at exit, enough descriptors for supervisord; a daemon runs as the user."""
     import plistlib
 
-    from umemc.commands.apply import plan_actions
+    from umemc.commands.apply import MacUser, plan_actions
     from umemc.contract import PlanDoc, read
 
     bundle = build_stack(REPO / "examples/apple-m-128.toml", tmp_path / "b <&> x")
-    _, rendered = plan_actions(bundle, read(PlanDoc, bundle / "plan.json"), "/var/lib/umemc/x y")
-    doc = plistlib.loads(rendered["launchd/com.umemc.apple-m-128.plist"].encode())
-    assert doc["ProgramArguments"] == [
-        sys.executable,
-        "-m",
-        "umemc",
-        "up",
-        "--foreground",
-        "--run-dir",
-        "/var/lib/umemc/x y",
-        str(bundle),
-    ]
-    assert doc["Label"] == "com.umemc.apple-m-128" and doc["RunAtLoad"] is True
+    user = MacUser("alice", 501, "/Users/alice", launchd)
+    _, rendered = plan_actions(bundle, read(PlanDoc, bundle / "plan.json"), "/Users/alice/run x", user)
+    folder = {"agent": "LaunchAgents", "daemon": "LaunchDaemons"}[launchd]
+    text = rendered[f"launchd/{folder}/com.umemc.apple-m-128.plist"]
+    assert "@" not in text
+    doc = plistlib.loads(text.encode())
+    path = doc.pop("EnvironmentVariables")["PATH"].split(":")
+    assert path[:2] == ["/opt/homebrew/bin", "/usr/local/bin"] and "/usr/bin" in path and len(path) == len(set(path))
+    expected = {
+        "Label": "com.umemc.apple-m-128",
+        "ProgramArguments": [sys.executable, "-m", "umemc", "up", "--foreground", "--run-dir", "/Users/alice/run x",
+                             str(bundle)],
+        "RunAtLoad": True,
+        "KeepAlive": {"SuccessfulExit": False},
+        "ProcessType": "Interactive",
+        "ExitTimeOut": 150,
+        "SoftResourceLimits": {"NumberOfFiles": 4096},
+        "HardResourceLimits": {"NumberOfFiles": 4096},
+        "WorkingDirectory": "/Users/alice/run x",
+        "StandardOutPath": "/Users/alice/run x/launchd.log",
+        "StandardErrorPath": "/Users/alice/run x/launchd.log",
+    }  # fmt: skip
+    assert doc == expected | ({"UserName": "alice"} if launchd == "daemon" else {})
+
+
+def test_a_user_installs_the_launch_agent_alone(tmp_path: Path, run_cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without root: the LaunchAgent and the run dir are the user's to install (done, with launchctl, here a
+    stand-in on PATH that records its argv: macOS's launchctl cannot run here); the wired limit needs root, said."""
+    import plistlib
+
+    from umemc.commands.apply import MacUser
+
+    bundle = build_stack(REPO / "examples/apple-m-128.toml", tmp_path / "b")
+    home = tmp_path / "home"
+    home.mkdir()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "launchctl").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/launchctl.argv\n')
+    (bin_dir / "launchctl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr("os.geteuid", lambda: 501)
+    monkeypatch.setattr("umemc.commands.apply.mac_user", lambda name, launchd="agent": MacUser("alice", 501, str(home)))
+    code, out, err = run_cli("apply", str(bundle))
+    agent = home / "Library/LaunchAgents/com.umemc.apple-m-128.plist"
+    run_dir = home / "Library/Application Support/umemc/apple-m-128"
+    assert (code, out.splitlines()) == (
+        1,
+        [
+            "needs root, not done: wired limit at every boot",
+            "needs root, not done: load the LaunchDaemon",
+            "needs root, not done: wired limit now",
+            f"make {run_dir} (mode 700)  # the run dir (launchd's log and working directory)",
+            f"install launchd/LaunchAgents/com.umemc.apple-m-128.plist -> {agent} (mode 644)  # run the stack while "
+            "alice is logged in",
+            f"run: launchctl bootstrap gui/501 {agent}  # load the LaunchAgent",
+        ],
+    )
+    assert err == f"3 of the actions above need root; for them run:\n  sudo {sys.executable} -m umemc apply {bundle}\n"
+    assert (tmp_path / "launchctl.argv").read_text() == f"bootstrap gui/501 {agent}\n"
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700 and stat.S_IMODE(agent.stat().st_mode) == 0o644
+    assert plistlib.loads(agent.read_bytes())["WorkingDirectory"] == str(run_dir)
 
 
 def test_refuses_without_root(tmp_path: Path, run_cli, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,7 @@ from umemc.budget import make_plan
 from umemc.commands.build import build
 from umemc.contract import PlanDoc, read
 from umemc.runtime.preflight import Preflight
+from umemc.runtime.probes.host import LinuxBox
 from umemc.stack.resolve import load_stack
 
 # what the small-16g bundle plans (its sysctl/90-umemc.conf)
@@ -126,7 +127,7 @@ def test_a_stock_kernel_gets_its_fixes_grouped_with_a_summary(tmp_path: Path) ->
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       130023424 kB\nMemAvailable:   125829120 kB\nSwapTotal:             0 kB\n")
     pf = Preflight(bundle, read(PlanDoc, bundle / "plan.json"), proc_sys=str(tmp_path / "proc/sys"), root=tmp_path,
-                   meminfo=str(meminfo))  # fmt: skip
+                   box=LinuxBox("amd-apu", str(meminfo), str(tmp_path / "sys/class/drm")))  # fmt: skip
     findings = pf.run()
     lines, summary = report(findings, pf.blocking(), force=False)
     apply = f"sudo {sys.executable} -m umemc apply {bundle.resolve()}"

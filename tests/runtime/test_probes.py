@@ -10,14 +10,15 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from umemc.runtime.enforcer.rules import trend as _trend
-from umemc.runtime.enforcer.sampler import gtt_used_share
 from umemc.runtime.events import EventLog
 from umemc.runtime.probes.drm import DrmProbe, parse_fdinfo
-from umemc.runtime.probes.meminfo import read_meminfo
+from umemc.runtime.probes.host import LinuxBox, Swap, gtt_used_share, marked_processes, tree_memory
 from umemc.runtime.probes.nvidia import parse_compute_apps
-from umemc.runtime.probes.proc import ProcTree
+from umemc.runtime.probes.proc import LinuxProcesses
+from umemc.runtime.probes.psproc import PsutilProcesses
 
 # An amdgpu DRM client's fdinfo, as specified in the kernel's Documentation/gpu/drm-usage-stats.rst
 # (keys drm-driver, drm-pdev, drm-client-id, drm-memory-<region> in KiB) and printed by amdgpu_fdinfo.c.
@@ -87,13 +88,19 @@ def test_nvidia_smi_compute_apps() -> None:
     assert parse_compute_apps("1234, 5678\n2345, [N/A]\n1234, 2\n\n") == {1234: 5680 * 2**20}
 
 
-def test_meminfo(tmp_path: Path) -> None:
-    (tmp_path / "meminfo").write_text(
+def test_linux_box_reads_meminfo(tmp_path: Path) -> None:
+    # /proc/meminfo's format (fs/proc/meminfo.c): `Key:   N kB`, the counters without a unit are counts
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(
         "MemTotal:       131072000 kB\nMemAvailable:    1024 kB\n"
-        "SwapTotal:             0 kB\nNvMapMemUsed:     2048 kB\nHugePages_Total:       0\n"
+        "SwapTotal:       4194304 kB\nSwapFree:        3145728 kB\n"
+        "NvMapMemUsed:     2048 kB\nHugePages_Total:       0\n"
     )
-    info = read_meminfo(str(tmp_path / "meminfo"))
-    assert (info["MemAvailable"], info["NvMapMemUsed"], info["HugePages_Total"]) == (1048576, 2097152, 0)
+    box = LinuxBox("cpu", str(meminfo), str(tmp_path / "drm"))
+    assert box.available() == 1024 * 1024
+    assert box.swap() == Swap(4194304 * 1024, 1048576 * 1024)
+    assert (box.level(), box.os_pressure(1 << 30), box.gpu_share()) == (None, 0.0, 0.0)
+    box.close()
 
 
 CHILD = """
@@ -106,28 +113,72 @@ time.sleep(60)
 """
 
 
-def test_proc_tree_counts_every_descendant() -> None:
+def statm_rss(pid: int) -> int:
+    """Resident bytes as /proc/PID/statm says (proc(5): the second field, in pages), read here on its own."""
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.parametrize("backend", [LinuxProcesses, PsutilProcesses])
+def test_a_process_tree_is_counted_whole_by_either_backend(backend: type) -> None:
+    """Both sides of the one interface (Linux's direct reads, psutil's everywhere) agree on a real tree: its
+    members, what each holds (statm read independently), its CPU time."""
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, "parent", CHILD], stdout=subprocess.PIPE, start_new_session=True
     )
     try:
         assert proc.stdout is not None
         assert [proc.stdout.readline(), proc.stdout.readline()] == [b"ready\n", b"ready\n"]  # both allocated
-        tree = ProcTree()
+        tree = backend()
         deadline = time.monotonic() + 20
-        while len(tree.descendants(proc.pid)) < 2 or tree.tree_rss(proc.pid)[0] < 80 * 2**20:
+        while len(tree.descendants(proc.pid)) < 2 or tree_memory(tree, proc.pid)[0] < 80 * 2**20:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        total, pids = tree.tree_rss(proc.pid)
+        total, pids = tree_memory(tree, proc.pid)
         family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-        assert sorted(pids) == sorted(p.pid for p in family)
-        assert abs(total - sum(p.memory_info().rss for p in family)) < 2 * 2**20
-        times = psutil.Process(proc.pid).cpu_times()  # psutil: the same clock ticks, read on its own
-        assert tree.cpu_ticks(proc.pid) == round((times.user + times.system) * os.sysconf("SC_CLK_TCK"))
+        assert sorted(pids) == sorted(p.pid for p in family) and pids[0] == proc.pid
+        assert tree.children(proc.pid) == frozenset({family[1].pid})
+        assert abs(total - sum(statm_rss(p.pid) for p in family)) < 2 * 2**20
+        times = psutil.Process(proc.pid).cpu_times()  # the same clock ticks (USER_HZ is 100 on Linux)
+        assert abs(tree.cpu_ticks(proc.pid) - round((times.user + times.system) * os.sysconf("SC_CLK_TCK"))) <= 1
         tree.close()
     finally:
         os.killpg(proc.pid, 9)
         proc.wait()
+
+
+MARKED = """
+import os, sys, time
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("backend", [LinuxProcesses, PsutilProcesses])
+def test_identity_of_a_process_by_either_backend(backend: type) -> None:
+    """alive (a zombie is not), a start time that names one process, the run's mark from its environment, its
+    argv: what `down`, the records and the sweep ask of single processes."""
+    env = dict(os.environ, UMEMC_RUN="ab12cd34", UMEMC_MODEL="chat")
+    proc = subprocess.Popen([sys.executable, "-c", MARKED, "x y"], stdout=subprocess.PIPE, env=env)
+    procs = backend()
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        assert procs.alive(proc.pid) and procs.start_time(proc.pid) > 0
+        assert procs.start_time(proc.pid) != procs.start_time(os.getpid())
+        assert procs.run_environ(proc.pid) == {"UMEMC_RUN": "ab12cd34", "UMEMC_MODEL": "chat"}
+        assert procs.cmdline(proc.pid) == [sys.executable, "-c", MARKED, "x y"]
+        assert proc.pid in procs.pids()
+        assert marked_processes("ab12cd34", procs) == [(proc.pid, "chat")]
+        proc.kill()
+        deadline = time.monotonic() + 10
+        while psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE:  # not yet reaped: a zombie
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert not procs.alive(proc.pid) and marked_processes("ab12cd34", procs) == []
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not procs.alive(proc.pid) and procs.memory(proc.pid) == 0 and procs.run_environ(proc.pid) == {}
 
 
 def test_event_log_is_bounded(tmp_path: Path) -> None:

@@ -488,7 +488,7 @@ def test_down_returns_only_once_every_daemon_of_the_stack_is_gone(stack, tmp_pat
     """kernel_enforcement = "off" and a worker that makes a daemon every 20 ms: one born between `down`'s scan and
     its kill used to outlive `down`, which said 0. Every pass kills what the last one missed; `down` returns 0
     only when no process carrying the run's mark is left."""
-    from umemc.runtime.probes.proc import marked_processes
+    from umemc.runtime.probes.host import marked_processes
 
     r = stack(
         head("spawn", 'kernel_enforcement = "off"')

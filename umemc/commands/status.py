@@ -72,6 +72,7 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
         "_orphans": orphans,
         "_problems": problems,
         "_rehearsal": None if plan is None or not plan.simulate else {"scale": plan.scale},
+        "_machine": None if live is None else _machine(live),
     }
     latest = _latest_events(run_dir) if running else {}
     names = list(plan.models) if plan is not None else [n for n in infos if n not in OWN_PROGRAMS]
@@ -101,8 +102,35 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
             "_requests": None if gm is None else {"in_flight": gm.in_flight, "queued": gm.queued},
             "_health": None if gm is None else gm.health,
             "_tokens_per_s": None if gm is None else gm.tokens_per_s,
+            "_enforced_by": lv.enforced_by if same and lv else None,
+            "_swapped": lv.swapped_bytes if same and lv else None,
         }
+    if out["_machine"] is not None:
+        out["_machine"]["enforcement"] = _enforcement(out["models"].values(), plan, out["_machine"])
     return out
+
+
+def _machine(live: Any) -> dict[str, Any]:
+    """How the enforcer samples this machine (its probes, the figure a worker's CPU side is), its swap and the OS's
+    own pressure level (macOS), the GPU limit a runtime reported (Metal)."""
+    return {
+        "platform": live.platform,
+        "memory_figure": live.memory_figure,
+        "swap_used_bytes": live.swap_used_bytes,
+        "swap_grown_bytes": live.swap_grown_bytes,
+        "pressure_level": live.pressure_level,
+        "gpu_limit_bytes": live.gpu_limit_bytes,
+    }
+
+
+def _enforcement(models: Any, plan: Any, machine: dict[str, Any]) -> str:
+    """Who holds the workers to their hard quotas now, in words."""
+    kernel = sorted({m["_enforced_by"] for m in models if (m["_enforced_by"] or "").startswith("cgroup")})
+    if kernel:
+        return f"the kernel ({', '.join(kernel)}) and umemc's enforcer"
+    if machine.get("platform") == "darwin" or (plan is not None and plan.platform.kind == "apple"):
+        return "umemc's enforcer alone (macOS has no memory cgroups), by each worker's phys_footprint"
+    return "umemc's enforcer alone"
 
 
 OWN_PROGRAMS = (ENFORCER, GATEWAY)  # the two supervisord runs beside the workers
@@ -173,7 +201,12 @@ def contract(status: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-EXTRA_NAMES = {"_reserved": "reserved_bytes", "_allowance": "allowance_bytes", "_last_said": "last_event_text"}
+EXTRA_NAMES = {
+    "_reserved": "reserved_bytes",
+    "_allowance": "allowance_bytes",
+    "_last_said": "last_event_text",
+    "_swapped": "swapped_bytes",
+}
 
 
 def table(status: dict[str, Any]) -> Any:
@@ -197,6 +230,7 @@ def table(status: dict[str, Any]) -> Any:
         )
     if pressure is not None:
         title += f", pressure {pressure:.0%}"
+    title += _machine_words(status.get("_machine"))
     if status["running"] and status.get("_gateway"):
         leases = status["_leases"]
         title += f", gateway :{status['_gateway']['port']}"
@@ -245,6 +279,18 @@ def table(status: dict[str, Any]) -> Any:
             _last(m),
         )
     return t
+
+
+def _machine_words(machine: dict[str, Any] | None) -> str:
+    if not machine:
+        return ""
+    out = ""
+    if machine.get("pressure_level") not in (None, "normal"):
+        out += f" [red](the OS says {machine['pressure_level']})[/]"
+    grown = machine.get("swap_grown_bytes")
+    if grown and grown > 0:
+        out += f", [yellow]swap +{gib(grown)}[/]"
+    return out + f"\nenforced by {machine['enforcement']}"
 
 
 def _requests(m: dict[str, Any]) -> str:

@@ -19,11 +19,12 @@ import hashlib
 import os
 import re
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .probes.proc import alive
+from .probes.host import alive
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -216,6 +217,8 @@ def run_backends(state_dir: Path) -> list[Backend]:
 
 def detect(name: str) -> tuple[Backend | None, str]:
     """The cgroup backend available to this process, or None with the reason."""
+    if not sys.platform.startswith("linux"):
+        return None, f"{'macOS' if sys.platform == 'darwin' else sys.platform} has no memory cgroups"
     v2_reason = "cgroup v2 is not mounted"
     mount = _v2_mount()
     if mount is not None:

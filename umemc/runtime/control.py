@@ -29,10 +29,10 @@ from ..errors import RuntimeFailure
 from ..policy import Held, Lease
 from .cgroups import Cgroup, run_backends
 from .events import EventLog
-from .probes.proc import ProcTree, alive, marked_processes, run_environ
+from .probes.host import alive, marked_processes, processes, start_time
 from .rundir import ENFORCER, GATEWAY, SUPERVISORD, RunDir
 from .supervisor import LIVE, Supervisor
-from .wrap import run_mark, start_time
+from .wrap import run_mark
 
 OWN = (ENFORCER, GATEWAY)  # umemc's own programs in the stack's supervisord
 RPC_ERRORS = (OSError, xmlrpc.client.Error, http.client.HTTPException)
@@ -193,7 +193,7 @@ class Stack:
             if _same_process(record):
                 if self.belongs(record.pid):
                     _kill_group(record.pid)
-            elif not Path(f"/proc/{record.pid}").exists():
+            elif not _exists(record.pid):
                 _kill_group(record.pid)  # the leader is gone, its group may not be: a free pid is never a pgid
         for pid, _ in self._marked():
             _kill_group(pid)
@@ -362,7 +362,7 @@ class Stack:
     def stop_all(self, timeout: float = 120.0) -> tuple[list[int], list[int]]:
         """Stop every program, shut supervisord down, then make sure by PID that nothing of the stack
         survives. Returns (pids that were running, pids that had to be killed)."""
-        sup, tree = self.supervisor, ProcTree()
+        sup, tree = self.supervisor, processes()
         pids: set[int] = set()
         with contextlib.suppress(*RPC_ERRORS):
             for info in sup.processes().values():
@@ -382,7 +382,6 @@ class Stack:
         for p in killed:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(p, signal.SIGKILL)
-        tree.close()
         return sorted(pids), killed
 
     def remove_private_socket_dir(self) -> None:
@@ -452,7 +451,18 @@ def _same_process(record: PidRecord) -> bool:
 
 
 def _mark_of(pid: int) -> str | None:
-    return run_environ(pid).get("UMEMC_RUN")
+    return processes().run_environ(pid).get("UMEMC_RUN")
+
+
+def _exists(pid: int) -> bool:
+    """Any process (a zombie too) holds the pid."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _kill_group(pid: int) -> None:
@@ -462,7 +472,4 @@ def _kill_group(pid: int) -> None:
 
 
 def _is_supervisord(pid: int) -> bool:
-    try:
-        return b"supervisord" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
+    return any("supervisord" in arg for arg in processes().cmdline(pid))

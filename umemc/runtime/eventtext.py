@@ -62,6 +62,14 @@ def _action(d: dict[str, Any]) -> str:
     )
 
 
+def _swapping(d: dict[str, Any]) -> str:
+    if "swapped_bytes" in d:
+        return f"{_size(d.get('swapped_bytes'))} of it swapped out: it will answer slowly"
+    return f"the machine swaps: {_size(d.get('grown_bytes'))} more in swap since the enforcer started" + (
+        f" (memory pressure {d['level']})" if d.get("level") else ""
+    )
+
+
 SAID: dict[str, Callable[[dict[str, Any]], str]] = {
     "up": lambda d: "stack up" + (" (rehearsal)" if d.get("simulate") else ""),
     "down": lambda d: "stack down",
@@ -99,6 +107,11 @@ SAID: dict[str, Callable[[dict[str, Any]], str]] = {
     "action": _action,
     "unload": lambda d: "stopped on request",
     "unload_failed": lambda d: "could not be stopped: " + str(d.get("reason") or "?"),
+    "swapping": _swapping,
+    "gpu_limit": lambda d: f"the GPU may use only {_size(d.get('limit_bytes'))} (Metal's working-set limit), the plan "
+    f"counts on {_size(d.get('gpu_window_bytes'))}",
+    "reaped": lambda d: f"supervisord (pid {d.get('supervisord_pid')}) died: its {len(d.get('pids') or [])} "
+    "processes stopped",
 }
 
 

@@ -1,6 +1,7 @@
 """llama.cpp's own report of what it allocated, read from a worker's log: the lines
 `<device> <kind> buffer size = N MiB` (llama-model.cpp, llama-context.cpp, llama-kv-cache.cpp,
-llama-memory-recurrent.cpp). Used by `umemc calibrate` and by the enforcer's drift check."""
+llama-memory-recurrent.cpp), and on Metal the GPU's working-set limit (ggml-metal's device init). Used by
+`umemc calibrate` and by the enforcer's drift and GPU-limit checks."""
 
 from __future__ import annotations
 
@@ -40,3 +41,14 @@ def parse_buffers(log: str) -> BufferReport:
         for device, kinds in part.items():
             out.setdefault(device, {}).update(kinds)
     return out
+
+
+_WORKING_SET = re.compile(r"recommendedMaxWorkingSetSize\s*=\s*([\d.]+) MB")
+
+
+def metal_working_set(log: str) -> int | None:
+    """Metal's recommendedMaxWorkingSetSize (what macOS lets the GPU keep resident: iogpu.wired_limit_mb, or its
+    default when 0), in bytes, from the last `ggml_metal_device_init: recommendedMaxWorkingSetSize  = 26800.60 MB`
+    of a llama.cpp log (ggml-metal prints the size / 1e6 with two decimals); None where the log has none."""
+    found = _WORKING_SET.findall(log)
+    return round(float(found[-1]) * 1e6) if found else None

@@ -28,7 +28,7 @@ def measure(program: Any, facts: dict[str, Any], timeout: float, fill_tokens: in
     fill_tokens tokens, to fill the context), sample its tree's RSS, stop it."""
     from .control import healthy
     from .llamalog import parse_buffers
-    from .probes.proc import ProcTree
+    from .probes.host import processes, tree_memory
 
     env = dict(os.environ, **dict(program.env))
     with tempfile.TemporaryFile("w+") as log:
@@ -43,9 +43,9 @@ def measure(program: Any, facts: dict[str, Any], timeout: float, fill_tokens: in
                     raise RuntimeFailure(f"{program.name} did not become healthy:\n{log.read()[-3000:]}")
                 time.sleep(0.2)
             _warm_up(program.port, facts.get("family", "llm"), fill_tokens)
-            tree, rss = ProcTree(), 0
+            tree, rss = processes(), 0
             for _ in range(5):  # the peak of a few samples after the warm-up request
-                rss = max(rss, tree.tree_rss(proc.pid)[0])
+                rss = max(rss, tree_memory(tree, proc.pid)[0])
                 time.sleep(0.1)
             tree.close()
         finally:
@@ -72,7 +72,7 @@ def measure_peak(program: Any, timeout: float, settle_s: float = 3.0) -> Measure
     """A torch worker: run it with its compiled argv and environment, let it do its own warm-up
     (it reports healthy when loaded), and sample its process tree's peak resident memory."""
     from .control import healthy
-    from .probes.proc import ProcTree
+    from .probes.host import processes, tree_memory
 
     env = dict(os.environ, **dict(program.env))
     proc = subprocess.Popen(
@@ -83,17 +83,17 @@ def measure_peak(program: Any, timeout: float, settle_s: float = 3.0) -> Measure
         cwd=program.cwd,
         start_new_session=True,
     )
-    tree, peak = ProcTree(), 0
+    tree, peak = processes(), 0
     try:
         deadline = time.monotonic() + timeout
         while not healthy(program.port, program.health):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeFailure(f"{program.name} did not become healthy (exit {proc.poll()})")
-            peak = max(peak, tree.tree_rss(proc.pid)[0])
+            peak = max(peak, tree_memory(tree, proc.pid)[0])
             time.sleep(0.05)
         end = time.monotonic() + settle_s
         while time.monotonic() < end:
-            peak = max(peak, tree.tree_rss(proc.pid)[0])
+            peak = max(peak, tree_memory(tree, proc.pid)[0])
             time.sleep(0.05)
     finally:
         tree.close()

@@ -21,14 +21,13 @@ import time
 from typing import Any
 
 from .memory import Held
-from .probes.proc import PAGE
+from .probes import host
 
 
 def hold(target: int) -> Held:
     """Grow this process's resident memory to about `target` bytes (the interpreter's own pages
     count too), so the worker sits just under its soft quota as a real one would."""
-    with open("/proc/self/statm") as f:
-        own = int(f.read().split()[1]) * PAGE
+    own = host.processes().memory(os.getpid())
     held = Held()
     # room for the server threads and lazy imports (4 MiB), and for the page-granular growth of a large
     # hold (an 8 GiB one overshot by a few MiB): just under the soft quota at every size

@@ -11,7 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,8 @@ from typing import Any
 from ..contract import ModelDoc, PlanDoc
 from ..units import gib
 from .findings import Finding, umemc_command
-from .probes.meminfo import read_meminfo
+from .probes.darwin import CommandSysctl, Sysctl, default_wired_limit
+from .probes.host import Box, probes
 from .rundir import GATEWAY, RunDir
 
 
@@ -31,8 +32,16 @@ class Preflight:
     proc_sys: str = "/proc/sys"
     host_os: str = sys.platform
     root: Path = Path("/")  # where /sys and /proc are read for the GPU checks (fixture trees in tests)
-    meminfo: str = "/proc/meminfo"
+    box: Box | None = None  # the machine's memory and swap (default: this host's probes)
+    sysctl: Sysctl | None = None  # macOS's variables (default: the `sysctl` command)
+    vm_volume: str = "/System/Volumes/VM"  # where macOS keeps its swap files
+    disk_free: Callable[[str], int] = lambda path: shutil.disk_usage(path).free
     findings: list[Finding] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.box is None:
+            p = self.plan
+            self.box = probes(p.platform.kind, p.platform.gpu_window_bytes, p.policy.evict_above).box
 
     def run(self, running: Collection[str] = frozenset()) -> list[Finding]:
         self.findings = []
@@ -147,17 +156,16 @@ class Preflight:
         )
 
     def _memory(self, running: Collection[str]) -> None:
+        assert self.box is not None
         need = sum(m.quota_hard_bytes for n, m in self.plan.models.items() if m.mode == "hot" and n not in running)
-        available = read_meminfo(self.meminfo).get("MemAvailable", 0)
+        available, name = self.box.available() or 0, self.box.available_name
         if available >= need:
-            self._add(
-                "memory", True, f"MemAvailable {gib(available)} GiB covers the hot set's hard quotas ({gib(need)} GiB)"
-            )
+            self._add("memory", True, f"{name} {gib(available)} GiB covers the hot set's hard quotas ({gib(need)} GiB)")
         else:
             self._add(
                 "memory",
                 False,
-                f"MemAvailable is {gib(available)} GiB but the hot set's hard quotas need {gib(need)} GiB",
+                f"{name} is {gib(available)} GiB but the hot set's hard quotas need {gib(need)} GiB",
                 ("free memory (stop other programs), or make models cold in the stack",),
             )
 
@@ -230,43 +238,80 @@ class Preflight:
         self.findings += check(self.root, llama, env)
 
     def _apple_window(self, want: int) -> None:
-        mb = want // (1024 * 1024)
-        try:
-            live = int(
-                subprocess.run(
-                    ["sysctl", "-n", "iogpu.wired_limit_mb"], capture_output=True, text=True, timeout=5, check=False
-                ).stdout.strip()
-                or 0
-            )
-        except (OSError, ValueError, subprocess.TimeoutExpired):
-            live = -1
-        if live == mb:
-            self._add("gpu window", True, f"iogpu.wired_limit_mb = {mb}", host=True)
+        """The GPU's wired limit in force (iogpu.wired_limit_mb; 0 is macOS's default, about 3/4 of RAM) against the
+        stack's GPU window: a smaller limit makes Metal refuse allocations the budget allows."""
+        sysctl = self.sysctl or CommandSysctl()
+        mb, memsize = _int(sysctl.get("iogpu.wired_limit_mb")), _int(sysctl.get("hw.memsize"))
+        default = default_wired_limit(memsize) if memsize else None
+        in_force = (mb << 20) if mb else default
+        if mb:
+            said = f"iogpu.wired_limit_mb = {mb}"
         else:
-            self._add(
-                "gpu window",
-                False,
-                f"iogpu.wired_limit_mb is {live}, the plan needs {mb}",
-                (f"sudo sysctl iogpu.wired_limit_mb={mb}", f"persist across boots: {self._apply}"),
-                host=True,
+            said = f"iogpu.wired_limit_mb = 0: macOS's default GPU wired limit (about {gib(default or 0)} GiB)"
+        fix = f"sudo sysctl iogpu.wired_limit_mb={want >> 20}"
+        if mb is None:
+            said = "this macOS has no iogpu.wired_limit_mb (it came with macOS 14)" + (
+                f": its default limit is about {gib(default)} GiB" if default else ""
             )
+            fix = "update to macOS 14 or later, or make the stack's gpu_window fit the default limit"
+        if in_force is not None and in_force >= want:
+            self._add("gpu window", True, f"{said} covers the plan's GPU window ({gib(want)} GiB)", host=True)
+            return
+        self._add(
+            "gpu window",
+            False,
+            f"{said}: the GPU may wire less than the plan's GPU window ({gib(want)} GiB)",
+            (fix, f"persist across boots: {self._apply}"),
+            host=True,
+        )
 
     def _swap(self) -> None:
-        info = read_meminfo(self.meminfo)
-        total, free = info.get("SwapTotal", 0), info.get("SwapFree", 0)
-        if total == 0:
+        assert self.box is not None
+        swap = self.box.swap()
+        if self.plan.platform.kind == "apple":
+            self._mac_swap(swap.used if swap else 0)
+            return
+        if swap is None or swap.total == 0:
             self._add("swap", True, "no swap: nothing pages the models out")
         else:
             self._add(
                 "swap",
                 False,
-                f"swap is on ({gib(total)} GiB, {gib(total - free)} GiB used): idle workers "
+                f"swap is on ({gib(swap.total)} GiB, {gib(swap.used)} GiB used): idle workers "
                 "may be paged out (first token 1.2 s -> 18 s in the field notes)",
                 ("sudo swapoff -a   # or keep it, with vm.swappiness low",),
                 advisory=True,
             )
 
+    def _mac_swap(self, used: int) -> None:
+        """macOS compresses and swaps instead of killing (swap cannot be turned off): room on the VM volume keeps a
+        stack that outgrows memory slow rather than stopped, and umemc reports swap that grows (event swapping)."""
+        where = self.vm_volume if os.path.isdir(self.vm_volume) else "/"
+        free = self.disk_free(where)
+        want = max(MAC_SWAP_DISK, self.plan.platform.memory_bytes // 8)
+        now = f"{gib(used)} GiB in swap now; umemc reports swap that grows while the stack runs"
+        if free >= want:
+            self._add("swap", True, f"{gib(free)} GiB free for swap files in {where} ({now})")
+            return
+        self._add(
+            "swap",
+            False,
+            f"only {gib(free)} GiB free in {where}, where macOS keeps its swap files: under pressure it then kills "
+            f"programs or stops with 'Your system has run out of application memory' ({now})",
+            (f"free at least {gib(want)} GiB on that volume",),
+            advisory=True,
+        )
+
     def _cgroups(self) -> None:
+        if self.plan.platform.kind == "apple":
+            interval = f"{self.plan.policy.sample_interval_s * 1000:g} ms"
+            self._add(
+                "cgroups",
+                True,
+                f"no kernel enforcement on macOS (no memory cgroups): umemc's enforcer kills a worker over its hard "
+                f"quota within a sample ({interval}), by its phys_footprint",
+            )
+            return
         if self.plan.policy.kernel_enforcement == "off":
             return
         from .cgroups import detect
@@ -409,6 +454,16 @@ def port_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+MAC_SWAP_DISK = 16 << 30  # free space kept for macOS's swap files at least (or an eighth of RAM)
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return None if value is None else int(value.split()[0])
+    except (ValueError, IndexError):
+        return None
 
 
 CARVEOUT_SLACK = 1 << 30  # the 512 MB minimum frame buffer and the driver's own rounding are no carve-out

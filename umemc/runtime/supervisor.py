@@ -110,6 +110,7 @@ def start_supervisord(run: RunDir, plan: PlanDoc, *, foreground: bool) -> None:
     from ..contract import SOCKET_ENV
     from .rundir import SUPERVISORD
     from .supervisord import ROTATE_BYTES, rotate
+    from .wrap import parent_death_signal
 
     state, config = run.state, run.supervisor_config
 
@@ -132,6 +133,8 @@ def start_supervisord(run: RunDir, plan: PlanDoc, *, foreground: bool) -> None:
         str(state),
         "--outlive-parent",
     ]
+    if not parent_death_signal():
+        wrap.append("--reaper")  # no parent-death signal here (macOS): a reaper stops the run if supervisord dies
     # umemc.runtime.supervisord: the real supervisord, which a full state directory no longer kills
     argv = [*wrap, "--", sys.executable, "-m", "umemc.runtime.supervisord", "-n", "-c", str(config)]
     if plan.memlock:

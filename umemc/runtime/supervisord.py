@@ -77,7 +77,7 @@ def rotate(stream: TextIO | BinaryIO, limit: int) -> bool:
         return False
     if not stat.S_ISREG(st.st_mode) or st.st_size < limit:
         return False
-    path = os.readlink(f"/proc/self/fd/{fd}") if os.path.exists(f"/proc/self/fd/{fd}") else None
+    path = fd_path(fd)
     if path is None or not os.path.isfile(path):
         return False
     with open(path, "rb") as src, open(path + ".1", "wb") as backup:
@@ -85,6 +85,23 @@ def rotate(stream: TextIO | BinaryIO, limit: int) -> bool:
             backup.write(chunk)
     os.ftruncate(fd, 0)
     return True
+
+
+F_GETPATH = 50  # macOS <sys/fcntl.h>: the path of an open descriptor
+
+
+def fd_path(fd: int) -> str | None:
+    """The path of an open file: /proc/self/fd on Linux, fcntl(F_GETPATH) on macOS; None where neither answers."""
+    if os.path.exists(f"/proc/self/fd/{fd}"):
+        return os.readlink(f"/proc/self/fd/{fd}")
+    if sys.platform != "darwin":
+        return None
+    import fcntl  # pragma: no cover - macOS only
+
+    try:  # pragma: no cover
+        return fcntl.fcntl(fd, F_GETPATH, bytes(1024)).split(b"\0", 1)[0].decode()
+    except OSError:  # pragma: no cover
+        return None
 
 
 def tolerate_log_failures() -> None:

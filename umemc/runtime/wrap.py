@@ -6,7 +6,9 @@ supervisord itself):
 
 Before anything allocates it
 - asks the kernel to SIGKILL it when its parent (supervisord) dies (PR_SET_PDEATHSIG): a `kill -9`
-  of supervisord takes every worker with it instead of leaving orphans that hold memory;
+  of supervisord takes every worker with it instead of leaving orphans that hold memory; where the kernel
+  has no such signal (macOS), the wrapper that becomes supervisord (--reaper) forks umemc.runtime.reaper,
+  which stops the run's processes when supervisord dies;
 - places itself in its own memory cgroup (hard quota = the kernel's limit; 0 = no limit), recorded
   in DIR/cgroups/M, so `umemc down` finds every process of the stack by cgroup membership, double-
   forked `setsid` children included, even when supervisord and every other record are gone;
@@ -28,6 +30,7 @@ from collections.abc import MutableMapping
 from pathlib import Path
 
 from ..records import CgroupRecord, PidRecord, write_atomic
+from .probes.host import start_time
 from .rundir import RunDir
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -44,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--unset", action="append", default=[], metavar="VAR")
     p.add_argument("--outlive-parent", action="store_true", help="no parent-death signal (supervisord itself)")
     p.add_argument(
+        "--reaper",
+        action="store_true",
+        help="fork a process that stops the run's processes when this one (supervisord) dies, where no parent-death "
+        "signal does (macOS)",
+    )
+    p.add_argument(
         "--daemon",
         action="store_true",
         help="fork into a new session first; the caller's child "
@@ -58,16 +67,21 @@ def main(argv: list[str] | None = None) -> int:
         if os.fork() > 0:
             os._exit(0)
         os.setsid()
+    state = Path(args.state)
+    if args.reaper:  # before this process enters the run's cgroup: the sweep kills that group's members
+        from .reaper import fork
+
+        fork(state)
     if not args.outlive_parent and not die_with_parent():
         print(f"umemc-wrap: the parent of {args.model} died before it started; not starting", file=sys.stderr)
         return 1
-    state = Path(args.state)
     run = RunDir.of_state(state)
     record = run.cgroups / args.model
     if args.cgroup == "auto":
         place(args.stack, args.model, args.hard, args.soft, state, record)
     else:
         forget(record)
+    # the pid and its start time name one process for good: a record never makes `down` kill a later process
     write_record(run.pids / args.model, PidRecord(args.model, os.getpid(), start_time(os.getpid())).render())
     for name in args.unset:
         os.environ.pop(name, None)
@@ -118,9 +132,21 @@ def worker_env(env: MutableMapping[str, str]) -> None:
         env[key[len(WORKER_ENV_PREFIX) :]] = env.pop(key)
 
 
+PARENT_DEATH_ENV = "UMEMC_PARENT_DEATH"  # "reaper": no parent-death signal even on Linux (tests of the macOS path)
+
+
+def parent_death_signal() -> bool:
+    """Whether this host stops a run's processes with the kernel's parent-death signal (Linux), rather than with
+    the reaper supervisord's wrapper forks (macOS; or Linux with UMEMC_PARENT_DEATH=reaper)."""
+    return sys.platform.startswith("linux") and os.environ.get(PARENT_DEATH_ENV) != "reaper"
+
+
 def die_with_parent() -> bool:
     """PR_SET_PDEATHSIG(SIGKILL); it survives the exec. False when the parent is already gone (we
-    were reparented before the call, so the signal would never come)."""
+    were reparented before the call, so the signal would never come). Where there is no such signal, the reaper
+    stands in (True)."""
+    if not parent_death_signal():
+        return True
     import ctypes  # only here: ctypes costs ~40 ms to import
 
     parent = os.getppid()
@@ -130,16 +156,6 @@ def die_with_parent() -> bool:
     except (OSError, AttributeError):  # pragma: no cover - not Linux: the process group still dies together
         return True
     return os.getppid() == parent
-
-
-def start_time(pid: int) -> int:
-    """Field 22 of /proc/PID/stat (clock ticks since boot): with the pid, it names one process for
-    good, so a record never makes `down` kill an unrelated process that reused the pid."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 def write_record(path: Path, text: str) -> None:

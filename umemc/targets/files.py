@@ -47,7 +47,7 @@ def plan_json(b: Bundle) -> Files:
             load_below=pol.load_below,
             evict_above=pol.evict_above,
             hsa_enable_sdma=pol.hsa_enable_sdma,
-            kernel_enforcement=pol.kernel_enforcement,
+            kernel_enforcement=plan.kernel_enforcement,
             leak_threshold_bytes=pol.leak_threshold,
             leak_window_s=pol.leak_window,
             max_kills=pol.max_kills,
@@ -167,27 +167,49 @@ def kernel(b: Bundle, kubernetes: bool = False) -> Files:
 
 
 def systemd(b: Bundle) -> Files:
-    """At boot: a systemd unit on Linux, a launchd daemon on macOS (placeholders filled by `umemc apply`)."""
+    """At boot: a systemd unit on Linux; on macOS a LaunchAgent (a Mac someone logs into) and a LaunchDaemon (a
+    headless one), placeholders filled by `umemc apply`."""
     if b.plan.platform.kind == "apple":
-        return {f"launchd/com.umemc.{b.plan.name}.plist": launchd_plist(b.plan.name, b.header)}
+        name = b.plan.name
+        return {
+            f"launchd/LaunchAgents/com.umemc.{name}.plist": launchd_plist(name, b.header, daemon=False),
+            f"launchd/LaunchDaemons/com.umemc.{name}.plist": launchd_plist(name, b.header, daemon=True),
+        }
     return {f"systemd/umemc-{b.plan.name}.service": render("systemd.service.j2", bundle=b)}
 
 
 LAUNCHD_ARGS = ("@PYTHON@", "-m", "umemc", "up", "--foreground", "--run-dir", "@RUN_DIR@", "@BUNDLE@")
+LAUNCHD_FILES = 4096  # supervisord wants 1024 descriptors (its minfds) and launchd's default is 256
+LAUNCHD_EXIT_S = 150  # `umemc down`'s own wait (120 s) for the workers to drain and stop, with some to spare
 
 
-def launchd_plist(name: str, header: str, args: tuple[str, ...] = LAUNCHD_ARGS) -> str:
-    """A LaunchDaemon that runs the stack in the foreground (launchd supervises supervisord), written by
-    plistlib so that every path is escaped for XML; `umemc apply` replaces the @…@ arguments one by one."""
+def launchd_plist(name: str, header: str, *, daemon: bool, args: tuple[str, ...] = LAUNCHD_ARGS) -> str:
+    """A launchd job that runs the stack in the foreground (launchd supervises supervisord, which supervises the
+    workers), written by plistlib so that every path is escaped for XML; `umemc apply` replaces the @...@ values.
+    Keys (launchd.plist(5)): KeepAlive restarts it after a crash, not after `launchctl bootout`; ProcessType
+    Interactive keeps macOS from throttling it as background work (a model server is latency-bound); ExitTimeOut
+    gives the workers time to drain before launchd's SIGKILL; NumberOfFiles what supervisord needs. A daemon runs as
+    the user who owns the models (UserName), never as root; its environment's PATH is the installing user's, so
+    runtimes found on PATH (Homebrew's llama-server) are found at boot too."""
     import plistlib
 
-    doc = {
+    limits = {"NumberOfFiles": LAUNCHD_FILES}
+    doc: dict[str, object] = {
         "Label": f"com.umemc.{name}",
         "ProgramArguments": list(args),
         "RunAtLoad": True,
         "KeepAlive": {"SuccessfulExit": False},
-        "StandardErrorPath": f"/var/log/umemc-{name}.log",
+        "ProcessType": "Interactive",
+        "ExitTimeOut": LAUNCHD_EXIT_S,
+        "SoftResourceLimits": limits,
+        "HardResourceLimits": limits,
+        "EnvironmentVariables": {"PATH": "@PATH@"},
+        "WorkingDirectory": "@RUN_DIR@",
+        "StandardOutPath": "@LOG@",
+        "StandardErrorPath": "@LOG@",
     }
+    if daemon:
+        doc["UserName"] = "@USER@"
     text = plistlib.dumps(doc, sort_keys=False).decode()
     comment = xml_escape(header).replace("--", "- -")  # "--" may not appear inside an XML comment
     return text.replace("\n", f"\n<!-- {comment} -->\n", 1)

@@ -41,6 +41,7 @@ def budget_dict(plan: Plan) -> dict[str, Any]:
         },
         "warnings": list(plan.warnings),
         "advice": list(plan.advice),
+        "enforcement": plan.enforcement,
     }
     if plan.nodes:
         assert plan.placement is not None
@@ -67,6 +68,7 @@ def node_dict(p: Plan) -> dict[str, Any]:
         "hot_total_bytes": p.hot_total,
         "hot_gpu_total_bytes": p.hot_gpu_total,
         "headroom_bytes": p.headroom,
+        "enforcement": p.enforcement,
     }
 
 
@@ -117,7 +119,8 @@ def budget_markdown(plan: Plan) -> str:
     p = plan.platform
     out.append(
         f"Platform: {p.preset or p.kind} ({p.kind}), {gib(p.memory)} GiB RAM, "
-        f"{gib(p.os_reserve)} GiB OS reserve, safety margin {plan.stack.policy.safety_margin:.0%}."
+        f"{gib(p.os_reserve)} GiB OS reserve, safety margin {plan.stack.policy.safety_margin:.0%}. "
+        f"Hard quotas enforced by {plan.enforcement}."
     )
     out += ["", "| ledger | hot set (hard quotas) | budget | usable | |", "|---|---:|---:|---:|---|"]
     for name, used, budget, usable, ok in ledger_lines(plan):

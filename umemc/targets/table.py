@@ -39,7 +39,7 @@ def _platform(plan: Plan) -> Text:
     window = f"GPU window {gib(p.gpu_window)} GiB" if p.gpu_window is not None else "no GPU window"
     return Text(
         f"{p.preset or p.kind} ({p.kind}): {gib(p.memory)} GiB RAM, {gib(p.os_reserve)} GiB OS reserve, "
-        f"{window}, safety margin {plan.stack.policy.safety_margin:.0%}",
+        f"{window}, safety margin {plan.stack.policy.safety_margin:.0%}\nhard quotas enforced by {plan.enforcement}",
         style="dim",
     )
 

@@ -17,7 +17,8 @@ from typing import Any
 from ...contract import OWN_PROGRAMS, PLAN_FILE, GatewayState, ModelDoc, PlanDoc, read, read_optional
 from ...lockfile import totals
 from ..events import EventLog
-from ..llamalog import parse_buffers
+from ..llamalog import metal_working_set, parse_buffers
+from ..probes.host import Probes
 from ..rundir import RunDir
 from ..supervisor import Supervisor
 from . import rules
@@ -38,14 +39,14 @@ LOG_TAIL = 512 * 1024  # of a llama.cpp worker's logs, for its buffer report
 
 
 class Enforcer:
-    def __init__(self, bundle: Path, proc: str = "/proc"):
+    def __init__(self, bundle: Path, host: Probes | None = None):
         self.bundle = bundle
         self.plan = read(PlanDoc, bundle / PLAN_FILE)
         self.run_dir = RunDir.of_bundle(bundle)
         self.interval = float(self.plan.policy.sample_interval_s)
         self.events = EventLog(self.run_dir.events)
         self.supervisor = Supervisor(self.run_dir.socket())
-        self.sampler = Sampler(self.plan, self.run_dir, proc)
+        self.sampler = Sampler(self.plan, self.run_dir, host)
         self.guard = PressureGuard(self.plan, self.run_dir, self.supervisor, self.interval, self._event)
         self.status = StatusWriter(self.run_dir.status)
         window = float(self.plan.policy.leak_window_s)
@@ -58,6 +59,9 @@ class Enforcer:
         self.box = Series(window)  # the whole machine's used memory (usable - MemAvailable)
         self.own = Series(window)  # umemc's own processes: supervisord, the enforcer, the gateway
         self.run_start = self.events.last_id("up")
+        self.swap_base: int | None = None  # the machine's swap in use when the enforcer started
+        self.swap_raised = False
+        self.gpu_limit: int | None = None  # the GPU's working-set limit as a runtime reported it (Metal)
         self._last_slow = self._last_poll = self._last_escaped = 0.0
         self._gone = False
         self._sv_pid: int | None = None
@@ -100,7 +104,7 @@ class Enforcer:
     def tick(self) -> None:
         """Every sample_interval: usage of each running worker (kept-open preads), quotas, pressure."""
         now = time.time()
-        children = self.sampler.proc.children(self._sv_pid) if self._sv_pid else frozenset()
+        children = self.sampler.procs.children(self._sv_pid) if self._sv_pid else frozenset()
         if self._gone or children != self._sv_children or now - self._last_poll >= POLL_EVERY_S:
             self._sv_children = children  # supervisord started or lost a process: look now
             self.poll(now)
@@ -128,7 +132,7 @@ class Enforcer:
         self._last_poll, self._gone = now, False
         if self._sv_pid is None:
             self._sv_pid = int(self.supervisor.call("supervisor.getPID"))
-            self._sv_children = self.sampler.proc.children(self._sv_pid)
+            self._sv_children = self.sampler.procs.children(self._sv_pid)
         self._infos = self.supervisor.processes()
 
     def slow_tick(self, now: float) -> None:
@@ -148,15 +152,29 @@ class Enforcer:
                     self.sampler.attach_cgroup(w)
                 self.sampler.refresh(w, now)
                 self._check_leak(w)
+                self._check_swap(w)
                 self._check_drift(w, now)
         available = self._box_and_own(now)
+        self._check_box_swap()
         self.status.write(
             now,
             self.guard.pressure,
             list(self.workers.values()),
             self.events,
-            rules.box_trends(self.box, self.own, available),
+            rules.box_trends(self.box, self.own, available) | self._machine(),
         )
+
+    def _machine(self) -> dict[str, Any]:
+        """The machine's facts for the status: how it is sampled and enforced, its swap, the OS's pressure level."""
+        swap = self.sampler.last_swap
+        return {
+            "platform": self.sampler.host.platform,
+            "memory_figure": self.sampler.procs.memory_figure,
+            "swap_used_bytes": None if swap is None else swap.used,
+            "swap_grown_bytes": None if swap is None or self.swap_base is None else swap.used - self.swap_base,
+            "pressure_level": self.sampler.box.level(),
+            "gpu_limit_bytes": self.gpu_limit,
+        }
 
     def _box_and_own(self, now: float) -> int | None:
         """One sample of the machine's used memory and of umemc's own processes' (their trends go to the status
@@ -167,7 +185,7 @@ class Enforcer:
         own = 0
         for record in self.run_dir.records():
             if record.name in OWN:
-                own += self.sampler.proc.rss(record.pid)
+                own += self.sampler.procs.memory(record.pid)
         self.own.add(now, own)
         return available
 
@@ -201,7 +219,7 @@ class Enforcer:
         if w.pid is not None:
             cause = w.pending_exit or rules.exit_cause(info, pid)
             self._event(w, "exit", pid=w.pid, state=w.state, **cause, peak_bytes=w.peak)
-            self.sampler.proc.prune(set())
+            self.sampler.procs.prune(set())
             w.lost()
             if w.phase is not Phase.GIVEN_UP:
                 w.to(Phase.DOWN)
@@ -300,6 +318,34 @@ class Enforcer:
             w.raised.add(Finding.LEAK)
             self._event(w, "leak_suspected", **detail)
 
+    def _check_swap(self, w: Worker) -> None:
+        """A worker with part of itself in swap answers from disk (where the platform tells per process)."""
+        crossed = rules.swap_crossing(w.swapped, rules.SWAP_WORKER, Finding.SWAP in w.raised)
+        if crossed:
+            w.raised.add(Finding.SWAP)
+            self._event(w, "swapping", swapped_bytes=w.swapped, usage_bytes=w.usage, pid=w.pid)
+        elif crossed is False:
+            w.raised.discard(Finding.SWAP)
+
+    def _check_box_swap(self) -> None:
+        """The machine's swap grown since the enforcer started: on macOS, which compresses and swaps instead of
+        killing, this is how a stack too large for the machine shows (and where no per-process figure exists)."""
+        swap = self.sampler.last_swap = self.sampler.swap()
+        if swap is None:
+            return
+        if self.swap_base is None:
+            self.swap_base = swap.used
+        grown = swap.used - self.swap_base
+        crossed = rules.swap_crossing(grown, rules.box_swap_threshold(self.sampler.usable), self.swap_raised)
+        if crossed:
+            self.swap_raised = True
+            level = self.sampler.box.level()
+            self.events.add(
+                "swapping", None, swap_used_bytes=swap.used, grown_bytes=grown, **({"level": level} if level else {})
+            )
+        elif crossed is False:
+            self.swap_raised = False
+
     def _check_drift(self, w: Worker, now: float) -> None:
         """Once a worker has settled, compare what it holds (and, for llama.cpp, what its own log
         says it allocated) with the plan's estimate: more than 5% over is `estimate_drift`."""
@@ -334,10 +380,22 @@ class Enforcer:
             with contextlib.suppress(OSError), log.open("rb") as f:
                 f.seek(max(0, log.stat().st_size - LOG_TAIL))
                 text += f.read().decode(errors="replace")
+        self._check_gpu_limit(name, text)
         parts = m.estimate_parts
         return rules.buffers_drift(
             totals(parse_buffers(text)), parts.weights_bytes + parts.kv_bytes + parts.compute_bytes
         )
+
+    def _check_gpu_limit(self, name: str, log: str) -> None:
+        """Metal's working-set limit as llama.cpp reports it at start: below the plan's GPU window, allocations
+        fail before the budget says they should (the wired limit in force is not the one the plan was built for)."""
+        limit = metal_working_set(log)
+        window = self.plan.platform.gpu_window_bytes
+        if limit is None or limit == self.gpu_limit:
+            return
+        self.gpu_limit = limit
+        if window is not None and limit < window:
+            self.events.add("gpu_limit", name, limit_bytes=limit, gpu_window_bytes=window)
 
     def _event(self, w: Worker, kind: str, **detail: Any) -> None:
         w.last_event = kind

@@ -21,6 +21,26 @@ def soft_crossing(usage: int, soft: int, raised: bool) -> bool | None:
     return None
 
 
+SWAP_WORKER = 64 << 20  # a worker with this much in swap answers from disk: `swapping`
+SWAP_BOX_MIN = 256 << 20  # the machine's swap grown this much (or 1% of usable) since the enforcer started
+
+
+def swap_crossing(swapped: int | None, threshold: int, raised: bool) -> bool | None:
+    """True when swapped bytes have just reached the threshold (report it), False once they are back under a
+    quarter of it (re-armed), None when nothing changes or the figure is unknown."""
+    if swapped is None:
+        return None
+    if not raised and swapped >= threshold:
+        return True
+    if raised and swapped < threshold / 4:
+        return False
+    return None
+
+
+def box_swap_threshold(usable: int) -> int:
+    return max(SWAP_BOX_MIN, usable // 100)
+
+
 def over_hard(usage: int, hard: int) -> bool:
     return usage > hard
 

@@ -1,48 +1,51 @@
-"""What a worker holds, read from the kernel and the drivers: its process tree's RSS or its cgroup's
-charge (kept-open statm, task children), GPU-side bytes (DRM fdinfo on AMD, nvidia-smi now and then on
-discrete NVIDIA), its activity, its own ledger; and the machine's memory pressure."""
+"""What a worker holds, read through the host's probes (umemc.runtime.probes.host: the same interface on Linux
+and macOS): its process tree's memory (RSS from kept-open statm on Linux, phys_footprint on macOS) or its cgroup's
+charge, GPU-side bytes (DRM fdinfo on AMD, nvidia-smi now and then on discrete NVIDIA; on macOS Metal's buffers are
+already in the footprint), what of it is swapped out, its activity, its own ledger; and the machine's memory
+pressure and swap."""
 
 from __future__ import annotations
 
-import os
 import sys
-from pathlib import Path
 
 from ...contract import CgroupRecord, PlanDoc, WorkerReport, read_optional
 from ..cgroups import Cgroup
 from ..probes import nvidia
 from ..probes.drm import DrmProbe
-from ..probes.meminfo import MemAvailable
-from ..probes.proc import ProcTree, marked_processes
+from ..probes.host import Probes, Swap, marked_processes, probes
 from ..rundir import RunDir
-from ..wrap import run_mark, start_time
+from ..wrap import run_mark
 from .worker import Worker
 
 NVIDIA_EVERY_S = 2.0
 
 
 class Sampler:
-    def __init__(self, plan: PlanDoc, run_dir: RunDir, proc: str = "/proc"):
+    def __init__(self, plan: PlanDoc, run_dir: RunDir, host: Probes | None = None):
         self.run_dir = run_dir
         self.kind = plan.platform.kind
         self.usable = int(plan.capacity.usable_bytes)
-        self.proc = ProcTree(proc)
-        self.drm = DrmProbe(proc)
-        self._meminfo = MemAvailable()
+        self.host = host or probes(plan.platform.kind, plan.platform.gpu_window_bytes, plan.policy.evict_above)
+        self.procs = self.host.processes
+        self.box = self.host.box
+        self.drm = DrmProbe()
         self._mark = run_mark(run_dir.state)
         self._nvidia: dict[int, int] = {}
         self._last_nvidia = 0.0
+        self.last_swap: Swap | None = None
 
     def cpu_side(self, w: Worker) -> int:
         """In its own cgroup, a worker's CPU-side memory is what the kernel charges and limits there
-        (RSS would also count shared library pages charged elsewhere); otherwise the tree's RSS."""
+        (RSS would also count shared library pages charged elsewhere); otherwise its tree's memory as the
+        platform counts it (RSS on Linux, phys_footprint on macOS)."""
         if w.cgroup is not None:
             return w.cgroup.usage()
-        return sum(self.proc.rss(p) for p in w.pids)
+        return sum(self.procs.memory(p) for p in w.pids)
 
     def gpu(self, pids: list[int]) -> int:
-        """GPU-side bytes not already in RSS: DRM GTT/VRAM (AMD, Intel), NVIDIA per-process memory."""
-        if self.kind == "amd-apu":
+        """GPU-side bytes not already in the CPU-side figure: DRM GTT/VRAM (AMD, Intel), NVIDIA per-process memory.
+        On macOS a process's Metal buffers are in its footprint; on a DGX Spark its CUDA memory is in its RSS."""
+        if self.kind == "amd-apu" and self.host.platform == "linux":
             return self.drm.gpu_bytes(pids)
         if self.kind == "nvidia-discrete" and self._nvidia:
             return sum(self._nvidia.get(p, 0) for p in pids)
@@ -83,15 +86,16 @@ class Sampler:
         """The worker's process tree (with what escaped it), its GPU descriptors, activity, its own ledger
         and a 1 Hz usage sample."""
         assert w.pid is not None
-        w.pids = self.proc.descendants(w.pid)
-        w.escaped = [(p, t) for p, t in w.escaped if p not in w.pids and start_time(p) == t]
+        w.pids = self.procs.descendants(w.pid)
+        w.escaped = [(p, t) for p, t in w.escaped if p not in w.pids and self.procs.start_time(p) == t]
         w.pids += [p for p, _ in w.escaped]
-        if self.kind == "amd-apu":
+        if self.kind == "amd-apu" and self.host.platform == "linux":
             self.drm.refresh(w.pids)
         self.record(w, self.cpu_side(w))
         w.samples.append((now, w.usage))
         w.history.add(now, w.usage)
-        cpu = self.proc.cpu_ticks(w.pid)
+        w.swapped = self.swapped(w.pids)
+        cpu = self.procs.cpu_ticks(w.pid)
         if cpu != w.last_cpu:
             w.last_cpu, w.last_active = cpu, now
         doc = read_optional(WorkerReport, self.run_dir.worker_report(w.name))
@@ -104,37 +108,32 @@ class Sampler:
         by_model = {w.name: w for w in workers if w.pid and w.cgroup is None}
         if not by_model:
             return
-        for pid, model in marked_processes(self._mark):
+        for pid, model in marked_processes(self._mark, self.procs):
             w = by_model.get(model or "")
             if w is not None and pid not in w.pids and pid != w.pid:
-                w.escaped.append((pid, start_time(pid)))
+                w.escaped.append((pid, self.procs.start_time(pid)))
+
+    def swapped(self, pids: list[int]) -> int | None:
+        """What of a process tree sits in swap, where the platform tells per process (Linux); None where not."""
+        known = [s for s in (self.procs.swapped(p) for p in pids) if s is not None]
+        return sum(known) if known else None
 
     def available(self) -> int | None:
-        """The OS's MemAvailable now (bytes)."""
-        return self._meminfo.read()
+        """The memory the OS has available now (bytes): MemAvailable, or macOS's free + inactive pages."""
+        return self.box.available()
+
+    def swap(self) -> Swap | None:
+        return self.box.swap()
 
     def pressure(self, workers: list[Worker]) -> float:
-        """The conservative one of: 1 - MemAvailable/usable (the OS's view), the workers' own total
-        against usable, and the GPU window's used share where the driver tells it."""
-        available = self._meminfo.read()
+        """The conservative one of: 1 - available/usable (the OS's view), the workers' own total against usable,
+        the GPU window's used share where the driver tells it (amdgpu's GTT; macOS's wired pages), and the OS's own
+        pressure signal where it has one (macOS's memorystatus level)."""
+        available = self.box.available()
         held = sum(w.usage for w in workers if w.pid)
-        gtt = gtt_used_share() if self.kind == "amd-apu" else 0.0
-        return max(1 - (available if available is not None else self.usable) / self.usable, held / self.usable, gtt)
-
-
-def gtt_used_share(drm_root: str = "/sys/class/drm") -> float:
-    """AMD: mem_info_gtt_used / mem_info_gtt_total of the first card that has them (bytes)."""
-    try:
-        cards = sorted(os.listdir(drm_root))
-    except OSError:
-        return 0.0
-    for card in cards:
-        base = f"{drm_root}/{card}/device"
-        try:
-            used = int(Path(f"{base}/mem_info_gtt_used").read_text())
-            total = int(Path(f"{base}/mem_info_gtt_total").read_text())
-        except (OSError, ValueError):
-            continue
-        if total:
-            return used / total
-    return 0.0
+        return max(
+            1 - (available if available is not None else self.usable) / self.usable,
+            held / self.usable,
+            self.box.gpu_share(),
+            self.box.os_pressure(self.usable),
+        )

@@ -57,4 +57,6 @@ def _worker(w: Worker) -> WorkerStatus:
         reserved_bytes=w.reserved,
         leak_rate_bytes_per_s=None if w.pid is None else leak_rate(w.samples),
         allowance_bytes=w.allowance,
+        swapped_bytes=w.swapped,
+        enforced_by=None if w.pid is None else ("enforcer" if w.cgroup is None else f"cgroup v{w.cgroup.version}"),
     )

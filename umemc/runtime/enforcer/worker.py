@@ -42,6 +42,7 @@ class Finding(Enum):
 
     SOFT = "soft_limit"  # re-armed below SOFT_REARM of the soft quota
     LEAK = "leak_suspected"  # re-armed by the next start
+    SWAP = "swapping"  # re-armed once under a quarter of rules.SWAP_WORKER
 
 
 class IllegalTransition(RuntimeError):
@@ -79,6 +80,7 @@ class Worker:
     cpu_side: int = 0
     gpu_side: int = 0
     peak: int = 0
+    swapped: int | None = None  # what of its tree is in swap, where the platform tells per process (Linux)
     samples: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=120))  # 1 Hz: the recent rate
     history: Series = field(default_factory=lambda: Series(300.0))  # the leak window, downsampled (set by the loop)
     kills: deque[float] = field(default_factory=lambda: deque(maxlen=64))
@@ -116,7 +118,7 @@ class Worker:
 
     def lost(self) -> None:
         """Its process is no longer sampled (an exit seen, or killed by the enforcer)."""
-        self.pid, self.pids, self.cpu_side, self.gpu_side = None, [], 0, 0
+        self.pid, self.pids, self.cpu_side, self.gpu_side, self.swapped = None, [], 0, 0, None
 
     def forget(self) -> None:
         """Its process changed: everything measured and reported of the last one is forgotten."""

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..probes.proc import ProcTree
+from ..probes.host import Processes, processes
 from .usage import Usage
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ class Metrics:
 class _Live(Collector):
     def __init__(self, sched: Scheduler):
         self.sched = sched
-        self.proc = ProcTree()  # umemc's own processes, for their resident memory
+        self.proc = processes()  # umemc's own processes, for what they hold
 
     def describe(self) -> list[Metric]:
         return []  # scraped live; nothing to check for name clashes at registration
@@ -220,7 +220,7 @@ def _from_events(s: Scheduler) -> Iterator[Metric]:
     yield from (kills, evictions, give_ups, failed, drift, leaks)
 
 
-def _from_enforcer(s: Scheduler, proc: ProcTree) -> Iterator[Metric]:
+def _from_enforcer(s: Scheduler, proc: Processes) -> Iterator[Metric]:
     """Per-model gauges from the enforcer's status (drift ratio, leak rate), and umemc's own memory."""
     drift = GaugeMetricFamily(
         "umemc_model_estimate_drift_ratio", "Measured / estimate - 1, once the worker has settled.", labels=["model"]
@@ -238,10 +238,10 @@ def _from_enforcer(s: Scheduler, proc: ProcTree) -> Iterator[Metric]:
                 drift.add_metric([name], w.drift)
             if w.leak_rate_bytes_per_s is not None:
                 leak.add_metric([name], w.leak_rate_bytes_per_s)
-        enforcer = proc.rss(st.pid)  # 0 once it has gone: left out
+        enforcer = proc.memory(st.pid)  # 0 once it has gone: left out
         if enforcer:
             own.add_metric(["enforcer"], enforcer)
-    own.add_metric(["gateway"], proc.rss(os.getpid()))
+    own.add_metric(["gateway"], proc.memory(os.getpid()))
     yield from (drift, leak, own)
     yield from _trends(st)
 

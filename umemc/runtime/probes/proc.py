@@ -1,68 +1,69 @@
-"""CPU-side memory of a process tree from /proc: resident pages from `statm` read with pread on
-kept-open descriptors (docs/ESTIMATES.md: 1.4 µs a read), children from /proc/PID/task/*/children
-(59 µs, instead of scanning all of /proc). Never `ps`, never smaps on the hot path."""
+"""Linux: processes read straight from /proc. Resident pages from `statm` read with pread on kept-open
+descriptors (docs/ESTIMATES.md: 1.4 µs a read), children from /proc/PID/task/*/children (59 µs, instead of
+scanning all of /proc), swapped pages from `status`. Never `ps`, never smaps on the hot path. The same
+interface on every other platform is umemc.runtime.probes.psproc (psutil); bench/sampler.py measures why
+Linux keeps these reads."""
 
 from __future__ import annotations
 
 import os
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+RUN_KEYS = (b"UMEMC_RUN", b"UMEMC_MODEL")
 
 
-def alive(pid: int) -> bool:
-    """Running and not a zombie (a zombie also stays listed in its cgroup until it is reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
+class LinuxProcesses:
+    """The machine's processes as /proc shows them; statm descriptors are cached per pid."""
 
-
-def run_environ(pid: int) -> dict[str, str]:
-    """The run's mark and model (UMEMC_RUN, UMEMC_MODEL) from a process's initial environment."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return {}
-    out = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep and key in (b"UMEMC_RUN", b"UMEMC_MODEL"):
-            out[key.decode()] = value.decode(errors="replace")
-    return out
-
-
-def marked_processes(mark: str, proc: str = "/proc") -> list[tuple[int, str | None]]:
-    """Every live process carrying a run's mark (set by umemc's exec wrapper and inherited by everything
-    it starts), with the model it was started for. One pass over /proc: for `down` and a 5 s sweep."""
-    out = []
-    me = os.getpid()
-    for entry in os.scandir(proc):
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        pid = int(entry.name)
-        env = run_environ(pid)
-        if env.get("UMEMC_RUN") == mark and alive(pid):
-            out.append((pid, env.get("UMEMC_MODEL")))
-    return out
-
-
-class ProcTree:
-    """Resident bytes of a root process and all its descendants; descriptors are cached per pid."""
+    name = "linux /proc"
+    memory_figure = "rss"  # what the kernel's OOM killer and a memory cgroup charge follow
 
     def __init__(self, proc: str = "/proc"):
         self.proc = proc
         self._fds: dict[int, int] = {}
 
-    def descendants(self, root: int) -> list[int]:
-        out, stack = [], [root]
-        while stack:
-            pid = stack.pop()
-            out.append(pid)
-            stack.extend(self.children(pid))
+    # -- identity -----------------------------------------------------------------------------
+    def alive(self, pid: int) -> bool:
+        """Running and not a zombie (a zombie also stays listed in its cgroup until it is reaped)."""
+        try:
+            with open(f"{self.proc}/{pid}/stat", "rb") as f:
+                return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+        except (OSError, IndexError):
+            return False
+
+    def start_time(self, pid: int) -> int:
+        """Field 22 of /proc/PID/stat (clock ticks since boot): with the pid, it names one process for good."""
+        try:
+            with open(f"{self.proc}/{pid}/stat", "rb") as f:
+                return int(f.read().rsplit(b")", 1)[1].split()[19])
+        except (OSError, IndexError, ValueError):
+            return 0
+
+    def run_environ(self, pid: int) -> dict[str, str]:
+        """The run's mark and model (UMEMC_RUN, UMEMC_MODEL) from a process's initial environment."""
+        try:
+            with open(f"{self.proc}/{pid}/environ", "rb") as f:
+                raw = f.read()
+        except OSError:
+            return {}
+        out = {}
+        for item in raw.split(b"\0"):
+            key, sep, value = item.partition(b"=")
+            if sep and key in RUN_KEYS:
+                out[key.decode()] = value.decode(errors="replace")
         return out
 
+    def cmdline(self, pid: int) -> list[str]:
+        try:
+            with open(f"{self.proc}/{pid}/cmdline", "rb") as f:
+                return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        except OSError:
+            return []
+
+    def pids(self) -> list[int]:
+        return [int(e.name) for e in os.scandir(self.proc) if e.name.isdigit()]
+
+    # -- trees --------------------------------------------------------------------------------
     def children(self, pid: int) -> frozenset[int]:
         """Direct children (one small read per thread: cheap enough to run every sample)."""
         out: set[int] = set()
@@ -78,7 +79,17 @@ class ProcTree:
                 pass
         return frozenset(out)
 
-    def rss(self, pid: int) -> int:
+    def descendants(self, root: int) -> list[int]:
+        out, stack = [], [root]
+        while stack:
+            pid = stack.pop()
+            out.append(pid)
+            stack.extend(self.children(pid))
+        return out
+
+    # -- memory -------------------------------------------------------------------------------
+    def memory(self, pid: int) -> int:
+        """Resident bytes (statm's second field), 0 for a process that is gone."""
         fd = self._fds.get(pid)
         try:
             if fd is None:
@@ -90,9 +101,17 @@ class ProcTree:
             self.forget(pid)
             return 0
 
-    def tree_rss(self, root: int) -> tuple[int, list[int]]:
-        pids = self.descendants(root)
-        return sum(self.rss(p) for p in pids), pids
+    def swapped(self, pid: int) -> int | None:
+        """VmSwap of /proc/PID/status (kB): what of the process the kernel has written to swap."""
+        try:
+            with open(f"{self.proc}/{pid}/status", "rb") as f:
+                text = f.read()
+        except OSError:
+            return None
+        at = text.find(b"VmSwap:")
+        if at < 0:
+            return None  # a kernel thread, or a kernel without swap accounting
+        return int(text[at + 7 : text.index(b"kB", at)]) * 1024
 
     def cpu_ticks(self, pid: int) -> int:
         """utime + stime of one process (an activity signal for least-recently-used eviction)."""

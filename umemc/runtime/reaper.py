@@ -1,0 +1,101 @@
+"""Who stops a run's processes when its supervisord dies, where the kernel has no parent-death signal.
+
+On Linux every process a run starts asks for SIGKILL when its parent dies (PR_SET_PDEATHSIG, umemc.runtime.wrap):
+a `kill -9` of supervisord takes the workers, the enforcer and the gateway with it. macOS has no such signal, so
+the exec wrapper that becomes supervisord first forks a reaper: a small process in its own process group that
+waits for supervisord's exit (kqueue's NOTE_EXIT on macOS; a pidfd on Linux, where the tests force this mode with
+UMEMC_PARENT_DEATH=reaper; a poll elsewhere), then stops every process of the run exactly as `umemc down` does
+(`Stack.sweep`: the run's mark, records, cgroups) and logs a `reaped` event. After a clean `umemc down` it finds
+nothing left and exits. If the reaper itself is killed, `umemc down` (and the next `umemc up`) still sweep."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import sys
+import time
+from pathlib import Path
+
+POLL_S = 0.2  # where neither kqueue nor pidfd exists
+
+
+def wait_exit(pid: int) -> None:
+    """Block until process `pid` (not a child of ours) has exited."""
+    if sys.platform == "darwin":  # pragma: no cover - macOS
+        kq = select.kqueue()
+        event = select.kevent(
+            pid, filter=select.KQ_FILTER_PROC, flags=select.KQ_EV_ADD | select.KQ_EV_ONESHOT, fflags=select.KQ_NOTE_EXIT
+        )
+        try:
+            kq.control([event], 1, None)
+        except ProcessLookupError:
+            return  # already gone
+        finally:
+            kq.close()
+        return
+    if hasattr(os, "pidfd_open"):
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return
+        except OSError:
+            fd = None  # a kernel before 5.3: poll
+        if fd is not None:
+            try:
+                poller = select.poll()
+                poller.register(fd, select.POLLIN)
+                while not poller.poll(None):
+                    pass
+            finally:
+                os.close(fd)
+            return
+    while True:  # pragma: no cover - neither kqueue nor pidfd
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            pass
+        time.sleep(POLL_S)
+
+
+def fork(state: Path) -> None:
+    """Fork the reaper of the process calling this (the wrapper about to exec supervisord); returns in the parent."""
+    watched = os.getpid()
+    if os.fork() > 0:
+        return
+    code = 0
+    try:
+        os.setpgid(0, 0)  # not in supervisord's group: the sweep kills that group
+        _detach()
+        wait_exit(watched)
+        reap(state, watched)
+    except BaseException as exc:  # noqa: BLE001 - a forked child never returns into the wrapper's code
+        with contextlib.suppress(OSError):
+            print(f"umemc-reaper: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        code = 1
+    os._exit(code)
+
+
+def _detach() -> None:
+    """stdin from /dev/null (nothing reads it); stdout and stderr stay supervisord's log (its launcher gave them)."""
+    with contextlib.suppress(OSError):
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+
+
+def reap(state: Path, supervisord_pid: int) -> list[int]:
+    """Stop every process of the run (`umemc down`'s sweep) and say so in the event log; returns what was killed."""
+    from .control import Stack
+    from .events import EventLog
+    from .rundir import RunDir
+
+    run = RunDir.of_state(state)
+    killed, left = Stack(run).sweep()
+    if killed or left:  # the log tolerates damage and a full disk (it says so and goes on): the sweep is done
+        log = EventLog(run.events)
+        log.add("reaped", None, supervisord_pid=supervisord_pid, pids=killed, left=sorted(left))
+        log.close()
+    return killed
