@@ -836,3 +836,78 @@ def test_a_mixed_cluster_gives_objects_the_api_server_accepts(write_stack, tmp_p
         ref = s["spec"]["scaleTargetRef"]
         assert ref["name"] in deployments and ref["service"] in services
     assert all(len(n) <= 63 for names in by_kind.values() for n in names)
+
+
+LEASE_STACK = """version = 1
+name = "lab_"
+[nodes.halo]
+preset = "strix-halo-64"
+labels = { "umemc.io/node" = "halo" }
+[nodes.box]
+kind = "cpu"
+memory = "64GiB"
+[models.big]
+runtime = "command"
+command = ["serve", "{port}"]
+image = "registry.example.com/serve:1.0"
+memory = "30GiB"
+node = "halo"
+gpu = true
+priority = 20
+[models.small]
+runtime = "command"
+command = ["serve", "{port}"]
+image = "registry.example.com/serve:1.0"
+memory = "4GiB"
+node = "box"
+priority = 70
+"""
+
+
+def test_a_lease_is_a_pod_the_scheduler_accounts_like_a_model(write_stack, run_cli, tmp_path: Path) -> None:
+    """`umemc lease-pod`: the lease's PriorityClass and a pause pod holding its memory at its priority, ended after
+    its ttl, valid against the official schemas; stderr says per node what it preempts (the one policy on paper:
+    on halo (47.6 GiB of budget, `big` holds 33 of it) a 20 GiB lease at priority 60 fits only by stopping `big`
+    (priority 20, which also holds the node's only GPU device); on box it fits beside `small`)."""
+    import kubernetes_validate
+
+    stack = write_stack(LEASE_STACK)
+    code, out, err = run_cli("lease-pod", str(stack), "--bytes", "20GiB", "--priority", "60", "--holder", "comfy_ui",
+                             "--ttl", "90s")  # fmt: skip
+    assert code == 0
+    assert err.splitlines() == ["halo: preempts big", "box: fits beside the models placed there"]
+    pc, pod = list(yaml.safe_load_all(out))
+    for d in (pc, pod):
+        kubernetes_validate.validate(d, VERSIONS[-1], strict=True)
+    assert (pc["kind"], pc["metadata"]["name"], pc["value"]) == ("PriorityClass", "umemc-lab-p60", 60)
+    assert pod["metadata"]["name"] == "lease-comfy-ui" and pod["metadata"]["namespace"] == "lab"
+    spec = pod["spec"]
+    assert (spec["priorityClassName"], spec["activeDeadlineSeconds"], spec["restartPolicy"]) == (
+        "umemc-lab-p60",
+        90,
+        "Never",
+    )
+    assert spec["containers"][0]["resources"] == {
+        "requests": {"memory": str(20 << 30), "cpu": "1m"},
+        "limits": {"memory": str(20 << 30)},
+    }
+    code, out, err = run_cli("lease-pod", str(stack), "--bytes", "2GiB", "--priority", "60", "--node", "halo",
+                             "--gpu-device")  # fmt: skip
+    pod = list(yaml.safe_load_all(out))[1]
+    assert (code, err.splitlines()) == (0, ["halo: preempts big"])  # memory to spare, but the only device is big's
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"memory": str(2 << 30), "amd.com/gpu": 1}
+    assert pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "umemc.io/node", "operator": "In", "values": ["halo"]}]}]
+    }
+    code, _, err = run_cli("lease-pod", str(stack), "--bytes", "2GiB", "--priority", "10", "--node", "halo",
+                           "--gpu-device")  # fmt: skip
+    assert (code, err) == (0, "halo: cannot be placed (even preempting every lower-priority model)\n")
+    assert run_cli("lease-pod", str(stack), "--bytes", "2GiB", "--priority", "101") == (
+        2,
+        "",
+        "--priority 101: must be 0-100\n",
+    )
+    assert run_cli("lease-pod", str(stack), "--bytes", "2GiB", "--priority", "50", "--node", "nope")[::2] == (
+        2,
+        "--node nope: not a node of this stack (its nodes: halo, box)\n",
+    )

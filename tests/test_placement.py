@@ -249,3 +249,64 @@ def test_every_pass_keeps_the_gpu_preference() -> None:
                 if n != "cpu":
                     assert not (i.needs[n].ram <= left[n][0] and i.needs[n].gpu <= left[n][1]), (i.name, n, result.why)
     assert checked > 10  # the case was met
+
+
+def test_a_cold_gpu_model_preempts_the_lower_priority_holder_of_the_only_device() -> None:
+    """A node with one GPU device held by a priority-20 model and memory to spare: a priority-80 cold GPU model is
+    admissible there by stopping the holder (the scheduler preempts it for its device), not 'admissible on no
+    node'; a priority-10 one is not (it may stop only lower priorities)."""
+    bins = [Bin("gpu", 100 * GiB, 100 * GiB, devices=1)]
+    needs = {"gpu": Need(10 * GiB, 10 * GiB, 1)}
+    small = {"gpu": Need(2 * GiB, 0, 0)}  # a CPU-side model: holds no device
+    hot = [Item("holder", 20, True, ("gpu",), needs), Item("cpu-side", 5, True, ("gpu",), small)]
+    result = place(bins, [*hot, Item("cold", 80, False, ("gpu",), needs), Item("low", 10, False, ("gpu",), needs)])
+    # the eviction order is by priority: cpu-side (5) first, holder (20) next; the device frees with the second
+    assert result.cold == {"cold": {"gpu": ("cpu-side", "holder")}, "low": {}}
+    assert result.why["cold"] == "cold; starts on gpu by evicting cpu-side, holder; admissible on gpu"
+
+
+def independent_cold_answer(
+    b: Bin, hot: list[tuple[str, int, Need]], need: Need, priority: int
+) -> tuple[str, ...] | None:
+    """The single-machine policy's answer on the same figures, with the device as one more resource: walk the
+    policy's eviction order (lowest priority first) and stop at the first prefix after which the need fits
+    beside what is left (umemc.policy.decide says so with no victim) and a device is free; every pod stopped must
+    be of a lower priority. None: it cannot start there."""
+    from umemc import policy
+
+    held = [policy.Held.on_paper(n, p, x.ram, x.gpu) for n, p, x in hot]
+    order = policy.eviction_order(held)
+    devices = {n: x.devices for n, _, x in hot}
+    free_devices = (b.devices if b.devices is not None else 10**9) - sum(devices.values())
+    want = policy.Need("cold", ram=need.ram, gpu=need.gpu, priority=priority, cold=True, drain=False)
+    for k in range(len(order) + 1):
+        stopped = order[:k]
+        if any(h.priority >= priority for h in stopped):
+            return None
+        left = [h for h in held if h not in stopped]
+        fits = policy.decide(want, left, [], b.policy_budget())
+        if fits.fits and not fits.victims and free_devices + sum(devices[h.name] for h in stopped) >= need.devices:
+            return tuple(h.name for h in stopped)
+    return None
+
+
+def test_cold_admission_with_devices_matches_the_single_machine_policy_on_400_instances() -> None:
+    rng = random.Random(33)
+    for _ in range(400):
+        devices = rng.choice((1, 2, 3))
+        b = Bin("n", 64 * GiB, 64 * GiB, usable=80 * GiB, load_below=rng.choice((0.7, 1.0)), devices=devices)
+        hot, used, dev = [], 0, 0
+        for i in range(rng.randrange(1, 7)):
+            size = rng.randrange(1, 16) * GiB
+            gpu = rng.random() < 0.7 and dev < devices
+            if used + size > b.budget:
+                break
+            used, dev = used + size, dev + gpu
+            hot.append((f"h{i}", rng.randrange(0, 100, 10), Need(size, size if gpu else 0, int(gpu))))
+        size = rng.randrange(1, 40) * GiB
+        need, priority = Need(size, size, 1), rng.randrange(0, 101, 10)
+        items = [Item(n, p, True, ("n",), {"n": x}) for n, p, x in hot]
+        result = place([b], [*items, Item("c", priority, False, ("n",), {"n": need})])
+        assert set(result.home) >= {n for n, _, _ in hot}  # the hot set fits as drawn
+        expected = independent_cold_answer(b, hot, need, priority)
+        assert result.cold["c"] == ({} if expected is None else {"n": expected}), (hot, need, priority)

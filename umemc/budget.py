@@ -78,6 +78,7 @@ class Plan:
     placement: Placement | None = None
     node_labels: dict[str, dict[str, str]] = field(default_factory=dict)
     node_images: dict[str, dict[str, str]] = field(default_factory=dict)  # by node: container image by runtime
+    node_devices: dict[str, int | None] = field(default_factory=dict)  # by node: GPU devices pods may hold at once
     # with nodes: each cold model's plan on every node it may use (its quotas, files and flags there)
     variants: dict[str, dict[str, ModelPlan]] = field(default_factory=dict)
     scale: float = 1.0  # a scaled rehearsal (`up --simulate --scale F`): every byte figure of the budget times F
@@ -224,7 +225,7 @@ def admit(plan: Plan, cold: ModelPlan, held: list[policy.Held] | None = None) ->
     policy (umemc.policy) on paper, where every hot worker holds its hard quota and none has been
     used yet (lowest priority first, then file order; only as many as needed; never an equal or
     higher priority)."""
-    decision = policy.decide(need_of(cold), held_on_paper(plan) if held is None else held, [], _budget(plan))
+    decision = policy.decide(need_of(cold), held_on_paper(plan) if held is None else held, [], policy_budget(plan))
     if not decision.fits:
         return ColdAdmission(False, False, ())
     return ColdAdmission(not decision.victims, True, tuple(decision.victims))
@@ -241,7 +242,7 @@ def held_on_paper(plan: Plan) -> list[policy.Held]:
     ]
 
 
-def _budget(plan: Plan) -> policy.Budget:
+def policy_budget(plan: Plan) -> policy.Budget:
     """The plan's budget for the one policy, with its pressure rule: on paper, the pressure is what the hot set's
     hard quotas take of usable memory (the gateway measures it live)."""
     cap = plan.capacity
@@ -467,5 +468,6 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
         placement=placement,
         node_labels={name: dict(node.labels) for name, node in loaded.nodes.items()},
         node_images={name: dict(node.images) for name, node in loaded.nodes.items()},
+        node_devices={name: node.gpu_devices for name, node in loaded.nodes.items()},
         variants={i.name: {n: node_view[n][1][i.name] for n in i.allowed} for i in items if not i.hot},
     )

@@ -17,7 +17,7 @@ from .errors import UmemcError
 # are most of a short command's time)
 COMMANDS = (
     "init", "pull", "check", "build", "explain", "calibrate", "up", "down", "status", "events", "logs", "apply",
-    "schema",
+    "lease-pod", "schema",
 )  # fmt: skip
 
 
@@ -39,7 +39,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     first = next(iter(argv), None) if argv is not None else None
     for name in (first,) if first in COMMANDS else COMMANDS:
-        importlib.import_module(f"umemc.commands.{name}").register(sub)
+        importlib.import_module(f"umemc.commands.{name.replace('-', '_')}").register(sub)
     return parser
 
 

@@ -450,25 +450,18 @@ def _cold(
             need = h.needs[home]
             devices[home][h.name] = need.devices
             held[home].append(policy.Held.on_paper(h.name, h.priority, need.ram, need.gpu))
-    answers = {}  # per node: its eviction order's answer, the victims of each answer, devices they free
-    for b in bins:
-        paper = policy.OnPaper(held[b.name], b.policy_budget())
-        prefixes = [paper.names[:j] for j in range(len(paper.names) + 1)]  # one tuple per answer, shared
-        freed = list(itertools.accumulate((devices[b.name][v] for v in paper.names), initial=room.dev[b.name]))
-        answers[b.name] = (paper.evictions, prefixes, freed, order[b.name])
+    starts = {b.name: ColdStarts(held[b.name], b.policy_budget(), room.dev[b.name], devices[b.name]) for b in bins}
     for item in cold:
         where: dict[str, tuple[str, ...]] = {}
         cheapest = (NO_LIMIT, NO_LIMIT)  # (evictions, node order)
         needs, priority = item.needs, item.priority
         for node in item.allowed:
-            need = needs[node]
-            evictions, prefixes, freed, rank = answers[node]
-            j = evictions(need.ram, need.gpu, priority)
-            if j < 0 or need.devices > freed[j]:  # a GPU device must come free too
+            victims = starts[node].victims(needs[node], priority)
+            if victims is None:
                 continue
-            where[node] = prefixes[j]
-            if (j, rank) < cheapest:
-                cheapest = (j, rank)
+            where[node] = victims
+            if (len(victims), order[node]) < cheapest:
+                cheapest = (len(victims), order[node])
         out.cold[item.name] = where
         if not where:
             out.home[item.name] = item.allowed[0]
@@ -482,6 +475,29 @@ def _cold(
             + f"; admissible on {', '.join(itertools.islice(where, SHOWN))}"
             + (f" (and {len(where) - SHOWN} other nodes)" if len(where) > SHOWN else "")
         )
+
+
+class ColdStarts:
+    """What a start on one node stops, for any need (a cold model, a lease): the one eviction policy on paper
+    (umemc.policy.OnPaper over the node's hot set) for memory and the GPU window, then, where the start needs a GPU
+    device and none is free, further along the same eviction order until one is (the scheduler preempts a
+    lower-priority pod for its device as for its memory), as long as every model stopped is of a lower priority."""
+
+    def __init__(self, held: list[policy.Held], budget: policy.Budget, free_devices: int, devices: Mapping[str, int]):
+        self.paper = policy.OnPaper(held, budget)
+        names = self.paper.names
+        self.prefixes = [names[:j] for j in range(len(names) + 1)]  # one tuple per answer, shared
+        self.freed = list(itertools.accumulate((devices.get(v, 0) for v in names), initial=free_devices))
+
+    def victims(self, need: Need, priority: int) -> tuple[str, ...] | None:
+        """The models a start of this need stops here, in eviction order (empty: it fits alongside); None when it
+        cannot start here even so."""
+        j = self.paper.evictions(need.ram, need.gpu, priority)
+        if j >= 0 and need.devices > self.freed[j]:
+            j = bisect.bisect_left(self.freed, need.devices, lo=j)
+            if j >= len(self.freed) or self.paper.prios[j - 1] >= priority:
+                j = -1
+        return None if j < 0 else self.prefixes[j]
 
 
 def max_need(item: Item) -> int:

@@ -1,0 +1,84 @@
+"""`umemc lease-pod STACK --bytes SIZE --priority N [--node NODE] [--ttl 10m] [--holder NAME] [--name NAME]
+[--gpu-device]`: a lease in a Kubernetes cluster. Under `umemc up` a lease is asked of the gateway (POST
+/umemc/leases); in a cluster the scheduler is the ledger, so the lease is a pod that holds the memory there: this
+prints it (its PriorityClass and a Pod of the pause image, memory request = limit = the lease, at its priority,
+ended by the kubelet after its ttl) for `kubectl apply -f -`, and says on stderr where it can be placed and what it
+would preempt (the one eviction policy on paper, as `umemc check` answers for a cold model). `kubectl delete pod
+NAME -n NAMESPACE` releases it early."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import UsageError
+from ..units import parse_duration, parse_size
+from .common import plan_from_arg, print_warnings, write_stdout
+
+DEFAULT_TTL = "10m"
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("lease-pod", help="print a lease for a Kubernetes cluster: a pod that holds the memory")
+    p.add_argument("stack", help="the stack file the cluster runs (built with --target kubernetes)")
+    p.add_argument("--bytes", required=True, help='the memory to hold, e.g. "20GiB"')
+    p.add_argument("--priority", type=int, required=True, help="0-100: who it may preempt, who may preempt it")
+    p.add_argument("--ttl", default=DEFAULT_TTL, help=f"how long it holds (default {DEFAULT_TTL})")
+    p.add_argument("--node", help="the node of the stack it must be placed on")
+    p.add_argument("--holder", default="lease", help="who holds it (a label of the pod)")
+    p.add_argument("--name", help="the pod's name (default lease-HOLDER)")
+    p.add_argument("--gpu-device", action="store_true", help="the pod also holds one of the node's GPU devices")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..targets.kubernetes import LeaseAsk, dump_all, lease_pod, lease_preemptions
+
+    ask = LeaseAsk(
+        name=args.name or f"lease-{args.holder}",
+        holder=args.holder,
+        bytes=_size(args.bytes),
+        priority=_priority(args.priority),
+        ttl_s=_ttl(args.ttl),
+        node=args.node,
+        gpu_device=args.gpu_device,
+    )
+    plan = plan_from_arg(args.stack)
+    print_warnings(plan)
+    docs = lease_pod(plan, ask)
+    for node, victims in lease_preemptions(plan, ask).items():
+        if victims is None:
+            said = "cannot be placed (even preempting every lower-priority model)"
+        elif victims:
+            said = f"preempts {', '.join(victims)}"
+        else:
+            said = "fits beside the models placed there"
+        print(f"{node}: {said}", file=sys.stderr)
+    write_stdout(dump_all(docs))
+    return 0
+
+
+def _size(text: str) -> int:
+    try:
+        size = parse_size(text)
+    except ValueError as exc:
+        raise UsageError(f"--bytes {text}: {exc}") from None
+    if size <= 0:
+        raise UsageError(f"--bytes {text}: must be more than 0")
+    return size
+
+
+def _priority(value: int) -> int:
+    if not 0 <= value <= 100:
+        raise UsageError(f"--priority {value}: must be 0-100")
+    return value
+
+
+def _ttl(text: str) -> float:
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise UsageError(f"--ttl {text}: {exc}") from None
+    if seconds <= 0:
+        raise UsageError(f"--ttl {text}: must be more than 0")
+    return seconds
