@@ -42,9 +42,10 @@ def write_bundle(target: Path, files: dict[str, str]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         each = len(files) <= SYNC_ONCE_ABOVE
+        made: set[Path] = set()
         for rel, text in files.items():
-            _write_file(tmp / rel, text, each)
-        _write_file(tmp / MARKER, MARKER_TEXT, each)
+            _write_file(tmp / rel, text, each, made)
+        _write_file(tmp / MARKER, MARKER_TEXT, each, made)
         if not each:
             os.sync()  # every file on disk before the swap makes them the bundle
         os.chmod(tmp, 0o700)  # worker environments may hold secrets: the bundle is its owner's alone
@@ -57,16 +58,23 @@ def write_bundle(target: Path, files: dict[str, str]) -> None:
             shutil.rmtree(tmp)
 
 
-def _write_file(path: Path, text: str, durable: bool = True) -> None:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+def _write_file(path: Path, text: str, durable: bool = True, made: set[Path] | None = None) -> None:
+    """One file of the bundle, its mode exactly (whatever the umask); `made`: the directories made so far."""
+    if made is None or path.parent not in made:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if made is not None:
+            made.add(path.parent)
     mode = 0o700 if path.suffix == ".sh" else 0o600
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    with open(fd, "w", encoding="utf-8", newline="\n") as f:
-        f.write(text)
-        f.flush()
+    try:
+        data = memoryview(text.encode())
+        while data:
+            data = data[os.write(fd, data) :]
+        os.fchmod(fd, mode)
         if durable:
-            os.fsync(f.fileno())
-    os.chmod(path, mode)  # exactly, whatever the umask
+            os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _swap(a: Path, b: Path) -> None:

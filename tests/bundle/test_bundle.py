@@ -93,11 +93,11 @@ def test_a_failure_mid_write_leaves_the_previous_bundle(tmp_path: Path, monkeypa
     before = tree(bundle)
     real, calls = write._write_file, []
 
-    def failing(path: Path, text: str, durable: bool = True) -> None:
+    def failing(path: Path, text: str, durable: bool = True, made: set[Path] | None = None) -> None:
         calls.append(path)
         if len(calls) == 4:
             raise KeyboardInterrupt  # Ctrl-C in the middle of writing
-        real(path, text, durable)
+        real(path, text, durable, made)
 
     monkeypatch.setattr(write, "_write_file", failing)
     with pytest.raises(KeyboardInterrupt):

@@ -266,6 +266,7 @@ def test_observing_a_running_stack(stack, capsys) -> None:
         "orphans",
         "problems",
         "rehearsal",
+        "machine",
     ]
     w = doc["models"]["w"]
     assert list(w)[:7] == CONTRACT_KEYS
@@ -281,6 +282,8 @@ def test_observing_a_running_stack(stack, capsys) -> None:
         "requests",
         "health",
         "tokens_per_s",
+        "enforced_by",
+        "swapped_bytes",
     }
     assert (doc["stack"], doc["running"], w["mode"], w["priority"]) == ("top", True, "hot", 50)
 

@@ -32,7 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..targets.kubernetes import LeaseAsk, dump_all, lease_pod, lease_preemptions
+    from ..targets.kubernetes import LeaseAsk, lease_pod, lease_preemptions
+    from ..targets.yamltext import dump_all
 
     ask = LeaseAsk(
         name=args.name or f"lease-{args.holder}",

@@ -32,8 +32,6 @@ from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from typing import Any
 
-import yaml
-
 from ..budget import ModelPlan, Plan, held_on_paper, policy_budget
 from ..catalog.runtimes import GPU_RESOURCE, holds_gpu_device
 from ..chars import kube_name
@@ -45,6 +43,7 @@ from ..placement import Need as PlaceNeed
 from ..runtime.wrap import STATE_PLACEHOLDER
 from ..stack.resolve import ResolvedPlatform
 from ..units import GiB
+from .yamltext import dump_all
 
 # The runtime's official image per platform kind, pinned to one llama.cpp build (a floating tag would
 # change under a running cluster). nvidia-unified machines (DGX Spark, Jetson) are arm64, and upstream's
@@ -95,32 +94,6 @@ class Target:
     @property
     def node(self) -> Node:
         return self.nodes[0]
-
-
-def dump_all(docs: list[dict[str, Any]]) -> str:
-    """YAML documents as PyYAML writes them, without anchors and aliases (a reader of a manifest expects
-    every object spelled out, and some tools mishandle aliases). PyYAML's C emitter (libyaml, in its wheels)
-    where it is there: the pure-Python one took 98% of a 5000-model build; both write the same text."""
-    return str(yaml.dump_all(docs, Dumper=_PLAIN, sort_keys=False, default_flow_style=False, allow_unicode=True))
-
-
-def _plain_dumper() -> Any:
-    base = yaml.CSafeDumper if getattr(yaml, "__with_libyaml__", False) else yaml.SafeDumper
-
-    class Plain(base):  # type: ignore[misc,valid-type]  # PyYAML ships no type hints
-        def ignore_aliases(self, data: Any) -> bool:
-            return True
-
-    def text(dumper: Any, data: str) -> Any:
-        # a multi-line value (a ConfigMap's config.yaml) as a literal block: readable, and spelled alike by both
-        # emitters (they fold long quoted scalars differently)
-        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|" if "\n" in data else None)
-
-    Plain.add_representer(str, text)
-    return Plain
-
-
-_PLAIN = _plain_dumper()
 
 
 def render(plan: Plan) -> dict[str, str]:
