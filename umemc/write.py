@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from .errors import UsageError
@@ -25,8 +26,9 @@ def is_bundle(path: Path) -> bool:
     return marker.is_file() and marker.read_text().startswith("umemc bundle")
 
 
-def write_bundle(target: Path, files: dict[str, str]) -> None:
-    """Write `files` (relative path -> text) as the directory `target`."""
+def write_bundle(target: Path, files: Mapping[str, str] | Iterable[tuple[str, str]]) -> list[str]:
+    """Write `files` (relative path -> text, or such pairs as they are made) as the directory `target`; returns the
+    relative paths written."""
     target = target.absolute()
     if target.is_symlink():
         raise UsageError(
@@ -41,11 +43,15 @@ def write_bundle(target: Path, files: dict[str, str]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
-        each = len(files) <= SYNC_ONCE_ABOVE
-        made: set[Path] = set()
-        for rel, text in files.items():
-            _write_file(tmp / rel, text, each, made)
-        _write_file(tmp / MARKER, MARKER_TEXT, each, made)
+        each = isinstance(files, Mapping) and len(files) <= SYNC_ONCE_ABOVE  # each flushed, else one sync of all
+        if isinstance(files, Mapping) and each:
+            made: set[Path] = set()
+            for rel, text in files.items():
+                _write_file(tmp / rel, text, True, made)
+            written = list(files)
+        else:
+            written = _write_many(tmp, files.items() if isinstance(files, Mapping) else files)
+        _write_file(tmp / MARKER, MARKER_TEXT, each)
         if not each:
             os.sync()  # every file on disk before the swap makes them the bundle
         os.chmod(tmp, 0o700)  # worker environments may hold secrets: the bundle is its owner's alone
@@ -55,12 +61,66 @@ def write_bundle(target: Path, files: dict[str, str]) -> None:
             os.rename(tmp, target)
     finally:
         if tmp.exists():
-            shutil.rmtree(tmp)
+            _remove(tmp)
+    return written
 
 
-def _write_file(path: Path, text: str, durable: bool = True, made: set[Path] | None = None) -> None:
-    """One file of the bundle, its mode exactly (whatever the umask); `made`: the directories made so far."""
-    if made is None or path.parent not in made:
+THREADS = 4  # a filesystem creates and unlinks files of one directory faster from a few threads at once (measured:
+# 6000 files in 0.25-0.3 s from 4 threads, 0.1-1.1 s from one, on ext4 in a VM)
+
+
+def _write_many(root: Path, files: Iterable[tuple[str, str]]) -> list[str]:
+    """Many files, written by THREADS threads as they come; each directory made once, before its first file is
+    handed over. Returns their relative paths."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    made: set[Path] = set()
+    written: list[str] = []
+    pending: list[Future[None]] = []
+    with ThreadPoolExecutor(THREADS) as pool:
+        for rel, text in files:
+            path = root / rel
+            if path.parent not in made:
+                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                made.add(path.parent)
+            pending.append(pool.submit(_write_file, path, text, False, None, fresh=True))
+            written.append(rel)
+        for done in pending:
+            done.result()  # the first failure is raised here (the temporary directory is then removed)
+    return written
+
+
+def _remove(path: Path) -> None:
+    """Remove a directory tree written by write_bundle (an earlier bundle, or this one's temporary copy): its files
+    unlinked from THREADS threads, then its directories. Anything else in it (a link, a socket) goes as a file."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    folders, files = [], []
+    for top, dirs, names in os.walk(path):
+        folders.append(top)
+        files += [os.path.join(top, n) for n in names]
+        files += [os.path.join(top, d) for d in dirs if os.path.islink(os.path.join(top, d))]
+    if len(files) <= SYNC_ONCE_ABOVE:
+        shutil.rmtree(path)
+        return
+
+    def unlink(share: list[str]) -> None:
+        for f in share:
+            os.unlink(f)
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        for done in [pool.submit(unlink, files[i::THREADS]) for i in range(THREADS)]:
+            done.result()
+    for folder in reversed(folders):
+        os.rmdir(folder)
+
+
+def _write_file(
+    path: Path, text: str, durable: bool = True, made: set[Path] | None = None, *, fresh: bool = False
+) -> None:
+    """One file of the bundle, its mode exactly (whatever the umask); `made`: the directories made so far;
+    `fresh`: its directory exists already."""
+    if not fresh and (made is None or path.parent not in made):
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if made is not None:
             made.add(path.parent)

@@ -234,3 +234,45 @@ def test_each_model_says_what_it_serves(tmp_path: Path) -> None:
         "image": "image",
         "speech": "audio",
     }
+
+
+def test_many_files_are_written_and_replaced_whole_from_several_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above SYNC_ONCE_ABOVE files the writer threads write them (each with its exact mode and text, in nested
+    folders), a rebuild replaces the previous bundle and removes it whole (links in it unlinked, never followed),
+    and a failure in one thread leaves the previous bundle and no temporary directory."""
+    n = 3 * write.SYNC_ONCE_ABOVE
+    files = {f"k/models/m{i}.yaml": f"text {i}\n" for i in range(n)} | {
+        f"k/prep/n{i}/run.sh": "#!/bin/sh\n" for i in range(9)
+    }
+    target = tmp_path / "b"
+    assert sorted(write.write_bundle(target, files)) == sorted(files)
+    assert {str(p.relative_to(target)): p.read_text() for p in target.rglob("*") if p.is_file()} == files | {
+        write.MARKER: write.MARKER_TEXT
+    }
+    assert {oct(p.stat().st_mode & 0o777) for p in (target / "k/models").iterdir()} == {"0o600"}
+    assert oct((target / "k/prep/n0/run.sh").stat().st_mode & 0o777) == "0o700"
+    outside = tmp_path / "keep"
+    outside.mkdir()
+    (outside / "precious").write_text("x")
+    os.symlink(outside, target / "k" / "link")  # an old bundle someone linked into: the link goes, not its target
+    second = {rel: text.upper() for rel, text in files.items()}
+    write.write_bundle(target, second)
+    assert (target / "k/models/m0.yaml").read_text() == "TEXT 0\n" and (outside / "precious").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "keep"]  # the previous bundle removed whole
+    real, calls = write._write_file, []
+
+    def failing(
+        path: Path, text: str, durable: bool = True, made: set[Path] | None = None, *, fresh: bool = False
+    ) -> None:
+        calls.append(path)
+        if len(calls) == n // 2:
+            raise OSError(28, "No space left on device")
+        real(path, text, durable, made, fresh=fresh)
+
+    monkeypatch.setattr(write, "_write_file", failing)
+    with pytest.raises(OSError, match="No space left on device"):
+        write.write_bundle(target, files)
+    assert (target / "k/models/m0.yaml").read_text() == "TEXT 0\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "keep"]

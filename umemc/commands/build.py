@@ -71,16 +71,17 @@ def refuse_missing_files(plan: Plan, files_later: bool | None) -> None:
 
 
 def build_kubernetes(plan: Plan, out: Path, files_later: bool | None = None) -> list[str]:
+    """The manifests, made first and then written (writer threads beside the renderer only fought it for the
+    interpreter: slower than one after the other)."""
     from ..targets.kubernetes import render
     from ..targets.report import budget_json, budget_markdown
     from ..write import write_bundle
 
     check_bundle_dir(out)
-    files = {f"kubernetes/{rel}": text for rel, text in render(plan).items()}
     refuse_missing_files(plan, files_later)
+    files = {f"kubernetes/{rel}": text for rel, text in render(plan).items()}
     files |= {"budget.json": budget_json(plan), "budget.md": budget_markdown(plan)}
-    write_bundle(out, dict(sorted(files.items())))
-    return list(files)
+    return write_bundle(out, files)
 
 
 def node_bundles(plan: Plan) -> dict[str, str]:
@@ -123,7 +124,20 @@ def run(args: argparse.Namespace) -> int:
         written = build(plan, out, files_later=args.files_later)
     out_console = console()
     print_budget(plan, out_console)
-    out_console.print(f"\nwrote {out}/ ({len(written)} files):")
-    for rel in written:
-        out_console.print(f"  {rel}")
+    out_console.print(f"\nwrote {out}/ ({len(written)} files):\n" + "\n".join(f"  {x}" for x in listing(written)))
     return 0 if plan.fits else 1
+
+
+LISTED = 40  # a bundle of more files is listed by directory
+
+
+def listing(files: list[str]) -> list[str]:
+    """The files written, each; or, for many, each directory with how many files it holds."""
+    if len(files) <= LISTED:
+        return files
+    counts: dict[str, int] = {}
+    for rel in files:
+        parts = rel.split("/")[:-1][:2]  # kubernetes/models/, kubernetes/node-prep/: not each node's folders
+        folder = "/".join(parts) + "/" if parts else ""
+        counts[folder] = counts.get(folder, 0) + 1
+    return [f"{folder or './'} ({n} file{'s' if n > 1 else ''})" for folder, n in counts.items()]

@@ -56,6 +56,10 @@ def _mapping(doc: dict[str, Any], indent: str, out: list[str]) -> None:
 
 def _sequence(items: Sequence[Any], indent: str, out: list[str]) -> None:
     deeper = indent + "  "
+    if all(type(item) is str and "\n" not in item for item in items):  # argv, node names: one join
+        dash = f"{indent}- "
+        out.append("".join(f"{dash}{_string(item)}\n" for item in items))
+        return
     cut = len(deeper)
     for item in items:
         kind = type(item)
