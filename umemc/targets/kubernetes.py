@@ -840,9 +840,15 @@ def _secrets_readme(plan: Plan, ns: str, secrets: dict[str, list[str]]) -> dict[
 
 
 def _node_prep(plan: Plan, nodes: dict[str, Node], bundles: dict[str, Bundle]) -> dict[str, str]:
-    """Each node's host settings (the same files a per-node bundle has) and how to apply them."""
+    """Each node's host settings (the same files a per-node bundle has) and how to apply them; nodes whose files
+    are the same (one platform) share one folder, named after the first of them (500 nodes of a few platforms
+    are a few folders, not a thousand files)."""
     from .files import kernel, sysctl
 
+    groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    for name in nodes:
+        keep = sysctl(bundles[name]) | kernel(bundles[name], kubernetes=True)
+        groups.setdefault(tuple(sorted(keep.items())), []).append(name)
     out: dict[str, str] = {}
     lines = [
         f"# Preparing the nodes of `{plan.name}`",
@@ -852,25 +858,33 @@ def _node_prep(plan: Plan, nodes: dict[str, Node], bundles: dict[str, Bundle]) -
         "argument). Apply them once per node, as root, before the models are scheduled:",
         "",
     ]
-    for name, node in nodes.items():
-        keep = sysctl(bundles[name]) | kernel(bundles[name], kubernetes=True)
-        out |= {f"node-prep/{name}/{k}": v for k, v in keep.items()}
-        p = node.plan.platform
+    for files, names in groups.items():
+        first = names[0]
+        out |= {f"node-prep/{first}/{k}": v for k, v in files}
+        p = nodes[first].plan.platform
+        others = f" and {len(names) - 1} more node(s) with the same settings" if len(names) > 1 else ""
+        lines += [f"## {first}{others} ({p.preset or p.kind}, {p.kind})", ""]
+        if others:
+            lines += [f"On each of: {', '.join(names)}.", ""]
         lines += [
-            f"## {name} ({p.preset or p.kind}, {p.kind})",
-            "",
             "```sh",
-            f"sudo install -m 0644 node-prep/{name}/sysctl/90-umemc.conf /etc/sysctl.d/90-umemc.conf",
+            f"sudo install -m 0644 node-prep/{first}/sysctl/90-umemc.conf /etc/sysctl.d/90-umemc.conf",
             "sudo sysctl --system",
             "```",
             "",
-            f"Kernel and GPU settings: node-prep/{name}/kernel/README.md. Or, with umemc on the node:",
-            f"`umemc build STACK -o DIR` and `sudo umemc apply DIR{f'/nodes/{name}' if plan.nodes else ''}` "
+            f"Kernel and GPU settings: node-prep/{first}/kernel/README.md. Or, with umemc on the node:",
+            f"`umemc build STACK -o DIR` and `sudo umemc apply DIR{_nodes_dir(plan, names)}` "
             "(it also installs a systemd unit that would run the stack outside Kubernetes: leave it disabled).",
             "",
         ]
     out["node-prep/README.md"] = "\n".join(lines)
     return out
+
+
+def _nodes_dir(plan: Plan, names: list[str]) -> str:
+    if not plan.nodes:
+        return ""
+    return f"/nodes/{names[0]}" if len(names) == 1 else "/nodes/NODE"
 
 
 # -- a lease in the cluster ---------------------------------------------------------------------------------------

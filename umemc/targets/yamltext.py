@@ -44,6 +44,8 @@ def _mapping(doc: dict[str, Any], indent: str, out: list[str]) -> None:
         kind = type(value)
         if kind is str and "\n" not in value:
             out.append(f"{indent}{_string(key)}: {_string(value)}\n")
+        elif kind is int:
+            out.append(f"{indent}{_string(key)}: {value}\n")
         elif kind is dict and value:
             out.append(f"{indent}{_string(key)}:\n")
             _mapping(value, deeper, out)
