@@ -54,3 +54,28 @@ def test_random_strings_round_trip(seed: int) -> None:
 def test_only_plain_document_values() -> None:
     with pytest.raises(TypeError, match="no YAML text for float values here"):
         dump_all([{"a": 1.5}])
+
+
+def test_long_lists_of_names_are_flow_sequences_wrapped_under_their_key() -> None:
+    names = [f"n{i:03d}" for i in range(30)]
+    text = dump_all([{"a": {"values": names, "few": ["x", "y"], "awkward": [*names[:17], "x,y"]}}])
+    assert text.splitlines()[:4] == [
+        "a:",
+        "  values: [n000, n001, n002, n003, n004, n005, n006, n007, n008, n009, n010, n011, n012, n013, n014, n015,",
+        "    n016, n017, n018, n019, n020, n021, n022, n023, n024, n025, n026, n027, n028, n029]",
+        "  few:",
+    ]
+    assert list(yaml.safe_load_all(text)) == [
+        {"a": {"values": names, "few": ["x", "y"], "awkward": [*names[:17], "x,y"]}}
+    ]
+    assert "- x,y" in text  # a comma in a flow sequence would split the item: that list stays in block style
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_random_lists_round_trip(seed: int) -> None:
+    rng = random.Random(seed)
+    chars = string.ascii_letters + string.digits + "-_./:, #"
+    for _ in range(2000):
+        items = ["".join(rng.choice(chars) for _ in range(rng.randrange(1, 12))) for _ in range(rng.randrange(10, 40))]
+        docs = [{"k": {"v": items}}, {"top": items}]
+        assert list(yaml.safe_load_all(dump_all(docs))) == docs, items

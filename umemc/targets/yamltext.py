@@ -50,10 +50,41 @@ def _mapping(doc: dict[str, Any], indent: str, out: list[str]) -> None:
             out.append(f"{indent}{_string(key)}:\n")
             _mapping(value, deeper, out)
         elif kind in (list, tuple) and value:
+            flow = _flow(value, deeper)
+            if flow is not None:
+                out.append(f"{indent}{_string(key)}: {flow}\n")
+                continue
             out.append(f"{indent}{_string(key)}:\n")
             _sequence(value, indent, out)  # a sequence in a mapping sits at the key's indentation
         else:
             out.append(f"{indent}{_string(key)}: {_inline(value, deeper)}\n")
+
+
+FLOW_FROM = 16  # a list of this many names or more is one flow sequence: [a, b, c]
+FLOW_WIDTH = 100
+
+
+def _flow(items: Sequence[Any], indent: str) -> str | None:
+    """A long list of names (a cold model's nodes) as a flow sequence wrapped at FLOW_WIDTH, its continuation lines
+    indented under the key: a fifth of the block style's bytes. None where that is not exact (any item that would
+    not be plain in a flow: a comma, a bracket, a brace)."""
+    if len(items) < FLOW_FROM or not all(type(x) is str and _flow_plain(x) for x in items):
+        return None
+    lines, line = [], "["
+    for i, item in enumerate(items):
+        word = item + ("]" if i == len(items) - 1 else ",")
+        if len(line) + len(word) + 1 > FLOW_WIDTH and line != "[":
+            lines.append(line)
+            line = indent + word
+        else:
+            line += word if line == "[" else " " + word
+    lines.append(line)
+    return "\n".join(lines)
+
+
+@lru_cache(maxsize=65536)
+def _flow_plain(text: str) -> bool:
+    return _string(text) == text and not any(c in text for c in ",[]{}")
 
 
 def _sequence(items: Sequence[Any], indent: str, out: list[str]) -> None:
