@@ -36,15 +36,17 @@ IDLE = (
 IDLE += "time.sleep(1e6)\n"
 
 
-def stack_text(workers: int) -> str:
+def stack_text(workers: int, work: Path) -> str:
     sysctl = "\n".join(f'"{k}" = {read_sysctl(k)}' for k in SYSCTL)
     text = (
         'version = 1\nname = "sampler"\n[platform]\nkind = "cpu"\nmemory = "20GiB"\nos_reserve = "2GiB"\n'
         '[policy]\nsample_interval = "100ms"\nkernel_enforcement = "off"\n'
         f"[sysctl]\n{sysctl}\n"
     )
+    idle = work / "idle.py"
+    idle.write_text(IDLE)
     for i in range(workers):
-        text += f'[models.w{i}]\nruntime = "command"\ncommand = {json.dumps([PY, "-c", IDLE])}\nmemory = "64MiB"\n'
+        text += f'[models.w{i}]\nruntime = "command"\ncommand = {json.dumps([PY, str(idle)])}\nmemory = "64MiB"\n'
     return text
 
 
@@ -52,7 +54,7 @@ def enforcer_cpu(workers: int, probes: str, work: Path, seconds: float) -> float
     """% of one core the enforcer used over `seconds` once the stack settled."""
     run_dir = work / f"{probes}-{workers}"
     stack = work / f"{probes}-{workers}.toml"
-    stack.write_text(stack_text(workers))
+    stack.write_text(stack_text(workers, work))
     env = dict(os.environ, UMEMC_PROBES=probes)
     subprocess.run([PY, "-m", "umemc", "up", str(stack), "--run-dir", str(run_dir), "--timeout", "600"], check=True,
                    stdout=subprocess.DEVNULL, env=env)  # fmt: skip

@@ -39,6 +39,7 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
     from ..contract import EnforcerStatus, GatewayState, PlanDoc
     from ..runtime.control import PlanUnreadable, Stack
     from ..runtime.rundir import RunDir
+    from ..runtime.supervisor import ProcState
 
     run_dir = RunDir(Path(run_dir_arg).absolute())
     if not run_dir.bundle.exists() and not run_dir.state.exists():
@@ -84,7 +85,7 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
         pid = info.get("pid") or (orphans[name][0] if name in orphans else None)
         same = lv is not None and pid is not None and lv.pid == pid
         out["models"][name] = {
-            "state": "ORPHANED" if name in orphans else info.get("statename", "STOPPED"),
+            "state": "ORPHANED" if name in orphans else ProcState.of(info) if info else ProcState.STOPPED,
             "pid": pid,
             "rss_bytes": lv.rss_bytes if same and lv else 0,
             "gpu_bytes": lv.gpu_bytes if same and lv else 0,
@@ -213,6 +214,8 @@ def table(status: dict[str, Any]) -> Any:
     from rich import box
     from rich.table import Table
 
+    from ..runtime.supervisor import ProcState
+
     pressure = status.get("pressure")
     title = f"umemc {status['stack']}: " + ("running" if status["running"] else "not running")
     orphans = status.get("_orphans") or {}
@@ -259,7 +262,9 @@ def table(status: dict[str, Any]) -> Any:
         share = used / m["quota_hard_bytes"] if m["quota_hard_bytes"] else 0
         soft = m["quota_soft_bytes"] or 0
         style = "red" if share > 1 else "yellow" if soft and used > soft else ""
-        color = {"RUNNING": "green", "STARTING": "yellow", "STOPPED": "dim"}.get(m["state"], "red")
+        color = {ProcState.RUNNING: "green", ProcState.STARTING: "yellow", ProcState.STOPPED: "dim"}.get(
+            m["state"], "red"
+        )
         state = m["state"] if m.get("_health") != "unhealthy" else f"{m['state']} (unhealthy)"
         color = "red" if m.get("_health") == "unhealthy" else color
         uptime = m["_uptime_s"]

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..runtime.control import Stack
     from ..runtime.rundir import RunDir
-    from ..runtime.supervisor import start_supervisord
+    from ..runtime.supervisor import ANSWERING, ProcState, start_supervisord
 
     console = Console(highlight=False, soft_wrap=True)  # long paths and fix commands stay on one line
     run_dir = RunDir(Path(args.run_dir).absolute())
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     install_bundle(args, run_dir)
     plan = stack.plan
     infos = stack.supervisor.processes() if state == "running" else {}
-    alive = {n for n, i in infos.items() if i["statename"] in ("RUNNING", "STARTING")}
+    alive = {n for n, i in infos.items() if ProcState.of(i) in ANSWERING}
     if not preflight(console, run_dir, plan, args, alive):
         return 1
     hot = [n for n, m in plan.models.items() if m.mode == "hot"]
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         events.close()
     wait(console, stack, hot, args.timeout)
-    url = stack.wait_gateway()
+    url = stack.wait_gateway(args.timeout)
     console.print(
         f"\n[bold green]up[/]: {plan.stack}: {len(hot)} hot worker(s) running and healthy "
         f"(`umemc status --run-dir {args.run_dir}`)"

@@ -31,12 +31,11 @@ from .cgroups import Cgroup, run_backends
 from .events import EventLog
 from .probes.host import alive, marked_processes, processes, start_time
 from .rundir import ENFORCER, GATEWAY, SUPERVISORD, RunDir
-from .supervisor import LIVE, Supervisor
+from .supervisor import ANSWERING, FAILED, LIVE, STARTED, ProcState, Supervisor
 from .wrap import run_mark
 
 OWN = (ENFORCER, GATEWAY)  # umemc's own programs in the stack's supervisord
 RPC_ERRORS = (OSError, xmlrpc.client.Error, http.client.HTTPException)
-FAILED = ("FATAL", "EXITED", "BACKOFF")
 
 
 class PlanUnreadable(ContractError):
@@ -221,11 +220,11 @@ class Stack:
         for own in OWN:
             if own not in infos or own in changed + added:
                 continue
-            state = infos[own]["statename"]
-            if state == "BACKOFF" or (plan_changed and state in ("RUNNING", "STARTING")):
+            state = ProcState.of(infos[own])
+            if state is ProcState.BACKOFF or (plan_changed and state in ANSWERING):
                 sup.stop(own, True)  # a program failing to start retries with what it read: start it afresh
-                infos[own]["statename"] = "STOPPED"
-            if infos[own]["statename"] not in ("RUNNING", "STARTING"):
+                state = ProcState.STOPPED
+            if state not in ANSWERING:
                 with contextlib.suppress(xmlrpc.client.Fault):  # ALREADY_STARTED: autorestart won the race
                     sup.start(own, False)
         # a hot worker added or changed by the update was started by supervisord (autostart): say so
@@ -239,7 +238,7 @@ class Stack:
         plan = self.plan
         cap, models = plan.capacity, plan.models
         budget = Budget(cap.budget_bytes, cap.gpu_budget_bytes)
-        live = {n for n, i in infos.items() if i["statename"] in LIVE and n in models}
+        live = {n for n, i in infos.items() if ProcState.of(i) in LIVE and n in models}
         usage = _live_usage(self.run.status)
         held = [_held(n, models[n], usage.get(n, 0)) for n in live]
         leases = _live_leases(self.run.gateway_state)
@@ -260,20 +259,19 @@ class Stack:
                 held_back[name] = decision.reason(need)
         return started, held_back
 
-    def wait_gateway(self, timeout: float = 30.0) -> str | None:
-        """Block until the gateway answers /umemc/health; returns its URL (None: the stack has none)."""
+    def wait_gateway(self, timeout: float = 900.0) -> str | None:
+        """Block until the gateway answers /umemc/health, for as long as its program is starting or running (on a
+        busy machine starting a hundred workers that can be long), up to `timeout`; returns its URL (None: the stack
+        has none). A gateway that failed (FATAL, EXITED, BACKOFF) fails at once."""
         gw = self.plan.gateway
         if gw is None:
             return None
         deadline = time.monotonic() + timeout
         while not healthy(gw.port, "/umemc/health"):
             info = self.supervisor.processes().get(GATEWAY, {})
-            if info.get("statename") in FAILED or time.monotonic() > deadline:
-                why = (
-                    f"is {info.get('statename')}"
-                    if info.get("statename") in FAILED
-                    else f"did not answer within {timeout:g} s"
-                )
+            state = ProcState.of(info)
+            if state in FAILED or time.monotonic() > deadline:
+                why = f"is {state}" if state in FAILED else f"did not answer within {timeout:g} s"
                 log = self.run.logs / f"{GATEWAY}.log"
                 tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
                 raise RuntimeFailure(
@@ -324,23 +322,21 @@ class Stack:
             for name in names:
                 if name in done:
                     continue
-                state = infos.get(name, {}).get("statename", "UNKNOWN")
-                if state in ("STARTING", "RUNNING", "BACKOFF"):
+                state = ProcState.of(infos.get(name))
+                if state in STARTED:
                     seen.add(name)
-                stopped = state == "STOPPED" and name in seen  # the enforcer stopped it (see `umemc events`)
-                if stopped or state in ("FATAL", "EXITED") or (state == "BACKOFF" and infos[name].get("spawnerr")):
+                stopped = state is ProcState.STOPPED and name in seen  # the enforcer stopped it (`umemc events`)
+                failed = state in (ProcState.FATAL, ProcState.EXITED)
+                if stopped or failed or (state is ProcState.BACKOFF and infos[name].get("spawnerr")):
                     raise RuntimeFailure(self._failure(name, state, infos[name]))
-                if state == "RUNNING" and healthy(models[name].port, models[name].health):
+                if state is ProcState.RUNNING and healthy(models[name].port, models[name].health):
                     done[name] = time.monotonic() - start
                 if progress is not None:
                     progress(name, state, name in done)
             if time.monotonic() - start > timeout:
                 late = [n for n in names if n not in done]
                 raise RuntimeFailure(
-                    "\n".join(
-                        self._failure(n, infos.get(n, {}).get("statename", "UNKNOWN"), infos.get(n, {}), timeout)
-                        for n in late
-                    )
+                    "\n".join(self._failure(n, ProcState.of(infos.get(n)), infos.get(n, {}), timeout) for n in late)
                 )
             if len(done) < len(names):
                 time.sleep(0.2)

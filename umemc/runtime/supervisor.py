@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import xmlrpc.client
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,9 +18,32 @@ if TYPE_CHECKING:
     from ..contract import PlanDoc
     from .rundir import RunDir
 
-# supervisord's process states (the gateway's own phases are gateway.lifecycle.Phase)
-LIVE = ("RUNNING", "STARTING", "BACKOFF", "STOPPING")  # a process exists (or is about to)
-ANSWERING = ("RUNNING", "STARTING")  # it may answer: supervisord's startsecs need not have passed
+
+class ProcState(StrEnum):
+    """A program's state as supervisord names it (supervisor/states.py, ProcessStates); a str, so it compares
+    with what XML-RPC answers. The gateway's own phases are gateway.lifecycle.Phase."""
+
+    STOPPED = "STOPPED"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    BACKOFF = "BACKOFF"  # it exited too soon; supervisord will try again (startretries)
+    STOPPING = "STOPPING"
+    EXITED = "EXITED"  # it exited after running (autorestart may start it again)
+    FATAL = "FATAL"  # it could not be started
+    UNKNOWN = "UNKNOWN"
+
+    @classmethod
+    def of(cls, info: dict[str, Any] | None) -> ProcState:
+        """The state in one entry of getAllProcessInfo (UNKNOWN for none, or for a state a newer supervisord has)."""
+        name = (info or {}).get("statename", "UNKNOWN")
+        return cls(name) if name in cls.__members__ else cls.UNKNOWN
+
+
+LIVE = frozenset({ProcState.RUNNING, ProcState.STARTING, ProcState.BACKOFF, ProcState.STOPPING})  # a process exists
+ANSWERING = frozenset({ProcState.RUNNING, ProcState.STARTING})  # it may answer: startsecs need not have passed
+STARTED = frozenset({ProcState.STARTING, ProcState.RUNNING, ProcState.BACKOFF})  # started, or being (re)started
+ENDED = frozenset({ProcState.EXITED, ProcState.STOPPED})  # its process ended (a crash, or a stop)
+FAILED = frozenset({ProcState.FATAL, ProcState.EXITED, ProcState.BACKOFF})  # not running as it should
 ALREADY_STARTED = 60  # supervisor.xmlrpc.Faults.ALREADY_STARTED
 NOT_RUNNING = 70  # supervisor.xmlrpc.Faults.NOT_RUNNING
 
@@ -64,7 +88,7 @@ class Supervisor:
 
     def alive(self) -> bool:
         try:
-            return bool(self.call("supervisor.getState")["statename"] == "RUNNING")
+            return bool(self.call("supervisor.getState")["statename"] == "RUNNING")  # its own state, not a program's
         except (OSError, xmlrpc.client.Error, http.client.HTTPException):
             return False
 

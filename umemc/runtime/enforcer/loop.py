@@ -20,7 +20,7 @@ from ..events import EventLog
 from ..llamalog import metal_working_set, parse_buffers
 from ..probes.host import Probes
 from ..rundir import RunDir
-from ..supervisor import Supervisor
+from ..supervisor import ANSWERING, ProcState, Supervisor
 from . import rules
 from .pressure import PressureGuard
 from .sampler import Sampler
@@ -210,8 +210,8 @@ class Enforcer:
 
     # -- a worker's process ---------------------------------------------------------------------
     def _track(self, w: Worker, info: dict[str, Any] | None, now: float) -> None:
-        w.state = info["statename"] if info else "UNKNOWN"
-        pid = info["pid"] if info and info["statename"] in ("RUNNING", "STARTING") and info["pid"] else None
+        w.state = ProcState.of(info)
+        pid = info["pid"] if info and w.state in ANSWERING and info["pid"] else None
         if pid in w.ended:
             pid = None  # killed and recorded; supervisord has not noticed yet
         if pid == w.pid:
@@ -349,7 +349,7 @@ class Enforcer:
     def _check_drift(self, w: Worker, now: float) -> None:
         """Once a worker has settled, compare what it holds (and, for llama.cpp, what its own log
         says it allocated) with the plan's estimate: more than 5% over is `estimate_drift`."""
-        if w.state != "RUNNING":
+        if w.state is not ProcState.RUNNING:
             return
         if w.running_since is None:
             w.running_since = now

@@ -16,7 +16,7 @@ from typing import Any
 from ...contract import PlanDoc
 from ...policy import Held, pressure_victim
 from ..rundir import RunDir
-from ..supervisor import Supervisor
+from ..supervisor import ProcState, Supervisor
 from .worker import Worker
 
 GATEWAY_TIMEOUT_S = 5.0
@@ -70,7 +70,7 @@ class PressureGuard:
     def victim(self, workers: list[Worker], infos: dict[str, Any], busy: set[str]) -> Worker | None:
         """The one eviction policy's pick among the running workers (umemc.policy.pressure_victim):
         lowest priority, then least recently active, then file order."""
-        running = {w.name: w for w in workers if w.pid and infos.get(w.name, {}).get("statename") == "RUNNING"}
+        running = {w.name: w for w in workers if w.pid and ProcState.of(infos.get(w.name)) is ProcState.RUNNING}
         held = [
             Held(
                 w.name,

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..supervisor import ENDED, ProcState
+
 SOFT_REARM = 0.95  # a soft-quota crossing is reported again once usage fell below 95% of it
 LEAK_MIN_R2 = 0.8
 DRIFT = 0.05  # more than 5% over the estimate once settled: estimate_drift
@@ -118,14 +120,14 @@ def exit_cause(info: dict[str, Any] | None, new_pid: int | None) -> dict[str, An
     also when unknown, -1 for a signal, and stale once the worker was restarted; only an EXITED or
     STOPPED worker's own status is reported (null otherwise, never a made-up 0). STOPPING is a stop someone
     asked for (the gateway's eviction, `umemc down`) that the sample caught under way."""
-    if info is not None and new_pid is None and info.get("statename") == "STOPPING":
+    if info is not None and new_pid is None and ProcState.of(info) is ProcState.STOPPING:
         return {"exitstatus": None, "cause": "stopped"}
-    if info is None or new_pid is not None or info.get("statename") not in ("EXITED", "STOPPED"):
+    if info is None or new_pid is not None or ProcState.of(info) not in ENDED:
         return {"exitstatus": None, "cause": "restarted before it was sampled" if new_pid else "unknown"}
     status = int(info.get("exitstatus") or 0)
     if status == -1:
         return {"exitstatus": None, "cause": "killed by a signal"}
-    if info["statename"] == "STOPPED":
+    if ProcState.of(info) is ProcState.STOPPED:
         return {"exitstatus": status, "cause": "stopped"}
     return {"exitstatus": status, "cause": "exited"}
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from ..supervisor import ProcState
 from .series import Series
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ class Quota:
 class Worker:
     quota: Quota
     phase: Phase = Phase.DOWN
-    state: str = "UNKNOWN"  # supervisord's statename
+    state: ProcState = ProcState.UNKNOWN  # supervisord's
     raised: set[Finding] = field(default_factory=set)
     last_event: str | None = None
     # the process (pid is set while it is sampled)

@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..probes.host import Processes, processes
+from ..supervisor import ProcState
 from .usage import Usage
 
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 # model servers answer in milliseconds (embeddings) to minutes (long generations)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 START_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-STATES = ("STOPPED", "STARTING", "RUNNING", "BACKOFF", "STOPPING", "EXITED", "FATAL", "UNKNOWN")
+STATES = tuple(ProcState)
 
 
 class Metrics:

@@ -13,10 +13,11 @@ from ...contract import (
     ModelDoc,
 )
 from ...policy import Held
-from ..supervisor import ANSWERING, LIVE
+from ..supervisor import ANSWERING, LIVE, ProcState
 from .lifecycle import Lifecycle, Phase
 
-__all__ = ["ANSWERING", "CONNECT_ERRORS", "LIVE", "Model", "Refused"]  # supervisord's states, as the parts read them
+# supervisord's states, as the parts read them
+__all__ = ["ANSWERING", "CONNECT_ERRORS", "LIVE", "Model", "ProcState", "Refused"]
 
 CONNECT_ERRORS = (OSError, xmlrpc.client.Error, http.client.HTTPException)
 SPEED_WINDOW = 20  # answers a model's tokens/s is taken over
@@ -35,7 +36,7 @@ class Refused(Exception):
 class Model:
     name: str
     plan: ModelDoc
-    state: str = "STOPPED"  # the process, as supervisord names it
+    state: ProcState = ProcState.STOPPED  # the process, as supervisord names it
     life: Lifecycle = field(default_factory=Lifecycle)  # what the gateway does with it (lifecycle.py)
     in_flight: int = 0
     waiters: deque[tuple[float, asyncio.Future[None]]] = field(default_factory=deque)
@@ -88,9 +89,9 @@ class Model:
             return "ready"
         if self.evicting:
             return "stopping"
-        if self.starting is not None or self.state in ("STARTING", "BACKOFF"):
+        if self.starting is not None or self.state in (ProcState.STARTING, ProcState.BACKOFF):
             return "starting"
-        if self.state in ("FATAL",) or self.failure is not None and not self.live:
+        if self.state is ProcState.FATAL or self.failure is not None and not self.live:
             return "failed"
         if self.evicted:
             return "evicted"

@@ -35,14 +35,14 @@ from ...contract import (
 from ...policy import Budget, Decision, Held, Lease, Need, attach, decide, pressure_victim
 from ..events import EventLog
 from ..rundir import RunDir
-from ..supervisor import Supervisor
+from ..supervisor import STARTED, Supervisor
 from .core import Admit, Evicted, Write
 from .generation import GenerationBudget
 from .history import Memory, Requests
 from .kvslots import slot_action, slot_detail, slot_file
 from .leases import LeaseBook, lease_doc, lease_json
 from .lifecycle import Phase
-from .model import ANSWERING, CONNECT_ERRORS, LIVE, Model, Refused
+from .model import ANSWERING, CONNECT_ERRORS, LIVE, Model, ProcState, Refused
 from .slots import Slots
 from .sync import StateSync
 
@@ -329,31 +329,31 @@ class Scheduler:
     async def _ensure_started(self, m: Model) -> None:
         """Start it unless supervisord already runs it; one being stopped is started once it is down."""
         deadline = time.monotonic() + 60
-        while m.state == "STOPPING" and time.monotonic() < deadline:
+        while m.state is ProcState.STOPPING and time.monotonic() < deadline:
             await asyncio.sleep(HEALTH_POLL_S)
-            m.state = (await asyncio.to_thread(self.supervisor.processes)).get(m.name, {}).get("statename", "UNKNOWN")
-        if m.state not in ("RUNNING", "STARTING", "BACKOFF"):
+            m.state = ProcState.of((await asyncio.to_thread(self.supervisor.processes)).get(m.name))
+        if m.state not in STARTED:
             # spawns now (STARTING on return), or supervisord's own restart after a crash already does
             await asyncio.to_thread(self.supervisor.ensure_started, m.name)
-            m.state = "STARTING"
+            m.state = ProcState.STARTING
 
     async def _wait_healthy(self, m: Model) -> None:
         deadline = time.monotonic() + self.gw.start_timeout_s
         exited_since: float | None = None
         while time.monotonic() < deadline:
             info = (await asyncio.to_thread(self.supervisor.processes)).get(m.name, {})
-            m.state = info.get("statename", "UNKNOWN")
+            m.state = ProcState.of(info)
             # EXITED is where a crashed worker waits for supervisord's autorestart (a moment): not a failure
             # unless it stays there
-            exited_since = (exited_since or time.monotonic()) if m.state == "EXITED" else None
+            exited_since = (exited_since or time.monotonic()) if m.state is ProcState.EXITED else None
             lingering = exited_since is not None and time.monotonic() - exited_since > EXITED_GRACE_S
             # BACKOFF after "Exited too quickly" is supervisord retrying (startretries): wait for it; another
             # spawn error (a missing command) does not heal
             retrying = "Exited too quickly" in str(info.get("spawnerr") or "")
             failed = (
-                m.state in ("FATAL", "STOPPED", "UNKNOWN")
+                m.state in (ProcState.FATAL, ProcState.STOPPED, ProcState.UNKNOWN)
                 or lingering
-                or (m.state == "BACKOFF" and bool(info.get("spawnerr")) and not retrying)
+                or (m.state is ProcState.BACKOFF and bool(info.get("spawnerr")) and not retrying)
             )
             if failed:
                 raise Refused(
@@ -363,7 +363,7 @@ class Scheduler:
                     "start_failed",
                     10,
                 )
-            if m.state in ("STARTING", "RUNNING") and self.probe is not None and await self.probe(m):
+            if m.state in ANSWERING and self.probe is not None and await self.probe(m):
                 return
             await asyncio.sleep(HEALTH_POLL_S)
         raise Refused(
@@ -384,7 +384,7 @@ class Scheduler:
                 self.events.add(f"{why}_failed", m.name, by="gateway", reason=failed, **detail)
                 raise Refused(f"could not stop {m.name} to make room: {failed}", "stop_failed", 5)
             m.life.to(Phase.DOWN, why)
-            m.state, m.usage = "STOPPED", 0
+            m.state, m.usage = ProcState.STOPPED, 0
             m.evicted = why == "evict" and evicted is Evicted.RESTORE
             self.events.add(why, m.name, by="gateway", usage_bytes=usage, priority=m.plan.priority, **detail)
             if self.metrics is not None:

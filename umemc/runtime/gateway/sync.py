@@ -21,7 +21,7 @@ from ...records import write_atomic
 from .core import Evicted, Host, Write
 from .leases import LeaseBook, lease_doc
 from .lifecycle import SERVING, Phase
-from .model import ANSWERING, CONNECT_ERRORS, LIVE, Model, Refused
+from .model import ANSWERING, CONNECT_ERRORS, LIVE, Model, ProcState, Refused
 
 POLL_S = 0.5  # supervisord's process list and the enforcer's status file
 STATUS_FRESH_S = 5.0
@@ -106,7 +106,7 @@ class StateSync:
         probe = self.host.probe
         for m in self.host.models.values():
             info = infos.get(m.name, {})
-            state = info.get("statename", "UNKNOWN")
+            state = ProcState.of(info)
             if m.starting is None and not m.evicting and m.touched < asked:  # else newer than this answer
                 if m.life.phase in (*SERVING, Phase.UNHEALTHY) and state not in ANSWERING:
                     m.life.to(Phase.DOWN, f"supervisord says {state}")  # crashed, killed, evicted by the enforcer
