@@ -185,3 +185,45 @@ def test_the_runtime_is_composed_of_parts_that_own_their_state() -> None:
         "runtime/supervisor.py: ANSWERING",
         "runtime/supervisor.py: LIVE",
     ]
+
+
+# The gateway's state and its one writer each (umemc/runtime/gateway/model.py says which field is whose).
+GATEWAY_OWNERS = {
+    "slots.py": {"in_flight", "waiters", "last_used", "drain_since", "drained", "latency_ewma"},
+    "sync.py": {"state", "usage", "given_up", "restarts", "health_failures"},
+    "scheduler.py": {
+        "starting",
+        "evicted",
+        "failure",
+        "draining_for",
+        "saved_slots",
+        "cold_starts",
+        "last_cold_start_s",
+    },
+    "traffic.py": {"tokens_in", "tokens_out", "prompt_speed", "speed"},
+}
+HOLDERS = {"m", "model", "victim", "q", "queue", "traffic"}  # how the gateway's code names a model, a queue
+
+
+def test_each_piece_of_gateway_state_has_one_writer() -> None:
+    """Read from the syntax tree: every assignment to `m.FIELD` (a model, a queue, its traffic) of a field in
+    GATEWAY_OWNERS is in that field's owner module (the lifecycle, `life`, is shared: its table guards it)."""
+    owner_of = {field: module for module, fields in GATEWAY_OWNERS.items() for field in fields}
+    wrong = []
+    for path in sorted((PKG / "runtime" / "gateway").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            if not isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                continue
+            for target in targets:
+                elements = target.elts if isinstance(target, ast.Tuple) else [target]
+                for t in elements:
+                    if (
+                        isinstance(t, ast.Attribute)
+                        and isinstance(t.value, ast.Name)
+                        and t.value.id in HOLDERS
+                        and t.attr in owner_of
+                        and owner_of[t.attr] != path.name
+                    ):
+                        wrong.append(f"{path.name}:{node.lineno}: {t.value.id}.{t.attr} (owned by {owner_of[t.attr]})")
+    assert wrong == []

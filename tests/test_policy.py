@@ -156,7 +156,7 @@ def test_check_gateway_and_enforcer_choose_the_same_victims(tmp_path) -> None:  
     assert list(plan.cold_admission["x"].evicts) == EXPECTED  # umemc check
 
     build(plan, tmp_path / "run" / "bundle")
-    sched = Scheduler(tmp_path / "run" / "bundle")
+    sched = Scheduler.of_bundle(tmp_path / "run" / "bundle")
     for name in "abcd":
         sched.models[name].state = "RUNNING"
         sched.models[name].life.to(Phase.READY)

@@ -1,6 +1,6 @@
 """The gateway: one OpenAI-compatible endpoint for the whole stack (a program in the same
-supervisord as the workers). See app.py (HTTP), scheduler.py (slots, cold starts, leases),
-ledger.py (admission arithmetic), metrics.py (/metrics).
+supervisord as the workers). See app.py (HTTP), scheduler.py (admission: cold starts, leases, pressure),
+slots.py (requests), sync.py (the stack's view, gateway.json), metrics.py (/metrics).
 
     python -m umemc.runtime.gateway --bundle BUNDLE_DIR
 """
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     bundle = Path(args.bundle).resolve()
     from .scheduler import Scheduler
 
-    sched = Scheduler(bundle)
+    sched = Scheduler.of_bundle(bundle)
     gw = sched.gw
     token = None
     if gw.token_env:

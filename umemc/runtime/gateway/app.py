@@ -28,10 +28,15 @@ from ...chars import CONTROL
 from ...policy import Decision, Need
 from ...units import parse_duration, parse_size
 from ..eventtext import said
+from . import views
 from .access import AccessLog
+from .core import Admit
 from .history import Answered
+from .leases import lease_json
 from .metrics import Metrics
-from .scheduler import Admit, Model, Refused, Scheduler, lease_json
+from .model import Model, Refused
+from .scheduler import Scheduler
+from .traffic import Traffic
 from .usage import StreamReader, Usage, read_usage
 
 HOP_BY_HOP = frozenset(
@@ -197,12 +202,12 @@ def _depth(raw: bytes) -> int:
 
 async def openai(request: web.Request) -> web.StreamResponse:
     body = await read_body(request)
-    m = request.app[SCHED].route(model_of(request.headers.get("Content-Type", ""), body))
+    m = request.app[SCHED].slots.route(model_of(request.headers.get("Content-Type", ""), body))
     return await forward(request, m, request.path_qs, body)
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
-    m = request.app[SCHED].route(request.match_info["name"])
+    m = request.app[SCHED].slots.route(request.match_info["name"])
     path = "/" + request.match_info["tail"] + (f"?{request.query_string}" if request.query_string else "")
     return await forward(request, m, path, await read_body(request))
 
@@ -230,7 +235,7 @@ async def forward(request: web.Request, m: Model, path: str, body: bytes) -> web
         sched = app[SCHED]
         for attempt in (1, 2):
             try:
-                async with sched.slot(m, admit_of(request)) as queued:
+                async with sched.slots.slot(m, admit_of(request)) as queued:
                     seen.queue_wait_s += queued
                     # the stack's generation budget (policy.max_generating): highest priority first, then FIFO
                     async with sched.generation.hold(m.plan.generation_weight, m.plan.priority) as waited:
@@ -290,16 +295,11 @@ def _account(app: web.Application, request: web.Request, m: Model, code: int, la
     app[ACCESS].write(entry)
 
 
-def _answered(m: Model, seen: Seen, status: int, seconds: float, usage: Usage) -> None:
-    """The worker's answer is through: its tokens onto the model (before its slot is let go, so the state the
-    release publishes has them)."""
+def _answered(traffic: Traffic, seen: Seen, status: int, seconds: float, usage: Usage) -> None:
+    """The worker's answer is through: its tokens onto the model's traffic (before its slot is let go, so the state
+    the release publishes has them)."""
     seen.upstream_s, seen.usage = seconds, usage
-    m.tokens_in += usage.tokens_in or 0
-    m.tokens_out += usage.tokens_out or 0
-    m.prompt_speed = usage.prompt_speed or m.prompt_speed
-    speed = seen.speed = usage.per_second(seconds) if 200 <= status < 300 else None
-    if speed is not None and usage.tokens_out:
-        m.generated(usage.tokens_out, usage.tokens_out / speed)
+    seen.speed = traffic.answered(usage, status, seconds)
 
 
 async def _relay(request: web.Request, m: Model, path: str, body: bytes, seen: Seen) -> web.StreamResponse:
@@ -320,7 +320,7 @@ async def _relay(request: web.Request, m: Model, path: str, body: bytes, seen: S
             out = {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
             if up.content_length is not None and not up.headers.get("Content-Type", "").startswith("text/event-stream"):
                 data = await up.read()
-                _answered(m, seen, up.status, time.monotonic() - began, read_usage(data))
+                _answered(sched.traffic[m.name], seen, up.status, time.monotonic() - began, read_usage(data))
                 return web.Response(body=data, status=up.status, headers=out)
             resp = web.StreamResponse(status=up.status, headers=out)
             await resp.prepare(request)
@@ -334,22 +334,22 @@ async def _relay(request: web.Request, m: Model, path: str, body: bytes, seen: S
             except (ConnectionResetError, aiohttp.ClientPayloadError):
                 pass  # one side went away mid-stream; leaving the block closes the upstream connection
             except TimeoutError:  # the worker stopped sending mid-stream: end the stream, mark it
-                sched.mark_unhealthy(m, f"no byte for {sched.gw.upstream_timeout_s:g} s while streaming")
-            _answered(m, seen, up.status, time.monotonic() - began, reader.usage())
+                sched.sync.mark_unhealthy(m, f"no byte for {sched.gw.upstream_timeout_s:g} s while streaming")
+            _answered(sched.traffic[m.name], seen, up.status, time.monotonic() - began, reader.usage())
             return resp
     except aiohttp.ClientConnectorError as exc:
-        request.app[SCHED].worker_lost(m, "not answering on its port")  # the next request waits for it
+        sched.sync.worker_lost(m, "not answering on its port")  # the next request waits for it
         raise Refused(
             f"worker {m.name} is not answering on port {m.port}: {exc.strerror or exc}", "upstream_unreachable"
         ) from None
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
         # before any byte of an answer: the worker died under the request (a kill, a crash); supervisord
         # restarts it, and forward() sends the request again once it is back
-        request.app[SCHED].worker_lost(m, "closed the connection")
+        sched.sync.worker_lost(m, "closed the connection")
         raise Refused(f"worker {m.name} closed the connection: {exc}", "upstream_disconnected") from None
     except TimeoutError:
         waited = sched.gw.upstream_timeout_s
-        sched.mark_unhealthy(m, f"no answer within {waited:g} s")
+        sched.sync.mark_unhealthy(m, f"no answer within {waited:g} s")
         raise Refused(
             f"worker {m.name} did not answer within {waited:g} s (gateway.upstream_timeout); it is "
             "marked unhealthy until its health URL answers again",
@@ -369,7 +369,7 @@ async def list_models(request: web.Request) -> web.Response:
             "ready": m.ready,
             "mode": m.plan.mode,
             "aliases": m.plan.aliases,
-            "tokens_per_s": m.tokens_per_s,
+            "tokens_per_s": sched.traffic[m.name].tokens_per_s,
         }
         data.append({"id": m.name, "object": "model", "created": 0, "owned_by": "umemc", "umemc": info})
         data += [
@@ -385,7 +385,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def status(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SCHED].status())
+    return web.json_response(views.status(request.app[SCHED]))
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -396,7 +396,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def can_load(request: web.Request) -> web.Response:
     sched = request.app[SCHED]
-    m = sched.route(request.match_info["model"])
+    m = sched.slots.route(request.match_info["model"])
     async with sched.lock:
         decision = sched.decide_model(m)
     need = sched.need_for(m)
@@ -429,7 +429,7 @@ async def ui_page(request: web.Request) -> web.Response:
     if "token" not in request.app:
         sched = request.app[SCHED]
         events = sched.events.since(max(0, sched.events.last_id("up") - 1), 500)
-        doc = {"status": sched.status(), "history": _history(sched, 60), "events": [_event(e) for e in events]}
+        doc = {"status": views.status(sched), "history": _history(sched, 60), "events": [_event(e) for e in events]}
         # inside <script>: no "</" may close it early, and nothing else is markup there
         initial = json.dumps(doc).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     return web.Response(
@@ -492,7 +492,7 @@ async def model_action(request: web.Request) -> web.Response:
             415, "send a JSON object body (e.g. {}) with Content-Type: application/json", "unsupported_media_type"
         )
     await _json_object(request)
-    m = sched.route(request.match_info["name"])
+    m = sched.slots.route(request.match_info["name"])
     if action == "start":
         said_ = await sched.start_now(m)
     else:
@@ -503,7 +503,7 @@ async def model_action(request: web.Request) -> web.Response:
 async def log_tail(request: web.Request) -> web.Response:
     """The last ?lines= (default 40, at most 1000) lines of a worker's stderr log, as text."""
     sched = request.app[SCHED]
-    m = sched.route(request.match_info["model"])
+    m = sched.slots.route(request.match_info["model"])
     try:
         lines = max(1, min(1000, int(request.query.get("lines", "40"))))
     except ValueError:
@@ -520,7 +520,7 @@ async def log_tail(request: web.Request) -> web.Response:
 
 
 async def leases_list(request: web.Request) -> web.Response:
-    return web.json_response({"leases": [lease_json(x) for x in request.app[SCHED].leases.values()]})
+    return web.json_response({"leases": [lease_json(x) for x in request.app[SCHED].book.leases.values()]})
 
 
 LEASE_KEYS = frozenset({"holder", "bytes", "model", "priority", "ttl", "worker"})
@@ -543,9 +543,9 @@ async def lease_create(request: web.Request) -> web.Response:
     ttl = _seconds(doc.get("ttl", DEFAULT_LEASE_TTL_S))
     ram, gpu, priority, model = _lease_size(sched, doc)
     worker = _lease_worker(sched, doc)
-    lease, decision, need = await sched.grant(holder, ram, gpu, priority, ttl, model, worker)
+    lease, decision, need = await sched.grant_lease(holder, ram, gpu, priority, ttl, model, worker)
     if lease is None:
-        return _lease_refused(decision, need, sched.book.granted_at(need))
+        return _lease_refused(decision, need, sched.grant_at(need))
     return web.json_response({"granted": True, "lease": lease_json(lease), "evicted": decision.evict}, status=201)
 
 
@@ -589,7 +589,7 @@ def _lease_size(sched: Scheduler, doc: dict[str, Any]) -> tuple[int, int, int, s
     if "model" in doc:
         if not isinstance(doc["model"], str):
             raise Refused(f'"model" must be a model name (got {doc["model"]!r})', "invalid_lease")
-        m = sched.route(doc["model"])
+        m = sched.slots.route(doc["model"])
         p = m.plan
         return p.quota_hard_bytes, p.gpu_quota_hard_bytes, _priority(doc, p.priority), m.name
     raw = doc["bytes"]
@@ -806,7 +806,7 @@ async def _lifetime(app: web.Application) -> Any:
         except (aiohttp.ClientError, TimeoutError):
             return False
 
-    sched.probe = probe
+    sched.sync.probe = probe
     await sched.start()
     yield
     await sched.close()

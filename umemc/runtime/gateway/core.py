@@ -1,23 +1,12 @@
-"""What the scheduler's parts share, and what they ask of the scheduler that composes them.
-
-The parts (slots.py: request slots and queues; leases.py: the lease book; sync.py: polls, health, TTL,
-gateway.json) are objects that each own their state; they are given the `Host` (the Scheduler) for the
-stack's shared facts (its plan, models, event log, lock) and the few operations that cross parts. The
-modes these operations take are enums, never booleans."""
+"""What the scheduler's parts share: the modes of its operations (enums, never booleans), and the one protocol a
+part calls back through: what the slots ask of the admission (the scheduler). The other parts are given the
+objects they use (the models, supervisord, the event log, the lease book) and a `kick`, never the scheduler."""
 
 from __future__ import annotations
 
-import asyncio
 from enum import Enum
-from typing import Any, Protocol
+from typing import Protocol
 
-from ...contract import GatewayDoc, PlanDoc
-from ...policy import Decision, Lease, Need
-from ..events import EventLog
-from ..rundir import RunDir
-from ..supervisor import Supervisor
-from .generation import GenerationBudget
-from .history import Memory
 from .model import Model, Refused
 
 
@@ -42,45 +31,20 @@ class Write(Enum):
     DURABLE = "durable"  # fsynced (file and directory) before it returns: a granted lease survives kill -9
 
 
-class Host(Protocol):
-    plan: PlanDoc
-    gw: GatewayDoc
-    run: RunDir
-    supervisor: Supervisor
-    models: dict[str, Model]
-    lock: asyncio.Lock
-    events: EventLog
-    generation: GenerationBudget
-    probe: Any  # async (model) -> healthy?, given by the app (its HTTP client)
-    metrics: Any  # the app's metrics (optional)
-    memory: Memory  # what the status page draws over time
-    closing: bool
+class Admission(Protocol):
+    """What the slots ask of the scheduler: the decisions about starting a model are its alone."""
 
     @property
-    def state_error(self) -> str | None: ...  # why gateway.json could not be written last, if it could not
+    def closing(self) -> bool: ...  # the gateway is shutting down: nothing more is queued
 
-    def kick(self) -> None: ...
+    def kick(self) -> None: ...  # a decision may be due: a request queued, a model went idle
 
-    def announce(self, model: str) -> None: ...
+    def announce(self, model: str) -> None: ...  # a request is about to count: gateway.json says so first
 
-    def decide(self, need: Need, exclude: str | None = None) -> Decision: ...
+    def refusal_now(self, m: Model) -> Refused | None: ...  # why a start could not be admitted even by evicting
 
-    def decide_model(self, m: Model) -> Decision: ...
+    def timed_out(self, m: Model) -> Refused: ...  # what a request that waited the queue timeout is told
 
-    def committed(self) -> tuple[int, int]: ...
+    def idle(self, m: Model) -> None: ...  # nothing in flight or queued any more: it may be drained again
 
-    def need_for(self, m: Model) -> Need: ...
-
-    def live_leases(self) -> list[Lease]: ...
-
-    def write_state(self, now: float, arriving: str | None = None, how: Write = Write.BEST_EFFORT) -> bool: ...
-
-    def dispatch(self, m: Model) -> None: ...
-
-    def fail_waiters(self, m: Model, exc: Refused) -> None: ...
-
-    def begin_start(self, m: Model, decision: Decision) -> None: ...
-
-    async def stop(self, m: Model, why: str, evicted: Evicted = Evicted.RESTORE, **detail: Any) -> None: ...
-
-    def release_lease(self, lease_id: str, why: str = "lease_release") -> Lease | None: ...
+    def waited(self, model: str, seconds: float) -> None: ...  # how long a request waited for its slot

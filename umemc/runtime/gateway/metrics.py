@@ -145,15 +145,16 @@ class _Live(Collector):
                 g["model_state"].add_metric([m.name, state], 1 if m.state == state else 0)
             g["model_ready"].add_metric([m.name], 1 if m.ready else 0)
             g["model_restarts"].add_metric([m.name], m.restarts)
-            g["model_in_flight"].add_metric([m.name], m.in_flight)
-            g["model_queue_depth"].add_metric([m.name], len(m.waiters))
+            g["model_in_flight"].add_metric([m.name], s.slots[m.name].in_flight)
+            g["model_queue_depth"].add_metric([m.name], s.slots[m.name].queued)
             g["model_max_concurrency"].add_metric([m.name], m.max_concurrency)
             g["model_priority"].add_metric([m.name], m.plan.priority)
-            if m.tokens_per_s is not None:
-                g["model_tokens_per_second"].add_metric([m.name], m.tokens_per_s)
+            speed = s.traffic[m.name].tokens_per_s
+            if speed is not None:
+                g["model_tokens_per_second"].add_metric([m.name], speed)
         yield from g.values()
         ram, gpu = s.committed()
-        leases = list(s.leases.values())
+        leases = list(s.book.leases.values())
         yield GaugeMetricFamily("umemc_budget_bytes", "The plan's memory budget.", value=s.budget.ram)
         yield GaugeMetricFamily(
             "umemc_committed_bytes",
@@ -178,7 +179,7 @@ class _Live(Collector):
         yield GaugeMetricFamily(
             "umemc_pressure",
             "System memory pressure as the enforcer measures it (NaN when its status is stale).",
-            value=float("nan") if s.pressure is None else s.pressure,
+            value=float("nan") if s.sync.pressure is None else s.sync.pressure,
         )
 
 
@@ -232,7 +233,7 @@ def _from_enforcer(s: Scheduler, proc: Processes) -> Iterator[Metric]:
     own = GaugeMetricFamily(
         "umemc_process_resident_bytes", "Resident memory of umemc's own processes.", labels=["process"]
     )
-    st = s.enforcer
+    st = s.sync.enforcer
     if st is not None:
         for name, w in st.models.items():
             if w.drift is not None:

@@ -1,18 +1,19 @@
-"""A model as the gateway holds it (its supervisord state, its lifecycle, its slots and queue), and
-the refusal the gateway answers a request with."""
+"""A model as the gateway holds it: its plan, its lifecycle (what the gateway does with it) and what the rest of the
+stack says of it (supervisord's state, the enforcer's figures); and the refusal the gateway answers a request with.
+
+Each field has one writer, said beside it: the scheduler (admission, starts, stops) or the sync (supervisord's and
+the enforcer's view, health). The lifecycle is the one shared part: its table (lifecycle.py) says which moves are
+legal, whoever makes them. A model's requests (slots, queue, drains) are the slots' (slots.Queue), its tokens the
+HTTP side's (traffic.Traffic)."""
 
 from __future__ import annotations
 
 import asyncio
 import http.client
 import xmlrpc.client
-from collections import deque
 from dataclasses import dataclass, field
 
-from ...contract import (
-    ModelDoc,
-)
-from ...policy import Held
+from ...contract import ModelDoc
 from ..supervisor import ANSWERING, LIVE, ProcState
 from .lifecycle import Lifecycle, Phase
 
@@ -20,7 +21,6 @@ from .lifecycle import Lifecycle, Phase
 __all__ = ["ANSWERING", "CONNECT_ERRORS", "LIVE", "Model", "ProcState", "Refused"]
 
 CONNECT_ERRORS = (OSError, xmlrpc.client.Error, http.client.HTTPException)
-SPEED_WINDOW = 20  # answers a model's tokens/s is taken over
 
 
 class Refused(Exception):
@@ -36,39 +36,22 @@ class Refused(Exception):
 class Model:
     name: str
     plan: ModelDoc
-    state: ProcState = ProcState.STOPPED  # the process, as supervisord names it
-    life: Lifecycle = field(default_factory=Lifecycle)  # what the gateway does with it (lifecycle.py)
-    in_flight: int = 0
-    waiters: deque[tuple[float, asyncio.Future[None]]] = field(default_factory=deque)
-    last_used: float = 0.0  # wall clock of the last request finished (or of becoming ready)
-    drain_since: float = 0.0  # requests queued before this are still served: one batch, then out
-    starting: asyncio.Task[None] | None = None
-    evicted: bool = False  # stopped by the gateway: a hot one comes back when it fits
+    life: Lifecycle = field(default_factory=Lifecycle)  # the scheduler and the sync, by its table
+    # supervisord's and the enforcer's view: written by the sync alone (the scheduler's own answers from
+    # supervisord go through StateSync.observe)
+    state: ProcState = ProcState.STOPPED
     usage: int = 0  # live bytes from the enforcer's status
     given_up: bool = False
+    restarts: int = 0
+    health_failures: int = 0  # health probes failed in a row while ready
+    # the scheduler's
+    starting: asyncio.Task[None] | None = None
+    evicted: bool = False  # stopped by the gateway: a hot one comes back when it fits
     failure: str | None = None
-    no_drain: set[str] = field(default_factory=set)  # victims whose drain timed out: not again until idle
-    draining_for: list[str] = field(default_factory=list)
-    drained: asyncio.Event = field(default_factory=asyncio.Event)
+    draining_for: list[str] = field(default_factory=list)  # the victims its start waits for
+    saved_slots: list[int] = field(default_factory=list)  # llama-server slots saved before its eviction
     cold_starts: int = 0
     last_cold_start_s: float | None = None  # how long its last start on demand took (this run)
-    restarts: int = 0
-    latency_ewma: float = 1.0
-    health_failures: int = 0  # health probes failed in a row while ready
-    saved_slots: list[int] = field(default_factory=list)  # llama-server slots saved before its eviction
-    tokens_in: int = 0  # this gateway's life: what its answers said (usage.py)
-    tokens_out: int = 0
-    prompt_speed: float | None = None  # prompt tokens/s of its last answer that said it (a KV restore's saving)
-    speed: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=SPEED_WINDOW))
-
-    def generated(self, tokens: int, seconds: float) -> None:
-        self.speed.append((tokens, seconds))
-
-    @property
-    def tokens_per_s(self) -> float | None:
-        """Tokens out per second over its last SPEED_WINDOW answers that said their tokens (None before one)."""
-        tokens, seconds = sum(t for t, _ in self.speed), sum(s for _, s in self.speed)
-        return round(tokens / seconds, 1) if tokens and seconds > 0 else None
 
     @property
     def kind(self) -> str:
@@ -135,22 +118,3 @@ class Model:
     @property
     def live(self) -> bool:
         return self.state in LIVE or self.starting is not None
-
-    @property
-    def busy(self) -> bool:
-        return self.in_flight > 0 or bool(self.waiters)
-
-    def held(self) -> Held:
-        return Held(
-            self.name,
-            self.plan.priority,
-            cold=self.cold,
-            ram=max(self.usage, self.plan.quota_hard_bytes),
-            gpu=self.plan.gpu_quota_hard_bytes,
-            busy=self.busy or self.starting is not None,
-            drainable=self.ready and self.starting is None,
-            last_used=self.last_used,
-            evicting=self.evicting or self.draining,
-            live=self.usage,
-            hard=self.plan.quota_hard_bytes,
-        )

@@ -1,172 +1,114 @@
-"""The gateway's scheduler: per-model slots (max_concurrency in flight, a bounded FIFO queue),
-on-demand cold starts with admission and eviction, drains, TTL unloads, leases.
+"""The gateway's scheduler: the admission decisions (cold starts, leases, pressure, a person's start and stop) and
+the starts and stops they make; the parts it composes own the rest.
 
 Everything runs on one event loop. A request for a ready model with a free slot and nobody queued
-takes the fast path (no lock, no await). Everything else queues and wakes the pump, which makes
+takes the fast path (slots.py: no lock, no await). Everything else queues and wakes the pump, which makes
 each decision under `lock` (shared with lease grants) and records it at once (a starting model
 and the victims being evicted keep counting in the ledger until they are gone), so no two
 decisions can spend the same bytes. Requests for a model that is starting all wait for that one
 start: interleaved A B C A B C loads start each model once.
 
-The parts, each owning its state: model.py (a model, its refusal), lifecycle.py (its state machine),
-slots.py (routes, slots and queues), leases.py (the lease book), sync.py (polls, health, TTL,
-gateway.json); this module holds the admission decisions and the starts and stops they make, and
-composes the parts (each is given this scheduler as its `core.Host`)."""
+The parts, each the one owner of its state: model.py (a model: its plan, lifecycle and the stack's view of it),
+slots.py (routes, slots, queues, drains), leases.py (the lease book, a ledger), sync.py (supervisord's and the
+enforcer's view, health, gateway.json), traffic.py (tokens, the HTTP side's). The slots ask the scheduler about
+admission through core.Admission; the other parts are given what they use and a `kick`."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
+import math
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ...contract import (
-    PLAN_FILE,
-    ContractError,
-    EnforcerStatus,
-    GatewayDoc,
-    PlanDoc,
-    read,
-)
+from ...contract import PLAN_FILE, ContractError, GatewayDoc, GatewayState, PlanDoc, read, read_optional
 from ...policy import Budget, Decision, Held, Lease, Need, attach, decide, pressure_victim
 from ..events import EventLog
 from ..rundir import RunDir
 from ..supervisor import STARTED, Supervisor
+from . import kvslots
 from .core import Admit, Evicted, Write
 from .generation import GenerationBudget
 from .history import Memory, Requests
-from .kvslots import slot_action, slot_detail, slot_file
-from .leases import LeaseBook, lease_doc, lease_json
+from .leases import LeaseBook
 from .lifecycle import Phase
-from .model import ANSWERING, CONNECT_ERRORS, LIVE, Model, ProcState, Refused
+from .model import ANSWERING, CONNECT_ERRORS, Model, ProcState, Refused
 from .slots import Slots
-from .sync import StateSync
+from .sync import POLL_S, StateSync
+from .traffic import Traffic
 
 HEALTH_POLL_S = 0.1
 EXITED_GRACE_S = 3.0  # supervisord restarts an exited autorestart program at once
 
-__all__ = ["Admit", "Model", "Refused", "Scheduler", "lease_doc", "lease_json", "LIVE", "ANSWERING"]
+__all__ = ["Admit", "Model", "Refused", "Scheduler"]
 
 
 class Scheduler:
-    def __init__(self, bundle: Path):
-        self.bundle = bundle
-        self.plan = read(PlanDoc, bundle / PLAN_FILE)
-        if self.plan.gateway is None:
-            raise ContractError(f"{bundle / PLAN_FILE}: this stack has no gateway (gateway.enabled = false)")
-        self.gw: GatewayDoc = self.plan.gateway
-        self.run = RunDir.of_bundle(bundle)
-        self.supervisor = Supervisor(self.run.socket())
-        cap = self.plan.capacity
-        self.generation = GenerationBudget(self.plan.policy.max_generating)
+    def __init__(self, plan: PlanDoc, run: RunDir, supervisor: Supervisor, events: EventLog):
+        if plan.gateway is None:
+            raise ContractError(f"{run.plan}: this stack has no gateway (gateway.enabled = false)")
+        self.plan, self.run, self.supervisor, self.events = plan, run, supervisor, events
+        self.gw: GatewayDoc = plan.gateway
+        cap = plan.capacity
         self.budget = Budget(
             int(cap.budget_bytes),
             None if cap.gpu_budget_bytes is None else int(cap.gpu_budget_bytes),
             usable=int(cap.usable_bytes),
-            load_below=self.plan.policy.load_below,
+            load_below=plan.policy.load_below,
         )
-        self.models = {n: Model(n, m) for n, m in self.plan.models.items()}
+        self.generation = GenerationBudget(plan.policy.max_generating)
+        self.models = {n: Model(n, m) for n, m in plan.models.items()}
+        self.traffic = {n: Traffic() for n in plan.models}
         self.lock = asyncio.Lock()
-        self.events = EventLog(self.run.events)
-        self.run_start = self.events.last_id("up")  # metrics count this run's events
-        for name, event in self.events.latest(self.run_start, "cold_start").items():  # a restarted gateway's
+        self.run_start = events.last_id("up")  # metrics count this run's events
+        for name, event in events.latest(self.run_start, "cold_start").items():  # a restarted gateway's
             if name in self.models and isinstance(event.detail.get("seconds"), (int, float)):
                 self.models[name].last_cold_start_s = event.detail["seconds"]
-        self.slots = Slots(self)
-        self.book = LeaseBook(self)
-        self.sync = StateSync(self, self.book)
-        self._kick = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-        self.probe: Any = None  # async (model) -> healthy?, given by the app (its HTTP client)
-        self.metrics: Any = None  # the app's metrics: cold starts, evictions (optional)
+        self.slots = Slots(self.models, plan.models, self.gw, self)
+        self.book = LeaseBook()
+        self.sync = StateSync(
+            self.models, supervisor, run, events, (self.slots, self.book, self.generation, self.traffic), self.kick
+        )
         self.memory = Memory()  # what the status page draws (history.py)
         self.answered = Requests()
-        self.closing = False
+        self.metrics: Any = None  # the HTTP side's metrics: cold starts, evictions, waits (optional)
+        self.undrainable: set[str] = set()  # victims whose drain timed out: not drained again until idle
+        self._kick = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
         self._deferred: str | None = None  # the pressure victim waited for (one evict_deferred event)
         self._background: set[asyncio.Task[None]] = set()
 
-    # -- what the parts own, as the app and the metrics read it ---------------------------------------
-    @property
-    def leases(self) -> dict[str, Lease]:
-        return self.book.leases
-
-    @property
-    def pressure(self) -> float | None:
-        return self.sync.pressure
-
-    @property
-    def enforcer(self) -> EnforcerStatus | None:
-        return self.sync.enforcer
-
-    @property
-    def state_error(self) -> str | None:
-        return self.sync.state_error
-
-    def route(self, name: str) -> Model:
-        return self.slots.route(name)
-
-    def slot(self, m: Model, admit: Admit = Admit.QUEUE) -> contextlib.AbstractAsyncContextManager[float]:
-        return self.slots.slot(m, admit)
-
-    def dispatch(self, m: Model) -> None:
-        self.slots.dispatch(m)
-
-    def fail_waiters(self, m: Model, exc: Refused) -> None:
-        self.slots.fail_waiters(m, exc)
-
-    def live_leases(self) -> list[Lease]:
-        return self.book.live()
-
-    async def grant(
-        self,
-        holder: str,
-        ram: int,
-        gpu: int,
-        priority: int,
-        ttl: float,
-        model: str | None = None,
-        worker: str | None = None,
-    ) -> tuple[Lease | None, Decision, Need]:
-        return await self.book.grant(holder, ram, gpu, priority, ttl, model, worker)
-
-    def release_lease(self, lease_id: str, why: str = "lease_release") -> Lease | None:
-        return self.book.release(lease_id, why)
-
-    def extend_lease(self, lease_id: str, ttl: float) -> Lease | None:
-        return self.book.extend(lease_id, ttl)
-
-    def announce(self, model: str) -> None:
-        self.sync.announce(model)
-
-    def write_state(self, now: float, arriving: str | None = None, how: Write = Write.BEST_EFFORT) -> bool:
-        return self.sync.write_state(now, arriving, how)
-
-    def mark_unhealthy(self, m: Model, why: str) -> None:
-        self.sync.mark_unhealthy(m, why)
-
-    def worker_lost(self, m: Model, why: str) -> None:
-        self.sync.worker_lost(m, why)
+    @classmethod
+    def of_bundle(cls, bundle: Path) -> Scheduler:
+        run = RunDir.of_bundle(bundle)
+        return cls(read(PlanDoc, bundle / PLAN_FILE), run, Supervisor(run.socket()), EventLog(run.events))
 
     # -- lifecycle ------------------------------------------------------------------------------
-    async def start(self) -> None:
+    async def start(self, background: bool = True) -> None:
+        """Learn the stack's state, then run the pump (decisions for queued requests) and, in the `background`,
+        the polls and health probes (tests drive those by hand: sync.refresh, housekeeping_once)."""
         with contextlib.suppress(*CONNECT_ERRORS):
             pid = int(await asyncio.to_thread(self.supervisor.call, "supervisor.getPID"))
             self.sync.supervisord_pid = pid
-        self.book.load(self.sync.supervisord_pid)
+        self.book.load(read_optional(GatewayState, self.run.gateway_state), self.sync.supervisord_pid)
         with contextlib.suppress(*CONNECT_ERRORS):
             await self.sync.refresh()
-        self._tasks = [
-            asyncio.create_task(self._pump()),
-            asyncio.create_task(self.sync.housekeeping()),
-            asyncio.create_task(self.sync.health_watch()),
-        ]
+        self._tasks = [asyncio.create_task(self._pump())]
+        if background:
+            self._tasks += [
+                asyncio.create_task(self._housekeeping()),
+                asyncio.create_task(self.sync.health_watch(self.gw.health_interval_s)),
+            ]
+
+    @property
+    def closing(self) -> bool:
+        return self.sync.closing
 
     def refuse_queued(self) -> None:
-        self.closing = True
+        self.sync.closing = True
         for m in self.models.values():
             self.slots.fail_waiters(m, Refused("the gateway is shutting down", "shutting_down", 5))
 
@@ -185,6 +127,63 @@ class Scheduler:
     def kick(self) -> None:
         self._kick.set()
 
+    # -- what the slots ask (core.Admission) ----------------------------------------------------
+    def announce(self, model: str) -> None:
+        self.sync.announce(model)
+
+    def idle(self, m: Model) -> None:
+        self.undrainable.discard(m.name)
+        self.kick()  # an idle model may be what a waiting cold start needs
+
+    def waited(self, model: str, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_wait(model, seconds)
+
+    def refusal_now(self, m: Model) -> Refused | None:
+        """A model that is down and that the eviction policy cannot admit even by stopping every lower-priority
+        worker: say so at once (what /umemc/can-load says) rather than queue the request until queue_timeout. Only
+        when nothing is on its way in or out: a start or a stop in flight changes the answer. The same decision as
+        a start (the budget and the pressure rule): what `umemc check` promised, the gateway keeps, and what it
+        refuses it says at once (event `refused`)."""
+        unsettled = (Phase.STARTING, Phase.DRAINING, Phase.STOPPING)
+        if m.live or any(x.life.phase in unsettled for x in self.models.values()):
+            return None
+        need = self.need_for(m)
+        decision = self.decide(need, exclude=m.name)
+        if decision.fits:
+            return None
+        self.events.add("refused", m.name, reason=decision.reason(need), blocked_by=decision.blocked_by)
+        return Refused(
+            f"model {m.name} cannot be loaded now: {decision.reason(need)}. "
+            "Send 'X-Umemc-Wait: 1' to queue until memory frees (up to the queue timeout)",
+            "not_admissible",
+            30,
+        )
+
+    def timed_out(self, m: Model) -> Refused:
+        waited = self.gw.queue_timeout_s
+        q = self.slots[m.name]
+        if m.ready:
+            return Refused(
+                f"model {m.name}: no slot within {waited:g} s ({q.in_flight} in flight, {q.queued} queued)",
+                "queue_timeout",
+                self.slots.retry_after(m),
+            )
+        decision = self.decide_model(m)
+        if m.starting is not None:
+            why = (
+                f"waiting for {', '.join(m.draining_for)} to finish their requests"
+                if m.draining_for
+                else "still starting"
+            )
+        elif m.failure or not decision.fits:
+            why = m.failure or decision.reason(self.need_for(m))
+        else:
+            why = "memory became free just now: try again"
+        expiries = [b["expires"] - time.time() for b in decision.blocked_by if b["kind"] == "lease"]
+        retry = max(1, min([math.ceil(float(e)) for e in expiries if e > 0] + [10]))
+        return Refused(f"model {m.name} could not start within {waited:g} s: {why}", "insufficient_memory", retry)
+
     # -- admission ------------------------------------------------------------------------------
     def need_for(self, m: Model) -> Need:
         p = m.plan
@@ -192,25 +191,39 @@ class Scheduler:
             m.name, ram=p.quota_hard_bytes, gpu=p.gpu_quota_hard_bytes, priority=p.priority, cold=m.cold, drain=True
         )
 
+    def held_by(self, m: Model) -> Held:
+        """A running model as the one policy sees it (its queue from the slots)."""
+        q = self.slots[m.name]
+        return Held(
+            m.name,
+            m.plan.priority,
+            cold=m.cold,
+            ram=max(m.usage, m.plan.quota_hard_bytes),
+            gpu=m.plan.gpu_quota_hard_bytes,
+            busy=q.busy or m.starting is not None,
+            drainable=m.ready and m.starting is None,
+            last_used=q.last_used,
+            evicting=m.evicting or m.draining,
+            live=m.usage,
+            hard=m.plan.quota_hard_bytes,
+        )
+
     def held(self, exclude: str | None = None) -> list[Held]:
-        return [m.held() for m in self.models.values() if m.live and m.name != exclude]
+        return [self.held_by(m) for m in self.models.values() if m.live and m.name != exclude]
 
     def decide(self, need: Need, exclude: str | None = None) -> Decision:
         """The one policy on live figures: the budget ledger and, once the enforcer has measured it, the
         pressure rule (a start only while pressure, less what its evictions free, is below load_below)."""
-        budget = self.budget
-        if self.pressure is not None:
-            budget = replace(budget, pressure=self.pressure)
-        else:  # nothing measured yet: the ledger alone decides
-            budget = replace(budget, usable=0)
-        return decide(need, self.held(exclude), self.live_leases(), budget)
+        pressure = self.sync.pressure
+        # nothing measured yet: the ledger alone decides
+        budget = replace(self.budget, pressure=pressure) if pressure is not None else replace(self.budget, usable=0)
+        return decide(need, self.held(exclude), self.book.live(), budget)
 
     def decide_model(self, m: Model) -> Decision:
-        need = self.need_for(m)
         if m.live:
             return Decision(True, free_ram=0)
-        decision = self.decide(need, exclude=m.name)
-        if m.no_drain & set(decision.drain):
+        decision = self.decide(self.need_for(m), exclude=m.name)
+        if self.undrainable & set(decision.drain):
             return Decision(
                 False,
                 blocked_by=[
@@ -218,7 +231,7 @@ class Scheduler:
                         "kind": "worker",
                         "name": v,
                         "priority": self.models[v].plan.priority,
-                        "bytes": self.models[v].held().ram,
+                        "bytes": self.held_by(self.models[v]).ram,
                         "why": "requests in flight (drain timed out)",
                     }
                     for v in decision.drain
@@ -228,6 +241,12 @@ class Scheduler:
             )
         return decision
 
+    def committed(self) -> tuple[int, int]:
+        held, leases = attach(self.held(), self.book.live())  # a worker's own lease counts in its allowance
+        ram = sum(h.ram for h in held) + sum(x.ram for x in leases)
+        return ram, sum(h.gpu for h in held) + sum(x.gpu for x in leases)
+
+    # -- the pump: requests waiting for a model that is not ready ----------------------------------
     async def _pump(self) -> None:
         while True:
             await self._kick.wait()
@@ -239,10 +258,10 @@ class Scheduler:
                     print(f"umemc-gateway: pump: {exc!r}", file=sys.stderr, flush=True)
 
     def _pump_once(self) -> None:
-        waiting = sorted((m for m in self.models.values() if m.waiters), key=lambda m: m.waiters[0][0])
-        for m in waiting:
+        waiting = [m for m in self.models.values() if self.slots[m.name].waiters]
+        for m in sorted(waiting, key=lambda m: self.slots[m.name].waiters[0][0]):
             self.slots.dispatch(m)
-            if m.ready or m.starting is not None or m.evicting or not m.waiters:
+            if m.ready or m.starting is not None or m.evicting or not self.slots[m.name].waiters:
                 continue  # served, starting, or being stopped (it is started afresh once down)
             if m.live:  # supervisord runs it (a restart after a crash, or started outside the gateway)
                 self.begin_start(m, Decision(True))
@@ -251,6 +270,7 @@ class Scheduler:
             if decision.fits:
                 self.launch(m, decision)
 
+    # -- starts and stops -----------------------------------------------------------------------
     def launch(self, m: Model, decision: Decision) -> None:
         """Start an admitted model: its idle victims marked for stopping, its busy ones draining, then the start."""
         for v in decision.evict:
@@ -260,22 +280,20 @@ class Scheduler:
         self.begin_start(m, decision)
 
     def drain(self, m: Model, why: str) -> None:
-        """It serves the requests queued before now, takes none after; `drained` is set once they are done."""
+        """It serves the requests queued before now, takes none after."""
         m.life.to(Phase.DRAINING, why)
-        m.drain_since = time.monotonic()
-        m.drained.clear()
-        self.slots.check_drained(m)
+        self.slots.drain(m)
 
     def begin_start(self, m: Model, decision: Decision) -> None:
         m.life.to(Phase.STARTING)
+        m.draining_for = decision.drain
         m.starting = asyncio.create_task(self._start(m, decision))
 
     async def _start(self, m: Model, decision: Decision) -> None:
         t0 = time.monotonic()
         try:
-            m.draining_for = decision.drain
-            if decision.drain and not await self._drain(decision.drain):
-                m.no_drain |= set(decision.drain)
+            if decision.drain and not await self.slots.wait_drained(decision.drain, self.gw.drain_timeout_s):
+                self.undrainable |= set(decision.drain)
                 self.events.add(
                     "drain_timeout", m.name, victims=decision.drain, drain_timeout_s=self.gw.drain_timeout_s
                 )
@@ -288,16 +306,11 @@ class Scheduler:
             )
             await self._ensure_started(m)
             await self._wait_healthy(m)
-            if m.saved_slots:
-                await self._restore_slots(m)
-            m.life.to(Phase.READY)
-            m.failure, m.last_used, m.evicted = None, time.time(), False
-            self.sync.mark_healthy(m)
-            m.cold_starts += 1
-            seconds = m.last_cold_start_s = round(time.monotonic() - t0, 3)
-            self.events.add("cold_start", m.name, seconds=seconds, evicted=decision.victims, waiting=len(m.waiters))
-            if self.metrics is not None:
-                self.metrics.cold_start(m.name, seconds)
+            if m.saved_slots and m.port is not None:
+                prompt = self.traffic[m.name].prompt_speed
+                await kvslots.restore(m.port, m.name, m.saved_slots, self.events, prompt)
+                m.saved_slots = []
+            self._ready(m, decision, time.monotonic() - t0)
         except Refused as exc:
             m.failure = exc.message
             self.events.add("cold_start_failed", m.name, reason=exc.message)
@@ -310,60 +323,66 @@ class Scheduler:
                 victim = self.models[v]
                 if victim.life.phase in (Phase.DRAINING, Phase.STOPPING):
                     victim.life.to(Phase.READY, "its eviction was abandoned")
-                self.slots.dispatch(victim)
+                self.slots.undrain(victim)
             if m.life.phase is Phase.STARTING:
                 m.life.to(Phase.DOWN, m.failure or "the start was abandoned")
             m.starting, m.draining_for = None, []
             self.slots.dispatch(m)
             self.kick()
 
-    async def _drain(self, names: list[str]) -> bool:
-        """Wait until the victims have served their batch; False when drain_timeout passes first."""
-        waits = [self.models[n].drained.wait() for n in names]
-        try:
-            await asyncio.wait_for(asyncio.gather(*waits), self.gw.drain_timeout_s)
-        except TimeoutError:
-            return False
-        return True
+    def _ready(self, m: Model, decision: Decision, seconds: float) -> None:
+        m.life.to(Phase.READY)
+        m.failure, m.evicted = None, False
+        self.slots.touch(m)
+        self.sync.mark_healthy(m)
+        m.cold_starts += 1
+        m.last_cold_start_s = round(seconds, 3)
+        waiting = self.slots[m.name].queued
+        self.events.add("cold_start", m.name, seconds=m.last_cold_start_s, evicted=decision.victims, waiting=waiting)
+        if self.metrics is not None:
+            self.metrics.cold_start(m.name, m.last_cold_start_s)
+
+    async def _processes(self) -> dict[str, dict[str, Any]]:
+        return await asyncio.to_thread(self.supervisor.processes)
 
     async def _ensure_started(self, m: Model) -> None:
         """Start it unless supervisord already runs it; one being stopped is started once it is down."""
         deadline = time.monotonic() + 60
         while m.state is ProcState.STOPPING and time.monotonic() < deadline:
             await asyncio.sleep(HEALTH_POLL_S)
-            m.state = ProcState.of((await asyncio.to_thread(self.supervisor.processes)).get(m.name))
+            self.sync.observe(m, (await self._processes()).get(m.name))
         if m.state not in STARTED:
             # spawns now (STARTING on return), or supervisord's own restart after a crash already does
             await asyncio.to_thread(self.supervisor.ensure_started, m.name)
-            m.state = ProcState.STARTING
+            self.sync.observe(m, {"statename": ProcState.STARTING})
 
     async def _wait_healthy(self, m: Model) -> None:
         deadline = time.monotonic() + self.gw.start_timeout_s
         exited_since: float | None = None
         while time.monotonic() < deadline:
-            info = (await asyncio.to_thread(self.supervisor.processes)).get(m.name, {})
-            m.state = ProcState.of(info)
+            info = (await self._processes()).get(m.name, {})
+            state = self.sync.observe(m, info)
             # EXITED is where a crashed worker waits for supervisord's autorestart (a moment): not a failure
             # unless it stays there
-            exited_since = (exited_since or time.monotonic()) if m.state is ProcState.EXITED else None
+            exited_since = (exited_since or time.monotonic()) if state is ProcState.EXITED else None
             lingering = exited_since is not None and time.monotonic() - exited_since > EXITED_GRACE_S
             # BACKOFF after "Exited too quickly" is supervisord retrying (startretries): wait for it; another
             # spawn error (a missing command) does not heal
             retrying = "Exited too quickly" in str(info.get("spawnerr") or "")
             failed = (
-                m.state in (ProcState.FATAL, ProcState.STOPPED, ProcState.UNKNOWN)
+                state in (ProcState.FATAL, ProcState.STOPPED, ProcState.UNKNOWN)
                 or lingering
-                or (m.state is ProcState.BACKOFF and bool(info.get("spawnerr")) and not retrying)
+                or (state is ProcState.BACKOFF and bool(info.get("spawnerr")) and not retrying)
             )
             if failed:
                 raise Refused(
-                    f"worker {m.name} failed to start: it is {m.state}"
+                    f"worker {m.name} failed to start: it is {state}"
                     + (f" ({info['spawnerr']})" if info.get("spawnerr") else "")
                     + f"; see {self.run.log(m.name)}",
                     "start_failed",
                     10,
                 )
-            if m.state in ANSWERING and self.probe is not None and await self.probe(m):
+            if state in ANSWERING and self.sync.probe is not None and await self.sync.probe(m):
                 return
             await asyncio.sleep(HEALTH_POLL_S)
         raise Refused(
@@ -375,7 +394,7 @@ class Scheduler:
         it fits again (Evicted.RESTORE); one evicted for pressure stays down, or it would oscillate. A
         llama-server that was serving has its slots' KV saved first (umemc.runtime.gateway.kvslots)."""
         if m.state in ANSWERING and m.plan.kv_slots and m.port is not None:  # (already marked STOPPING)
-            await self._save_slots(m)
+            m.saved_slots = await kvslots.save(m.port, m.name, m.plan.kv_slots, self.events)
         m.life.to(Phase.STOPPING, why)
         try:
             usage = m.usage
@@ -384,7 +403,7 @@ class Scheduler:
                 self.events.add(f"{why}_failed", m.name, by="gateway", reason=failed, **detail)
                 raise Refused(f"could not stop {m.name} to make room: {failed}", "stop_failed", 5)
             m.life.to(Phase.DOWN, why)
-            m.state, m.usage = ProcState.STOPPED, 0
+            self.sync.stopped(m)
             m.evicted = why == "evict" and evicted is Evicted.RESTORE
             self.events.add(why, m.name, by="gateway", usage_bytes=usage, priority=m.plan.priority, **detail)
             if self.metrics is not None:
@@ -394,37 +413,118 @@ class Scheduler:
                 m.life.to(Phase.READY, "the stop failed")
             self.kick()  # requests that arrived for it meanwhile start it again
 
-    async def _save_slots(self, m: Model) -> None:
-        assert m.port is not None
-        m.saved_slots = []
-        for slot in range(m.plan.kv_slots):
-            name = slot_file(m.name, slot)
-            try:
-                doc = await asyncio.to_thread(slot_action, m.port, slot, "save", name)
-            except (OSError, ValueError) as exc:
-                self.events.add("slot_save_failed", m.name, slot=slot, reason=str(exc))
-                continue
-            if int(doc.get("n_saved", 0)) == 0:
-                continue  # an empty slot: nothing to bring back
-            m.saved_slots.append(slot)
-            self.events.add("slot_save", m.name, slot=slot, **slot_detail(doc, "save"), file=name)
+    # -- leases: from the request to the ledger, one way ------------------------------------------
+    async def grant_lease(
+        self, holder: str, ram: int, gpu: int, priority: int, ttl: float, model: str | None, worker: str | None
+    ) -> tuple[Lease | None, Decision, Need]:
+        """Admit a lease like a cold start (a worker's lease raises its allowance: the same need as memory of its
+        own); record it and have it on disk before the client hears of it; stop what it evicts. None: refused."""
+        need = Need("lease", ram=ram, gpu=gpu, priority=priority, cold=False, drain=False)
+        async with self.lock:
+            if self.book.full:
+                raise Refused("64 leases are live: release one first (GET /umemc/leases lists them)", "too_many_leases")
+            decision = self.decide(need)
+            if not decision.fits:
+                return None, decision, need
+            lease = self.book.add(holder, ram, gpu, priority, ttl, model, worker)
+            if not self.sync.write_state(time.time(), how=Write.DURABLE):  # a gateway killed after 201 finds it
+                self.book.drop(lease.id)
+                raise Refused(
+                    f"the lease could not be recorded ({self.sync.state_error}): it is not granted",
+                    "state_unwritable",
+                    10,
+                )
+            for v in decision.evict:
+                self.models[v].life.to(Phase.STOPPING, f"evicted for lease {lease.id}")
+        self.events.add(
+            "lease_grant",
+            None,
+            id=lease.id,
+            holder=holder,
+            bytes=ram,
+            ttl_s=ttl,
+            evicted=decision.evict,
+            for_model=model,
+        )
+        try:
+            await asyncio.gather(
+                *(
+                    self.stop(self.models[v], "evict", for_lease=lease.id, holder=holder, for_priority=priority)
+                    for v in decision.evict
+                )
+            )
+        except Refused:
+            self.release_lease(lease.id)  # its room could not be made: it never held
+            raise
+        return lease, decision, need
 
-    async def _restore_slots(self, m: Model) -> None:
-        assert m.port is not None
-        for slot in m.saved_slots:
-            name = slot_file(m.name, slot)
-            try:
-                doc = await asyncio.to_thread(slot_action, m.port, slot, "restore", name)
-            except (OSError, ValueError) as exc:
-                self.events.add("slot_restore_failed", m.name, slot=slot, reason=str(exc))
-                continue
-            detail = slot_detail(doc, "restore")
-            if m.prompt_speed and isinstance(detail["tokens"], int) and isinstance(detail["ms"], (int, float)):
-                # what reading those tokens again would have taken at its last prompt speed, less the restore
-                detail["saved_s"] = round(max(0.0, detail["tokens"] / m.prompt_speed - detail["ms"] / 1000), 3)
-            self.events.add("slot_restore", m.name, slot=slot, **detail, file=name)
-        m.saved_slots = []
+    def grant_at(self, need: Need) -> tuple[int, Decision] | None:
+        """The lowest priority above a refused lease's at which it would be granted now (and what it would evict),
+        or None where no priority would (the memory is held by leases, by busy workers or by pressure, none of
+        which a priority displaces)."""
+        for priority in range(need.priority + 1, 101):
+            decision = self.decide(replace(need, priority=priority))
+            if decision.fits:
+                return priority, decision
+        return None
 
+    def release_lease(self, lease_id: str, why: str = "lease_release") -> Lease | None:
+        lease = self.book.drop(lease_id)
+        if lease is not None:
+            self.events.add(why, None, id=lease.id, holder=lease.holder, bytes=lease.ram)
+            self.sync.write_state(time.time(), how=Write.DURABLE)  # a released lease does not come back
+            self.kick()
+        return lease
+
+    def extend_lease(self, lease_id: str, ttl: float) -> Lease | None:
+        lease = self.book.extend(lease_id, ttl)
+        if lease is not None:
+            self.sync.write_state(time.time(), how=Write.DURABLE)  # the client is told its new expiry: keep it
+        return lease
+
+    # -- housekeeping: polls, expiries, idle unloads, restores ------------------------------------
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(POLL_S)
+            try:
+                await self.housekeeping_once()
+            except CONNECT_ERRORS as exc:  # supervisord restarting or going down: next time
+                print(f"umemc-gateway: {exc}", file=sys.stderr, flush=True)
+
+    async def housekeeping_once(self, now: float | None = None) -> None:
+        await self.sync.refresh()
+        now = time.time() if now is None else now
+        status = self.sync.enforcer
+        gpu = 0 if status is None else sum(w.gpu_bytes for w in status.models.values())
+        usage = {m.name: m.usage for m in self.models.values()}
+        self.memory.record(now, usage, gpu, self.sync.pressure, self.committed()[0])
+        for lease in self.book.expired(now):
+            self.release_lease(lease.id, "lease_expire")
+        await self._unload_idle(now)
+        await self._restore_hot()
+        self.sync.write_state(now)
+
+    async def _unload_idle(self, now: float) -> None:
+        for m in self.models.values():
+            ttl, q = m.plan.ttl_s, self.slots[m.name]
+            idle = m.ready and not q.busy and m.starting is None and not m.draining
+            if m.cold and ttl is not None and idle and now - q.last_used >= ttl:
+                with contextlib.suppress(Refused):  # recorded as ttl_unload_failed; tried again next round
+                    await self.stop(m, "ttl_unload", Evicted.STAY_DOWN, idle_s=round(now - q.last_used, 1), ttl_s=ttl)
+
+    async def _restore_hot(self) -> None:
+        """A hot worker the gateway evicted comes back once it fits without evicting anything."""
+        for m in self.models.values():
+            if m.plan.mode != "hot" or not m.evicted or m.live or self.slots[m.name].waiters or m.given_up:
+                continue
+            async with self.lock:
+                decision = self.decide_model(m)
+                if not decision.fits or decision.victims:
+                    continue
+                self.begin_start(m, decision)
+            self.events.add("restore", m.name, reason="hot worker evicted earlier fits again")
+
+    # -- the enforcer's pressure, a person's actions -----------------------------------------------
     async def relieve_pressure(self, pressure: float) -> dict[str, Any]:
         """The enforcer measured pressure above evict_above and asks: stop the worker the one
         eviction policy names (lowest priority, then least recently used). When that worker has
@@ -432,13 +532,13 @@ class Scheduler:
         take a higher priority instead. The stop runs in the background: the enforcer never waits."""
         pol = self.plan.policy
         async with self.lock:
+            serving = (Phase.READY, Phase.UNHEALTHY)
             running = [
                 m
                 for m in self.models.values()
-                if m.life.phase in (Phase.READY, Phase.UNHEALTHY)
-                or (m.life.phase is Phase.DOWN and m.state in ANSWERING)
+                if m.life.phase in serving or (m.life.phase is Phase.DOWN and m.state in ANSWERING)
             ]
-            victim = pressure_victim([m.held() for m in running])
+            victim = pressure_victim([self.held_by(m) for m in running])
             if victim is None:
                 return {"action": "none"}
             m = self.models[victim.name]
@@ -460,14 +560,6 @@ class Scheduler:
         task.add_done_callback(self._background.discard)
         return {"action": "evicting", "model": m.name}
 
-    def _start_now(self, m: Model) -> dict[str, Any]:
-        """For a model that is down: whether a start would be admitted now, and whom it would evict."""
-        if m.live:
-            return {"fits_now": None, "would_evict": None}
-        decision = self.decide_model(m)
-        return {"fits_now": decision.fits, "would_evict": decision.victims if decision.fits else []}
-
-    # -- what a person asks from the page or the API -----------------------------------------------
     async def start_now(self, m: Model) -> str:
         """Start a model that is down, under the same admission as a request for it (evicting what the policy
         names), without a request. Returns what was done, in words."""
@@ -489,18 +581,18 @@ class Scheduler:
             return f"{m.name} is not running"
         if m.starting is not None:
             raise Refused(f"model {m.name} is starting: stop it once it is up", "busy")
-        if not drain and m.busy:
+        q = self.slots[m.name]
+        if not drain and q.busy:
             raise Refused(
-                f"model {m.name} has {m.in_flight} request(s) in flight and {len(m.waiters)} queued: stop drains "
-                "them first",
+                f"model {m.name} has {q.in_flight} request(s) in flight and {q.queued} queued: stop drains them first",
                 "busy",
             )
         self.events.add("action", m.name, action="stop" if drain else "evict")
-        if drain and m.busy:
+        if drain and q.busy:
             self.drain(m, "asked to stop")
-            if not await self._drain([m.name]):
+            if not await self.slots.wait_drained([m.name], self.gw.drain_timeout_s):
                 m.life.to(Phase.READY, "its drain timed out")
-                self.slots.dispatch(m)
+                self.slots.undrain(m)
                 raise Refused(
                     f"model {m.name} still had requests after {self.gw.drain_timeout_s:g} s (gateway.drain_timeout): "
                     "not stopped",
@@ -508,66 +600,3 @@ class Scheduler:
                 )
         await self.stop(m, "unload", Evicted.STAY_DOWN)
         return f"stopped {m.name}"
-
-    # -- views ----------------------------------------------------------------------------------
-    def committed(self) -> tuple[int, int]:
-        held, leases = attach(self.held(), self.live_leases())  # a worker's own lease counts in its allowance
-        return sum(h.ram for h in held) + sum(x.ram for x in leases), sum(h.gpu for h in held) + sum(
-            x.gpu for x in leases
-        )
-
-    def status(self) -> dict[str, Any]:
-        ram, gpu = self.committed()
-        now = time.time()
-        return {
-            "stack": self.plan.stack,
-            "rehearsal": {"scale": self.plan.scale} if self.plan.simulate else None,
-            "gateway": {"pid": os.getpid(), "host": self.gw.host, "port": self.gw.port},
-            "budget": {
-                "budget_bytes": self.budget.ram,
-                "committed_bytes": ram,
-                "free_bytes": self.budget.ram - ram,
-                "gpu_budget_bytes": self.budget.gpu,
-                "gpu_committed_bytes": gpu,
-            },
-            "pressure": self.pressure,
-            "generation": self.generation.status(),
-            "models": {
-                m.name: {
-                    "state": m.state,
-                    "ready": m.ready,
-                    "mode": m.plan.mode,
-                    "priority": m.plan.priority,
-                    "in_flight": m.in_flight,
-                    "queued": len(m.waiters),
-                    "max_concurrency": m.max_concurrency,
-                    "starting": m.starting is not None,
-                    "draining": m.draining,
-                    "usage_bytes": m.usage,
-                    "quota_soft_bytes": m.plan.quota_soft_bytes,
-                    "quota_hard_bytes": m.plan.quota_hard_bytes,
-                    "restarts": m.restarts,
-                    "cold_starts": m.cold_starts,
-                    "idle_s": round(now - m.last_used, 1) if m.ready else None,
-                    "ttl_s": m.plan.ttl_s,
-                    "aliases": m.plan.aliases,
-                    "failure": m.failure,
-                    "given_up": m.given_up,
-                    "unhealthy": m.unhealthy,
-                    "kind": m.kind,
-                    "status": m.status_word,
-                    "tokens_in": m.tokens_in,
-                    "tokens_out": m.tokens_out,
-                    "tokens_per_s": m.tokens_per_s,
-                    "ttl_left_s": (
-                        round(max(0.0, m.plan.ttl_s - (now - m.last_used)), 1)
-                        if m.plan.ttl_s is not None and m.cold and m.ready and not m.busy
-                        else None
-                    ),
-                    "last_cold_start_s": m.last_cold_start_s,
-                    **self._start_now(m),
-                }
-                for m in self.models.values()
-            },
-            "leases": [lease_json(x) for x in self.leases.values()],
-        }

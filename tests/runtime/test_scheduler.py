@@ -1,0 +1,358 @@
+"""The gateway's scheduler against a fake supervisord, in milliseconds (the end-to-end tests with real processes
+are tests/runtime/test_gateway.py): admission, queues, drains, leases and pressure, each decision checked by what
+the scheduler asked of supervisord and what it recorded. The fake is a process table in memory that answers
+supervisord's XML-RPC calls the scheduler makes (getAllProcessInfo, start, stop, getPID): a started program is
+RUNNING and healthy at once, unless the test holds it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from umemc.budget import make_plan
+from umemc.commands.build import build
+from umemc.contract import PlanDoc, read
+from umemc.runtime.events import EventLog
+from umemc.runtime.gateway.core import Admit
+from umemc.runtime.gateway.lifecycle import Phase
+from umemc.runtime.gateway.model import Model, Refused
+from umemc.runtime.gateway.scheduler import Scheduler
+from umemc.runtime.rundir import RunDir
+from umemc.stack.resolve import load_stack
+
+GiB = 1 << 30
+
+
+class FakeSupervisor:
+    def __init__(self, running: tuple[str, ...] = ()) -> None:
+        self.states = dict.fromkeys(running, "RUNNING")
+        self.started: list[str] = []
+        self.stopped: list[str] = []
+        self.hold: set[str] = set()  # programs that stay STARTING (not healthy) until released
+        self.asked = threading.Event()  # a start was asked (from the scheduler's worker thread)
+
+    def processes(self) -> dict[str, dict[str, Any]]:
+        return {
+            n: {"name": n, "statename": s, "pid": 1000 + i, "spawnerr": ""}
+            for i, (n, s) in enumerate(self.states.items())
+        }
+
+    def ensure_started(self, name: str) -> None:
+        self.started.append(name)
+        self.states[name] = "STARTING" if name in self.hold else "RUNNING"
+        self.asked.set()
+
+    def try_stop(self, name: str, wait: bool) -> str | None:
+        self.stopped.append(name)
+        if self.states.get(name) not in ("RUNNING", "STARTING"):
+            return "not running"
+        self.states[name] = "STOPPED"
+        return None
+
+    def call(self, method: str, *args: Any) -> Any:
+        assert method == "supervisor.getPID"
+        return 4242
+
+
+STACK = """version = 1
+name = "fast"
+[platform]
+kind = "cpu"
+memory = "4GiB"
+os_reserve = "1GiB"
+[gateway]
+port = 10999
+queue = {queue}
+queue_timeout = "{queue_timeout}"
+drain_timeout = "{drain_timeout}"
+"""  # budget: 3 GiB usable x 0.85 = 2.55 GiB, two models of 1 GiB (1.1 GiB hard) fit, three do not
+
+
+def model(name: str, priority: int, mode: str = "hot", memory: str = "1GiB", concurrency: int = 1) -> str:
+    return (
+        f'[models.{name}]\nruntime = "command"\ncommand = ["serve", "{{port}}"]\nmemory = "{memory}"\n'
+        f'priority = {priority}\nmode = "{mode}"\nmax_concurrency = {concurrency}\n'
+    )
+
+
+def scheduler(tmp_path: Path, models: str, sv: FakeSupervisor, **gw: Any) -> Scheduler:
+    settings = {"queue": 8, "queue_timeout": "5s", "drain_timeout": "5s"} | gw
+    (tmp_path / "stack.toml").write_text(STACK.format(**settings) + models)
+    bundle = tmp_path / "run" / "bundle"
+    build(make_plan(load_stack(tmp_path / "stack.toml")), bundle)
+    run = RunDir.of_bundle(bundle)
+    run.state.mkdir(parents=True, exist_ok=True)
+    sched = Scheduler(read(PlanDoc, bundle / "plan.json"), run, sv, EventLog(run.events))  # type: ignore[arg-type]
+
+    async def healthy(m: Model) -> bool:
+        return sv.states.get(m.name) == "RUNNING"
+
+    sched.sync.probe = healthy
+    return sched
+
+
+def running(sched: Scheduler, body: Callable[[Scheduler], Awaitable[None]]) -> None:
+    """Run `body` on a started scheduler (its pump, no background polls), then close it."""
+
+    async def go() -> None:
+        await sched.start(background=False)
+        try:
+            await asyncio.wait_for(body(sched), 10)
+        finally:
+            await sched.close()
+
+    asyncio.run(go())
+
+
+def kinds(sched: Scheduler) -> list[tuple[str, str | None]]:
+    return [(e.kind, e.model) for e in sched.events.since(0)]
+
+
+async def settled(sched: Scheduler) -> None:
+    """Until no start is in flight (each is awaited, not slept for)."""
+    while starts := [m.starting for m in sched.models.values() if m.starting is not None]:
+        await asyncio.gather(*starts, return_exceptions=True)
+
+
+def test_a_ready_model_serves_its_slots_first_come_first_served(tmp_path: Path) -> None:
+    sv = FakeSupervisor(running=("a",))
+    sched = scheduler(tmp_path, model("a", 50, concurrency=1), sv)
+    order: list[int] = []
+
+    async def body(s: Scheduler) -> None:
+        a = s.models["a"]
+        assert a.ready  # start() found it running and healthy
+
+        async def request(i: int, hold: asyncio.Event) -> None:
+            async with s.slots.slot(a):
+                order.append(i)
+                await hold.wait()
+
+        holds = [asyncio.Event() for _ in range(3)]
+        tasks = [asyncio.create_task(request(i, holds[i])) for i in range(3)]
+        while not order:
+            await asyncio.sleep(0)
+        assert (order, s.slots["a"].in_flight, s.slots["a"].queued) == ([0], 1, 2)
+        for i in range(3):
+            holds[i].set()
+            while len(order) < min(i + 2, 3):
+                await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        assert order == [0, 1, 2] and s.slots["a"].in_flight == 0
+
+    running(sched, body)
+
+
+def test_a_full_queue_refuses_at_once_with_when_to_try_again(tmp_path: Path) -> None:
+    sv = FakeSupervisor(running=("a",))
+    sched = scheduler(tmp_path, model("a", 50, concurrency=1), sv, queue=1)
+
+    async def body(s: Scheduler) -> None:
+        a, hold = s.models["a"], asyncio.Event()
+
+        async def request() -> None:
+            async with s.slots.slot(a):
+                await hold.wait()
+
+        first, second = asyncio.create_task(request()), asyncio.create_task(request())
+        while s.slots["a"].queued < 1:
+            await asyncio.sleep(0)
+        with pytest.raises(Refused) as refused:
+            await s.slots.acquire(a)
+        assert (refused.value.code, refused.value.message) == (
+            "queue_full",
+            "model a: 1 requests in flight and 1 queued (max_concurrency 1, queue 1)",
+        )
+        assert refused.value.retry_after == 2  # its latency (1 s before any was measured) x 2 in line / 1 slot
+        hold.set()
+        await asyncio.gather(first, second)
+
+    running(sched, body)
+
+
+def test_interleaved_requests_for_a_cold_model_start_it_once(tmp_path: Path) -> None:
+    sv = FakeSupervisor()
+    sv.hold.add("c")
+    sched = scheduler(tmp_path, model("c", 50, mode="cold", concurrency=4), sv)
+
+    async def body(s: Scheduler) -> None:
+        c = s.models["c"]
+
+        async def request() -> float:
+            async with s.slots.slot(c) as waited:
+                return waited
+
+        tasks = [asyncio.create_task(request()) for _ in range(3)]
+        assert await asyncio.to_thread(sv.asked.wait, 5)
+        assert c.life.phase is Phase.STARTING and sv.started == ["c"] and s.slots["c"].queued == 3
+        sv.states["c"] = "RUNNING"  # it answers its health URL now
+        assert len(await asyncio.gather(*tasks)) == 3
+        assert sv.started == ["c"] and c.cold_starts == 1
+        assert kinds(s) == [("cold_start", "c")]
+
+    running(sched, body)
+
+
+def test_a_cold_start_evicts_the_lower_priority_idle_model_only(tmp_path: Path) -> None:
+    """Room for two: hot `lo` (10) and `mid` (30) run idle; a request for cold `hi` (50) stops `lo` alone."""
+    sv = FakeSupervisor(running=("lo", "mid"))
+    sched = scheduler(tmp_path, model("lo", 10) + model("mid", 30) + model("hi", 50, mode="cold"), sv)
+
+    async def body(s: Scheduler) -> None:
+        async with s.slots.slot(s.models["hi"]):
+            pass
+        assert (sv.stopped, sv.started) == (["lo"], ["hi"])
+        assert kinds(s) == [("evict", "lo"), ("cold_start", "hi")]
+        evict = s.events.since(0)[0].detail
+        assert (evict["for_model"], evict["for_priority"], evict["by"]) == ("hi", 50, "gateway")
+        assert s.models["lo"].evicted and s.models["lo"].status_word == "evicted"
+
+    running(sched, body)
+
+
+def test_a_busy_victim_serves_its_batch_then_gives_way(tmp_path: Path) -> None:
+    """`lo` has a request in flight and one queued when `hi` needs its room (and `top` outranks `hi`): it drains
+    (the queued one is served), then it is stopped and `hi` starts. (An idle victim of higher priority would be
+    evicted before a busy one is drained: the policy's order.)"""
+    sv = FakeSupervisor(running=("lo", "top"))
+    sched = scheduler(tmp_path, model("lo", 10) + model("top", 90) + model("hi", 50, mode="cold"), sv)
+    served: list[str] = []
+
+    async def body(s: Scheduler) -> None:
+        lo, hold = s.models["lo"], asyncio.Event()
+
+        async def request(name: str, wait: asyncio.Event | None = None) -> None:
+            async with s.slots.slot(s.models[name], Admit.QUEUE):
+                served.append(name)
+                if wait is not None:
+                    await wait.wait()
+
+        first = asyncio.create_task(request("lo", hold))
+        queued = asyncio.create_task(request("lo"))
+        while s.slots["lo"].queued < 1:
+            await asyncio.sleep(0)
+        hi = asyncio.create_task(request("hi"))
+        while lo.life.phase is not Phase.DRAINING:
+            await asyncio.sleep(0)
+        assert s.models["hi"].draining_for == ["lo"] and sv.stopped == []
+        hold.set()
+        await asyncio.gather(first, queued, hi)
+        assert served == ["lo", "lo", "hi"] and (sv.stopped, sv.started) == (["lo"], ["hi"])
+
+    running(sched, body)
+
+
+def test_a_drain_that_times_out_abandons_the_eviction_not_the_request(tmp_path: Path) -> None:
+    sv = FakeSupervisor(running=("lo", "top"))
+    models = model("lo", 10) + model("top", 90) + model("hi", 50, mode="cold")
+    sched = scheduler(tmp_path, models, sv, drain_timeout="50ms", queue_timeout="200ms")
+
+    async def body(s: Scheduler) -> None:
+        lo, hold = s.models["lo"], asyncio.Event()
+
+        async def busy() -> None:
+            async with s.slots.slot(lo):
+                await hold.wait()
+
+        task = asyncio.create_task(busy())
+        while s.slots["lo"].in_flight < 1:
+            await asyncio.sleep(0)
+        with pytest.raises(Refused) as refused:
+            async with s.slots.slot(s.models["hi"]):
+                pass
+        assert refused.value.code == "insufficient_memory"
+        assert refused.value.message.startswith("model hi could not start within 0.2 s: ")
+        assert lo.life.phase is Phase.READY and sv.stopped == [] and "lo" in s.undrainable
+        assert kinds(s) == [("drain_timeout", "hi")]
+        hold.set()
+        await task
+        assert "lo" not in s.undrainable  # idle again: it may be drained next time
+
+    running(sched, body)
+
+
+def test_a_start_that_can_never_be_admitted_is_refused_at_once(tmp_path: Path) -> None:
+    sv = FakeSupervisor(running=("a",))
+    sched = scheduler(tmp_path, model("a", 90) + model("big", 50, mode="cold", memory="2GiB"), sv)
+
+    async def body(s: Scheduler) -> None:
+        t0 = time.monotonic()
+        with pytest.raises(Refused) as refused:
+            await s.slots.acquire(s.models["big"], Admit.REFUSE_NOW)
+        assert time.monotonic() - t0 < 1 and refused.value.code == "not_admissible"
+        assert sv.started == [] and kinds(s) == [("refused", "big")]
+
+    running(sched, body)
+
+
+def test_leases_evict_refuse_release_and_expire(tmp_path: Path) -> None:
+    sv = FakeSupervisor(running=("lo", "mid"))
+    sched = scheduler(tmp_path, model("lo", 10) + model("mid", 30), sv)
+
+    async def body(s: Scheduler) -> None:
+        lease, decision, _ = await s.grant_lease("comfy", GiB, 0, 20, 60, None, None)
+        assert lease is not None and decision.evict == ["lo"] and sv.stopped == ["lo"]
+        assert [x.id for x in s.book.live()] == [lease.id]
+        assert lease.id in (s.run.gateway_state.read_text())  # on disk before the client hears of it
+        none, refused, need = await s.grant_lease("job", GiB, 0, 20, 60, None, None)
+        assert none is None and not refused.fits
+        # at 31 it outranks `mid` (30), the one idle model left to stop
+        assert s.grant_at(need) == (31, s.decide(replace(need, priority=31)))
+        assert s.decide(replace(need, priority=31)).evict == ["mid"]
+        assert s.release_lease(lease.id) is not None and s.book.live() == []
+        short, _, _ = await s.grant_lease("job", GiB, 0, 20, 60, None, None)
+        assert short is not None
+        await s.housekeeping_once(now=time.time() + 61)  # past its ttl; lo fits again: restored
+        await settled(s)
+        assert s.book.live() == [] and sv.started == ["lo"] and s.models["lo"].ready
+        expected = ["lease_grant", "evict", "lease_release", "lease_grant", "lease_expire", "restore", "cold_start"]
+        assert [k for k, _ in kinds(s)] == expected
+
+    running(sched, body)
+
+
+def test_a_lease_that_cannot_be_recorded_is_not_granted(tmp_path: Path) -> None:
+    sv = FakeSupervisor(running=("lo",))
+    sched = scheduler(tmp_path, model("lo", 10), sv)
+    sched.run.gateway_state.mkdir()  # gateway.json cannot be replaced by a file: every write fails
+
+    async def body(s: Scheduler) -> None:
+        with pytest.raises(Refused) as refused:
+            await s.grant_lease("comfy", GiB, 0, 20, 60, None, None)
+        assert refused.value.code == "state_unwritable" and s.book.leases == {} and sv.stopped == []
+
+    running(sched, body)
+
+
+def test_pressure_waits_for_a_busy_victim_then_evicts_it(tmp_path: Path) -> None:
+    sv = FakeSupervisor(running=("lo", "mid"))
+    sched = scheduler(tmp_path, model("lo", 10) + model("mid", 30), sv)
+
+    async def body(s: Scheduler) -> None:
+        hold = asyncio.Event()
+
+        async def busy() -> None:
+            async with s.slots.slot(s.models["lo"]):
+                await hold.wait()
+
+        task = asyncio.create_task(busy())
+        while s.slots["lo"].in_flight < 1:
+            await asyncio.sleep(0)
+        assert await s.relieve_pressure(0.95) == {"action": "deferred", "model": "lo"}
+        assert await s.relieve_pressure(0.95) == {"action": "deferred", "model": "lo"}  # said once
+        hold.set()
+        await task
+        assert await s.relieve_pressure(0.95) == {"action": "evicting", "model": "lo"}
+        while s.models["lo"].life.phase is not Phase.DOWN:
+            await asyncio.sleep(0)
+        assert sv.stopped == ["lo"] and not s.models["lo"].evicted  # for pressure: it stays down
+        assert kinds(s) == [("evict_deferred", "lo"), ("evict", "lo")]
+
+    running(sched, body)

@@ -1,0 +1,81 @@
+"""What the gateway says of itself (GET /umemc/status, the status page's first paint): the scheduler's parts read,
+nothing written."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from .leases import lease_json
+
+if TYPE_CHECKING:
+    from .model import Model
+    from .scheduler import Scheduler
+
+
+def status(s: Scheduler) -> dict[str, Any]:
+    ram, gpu = s.committed()
+    now = time.time()
+    return {
+        "stack": s.plan.stack,
+        "rehearsal": {"scale": s.plan.scale} if s.plan.simulate else None,
+        "gateway": {"pid": os.getpid(), "host": s.gw.host, "port": s.gw.port},
+        "budget": {
+            "budget_bytes": s.budget.ram,
+            "committed_bytes": ram,
+            "free_bytes": s.budget.ram - ram,
+            "gpu_budget_bytes": s.budget.gpu,
+            "gpu_committed_bytes": gpu,
+        },
+        "pressure": s.sync.pressure,
+        "generation": s.generation.status(),
+        "models": {m.name: _model(s, m, now) for m in s.models.values()},
+        "leases": [lease_json(x) for x in s.book.leases.values()],
+    }
+
+
+def _model(s: Scheduler, m: Model, now: float) -> dict[str, Any]:
+    q, traffic = s.slots[m.name], s.traffic[m.name]
+    return {
+        "state": m.state,
+        "ready": m.ready,
+        "mode": m.plan.mode,
+        "priority": m.plan.priority,
+        "in_flight": q.in_flight,
+        "queued": q.queued,
+        "max_concurrency": m.max_concurrency,
+        "starting": m.starting is not None,
+        "draining": m.draining,
+        "usage_bytes": m.usage,
+        "quota_soft_bytes": m.plan.quota_soft_bytes,
+        "quota_hard_bytes": m.plan.quota_hard_bytes,
+        "restarts": m.restarts,
+        "cold_starts": m.cold_starts,
+        "idle_s": round(now - q.last_used, 1) if m.ready else None,
+        "ttl_s": m.plan.ttl_s,
+        "aliases": m.plan.aliases,
+        "failure": m.failure,
+        "given_up": m.given_up,
+        "unhealthy": m.unhealthy,
+        "kind": m.kind,
+        "status": m.status_word,
+        "tokens_in": traffic.tokens_in,
+        "tokens_out": traffic.tokens_out,
+        "tokens_per_s": traffic.tokens_per_s,
+        "ttl_left_s": (
+            round(max(0.0, m.plan.ttl_s - (now - q.last_used)), 1)
+            if m.plan.ttl_s is not None and m.cold and m.ready and not q.busy
+            else None
+        ),
+        "last_cold_start_s": m.last_cold_start_s,
+        **_start_now(s, m),
+    }
+
+
+def _start_now(s: Scheduler, m: Model) -> dict[str, Any]:
+    """For a model that is down: whether a start would be admitted now, and whom it would evict."""
+    if m.live:
+        return {"fits_now": None, "would_evict": None}
+    decision = s.decide_model(m)
+    return {"fits_now": decision.fits, "would_evict": decision.victims if decision.fits else []}
