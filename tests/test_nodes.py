@@ -283,3 +283,33 @@ def test_a_stack_of_many_nodes_prints_one_row_per_node(write_stack, run_cli, tmp
         "STACK MODEL"
     )
     assert len(lines) == 18  # no node's own tables
+
+
+def test_every_model_is_resolved_once_per_node_kind(write_stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stack of four nodes of two kinds that does not fit: load resolves (validates) each model once per kind,
+    and the budget and the advice after it (every node's view) only read what load resolved."""
+    from dataclasses import FrozenInstanceError
+
+    from umemc.advice import advise
+    from umemc.stack import resolve
+
+    calls: list[tuple[str, str]] = []
+    real = resolve._model
+
+    def counting(doc, name, spec, platform, *args, **kw):  # type: ignore[no-untyped-def]
+        calls.append((name, platform.kind))
+        return real(doc, name, spec, platform, *args, **kw)
+
+    monkeypatch.setattr(resolve, "_model", counting)
+    nodes = "".join(f'[nodes.{n}]\nkind = "cpu"\nmemory = "{m}GiB"\n' for n, m in (("a", 16), ("b", 32)))
+    nodes += "".join(f'[nodes.{n}]\npreset = "strix-halo-64"\n' for n in ("c", "d"))
+    models = "".join(
+        f'[models.m{i}]\nruntime = "command"\ncommand = ["serve"]\nmemory = "40GiB"\npriority = {i}\n' for i in range(3)
+    )
+    loaded = load_stack(write_stack(f'version = 1\nname = "k"\n{nodes}{models}'))
+    plan = make_plan(loaded)
+    assert not plan.fits
+    advised = advise(loaded, plan)
+    assert advised.advice and sorted(calls) == sorted((f"m{i}", k) for i in range(3) for k in ("cpu", "amd-apu"))
+    with pytest.raises(FrozenInstanceError):
+        loaded.models = {}  # type: ignore[misc]

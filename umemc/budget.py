@@ -428,7 +428,7 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
     nodes: dict[str, Plan] = {}
     for name, (view, mplans) in node_view.items():
         here = by_node[name]
-        sub = replace(view, models={m: view.models[m] for m in here}, warnings=[])
+        sub = replace(view, models={m: view.models[m] for m in here}, warnings=())
         nodes[name] = assemble(sub, {m: mplans[m] for m in here})
     models: dict[str, ModelPlan] = {}
     for item in items:

@@ -30,7 +30,7 @@ def plan_from_arg(stack_arg: str, measure: Measure = Measure.READ, only: list[st
         from .asking import ask_llama_cpp, record, report
 
         asked = ask_llama_cpp(loaded, plan, measure, only)
-        problem = record(path, asked, loaded.fetched)
+        problem = record(path, asked, list(loaded.fetched))
         if asked.asked:
             loaded = load_stack(path, shown=stack_arg, locks=asked.entries)
             plan = make_plan(loaded)

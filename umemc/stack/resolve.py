@@ -66,47 +66,36 @@ class ResolvedModel:
     port: int
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoadedStack:
+    """The validated, resolved stack; frozen: the stages after load (budget, advice, compile) only read it, and a
+    view of it (one node's, fewer models) is a new one."""
+
     path: Path
     source: Source
     stack: Stack
     platform: ResolvedPlatform
     models: dict[str, ResolvedModel]
-    warnings: list[str]
+    warnings: tuple[str, ...]
     calibration: dict[str, LockEntry] = field(default_factory=dict)  # <stack>.calibration.json, by model
     # a stack with [nodes]: each machine (file order); `platform` is then the first node's, and
     # for_node() gives the stack as seen on one of them (models resolved for its platform)
     nodes: dict[str, ResolvedNode] = field(default_factory=dict)
-    document: Document | None = None
-    fetched: list[str] = field(default_factory=list)  # models whose Hub header was read for this load
+    fetched: tuple[str, ...] = ()  # models whose Hub header was read for this load
+    # with [nodes]: every model resolved once per node kind (at load: a model resolves alike on every platform of a
+    # kind, whatever its memory), so a node's view is a lookup, never a second validation
+    by_kind: dict[str, dict[str, ResolvedModel]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return self.stack.name
 
     def for_node(self, node: str, models: list[str] | None = None) -> LoadedStack:
-        """This stack on one node: its platform, and the named models (default all) resolved for it."""
+        """This stack on one node: its platform, and the named models (default all) as resolved for its kind."""
         n = self.nodes[node]
-        names = list(self.models) if models is None else models
-        if n.platform == self.platform:
-            chosen = {name: self.models[name] for name in names}
-        else:
-            assert self.document is not None
-            doc = replace(self.document, warnings=[])  # what load already said is not said again per node
-            chosen = {
-                name: _model(
-                    doc,
-                    name,
-                    self.stack.models[name],
-                    n.platform,
-                    self.models[name].port,
-                    self.calibration.get(name),
-                    self.stack.models_dir,
-                )
-                for name in names
-            }
-        return LoadedStack(self.path, self.source, self.stack, n.platform, chosen, [], self.calibration, {}, None)
+        resolved = self.by_kind[n.platform.kind]
+        chosen = {name: resolved[name] for name in (list(self.models) if models is None else models)}
+        return LoadedStack(self.path, self.source, self.stack, n.platform, chosen, (), self.calibration)
 
 
 @dataclass(frozen=True)
@@ -159,7 +148,16 @@ def load_stack(
         name: _model(doc, name, spec, platform, ports[name], locks.get(name), stack.models_dir, unasked.get(name))
         for name, spec in stack.models.items()
     }
-    return LoadedStack(path, src, stack, platform, models, doc.warnings, locks, nodes, doc, fetched)
+    by_kind = {platform.kind: models} if nodes else {}
+    for node in nodes.values():
+        kind = node.platform.kind
+        if kind not in by_kind:  # what load already said is not said again per kind
+            quiet = replace(doc, warnings=[])
+            by_kind[kind] = {
+                name: _model(quiet, name, spec, node.platform, ports[name], locks.get(name), stack.models_dir)
+                for name, spec in stack.models.items()
+            }
+    return LoadedStack(path, src, stack, platform, models, tuple(doc.warnings), locks, nodes, tuple(fetched), by_kind)
 
 
 def _ask_hub(
