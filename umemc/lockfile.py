@@ -29,7 +29,6 @@ from .contract import ContractError, Document, dump, parse
 
 VERSION = 1
 HEAD_BYTES = 4 * 1024 * 1024
-FLAG_KEYS = ("runtime", "context", "parallel", "ubatch", "kv_cache", "flash_attn", "mmap", "mlock", "kind")
 # llama.cpp's buffer report: {device: {model|kv|rs|compute|output: bytes}}
 BufferReport = dict[str, dict[str, int]]
 
@@ -79,7 +78,7 @@ class DryRun(Document):
     tool: str  # "llama-fit-params" | "llama-cpp-python"
     build: str  # the llama.cpp that answered, as it names itself
     identity: ToolIdentity
-    flags: dict[str, Any]  # the memory-relevant settings it ran with (estimate.llama.dry_run_flags)
+    flags: dict[str, Any]  # the memory-relevant settings it ran with (umemc.estimate.keys.dry_run)
     argv: list[str]
     buffers: BufferReport = {}
     table: BufferReport = {}
@@ -179,7 +178,3 @@ def totals(buffers: BufferReport) -> dict[str, int]:
 def host_bytes(buffers: BufferReport) -> int:
     """Buffers in host memory (they are part of the process's RSS): devices named CPU*."""
     return sum(sum(k.values()) for d, k in buffers.items() if d.upper().startswith("CPU"))
-
-
-def flag_changes(recorded: dict[str, Any], current: dict[str, Any], keys: tuple[str, ...] = FLAG_KEYS) -> list[str]:
-    return [f"{k} {recorded.get(k)!r} -> {current.get(k)!r}" for k in keys if recorded.get(k) != current.get(k)]

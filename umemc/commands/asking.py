@@ -37,9 +37,9 @@ def ask_llama_cpp(loaded: LoadedStack, plan: Plan, measure: Measure, only: list[
     from ..compile import compile_bundle
     from ..dryrun import find_tool, run
     from ..errors import RuntimeFailure
+    from ..estimate import keys
     from ..estimate.gguf_file import locked_header
     from ..estimate.gguf_file import read as read_gguf
-    from ..estimate.llama import dry_run_flags
     from ..launchers import dry_run_args
 
     out = Asked(dict(loaded.calibration))
@@ -60,7 +60,7 @@ def ask_llama_cpp(loaded: LoadedStack, plan: Plan, measure: Measure, only: list[
         if isinstance(tool, str):
             out.not_asked.append(f"{m.name}: llama.cpp not asked: {tool}")
             continue
-        flags, entry = dry_run_flags(loaded, m), out.entries.get(m.name)
+        flags, entry = keys.dry_run(loaded, m), out.entries.get(m.name)
         # a Hub model not downloaded yet is asked on the sparse copy of its header (llama.cpp reads no weight)
         file = m.model_path if m.model_present else _hub_copy(m, entry)
         assert file is not None and m.model_path is not None

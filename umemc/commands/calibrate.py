@@ -36,10 +36,9 @@ def run(args: argparse.Namespace) -> int:
     from ..budget import make_plan
     from ..catalog.runtimes import LLAMA_RUNTIMES
     from ..compile import compile_bundle
+    from ..estimate import keys
     from ..estimate.gguf_file import locked_header
     from ..estimate.gguf_file import read as read_gguf
-    from ..estimate.llama import current_flags
-    from ..estimate.other import torch_flags
     from ..runtime.measure import measure, measure_peak
     from ..stack.resolve import load_stack
 
@@ -77,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         if m.spec.runtime == "torch":
             if not args.lock_only:
                 peak = measure_peak(bundle.programs[m.name], args.timeout)
-                entries[m.name] = lockfile.LockEntry(flags=torch_flags(loaded, m), measured=peak)
+                entries[m.name] = lockfile.LockEntry(flags=keys.torch(loaded, m), measured=peak)
                 print(f"{m.name}: peak resident after its warm-up {human(peak.peak_bytes or 0)}")
             continue
         assert m.model_path is not None
@@ -85,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.lock_only:
             entry = entry.model_copy(
                 update={
-                    "flags": current_flags(loaded, m),
+                    "flags": keys.llama(loaded, m),
                     "measured": measure(bundle.programs[m.name], before.models[m.name].estimate.facts, args.timeout),
                 }
             )

@@ -10,6 +10,7 @@ from ..catalog.runtimes import FULL_SWA_CACHE, NO_REPACK_FLAGS
 from ..lockfile import DryRun, LockEntry
 from ..stack.resolve import LoadedStack, ResolvedModel
 from ..units import with_gib
+from . import keys
 from .figures import Estimate, Figure
 from .finish import finish
 from .gguf_file import KNOWN_ARCHS, LAYERS_KNOWN, GgufFacts, NotGguf, facts_from_lock
@@ -105,28 +106,6 @@ def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
     )
 
 
-def current_flags(loaded: LoadedStack, m: ResolvedModel) -> dict[str, object]:
-    """The memory-relevant settings a calibration is keyed by."""
-    s = m.spec
-    return {
-        "runtime": s.runtime,
-        "context": s.context,
-        "parallel": s.parallel,
-        "ubatch": s.ubatch,
-        "kv_cache": s.kv_cache,
-        "flash_attn": s.flash_attn,
-        "mmap": m.mmap,
-        "mlock": s.mlock,
-        "kind": loaded.platform.kind,
-    }
-
-
-def dry_run_flags(loaded: LoadedStack, m: ResolvedModel) -> dict[str, object]:
-    """What a dry run is keyed by: the calibration's flags, the runtime's executable and its extra argv (an -ot,
-    --no-repack or --swa-full there changes what llama.cpp allocates)."""
-    return current_flags(loaded, m) | {"bin": m.spec.bin, "args": list(m.spec.args)}
-
-
 def _asked(
     loaded: LoadedStack,
     m: ResolvedModel,
@@ -138,12 +117,11 @@ def _asked(
     """llama.cpp's own dry run (umemc.dryrun) recorded in the lock, while it still answers for this model: the
     same flags, the same file (_checked_entry) and, where that llama.cpp is on this machine, the same build."""
     from ..dryrun import still_answers
-    from ..lockfile import flag_changes
 
     if entry is None or entry.dry_run is None:
         return None
     run, at = entry.dry_run, ("models", m.name)
-    changes = flag_changes(run.flags, dry_run_flags(loaded, m), tuple(run.flags))
+    changes = keys.changes(run.flags, keys.dry_run(loaded, m), tuple(run.flags))
     if changes:
         warnings.append(
             loaded.source.warning(
@@ -275,11 +253,11 @@ def _measured(
     loaded: LoadedStack, m: ResolvedModel, entry: LockEntry | None, warnings: list[str]
 ) -> tuple[Figure, Figure, Figure, Figure] | None:
     """llama.cpp's own buffer report and the resident memory after a warm-up, if still valid."""
-    from ..lockfile import flag_changes, host_bytes, totals
+    from ..lockfile import host_bytes, totals
 
     if entry is None or entry.measured is None or entry.measured.rss_bytes is None:
         return None
-    changes = flag_changes(entry.flags, current_flags(loaded, m))
+    changes = keys.changes(entry.flags, keys.llama(loaded, m))
     if changes:
         warnings.append(
             loaded.source.warning(("models", m.name), "calibration ignored: " + ", ".join(changes), what="table")

@@ -150,34 +150,20 @@ def _torch_encoder(m: ResolvedModel, dtype: str) -> tuple[Figure, Figure]:
     return weights, act
 
 
-def torch_flags(loaded: LoadedStack, m: ResolvedModel) -> dict[str, object]:
-    """What a torch worker's calibration is keyed by."""
-    s = m.spec
-    return {
-        "runtime": s.runtime,
-        "module": s.module,
-        "quant": m.quant,
-        "image_size": s.image_size,
-        "batch": s.batch,
-        "audio_seconds": s.audio_seconds,
-        "kind": loaded.platform.kind,
-    }
-
-
 def apply_measured_peak(loaded: LoadedStack, m: ResolvedModel, est: Estimate) -> Estimate:
     """A torch worker calibrated by running its own warm-up: its measured peak replaces the estimate
     (the parts keep the estimated weights; the rest of the peak is activations). An explicit
     `memory` still wins, with a warning comparing the two."""
     from dataclasses import replace
 
-    from ..lockfile import flag_changes
     from ..units import human
+    from . import keys
 
     entry = loaded.calibration.get(m.name)
     if entry is None or entry.measured is None or entry.measured.peak_bytes is None:
         return est
     at = ("models", m.name)
-    changes = flag_changes(entry.flags, torch_flags(loaded, m), keys=tuple(torch_flags(loaded, m)))
+    changes = keys.changes(entry.flags, keys.torch(loaded, m))
     if changes:
         w = loaded.source.warning(at, "calibration ignored: " + ", ".join(changes), what="table")
         return replace(est, warnings=(*est.warnings, w))
