@@ -497,7 +497,7 @@ def test_down_returns_only_once_every_daemon_of_the_stack_is_gone(stack, tmp_pat
     from umemc.runtime.control import Stack
     from umemc.runtime.rundir import RunDir
 
-    mark = Stack(RunDir(r.run_dir)).mark
+    mark = Stack(RunDir(r.run_dir)).members.mark
     r.wait_for(lambda: len(marked_processes(mark)) > 5, what="the daemons")
     capsys.readouterr()
     assert main(["down", "--run-dir", str(r.run_dir)]) == 0

@@ -39,14 +39,15 @@ def run(args: argparse.Namespace) -> int:
         running = False
     pids: list[int] = []
     killed: list[int] = []
-    foreign = stack.foreign_records()  # before the sweep forgets them: say what was not ours
+    members = stack.members
+    foreign = members.foreign_records()  # before the sweep forgets them: say what was not ours
     if running:
-        pids, killed = stack.stop_all()
-    orphans, left = stack.sweep()
+        pids, killed = members.stop_all(stack.supervisor)
+    orphans, left = members.sweep()
     for problem in foreign:
         print(f"down: record {problem} (copied from another run, or forged): not killed, record removed")
     stale = stack.clean_stale()
-    stack.remove_private_socket_dir()
+    run_dir.release_socket()
     _record(run_dir, running, pids, killed, orphans, left)
     if left:
         what = "; ".join(f"{n}: {', '.join(map(str, p))}" for n, p in left.items())
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
             f"down: could not stop every process of stack {name} ({what}); their records are "
             f"kept: run `umemc down --run-dir {args.run_dir}` again, or kill them yourself"
         )
-    groups = stack.groups_left()
+    groups = members.groups_left()
     if groups:
         raise RuntimeFailure("could not remove cgroups (processes still inside?): " + ", ".join(map(str, groups)))
     if running:

@@ -53,7 +53,7 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
         problems.append(str(exc))
     running = stack.state() == "running"
     infos = stack.supervisor.processes() if running else {}
-    orphans = {} if running else stack.leftovers()
+    orphans = {} if running else stack.members.leftovers()
     live = _read(EnforcerStatus, run_dir.status, problems) if running else None
     gateway = _read(GatewayState, run_dir.gateway_state, problems) if running else None
     if live is not None and live.events_error:

@@ -90,7 +90,9 @@ def run(args: argparse.Namespace) -> int:
     if args.scale is not None and not args.simulate:
         raise UsageError("umemc up: --scale rehearses placeholders: it needs --simulate")
 
+    from ..runtime import waits
     from ..runtime.control import Stack
+    from ..runtime.reconcile import reconcile
     from ..runtime.rundir import RunDir
     from ..runtime.supervisor import ANSWERING, ProcState, start_supervisord
 
@@ -115,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if state == "running":
             console.print(f"stack {plan.stack} is already running: reconciling")
-            started, held_back = stack.reconcile(plan_changed=_read_plan_bytes(run_dir) != before)
+            started, held_back = reconcile(stack, plan_changed=_read_plan_bytes(run_dir) != before)
             for name, why in held_back.items():
                 console.print(f"  {name} (hot) not started: {why}")
             hot = [n for n in hot if n not in held_back]
@@ -125,11 +127,11 @@ def run(args: argparse.Namespace) -> int:
             events.close()
             since = time.time() - 1.0  # a record written since is this start's (mtime granularity, clock steps)
             start_supervisord(run_dir, plan, foreground=args.foreground)
-            stack.wait_started(timeout=args.timeout, since=since)  # while its process lives, it is starting
+            waits.started(stack, timeout=args.timeout, since=since)  # while its process lives, it is starting
     finally:
         events.close()
     wait(console, stack, hot, args.timeout)
-    url = stack.wait_gateway(args.timeout)
+    url = waits.gateway(stack, args.timeout)
     console.print(
         f"\n[bold green]up[/]: {plan.stack}: {len(hot)} hot worker(s) running and healthy "
         f"(`umemc status --run-dir {args.run_dir}`)"
@@ -153,9 +155,10 @@ def _read_plan_bytes(run_dir: RunDir) -> bytes:
 def clean_crashed_run(console: Console, stack: Stack) -> None:
     """Before a fresh start: processes a killed supervisord left behind (found by cgroup and record)
     are stopped, never adopted, and its stale pid file and socket removed."""
-    left = stack.leftovers()
+    members = stack.members
+    left = members.leftovers()
     if left:
-        killed, survived = stack.sweep()
+        killed, survived = members.sweep()
         console.print(
             f"found {len(killed)} process(es) of an earlier run whose supervisord is gone ({', '.join(left)}): stopped"
         )
@@ -267,6 +270,8 @@ def wait(console: Console, stack: Stack, hot: list[str], timeout: float) -> None
     from rich.live import Live
     from rich.table import Table
 
+    from ..runtime.waits import healthy_workers
+
     states: dict[str, tuple[str, bool]] = {n: ("", False) for n in hot}
     started = time.monotonic()
 
@@ -284,7 +289,7 @@ def wait(console: Console, stack: Stack, hot: list[str], timeout: float) -> None
             live.update(table())
 
         try:
-            stack.wait_healthy(hot, timeout, progress)
+            healthy_workers(stack, hot, timeout, progress)
         except RuntimeFailure:
             live.update(table())
             raise

@@ -26,9 +26,9 @@ WARMUP: dict[str, tuple[str, dict[str, Any]]] = {
 def measure(program: Any, facts: dict[str, Any], timeout: float, fill_tokens: int = 0) -> Measured:
     """Run the worker's exact argv, wait for health, warm it up (optionally with a prompt of about
     fill_tokens tokens, to fill the context), sample its tree's RSS, stop it."""
-    from .control import healthy
     from .llamalog import parse_buffers
     from .probes.host import processes, tree_memory
+    from .waits import healthy
 
     env = dict(os.environ, **dict(program.env))
     with tempfile.TemporaryFile("w+") as log:
@@ -71,8 +71,8 @@ def measure(program: Any, facts: dict[str, Any], timeout: float, fill_tokens: in
 def measure_peak(program: Any, timeout: float, settle_s: float = 3.0) -> Measured:
     """A torch worker: run it with its compiled argv and environment, let it do its own warm-up
     (it reports healthy when loaded), and sample its process tree's peak resident memory."""
-    from .control import healthy
     from .probes.host import processes, tree_memory
+    from .waits import healthy
 
     env = dict(os.environ, **dict(program.env))
     proc = subprocess.Popen(

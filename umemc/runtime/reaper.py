@@ -93,7 +93,7 @@ def reap(state: Path, supervisord_pid: int) -> list[int]:
     from .rundir import RunDir
 
     run = RunDir.of_state(state)
-    killed, left = Stack(run).sweep()
+    killed, left = Stack(run).members.sweep()
     if killed or left:  # the log tolerates damage and a full disk (it says so and goes on): the sweep is done
         log = EventLog(run.events)
         log.add("reaped", None, supervisord_pid=supervisord_pid, pids=killed, left=sorted(left))

@@ -182,6 +182,21 @@ class RunDir:
         record.write_text(f"{sock}\n")
         return sock
 
+    def release_socket(self) -> None:
+        """After the stack is down: a deep run dir's socket lived in a private directory (claim_socket): remove it
+        and its record."""
+        record = self.socket_record
+        try:
+            sock = Path(record.read_text().strip())
+        except OSError:
+            return
+        with contextlib.suppress(OSError):
+            if sock.exists() or sock.is_symlink():
+                sock.unlink()
+            sock.parent.rmdir()
+        with contextlib.suppress(OSError):
+            record.unlink()
+
     def supervisord_pid(self) -> int | None:
         """The pid file's pid when that process still runs (the file may be stale, or deleted: callers
         ask the socket first)."""

@@ -39,6 +39,7 @@ class ProcState(StrEnum):
         return cls(name) if name in cls.__members__ else cls.UNKNOWN
 
 
+RPC_ERRORS = (OSError, xmlrpc.client.Error, http.client.HTTPException)  # what a call to supervisord may raise
 LIVE = frozenset({ProcState.RUNNING, ProcState.STARTING, ProcState.BACKOFF, ProcState.STOPPING})  # a process exists
 ANSWERING = frozenset({ProcState.RUNNING, ProcState.STARTING})  # it may answer: startsecs need not have passed
 STARTED = frozenset({ProcState.STARTING, ProcState.RUNNING, ProcState.BACKOFF})  # started, or being (re)started

@@ -5,12 +5,10 @@ and writes the status. supervisord's view is polled when its children change, el
 from __future__ import annotations
 
 import contextlib
-import http.client
 import os
 import signal
 import sys
 import time
-import xmlrpc.client
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ from ..events import EventLog
 from ..llamalog import metal_working_set, parse_buffers
 from ..probes.host import Probes
 from ..rundir import RunDir
-from ..supervisor import ANSWERING, ProcState, Supervisor
+from ..supervisor import ANSWERING, RPC_ERRORS, ProcState, Supervisor
 from . import rules
 from .pressure import PressureGuard
 from .sampler import Sampler
@@ -77,7 +75,7 @@ class Enforcer:
         while not self._stop:
             try:
                 self.tick()
-            except (OSError, xmlrpc.client.Error, http.client.HTTPException) as exc:
+            except RPC_ERRORS as exc:
                 # supervisord restarting or gone, a full disk: say so and keep enforcing next tick
                 print(f"umemc-enforcer: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             next_tick += self.interval

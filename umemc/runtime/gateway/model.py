@@ -9,18 +9,16 @@ HTTP side's (traffic.Traffic)."""
 from __future__ import annotations
 
 import asyncio
-import http.client
-import xmlrpc.client
 from dataclasses import dataclass, field
 
 from ...contract import ModelDoc
-from ..supervisor import ANSWERING, LIVE, ProcState
+from ..supervisor import ANSWERING, LIVE, RPC_ERRORS, ProcState
 from .lifecycle import Lifecycle, Phase
 
 # supervisord's states, as the parts read them
 __all__ = ["ANSWERING", "CONNECT_ERRORS", "LIVE", "Model", "ProcState", "Refused"]
 
-CONNECT_ERRORS = (OSError, xmlrpc.client.Error, http.client.HTTPException)
+CONNECT_ERRORS = RPC_ERRORS
 
 
 class Refused(Exception):

@@ -1,0 +1,104 @@
+"""`umemc up` on a running stack: supervisorctl update semantics for a changed bundle, then every hot worker that is
+not running started if it fits beside what runs now, by the same admission the gateway uses and never by
+evicting."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import xmlrpc.client
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..contract import EnforcerStatus, GatewayState, ModelDoc, read_optional
+from ..policy import Budget, Held, Lease, Need, decide
+from .rundir import ENFORCER, GATEWAY
+from .supervisor import ANSWERING, LIVE, ProcState
+
+if TYPE_CHECKING:
+    from .control import Stack
+
+OWN = (ENFORCER, GATEWAY)  # umemc's own programs in the stack's supervisord
+
+
+def reconcile(stack: Stack, plan_changed: bool) -> tuple[list[str], dict[str, str]]:
+    """supervisorctl update semantics for a changed bundle; umemc's own programs restarted when the
+    plan or the token they read changed (else only started if they are down or failing); then every
+    hot worker that is not running is started if it fits beside what runs now, by the same admission
+    the gateway uses
+    and never by evicting: a hot worker the gateway evicted for a cold one stays stopped until it
+    fits again. Returns (started, {held back: why})."""
+    sup = stack.supervisor
+    added, changed, removed = sup.call("supervisor.reloadConfig")[0]
+    for name in removed + changed:
+        with contextlib.suppress(xmlrpc.client.Fault):  # not running
+            sup.call("supervisor.stopProcessGroup", name, True)
+        sup.call("supervisor.removeProcessGroup", name)
+    for name in changed + added:
+        sup.call("supervisor.addProcessGroup", name)  # autostart: umemc's own programs start here
+    infos = sup.processes()
+    for own in OWN:
+        if own not in infos or own in changed + added:
+            continue
+        state = ProcState.of(infos[own])
+        if state is ProcState.BACKOFF or (plan_changed and state in ANSWERING):
+            sup.stop(own, True)  # a program failing to start retries with what it read: start it afresh
+            state = ProcState.STOPPED
+        if state not in ANSWERING:
+            with contextlib.suppress(xmlrpc.client.Fault):  # ALREADY_STARTED: autorestart won the race
+                sup.start(own, False)
+    # a hot worker added or changed by the update was started by supervisord (autostart): say so
+    by_update = [n for n in changed + added if n in stack.plan.models and stack.plan.models[n].mode == "hot"]
+    started, held_back = _start_hot(stack, infos)
+    return by_update + [n for n in started if n not in by_update], held_back
+
+
+def _start_hot(stack: Stack, infos: dict[str, dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
+    plan = stack.plan
+    cap, models = plan.capacity, plan.models
+    budget = Budget(cap.budget_bytes, cap.gpu_budget_bytes)
+    live = {n for n, i in infos.items() if ProcState.of(i) in LIVE and n in models}
+    usage = _live_usage(stack.run.status)
+    held = [_held(n, models[n], usage.get(n, 0)) for n in live]
+    leases = _live_leases(stack.run.gateway_state)
+    started: list[str] = []
+    held_back: dict[str, str] = {}
+    waiting = [n for n, m in models.items() if m.mode == "hot" and n not in live]
+    for name in sorted(waiting, key=lambda n: -models[n].priority):  # higher priority first
+        m = models[name]
+        need = Need(
+            name, ram=m.quota_hard_bytes, gpu=m.gpu_quota_hard_bytes, priority=m.priority, cold=False, drain=False
+        )
+        decision = decide(need, held, leases, budget)
+        if decision.fits and not decision.victims:
+            stack.supervisor.start(name)
+            started.append(name)
+            held.append(_held(name, m, 0))
+        else:
+            held_back[name] = decision.reason(need)
+    return started, held_back
+
+
+def _held(name: str, m: ModelDoc, usage: int) -> Held:
+    """A running worker as the admission ledger sees it; never a victim here (reconcile never evicts)."""
+    return Held(
+        name,
+        m.priority,
+        cold=m.cold,
+        ram=max(usage, m.quota_hard_bytes),
+        gpu=m.gpu_quota_hard_bytes,
+        busy=True,
+        drainable=False,
+        last_used=0.0,
+    )
+
+
+def _live_usage(path: Path) -> dict[str, int]:
+    doc = read_optional(EnforcerStatus, path)
+    return {} if doc is None else {n: v.rss_bytes + v.gpu_bytes for n, v in doc.models.items()}
+
+
+def _live_leases(path: Path) -> list[Lease]:
+    doc = read_optional(GatewayState, path)
+    now = time.time()
+    return [x.lease() for x in ([] if doc is None else doc.leases) if x.expires > now]
