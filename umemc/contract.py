@@ -308,6 +308,65 @@ def parse(kind: type[Doc], text: str | bytes, where: str | Path) -> Doc:
         raise ContractError(f"{where}: {expected} field {loc}: {first['msg']}") from None
 
 
+# -- `umemc status --json` (printed, not a file: documented in docs/CONTRACTS.md) ----------------------------------
+class StatusRequests(Document):
+    in_flight: int
+    queued: int
+
+
+class StatusModel(Document):
+    """One model. The first seven fields are the contract's from the start; the rest is what the table shows."""
+
+    state: str  # supervisord's (ProcState), or ORPHANED: alive without its supervisord
+    pid: int | None
+    rss_bytes: int
+    gpu_bytes: int
+    quota_soft_bytes: int | None  # None: plan.json unreadable
+    quota_hard_bytes: int | None
+    restarts: int
+    uptime_s: float | None
+    last_event: str | None
+    last_event_text: str | None
+    priority: int | None
+    mode: str | None
+    drift: float | None
+    reserved_bytes: int
+    allowance_bytes: int
+    requests: StatusRequests | None
+    health: Literal["ok", "unhealthy"] | None
+    tokens_per_s: float | None
+    enforced_by: str | None
+    swapped_bytes: int | None
+
+
+class StatusRehearsal(Document):
+    scale: float
+
+
+class StatusMachine(Document):
+    platform: str | None
+    memory_figure: str | None
+    swap_used_bytes: int | None
+    swap_grown_bytes: int | None
+    pressure_level: str | None
+    gpu_limit_bytes: int | None
+    enforcement: str
+
+
+class StatusDoc(Document):
+    models: dict[str, StatusModel]
+    stack: str
+    running: bool
+    pressure: float | None
+    gateway: GatewayDoc | None
+    leases: list[LeaseDoc]
+    generation: GenerationDoc | None
+    orphans: dict[str, list[int]]
+    problems: list[str]
+    rehearsal: StatusRehearsal | None
+    machine: StatusMachine | None
+
+
 def read(kind: type[Doc], path: Path) -> Doc:
     try:
         text = path.read_bytes()

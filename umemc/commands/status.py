@@ -190,7 +190,14 @@ def _read(kind: type[Doc], path: Path, problems: list[str]) -> Doc | None:
 
 def contract(status: dict[str, Any]) -> dict[str, Any]:
     """`status --json`: the contract's {"models": {name: {state, pid, rss_bytes, gpu_bytes, quota_soft_bytes,
-    quota_hard_bytes, restarts}}} first, then everything the table shows (same names without the '_')."""
+    quota_hard_bytes, restarts}}} first, then everything the table shows (same names without the '_'), as the
+    typed document umemc.contract.StatusDoc (a field added to the table and not to the document fails here)."""
+    from ..contract import StatusDoc
+
+    return StatusDoc.model_validate(_untyped(status)).model_dump(mode="json")
+
+
+def _untyped(status: dict[str, Any]) -> dict[str, Any]:
     models = {}
     for name, m in status["models"].items():
         doc = {k: v for k, v in m.items() if not k.startswith("_")}
