@@ -51,13 +51,14 @@ def stack_text(ports: dict[str, int]) -> str:
 async def _client(port: int, n: int, lat: list[float]) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     req = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n" % len(BODY)
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % (port, len(BODY))
     ) + BODY
     for _ in range(n):
         t = time.perf_counter()
         writer.write(req)
         head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head  # an error answered fast is no measurement
         length = next(
             int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
         )
