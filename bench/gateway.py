@@ -1,11 +1,13 @@
 """What the gateway costs and what its cold-start path does, on a real stack (`umemc up --simulate`):
 
 1. latency added (p50/p99) and throughput through the gateway vs straight to the same worker, in the
-   same run, at 1 and 32 concurrent keep-alive clients (rounds alternate direct/gateway; medians);
+   same run, at 1, 8 and 32 concurrent keep-alive clients, plain and streamed replies, from an instant worker
+   and from one that takes generation time (rounds alternate direct/gateway; medians); small requests'
+   latency while 1 MiB bodies go through;
 2. cold start: time from a request for a stopped cold model to the first byte of its streamed reply;
 3. swaps: cold starts for an interleaved A B C A B C load (three cold models, memory for one).
 
-    python bench/gateway.py [--requests 3000] [--rounds 5]
+    python bench/gateway.py [--requests 2000] [--rounds 3]
 
 The worker is umemc's placeholder (a ThreadingHTTPServer) with max_concurrency 64, so the gateway
 never queues here: the figures are its proxying cost. Client, gateway and worker share the 2 cores.
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -48,38 +51,101 @@ def stack_text(ports: dict[str, int]) -> str:
 
 
 # -- load ---------------------------------------------------------------------------------------
-async def _client(port: int, n: int, lat: list[float]) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    req = (
+@dataclass(frozen=True)
+class Shape:
+    """What each request of a measurement asks: a streamed reply or not, and the worker's time per answer (per
+    chunk when streamed: 4 chunks)."""
+
+    stream: bool
+    delay: float
+
+    def body(self) -> bytes:
+        doc = {"model": "w", "messages": [{"role": "user", "content": "hi"}], "delay": self.delay}
+        return json.dumps(doc | ({"stream": True} if self.stream else {})).encode()
+
+    def label(self) -> str:
+        kind = "streamed" if self.stream else "plain"
+        each = "instant" if not self.delay else f"{self.delay * 1000:g} ms" + (" a chunk" if self.stream else "")
+        return f"{kind}, {each}"
+
+
+async def _read_reply(reader: asyncio.StreamReader) -> None:
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head  # an error answered fast is no measurement
+    fields = dict(line.split(b":", 1) for line in head.split(b"\r\n")[1:] if b":" in line)
+    fields = {k.strip().lower(): v.strip() for k, v in fields.items()}
+    if b"content-length" in fields:
+        await reader.readexactly(int(fields[b"content-length"]))
+        return
+    assert fields.get(b"transfer-encoding") == b"chunked", head
+    while size := int((await reader.readuntil(b"\r\n"))[:-2], 16):
+        await reader.readexactly(size + 2)
+    await reader.readuntil(b"\r\n")
+
+
+def _request(port: int, body: bytes) -> bytes:
+    return (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n" % (port, len(BODY))
-    ) + BODY
+        b"Content-Length: %d\r\n\r\n" % (port, len(body))
+    ) + body
+
+
+async def _client(port: int, n: int, body: bytes, lat: list[float]) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    req = _request(port, body)
     for _ in range(n):
         t = time.perf_counter()
         writer.write(req)
-        head = await reader.readuntil(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 200"), head  # an error answered fast is no measurement
-        length = next(
-            int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
-        )
-        await reader.readexactly(length)
+        await _read_reply(reader)
         lat.append(time.perf_counter() - t)
     writer.close()
 
 
-async def _load(port: int, total: int, clients: int) -> tuple[float, float, float, float]:
+async def _load(port: int, total: int, clients: int, body: bytes) -> tuple[float, float, float, float]:
     lat: list[float] = []
     t = time.perf_counter()
-    await asyncio.gather(*(_client(port, total // clients, lat) for _ in range(clients)))
+    await asyncio.gather(*(_client(port, max(1, total // clients), body, lat) for _ in range(clients)))
     wall = time.perf_counter() - t
     lat.sort()
     return len(lat) / wall, lat[len(lat) // 2], lat[int(len(lat) * 0.99)], statistics.fmean(lat)
 
 
-def load(port: int, total: int, clients: int) -> tuple[float, float, float, float]:
+def load(port: int, total: int, clients: int, body: bytes = BODY) -> tuple[float, float, float, float]:
     import uvloop
 
-    return uvloop.run(_load(port, total, clients))
+    return uvloop.run(_load(port, total, clients, body))
+
+
+async def _beside_big_bodies(port: int, small: int, big: bytes | None) -> list[float]:
+    """Latencies of `small` one-at-a-time small requests while another connection sends `big` bodies back to
+    back (None: alone)."""
+    lat: list[float] = []
+    done = asyncio.Event()
+
+    async def heavy() -> int:
+        assert big is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        sent = 0
+        while not done.is_set():
+            writer.write(_request(port, big))
+            await _read_reply(reader)
+            sent += 1
+        writer.close()
+        return sent
+
+    task = asyncio.ensure_future(heavy()) if big is not None else None
+    await asyncio.sleep(0.05)
+    await _client(port, small, BODY, lat)
+    done.set()
+    if task is not None:
+        await task
+    return sorted(lat)
+
+
+def beside_big_bodies(port: int, small: int, big: bytes | None) -> list[float]:
+    import uvloop
+
+    return uvloop.run(_beside_big_bodies(port, small, big))
 
 
 # -- cold path ----------------------------------------------------------------------------------
@@ -127,8 +193,9 @@ def cold_starts(run: Path, since: float) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--requests", type=int, default=3000)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--parts", nargs="+", choices=list(PARTS), default=list(PARTS), help="(RESULTS.md: all of them)")
     args = ap.parse_args()
     ports = {n: free_port() for n in ("gateway", "w", "a", "b", "c")}
     with tempfile.TemporaryDirectory() as tmp:
@@ -140,55 +207,100 @@ def main() -> int:
             stdout=subprocess.DEVNULL,
         )
         try:
-            rows = measure(ports, args.requests, args.rounds, run)
+            load(ports["w"], 200, 4)  # warm both paths
+            load(ports["gateway"], 200, 4)
+            parts = [PARTS[p](ports, args, run) for p in args.parts]
         finally:
             subprocess.run([PY, "-m", "umemc", "down", "--run-dir", str(run)], check=True, stdout=subprocess.DEVNULL)
-    write_section("Gateway (bench/gateway.py)", rows)
+    rows = "\n\n".join(parts)
+    if args.parts == list(PARTS):
+        write_section("Gateway (bench/gateway.py)", rows)
     print(rows)
     return 0
 
 
-def measure(ports: dict[str, int], total: int, rounds: int, run: Path) -> str:
-    load(ports["w"], 200, 4)  # warm both paths
-    load(ports["gateway"], 200, 4)
+SHAPES = (Shape(False, 0.0), Shape(True, 0.0), Shape(False, 0.01), Shape(True, 0.005))
+
+
+def _count(shape: Shape, clients: int, total: int) -> int:
+    """Requests per measurement: `total` for an instant worker, about 1.5 s of work for a slow one."""
+    if not shape.delay:
+        return total
+    each = shape.delay * (4 if shape.stream else 1)
+    return max(clients, int(1.5 / each * min(clients, 16)))
+
+
+def throughput(ports: dict[str, int], args: argparse.Namespace, run: Path) -> str:
+    total, rounds = args.requests, args.rounds
     out = [
         (
-            "Placeholder worker (`umemc up --simulate`), keep-alive clients in one uvloop process; "
-            f"{total} requests per measurement, {rounds} rounds alternating direct/gateway; medians of the rounds."
+            "Placeholder worker (`umemc up --simulate`, max_concurrency 64), keep-alive clients in one uvloop "
+            f"process; {total} requests per measurement for an instant worker, about 1.5 s of work for a slow one; "
+            f"{rounds} rounds alternating direct/gateway; medians of the rounds. A streamed reply is 4 chunks."
         ),
         "",
         (
-            "| clients | direct req/s | gateway req/s | ratio | direct p50 / p99 / mean ms | "
+            "| reply | clients | direct req/s | gateway req/s | ratio | direct p50 / p99 / mean ms | "
             "gateway p50 / p99 / mean ms | added p50 / p99 ms |"
         ),
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for clients in (1, 32):
-        d, g = [], []
-        for r in range(rounds):
-            pair = [("d", ports["w"]), ("g", ports["gateway"])]
-            for which, port in pair if r % 2 == 0 else pair[::-1]:
-                (d if which == "d" else g).append(load(port, total, clients))
-        med = [statistics.median(x[i] for x in d) for i in range(4)]
-        gmed = [statistics.median(x[i] for x in g) for i in range(4)]
-        added50 = statistics.median(gx[1] - dx[1] for dx, gx in zip(d, g, strict=True)) * 1000
-        added99 = statistics.median(gx[2] - dx[2] for dx, gx in zip(d, g, strict=True)) * 1000
-        ratio = statistics.median(gx[0] / dx[0] for dx, gx in zip(d, g, strict=True))
-        out.append(
-            f"| {clients} | {med[0]:.0f} | {gmed[0]:.0f} | {ratio:.0%} | {med[1] * 1000:.2f} / "
-            f"{med[2] * 1000:.2f} / {med[3] * 1000:.2f} | {gmed[1] * 1000:.2f} / {gmed[2] * 1000:.2f} / "
-            f"{gmed[3] * 1000:.2f} | {added50:.2f} / {added99:.2f} |"
-        )
+    for shape in SHAPES:
+        body = shape.body()
+        for clients in (1, 8, 32):
+            n = _count(shape, clients, total)
+            d, g = [], []
+            for r in range(rounds):
+                pair = [("d", ports["w"]), ("g", ports["gateway"])]
+                for which, port in pair if r % 2 == 0 else pair[::-1]:
+                    (d if which == "d" else g).append(load(port, n, clients, body))
+            med = [statistics.median(x[i] for x in d) for i in range(4)]
+            gmed = [statistics.median(x[i] for x in g) for i in range(4)]
+            added50 = statistics.median(gx[1] - dx[1] for dx, gx in zip(d, g, strict=True)) * 1000
+            added99 = statistics.median(gx[2] - dx[2] for dx, gx in zip(d, g, strict=True)) * 1000
+            ratio = statistics.median(gx[0] / dx[0] for dx, gx in zip(d, g, strict=True))
+            row = (
+                f"| {shape.label()} | {clients} | {med[0]:.0f} | {gmed[0]:.0f} | {ratio:.2f}x | {med[1] * 1000:.2f} / "
+                f"{med[2] * 1000:.2f} / {med[3] * 1000:.2f} | {gmed[1] * 1000:.2f} / {gmed[2] * 1000:.2f} / "
+                f"{gmed[3] * 1000:.2f} | {added50:.2f} / {added99:.2f} |"
+            )
+            print(row, flush=True)
+            out.append(row)
     out += [
         "",
         (
-            "At 32 clients the worker alone (a thread per connection) serves some connections while others "
-            "stall: a low median, but throughput is set by the stragglers (its mean latency is far below "
-            "32 clients / throughput). Through the gateway it sees a few pooled keep-alive connections and "
-            "serves more; all 32 clients progress evenly (mean = 32 / throughput), so the median is the "
-            "gateway's queueing on 2 shared cores. The 1-client row is the gateway's cost per request."
+            "With an instant worker the 1-client rows are the gateway's own cost per request (two HTTP hops in "
+            "Python: aiohttp's server and client); once a reply takes generation time, that cost is a small "
+            "share of it. At 32 clients the worker alone (a thread per connection on 2 cores) serves some "
+            "connections while others stall; through the gateway it sees a few pooled keep-alive connections."
         ),
     ]
+    return "\n".join(out)
+
+
+def big_bodies(ports: dict[str, int], args: argparse.Namespace, run: Path) -> str:
+    prompt = ('code: f([{x}]) "q" \\ ' * 60000)[: 1 << 20]
+    big = json.dumps({"model": "w", "messages": [{"role": "user", "content": prompt}]}).encode()
+    figures = {}
+    for name in ("w", "gateway"):
+        alone, beside = [], []
+        for _ in range(args.rounds):
+            alone.append(beside_big_bodies(ports[name], 400, None))
+            beside.append(beside_big_bodies(ports[name], 400, big))
+        figures[name] = [
+            statistics.median(x[int(len(x) * q)] for x in runs) * 1000 for runs in (alone, beside) for q in (0.5, 0.99)
+        ]
+    d, g = figures["w"], figures["gateway"]
+    return (
+        "Large bodies: small requests one at a time, p50 / p99 ms, alone and while another connection sends "
+        f"{len(big) / 2**20:.1f} MiB chat bodies (a prompt of code: quotes, backslashes, brackets) back to back; "
+        f"the gateway reads each, checks its nesting and parses it for its model before routing. Straight to the "
+        f"worker: {d[0]:.2f} / {d[1]:.2f} alone, {d[2]:.2f} / {d[3]:.2f} beside them; through the gateway: "
+        f"{g[0]:.2f} / {g[1]:.2f} alone, {g[2]:.2f} / {g[3]:.2f} beside them."
+    )
+
+
+def cold(ports: dict[str, int], args: argparse.Namespace, run: Path) -> str:
     firsts = [first_byte(ports["gateway"], name) for name in ("a", "b", "c", "a", "b", "c")]
     t0 = time.time()
     interleaved(ports["gateway"], "abcabc", 0.02)
@@ -197,8 +309,7 @@ def measure(ports: dict[str, int], total: int, rounds: int, run: Path) -> str:
     for name in "abcabc":
         interleaved(ports["gateway"], name, 0)
     sequential = cold_starts(run, t1)
-    out += [
-        "",
+    out = [
         (
             "Cold start through the gateway (stopped cold model, memory for one cold model besides the hot "
             "one, so each start also evicts the previous cold model): time to the first byte of a streamed "
@@ -213,6 +324,9 @@ def measure(ports: dict[str, int], total: int, rounds: int, run: Path) -> str:
         f"The same six requests one after another (nothing to batch): {len(sequential)} cold starts.",
     ]
     return "\n".join(out)
+
+
+PARTS = {"throughput": throughput, "bodies": big_bodies, "cold": cold}
 
 
 if __name__ == "__main__":

@@ -50,14 +50,19 @@ def stack_text(workers: int, work: Path) -> str:
     return text
 
 
+UP_S: dict[int, list[float]] = {}  # how long `umemc up` took, by the number of workers
+
+
 def enforcer_cpu(workers: int, probes: str, work: Path, seconds: float) -> float:
     """% of one core the enforcer used over `seconds` once the stack settled."""
     run_dir = work / f"{probes}-{workers}"
     stack = work / f"{probes}-{workers}.toml"
     stack.write_text(stack_text(workers, work))
     env = dict(os.environ, UMEMC_PROBES=probes)
+    began = time.monotonic()
     subprocess.run([PY, "-m", "umemc", "up", str(stack), "--run-dir", str(run_dir), "--timeout", "600"], check=True,
                    stdout=subprocess.DEVNULL, env=env)  # fmt: skip
+    UP_S.setdefault(workers, []).append(time.monotonic() - began)
     try:
         pid = Supervisor(run_dir / "state" / "supervisor.sock").processes()["umemc-enforcer"]["pid"]
         time.sleep(3)
@@ -99,6 +104,12 @@ def main() -> int:
     for n in sizes:
         linux, ps = statistics.median(cpu[(n, "linux")]), statistics.median(cpu[(n, "psutil")])
         lines.append(f"| {n} | {linux:.2f}% | {ps:.2f}% | {ps / linux:.1f}x |")
+    lines += [
+        "",
+        "`umemc up` of each stack (supervisord, the enforcer, the gateway, every worker started), median: "
+        + ", ".join(f"{n} workers {statistics.median(UP_S[n]):.1f} s" for n in sizes)
+        + ".",
+    ]
     text = "\n".join(lines)
     print(text)
     write_section("Sampling probes: Linux's /proc reads vs psutil (bench/sampler.py)", text)

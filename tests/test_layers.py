@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,6 +77,7 @@ LAYERS = {
     "catalog": (*COMPILE_SIDE, "umemc.runtime", "umemc.launchers"),
     "policy.py": ("umemc.",),
     "records.py": ("umemc.",),
+    "names.py": ("umemc.",),
     "chars.py": ("umemc.",),
     "contract.py": (*COMPILE_SIDE, "umemc.runtime", "umemc.lockfile", "umemc.catalog"),
     "lockfile.py": (*COMPILE_SIDE, "umemc.runtime", "umemc.catalog", "umemc.launchers"),
@@ -105,9 +108,10 @@ def test_imports_point_down(sub: str) -> None:
 
 
 def test_the_layer_check_sees_through_imports() -> None:
-    """The check follows imports: the stack loader reaches the contract, which reaches the policy."""
+    """The check follows imports: the stack loader reaches the lock file, the contract below it, and the policy
+    below that."""
     chains = reachable(PKG / "stack" / "resolve.py")
-    assert chains["umemc.policy"] == "umemc.stack.resolve -> umemc.contract -> umemc.policy"
+    assert chains["umemc.policy"] == "umemc.stack.resolve -> umemc.lockfile -> umemc.contract -> umemc.policy"
 
 
 def test_every_runtime_has_one_launcher() -> None:
@@ -147,9 +151,9 @@ def _path_parts(node: ast.AST) -> list[tuple[int, str]]:
 
 def test_one_owner_of_run_dir_paths() -> None:
     """Every process gets its run-dir and bundle paths from runtime.rundir.RunDir (the file names in a bundle and
-    the compiler's supervisord spellings live in contract.py): a path made of one of those names anywhere else
+    the compiler's supervisord spellings live in names.py): a path made of one of those names anywhere else
     is a second owner that drifts. Read from the code's syntax tree, not its lines."""
-    owners = {PKG / "runtime" / "rundir.py", PKG / "contract.py"}
+    owners = {PKG / "runtime" / "rundir.py", PKG / "names.py"}
     spelled = sorted(
         f"{path.relative_to(PKG)}:{line}: {part!r}"
         for path in PKG.rglob("*.py")
@@ -227,3 +231,15 @@ def test_each_piece_of_gateway_state_has_one_writer() -> None:
                     ):
                         wrong.append(f"{path.name}:{node.lineno}: {t.value.id}.{t.attr} (owned by {owner_of[t.attr]})")
     assert wrong == []
+
+
+def test_the_exec_wrapper_loads_no_third_party_module() -> None:
+    """The wrapper runs before every worker (a cold start waits for it): what it imports is the standard library
+    and umemc's bottom modules, not pydantic (60 ms of a cold start when the run dir's names came from
+    contract.py)."""
+    code = (
+        "import sys\nbefore = set(sys.modules)\nimport umemc.runtime.wrap, umemc.runtime.cgroups, umemc.runtime.reaper\n"
+        "print(sorted({m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names) - {'umemc'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from .budget import ModelPlan, Plan
 from .chars import CONTROL
-from .contract import SOCKET
 from .errors import UsageError
 from .launchers import Context, argv_for, health_path, pinned_flags
+from .names import SOCKET
 from .runtime.rundir import ENFORCER, GATEWAY
 from .stack.types import toml_repr
 from .units import KiB, MiB

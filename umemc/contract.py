@@ -26,20 +26,6 @@ from .records import CgroupRecord, PidRecord
 __all__ = ["CgroupRecord", "PidRecord"]  # the wrapper's text records are part of the contract too
 
 PLAN_VERSION = 1
-# The run dir as supervisord's config spells it (%(here)s is the bundle directory): RUN/state beside
-# RUN/bundle. Every path inside it is runtime.rundir.RunDir's; these two are what the compiler writes.
-STATE = "%(here)s/../state"
-# umemc's own processes beside the workers: their program names (supervisord's, the run dir's records) are no
-# model's
-ENFORCER, GATEWAY, SUPERVISORD = "umemc-enforcer", "umemc-gateway", "umemc-supervisord"
-OWN_PROGRAMS: tuple[str, ...] = (ENFORCER, GATEWAY, SUPERVISORD)
-PLAN_FILE = "plan.json"  # in a bundle: what the runtime reads
-SUPERVISOR_CONFIG = "supervisord.conf"  # in a bundle: supervisord's configuration
-# The control socket is not in the rendered text: supervisord (and supervisorctl) expand it from the
-# environment `umemc up` starts them with, RunDir.socket(): RUN/state/supervisor.sock, or a short private
-# directory's socket when the run dir is too deep for a unix socket path. A copied bundle is never edited.
-SOCKET_ENV = "UMEMC_SUPERVISOR_SOCKET"
-SOCKET = f"%(ENV_{SOCKET_ENV})s"
 STATUS_VERSION = 1
 
 

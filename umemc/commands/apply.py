@@ -14,8 +14,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..contract import PLAN_FILE, PlanDoc, read
+from ..contract import PlanDoc, read
 from ..errors import RuntimeFailure, UsageError
+from ..names import PLAN_FILE
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..contract import ENFORCER, GATEWAY, ContractError, Doc, read
+from ..contract import ContractError, Doc, read
 from ..errors import UsageError
+from ..names import ENFORCER, GATEWAY
 from ..units import gib
 from .common import console
 from .up import add_run_dir

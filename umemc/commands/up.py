@@ -189,7 +189,7 @@ def install_bundle(args: argparse.Namespace, run_dir: RunDir) -> None:
     """A stack is built into RUN/bundle; a bundle directory is copied there."""
     from ..commands.build import build
     from ..commands.common import plan_from_arg
-    from ..contract import PLAN_FILE
+    from ..names import PLAN_FILE
     from ..write import is_bundle, write_bundle
     from .asking import Measure
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..contract import ENFORCER as ENFORCER
-from ..contract import GATEWAY as GATEWAY
-from ..contract import PLAN_FILE, SUPERVISOR_CONFIG
-from ..contract import SUPERVISORD as SUPERVISORD
+from ..names import ENFORCER as ENFORCER
+from ..names import GATEWAY as GATEWAY
+from ..names import PLAN_FILE, SUPERVISOR_CONFIG
+from ..names import SUPERVISORD as SUPERVISORD
 from ..records import PidRecord, write_atomic
 
 SOCKET_MAX = 107
@@ -176,6 +175,8 @@ class RunDir:
             path = Path(record.read_text().strip())
             if path.parent.is_dir() and path.parent.stat().st_uid == os.getuid():
                 return path
+        import tempfile  # here: the exec wrapper before every worker reads this module, and never this
+
         short = Path(tempfile.mkdtemp(prefix="umemc-"))  # mkdtemp makes it 0700
         sock = short / "supervisor.sock"
         self.state.mkdir(parents=True, exist_ok=True)

@@ -132,8 +132,7 @@ def start_supervisord(run: RunDir, plan: PlanDoc, *, foreground: bool) -> None:
     a model locks memory. The gateway token's variable is not passed on: the gateway reads the
     token from RUN/state/secrets, and no worker ever sees it. The config's socket is expanded from
     UMEMC_SUPERVISOR_SOCKET, set here to the run dir's (claimed before anything binds it)."""
-    from ..contract import SOCKET_ENV
-    from .rundir import SUPERVISORD
+    from ..names import SOCKET_ENV, SUPERVISORD
     from .supervisord import ROTATE_BYTES, rotate
     from .wrap import parent_death_signal
 

@@ -15,7 +15,7 @@ from ..catalog.gguf import is_gguf
 from ..catalog.quant import FILE_TYPES, TORCH_DTYPES, WHISPER_TYPES
 from ..catalog.runtimes import GPU_DEVICE_KINDS, LLAMA_RUNTIMES, RUNTIME_FAMILY, RUNTIMES_FOR
 from ..chars import kube_name
-from ..contract import OWN_PROGRAMS
+from ..names import OWN_PROGRAMS
 from ..units import gib, human
 from .load import Document, Source, read_document, validate
 from .models import NAME_PATTERN, ModelSpec, Platform, Stack

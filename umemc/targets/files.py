@@ -6,6 +6,7 @@ from collections.abc import Callable
 from xml.sax.saxutils import escape as xml_escape
 
 from .. import contract as c
+from ..names import PLAN_FILE, STATE, SUPERVISOR_CONFIG
 from ..catalog.runtimes import KIND_OF_FAMILY
 from ..compile import Bundle
 from ..launchers import help_argv, runtime_of
@@ -72,7 +73,7 @@ def plan_json(b: Bundle) -> Files:
             memory_bytes=gw.memory,
             argv=list(b.gateway),
         ),
-        supervisor=c.SupervisorDoc(config=c.SUPERVISOR_CONFIG, socket=b.socket, state=c.STATE),
+        supervisor=c.SupervisorDoc(config=SUPERVISOR_CONFIG, socket=b.socket, state=STATE),
         memlock=b.memlock,
         simulate=b.simulate,
         scale=b.plan.scale,
@@ -80,7 +81,7 @@ def plan_json(b: Bundle) -> Files:
         enforcer=list(b.enforcer),
         models={name: _model(b, name) for name in b.programs},
     )
-    return {c.PLAN_FILE: c.dump(doc, indent=2) + "\n"}
+    return {PLAN_FILE: c.dump(doc, indent=2) + "\n"}
 
 
 def _model(b: Bundle, name: str) -> c.ModelDoc:
@@ -138,7 +139,7 @@ def budget(b: Bundle) -> Files:
 
 
 def supervisord(b: Bundle) -> Files:
-    return {c.SUPERVISOR_CONFIG: render("supervisord.conf.j2", bundle=b, state=c.STATE)}
+    return {SUPERVISOR_CONFIG: render("supervisord.conf.j2", bundle=b, state=STATE)}
 
 
 def env_files(b: Bundle) -> Files:

@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...contract import OWN_PROGRAMS, PLAN_FILE, GatewayState, ModelDoc, PlanDoc, read, read_optional
+from ...contract import GatewayState, ModelDoc, PlanDoc, read, read_optional
 from ...lockfile import totals
+from ...names import OWN_PROGRAMS, PLAN_FILE
 from ..events import EventLog
 from ..llamalog import metal_working_set, parse_buffers
 from ..probes.host import Probes

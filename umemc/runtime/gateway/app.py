@@ -157,6 +157,7 @@ async def read_body(request: web.Request) -> bytes:
 
 
 MAX_JSON_DEPTH = 64  # no request of this API nests deeper than a few levels
+TOO_DEEP = f"request body nests more than {MAX_JSON_DEPTH} levels of arrays or objects"
 
 
 def strict_json(raw: bytes) -> Any:
@@ -166,37 +167,30 @@ def strict_json(raw: bytes) -> Any:
     def refuse(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
 
-    if _depth(raw) > MAX_JSON_DEPTH:
-        raise TooDeep(f"request body nests more than {MAX_JSON_DEPTH} levels of arrays or objects")
     try:
-        return json.loads(raw, parse_constant=refuse)
-    except RecursionError:  # pragma: no cover - _depth refuses such input first
-        raise TooDeep("request body nests too deeply") from None
+        doc = json.loads(raw, parse_constant=refuse)
+    except RecursionError:  # deeper than Python's recursion limit (about 1000 levels)
+        raise TooDeep(TOO_DEEP) from None
+    # no more opening brackets than the limit (strings' included) bound the depth: most bodies end here
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and depth(doc) > MAX_JSON_DEPTH:
+        raise TooDeep(TOO_DEEP)
+    return doc
 
 
 class TooDeep(ValueError):
     pass
 
 
-def _depth(raw: bytes) -> int:
-    """The deepest nesting of [ and { outside strings, in one pass over the bytes."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for byte in raw:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:  # backslash
-                escaped = True
-            elif byte == 0x22:  # quote
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):
-            depth += 1
-            deepest = max(deepest, depth)
-        elif byte in (0x5D, 0x7D):
-            depth -= 1
+def depth(doc: Any) -> int:
+    """How deep a parsed document nests arrays and objects, counted up to one level past MAX_JSON_DEPTH; level by
+    level over the containers only (a 1 MiB prompt is one string: nothing to walk). Scanning the body's bytes
+    for brackets outside strings instead took 17 ms a MiB in Python, 8 ms with a regular expression on a prompt
+    of code; the parser is C and 1 ms."""
+    level = [doc] if type(doc) in (dict, list) else []
+    deepest = 0
+    while level and deepest <= MAX_JSON_DEPTH:
+        deepest += 1
+        level = [v for c in level for v in (c.values() if type(c) is dict else c) if type(v) in (dict, list)]
     return deepest
 
 

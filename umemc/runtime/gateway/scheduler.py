@@ -24,7 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ...contract import PLAN_FILE, ContractError, GatewayDoc, GatewayState, PlanDoc, read, read_optional
+from ...contract import ContractError, GatewayDoc, GatewayState, PlanDoc, read, read_optional
+from ...names import PLAN_FILE
 from ...policy import Budget, Decision, Held, Lease, Need, attach, decide, pressure_victim
 from ..events import EventLog
 from ..rundir import RunDir
@@ -41,6 +42,7 @@ from .sync import POLL_S, StateSync
 from .traffic import Traffic
 
 HEALTH_POLL_S = 0.1
+FIRST_POLL_S = 0.01  # a starting worker is asked every 10 ms in its first second, then every HEALTH_POLL_S
 EXITED_GRACE_S = 3.0  # supervisord restarts an exited autorestart program at once
 
 __all__ = ["Admit", "Model", "Refused", "Scheduler"]
@@ -357,7 +359,11 @@ class Scheduler:
             self.sync.observe(m, {"statename": ProcState.STARTING})
 
     async def _wait_healthy(self, m: Model) -> None:
-        deadline = time.monotonic() + self.gw.start_timeout_s
+        """Until supervisord runs it and its health URL answers: often in the first second (a small worker answers
+        within tens of ms; a fixed 100 ms poll was most of its cold start), then every HEALTH_POLL_S (a model
+        loading for a minute)."""
+        began = time.monotonic()
+        deadline = began + self.gw.start_timeout_s
         exited_since: float | None = None
         while time.monotonic() < deadline:
             info = (await self._processes()).get(m.name, {})
@@ -384,7 +390,7 @@ class Scheduler:
                 )
             if state in ANSWERING and self.sync.probe is not None and await self.sync.probe(m):
                 return
-            await asyncio.sleep(HEALTH_POLL_S)
+            await asyncio.sleep(FIRST_POLL_S if time.monotonic() - began < 1.0 else HEALTH_POLL_S)
         raise Refused(
             f"worker {m.name} did not become healthy within {self.gw.start_timeout_s:g} s", "start_timeout", 10
         )

@@ -1,0 +1,18 @@
+"""The names the compiler writes and the runtime reads: umemc's own program names and the file names of a bundle.
+Imports nothing: the exec wrapper that starts before every worker reads them, and a worker's cold start should
+not wait for pydantic to load (the typed documents are in umemc.contract)."""
+
+# The run dir as supervisord's config spells it (%(here)s is the bundle directory): RUN/state beside
+# RUN/bundle. Every path inside it is runtime.rundir.RunDir's; these two are what the compiler writes.
+STATE = "%(here)s/../state"
+# umemc's own processes beside the workers: their program names (supervisord's, the run dir's records) are no
+# model's
+ENFORCER, GATEWAY, SUPERVISORD = "umemc-enforcer", "umemc-gateway", "umemc-supervisord"
+OWN_PROGRAMS: tuple[str, ...] = (ENFORCER, GATEWAY, SUPERVISORD)
+PLAN_FILE = "plan.json"  # in a bundle: what the runtime reads
+SUPERVISOR_CONFIG = "supervisord.conf"  # in a bundle: supervisord's configuration
+# The control socket is not in the rendered text: supervisord (and supervisorctl) expand it from the
+# environment `umemc up` starts them with, RunDir.socket(): RUN/state/supervisor.sock, or a short private
+# directory's socket when the run dir is too deep for a unix socket path. A copied bundle is never edited.
+SOCKET_ENV = "UMEMC_SUPERVISOR_SOCKET"
+SOCKET = f"%(ENV_{SOCKET_ENV})s"
