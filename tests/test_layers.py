@@ -78,6 +78,7 @@ LAYERS = {
     "policy.py": ("umemc.",),
     "records.py": ("umemc.",),
     "names.py": ("umemc.",),
+    "document.py": ("umemc.contract", "umemc.lockfile", "umemc.policy", *COMPILE_SIDE, "umemc.runtime"),
     "chars.py": ("umemc.",),
     "contract.py": (*COMPILE_SIDE, "umemc.runtime", "umemc.lockfile", "umemc.catalog"),
     "lockfile.py": (*COMPILE_SIDE, "umemc.runtime", "umemc.catalog", "umemc.launchers"),
@@ -108,10 +109,11 @@ def test_imports_point_down(sub: str) -> None:
 
 
 def test_the_layer_check_sees_through_imports() -> None:
-    """The check follows imports: the stack loader reaches the lock file, the contract below it, and the policy
-    below that."""
+    """The check follows imports: the stack loader reaches the lock file and the document base below it, and not
+    the runtime's contract."""
     chains = reachable(PKG / "stack" / "resolve.py")
-    assert chains["umemc.policy"] == "umemc.stack.resolve -> umemc.lockfile -> umemc.contract -> umemc.policy"
+    assert chains["umemc.document"] == "umemc.stack.resolve -> umemc.lockfile -> umemc.document"
+    assert "umemc.contract" not in chains
 
 
 def test_every_runtime_has_one_launcher() -> None:

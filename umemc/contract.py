@@ -9,34 +9,22 @@ a type error, not a KeyError at 3 a.m., and a file from another umemc version is
     state/pids/<name>        `pid starttime` (text; the exec wrapper)
     state/cgroups/<name>     `version path pid` (text; the exec wrapper)
 
-Bottom of the package: it imports nothing of umemc but errors."""
+Near the bottom of the package: it imports the document base (umemc.document), the policy's Lease and the
+wrapper's records."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-
-from .errors import UmemcError
+from .document import ContractError, Doc, Document, dump, parse, read, read_optional
 from .policy import Lease
 from .records import CgroupRecord, PidRecord
 
-__all__ = ["CgroupRecord", "PidRecord"]  # the wrapper's text records are part of the contract too
+# the wrapper's text records are part of the contract too; the reading and writing is umemc.document's
+__all__ = ["CgroupRecord", "ContractError", "Doc", "Document", "PidRecord", "dump", "parse", "read", "read_optional"]
 
 PLAN_VERSION = 1
 STATUS_VERSION = 1
-
-
-class ContractError(UmemcError):
-    """A state or plan file that this umemc cannot read (exit 2): corrupt, or another version."""
-
-
-class Document(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
-    # what to do with a file of another version (every document has `format` and `version` fields)
-    remedy: ClassVar[str] = "rebuild it with this one (`umemc up STACK` rebuilds the bundle)"
 
 
 # -- plan.json ------------------------------------------------------------------------------------
@@ -267,33 +255,6 @@ class WorkerReport(Document):
 
 
 # -- reading and writing ----------------------------------------------------------------------------
-Doc = TypeVar("Doc", bound=Document)
-
-
-def parse(kind: type[Doc], text: str | bytes, where: str | Path) -> Doc:
-    """A document of `kind` from its JSON text; ContractError says what is wrong with which file."""
-    expected = str(kind.model_fields["format"].default)
-    want = kind.model_fields["version"].default
-    try:
-        raw: Any = json.loads(text)
-    except ValueError as exc:
-        raise ContractError(f"{where}: not valid JSON ({exc})") from None
-    if not isinstance(raw, dict) or raw.get("format") != expected:
-        raise ContractError(f"{where}: not a {expected} file")
-    version = raw.get("version")
-    if version != want:
-        raise ContractError(
-            f"{where}: {expected} version {version!r}, but this umemc reads version "
-            f"{want}: it was written by another umemc; {kind.remedy}"
-        )
-    try:
-        return kind.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        raise ContractError(f"{where}: {expected} field {loc}: {first['msg']}") from None
-
-
 # -- `umemc status --json` (printed, not a file: documented in docs/CONTRACTS.md) ----------------------------------
 class StatusRequests(Document):
     in_flight: int
@@ -351,23 +312,3 @@ class StatusDoc(Document):
     problems: list[str]
     rehearsal: StatusRehearsal | None
     machine: StatusMachine | None
-
-
-def read(kind: type[Doc], path: Path) -> Doc:
-    try:
-        text = path.read_bytes()
-    except OSError as exc:
-        raise ContractError(f"{path}: cannot read: {exc.strerror}") from None
-    return parse(kind, text, path)
-
-
-def read_optional(kind: type[Doc], path: Path) -> Doc | None:
-    """A live status file that may be missing (not written yet) or corrupt: None either way."""
-    try:
-        return read(kind, path)
-    except ContractError:
-        return None
-
-
-def dump(doc: Document, indent: int | None = None) -> str:
-    return json.dumps(doc.model_dump(mode="json"), indent=indent, ensure_ascii=False)

@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from .contract import ContractError, Document, dump, parse
+from .document import ContractError, Document, dump, parse
 
 VERSION = 1
 HEAD_BYTES = 4 * 1024 * 1024
