@@ -4,7 +4,7 @@ enforcer's quota rules, pressure guard, leak and swap watch, `down`'s sweep and 
 they are the same code on Linux and macOS.
 
 - Linux: umemc.runtime.probes.proc (direct /proc reads on kept-open descriptors) and `LinuxBox`
-  (/proc/meminfo, amdgpu's GTT counters): psutil's equivalents cost 4-9x the CPU at 50-100 workers
+  (/proc/meminfo, amdgpu's GTT counters): psutil's equivalents cost 5.5-7x the CPU at 50-100 workers
   (bench/sampler.py, bench/RESULTS.md), so Linux keeps them.
 - macOS: umemc.runtime.probes.darwin (psutil for the process table, proc_pid_rusage's phys_footprint for what a
   process holds, sysctl for the kernel's pressure level, swap and the wired limit).
