@@ -272,7 +272,8 @@ def test_a_command_imports_only_itself(tmp_path: Path) -> None:
                      '"command"\ncommand = ["true"]\nmemory = "1GiB"\n')  # fmt: skip
     probe = (
         "import sys; from umemc.cli import main; code = main(['check', sys.argv[1]]); "
-        "print(sorted(m for m in sys.modules if m.startswith('umemc.commands.')), code, 'umemc.contract' in sys.modules)"
+        "print(sorted(m for m in sys.modules if m.startswith('umemc.commands.')), code, "
+        "'umemc.contract' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", probe, str(stack)], capture_output=True, text=True, timeout=120)
     # nor the runtime's documents (umemc.contract): the lock file's base is umemc.document

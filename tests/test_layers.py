@@ -240,7 +240,8 @@ def test_the_exec_wrapper_loads_no_third_party_module() -> None:
     and umemc's bottom modules, not pydantic (60 ms of a cold start when the run dir's names came from
     contract.py)."""
     code = (
-        "import sys\nbefore = set(sys.modules)\nimport umemc.runtime.wrap, umemc.runtime.cgroups, umemc.runtime.reaper\n"
+        "import sys\nbefore = set(sys.modules)\n"
+        "import umemc.runtime.wrap, umemc.runtime.cgroups, umemc.runtime.reaper\n"
         "print(sorted({m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names) - {'umemc'}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
