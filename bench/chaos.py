@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import write_section
 from tests.runtime.conftest import free_port, live_sysctl_table
 from umemc.runtime.probes.host import marked_processes
-from umemc.runtime.wrap import run_mark
+from umemc.runtime.rundir import run_mark
 
 PY = sys.executable
 MiB = 2**20

@@ -9,6 +9,10 @@ STATE = "%(here)s/../state"
 # model's
 ENFORCER, GATEWAY, SUPERVISORD = "umemc-enforcer", "umemc-gateway", "umemc-supervisord"
 OWN_PROGRAMS: tuple[str, ...] = (ENFORCER, GATEWAY, SUPERVISORD)
+REAPER = "umemc-reaper"  # where no parent-death signal exists: what stops the run when supervisord dies
+# every process of a run carries the run's mark in its environment (set by the exec wrapper, inherited): how
+# `umemc down` finds them where no cgroup can, and how it kills nothing that is not the run's
+RUN_MARK = "UMEMC_RUN"
 PLAN_FILE = "plan.json"  # in a bundle: what the runtime reads
 SUPERVISOR_CONFIG = "supervisord.conf"  # in a bundle: supervisord's configuration
 # The control socket is not in the rendered text: supervisord (and supervisorctl) expand it from the

@@ -133,10 +133,19 @@ def bring_down(r: Running) -> None:
                 pids.update(c.pid for c in _children(m["pid"]))
     assert main(["down", "--run-dir", str(r.run_dir)]) == 0
     left = [p for p in pids if _alive(p)] + [p.pid for p in psutil.process_iter() if _ours(p, r.run_dir)]
-    assert not left, f"processes left after down: {left}"
+    assert not left, f"processes left after down: {[(p, _said(p)) for p in sorted(set(left))]}"
     assert not list((r.run_dir / "state").glob("cgroups/*")), "cgroup records left"
     assert not list((r.run_dir / "state").glob("pids/*")), "process records left"
     assert not _cgroups_left(r.run_dir), "cgroups left after down"
+
+
+def _said(pid: int) -> str:
+    """A process as a person finds it: its state and command line."""
+    try:
+        p = psutil.Process(pid)
+        return f"{p.status()}: {' '.join(p.cmdline())}"
+    except psutil.Error:
+        return "gone"
 
 
 def _children(pid: int) -> list[psutil.Process]:
@@ -162,9 +171,10 @@ def _ours(p: psutil.Process, run_dir: Path) -> bool:
 
 def _cgroups_left(run_dir: Path) -> list[Path]:
     """Any group named after this run (umemc-*-<run id>) below the cgroup the tests run in."""
-    from umemc.runtime.cgroups import detect, run_id
+    from umemc.runtime.cgroups import detect
+    from umemc.runtime.rundir import run_mark
 
     backend, _ = detect("probe")
     if backend is None:
         return []
-    return sorted(backend.base.parent.glob(f"umemc-*-{run_id(run_dir / 'state')}"))
+    return sorted(backend.base.parent.glob(f"umemc-*-{run_mark(run_dir / 'state')}"))

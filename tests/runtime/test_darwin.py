@@ -29,7 +29,7 @@ from umemc.runtime.probes.darwin import (
     parse_vm_stat,
     vm_figures,
 )
-from umemc.runtime.probes.host import Swap
+from umemc.runtime.probes.swap import Swap
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -16,7 +16,7 @@ import pytest
 from tests.runtime.conftest import free_port, live_sysctl_table, worker
 from tests.runtime.test_enforcement import HARD, last_logged
 from umemc.runtime.probes.host import marked_processes
-from umemc.runtime.wrap import run_mark
+from umemc.runtime.rundir import run_mark
 
 pytestmark = pytest.mark.slow
 
@@ -132,16 +132,18 @@ def test_the_macos_enforcer_kills_watches_pressure_and_swap(stack, mac: Path) ->
 
 
 def test_the_reaper_stops_the_run_when_supervisord_is_killed(stack, mac: Path) -> None:
-    """No parent-death signal (macOS): kill -9 of supervisord, and the reaper it forked stops the workers, the
-    enforcer and the gateway by the run's mark, and says so in the event log; `down` then finds nothing."""
+    """No parent-death signal (macOS): kill -9 of supervisord, and the reaper its wrapper started stops the workers,
+    the enforcer and the gateway by the run's mark, says so in the event log and ends; `down` then finds nothing."""
     r = stack(stack_text("reap"))
     mark = run_mark(r.run_dir / "state")
     names = ("steady-a", "steady-b", "umemc-enforcer", "umemc-gateway", "umemc-supervisord")
     pids = r.wait_for(lambda: all((r.run_dir / "state/pids" / n).exists() for n in names) and records(r, names))
     sv = pids["umemc-supervisord"]
-    assert sorted(p for p, _ in marked_processes(mark)) == sorted(pids.values())
-    reaper = [c.pid for c in psutil.Process(sv).children() if "umemc.runtime.wrap" in " ".join(c.cmdline())]
-    assert len(reaper) == 1  # forked by supervisord's wrapper before its exec, outside the run's mark
+    reaper = [c.pid for c in psutil.Process(sv).children() if "umemc.runtime.reaper" in " ".join(c.cmdline())]
+    assert len(reaper) == 1  # started by supervisord's wrapper before its exec, so supervisord's child
+    # the reaper carries the run's mark too (`down` stops it with the rest), named umemc-reaper
+    marked = dict(marked_processes(mark))
+    assert sorted(marked) == sorted([*pids.values(), reaper[0]]) and marked[reaper[0]] == "umemc-reaper"
     os.kill(sv, signal.SIGKILL)
     r.wait_for(lambda: not marked_processes(mark), timeout=20, what="the reaper to stop the run")
     reaped = r.wait_for(lambda: r.events("reaped"), what="the reaped event")

@@ -15,10 +15,11 @@ import pytest
 from umemc.runtime.enforcer.rules import trend as _trend
 from umemc.runtime.events import EventLog
 from umemc.runtime.probes.drm import DrmProbe, parse_fdinfo
-from umemc.runtime.probes.host import LinuxBox, Swap, gtt_used_share, marked_processes, tree_memory
+from umemc.runtime.probes.host import LinuxBox, gtt_used_share, marked_processes, tree_memory
 from umemc.runtime.probes.nvidia import parse_compute_apps
 from umemc.runtime.probes.proc import LinuxProcesses
 from umemc.runtime.probes.psproc import PsutilProcesses
+from umemc.runtime.probes.swap import Swap
 
 # An amdgpu DRM client's fdinfo, as specified in the kernel's Documentation/gpu/drm-usage-stats.rst
 # (keys drm-driver, drm-pdev, drm-client-id, drm-memory-<region> in KiB) and printed by amdgpu_fdinfo.c.

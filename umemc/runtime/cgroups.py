@@ -15,7 +15,6 @@ wrapper records each group's path in the run's state so the enforcer and `umemc 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import signal
@@ -25,16 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .probes.host import alive
+from .rundir import run_mark
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-def run_id(state_dir: Path) -> str:
-    return hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]
-
-
 def group_name(stack: str, state_dir: Path) -> str:
-    return f"umemc-{stack}-{run_id(state_dir)}"
+    return f"umemc-{stack}-{run_mark(state_dir)}"
 
 
 @dataclass(frozen=True)
@@ -202,7 +198,7 @@ def run_backends(state_dir: Path) -> list[Backend]:
     backend, _ = detect("probe")
     if backend is None:
         return []
-    rid = run_id(state_dir)
+    rid = run_mark(state_dir)
     parent = backend.base.parent
     try:
         names = sorted(

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..contract import CgroupRecord, PidRecord
+from ..names import RUN_MARK
 from .cgroups import Cgroup, run_backends
 from .probes.host import alive, marked_processes, processes, start_time
-from .rundir import RunDir
+from .rundir import RunDir, run_mark
 from .supervisor import RPC_ERRORS, Supervisor
-from .wrap import run_mark
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ def same_process(record: PidRecord) -> bool:
 
 
 def _mark_of(pid: int) -> str | None:
-    return processes().run_environ(pid).get("UMEMC_RUN")
+    return processes().run_environ(pid).get(RUN_MARK)
 
 
 def _exists(pid: int) -> bool:

@@ -23,6 +23,14 @@ from ..records import PidRecord, write_atomic
 SOCKET_MAX = 107
 
 
+def run_mark(state: Path) -> str:
+    """The run's id: its state directory's path, hashed (the mark in its processes' environment, its cgroups'
+    names)."""
+    import hashlib  # here: the exec wrapper before every worker needs it only for this
+
+    return hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:8]
+
+
 @dataclass(frozen=True)
 class RunDir:
     """Every path of a run, for every umemc process: `umemc up`/`down`/`status`, the enforcer and the gateway

@@ -133,8 +133,8 @@ def start_supervisord(run: RunDir, plan: PlanDoc, *, foreground: bool) -> None:
     token from RUN/state/secrets, and no worker ever sees it. The config's socket is expanded from
     UMEMC_SUPERVISOR_SOCKET, set here to the run dir's (claimed before anything binds it)."""
     from ..names import SOCKET_ENV, SUPERVISORD
+    from .probes.host import parent_death_signal
     from .supervisord import ROTATE_BYTES, rotate
-    from .wrap import parent_death_signal
 
     state, config = run.state, run.supervisor_config
 

@@ -29,9 +29,10 @@ import sys
 from collections.abc import MutableMapping
 from pathlib import Path
 
+from ..names import RUN_MARK
 from ..records import CgroupRecord, PidRecord, write_atomic
-from .probes.host import start_time
-from .rundir import RunDir
+from .probes.host import parent_death_signal, start_time
+from .rundir import RunDir, run_mark
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -99,14 +100,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 WORKER_ENV_PREFIX = "UMEMC_ENV_"  # umemc.compile.WORKER_ENV_PREFIX
-RUN_MARK = "UMEMC_RUN"
-
-
-def run_mark(state: Path) -> str:
-    """The run's id (umemc.runtime.cgroups.run_id: the state directory's path, hashed)."""
-    import hashlib
-
-    return hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:8]
 
 
 STATE_PLACEHOLDER = "@UMEMC_STATE@"  # an argv element beginning with it names a path in the run's state dir
@@ -130,15 +123,6 @@ def worker_env(env: MutableMapping[str, str]) -> None:
     them): give them their names for the worker alone."""
     for key in [k for k in env if k.startswith(WORKER_ENV_PREFIX)]:
         env[key[len(WORKER_ENV_PREFIX) :]] = env.pop(key)
-
-
-PARENT_DEATH_ENV = "UMEMC_PARENT_DEATH"  # "reaper": no parent-death signal even on Linux (tests of the macOS path)
-
-
-def parent_death_signal() -> bool:
-    """Whether this host stops a run's processes with the kernel's parent-death signal (Linux), rather than with
-    the reaper supervisord's wrapper forks (macOS; or Linux with UMEMC_PARENT_DEATH=reaper)."""
-    return sys.platform.startswith("linux") and os.environ.get(PARENT_DEATH_ENV) != "reaper"
 
 
 def die_with_parent() -> bool:

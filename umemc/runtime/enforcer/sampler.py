@@ -12,9 +12,9 @@ from ...contract import CgroupRecord, PlanDoc, WorkerReport, read_optional
 from ..cgroups import Cgroup
 from ..probes import nvidia
 from ..probes.drm import DrmProbe
-from ..probes.host import Probes, Swap, marked_processes, probes
-from ..rundir import RunDir
-from ..wrap import run_mark
+from ..probes.host import Probes, marked_processes, probes
+from ..probes.swap import Swap
+from ..rundir import RunDir, run_mark
 from .worker import Worker
 
 NVIDIA_EVERY_S = 2.0

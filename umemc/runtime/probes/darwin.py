@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from .host import Swap
 from .psproc import PsutilProcesses
+from .swap import Swap
 
 MiB = 1 << 20
 

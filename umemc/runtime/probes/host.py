@@ -25,11 +25,8 @@ from functools import cache
 from pathlib import Path
 from typing import Protocol
 
-
-@dataclass(frozen=True)
-class Swap:
-    total: int
-    used: int
+from ...names import RUN_MARK
+from .swap import Swap
 
 
 class Processes(Protocol):
@@ -208,6 +205,15 @@ def processes() -> Processes:
     return PsutilProcesses()
 
 
+PARENT_DEATH_ENV = "UMEMC_PARENT_DEATH"  # "reaper": no parent-death signal even on Linux (tests of the macOS path)
+
+
+def parent_death_signal() -> bool:
+    """Whether this host stops a run's processes with the kernel's parent-death signal (Linux), rather than with
+    the reaper supervisord's wrapper forks (macOS; or Linux with UMEMC_PARENT_DEATH=reaper)."""
+    return sys.platform.startswith("linux") and os.environ.get(PARENT_DEATH_ENV) != "reaper"
+
+
 def alive(pid: int) -> bool:
     return processes().alive(pid)
 
@@ -226,7 +232,7 @@ def marked_processes(mark: str, procs: Processes | None = None) -> list[tuple[in
         if pid == me:
             continue
         env = procs.run_environ(pid)
-        if env.get("UMEMC_RUN") == mark and procs.alive(pid):
+        if env.get(RUN_MARK) == mark and procs.alive(pid):
             out.append((pid, env.get("UMEMC_MODEL")))
     return out
 
