@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import TypeVar
 
 from ..errors import UsageError
 from ..units import parse_duration, parse_size
 from .common import plan_from_arg, print_warnings, write_stdout
+
+N = TypeVar("N", int, float)
 
 DEFAULT_TTL = "10m"
 
@@ -59,14 +63,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _size(text: str) -> int:
+def _positive(flag: str, text: str, parse: Callable[[str], N]) -> N:
     try:
-        size = parse_size(text)
+        value = parse(text)
     except ValueError as exc:
-        raise UsageError(f"--bytes {text}: {exc}") from None
-    if size <= 0:
-        raise UsageError(f"--bytes {text}: must be more than 0")
-    return size
+        raise UsageError(f"{flag} {text}: {exc}") from None
+    if value <= 0:
+        raise UsageError(f"{flag} {text}: must be more than 0")
+    return value
+
+
+def _size(text: str) -> int:
+    return _positive("--bytes", text, parse_size)
 
 
 def _priority(value: int) -> int:
@@ -76,10 +84,4 @@ def _priority(value: int) -> int:
 
 
 def _ttl(text: str) -> float:
-    try:
-        seconds = parse_duration(text)
-    except ValueError as exc:
-        raise UsageError(f"--ttl {text}: {exc}") from None
-    if seconds <= 0:
-        raise UsageError(f"--ttl {text}: must be more than 0")
-    return seconds
+    return _positive("--ttl", text, parse_duration)

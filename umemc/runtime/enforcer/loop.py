@@ -236,13 +236,20 @@ class Enforcer:
             self._event(w, "start", pid=pid)
         self.sampler.attach_cgroup(w)
 
+    @staticmethod
+    def _crossing(w: Worker, finding: Finding, crossed: bool | None) -> bool:
+        """A rule's answer onto the worker's raised findings (True: crossed now, say so; False: back below, it may
+        be said again; None: no change). True when the event is due."""
+        if crossed:
+            w.raised.add(finding)
+        elif crossed is False:
+            w.raised.discard(finding)
+        return bool(crossed)
+
     def _check_soft(self, w: Worker) -> None:
         crossed = rules.soft_crossing(w.usage, w.soft, Finding.SOFT in w.raised)
-        if crossed:
-            w.raised.add(Finding.SOFT)
+        if self._crossing(w, Finding.SOFT, crossed):
             self._event(w, "soft_limit", usage_bytes=w.usage, soft_bytes=w.soft, pid=w.pid)
-        elif crossed is False:
-            w.raised.discard(Finding.SOFT)
 
     def _check_hard(self, w: Worker, now: float) -> None:
         if w.pid is None or not rules.over_hard(w.usage, w.hard):
@@ -320,11 +327,8 @@ class Enforcer:
     def _check_swap(self, w: Worker) -> None:
         """A worker with part of itself in swap answers from disk (where the platform tells per process)."""
         crossed = rules.swap_crossing(w.swapped, rules.SWAP_WORKER, Finding.SWAP in w.raised)
-        if crossed:
-            w.raised.add(Finding.SWAP)
+        if self._crossing(w, Finding.SWAP, crossed):
             self._event(w, "swapping", swapped_bytes=w.swapped, usage_bytes=w.usage, pid=w.pid)
-        elif crossed is False:
-            w.raised.discard(Finding.SWAP)
 
     def _check_box_swap(self) -> None:
         """The machine's swap grown since the enforcer started: on macOS, which compresses and swaps instead of
