@@ -356,3 +356,19 @@ def test_pressure_waits_for_a_busy_victim_then_evicts_it(tmp_path: Path) -> None
         assert kinds(s) == [("evict_deferred", "lo"), ("evict", "lo")]
 
     running(sched, body)
+
+
+def test_pressure_takes_no_worker_supervisord_has_stopped_since_the_last_poll(tmp_path: Path) -> None:
+    """The enforcer gave up on the lowest-priority worker and stopped it a moment ago; the gateway's last poll still
+    saw it running. Pressure now stops the next one in the policy's order, not the one already down."""
+    sv = FakeSupervisor(running=("lo", "mid"))
+    sched = scheduler(tmp_path, model("lo", 10) + model("mid", 30), sv)
+
+    async def body(s: Scheduler) -> None:
+        sv.states["lo"] = "STOPPED"  # behind the gateway's back (the enforcer's give-up)
+        assert await s.relieve_pressure(0.95) == {"action": "evicting", "model": "mid"}
+        while s.models["mid"].life.phase is not Phase.DOWN:
+            await asyncio.sleep(0)
+        assert sv.stopped == ["mid"]
+
+    running(sched, body)

@@ -537,12 +537,18 @@ class Scheduler:
         requests in flight or queued, wait for them (`evict_deferred`) rather than cut them off or
         take a higher priority instead. The stop runs in the background: the enforcer never waits."""
         pol = self.plan.policy
+        try:  # a fresh view first: a worker the enforcer stopped a moment ago (a give-up) is no victim
+            infos: dict[str, dict[str, Any]] | None = await self._processes()
+        except CONNECT_ERRORS:
+            infos = None  # supervisord did not answer: the last poll's view
         async with self.lock:
+            if infos is not None:
+                for each in self.models.values():
+                    self.sync.observe(each, infos.get(each.name))
             serving = (Phase.READY, Phase.UNHEALTHY)
+            # what supervisord runs and nobody is already starting or stopping
             running = [
-                m
-                for m in self.models.values()
-                if m.life.phase in serving or (m.life.phase is Phase.DOWN and m.state in ANSWERING)
+                m for m in self.models.values() if m.state in ANSWERING and m.life.phase in (*serving, Phase.DOWN)
             ]
             victim = pressure_victim([self.held_by(m) for m in running])
             if victim is None:
