@@ -12,7 +12,7 @@ from ..compile import compile_bundle
 from ..errors import StackError
 from .asking import Measure
 from .build import refuse_missing_files
-from .common import console, plan_from_arg, print_warnings, write_stdout
+from .common import plan_from_arg, print_warnings, write_stdout
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -78,4 +78,4 @@ def _print(plan: Plan, fmt: str) -> None:
     else:
         from ..targets.table import print_budget
 
-        print_budget(plan, console())
+        print_budget(plan)

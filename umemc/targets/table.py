@@ -1,119 +1,148 @@
-"""The budget as a terminal table a person scans in five seconds (rich)."""
+"""The budget as a terminal table a person scans in five seconds.
+
+The budget is described once, as lines of styled text and grids (`budget_blocks`). rich draws them on a
+terminal. Off one (a pipe, a file, a CI log: what `umemc check` mostly writes to), rich would print them
+without colour at 200 columns, nothing wrapped; `plain_text` prints exactly those bytes without importing
+rich (a third of a short check's time), and hands anything it does not reproduce exactly back to rich
+(a grid wider than 200 columns, a control character, a character wider than one column).
+tests/targets/test_table.py holds the two to the same bytes."""
 
 from __future__ import annotations
 
-from rich import box
-from rich.console import Console, Group, RenderableType
-from rich.table import Table
-from rich.text import Text
+import os
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TextIO
 
 from ..budget import Plan
 from ..units import gib
 from .report import admission_text, ledger_lines
 
+if TYPE_CHECKING:
+    from rich.console import Console, Group
+
 DETAILED_NODES = 12  # a stack of more nodes gets one row per node instead of each node's tables
+WIDTH = 200  # columns of the console off a terminal (umemc.commands.common.console)
+
+Span = tuple[str, str]  # text, rich style ("" for none)
 
 
-def budget_renderable(plan: Plan) -> Group:
-    verdict = (
-        Text(" FITS ", style="bold black on green") if plan.fits else Text(" DOES NOT FIT ", style="bold white on red")
-    )
-    title = Text.assemble(
-        ("umemc ", "bold"), (plan.name, "bold cyan"), "  ", verdict, f"  headroom {gib(plan.headroom)} GiB"
-    )
+@dataclass(frozen=True)
+class Line:
+    """One line of text (or several, split at "\\n"), in styled pieces."""
+
+    spans: tuple[Span, ...]
+
+    @classmethod
+    def of(cls, text: str, style: str = "") -> Line:
+        return cls(((text, style),))
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A table: a header row in bold, then rows of one styled piece per cell; every cell on one line.
+    boxed: rich's SIMPLE_HEAD box (a blank line above and below, a rule under the header, one space at
+    either edge); collapse: one space between columns instead of two; rule_after: a blank line after that
+    row."""
+
+    headers: tuple[str, ...]
+    right: tuple[bool, ...]  # per column: justified right (numbers) or left
+    rows: tuple[tuple[Span, ...], ...]
+    boxed: bool = False
+    collapse: bool = False
+    title: str = ""
+    rule_after: int | None = None
+    no_wrap: bool = False
+
+
+Block = Line | Grid
+
+
+def budget_blocks(plan: Plan) -> list[Block]:
+    verdict = (" FITS ", "bold black on green") if plan.fits else (" DOES NOT FIT ", "bold white on red")
+    title = [
+        ("umemc ", "bold"),
+        (plan.name, "bold cyan"),
+        ("  ", ""),
+        verdict,
+        (f"  headroom {gib(plan.headroom)} GiB", ""),
+    ]
     if plan.nodes:
-        title.append(f"  on {len(plan.nodes)} nodes")
-        parts: list[RenderableType] = [title, *_advice(plan)]
+        title.append((f"  on {len(plan.nodes)} nodes", ""))
+        blocks: list[Block] = [Line(tuple(title)), *_advice(plan)]
         if len(plan.nodes) > DETAILED_NODES:  # one row per node: 500 nodes' tables are read by no one
-            return Group(*parts, _node_rows(plan), _where_the_rest_is(), *_warnings(plan))
+            return [*blocks, _node_rows(plan), _where_the_rest_is(), *_warnings(plan)]
         for name, node in plan.nodes.items():
-            mark = Text(" ok ", style="black on green") if node.fits else Text(" over ", style="white on red")
-            parts += [Text(""), Text.assemble(("node ", "bold"), (name, "bold magenta"), " ", mark), _platform(node)]
-            parts += [_ledgers(node), _models(node), *_cold(node)]
-        return Group(*parts, *_warnings(plan))
-    return Group(title, _platform(plan), _ledgers(plan), *_advice(plan), _models(plan), *_cold(plan), *_warnings(plan))
+            mark = (" ok ", "black on green") if node.fits else (" over ", "white on red")
+            blocks += [Line.of(""), Line((("node ", "bold"), (name, "bold magenta"), (" ", ""), mark)), _platform(node)]
+            blocks += [_ledgers(node), _models(node), *_cold(node)]
+        return [*blocks, *_warnings(plan)]
+    head: list[Block] = [Line(tuple(title)), _platform(plan), _ledgers(plan), *_advice(plan), _models(plan)]
+    return [*head, *_cold(plan), *_warnings(plan)]
 
 
-def _platform(plan: Plan) -> Text:
+def _platform(plan: Plan) -> Line:
     p = plan.platform
     window = f"GPU window {gib(p.gpu_window)} GiB" if p.gpu_window is not None else "no GPU window"
-    return Text(
+    return Line.of(
         f"{p.preset or p.kind} ({p.kind}): {gib(p.memory)} GiB RAM, {gib(p.os_reserve)} GiB OS reserve, "
         f"{window}, safety margin {plan.stack.policy.safety_margin:.0%}\nhard quotas enforced by {plan.enforcement}",
-        style="dim",
+        "dim",
     )
 
 
-def _ledgers(plan: Plan) -> Table:
-    t = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
-    for col, justify in (
-        ("ledger", "left"),
-        ("hot set", "right"),
-        ("budget", "right"),
-        ("usable", "right"),
-        ("", "left"),
-    ):
-        t.add_column(col, justify=justify)  # type: ignore[arg-type]
+def _ledgers(plan: Plan) -> Grid:
+    rows = []
     for name, used, budget, usable, ok in ledger_lines(plan):
-        mark = Text("ok", style="green") if ok else Text(f"over by {gib(used - budget)} GiB", style="bold red")
-        t.add_row(name, gib(used), gib(budget), gib(usable), mark)
-    return t
+        mark = ("ok", "green") if ok else (f"over by {gib(used - budget)} GiB", "bold red")
+        rows.append(((name, ""), (gib(used), ""), (gib(budget), ""), (gib(usable), ""), mark))
+    return Grid(("ledger", "hot set", "budget", "usable", ""), (False, True, True, True, False), tuple(rows))
 
 
-def _models(plan: Plan) -> Table:
-    t = Table(
-        title="GiB per model; hard = estimate x (1 + quota_headroom)",
-        title_justify="left",
-        title_style="dim",
-        header_style="bold",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        padding=(0, 1, 0, 1),
-        collapse_padding=True,
-    )
-    for col in ("model", "mode", "prio", "weights", "KV", "compute", "ovhd", "estimate", "hard", "GPU", "source"):
-        t.add_column(col, justify="left" if col in ("model", "mode", "source") else "right", no_wrap=True)
+MODEL_COLUMNS = ("model", "mode", "prio", "weights", "KV", "compute", "ovhd", "estimate", "hard", "GPU", "source")
+
+
+def _models(plan: Plan) -> Grid:
+    rows: list[tuple[Span, ...]] = []
     for m in plan.models.values():
         e = m.estimate
-        mode = Text(m.model.spec.mode, style="green" if m.hot else "blue")
-        t.add_row(
-            m.name,
-            mode,
-            str(m.priority),
-            gib(e.weights.bytes),
-            gib(e.kv.bytes),
-            gib(e.compute.bytes),
-            gib(e.overhead.bytes),
-            gib(e.estimate_bytes),
-            Text(gib(m.quota_hard), style="bold"),
-            gib(e.gpu.bytes),
-            e.source,
+        figures = (e.weights.bytes, e.kv.bytes, e.compute.bytes, e.overhead.bytes, e.estimate_bytes)
+        rows.append(
+            (
+                (m.name, ""),
+                (m.model.spec.mode, "green" if m.hot else "blue"),
+                (str(m.priority), ""),
+                *((gib(b), "") for b in figures),
+                (gib(m.quota_hard), "bold"),
+                (gib(e.gpu.bytes), ""),
+                (e.source, ""),
+            )
         )
-    hot = Text(gib(plan.hot_total), style="bold")
-    t.add_section()
-    t.add_row(
-        "hot set", "", "", "", "", "", "", "", hot, gib(plan.hot_gpu_total) if plan.capacity.gpu_budget else "-", ""
+    gpu = gib(plan.hot_gpu_total) if plan.capacity.gpu_budget else "-"
+    rows.append((("hot set", ""), *[("", "")] * 7, (gib(plan.hot_total), "bold"), (gpu, ""), ("", "")))
+    return Grid(
+        MODEL_COLUMNS,
+        tuple(col not in ("model", "mode", "source") for col in MODEL_COLUMNS),
+        tuple(rows),
+        boxed=True,
+        collapse=True,
+        title="GiB per model; hard = estimate x (1 + quota_headroom)",
+        rule_after=len(rows) - 2,
+        no_wrap=True,
     )
-    return t
 
 
-def _node_rows(plan: Plan) -> Table:
-    t = Table(
-        title="GiB per node (hard quotas)",
-        title_justify="left",
-        title_style="dim",
-        header_style="bold",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-    )
-    for col in ("node", "platform", "hot", "cold", "hot set", "budget", "GPU set", "GPU budget", ""):
-        t.add_column(col, justify="left" if col in ("node", "platform", "") else "right", no_wrap=True)
+NODE_COLUMNS = ("node", "platform", "hot", "cold", "hot set", "budget", "GPU set", "GPU budget", "")
+
+
+def _node_rows(plan: Plan) -> Grid:
+    rows: list[tuple[Span, ...]] = []
     for name, node in plan.nodes.items():
         cap, hot = node.capacity, sum(m.hot for m in node.models.values())
         over = [
             f"{ledger} over by {gib(used - budget)} GiB" for ledger, used, budget, _, ok in ledger_lines(node) if not ok
         ]
-        t.add_row(
+        texts = (
             name,
             node.platform.preset or node.platform.kind,
             str(hot),
@@ -122,36 +151,164 @@ def _node_rows(plan: Plan) -> Table:
             gib(cap.budget),
             gib(node.hot_gpu_total) if cap.gpu_budget is not None else "-",
             gib(cap.gpu_budget) if cap.gpu_budget is not None else "-",
-            Text("; ".join(over), style="bold red") if over else Text("ok", style="green"),
         )
-    return t
-
-
-def _where_the_rest_is() -> Text:
-    return Text(
-        "every model's figures: --format markdown or json; one model's, where it goes and why: umemc explain "
-        "STACK MODEL",
-        style="dim",
+        mark = ("; ".join(over), "bold red") if over else ("ok", "green")
+        rows.append((*((t, "") for t in texts), mark))
+    return Grid(
+        NODE_COLUMNS,
+        tuple(col not in ("node", "platform", "") for col in NODE_COLUMNS),
+        tuple(rows),
+        boxed=True,
+        title="GiB per node (hard quotas)",
+        no_wrap=True,
     )
 
 
-def _cold(plan: Plan) -> list[Text]:
+def _where_the_rest_is() -> Line:
+    return Line.of(
+        "every model's figures: --format markdown or json; one model's, where it goes and why: umemc explain "
+        "STACK MODEL",
+        "dim",
+    )
+
+
+def _cold(plan: Plan) -> list[Line]:
     if not plan.cold_admission:
         return []
-    lines = [Text("cold models:", style="bold")]
+    lines = [Line.of("cold models:", "bold")]
     for name, a in plan.cold_admission.items():
         style = "green" if a.fits_alongside_hot else ("yellow" if a.admissible else "red")
-        lines.append(Text(f"  {name}: {admission_text(a)}", style=style))
+        lines.append(Line.of(f"  {name}: {admission_text(a)}", style))
     return lines
 
 
-def _advice(plan: Plan) -> list[Text]:
-    return [Text(a, style="bold red" if not a.startswith(" ") else "red") for a in plan.advice]
+def _advice(plan: Plan) -> list[Line]:
+    return [Line.of(a, "bold red" if not a.startswith(" ") else "red") for a in plan.advice]
 
 
-def _warnings(plan: Plan) -> list[Text]:
-    return [Text(f"warning: {w}", style="yellow") for w in plan.warnings]
+def _warnings(plan: Plan) -> list[Line]:
+    return [Line.of(f"warning: {w}", "yellow") for w in plan.warnings]
+
+
+# -- drawn by rich ------------------------------------------------------------------------------------------
+
+
+def rich_group(blocks: list[Block]) -> Group:
+    from rich import box
+    from rich.console import Group, RenderableType
+    from rich.table import Table
+    from rich.text import Text
+
+    parts: list[RenderableType] = []
+    for block in blocks:
+        if isinstance(block, Line):
+            parts.append(Text.assemble(*block.spans))
+            continue
+        table = Table(
+            title=block.title or None,
+            title_justify="left",
+            title_style="dim",
+            header_style="bold",
+            box=box.SIMPLE_HEAD if block.boxed else None,
+            pad_edge=False,
+            collapse_padding=block.collapse,
+        )
+        for header, right in zip(block.headers, block.right, strict=True):
+            table.add_column(Text(header), justify="right" if right else "left", no_wrap=block.no_wrap)
+        for i, row in enumerate(block.rows):
+            table.add_row(*(Text(text, style) for text, style in row))
+            if i == block.rule_after:
+                table.add_section()
+        parts.append(table)
+    return Group(*parts)
+
+
+# -- drawn without rich, off a terminal ---------------------------------------------------------------------
+
+
+def plain_text(blocks: list[Block]) -> str | None:
+    """What rich prints for these blocks on a 200-column console without colour and with soft wraps;
+    None where that is not certain (rich then draws them)."""
+    out: list[str] = []
+    for block in blocks:
+        if isinstance(block, Line):
+            lines = "".join(text for text, _ in block.spans).split("\n")
+            if not all(line.isprintable() for line in lines):
+                return None  # rich strips control characters and expands tabs
+            out += lines
+            continue
+        grid = _plain_grid(block)
+        if grid is None:
+            return None
+        out += grid
+    return "".join(line + "\n" for line in out)
+
+
+def _narrow(text: str) -> bool:
+    """One column per character (printable ASCII: rich measures other text by its terminal cells), words
+    one space apart (rich strips spaces at a justified edge)."""
+    return text.isascii() and text.isprintable() and text == " ".join(text.split(" ")).strip() and "  " not in text
+
+
+def _plain_grid(g: Grid) -> list[str] | None:
+    n = len(g.headers)
+    table = [list(g.headers), *([text for text, _ in row] for row in g.rows)]
+    if not all(_narrow(text) for row in table for text in row) or not g.title.isprintable():
+        return None
+    # rich's padding: one space either side of a cell, none at the table's outer edges (pad_edge off), and
+    # with collapsed padding only the right one
+    pads = [(0 if i == 0 or g.collapse else 1, 0 if i == n - 1 else 1) for i in range(n)]
+    widths = [max(len(row[i]) for row in table) + left + right or 1 for i, (left, right) in enumerate(pads)]
+    edges = 2 + (n - 1) if g.boxed else 0  # the box's edges and one divider between columns
+    if sum(widths) + edges > WIDTH:
+        return None  # rich would shrink columns to fit
+
+    def row_text(row: list[str]) -> str:
+        cells = []
+        for text, width, (left, right), to_right in zip(row, widths, pads, g.right, strict=True):
+            inner = width - left - right
+            cells.append(" " * left + (text.rjust(inner) if to_right else text.ljust(inner)) + " " * right)
+        return (" " + " ".join(cells) + " ") if g.boxed else "".join(cells)
+
+    lines = [g.title] if g.title else []
+    if not g.boxed:
+        return lines + [row_text(row) for row in table]
+    blank = " " * (sum(widths) + edges)
+    lines += [blank, row_text(table[0]), " " + "─" * (sum(widths) + n - 1) + " "]
+    for i, row in enumerate(table[1:]):
+        lines.append(row_text(row))
+        if i == g.rule_after and i != len(g.rows) - 1:
+            lines.append(blank)
+    return [*lines, blank]
+
+
+def plain_stdout(stream: TextIO | None = None) -> bool:
+    """Whether rich would treat `stream` (stdout) as no terminal (its Console.is_terminal: TTY_COMPATIBLE,
+    then FORCE_COLOR, then isatty) and could write its box characters (a UTF encoding)."""
+    stream = stream or sys.stdout
+    compatible, force = os.environ.get("TTY_COMPATIBLE", ""), os.environ.get("FORCE_COLOR")
+    if compatible in ("0", "1"):
+        terminal = compatible == "1"
+    elif force is not None:
+        terminal = force != ""
+    else:
+        try:
+            terminal = stream.isatty()
+        except ValueError:  # closed
+            terminal = False
+    return not terminal and (getattr(stream, "encoding", None) or "utf-8").lower().startswith("utf")
 
 
 def print_budget(plan: Plan, console: Console | None = None) -> None:
-    (console or Console(highlight=False)).print(budget_renderable(plan))
+    """On `console` when given (rich); else on stdout: plain off a terminal, rich on one."""
+    blocks = budget_blocks(plan)
+    if console is None:
+        text = plain_text(blocks) if plain_stdout() else None
+        if text is not None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            return
+        from ..commands.common import console as make_console
+
+        console = make_console()
+    console.print(rich_group(blocks))
