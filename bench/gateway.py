@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -164,6 +165,37 @@ def first_byte(port: int, model: str) -> float:
     return took
 
 
+def alone_first_byte(run: Path, model: str) -> float:
+    """The worker's own share of a cold start: its argv from the run's plan started straight (no supervisord, no
+    wrapper, no gateway), its port asked every millisecond, seconds to the first byte of a streamed reply."""
+    import http.client
+
+    plan = json.loads((run / "bundle" / "plan.json").read_text())
+    spec = plan["models"][model]
+    env = dict(os.environ, **spec["env"])
+    t = time.perf_counter()
+    proc = subprocess.Popen(spec["argv"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while True:
+            conn = http.client.HTTPConnection("127.0.0.1", spec["port"], timeout=120)
+            try:
+                conn.connect()
+                break
+            except ConnectionRefusedError:
+                conn.close()
+                time.sleep(0.001)
+        conn.request("POST", "/v1/chat/completions", json.dumps({"model": model, "stream": True, "messages": []}))
+        resp = conn.getresponse()
+        resp.read1(1)
+        took = time.perf_counter() - t
+        resp.read()
+        conn.close()
+        return took
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
 def interleaved(port: int, names: str, stagger: float) -> None:
     import http.client
     from concurrent.futures import ThreadPoolExecutor
@@ -301,10 +333,17 @@ def big_bodies(ports: dict[str, int], args: argparse.Namespace, run: Path) -> st
 
 
 def cold(ports: dict[str, int], args: argparse.Namespace, run: Path) -> str:
-    firsts = [first_byte(ports["gateway"], name) for name in ("a", "b", "c", "a", "b", "c")]
+    firsts: list[float] = []
+    alone: list[float] = []
+    for name in ("a", "b", "c", "a", "b", "c"):  # each start evicts the one before: "a" is stopped after "b"
+        firsts.append(first_byte(ports["gateway"], name))
+        if name == "b":
+            alone.append(alone_first_byte(run, "a"))
+    alone += [alone_first_byte(run, "a") for _ in range(5)]  # "a" stopped again after the last "b"
     t0 = time.time()
     interleaved(ports["gateway"], "abcabc", 0.02)
     batched = cold_starts(run, t0)
+    share_ms = 1000 * (statistics.median(firsts) - statistics.median(alone))
     t1 = time.time()
     for name in "abcabc":
         interleaved(ports["gateway"], name, 0)
@@ -313,8 +352,11 @@ def cold(ports: dict[str, int], args: argparse.Namespace, run: Path) -> str:
         (
             "Cold start through the gateway (stopped cold model, memory for one cold model besides the hot "
             "one, so each start also evicts the previous cold model): time to the first byte of a streamed "
-            f"reply, 6 starts: median {statistics.median(firsts):.2f} s (min {min(firsts):.2f}, "
-            f"max {max(firsts):.2f})."
+            f"reply, 6 starts: median {statistics.median(firsts):.3f} s (min {min(firsts):.3f}, "
+            f"max {max(firsts):.3f}). The same worker started straight (its argv, no supervisord, wrapper or "
+            f"gateway; its port asked every millisecond), 6 starts: median {statistics.median(alone):.3f} s. "
+            f"umemc's share (the difference of the medians: the gateway's decision, supervisord's calls, the exec "
+            f"wrapper, the health polls, the relay): {share_ms:.0f} ms."
         ),
         "",
         (

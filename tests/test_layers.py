@@ -246,3 +246,22 @@ def test_the_exec_wrapper_loads_no_third_party_module() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_exec_wrapper_starts_without_the_site_step() -> None:
+    """Every program's command is `python -I -S umemc/runtime/wrap_entry.py ...`: the entry finds umemc from its own
+    path (no site-packages, no editable install's hook on sys.path), and where psutil is wanted (macOS's process
+    table) the site step runs first."""
+    from umemc.names import WRAP_ENTRY
+
+    done = subprocess.run([sys.executable, "-I", "-S", WRAP_ENTRY, "--help"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: umemc-wrap [-h] --stack STACK --model MODEL --hard HARD --soft SOFT\n")
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "try:\n    import psutil\nexcept ImportError:\n    print('no psutil without site')\n"
+        "from umemc.runtime.probes.host import site_packages\nsite_packages()\nimport psutil\nprint('psutil after it')"
+    )
+    repo = str(Path(WRAP_ENTRY).parents[2])
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", probe, repo], capture_output=True, text=True)
+    assert done.stdout.splitlines() == ["no psutil without site", "psutil after it"], done.stderr

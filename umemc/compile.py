@@ -12,7 +12,7 @@ from .budget import ModelPlan, Plan
 from .chars import CONTROL
 from .errors import UsageError
 from .launchers import Context, argv_for, health_path, pinned_flags
-from .names import SOCKET
+from .names import SOCKET, WRAP_ENTRY
 from .runtime.rundir import ENFORCER, GATEWAY
 from .stack.types import toml_repr
 from .units import KiB, MiB
@@ -106,11 +106,12 @@ def compile_bundle(
     """`local`: the runtimes installed on this machine are the ones that will run (their --help decides the
     spelling of their argv); False for container images."""
     ctx = Context(plan, python or sys.executable, host, local)
-    if ini_problem(ctx.python):  # every program's command starts with it
-        raise UsageError(
-            f"umemc's interpreter path {ctx.python!r} cannot be written into supervisord.conf: "
-            f"{ini_problem(ctx.python)}; install umemc under a path without it"
-        )
+    for what, path in (("interpreter", ctx.python), ("exec wrapper", WRAP_ENTRY)):  # every command starts so
+        if ini_problem(path):
+            raise UsageError(
+                f"umemc's {what} path {path!r} cannot be written into supervisord.conf: "
+                f"{ini_problem(path)}; install umemc under a path without it"
+            )
     programs = {}
     for m in plan.models.values():
         _check_carriable(plan, m, argv_for(m, ctx))
@@ -158,8 +159,8 @@ def wrap_argv(plan: Plan, python: str, name: str, hard: int, soft: int, *, unset
     argv = (
         python,
         "-I",  # isolated: no PYTHON* variables, no user site, no script directory on sys.path
-        "-m",
-        "umemc.runtime.wrap",
+        "-S",  # no site step: a third of the interpreter's start (the wrapper's entry finds umemc itself)
+        WRAP_ENTRY,
         "--stack",
         plan.name,
         "--model",

@@ -1,7 +1,11 @@
 """The names the compiler writes and the runtime reads: umemc's own program names and the file names of a bundle.
-Imports nothing: the exec wrapper that starts before every worker reads them, and a worker's cold start should
-not wait for pydantic to load (the typed documents are in umemc.contract)."""
+Imports nothing but os (loaded with the interpreter): the exec wrapper that starts before every worker reads them,
+and a worker's cold start should not wait for pydantic to load (the typed documents are in umemc.contract)."""
 
+import os
+
+# The exec wrapper by path, run as `python -I -S WRAP_ENTRY ...`: with no site step, umemc is found from there
+WRAP_ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime", "wrap_entry.py")
 # The run dir as supervisord's config spells it (%(here)s is the bundle directory): RUN/state beside
 # RUN/bundle. Every path inside it is runtime.rundir.RunDir's; these two are what the compiler writes.
 STATE = "%(here)s/../state"

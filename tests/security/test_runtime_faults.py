@@ -339,9 +339,11 @@ def test_the_wrapper_ignores_a_broken_pythonhome(tmp_path: Path) -> None:
     import subprocess
     import sys
 
+    from umemc.names import WRAP_ENTRY
+
     out = tmp_path / "ok"
     env = dict(os.environ, UMEMC_ENV_PYTHONHOME="/nonexistent", PYTHONHOME="/nonexistent")
-    argv = [sys.executable, "-I", "-m", "umemc.runtime.wrap", "--stack", "s", "--model", "m", "--hard", "0"]
+    argv = [sys.executable, "-I", "-S", WRAP_ENTRY, "--stack", "s", "--model", "m", "--hard", "0"]  # as compiled
     argv += ["--soft", "0", "--cgroup", "off", "--state", str(tmp_path / "state"), "--outlive-parent", "--"]
     argv += ["/bin/sh", "-c", f'printf %s "$PYTHONHOME" > {out}']
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)

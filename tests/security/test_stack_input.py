@@ -13,6 +13,8 @@ import pytest
 
 from tests.bundle.conftest import build_stack
 
+REPO = Path(__file__).resolve().parents[2]
+
 HEAD = """version = 1
 name = "inj"
 [platform]
@@ -240,7 +242,7 @@ def test_percent_and_spaces_in_cwd_carried(tmp_path: Path, programs) -> None:
     stack.write_text(WORKER + 'cwd = "dir 100%;x"\n')
     pc = programs(build_stack(stack, tmp_path / "bundle"))["w"]
     assert pc.directory == str(tmp_path / "dir 100%;x")
-    assert shlex.split(pc.command)[:4] == [sys.executable, "-I", "-m", "umemc.runtime.wrap"]
+    assert shlex.split(pc.command)[:4] == [sys.executable, "-I", "-S", str(REPO / "umemc/runtime/wrap_entry.py")]
 
 
 def test_no_program_but_the_stacks_own(tmp_path: Path, programs) -> None:

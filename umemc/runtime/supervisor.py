@@ -132,7 +132,7 @@ def start_supervisord(run: RunDir, plan: PlanDoc, *, foreground: bool) -> None:
     a model locks memory. The gateway token's variable is not passed on: the gateway reads the
     token from RUN/state/secrets, and no worker ever sees it. The config's socket is expanded from
     UMEMC_SUPERVISOR_SOCKET, set here to the run dir's (claimed before anything binds it)."""
-    from ..names import SOCKET_ENV, SUPERVISORD
+    from ..names import SOCKET_ENV, SUPERVISORD, WRAP_ENTRY
     from .probes.host import parent_death_signal
     from .supervisord import ROTATE_BYTES, rotate
 
@@ -140,9 +140,9 @@ def start_supervisord(run: RunDir, plan: PlanDoc, *, foreground: bool) -> None:
 
     wrap = [
         sys.executable,
-        "-I",  # isolated, like every wrapper (umemc.compile.wrap_argv)
-        "-m",
-        "umemc.runtime.wrap",
+        "-I",  # isolated and without the site step, like every wrapper (umemc.compile.wrap_argv)
+        "-S",
+        WRAP_ENTRY,
         "--stack",
         plan.stack,
         "--model",

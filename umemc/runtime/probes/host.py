@@ -170,6 +170,8 @@ def probes(
 ) -> Probes:
     """The probes of this host (or of the set UMEMC_PROBES names) for a stack of platform `kind`."""
     choice = env.get("UMEMC_PROBES") or ("linux" if platform.startswith("linux") else platform)
+    if choice != "linux":
+        site_packages()
     if ":" in choice:
         module, _, factory = choice.partition(":")
         made: Probes = getattr(importlib.import_module(module), factory)(kind, gpu_window, evict_above)
@@ -196,6 +198,7 @@ def processes() -> Processes:
         from .proc import LinuxProcesses
 
         return LinuxProcesses()
+    site_packages()
     if sys.platform == "darwin":  # pragma: no cover - macOS only
         from .darwin import DarwinProcesses, LibprocRusage
 
@@ -203,6 +206,15 @@ def processes() -> Processes:
     from .psproc import PsutilProcesses
 
     return PsutilProcesses()
+
+
+def site_packages() -> None:
+    """Python's site step, where this interpreter started without it (the exec wrapper runs with -S: umemc's own
+    modules are found from its entry's path), before a third-party module (psutil) is imported."""
+    if sys.flags.no_site and "site" not in sys.modules:
+        import site
+
+        site.main()
 
 
 PARENT_DEATH_ENV = "UMEMC_PARENT_DEATH"  # "reaper": no parent-death signal even on Linux (tests of the macOS path)
