@@ -200,6 +200,40 @@ def test_interleaved_requests_for_a_cold_model_start_it_once(tmp_path: Path) -> 
     running(sched, body)
 
 
+def test_a_starting_worker_is_asked_often_and_supervisord_seldom(tmp_path: Path) -> None:
+    """While a cold worker starts, its health URL is asked every FIRST_POLL_S, supervisord's process table every
+    HEALTH_POLL_S: asking supervisord (XML-RPC) every 10 ms kept a core busy while the worker was starting."""
+    from umemc.runtime.gateway.scheduler import FIRST_POLL_S, HEALTH_POLL_S
+
+    class Counting(FakeSupervisor):
+        tables = 0
+
+        def processes(self) -> dict[str, dict[str, Any]]:
+            self.tables += 1
+            return super().processes()
+
+    sv = Counting()
+    sv.hold.add("c")  # STARTING throughout: the worker's own answer decides
+    sched = scheduler(tmp_path, model("c", 50, mode="cold"), sv)
+    probes: list[float] = []
+
+    async def healthy(m: Model) -> bool:
+        probes.append(time.monotonic())
+        return len(probes) == 12
+
+    sched.sync.probe = healthy
+
+    async def body(s: Scheduler) -> None:
+        sv.tables = 0
+        async with s.slots.slot(s.models["c"]):
+            pass
+        took = probes[-1] - probes[0]
+        assert len(probes) == 12 and took >= 11 * FIRST_POLL_S
+        assert sv.tables <= 1 + took / HEALTH_POLL_S + 1 < len(probes)  # once at once, then every HEALTH_POLL_S
+
+    running(sched, body)
+
+
 def test_a_cold_start_evicts_the_lower_priority_idle_model_only(tmp_path: Path) -> None:
     """Room for two: hot `lo` (10) and `mid` (30) run idle; a request for cold `hi` (50) stops `lo` alone."""
     sv = FakeSupervisor(running=("lo", "mid"))

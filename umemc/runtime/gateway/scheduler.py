@@ -359,35 +359,39 @@ class Scheduler:
             self.sync.observe(m, {"statename": ProcState.STARTING})
 
     async def _wait_healthy(self, m: Model) -> None:
-        """Until supervisord runs it and its health URL answers: often in the first second (a small worker answers
-        within tens of ms; a fixed 100 ms poll was most of its cold start), then every HEALTH_POLL_S (a model
-        loading for a minute)."""
+        """Until supervisord runs it and its health URL answers. The worker is asked often in its first second (a
+        small worker answers within tens of ms; a fixed 100 ms poll was most of its cold start: a refused
+        connection costs next to nothing), then every HEALTH_POLL_S (a model loading for a minute); supervisord,
+        whose answer is a process table over XML-RPC, every HEALTH_POLL_S throughout (asked every 10 ms it kept a
+        core of a 2-core machine busy while the wrapper and the worker were starting)."""
         began = time.monotonic()
         deadline = began + self.gw.start_timeout_s
         exited_since: float | None = None
+        state, asked = m.state, -HEALTH_POLL_S
         while time.monotonic() < deadline:
-            info = (await self._processes()).get(m.name, {})
-            state = self.sync.observe(m, info)
-            # EXITED is where a crashed worker waits for supervisord's autorestart (a moment): not a failure
-            # unless it stays there
-            exited_since = (exited_since or time.monotonic()) if state is ProcState.EXITED else None
-            lingering = exited_since is not None and time.monotonic() - exited_since > EXITED_GRACE_S
-            # BACKOFF after "Exited too quickly" is supervisord retrying (startretries): wait for it; another
-            # spawn error (a missing command) does not heal
-            retrying = "Exited too quickly" in str(info.get("spawnerr") or "")
-            failed = (
-                state in (ProcState.FATAL, ProcState.STOPPED, ProcState.UNKNOWN)
-                or lingering
-                or (state is ProcState.BACKOFF and bool(info.get("spawnerr")) and not retrying)
-            )
-            if failed:
-                raise Refused(
-                    f"worker {m.name} failed to start: it is {state}"
-                    + (f" ({info['spawnerr']})" if info.get("spawnerr") else "")
-                    + f"; see {self.run.log(m.name)}",
-                    "start_failed",
-                    10,
+            if time.monotonic() - asked >= HEALTH_POLL_S or state not in ANSWERING:
+                info = (await self._processes()).get(m.name, {})
+                state, asked = self.sync.observe(m, info), time.monotonic()
+                # EXITED is where a crashed worker waits for supervisord's autorestart (a moment): not a failure
+                # unless it stays there
+                exited_since = (exited_since or time.monotonic()) if state is ProcState.EXITED else None
+                lingering = exited_since is not None and time.monotonic() - exited_since > EXITED_GRACE_S
+                # BACKOFF after "Exited too quickly" is supervisord retrying (startretries): wait for it; another
+                # spawn error (a missing command) does not heal
+                retrying = "Exited too quickly" in str(info.get("spawnerr") or "")
+                failed = (
+                    state in (ProcState.FATAL, ProcState.STOPPED, ProcState.UNKNOWN)
+                    or lingering
+                    or (state is ProcState.BACKOFF and bool(info.get("spawnerr")) and not retrying)
                 )
+                if failed:
+                    raise Refused(
+                        f"worker {m.name} failed to start: it is {state}"
+                        + (f" ({info['spawnerr']})" if info.get("spawnerr") else "")
+                        + f"; see {self.run.log(m.name)}",
+                        "start_failed",
+                        10,
+                    )
             if state in ANSWERING and self.sync.probe is not None and await self.sync.probe(m):
                 return
             await asyncio.sleep(FIRST_POLL_S if time.monotonic() - began < 1.0 else HEALTH_POLL_S)
