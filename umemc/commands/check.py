@@ -12,7 +12,7 @@ from ..compile import compile_bundle
 from ..errors import StackError
 from .asking import Measure
 from .build import refuse_missing_files
-from .common import plan_from_arg, print_warnings, write_stdout
+from .common import console, plan_from_arg, print_warnings, write_stdout
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -76,6 +76,10 @@ def _print(plan: Plan, fmt: str) -> None:
 
         write_stdout(budget_markdown(plan))
     else:
-        from ..targets.table import print_budget
+        from ..targets.table import plain_budget, print_budget
 
-        print_budget(plan)
+        text = plain_budget(plan)  # off a terminal: rich's bytes without importing rich
+        if text is not None:
+            write_stdout(text)
+        else:
+            print_budget(plan, console())

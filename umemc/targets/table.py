@@ -299,16 +299,11 @@ def plain_stdout(stream: TextIO | None = None) -> bool:
     return not terminal and (getattr(stream, "encoding", None) or "utf-8").lower().startswith("utf")
 
 
-def print_budget(plan: Plan, console: Console | None = None) -> None:
-    """On `console` when given (rich); else on stdout: plain off a terminal, rich on one."""
-    blocks = budget_blocks(plan)
-    if console is None:
-        text = plain_text(blocks) if plain_stdout() else None
-        if text is not None:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-            return
-        from ..commands.common import console as make_console
+def plain_budget(plan: Plan) -> str | None:
+    """The budget as rich would print it on stdout, where stdout is no terminal and that text is certain; else
+    None (the caller draws it with rich, print_budget)."""
+    return plain_text(budget_blocks(plan)) if plain_stdout() else None
 
-        console = make_console()
-    console.print(rich_group(blocks))
+
+def print_budget(plan: Plan, console: Console) -> None:
+    console.print(rich_group(budget_blocks(plan)))
