@@ -238,14 +238,18 @@ def test_each_piece_of_gateway_state_has_one_writer() -> None:
 def test_the_exec_wrapper_loads_no_third_party_module() -> None:
     """The wrapper runs before every worker (a cold start waits for it): what it imports is the standard library
     and umemc's bottom modules, not pydantic (60 ms of a cold start when the run dir's names came from
-    contract.py)."""
+    contract.py), nor `dataclasses` (with `inspect` under it, a third of the wrapper's start: its records, run dir,
+    probes and cgroups are named tuples)."""
     code = (
-        "import sys\nbefore = set(sys.modules)\n"
+        "import sys\nsys.path.insert(0, sys.argv[1])\nbefore = set(sys.modules)\n"
         "import umemc.runtime.wrap, umemc.runtime.cgroups, umemc.runtime.reaper\n"
-        "print(sorted({m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names) - {'umemc'}))"
+        "new = {m.split('.')[0] for m in set(sys.modules) - before}\n"
+        "print(sorted(new - set(sys.stdlib_module_names) - {'umemc'}))\n"
+        "print(sorted(m for m in ('dataclasses', 'inspect') if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    root = str(Path(__file__).resolve().parents[1])  # as the wrapper runs: -I -S, umemc found from its own path
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code, root], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["[]", "[]"], out.stderr
 
 
 def test_the_exec_wrapper_starts_without_the_site_step() -> None:

@@ -20,8 +20,8 @@ import re
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from .probes.host import alive
 from .rundir import run_mark
@@ -33,8 +33,7 @@ def group_name(stack: str, state_dir: Path) -> str:
     return f"umemc-{stack}-{run_mark(state_dir)}"
 
 
-@dataclass(frozen=True)
-class Cgroup:
+class Cgroup(NamedTuple):
     version: int
     path: Path
 
@@ -140,8 +139,7 @@ def _v2_mount() -> Path | None:
     return None
 
 
-@dataclass(frozen=True)
-class Backend:
+class Backend(NamedTuple):
     version: int
     base: Path  # umemc-<stack>-<run>: one group per worker below it
 

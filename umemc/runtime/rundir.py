@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from ..names import ENFORCER as ENFORCER
 from ..names import GATEWAY as GATEWAY
@@ -31,8 +31,7 @@ def run_mark(state: Path) -> str:
     return hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:8]
 
 
-@dataclass(frozen=True)
-class RunDir:
+class RunDir(NamedTuple):
     """Every path of a run, for every umemc process: `umemc up`/`down`/`status`, the enforcer and the gateway
     (from their --bundle), the exec wrapper (from its --state)."""
 

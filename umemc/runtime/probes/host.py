@@ -20,10 +20,9 @@ import importlib
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ...names import RUN_MARK
 from .swap import Swap
@@ -58,8 +57,7 @@ class Box(Protocol):
     def gpu_share(self) -> float: ...
 
 
-@dataclass
-class Probes:
+class Probes(NamedTuple):
     processes: Processes
     box: Box
     platform: str  # linux | darwin | another sys.platform
