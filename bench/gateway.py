@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import os
 import statistics
@@ -152,10 +153,12 @@ def beside_big_bodies(port: int, small: int, big: bytes | None) -> list[float]:
 # -- cold path ----------------------------------------------------------------------------------
 def first_byte(port: int, model: str) -> float:
     """Seconds from sending a streaming request to the first byte of the reply's body."""
-    import http.client
-
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    t = time.perf_counter()
+    return _streamed_first_byte(conn, model, time.perf_counter())
+
+
+def _streamed_first_byte(conn: http.client.HTTPConnection, model: str, t: float) -> float:
+    """Seconds from `t` to the first byte of a streamed chat reply asked on `conn` (read whole, then closed)."""
     conn.request("POST", "/v1/chat/completions", json.dumps({"model": model, "stream": True, "messages": []}))
     resp = conn.getresponse()
     resp.read1(1)
@@ -168,8 +171,6 @@ def first_byte(port: int, model: str) -> float:
 def alone_first_byte(run: Path, model: str) -> float:
     """The worker's own share of a cold start: its argv from the run's plan started straight (no supervisord, no
     wrapper, no gateway), its port asked every millisecond, seconds to the first byte of a streamed reply."""
-    import http.client
-
     plan = json.loads((run / "bundle" / "plan.json").read_text())
     spec = plan["models"][model]
     env = dict(os.environ, **spec["env"])
@@ -184,20 +185,13 @@ def alone_first_byte(run: Path, model: str) -> float:
             except ConnectionRefusedError:
                 conn.close()
                 time.sleep(0.001)
-        conn.request("POST", "/v1/chat/completions", json.dumps({"model": model, "stream": True, "messages": []}))
-        resp = conn.getresponse()
-        resp.read1(1)
-        took = time.perf_counter() - t
-        resp.read()
-        conn.close()
-        return took
+        return _streamed_first_byte(conn, model, t)
     finally:
         proc.terminate()
         proc.wait()
 
 
 def interleaved(port: int, names: str, stagger: float) -> None:
-    import http.client
     from concurrent.futures import ThreadPoolExecutor
 
     def one(model: str) -> int:

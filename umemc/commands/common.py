@@ -52,8 +52,10 @@ def console() -> Console:
     cut at 80 columns: text lines stay whole and tables get 200 columns."""
     from rich.console import Console
 
+    from ..targets.table import WIDTH
+
     tty = Console(highlight=False)
-    return tty if tty.is_terminal else Console(highlight=False, width=200, soft_wrap=True)
+    return tty if tty.is_terminal else Console(highlight=False, width=WIDTH, soft_wrap=True)
 
 
 def write_stdout(text: str) -> None:

@@ -5,7 +5,7 @@ terminal. Off one (a pipe, a file, a CI log: what `umemc check` mostly writes to
 without colour at 200 columns, nothing wrapped; `plain_text` prints exactly those bytes without importing
 rich (a third of a short check's time), and hands anything it does not reproduce exactly back to rich
 (a grid wider than 200 columns, a control character, a character wider than one column).
-tests/targets/test_table.py holds the two to the same bytes."""
+tests/test_table.py holds the two to the same bytes."""
 
 from __future__ import annotations
 
@@ -247,7 +247,7 @@ def plain_text(blocks: list[Block]) -> str | None:
 def _narrow(text: str) -> bool:
     """One column per character (printable ASCII: rich measures other text by its terminal cells), words
     one space apart (rich strips spaces at a justified edge)."""
-    return text.isascii() and text.isprintable() and text == " ".join(text.split(" ")).strip() and "  " not in text
+    return text.isascii() and text.isprintable() and text == text.strip() and "  " not in text
 
 
 def _plain_grid(g: Grid) -> list[str] | None:
