@@ -341,12 +341,24 @@ def test_requests_survive_an_unwritable_state_dir(gw: Gateway) -> None:
         published.rmdir()
 
 
+def all_stopped(pid: int) -> bool:
+    """Every thread of the process in the stopped state (/proc/PID/task/TID/stat's third field: T)."""
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            states.append(f.read().rpartition(")")[2].split()[0])
+    return all(s == "T" for s in states)
+
+
 def test_hung_worker_is_marked_unhealthy_and_recovers(stack: Any, capsys: Any) -> None:
     gw = Gateway(stack(stack_text("gw-hung", model("h", mode="hot"), slots=1, gateway=LIMITS), "--simulate"))
     pid = gw.run.status()["h"]["pid"]
     assert gw.complete("h")[0] == 200
     os.kill(pid, signal.SIGSTOP)
     try:
+        # kill() returns before the stop takes hold: the kernel wakes one thread to stop the group, and until it
+        # runs, the thread serving the gateway's kept-alive connection can still answer a request
+        gw.run.wait_for(lambda: all_stopped(pid), what=f"every thread of {pid} to stop")
         assert gw.complete("h")[::2] == (
             504,
             err(
