@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -239,13 +240,14 @@ def test_the_exec_wrapper_loads_no_third_party_module() -> None:
     """The wrapper runs before every worker (a cold start waits for it): what it imports is the standard library
     and umemc's bottom modules, not pydantic (60 ms of a cold start when the run dir's names came from
     contract.py), nor `dataclasses` (with `inspect` under it, a third of the wrapper's start: its records, run dir,
-    probes and cgroups are named tuples)."""
+    probes and cgroups are named tuples), nor `argparse` (with its help formatter, a fifth of the rest: a bundle's
+    argv is read without it)."""
     code = (
         "import sys\nsys.path.insert(0, sys.argv[1])\nbefore = set(sys.modules)\n"
         "import umemc.runtime.wrap, umemc.runtime.cgroups, umemc.runtime.reaper\n"
         "new = {m.split('.')[0] for m in set(sys.modules) - before}\n"
         "print(sorted(new - set(sys.stdlib_module_names) - {'umemc'}))\n"
-        "print(sorted(m for m in ('dataclasses', 'inspect') if m in sys.modules))"
+        "print(sorted(m for m in ('dataclasses', 'inspect', 'argparse') if m in sys.modules))"
     )
     root = str(Path(__file__).resolve().parents[1])  # as the wrapper runs: -I -S, umemc found from its own path
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code, root], capture_output=True, text=True, check=True)
@@ -269,3 +271,47 @@ def test_the_exec_wrapper_starts_without_the_site_step() -> None:
     repo = str(Path(WRAP_ENTRY).parents[2])
     done = subprocess.run([sys.executable, "-I", "-S", "-c", probe, repo], capture_output=True, text=True)
     assert done.stdout.splitlines() == ["no psutil without site", "psutil after it"], done.stderr
+
+
+def wrapper_lines() -> list[list[str]]:
+    """The wrapper's argv in every golden supervisord.conf (what bundles really write), after wrap_entry.py."""
+    out = []
+    for conf in sorted((Path(__file__).parent / "golden").glob("*/supervisord.conf")):
+        for line in conf.read_text().splitlines():
+            if line.startswith("command=") and "wrap_entry.py" in line:
+                out.append(shlex.split(line.partition("wrap_entry.py")[2]))
+    return out
+
+
+def test_the_wrappers_quick_reading_agrees_with_argparse() -> None:
+    """The wrapper reads a bundle's argv without argparse (a fifth of its start); argparse, which it still uses
+    for --help and errors, is the reference: same options for every argv the golden bundles write and for the
+    flags they do not, and anything unusual is left to argparse (None)."""
+    from umemc.runtime.wrap import Args, parser, quick_parse
+
+    def by_argparse(argv: list[str]) -> Args:
+        ns = parser().parse_args(argv)
+        command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
+        return Args(ns.stack, ns.model, ns.hard, ns.soft, ns.state, command, ns.cgroup, tuple(ns.unset),
+                    ns.outlive_parent, ns.reaper, ns.daemon)  # fmt: skip
+
+    lines = wrapper_lines()
+    assert len(lines) >= 20
+    extra = ["--daemon", "--reaper", "--outlive-parent", "--unset", "A", "--unset", "B", "--cgroup", "off"]
+    for argv in [*lines, *[extra + a for a in lines[:3]], ["--hard", "-1", *lines[0]]]:
+        assert quick_parse(argv) == by_argparse(argv), argv
+    base = ["--stack", "s", "--model", "m", "--hard", "1", "--soft", "1", "--state", "d"]
+    odd = [
+        ["--help"],
+        ["--stack=s", *base[2:], "--", "true"],  # --opt=value
+        ["--mod", "m", *base[:2], *base[4:], "--", "true"],  # an abbreviation
+        [*base, "true"],  # no --
+        [*base, "--"],  # no command
+        [*base[:-2], "--", "true"],  # --state missing
+        [*base[:5], "x", *base[6:], "--", "true"],  # --hard x
+        [*base, "--cgroup", "maybe", "--", "true"],
+        [*base[:-1], "-d", "--", "true"],  # a value that looks like an option
+        [*base, "--model"],
+    ]
+    for argv in odd:
+        assert quick_parse(argv) is None, argv

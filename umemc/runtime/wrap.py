@@ -21,29 +21,57 @@ then execs ARGV: the worker keeps this pid, so supervisord, the enforcer and the
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import signal
 import sys
 from collections.abc import MutableMapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..names import RUN_MARK
 from ..records import CgroupRecord, PidRecord, write_atomic
 from .probes.host import parent_death_signal, start_time
 from .rundir import RunDir, run_mark
 
+if TYPE_CHECKING:
+    import argparse
+
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def main(argv: list[str] | None = None) -> int:
+CGROUP_CHOICES = ("auto", "off")
+VALUED = {"--stack": "stack", "--model": "model", "--hard": "hard", "--soft": "soft", "--cgroup": "cgroup",
+          "--state": "state", "--unset": "unset"}  # fmt: skip
+FLAGS = {"--outlive-parent": "outlive_parent", "--reaper": "reaper", "--daemon": "daemon"}
+
+
+class Args(NamedTuple):
+    """The wrapper's options (see the module's docstring)."""
+
+    stack: str
+    model: str
+    hard: int
+    soft: int
+    state: str
+    command: list[str]
+    cgroup: str = "auto"
+    unset: tuple[str, ...] = ()
+    outlive_parent: bool = False
+    reaper: bool = False
+    daemon: bool = False
+
+
+def parser() -> argparse.ArgumentParser:
+    """--help, and the errors of an argv no bundle writes (quick_parse leaves those to it)."""
+    import argparse
+
     p = argparse.ArgumentParser(prog="umemc-wrap")
     p.add_argument("--stack", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--hard", type=int, required=True)
     p.add_argument("--soft", type=int, required=True)
-    p.add_argument("--cgroup", choices=("auto", "off"), default="auto")
+    p.add_argument("--cgroup", choices=CGROUP_CHOICES, default="auto")
     p.add_argument("--state", required=True)
     p.add_argument("--unset", action="append", default=[], metavar="VAR")
     p.add_argument("--outlive-parent", action="store_true", help="no parent-death signal (supervisord itself)")
@@ -60,10 +88,57 @@ def main(argv: list[str] | None = None) -> int:
         "exits at once (so the command is never the caller's zombie)",
     )
     p.add_argument("command", nargs=argparse.REMAINDER)
-    args = p.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        p.error("no command after --")
+    return p
+
+
+def quick_parse(argv: list[str]) -> Args | None:
+    """The argv a bundle writes (each option as its own word, its value the next, then `-- ARGV`), read without
+    argparse: importing it, with the help formatter it builds, was a fifth of the wrapper's start. None for
+    anything else (--help, an abbreviation, `--opt=value`, a missing or odd value), which argparse then reads
+    and answers as it always did."""
+    got: dict[str, Any] = {}
+    unset: list[str] = []
+    i = 0
+    while i < len(argv) and argv[i] != "--":
+        word = argv[i]
+        if word in FLAGS:
+            got[FLAGS[word]] = True
+            i += 1
+            continue
+        key = VALUED.get(word)
+        if key is None or i + 1 >= len(argv) or (argv[i + 1].startswith("-") and key not in ("hard", "soft")):
+            return None
+        value = argv[i + 1]
+        if key in ("hard", "soft"):
+            try:
+                got[key] = int(value)
+            except ValueError:
+                return None
+        elif key == "unset":
+            unset.append(value)
+        elif key == "cgroup" and value not in CGROUP_CHOICES:
+            return None
+        else:
+            got[key] = value
+        i += 2
+    command = argv[i + 1 :]
+    if i == len(argv) or not command or not {"stack", "model", "hard", "soft", "state"} <= got.keys():
+        return None
+    return Args(command=command, unset=tuple(unset), **got)
+
+
+def main(argv: list[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else argv
+    args = quick_parse(words)
+    if args is None:
+        p = parser()
+        ns = p.parse_args(words)
+        command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
+        if not command:
+            p.error("no command after --")
+        args = Args(ns.stack, ns.model, ns.hard, ns.soft, ns.state, command, ns.cgroup, tuple(ns.unset),
+                    ns.outlive_parent, ns.reaper, ns.daemon)  # fmt: skip
+    command = args.command
     if args.daemon:
         if os.fork() > 0:
             os._exit(0)
