@@ -7,8 +7,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-import tempfile
-import traceback
 from collections.abc import Sequence
 
 from .errors import UmemcError
@@ -83,6 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _crash() -> int:
+    import tempfile  # here: a crash is rare, and every command's start would pay for these imports
+    import traceback
+
     with tempfile.NamedTemporaryFile("w", prefix="umemc-crash-", suffix=".log", delete=False) as f:
         traceback.print_exc(file=f)
         path = f.name
