@@ -287,13 +287,8 @@ def test_the_wrappers_quick_reading_agrees_with_argparse() -> None:
     """The wrapper reads a bundle's argv without argparse (a fifth of its start); argparse, which it still uses
     for --help and errors, is the reference: same options for every argv the golden bundles write and for the
     flags they do not, and anything unusual is left to argparse (None)."""
-    from umemc.runtime.wrap import Args, parser, quick_parse
-
-    def by_argparse(argv: list[str]) -> Args:
-        ns = parser().parse_args(argv)
-        command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
-        return Args(ns.stack, ns.model, ns.hard, ns.soft, ns.state, command, ns.cgroup, tuple(ns.unset),
-                    ns.outlive_parent, ns.reaper, ns.daemon)  # fmt: skip
+    from umemc.runtime.wrap import parse as by_argparse
+    from umemc.runtime.wrap import quick_parse
 
     lines = wrapper_lines()
     assert len(lines) >= 20

@@ -43,6 +43,7 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 CGROUP_CHOICES = ("auto", "off")
 VALUED = {"--stack": "stack", "--model": "model", "--hard": "hard", "--soft": "soft", "--cgroup": "cgroup",
           "--state": "state", "--unset": "unset"}  # fmt: skip
+NUMBERS = ("hard", "soft")  # argparse's type=int: a negative number is a value, not an option
 FLAGS = {"--outlive-parent": "outlive_parent", "--reaper": "reaper", "--daemon": "daemon"}
 
 
@@ -106,10 +107,10 @@ def quick_parse(argv: list[str]) -> Args | None:
             i += 1
             continue
         key = VALUED.get(word)
-        if key is None or i + 1 >= len(argv) or (argv[i + 1].startswith("-") and key not in ("hard", "soft")):
+        if key is None or i + 1 >= len(argv) or (argv[i + 1].startswith("-") and key not in NUMBERS):
             return None
         value = argv[i + 1]
-        if key in ("hard", "soft"):
+        if key in NUMBERS:
             try:
                 got[key] = int(value)
             except ValueError:
@@ -127,17 +128,20 @@ def quick_parse(argv: list[str]) -> Args | None:
     return Args(command=command, unset=tuple(unset), **got)
 
 
+def parse(argv: list[str]) -> Args:
+    """argparse's reading of the argv (it exits with its message for one it refuses)."""
+    p = parser()
+    ns = p.parse_args(argv)
+    command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
+    if not command:
+        p.error("no command after --")
+    return Args(ns.stack, ns.model, ns.hard, ns.soft, ns.state, command, ns.cgroup, tuple(ns.unset),
+                ns.outlive_parent, ns.reaper, ns.daemon)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
-    args = quick_parse(words)
-    if args is None:
-        p = parser()
-        ns = p.parse_args(words)
-        command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
-        if not command:
-            p.error("no command after --")
-        args = Args(ns.stack, ns.model, ns.hard, ns.soft, ns.state, command, ns.cgroup, tuple(ns.unset),
-                    ns.outlive_parent, ns.reaper, ns.daemon)  # fmt: skip
+    args = quick_parse(words) or parse(words)
     command = args.command
     if args.daemon:
         if os.fork() > 0:
