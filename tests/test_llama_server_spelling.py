@@ -189,3 +189,25 @@ def test_the_current_llama_cpp_python_gets_every_setting(tmp_path: Path, run_cli
         "--use_mlock", "false", "--n_gpu_layers", "0", "--logits_all", "false", "--host", "127.0.0.1", "--port",
         "10001",
     ]  # fmt: skip
+
+
+def test_an_interpreter_without_llama_cpp_python_gets_the_newest_spelling(tmp_path: Path, run_cli, monkeypatch) -> None:
+    """A real interpreter that cannot import llama_cpp (-S: no site-packages) is a server not installed here, as a
+    missing llama-server binary is: the bundle is spelled for the newest server, and preflight says what is
+    missing where it would run."""
+    monkeypatch.setenv("UMEMC_CACHE_DIR", str(tmp_path / "cache"))
+    python = tmp_path / "python-bare"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} -I -S "$@"\n')
+    python.chmod(0o755)
+    path = lcp_stack(tmp_path, python, 'kv_cache = "q8_0"\n')
+    assert built_argv(run_cli, tmp_path, path) == [
+        str(python), "-m", "llama_cpp.server", "--model", str(tmp_path / "m.gguf"), "--n_ctx", "2048", "--n_ubatch",
+        "512", "--n_batch", "512", "--flash_attn", "true", "--type_k", "8", "--type_v", "8", "--use_mmap", "true",
+        "--use_mlock", "false", "--n_gpu_layers", "0", "--logits_all", "false", "--host", "127.0.0.1", "--port",
+        "10001",
+    ]  # fmt: skip
+    doc = json.loads((tmp_path / "out" / "plan.json").read_text())["models"]["chat"]
+    assert check_executable(ModelDoc.model_validate(doc)) == (
+        f"`{python} -m llama_cpp.server --help` failed: {python} cannot import llama_cpp "
+        "(pip install 'llama-cpp-python[server]' into that interpreter's environment)"
+    )

@@ -22,6 +22,7 @@ from pathlib import Path
 from .cache import cache_dir, write_atomic
 
 TIMEOUT_S = 30.0
+ABSENT = "absent"  # the module stamp of an interpreter that cannot import the module
 _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
 
 
@@ -45,8 +46,8 @@ class Help:
 
 
 def probe(argv0: str, module: str | None = None) -> Help | None:
-    """The program's --help and version; None when it is not installed here (a bundle built for another
-    machine is spelled for the newest release its launcher knows)."""
+    """The program's --help and version; None when it is not installed here: no such program, or an interpreter
+    without the module (a bundle built for another machine is spelled for the newest release its launcher knows)."""
     path = shutil.which(argv0) or (argv0 if Path(argv0).is_file() else None)
     if path is None:
         return None
@@ -55,7 +56,16 @@ def probe(argv0: str, module: str | None = None) -> Help | None:
         st = os.stat(program)  # the file it points to: another build in its place is another program
     except OSError:
         return None
-    return _probe(program, module, st.st_size, st.st_mtime_ns, _module_stamp(program, module))
+    stamp = _module_stamp(program, module)
+    if stamp == ABSENT:
+        return None
+    return _probe(program, module, st.st_size, st.st_mtime_ns, stamp)
+
+
+def installed(python: str, module: str) -> bool:
+    """Whether the interpreter can find the module (False also where the interpreter is missing)."""
+    path = shutil.which(python) or (python if Path(python).is_file() else None)
+    return path is not None and _module_stamp(os.path.abspath(path), module) != ABSENT
 
 
 def _module_stamp(python: str, module: str | None) -> str:
@@ -70,12 +80,12 @@ def _module_stamp(python: str, module: str | None) -> str:
         spec = importlib.util.find_spec(top)
         origin = spec.origin if spec is not None else None
         if origin is None:
-            return "absent"
+            return ABSENT
         st = Path(origin).stat()
         return f"{origin}:{st.st_size}:{st.st_mtime_ns}"
     code = (
         f"import importlib.util as u, os; s = u.find_spec({top!r}); o = s and s.origin; "
-        "print(o, o and os.stat(o).st_mtime_ns)"
+        f"print(f'{{o}}:{{os.stat(o).st_mtime_ns}}' if o else {ABSENT!r})"
     )
     try:
         out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=TIMEOUT_S, check=False)

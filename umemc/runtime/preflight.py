@@ -510,7 +510,7 @@ def check_executable(m: ModelDoc) -> str | None:
         return f"{exe or '(none)'} not found"
     if not m.pinned_flags:
         return None
-    from ..helptext import Help, probe
+    from ..helptext import Help, installed, probe
 
     described: Help | None
     if m.help_argv[1:] == ["--help"] or (m.help_argv[1:2] == ["-m"] and len(m.help_argv) == 4):
@@ -522,6 +522,13 @@ def check_executable(m: ModelDoc) -> str | None:
             return f"`{shlex.join(m.help_argv)}` failed: {exc}"
         described = Help(shlex.join(m.help_argv), "unknown", done.stdout + done.stderr)
     if described is None:
+        module = m.help_argv[2] if m.help_argv[1:2] == ["-m"] else None
+        if module is not None and not installed(m.help_argv[0], module):
+            top = module.split(".")[0]
+            return (
+                f"`{shlex.join(m.help_argv)}` failed: {m.help_argv[0]} cannot import {top} "
+                f"(pip install '{m.runtime}[server]' into that interpreter's environment)"
+            )
         return f"`{shlex.join(m.help_argv)}` failed"
     version = described.version
     missing = [f for f in m.pinned_flags if not described.has(f)]
