@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -289,3 +292,26 @@ def test_a_command_imports_only_itself(tmp_path: Path) -> None:
     ]
     assert listed == ["init", "pull", "check", "build", "explain", "calibrate", "up", "down", "status", "top",
                       "events", "logs", "apply", "lease-pod", "schema"]  # fmt: skip
+
+
+def test_the_collector_is_off_while_a_command_imports_and_on_for_its_work(tmp_path: Path, run_cli) -> None:
+    """As its own process (the `umemc` script), the command is imported with the cyclic collector off and the
+    imported objects frozen; the command's own work runs with it on. Called in a longer-lived process (here, the
+    test's), main leaves the collector alone."""
+    stack = tmp_path / "stack.toml"
+    stack.write_text(SMALL)
+    script = (
+        "import gc, sys\nfrom umemc import cli\nseen = []\nreal = cli.build_parser\n"
+        "def spy(argv):\n    seen.append(gc.isenabled())\n    return real(argv)\n"
+        "def work(args):\n    seen.append(gc.isenabled())\n    return 0\n"
+        "cli.build_parser = spy\n"
+        "real_parse = cli._parse\n"
+        "def parse(argv):\n    args = real_parse(argv)\n    args.func = work\n    return args\n"
+        f"cli._parse = parse\nsys.argv = ['umemc', 'check', {str(stack)!r}]\n"
+        "code = cli.main()\nprint(seen, gc.isenabled(), gc.get_freeze_count() > 1000, code)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert done.stdout == "[False, True] True True 0\n"
+    frozen = gc.get_freeze_count()
+    assert run_cli("check", str(stack), "--format", "json")[0] == 0
+    assert gc.isenabled() and gc.get_freeze_count() == frozen

@@ -5,6 +5,7 @@ input, 3 internal error (traceback to a log file), 130 interrupted."""
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import sys
 from collections.abc import Sequence
@@ -60,7 +61,7 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
+        args = _parse(argv) if argv is not None else _parse_as_process(sys.argv[1:])
         if getattr(args, "find_run_dir", False) and args.run_dir is None:
             from .commands.up import find_run_dir
 
@@ -78,6 +79,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except Exception:  # noqa: BLE001 - the contract: an unexpected error is exit 3 with the traceback in a file
         return _crash()
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    return build_parser(argv).parse_args(argv)
+
+
+def _parse_as_process(argv: Sequence[str]) -> argparse.Namespace:
+    """_parse where this process is the command (the `umemc` script, `python -m umemc`). Most of a short
+    command's time is importing and building classes, tens of thousands of objects that live as long as the
+    process: the cyclic collector, left on, walks them again at every threshold it crosses (a sixth of `umemc
+    check`). So it is off while the command is imported, those objects are then set aside for good (gc.freeze:
+    never walked again), and it is on for the command's own work (a long `up`, a 5000-model stack). Not where main
+    is called in a longer-lived process (tests, a library user): there freezing would keep that process's garbage."""
+    gc.disable()
+    try:
+        return _parse(argv)
+    finally:
+        gc.freeze()
+        gc.enable()
 
 
 def _crash() -> int:
