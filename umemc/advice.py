@@ -5,7 +5,8 @@ changes that save the most. With nodes: why each unplaced model fits nowhere, th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from typing import NamedTuple
 
 from .budget import ModelPlan, Plan, model_plan
 from .catalog.quant import FILE_TYPE_BITS
@@ -26,8 +27,7 @@ QUALITY = 4  # a lower quantization changes the model's answers: suggested after
 SHOWN = 5
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(NamedTuple):
     model: str
     text: str
     rank: int  # how intrusive: KV type, mmap < context < cold < quantization (it changes the answers)
@@ -139,11 +139,11 @@ def quant_floor(m: ModelPlan) -> str:
 
 
 def _try(loaded: LoadedStack, m: ModelPlan, text: str, update: dict[str, object], rank: int) -> list[Change]:
-    alt = replace(m.model, spec=m.model.spec.model_copy(update=update))
+    alt = m.model._replace(spec=m.model.spec.model_copy(update=update))
     if "quant" in update:
-        alt = replace(alt, quant=str(update["quant"]))
+        alt = alt._replace(quant=str(update["quant"]))
     if "mmap" in update:
-        alt = replace(alt, mmap=bool(update["mmap"]))
+        alt = alt._replace(mmap=bool(update["mmap"]))
     new = model_plan(loaded, alt, estimate_model(loaded, alt))
     saved, saved_gpu = m.quota_hard - new.quota_hard, m.gpu_quota_hard - new.gpu_quota_hard
     return [Change(m.name, text, rank, saved, saved_gpu)] if saved > 0 else []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from . import policy
 from .catalog.runtimes import LLAMA_RUNTIMES, NEEDS_MODEL_FILE, holds_gpu_device
@@ -20,8 +21,7 @@ from .units import MiB, gib, mul_ceil, mul_floor, round_up
 TIGHT = 0.10  # headroom below this share of the budget counts as a tight box
 
 
-@dataclass(frozen=True)
-class Capacity:
+class Capacity(NamedTuple):
     memory: int
     os_reserve: int
     gpu_window: int | None
@@ -30,8 +30,7 @@ class Capacity:
     gpu_budget: int | None
 
 
-@dataclass(frozen=True)
-class ModelPlan:
+class ModelPlan(NamedTuple):
     name: str
     model: ResolvedModel
     estimate: Estimate
@@ -48,8 +47,7 @@ class ModelPlan:
         return self.model.spec.priority
 
 
-@dataclass(frozen=True)
-class ColdAdmission:
+class ColdAdmission(NamedTuple):
     fits_alongside_hot: bool
     admissible: bool
     evicts: tuple[str, ...]
@@ -151,7 +149,7 @@ def scaled(plan: Plan, f: float) -> Plan:
         None if cap.gpu_budget is None else down(cap.gpu_budget),
     )
     models = {
-        n: replace(m, quota_soft=min(up(m.quota_soft), up(m.quota_hard)), quota_hard=up(m.quota_hard),
+        n: m._replace(quota_soft=min(up(m.quota_soft), up(m.quota_hard)), quota_hard=up(m.quota_hard),
                    gpu_quota_hard=up(m.gpu_quota_hard))
         for n, m in plan.models.items()
     }  # fmt: skip

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from .budget import ModelPlan, Plan
 from .chars import CONTROL
@@ -24,8 +24,7 @@ VM = "Linux Documentation/admin-guide/sysctl/vm.rst"
 WORKER_ENV_PREFIX = "UMEMC_ENV_"  # umemc.runtime.wrap renames these back before exec
 
 
-@dataclass(frozen=True)
-class Program:
+class Program(NamedTuple):
     name: str
     argv: tuple[str, ...]  # the worker itself (the runtime, or the placeholder under --simulate)
     wrap: tuple[str, ...]  # the exec wrapper before it: cgroup placement, then exec argv
@@ -47,16 +46,14 @@ class Program:
         return tuple((f"{WORKER_ENV_PREFIX}{k}" if k in own else k, v) for k, v in self.env)
 
 
-@dataclass(frozen=True)
-class Tunable:
+class Tunable(NamedTuple):
     key: str
     value: int | str
     why: str
     source: str = "the stack's [sysctl] table"
 
 
-@dataclass(frozen=True)
-class Bundle:
+class Bundle(NamedTuple):
     plan: Plan
     source: str  # the stack file's name, for headers
     programs: dict[str, Program]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
 class UmemcError(Exception):
@@ -21,8 +21,7 @@ class RuntimeFailure(UmemcError):
     exit_code = 1
 
 
-@dataclass(frozen=True)
-class Location:
+class Location(NamedTuple):
     file: str
     line: int
     col: int

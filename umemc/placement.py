@@ -32,6 +32,7 @@ import bisect
 import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from . import policy
 from .units import gib
@@ -44,8 +45,7 @@ SEARCH_STEPS = 200_000  # node visits of one exact feasibility search (about a s
 REPACKS = 32  # above EXACT_MAX: models left out by the priority pass retried by a repack
 
 
-@dataclass(frozen=True)
-class Bin:
+class Bin(NamedTuple):
     name: str
     budget: int  # all-memory budget (bytes)
     gpu_budget: int | None  # None: no GPU window ledger (kind = cpu)
@@ -57,15 +57,13 @@ class Bin:
         return policy.Budget(self.budget, self.gpu_budget, usable=self.usable, load_below=self.load_below)
 
 
-@dataclass(frozen=True)
-class Need:
+class Need(NamedTuple):
     ram: int  # hard quota
     gpu: int  # hard quota in the GPU window
     devices: int = 0  # GPU devices its pod holds there
 
 
-@dataclass(frozen=True)
-class Item:
+class Item(NamedTuple):
     name: str
     priority: int
     hot: bool

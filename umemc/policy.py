@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from dataclasses import KW_ONLY, dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,7 @@ class Held:
         return self.ram if self.live is None else self.live
 
 
-@dataclass(frozen=True)
-class Lease:
+class Lease(NamedTuple):
     id: str
     holder: str
     ram: int
@@ -112,8 +111,7 @@ def _bytes(n: int) -> str:
     return f"{n} bytes ({n / 2**30:.2f} GiB)"
 
 
-@dataclass(frozen=True)
-class Budget:
+class Budget(NamedTuple):
     ram: int
     gpu: int | None  # None: no separate GPU ledger (kind = cpu)
     # Pressure: the share of usable memory in use (the enforcer measures the conservative one of the OS's

@@ -9,12 +9,12 @@ Shapes come from each model's published `config.json` (URL in `source`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 Tensor = tuple[str, tuple[int, ...]]
 
 
-@dataclass(frozen=True)
-class LlmShape:
+class LlmShape(NamedTuple):
     """What the KV and compute estimates need, from a preset or a GGUF header."""
 
     arch: str  # llama.cpp architecture name (general.architecture)
@@ -77,8 +77,7 @@ class LlmShape:
         return self.n_expert > 0 and layer >= self.n_layer_dense_lead
 
 
-@dataclass(frozen=True)
-class VisionShape:
+class VisionShape(NamedTuple):
     """A llama.cpp multimodal projector (mmproj) preset: a ViT encoder plus a merger."""
 
     n_layer: int
@@ -111,8 +110,7 @@ class VisionShape:
         return out
 
 
-@dataclass(frozen=True)
-class MlaShape:
+class MlaShape(NamedTuple):
     """DeepSeek-2 multi-head latent attention (config.json: q_lora_rank, kv_lora_rank, qk_*_head_dim)."""
 
     q_lora_rank: int  # 0: a plain attn_q (the Lite models)
@@ -122,8 +120,7 @@ class MlaShape:
     v_head: int
 
 
-@dataclass(frozen=True)
-class SsmShape:
+class SsmShape(NamedTuple):
     """A Mamba-2 mixer (config.json: mamba_d_conv, mamba_d_state, mamba_n_groups, mamba_n_heads, mamba_d_head)."""
 
     d_conv: int
@@ -141,8 +138,7 @@ class SsmShape:
         return self.d_state * self.d_inner
 
 
-@dataclass(frozen=True)
-class LlmPreset:
+class LlmPreset(NamedTuple):
     name: str
     family: str  # "llm" | "embedding"
     shape: LlmShape

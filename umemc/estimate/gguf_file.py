@@ -3,10 +3,9 @@ exists: `umemc check` on presets never pays for them."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..catalog.archs import LlmShape, VisionShape
 from ..catalog.quant import FILE_TYPE_IDS, is_repacked
@@ -48,8 +47,7 @@ class NotGguf(Exception):
     pass
 
 
-@dataclass(frozen=True)
-class GgufFacts:
+class GgufFacts(NamedTuple):
     path: str
     tensor_bytes: int
     n_tensors: int
@@ -70,7 +68,7 @@ def locked_header(facts: GgufFacts) -> LockedHeader:
         type_counts=facts.type_counts,
         file_type=facts.file_type,
         general_arch=facts.general_arch,
-        shape=None if facts.shape is None else asdict(facts.shape),
+        shape=None if facts.shape is None else facts.shape._asdict(),
         repack_bytes=facts.repack_bytes,
         skipped_bytes=facts.skipped_bytes,
     )

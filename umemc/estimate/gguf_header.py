@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import mmap
 import struct
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 # value types (GGUFValueType)
 _SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -30,16 +29,14 @@ class Truncated(HeaderError):
     """The header runs past the bytes given: a file cut short, or a prefix too short (umemc.hub reads more)."""
 
 
-@dataclass(frozen=True)
-class Tensor:
+class Tensor(NamedTuple):
     name: str
     type_name: str
     shape: tuple[int, ...]  # ggml order: ne0 (the row length) first
     n_bytes: int
 
 
-@dataclass(frozen=True)
-class Header:
+class Header(NamedTuple):
     fields: dict[str, Any]  # scalars, strings, integer/float arrays; string arrays are left out
     counts: dict[str, int]  # the length of every array field (string arrays included)
     tensors: list[Tensor]

@@ -5,9 +5,8 @@ part; the others are implied."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 # the Hub's repository names: letters, digits, '-', '_', '.', not starting with '-' or '.', at most 96 each
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}"
@@ -29,8 +28,7 @@ class RefError(ValueError):
         self.hint = hint
 
 
-@dataclass(frozen=True)
-class HfRef:
+class HfRef(NamedTuple):
     repo: str  # owner/name
     path: str  # in the repository, '/'-separated
     revision: str = DEFAULT_REVISION

@@ -4,8 +4,7 @@ the process allocates what the estimate assumed. Registered in RUNTIMES (pre-com
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ..budget import ModelPlan, Plan
 from . import comfyui, command, llama_cpp_python, llama_server, torch_worker, whisper_server
@@ -14,8 +13,7 @@ if TYPE_CHECKING:
     from ..helptext import Help
 
 
-@dataclass(frozen=True)
-class Context:
+class Context(NamedTuple):
     plan: Plan
     python: str  # the interpreter umemc runs under: umemc's own programs and torch workers
     host: str = "127.0.0.1"  # the address servers bind: loopback under supervisord, 0.0.0.0 in a pod

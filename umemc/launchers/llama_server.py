@@ -10,8 +10,7 @@ and preflight checks on the machine that runs it that its --help lists every fla
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ._common import model_flag
 
@@ -54,8 +53,7 @@ LOAD_MODE = {(False, False): "none", (True, False): "mmap", (False, True): "mloc
 ALL_LAYERS = "999"  # more than any model has: every layer offloaded (the estimate assumes it)
 
 
-@dataclass(frozen=True)
-class Dialect:
+class Dialect(NamedTuple):
     """What an installed llama-server takes (the newest spelling where none is installed here)."""
 
     version: str = "newest"

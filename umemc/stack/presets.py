@@ -6,13 +6,12 @@ docs/ESTIMATES.md's platform table unless said otherwise.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..units import GiB, MiB
 
 
-@dataclass(frozen=True)
-class PlatformPreset:
+class PlatformPreset(NamedTuple):
     kind: str
     memory: int
     os_reserve: int

@@ -8,7 +8,7 @@ import ipaddress
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..catalog.archs import LLM_PRESETS, TORCH_PRESETS, family_of
 from ..catalog.gguf import is_gguf
@@ -36,8 +36,7 @@ _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SYSCTL_KEY = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_-]+)+$")
 
 
-@dataclass(frozen=True)
-class ResolvedPlatform:
+class ResolvedPlatform(NamedTuple):
     preset: str | None
     kind: str
     memory: int
@@ -51,8 +50,7 @@ class ResolvedPlatform:
         return self.kind in UNIFIED_KINDS
 
 
-@dataclass(frozen=True)
-class ResolvedModel:
+class ResolvedModel(NamedTuple):
     name: str
     spec: ModelSpec
     family: str  # llm | embedding | speech | diffusion | torch | command

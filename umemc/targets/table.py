@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, NamedTuple, TextIO
 
 from ..budget import Plan
 from ..units import gib
@@ -27,8 +26,7 @@ WIDTH = 200  # columns of the console off a terminal (umemc.commands.common.cons
 Span = tuple[str, str]  # text, rich style ("" for none)
 
 
-@dataclass(frozen=True)
-class Line:
+class Line(NamedTuple):
     """One line of text (or several, split at "\\n"), in styled pieces."""
 
     spans: tuple[Span, ...]
@@ -38,8 +36,7 @@ class Line:
         return cls(((text, style),))
 
 
-@dataclass(frozen=True)
-class Grid:
+class Grid(NamedTuple):
     """A table: a header row in bold, then rows of one styled piece per cell; every cell on one line.
     boxed: rich's SIMPLE_HEAD box (a blank line above and below, a rule under the header, one space at
     either edge); collapse: one space between columns instead of two; rule_after: a blank line after that

@@ -218,7 +218,7 @@ class Scheduler:
         pressure rule (a start only while pressure, less what its evictions free, is below load_below)."""
         pressure = self.sync.pressure
         # nothing measured yet: the ledger alone decides
-        budget = replace(self.budget, pressure=pressure) if pressure is not None else replace(self.budget, usable=0)
+        budget = self.budget._replace(pressure=pressure) if pressure is not None else self.budget._replace(usable=0)
         return decide(need, self.held(exclude), self.book.live(), budget)
 
     def decide_model(self, m: Model) -> Decision:
