@@ -204,6 +204,7 @@ def _more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
+@cache  # a pure function of the name, asked several times for every tensor of every preset
 def category(name: str) -> str:
     """llama-quant.cpp tensor_get_category (same order of tests)."""
     if name == "output.weight":
@@ -237,13 +238,16 @@ _NEVER_QUANTIZED = (
 )  # fmt: skip
 
 
+_NEVER_QUANTIZED_RE = re.compile("|".join(map(re.escape, _NEVER_QUANTIZED)))  # any of them in the name
+
+
 def quantizable(name: str, ndim: int) -> bool:
     """tensor_allows_quantization: 2-D+ weights, not norms, routers, BERT's position/token-type tables, conv
     kernels, Gemma 3n's altup/laurel, RWKV's small mixing matrices (_NEVER_QUANTIZED)."""
     return (
         ndim >= 2
         and name.endswith("weight")
-        and not any(part in name for part in _NEVER_QUANTIZED)
+        and _NEVER_QUANTIZED_RE.search(name) is None
         and name not in ("position_embd.weight", "token_types.weight")
     )
 
