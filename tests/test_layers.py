@@ -310,3 +310,20 @@ def test_the_wrappers_quick_reading_agrees_with_argparse() -> None:
     ]
     for argv in odd:
         assert quick_parse(argv) is None, argv
+
+
+def test_no_record_mixes_namedtuple_and_dataclass_spellings() -> None:
+    """The check path's immutable records are NamedTuples (a class builds in a quarter of a frozen dataclass's
+    time). A `field(...)` left in one when a dataclass is turned into a NamedTuple is not a default there but a
+    dataclasses.Field object stored as the value, and `dataclasses.replace`/`asdict` on one fails at run time
+    (mypy finds those; this finds the first)."""
+    mixed = sorted(
+        f"{path.relative_to(PKG)}:{st.lineno}: {node.name}.{st.target.id}"
+        for path in PKG.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and any(getattr(b, "id", None) == "NamedTuple" for b in node.bases)
+        for st in node.body
+        if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name)
+        and isinstance(st.value, ast.Call) and getattr(st.value.func, "id", None) == "field"
+    )  # fmt: skip
+    assert mixed == []
