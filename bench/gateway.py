@@ -362,7 +362,71 @@ def cold(ports: dict[str, int], args: argparse.Namespace, run: Path) -> str:
     return "\n".join(out)
 
 
-PARTS = {"throughput": throughput, "bodies": big_bodies, "cold": cold}
+def _until_listening(port: int, t: float) -> float:
+    """Seconds from t until the port accepts a connection (asked every millisecond)."""
+    while True:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        try:
+            conn.connect()
+            return time.perf_counter() - t
+        except ConnectionRefusedError:
+            time.sleep(0.001)
+        finally:
+            conn.close()
+
+
+def cold_parts(ports: dict[str, int], args: argparse.Namespace, run: Path) -> str:
+    """A cold start's parts, one at a time, for model "a" (stopped): its argv started straight, through the exec
+    wrapper without and with its memory cgroup, through supervisord's start call; supervisord's waited stop."""
+    import shlex
+
+    from umemc.runtime.rundir import RunDir
+    from umemc.runtime.supervisor import Supervisor
+
+    spec = json.loads((run / "bundle" / "plan.json").read_text())["models"]["a"]
+    env = dict(os.environ, **spec["env"])
+    program = (run / "bundle" / "supervisord.conf").read_text().split("[program:a]")[1]
+    line = next(x for x in program.splitlines() if x.startswith("command="))
+    wrapped = shlex.split(line.removeprefix("command=").replace("%(here)s", str(run / "bundle")))
+    unplaced = ["off" if w == "auto" else w for w in wrapped]
+    sup = Supervisor(RunDir.of_state(run / "state").socket())
+    rows: dict[str, list[float]] = {
+        "its argv started straight": [],
+        "through the exec wrapper, --cgroup off": [],
+        "through the exec wrapper, --cgroup auto (as bundles run it)": [],
+        "supervisord's start call (wrapper, cgroup, worker)": [],
+    }
+    stops: list[float] = []
+    for _ in range(args.rounds * 2 + 1):
+        for label, argv in zip(rows, (spec["argv"], unplaced, wrapped), strict=False):
+            t = time.perf_counter()
+            proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            rows[label].append(_until_listening(spec["port"], t))
+            proc.terminate()
+            proc.wait()
+        t = time.perf_counter()
+        sup.ensure_started("a")
+        rows["supervisord's start call (wrapper, cgroup, worker)"].append(_until_listening(spec["port"], t))
+        t = time.perf_counter()
+        sup.try_stop("a", True)
+        stops.append(time.perf_counter() - t)
+    out = [
+        f"A cold start's parts, one at a time ({args.rounds * 2 + 1} each, medians): time until the worker's port "
+        "accepts a connection (it allocates its soft quota first), and supervisord's waited stop.",
+        "",
+        "| part | median ms | added ms |",
+        "|---|---:|---:|",
+    ]
+    before = None
+    for label, xs in rows.items():
+        ms = statistics.median(xs) * 1000
+        out.append(f"| {label} | {ms:.1f} | {'-' if before is None else f'{ms - before:+.1f}'} |")
+        before = ms
+    out.append(f"| supervisord's stop of a running worker (waited) | {statistics.median(stops) * 1000:.1f} | - |")
+    return "\n".join(out)
+
+
+PARTS = {"throughput": throughput, "bodies": big_bodies, "cold": cold, "cold_parts": cold_parts}
 
 
 if __name__ == "__main__":
