@@ -276,14 +276,16 @@ def test_a_command_imports_only_itself(tmp_path: Path) -> None:
     probe = (
         "import sys; from umemc.cli import main; code = main(['check', sys.argv[1]]); "
         "print(sorted(m for m in sys.modules if m.startswith('umemc.commands.')), code, "
-        "'umemc.contract' in sys.modules, 'rich' in sys.modules)"
+        "'umemc.contract' in sys.modules, 'rich' in sys.modules, "
+        "[m for m in ('umemc.placement', 'difflib', 'subprocess') if m in sys.modules])"
     )
     done = subprocess.run([sys.executable, "-c", probe, str(stack)], capture_output=True, text=True, timeout=120)
     # nor the runtime's documents (umemc.contract): the lock file's base is umemc.document; nor rich, off a
-    # terminal (umemc.targets.table.plain_text)
+    # terminal (umemc.targets.table.plain_text); nor, for one node without mistakes whose runtimes' help is known,
+    # the placement on several nodes, the did-you-mean matcher, or subprocess
     imported = (
         "['umemc.commands.asking', 'umemc.commands.build', 'umemc.commands.check', 'umemc.commands.common'] 0 False "
-        "False"
+        "False []"
     )
     assert done.stdout.splitlines()[-1] == imported, done.stderr
     done = subprocess.run([sys.executable, "-m", "umemc", "--help"], capture_output=True, text=True, timeout=120)

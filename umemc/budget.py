@@ -5,18 +5,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from . import policy
 from .catalog.runtimes import LLAMA_RUNTIMES, NEEDS_MODEL_FILE, holds_gpu_device
 from .estimate.estimator import estimate_stack
 from .estimate.figures import Estimate
-from .placement import Bin, Item, PerKind, Placement, place
-from .placement import Need as PlaceNeed
 from .stack.load import Source
 from .stack.models import Stack
 from .stack.resolve import LoadedStack, ResolvedModel, ResolvedPlatform
 from .units import MiB, gib, mul_ceil, mul_floor, round_up
+
+if TYPE_CHECKING:  # placed on several nodes only: single-node stacks do not import it
+    from .placement import Item, Placement
 
 TIGHT = 0.10  # headroom below this share of the budget counts as a tight box
 
@@ -369,6 +370,9 @@ ModelPlans = dict[str, ModelPlan]
 def _items(loaded: LoadedStack, by_kind: dict[str, ModelPlans]) -> list[Item]:
     """What the placement places: each model's allowed nodes and its quotas there. One Need per (kind, model):
     nodes of one kind share it (the placement compares them by identity)."""
+    from .placement import Item, PerKind
+    from .placement import Need as PlaceNeed
+
     every = tuple(loaded.nodes)
     kinds = list(by_kind)
     kind_of = {n: kinds.index(node.platform.kind) for n, node in loaded.nodes.items()}
@@ -400,6 +404,8 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
     """Several nodes: estimate each model once per node kind (a model resolves and estimates alike on every
     platform of a kind: a node's memory sizes its budget, not its models), place them (umemc.placement),
     then one ordinary plan per node with the models it holds."""
+    from .placement import Bin, place
+
     by_kind: dict[str, tuple[LoadedStack, ModelPlans]] = {}
     by_platform: dict[ResolvedPlatform, tuple[LoadedStack, ModelPlans]] = {}
     for name, node in loaded.nodes.items():

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -83,6 +82,8 @@ def _module_stamp(python: str, module: str | None) -> str:
             return ABSENT
         st = Path(origin).stat()
         return f"{origin}:{st.st_size}:{st.st_mtime_ns}"
+    import subprocess  # here and in _run: a check answered from the cache on disk starts no process
+
     code = (
         f"import importlib.util as u, os; s = u.find_spec({top!r}); o = s and s.origin; "
         f"print(f'{{o}}:{{os.stat(o).st_mtime_ns}}' if o else {ABSENT!r})"
@@ -113,6 +114,8 @@ def _probe(program: str, module: str | None, size: int, mtime_ns: int, stamp: st
 
 
 def _run(argv: list[str]) -> str | None:
+    import subprocess
+
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired):

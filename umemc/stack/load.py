@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import difflib
 import functools
 import os
 import re
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,14 @@ class Document:
 
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def close_matches(word: str, options: Iterable[str], cutoff: float = 0.6) -> list[str]:
+    """The option nearest a mistyped word, in a list of one, or none near enough (difflib's measure; imported only
+    when a stack has a mistake to explain)."""
+    import difflib
+
+    return difflib.get_close_matches(word, list(options), n=1, cutoff=cutoff)
 
 
 def dotted(path: KeyPath) -> str:
@@ -239,7 +247,7 @@ def _one_error(err: dict[str, Any], source: Source, root: type[BaseModel], data:
     got = toml_repr(err.get("input"))
     if kind == "extra_forbidden":
         allowed = _fields_at(root, loc[:-1])
-        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.6)
+        close = close_matches(str(loc[-1]), allowed, cutoff=0.6)
         hint = f"did you mean '{close[0]}'?" if close else (f"valid keys: {', '.join(allowed)}" if allowed else None)
         return source.error(loc, "unknown key", hint, what="key")
     if kind == "missing":
@@ -273,7 +281,7 @@ def _literal_error(err: dict[str, Any], source: Source, loc: KeyPath) -> StackEr
     value = err.get("input")
     if loc == ("version",):
         return source.error(loc, f"unsupported version {toml_repr(value)}", "this umemc reads version = 1")
-    close = difflib.get_close_matches(str(value), options, n=1, cutoff=0.5) if isinstance(value, str) else []
+    close = close_matches(str(value), options, cutoff=0.5) if isinstance(value, str) else []
     hint = f"did you mean '{close[0]}'?" if close else None
     return source.error(loc, f"must be one of {', '.join(options)} (got {toml_repr(value)})", hint)
 
@@ -291,7 +299,7 @@ def _arch_error(err: dict[str, Any], source: Source, loc: KeyPath, data: dict[st
     got = toml_repr(value)
     if isinstance(value, str):  # and of the same size: a 7B is not an 8x7B
         usable_same = [a for a in usable if _size(a) == _size(value) or not _size(value)]
-        close = difflib.get_close_matches(value.lower(), usable_same, n=1, cutoff=0.8)
+        close = close_matches(value.lower(), usable_same, cutoff=0.8)
     else:
         close = []
     if close:

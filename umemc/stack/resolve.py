@@ -3,7 +3,6 @@ mmap by platform, ports, quant names). Produces the LoadedStack every later stag
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
 import re
 from dataclasses import dataclass, field, replace
@@ -17,7 +16,7 @@ from ..catalog.runtimes import GPU_DEVICE_KINDS, LLAMA_RUNTIMES, RUNTIME_FAMILY,
 from ..chars import kube_name
 from ..names import OWN_PROGRAMS
 from ..units import gib, human
-from .load import Document, Source, read_document, validate
+from .load import Document, Source, close_matches, read_document, validate
 from .models import NAME_PATTERN, ModelSpec, Platform, Stack
 from .presets import PLATFORM_PRESETS, UNIFIED_KINDS, default_gpu_window, default_os_reserve
 from .types import toml_repr
@@ -272,7 +271,7 @@ def _check_placement_keys(stack: Stack, src: Source, nodes: dict[str, ResolvedNo
             raise src.error(at + ("nodes",), "empty: give at least one node, or remove the key for any node")
         for i, n in enumerate(wanted):
             if n not in nodes:
-                close = difflib.get_close_matches(n, list(nodes), n=1)
+                close = close_matches(n, nodes)
                 hint = f"did you mean '{close[0]}'?" if close else f"one of {', '.join(nodes)}"
                 path = at + (key,) if spec.node is not None else at + (key, i)
                 raise src.error(path, f"no node {toml_repr(n)} in [nodes]", hint)
@@ -698,7 +697,7 @@ def _quant(spec: ModelSpec, src: Source, at: tuple[str, ...]) -> str | None:
     for n in names:
         if n.lower() == spec.quant.lower():
             return n
-    close = difflib.get_close_matches(spec.quant.upper() if names[0].isupper() else spec.quant.lower(), names, n=1)
+    close = close_matches(spec.quant.upper() if names[0].isupper() else spec.quant.lower(), names)
     hint = f"did you mean '{close[0]}'?" if close else f"one of {', '.join(names)}"
     raise src.error(at + ("quant",), f'unknown {what} {toml_repr(spec.quant)} for runtime = "{spec.runtime}"', hint)
 
@@ -709,7 +708,7 @@ def _check_min_quant(spec: ModelSpec, src: Source, at: tuple[str, ...]) -> None:
     if spec.runtime not in LLAMA_RUNTIMES:
         raise src.error(at + ("min_quant",), f'a GGUF file type: not used for runtime = "{spec.runtime}"', "remove it")
     if spec.min_quant.upper() not in FILE_TYPES:
-        close = difflib.get_close_matches(spec.min_quant.upper(), list(FILE_TYPES), n=1)
+        close = close_matches(spec.min_quant.upper(), FILE_TYPES)
         raise src.error(
             at + ("min_quant",),
             f"unknown GGUF file type {toml_repr(spec.min_quant)}",
