@@ -84,7 +84,9 @@ class DryRun(Document):
     table: BufferReport = {}
     seconds: float
     peak_rss_bytes: int | None = None  # what the dry run itself cost: its peak resident set
-    read_bytes: int | None = None  # and what it read (Linux /proc/PID/io rchar): the header, not the weights
+    # and what it read until umemc stopped it (Linux /proc/PID/io rchar): the header, not the weights, unless
+    # the machine was so busy that llama-server's real load, which follows its answer, began before the kill
+    read_bytes: int | None = None
     at: str
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gguf import GGUFReader
 
 from tests.runtime.conftest import free_port
 from umemc.lockfile import totals
@@ -116,7 +117,12 @@ def test_check_measure_asks_llama_server_and_equals_its_load(falcon: Path, tmp_p
     assert run["tool"] == "llama-server"
     assert run["argv"][0] == str(Path(BINARY).resolve())
     assert run["argv"][-7:] == ["--fit", "on", "-v", "--host", "127.0.0.1", "--port", "0"]
-    assert run["read_bytes"] < falcon.stat().st_size / 10  # the header, not the weights
+    # what it read: at least the header (the tensor data begins at the GGUF's data offset, read here by the gguf
+    # package). Not bounded above here: llama-server goes on to its real load once it has answered, and on a machine
+    # as busy as CI's umemc may stop it only after that load has read some of the weights (21 of 74 MB once, under a
+    # CPU hog on both cores). That the answer needs no weight is shown where there are none to read:
+    # test_a_hub_model_is_asked_on_its_header_before_it_is_downloaded (a sparse copy, 4 MiB read from the Hub)
+    assert run["read_bytes"] >= GGUFReader(falcon).data_offset
     # a later check reads the answer and asks nothing
     again, err = report(run_cli, tmp_path)
     assert again == asked and "sized" not in err
