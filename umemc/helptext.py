@@ -47,10 +47,9 @@ class Help:
 def probe(argv0: str, module: str | None = None) -> Help | None:
     """The program's --help and version; None when it is not installed here: no such program, or an interpreter
     without the module (a bundle built for another machine is spelled for the newest release its launcher knows)."""
-    path = shutil.which(argv0) or (argv0 if Path(argv0).is_file() else None)
-    if path is None:
+    program = _located(argv0)
+    if program is None:
         return None
-    program = os.path.abspath(path)  # not resolved: a venv's python is a symlink to an interpreter without the venv
     try:
         st = os.stat(program)  # the file it points to: another build in its place is another program
     except OSError:
@@ -63,8 +62,15 @@ def probe(argv0: str, module: str | None = None) -> Help | None:
 
 def installed(python: str, module: str) -> bool:
     """Whether the interpreter can find the module (False also where the interpreter is missing)."""
-    path = shutil.which(python) or (python if Path(python).is_file() else None)
-    return path is not None and _module_stamp(os.path.abspath(path), module) != ABSENT
+    program = _located(python)
+    return program is not None and _module_stamp(program, module) != ABSENT
+
+
+def _located(argv0: str) -> str | None:
+    """The program's absolute path, as PATH or the file system finds it; None when there is none."""
+    path = shutil.which(argv0) or (argv0 if Path(argv0).is_file() else None)
+    # not resolved: a venv's python is a symlink to an interpreter without the venv
+    return None if path is None else os.path.abspath(path)
 
 
 def _module_stamp(python: str, module: str | None) -> str:

@@ -513,8 +513,9 @@ def check_executable(m: ModelDoc) -> str | None:
     from ..helptext import Help, installed, probe
 
     described: Help | None
-    if m.help_argv[1:] == ["--help"] or (m.help_argv[1:2] == ["-m"] and len(m.help_argv) == 4):
-        described = probe(m.help_argv[0], m.help_argv[2] if len(m.help_argv) == 4 else None)
+    module = m.help_argv[2] if m.help_argv[1:2] == ["-m"] and len(m.help_argv) == 4 else None  # `python -m MODULE`
+    if m.help_argv[1:] == ["--help"] or module is not None:
+        described = probe(m.help_argv[0], module)
     else:  # a script's own --help (ComfyUI's main.py), run from the worker's directory
         try:
             done = subprocess.run(m.help_argv, capture_output=True, text=True, timeout=120, check=False, cwd=m.cwd)
@@ -522,7 +523,6 @@ def check_executable(m: ModelDoc) -> str | None:
             return f"`{shlex.join(m.help_argv)}` failed: {exc}"
         described = Help(shlex.join(m.help_argv), "unknown", done.stdout + done.stderr)
     if described is None:
-        module = m.help_argv[2] if m.help_argv[1:2] == ["-m"] else None
         if module is not None and not installed(m.help_argv[0], module):
             top = module.split(".")[0]
             return (
