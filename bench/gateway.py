@@ -329,11 +329,11 @@ def big_bodies(ports: dict[str, int], args: argparse.Namespace, run: Path) -> st
 def cold(ports: dict[str, int], args: argparse.Namespace, run: Path) -> str:
     firsts: list[float] = []
     alone: list[float] = []
-    for name in ("a", "b", "c", "a", "b", "c"):  # each start evicts the one before: "a" is stopped after "b"
-        firsts.append(first_byte(ports["gateway"], name))
-        if name == "b":
-            alone.append(alone_first_byte(run, "a"))
-    alone += [alone_first_byte(run, "a") for _ in range(5)]  # "a" stopped again after the last "b"
+    for _ in range(args.rounds * 2):
+        for name, before in (("a", "c"), ("b", "a"), ("c", "b")):  # each start evicts the one before it
+            firsts.append(first_byte(ports["gateway"], name))
+            if firsts[1:]:  # the one it evicted, its argv started straight, between the gateway's starts
+                alone.append(alone_first_byte(run, before))
     t0 = time.time()
     interleaved(ports["gateway"], "abcabc", 0.02)
     batched = cold_starts(run, t0)
@@ -346,9 +346,10 @@ def cold(ports: dict[str, int], args: argparse.Namespace, run: Path) -> str:
         (
             "Cold start through the gateway (stopped cold model, memory for one cold model besides the hot "
             "one, so each start also evicts the previous cold model): time to the first byte of a streamed "
-            f"reply, 6 starts: median {statistics.median(firsts):.3f} s (min {min(firsts):.3f}, "
+            f"reply, {len(firsts)} starts: median {statistics.median(firsts):.3f} s (min {min(firsts):.3f}, "
             f"max {max(firsts):.3f}). The same worker started straight (its argv, no supervisord, wrapper or "
-            f"gateway; its port asked every millisecond), 6 starts: median {statistics.median(alone):.3f} s. "
+            f"gateway; its port asked every millisecond), {len(alone)} starts: "
+            f"median {statistics.median(alone):.3f} s. "
             f"umemc's share (the difference of the medians: the gateway's decision, supervisord's calls, the exec "
             f"wrapper, the health polls, the relay): {share_ms:.0f} ms."
         ),

@@ -9,22 +9,47 @@ a type error, not a KeyError at 3 a.m., and a file from another umemc version is
     state/pids/<name>        `pid starttime` (text; the exec wrapper)
     state/cgroups/<name>     `version path pid` (text; the exec wrapper)
 
-Near the bottom of the package: it imports the document base (umemc.document), the policy's Lease and the
-wrapper's records."""
+Near the bottom of the package: it imports the document base (umemc.document) and the policy's Lease."""
 
 from __future__ import annotations
 
-from typing import Literal
+from pathlib import Path
+from typing import Literal, NamedTuple
 
 from .document import ContractError, Doc, Document, dump, parse, read, read_optional
 from .policy import Lease
-from .records import CgroupRecord, PidRecord
 
-# the wrapper's text records are part of the contract too; the reading and writing is umemc.document's
 __all__ = ["CgroupRecord", "ContractError", "Doc", "Document", "PidRecord", "dump", "parse", "read", "read_optional"]
 
 PLAN_VERSION = 1
 STATUS_VERSION = 1
+
+
+# -- the exec wrapper's text records, read (it writes their lines with umemc.records alone) ---------------------
+class PidRecord(NamedTuple):
+    """state/pids/<name>: `pid starttime` (field 22 of /proc/PID/stat: with the pid, one process)."""
+
+    name: str
+    pid: int
+    start: int
+
+    @classmethod
+    def parse(cls, name: str, text: str) -> PidRecord:
+        pid, start = text.split()[:2]
+        return cls(name, int(pid), int(start))
+
+
+class CgroupRecord(NamedTuple):
+    """state/cgroups/<name>: `version path pid` of the memory cgroup the wrapper put the process in."""
+
+    version: int
+    path: Path
+    pid: int
+
+    @classmethod
+    def parse(cls, text: str) -> CgroupRecord:
+        version, path, pid = text.split()[:3]
+        return cls(int(version), Path(path), int(pid))
 
 
 # -- plan.json ------------------------------------------------------------------------------------

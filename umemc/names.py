@@ -17,6 +17,10 @@ REAPER = "umemc-reaper"  # where no parent-death signal exists: what stops the r
 # every process of a run carries the run's mark in its environment (set by the exec wrapper, inherited): how
 # `umemc down` finds them where no cgroup can, and how it kills nothing that is not the run's
 RUN_MARK = "UMEMC_RUN"
+# the exec wrapper's records in a run's state dir (runtime.rundir.RunDir.pids / .cgroups; the wrapper, which
+# imports no pathlib, joins them itself): `pid starttime` and `version path pid` of each program; and the gates
+# the gateway leaves a cold start at while the models it evicts are stopping (RunDir.gate)
+PIDS_DIR, CGROUPS_DIR, GATES_DIR = "pids", "cgroups", "gates"
 PLAN_FILE = "plan.json"  # in a bundle: what the runtime reads
 SUPERVISOR_CONFIG = "supervisord.conf"  # in a bundle: supervisord's configuration
 # The control socket is not in the rendered text: supervisord (and supervisorctl) expand it from the
@@ -24,3 +28,16 @@ SUPERVISOR_CONFIG = "supervisord.conf"  # in a bundle: supervisord's configurati
 # directory's socket when the run dir is too deep for a unix socket path. A copied bundle is never edited.
 SOCKET_ENV = "UMEMC_SUPERVISOR_SOCKET"
 SOCKET = f"%(ENV_{SOCKET_ENV})s"
+
+
+def run_mark(state: str | os.PathLike[str]) -> str:
+    """The run's id: its state directory's path (resolved), hashed: the mark in its processes' environment and
+    its cgroups' names."""
+    # Python's own SHA-256 (_sha256 to 3.11; hashlib elsewhere): hashlib loads OpenSSL, a sixth of the exec
+    # wrapper's start
+    try:
+        from _sha256 import sha256  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        from hashlib import sha256
+
+    return str(sha256(os.path.realpath(state).encode()).hexdigest()[:8])

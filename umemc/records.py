@@ -1,21 +1,23 @@
-"""The exec wrapper's text records (part of the runtime contract, umemc/contract.py): named tuples, so the wrapper,
-which starts every process of a stack, imports nothing heavy (`dataclasses` alone was a third of its start)."""
+"""The small text files of a run's state, and how any state file is replaced. Imports nothing but os: the exec
+wrapper, which starts before every worker (a cold start waits for it), writes its records with these, and
+`typing` or `pathlib` alone would double its imports. The typed records that read these lines are umemc.contract's
+PidRecord and CgroupRecord."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-from pathlib import Path
-from typing import NamedTuple
 
 
-def write_atomic(path: Path, text: str, mode: int = 0o600, durable: bool = False) -> None:
+def write_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o600, durable: bool = False) -> None:
     """Replace a small state file in one step (a reader sees the old or the new, never half), with
     its mode set at creation: a secret is never briefly readable by others. durable: on disk before it
     returns (the file and the directory entry fsynced), for what has been promised to a client."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
+    folder, name = os.path.split(os.fspath(path))
+    tmp = os.path.join(folder, f".{name}.tmp")
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         with open(fd, "w") as f:
@@ -25,44 +27,30 @@ def write_atomic(path: Path, text: str, mode: int = 0o600, durable: bool = False
                 os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:  # a full disk: no half-written temporary left behind
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
         raise
     if durable:
-        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        dir_fd = os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
 
 
-class PidRecord(NamedTuple):
+def pid_line(pid: int, start: int) -> str:
     """state/pids/<name>: `pid starttime` (field 22 of /proc/PID/stat: with the pid, one process)."""
-
-    name: str
-    pid: int
-    start: int
-
-    def render(self) -> str:
-        return f"{self.pid} {self.start}\n"
-
-    @classmethod
-    def parse(cls, name: str, text: str) -> PidRecord:
-        pid, start = text.split()[:2]
-        return cls(name, int(pid), int(start))
+    return f"{pid} {start}\n"
 
 
-class CgroupRecord(NamedTuple):
+def cgroup_line(version: int, path: str | os.PathLike[str], pid: int) -> str:
     """state/cgroups/<name>: `version path pid` of the memory cgroup the wrapper put the process in."""
+    return f"{version} {os.fspath(path)} {pid}\n"
 
-    version: int
-    path: Path
-    pid: int
 
-    def render(self) -> str:
-        return f"{self.version} {self.path} {self.pid}\n"
-
-    @classmethod
-    def parse(cls, text: str) -> CgroupRecord:
-        version, path, pid = text.split()[:3]
-        return cls(int(version), Path(path), int(pid))
+def gate_text(until: float, processes: list[tuple[int, int, str]]) -> str:
+    """state/gates/<model>: `until <unix time>`, then `pid starttime name` for each process the model's start waits
+    for (umemc.runtime.wrap.pass_gate reads it)."""
+    return f"until {until:.3f}\n" + "".join(f"{pid} {start} {name}\n" for pid, start, name in processes)

@@ -201,9 +201,12 @@ def test_interleaved_requests_for_a_cold_model_start_it_once(tmp_path: Path) -> 
 
 
 def test_a_starting_worker_is_asked_often_and_supervisord_seldom(tmp_path: Path) -> None:
-    """While a cold worker starts, its health URL is asked every FIRST_POLL_S, supervisord's process table every
-    HEALTH_POLL_S: asking supervisord (XML-RPC) every 10 ms kept a core busy while the worker was starting."""
-    from umemc.runtime.gateway.scheduler import FIRST_POLL_S, HEALTH_POLL_S
+    """While a cold worker starts, its health URL is asked every 2 ms in its first half second (then every 10 ms to
+    its first second, then every HEALTH_POLL_S), supervisord's process table every HEALTH_POLL_S: asking supervisord
+    (XML-RPC) every 10 ms kept a core busy while the worker was starting."""
+    from umemc.runtime.gateway.scheduler import HEALTH_POLL_S, poll_interval
+
+    assert [poll_interval(t) for t in (0.0, 0.49, 0.5, 0.99, 1.0, 60.0)] == [0.002, 0.002, 0.01, 0.01, 0.1, 0.1]
 
     class Counting(FakeSupervisor):
         tables = 0
@@ -228,7 +231,7 @@ def test_a_starting_worker_is_asked_often_and_supervisord_seldom(tmp_path: Path)
         async with s.slots.slot(s.models["c"]):
             pass
         took = probes[-1] - probes[0]
-        assert len(probes) == 12 and took >= 11 * FIRST_POLL_S
+        assert len(probes) == 12 and took >= 11 * 0.002
         assert sv.tables <= 1 + took / HEALTH_POLL_S + 1 < len(probes)  # once at once, then every HEALTH_POLL_S
 
     running(sched, body)
@@ -247,6 +250,74 @@ def test_a_cold_start_evicts_the_lower_priority_idle_model_only(tmp_path: Path) 
         evict = s.events.since(0)[0].detail
         assert (evict["for_model"], evict["for_priority"], evict["by"]) == ("hi", 50, "gateway")
         assert s.models["lo"].evicted and s.models["lo"].status_word == "evicted"
+
+    running(sched, body)
+
+
+class Gated(FakeSupervisor):
+    """Reads the gate a start finds when supervisord is asked to start it; `refuse` names programs whose stop
+    supervisord refuses."""
+
+    def __init__(self, gates: Path, running: tuple[str, ...] = (), refuse: tuple[str, ...] = ()) -> None:
+        super().__init__(running)
+        self.gates, self.refuse = gates, refuse
+        self.found: list[str | None] = []
+
+    def ensure_started(self, name: str) -> None:
+        gate = self.gates / name
+        self.found.append(gate.read_text() if gate.exists() else None)
+        super().ensure_started(name)
+
+    def try_stop(self, name: str, wait: bool) -> str | None:
+        if name in self.refuse:
+            self.stopped.append(name)
+            return "supervisord refused: FAILED: it ignores SIGTERM"
+        return super().try_stop(name, wait)
+
+
+def test_a_cold_start_waits_behind_a_gate_while_its_victim_stops(tmp_path: Path) -> None:
+    """Where the victim's process is on record (its wrapper's `pid starttime`), the cold model is started while the
+    victim stops, behind a gate that names that process (the model's wrapper waits there for its exit: see
+    tests/runtime/test_gate.py), valid for 10 minutes; the gate goes once the victim is stopped. Without the record
+    (this file's other tests), the victim is stopped first, as before."""
+    sv = Gated(tmp_path / "run" / "state" / "gates", running=("lo", "mid"))
+    sched = scheduler(tmp_path, model("lo", 10) + model("mid", 30) + model("hi", 50, mode="cold"), sv)
+    (sched.run.pids).mkdir(parents=True)
+    (sched.run.pids / "lo").write_text("4321 98765\n")
+
+    async def body(s: Scheduler) -> None:
+        before = time.time()
+        async with s.slots.slot(s.models["hi"]):
+            pass
+        assert (sv.stopped, sv.started) == (["lo"], ["hi"])
+        assert sv.found[0] is not None
+        until, victim = sv.found[0].splitlines()
+        assert victim == "4321 98765 lo"
+        assert until.startswith("until ") and before + 600 <= float(until.split()[1]) <= time.time() + 600
+        assert not (s.run.gates / "hi").exists()
+        assert kinds(s) == [("evict", "lo"), ("cold_start", "hi")]
+
+    running(sched, body)
+
+
+def test_a_gated_start_whose_victim_will_not_stop_is_stopped_before_its_gate_goes(tmp_path: Path) -> None:
+    """supervisord refuses to stop the victim: the model started behind the gate is stopped (its wrapper, still
+    waiting, never runs the worker), then the gate goes; the request is refused with the reason."""
+    sv = Gated(tmp_path / "run" / "state" / "gates", running=("lo", "mid"), refuse=("lo",))
+    sched = scheduler(tmp_path, model("lo", 10) + model("mid", 30) + model("hi", 50, mode="cold"), sv)
+    (sched.run.pids).mkdir(parents=True)
+    (sched.run.pids / "lo").write_text("4321 98765\n")
+
+    async def body(s: Scheduler) -> None:
+        with pytest.raises(Refused) as refused:
+            async with s.slots.slot(s.models["hi"]):
+                pass
+        why = "supervisord refused: FAILED: it ignores SIGTERM"
+        assert refused.value.message == f"could not stop lo to make room: {why}"
+        assert (sv.stopped, sv.started) == (["lo", "hi"], ["hi"])
+        assert sv.states["hi"] == "STOPPED" and s.models["lo"].ready
+        assert not (s.run.gates / "hi").exists()
+        assert kinds(s) == [("evict_failed", "lo"), ("cold_start_failed", "hi")]
 
     running(sched, body)
 

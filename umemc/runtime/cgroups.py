@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
 
+from . import kernel
 from .probes.host import alive
 from .rundir import run_mark
-
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def group_name(stack: str, state_dir: Path) -> str:
@@ -41,28 +38,10 @@ class Cgroup(NamedTuple):
         return (self.path / name).read_text()
 
     def set_limits(self, hard: int, soft: int) -> None:
-        if self.version == 2:
-            (self.path / "memory.max").write_text(str(hard))
-            (self.path / "memory.high").write_text(str(max(soft, 1)))
-            with contextlib.suppress(OSError):
-                (self.path / "memory.oom.group").write_text("1")
-            with contextlib.suppress(OSError):
-                (self.path / "memory.swap.max").write_text("0")
-        else:
-            # v1 wants memsw >= limit at every step: raising, memsw goes first; lowering, the limit does
-            memsw = self.path / "memory.memsw.limit_in_bytes"  # only with swap accounting: no swap for the worker
-            raising = memsw.exists() and hard > int(self._read("memory.limit_in_bytes") or 0)
-            if raising:
-                memsw.write_text(str(hard))
-            (self.path / "memory.limit_in_bytes").write_text(str(hard))
-            with contextlib.suppress(OSError):
-                (self.path / "memory.soft_limit_in_bytes").write_text(str(soft))
-            if not raising:
-                with contextlib.suppress(OSError):
-                    memsw.write_text(str(hard))
+        kernel.set_limits(self.version, str(self.path), hard, soft)
 
     def enter(self, pid: int) -> None:
-        (self.path / "cgroup.procs").write_text(str(pid))
+        kernel.enter(str(self.path), pid)
 
     def oom_kills(self) -> int:
         try:
@@ -115,30 +94,6 @@ class Cgroup(NamedTuple):
         return True
 
 
-def _own_cgroup(version: int, proc_self: str = "/proc/self/cgroup") -> str | None:
-    """The cgroup this process runs in; a process already inside a umemc run's group (a worker
-    spawned by supervisord, which sits in the run's `umemc-supervisord` group) gets the cgroup that
-    run was created in, so every group of a run is a sibling below one base, never nested."""
-    for line in Path(proc_self).read_text().splitlines():
-        hid, controllers, path = line.split(":", 2)
-        if (version == 2 and hid == "0" and controllers == "") or (version == 1 and "memory" in controllers.split(",")):
-            parts = path.split("/")
-            inside = [i for i, part in enumerate(parts) if part.startswith("umemc-") and _RUN_SUFFIX.search(part)]
-            return "/".join(parts[: inside[0]]) or "/" if inside else path
-    return None
-
-
-_RUN_SUFFIX = re.compile(r"-[0-9a-f]{8}$")  # umemc-<stack>-<run id>
-
-
-def _v2_mount() -> Path | None:
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        parts = line.split(" - ")
-        if len(parts) == 2 and parts[1].split()[0] == "cgroup2":
-            return Path(parts[0].split()[4])
-    return None
-
-
 class Backend(NamedTuple):
     version: int
     base: Path  # umemc-<stack>-<run>: one group per worker below it
@@ -147,15 +102,7 @@ class Backend(NamedTuple):
         return Cgroup(self.version, self.base / model)
 
     def create(self, model: str, hard: int, soft: int) -> Cgroup:
-        self.base.mkdir(exist_ok=True)
-        if self.version == 2:
-            with contextlib.suppress(OSError):
-                (self.base / "cgroup.subtree_control").write_text("+memory")
-        g = self.group(model)
-        g.path.mkdir(exist_ok=True)
-        if hard:  # 0: no limit (supervisord and the enforcer: grouped to be found, never to be killed)
-            g.set_limits(hard, soft)
-        return g
+        return Cgroup(self.version, Path(kernel.create(self.version, str(self.base), model, hard, soft)))
 
     def groups(self) -> list[Cgroup]:
         if not self.base.is_dir():
@@ -211,32 +158,8 @@ def run_backends(state_dir: Path) -> list[Backend]:
 
 def detect(name: str) -> tuple[Backend | None, str]:
     """The cgroup backend available to this process, or None with the reason."""
-    if not sys.platform.startswith("linux"):
-        return None, f"{'macOS' if sys.platform == 'darwin' else sys.platform} has no memory cgroups"
-    v2_reason = "cgroup v2 is not mounted"
-    mount = _v2_mount()
-    if mount is not None:
-        own = _own_cgroup(2)
-        parent = mount / (own or "/").lstrip("/")
-        controllers = (
-            (parent / "cgroup.controllers").read_text().split() if (parent / "cgroup.controllers").exists() else []
-        )
-        if "memory" not in controllers:
-            v2_reason = f"cgroup v2 at {parent} has no memory controller"
-        elif not os.access(parent, os.W_OK):
-            v2_reason = f"cgroup v2 at {parent} is not writable (not delegated)"
-        else:
-            try:
-                if "memory" not in (parent / "cgroup.subtree_control").read_text().split():
-                    (parent / "cgroup.subtree_control").write_text("+memory")
-                return Backend(2, parent / name), "cgroup v2"
-            except OSError as exc:
-                v2_reason = f"cgroup v2 at {parent}: cannot enable the memory controller for children ({exc.strerror})"
-    v1_root = CGROUP_ROOT / "memory"
-    if (v1_root / "memory.limit_in_bytes").exists() or (v1_root / "cgroup.procs").exists():
-        own = _own_cgroup(1) or "/"
-        parent = v1_root / own.lstrip("/")
-        if os.access(parent, os.W_OK):
-            return Backend(1, parent / name), "cgroup v1 memory controller"
-        return None, f"{v2_reason}; cgroup v1 memory controller at {parent} is not writable"
-    return None, v2_reason
+    found = kernel.detect(name)
+    if isinstance(found, str):
+        return None, found
+    version, base = found
+    return Backend(version, Path(base)), "cgroup v2" if version == 2 else "cgroup v1 memory controller"

@@ -13,52 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import sys
-import time
 from pathlib import Path
 
-POLL_S = 0.2  # where neither kqueue nor pidfd exists
-
-
-def wait_exit(pid: int) -> None:
-    """Block until process `pid` (not a child of ours) has exited."""
-    if sys.platform == "darwin":  # pragma: no cover - macOS
-        kq = select.kqueue()
-        event = select.kevent(
-            pid, filter=select.KQ_FILTER_PROC, flags=select.KQ_EV_ADD | select.KQ_EV_ONESHOT, fflags=select.KQ_NOTE_EXIT
-        )
-        try:
-            kq.control([event], 1, None)
-        except ProcessLookupError:
-            return  # already gone
-        finally:
-            kq.close()
-        return
-    if hasattr(os, "pidfd_open"):
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            return
-        except OSError:
-            fd = None  # a kernel before 5.3: poll
-        if fd is not None:
-            try:
-                poller = select.poll()
-                poller.register(fd, select.POLLIN)
-                while not poller.poll(None):
-                    pass
-            finally:
-                os.close(fd)
-            return
-    while True:  # pragma: no cover - neither kqueue nor pidfd
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        except PermissionError:
-            pass
-        time.sleep(POLL_S)
+from .kernel import wait_exit
 
 
 def fork(state: Path) -> None:
@@ -71,8 +29,7 @@ def fork(state: Path) -> None:
     try:
         os.setpgid(0, 0)  # not in supervisord's group: the sweep kills that group
         _detach()
-        from ..names import REAPER, RUN_MARK
-        from .rundir import run_mark
+        from ..names import REAPER, RUN_MARK, run_mark
 
         env = dict(os.environ, **{RUN_MARK: run_mark(state), "UMEMC_MODEL": REAPER})
         argv = [sys.executable, "-I", "-m", "umemc.runtime.reaper", "--state", str(state), "--watch", str(watched)]

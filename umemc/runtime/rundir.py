@@ -12,23 +12,19 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
+from ..names import CGROUPS_DIR, GATES_DIR, PIDS_DIR, PLAN_FILE, SUPERVISOR_CONFIG
 from ..names import ENFORCER as ENFORCER
 from ..names import GATEWAY as GATEWAY
-from ..names import PLAN_FILE, SUPERVISOR_CONFIG
 from ..names import SUPERVISORD as SUPERVISORD
-from ..records import PidRecord, write_atomic
+from ..names import run_mark as run_mark
+from ..records import write_atomic
+
+if TYPE_CHECKING:
+    from ..contract import PidRecord
 
 SOCKET_MAX = 107
-
-
-def run_mark(state: Path) -> str:
-    """The run's id: its state directory's path, hashed (the mark in its processes' environment, its cgroups'
-    names)."""
-    import hashlib  # here: the exec wrapper before every worker needs it only for this
-
-    return hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:8]
 
 
 class RunDir(NamedTuple):
@@ -115,11 +111,21 @@ class RunDir(NamedTuple):
 
     @property
     def pids(self) -> Path:
-        return self.state / "pids"
+        return self.state / PIDS_DIR
 
     @property
     def cgroups(self) -> Path:
-        return self.state / "cgroups"
+        return self.state / CGROUPS_DIR
+
+    @property
+    def gates(self) -> Path:
+        return self.state / GATES_DIR
+
+    def gate(self, model: str) -> Path:
+        """Where a cold start waits for the processes of the models it evicts to exit (umemc.runtime.wrap.pass_gate):
+        `until <unix time>`, then `pid starttime name` a process. Written by the gateway before it starts the
+        model, removed by it once they are stopped."""
+        return self.gates / model
 
     @property
     def secrets(self) -> Path:
@@ -222,6 +228,8 @@ class RunDir(NamedTuple):
 
     def records(self) -> list[PidRecord]:
         """Every `state/pids/NAME` record that parses (a corrupt one is skipped: cgroups still find it)."""
+        from ..contract import PidRecord
+
         out = []
         folder = self.pids
         with contextlib.suppress(OSError):
@@ -231,6 +239,15 @@ class RunDir(NamedTuple):
                 with contextlib.suppress(OSError, ValueError, IndexError):
                     out.append(PidRecord.parse(path.name, path.read_text()))
         return out
+
+    def record(self, name: str) -> PidRecord | None:
+        """A program's `state/pids/NAME` record, None where it is missing or does not parse."""
+        from ..contract import PidRecord
+
+        try:
+            return PidRecord.parse(name, (self.pids / name).read_text())
+        except (OSError, ValueError, IndexError):
+            return None
 
     def recorded_at(self, name: str) -> float:
         """When a process's record was written (wall clock; 0 when there is none)."""

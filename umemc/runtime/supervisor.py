@@ -133,7 +133,7 @@ def start_supervisord(run: RunDir, plan: PlanDoc, *, foreground: bool) -> None:
     token from RUN/state/secrets, and no worker ever sees it. The config's socket is expanded from
     UMEMC_SUPERVISOR_SOCKET, set here to the run dir's (claimed before anything binds it)."""
     from ..names import SOCKET_ENV, SUPERVISORD, WRAP_ENTRY
-    from .probes.host import parent_death_signal
+    from .kernel import parent_death_signal
     from .supervisord import ROTATE_BYTES, rotate
 
     state, config = run.state, run.supervisor_config

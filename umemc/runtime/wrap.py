@@ -17,27 +17,28 @@ Before anything allocates it
 - marks the environment with the run's id (UMEMC_RUN), which every descendant inherits;
 - gives the model's own variables their names (supervisord passes them as UMEMC_ENV_<NAME>, and this
   interpreter runs isolated, -I, so a PYTHONPATH or PYTHONHOME meant for the worker cannot change it);
-then execs ARGV: the worker keeps this pid, so supervisord, the enforcer and the kernel see one process."""
+- waits at DIR/gates/M, where the gateway left one, until the processes of the models it evicts for M have
+  exited (pass_gate): a cold start's wrapper starts while they stop;
+then execs ARGV: the worker keeps this pid, so supervisord, the enforcer and the kernel see one process.
+
+A cold start waits for all of this, so it imports next to nothing (os, sys, and ctypes for the prctl): its
+records, cgroup files and run mark are written on path strings (umemc.records, umemc.runtime.kernel), its options
+are read without argparse. ~6 ms beyond the interpreter's own start, where it was ~30 ms with typing and pathlib."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import sys
-from collections.abc import MutableMapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..names import RUN_MARK
-from ..records import CgroupRecord, PidRecord, write_atomic
-from .probes.host import parent_death_signal, start_time
-from .rundir import RunDir, run_mark
+from ..names import CGROUPS_DIR, GATES_DIR, PIDS_DIR, RUN_MARK, run_mark
+from ..records import cgroup_line, pid_line, write_atomic
+from . import kernel
 
+TYPE_CHECKING = False  # typing's own constant would import typing
 if TYPE_CHECKING:
     import argparse
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
+    from collections.abc import MutableMapping
+    from typing import Any
 
 
 CGROUP_CHOICES = ("auto", "off")
@@ -47,20 +48,30 @@ NUMBERS = ("hard", "soft")  # argparse's type=int: a negative number is a value,
 FLAGS = {"--outlive-parent": "outlive_parent", "--reaper": "reaper", "--daemon": "daemon"}
 
 
-class Args(NamedTuple):
-    """The wrapper's options (see the module's docstring)."""
+class Args:
+    """The wrapper's options (see the module's docstring). A plain class: `typing.NamedTuple` would import typing,
+    as much as the rest of the wrapper's imports together."""
 
-    stack: str
-    model: str
-    hard: int
-    soft: int
-    state: str
-    command: list[str]
-    cgroup: str = "auto"
-    unset: tuple[str, ...] = ()
-    outlive_parent: bool = False
-    reaper: bool = False
-    daemon: bool = False
+    __slots__ = ("stack", "model", "hard", "soft", "state", "command", "cgroup", "unset", "outlive_parent", "reaper",
+                 "daemon")  # fmt: skip
+
+    def __init__(self, stack: str, model: str, hard: int, soft: int, state: str, command: list[str],
+                 cgroup: str = "auto", unset: tuple[str, ...] = (), outlive_parent: bool = False, reaper: bool = False,
+                 daemon: bool = False) -> None:  # fmt: skip
+        self.stack, self.model, self.hard, self.soft, self.state = stack, model, hard, soft, state
+        self.command, self.cgroup, self.unset = command, cgroup, unset
+        self.outlive_parent, self.reaper, self.daemon = outlive_parent, reaper, daemon
+
+    def _fields(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Args) and self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return "Args(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -147,22 +158,23 @@ def main(argv: list[str] | None = None) -> int:
         if os.fork() > 0:
             os._exit(0)
         os.setsid()
-    state = Path(args.state)
+    state = os.path.realpath(args.state)  # supervisord's config spells it BUNDLE/../state
     if args.reaper:  # before this process enters the run's cgroup: the sweep kills that group's members
+        from pathlib import Path
+
         from .reaper import fork
 
-        fork(state)
+        fork(Path(state))
     if not args.outlive_parent and not die_with_parent():
         print(f"umemc-wrap: the parent of {args.model} died before it started; not starting", file=sys.stderr)
         return 1
-    run = RunDir.of_state(state)
-    record = run.cgroups / args.model
+    record = os.path.join(state, CGROUPS_DIR, args.model)
     if args.cgroup == "auto":
         place(args.stack, args.model, args.hard, args.soft, state, record)
     else:
         forget(record)
     # the pid and its start time name one process for good: a record never makes `down` kill a later process
-    write_record(run.pids / args.model, PidRecord(args.model, os.getpid(), start_time(os.getpid())).render())
+    write_record(os.path.join(state, PIDS_DIR, args.model), pid_line(os.getpid(), start_time(os.getpid())))
     for name in args.unset:
         os.environ.pop(name, None)
     worker_env(os.environ)
@@ -170,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     # the run's mark, inherited by everything this process starts (double-forked daemons too): `umemc down`
     # finds the run's processes by it where no cgroup can, and kills nothing that does not carry it
     os.environ[RUN_MARK] = run_mark(state)
+    refusal = pass_gate(os.path.join(state, GATES_DIR, args.model))
+    if refusal:
+        print(f"umemc-wrap: not starting {args.model}: {refusal}", file=sys.stderr)
+        return 1
     try:
         os.execvp(command[0], command)
     except OSError as exc:
@@ -184,15 +200,17 @@ WORKER_ENV_PREFIX = "UMEMC_ENV_"  # umemc.compile.WORKER_ENV_PREFIX
 STATE_PLACEHOLDER = "@UMEMC_STATE@"  # an argv element beginning with it names a path in the run's state dir
 
 
-def fill_state(command: list[str], state: Path) -> list[str]:
-    """The run's state dir into the worker's argv (llama-server's --slot-save-path): the bundle cannot name it,
-    it moves with the run dir; the directory is created for the worker."""
+def fill_state(command: list[str], state: str) -> list[str]:
+    """The run's state dir (resolved) into the worker's argv (llama-server's --slot-save-path): the bundle cannot
+    name it, it moves with the run dir; the directory is created for the worker."""
     out = []
     for arg in command:
         if arg.startswith(STATE_PLACEHOLDER):
-            arg = str(state.resolve()) + arg[len(STATE_PLACEHOLDER) :]
-            with contextlib.suppress(OSError):
-                Path(arg).mkdir(mode=0o700, parents=True, exist_ok=True)
+            arg = state + arg[len(STATE_PLACEHOLDER) :]
+            try:
+                os.makedirs(arg, mode=0o700, exist_ok=True)
+            except OSError:
+                pass
         out.append(arg)
     return out
 
@@ -208,50 +226,88 @@ def die_with_parent() -> bool:
     """PR_SET_PDEATHSIG(SIGKILL); it survives the exec. False when the parent is already gone (we
     were reparented before the call, so the signal would never come). Where there is no such signal, the reaper
     stands in (True)."""
-    if not parent_death_signal():
+    if not kernel.parent_death_signal():
         return True
-    import ctypes  # only here: ctypes costs ~40 ms to import
-
     parent = os.getppid()
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # pragma: no cover - not Linux: the process group still dies together
-        return True
+    kernel.kill_with_parent()  # where it fails (no prctl), the process group still dies together
     return os.getppid() == parent
 
 
-def write_record(path: Path, text: str) -> None:
+def start_time(pid: int) -> int:
+    if sys.platform.startswith("linux"):
+        from .probes.proc import LinuxProcesses  # /proc read with os alone
+
+        return LinuxProcesses().start_time(pid)
+    from .probes.host import start_time as of_platform  # psutil
+
+    return of_platform(pid)
+
+
+def write_record(path: str, text: str) -> None:
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         write_atomic(path, text)
     except OSError as exc:  # a full disk must not stop the worker: cgroups and the run's mark still find it
         print(f"umemc-wrap: cannot record {path}: {exc.strerror}; starting anyway", file=sys.stderr)
 
 
-def forget(record: Path) -> None:
+def forget(record: str) -> None:
     """A stale record goes; a read-only or full state dir must not stop the start (said, not fatal)."""
     try:
-        record.unlink(missing_ok=True)
+        os.unlink(record)
+    except FileNotFoundError:
+        pass
     except OSError as exc:
         print(f"umemc-wrap: cannot remove {record}: {exc.strerror}; starting anyway", file=sys.stderr)
 
 
-def place(stack: str, model: str, hard: int, soft: int, state: Path, record: Path) -> None:
-    from .cgroups import detect, group_name
-
-    backend, reason = detect(group_name(stack, state))
-    if backend is None:
-        print(f"umemc-wrap: no kernel enforcement for {model}: {reason}", file=sys.stderr)
+def place(stack: str, model: str, hard: int, soft: int, state: str, record: str) -> None:
+    found = kernel.detect(f"umemc-{stack}-{run_mark(state)}")  # cgroups.group_name
+    if isinstance(found, str):
+        print(f"umemc-wrap: no kernel enforcement for {model}: {found}", file=sys.stderr)
         forget(record)
         return
+    version, base = found
     try:
-        group = backend.create(model, hard, soft)
-        group.enter(os.getpid())
+        group = kernel.create(version, base, model, hard, soft)
+        kernel.enter(group, os.getpid())
     except OSError as exc:
         print(f"umemc-wrap: no kernel enforcement for {model}: {exc}", file=sys.stderr)
         return
-    write_record(record, CgroupRecord(backend.version, group.path, os.getpid()).render())
+    write_record(record, cgroup_line(version, group, os.getpid()))
+
+
+def pass_gate(gate: str) -> str | None:
+    """Wait at the model's gate, where the gateway left one: it starts a cold model while the models it evicts for
+    it are still stopping (this interpreter's start and the cgroup move overlap their stop), and the worker, which
+    allocates at once, runs only after their processes have exited (their memory is free). The gate
+    (RunDir.gate) is `until <unix time>` and a `pid starttime name` line a process; the gateway removes it once
+    they are stopped, or stops this wrapper first when their stop fails. None to go on; else why not: a victim
+    still running at the deadline, or a gate that cannot be read (a corrupt gate never lets a worker start beside
+    memory not yet free)."""
+    import time
+
+    try:
+        with open(gate) as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot read its gate {gate}: {exc.strerror}"
+    try:
+        lines = [line.split() for line in text.splitlines() if line.strip()]
+        if not lines or lines[0][0] != "until" or len(lines[0]) != 2:
+            raise ValueError
+        until = float(lines[0][1])
+        waits = [(int(pid), int(start), name) for pid, start, name in lines[1:]]
+    except ValueError:
+        return f"its gate {gate} is not `until T` and `pid starttime name` lines"
+    for pid, start, name in waits:
+        if start_time(pid) != start:  # gone (0), or the pid is another process's now
+            continue
+        if not kernel.wait_exit(pid, max(0.0, until - time.time())):
+            return f"{name} (pid {pid}), which it evicts, was still running at its gate's deadline"
+    return None
 
 
 if __name__ == "__main__":

@@ -215,15 +215,6 @@ def site_packages() -> None:
         site.main()
 
 
-PARENT_DEATH_ENV = "UMEMC_PARENT_DEATH"  # "reaper": no parent-death signal even on Linux (tests of the macOS path)
-
-
-def parent_death_signal() -> bool:
-    """Whether this host stops a run's processes with the kernel's parent-death signal (Linux), rather than with
-    the reaper supervisord's wrapper forks (macOS; or Linux with UMEMC_PARENT_DEATH=reaper)."""
-    return sys.platform.startswith("linux") and os.environ.get(PARENT_DEATH_ENV) != "reaper"
-
-
 def alive(pid: int) -> bool:
     return processes().alive(pid)
 
