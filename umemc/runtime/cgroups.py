@@ -40,9 +40,6 @@ class Cgroup(NamedTuple):
     def set_limits(self, hard: int, soft: int) -> None:
         kernel.set_limits(self.version, str(self.path), hard, soft)
 
-    def enter(self, pid: int) -> None:
-        kernel.enter(str(self.path), pid)
-
     def oom_kills(self) -> int:
         try:
             text = self._read("memory.events" if self.version == 2 else "memory.oom_control")

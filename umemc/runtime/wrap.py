@@ -270,7 +270,7 @@ def place(stack: str, model: str, hard: int, soft: int, state: str, record: str)
     version, base = found
     try:
         group = kernel.create(version, base, model, hard, soft)
-        kernel.enter(group, os.getpid())
+        kernel.enter_self(version, group)
     except OSError as exc:
         print(f"umemc-wrap: no kernel enforcement for {model}: {exc}", file=sys.stderr)
         return
