@@ -39,6 +39,11 @@ def live_sysctl_table(**override: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def start_of(pid: int) -> int:
+    """A process's start time: field 22 of /proc/PID/stat (proc(5)), after the command's parenthesis."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

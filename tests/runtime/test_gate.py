@@ -13,15 +13,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import patience
+from tests.runtime.conftest import start_of
 from umemc.names import WRAP_ENTRY
 from umemc.records import gate_text
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pidfd and /proc: Linux")
-
-
-def start_of(pid: int) -> int:
-    """Field 22 of /proc/PID/stat (proc(5)), after the command's parenthesis."""
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
 
 
 def wrapped(tmp_path: Path) -> list[str]:

@@ -26,7 +26,8 @@ for _ in range(threads - 1):
     threading.Thread(target=stop.wait, daemon=True).start()
 kernel.enter_self(version, group)
 tids = os.listdir("/proc/self/task")
-print(len(tids), sorted({open(f"/proc/self/task/{t}/cgroup").read() for t in tids}) == [open("/proc/self/cgroup").read()])
+each = {open(f"/proc/self/task/{t}/cgroup").read() for t in tids}
+print(len(tids), sorted(each) == [open("/proc/self/cgroup").read()])
 print(open("/proc/self/cgroup").read())
 stop.set()
 """

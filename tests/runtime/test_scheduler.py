@@ -7,6 +7,8 @@ RUNNING and healthy at once, unless the test holds it."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -16,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.runtime.conftest import start_of
 from umemc.budget import make_plan
 from umemc.commands.build import build
 from umemc.contract import PlanDoc, read
@@ -283,7 +286,7 @@ def test_a_cold_start_waits_behind_a_gate_while_its_victim_stops(tmp_path: Path)
     sv = Gated(tmp_path / "run" / "state" / "gates", running=("lo", "mid"))
     sched = scheduler(tmp_path, model("lo", 10) + model("mid", 30) + model("hi", 50, mode="cold"), sv)
     (sched.run.pids).mkdir(parents=True)
-    (sched.run.pids / "lo").write_text("4321 98765\n")
+    (sched.run.pids / "lo").write_text(f"{os.getpid()} {start_of(os.getpid())}\n")  # a live process stands for lo's
 
     async def body(s: Scheduler) -> None:
         before = time.time()
@@ -292,10 +295,30 @@ def test_a_cold_start_waits_behind_a_gate_while_its_victim_stops(tmp_path: Path)
         assert (sv.stopped, sv.started) == (["lo"], ["hi"])
         assert sv.found[0] is not None
         until, victim = sv.found[0].splitlines()
-        assert victim == "4321 98765 lo"
+        assert victim == f"{os.getpid()} {start_of(os.getpid())} lo"
         assert until.startswith("until ") and before + 600 <= float(until.split()[1]) <= time.time() + 600
         assert not (s.run.gates / "hi").exists()
         assert kinds(s) == [("evict", "lo"), ("cold_start", "hi")]
+
+    running(sched, body)
+
+
+def test_a_victims_record_naming_a_gone_process_means_no_gate(tmp_path: Path) -> None:
+    """The wrapper could not rewrite lo's record when lo last started (a full disk): it names a process that is
+    gone, so the gate could not hold the start; lo is stopped first, then the model starts, and no gate is left."""
+    sv = Gated(tmp_path / "run" / "state" / "gates", running=("lo", "mid"))
+    sched = scheduler(tmp_path, model("lo", 10) + model("mid", 30) + model("hi", 50, mode="cold"), sv)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (sched.run.pids).mkdir(parents=True)
+    (sched.run.pids / "lo").write_text(f"{gone.pid} 12345\n")
+    (sched.run.gates).mkdir(parents=True)
+    (sched.run.gates / "hi").write_text("until 1\n")  # what a gateway killed mid-start left
+
+    async def body(s: Scheduler) -> None:
+        async with s.slots.slot(s.models["hi"]):
+            pass
+        assert (sv.stopped, sv.started, sv.found) == (["lo"], ["hi"], [None])
 
     running(sched, body)
 
@@ -306,7 +329,7 @@ def test_a_gated_start_whose_victim_will_not_stop_is_stopped_before_its_gate_goe
     sv = Gated(tmp_path / "run" / "state" / "gates", running=("lo", "mid"), refuse=("lo",))
     sched = scheduler(tmp_path, model("lo", 10) + model("mid", 30) + model("hi", 50, mode="cold"), sv)
     (sched.run.pids).mkdir(parents=True)
-    (sched.run.pids / "lo").write_text("4321 98765\n")
+    (sched.run.pids / "lo").write_text(f"{os.getpid()} {start_of(os.getpid())}\n")  # a live process stands for lo's
 
     async def body(s: Scheduler) -> None:
         with pytest.raises(Refused) as refused:

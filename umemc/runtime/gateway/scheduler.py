@@ -29,6 +29,7 @@ from ...names import PLAN_FILE
 from ...policy import Budget, Decision, Held, Lease, Need, attach, decide, pressure_victim
 from ...records import gate_text, write_atomic
 from ..events import EventLog
+from ..members import same_process
 from ..rundir import RunDir
 from ..supervisor import STARTED, Supervisor
 from . import kvslots
@@ -353,14 +354,15 @@ class Scheduler:
 
     async def _evict_and_start(self, m: Model, victims: list[str]) -> None:
         """Stop the victims and start the model. Where every victim's process is on record (the wrapper's
-        `pid starttime`), the model starts while they stop, behind a gate (RunDir.gate): its exec wrapper starts,
+        `pid starttime`, naming a live process: a record the wrapper could not rewrite names an older one), the
+        model starts while they stop, behind a gate (RunDir.gate): its exec wrapper starts,
         enters its cgroup and waits for their processes to exit before the worker runs, so the memory is never
         held twice and the wrapper's own start (~20-50 ms) is off the cold start's path. The gate goes once they
         are stopped; when a stop fails, the model is stopped first (the gate stays if it cannot be)."""
         stops = [self.stop(self.models[v], "evict", for_model=m.name, for_priority=m.plan.priority) for v in victims]
         gate = self.run.gate(m.name)
         records = [self.run.record(v) for v in victims]
-        if not victims or None in records:
+        if not victims or not all(r is not None and same_process(r) for r in records):
             with contextlib.suppress(OSError):
                 gate.unlink(missing_ok=True)  # a gate a lost gateway left must not hold this start
             await asyncio.gather(*stops)
