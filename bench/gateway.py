@@ -5,7 +5,9 @@
    and from one that takes generation time (rounds alternate direct/gateway; medians); small requests'
    latency while 1 MiB bodies go through;
 2. cold start: time from a request for a stopped cold model to the first byte of its streamed reply;
-3. swaps: cold starts for an interleaved A B C A B C load (three cold models, memory for one).
+3. swaps: cold starts for an interleaved A B C A B C load (three cold models, memory for one);
+4. the floor: at 1 client, a bare relay on the gateway's own HTTP parts (bench/bare_relay.py) beside the
+   gateway and the worker alone; a cold start's parts one at a time.
 
     python bench/gateway.py [--requests 2000] [--rounds 3]
 
@@ -304,6 +306,44 @@ def throughput(ports: dict[str, int], args: argparse.Namespace, run: Path) -> st
     return "\n".join(out)
 
 
+def floor(ports: dict[str, int], args: argparse.Namespace, run: Path) -> str:
+    """One client, an instant worker: the worker alone, a bare relay on the gateway's own parts (bench/bare_relay.py:
+    aiohttp's server and client on uvloop, none of the gateway's work) and the gateway, in alternating rounds."""
+    relay = free_port()
+    proc = subprocess.Popen([PY, str(Path(__file__).with_name("bare_relay.py")), str(relay), str(ports["w"])])
+    try:
+        _until_listening(relay, time.perf_counter())
+        rows = [
+            f"One client, an instant worker, {args.requests} requests per measurement, {args.rounds * 2} rounds "
+            "alternating the three; medians. The bare relay is bench/bare_relay.py: the gateway's HTTP parts "
+            "(aiohttp's server and client on uvloop) forwarding to the worker, with none of the gateway's work "
+            "(routing by the body's model, the token, admission and slots, accounting, the access log).",
+            "",
+            "| reply | direct req/s | bare relay req/s | ratio | gateway req/s | ratio "
+            "| relay / gateway added p50 ms |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for shape in SHAPES[:2]:
+            body = shape.body()
+            got: dict[str, list[tuple[float, float, float, float]]] = {"w": [], "relay": [], "gateway": []}
+            order = [("w", ports["w"]), ("relay", relay), ("gateway", ports["gateway"])]
+            for r in range(args.rounds * 2):
+                for name, port in order if r % 2 == 0 else order[::-1]:
+                    got[name].append(load(port, args.requests, 1, body))
+            rate = {k: statistics.median(x[0] for x in v) for k, v in got.items()}
+            p50 = {k: statistics.median(x[1] for x in v) * 1000 for k, v in got.items()}
+            rows.append(
+                f"| {shape.label()} | {rate['w']:.0f} | {rate['relay']:.0f} | {rate['relay'] / rate['w']:.2f}x | "
+                f"{rate['gateway']:.0f} | {rate['gateway'] / rate['w']:.2f}x | {p50['relay'] - p50['w']:.2f} / "
+                f"{p50['gateway'] - p50['w']:.2f} |"
+            )
+            print(rows[-1], flush=True)
+        return "\n".join(rows)
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
 def big_bodies(ports: dict[str, int], args: argparse.Namespace, run: Path) -> str:
     prompt = ('code: f([{x}]) "q" \\ ' * 60000)[: 1 << 20]
     big = json.dumps({"model": "w", "messages": [{"role": "user", "content": prompt}]}).encode()
@@ -427,7 +467,13 @@ def cold_parts(ports: dict[str, int], args: argparse.Namespace, run: Path) -> st
     return "\n".join(out)
 
 
-PARTS = {"throughput": throughput, "bodies": big_bodies, "cold": cold, "cold_parts": cold_parts}
+PARTS = {
+    "throughput": throughput,
+    "floor": floor,
+    "bodies": big_bodies,
+    "cold": cold,
+    "cold_parts": cold_parts,
+}
 
 
 if __name__ == "__main__":
