@@ -8,6 +8,7 @@ a type error, not a KeyError at 3 a.m., and a file from another umemc version is
     state/workers/<m>.json   what a `umemc.worker` worker reserved in-process
     state/pids/<name>        `pid starttime` (text; the exec wrapper)
     state/cgroups/<name>     `version path pid` (text; the exec wrapper)
+    state/gates/<model>      `until T`, then `pid starttime name` lines (text; the gateway, read by the wrapper)
 
 Near the bottom of the package: it imports the document base (umemc.document) and the policy's Lease."""
 

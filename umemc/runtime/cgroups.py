@@ -22,12 +22,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from . import kernel
+from .kernel import group_name as group_name
 from .probes.host import alive
 from .rundir import run_mark
-
-
-def group_name(stack: str, state_dir: Path) -> str:
-    return f"umemc-{stack}-{run_mark(state_dir)}"
 
 
 class Cgroup(NamedTuple):

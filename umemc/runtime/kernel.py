@@ -15,12 +15,19 @@ from __future__ import annotations
 import os
 import sys
 
+from ..names import run_mark
+
 CGROUP_ROOT = "/sys/fs/cgroup"
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 SIGKILL = 9  # the signal module would import enum: a fifth of the wrapper's imports
 POLL_S = 0.01  # waiting for a process's exit where neither kqueue nor pidfd exists
 PARENT_DEATH_ENV = "UMEMC_PARENT_DEATH"  # "reaper": no parent-death signal even on Linux (tests of the macOS path)
 RUN_PREFIX = "umemc-"  # a run's groups: umemc-<stack>-<run id>/<program>
+
+
+def group_name(stack: str, state: str | os.PathLike[str]) -> str:
+    """A run's base group: umemc-<stack>-<run id>."""
+    return f"{RUN_PREFIX}{stack}-{run_mark(state)}"
 
 
 def _read(path: str) -> str:
@@ -165,15 +172,14 @@ def parent_death_signal() -> bool:
     return sys.platform.startswith("linux") and os.environ.get(PARENT_DEATH_ENV) != "reaper"
 
 
-def kill_with_parent() -> bool:
-    """PR_SET_PDEATHSIG(SIGKILL) for this process (it survives exec). False where the call failed."""
+def kill_with_parent() -> None:
+    """PR_SET_PDEATHSIG(SIGKILL) for this process (it survives exec); nothing where libc has no prctl."""
     import ctypes  # only here, and only on Linux
 
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)) == 0
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
-        return False
+        pass
 
 
 # -- a process's exit -----------------------------------------------------------------------------------------------

@@ -228,17 +228,10 @@ class RunDir(NamedTuple):
 
     def records(self) -> list[PidRecord]:
         """Every `state/pids/NAME` record that parses (a corrupt one is skipped: cgroups still find it)."""
-        from ..contract import PidRecord
-
-        out = []
-        folder = self.pids
+        names: list[str] = []
         with contextlib.suppress(OSError):
-            for path in sorted(folder.iterdir()):
-                if path.name.startswith("."):
-                    continue
-                with contextlib.suppress(OSError, ValueError, IndexError):
-                    out.append(PidRecord.parse(path.name, path.read_text()))
-        return out
+            names = sorted(p.name for p in self.pids.iterdir() if not p.name.startswith("."))
+        return [r for r in map(self.record, names) if r is not None]
 
     def record(self, name: str) -> PidRecord | None:
         """A program's `state/pids/NAME` record, None where it is missing or does not parse."""

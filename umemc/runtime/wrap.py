@@ -262,7 +262,7 @@ def forget(record: str) -> None:
 
 
 def place(stack: str, model: str, hard: int, soft: int, state: str, record: str) -> None:
-    found = kernel.detect(f"umemc-{stack}-{run_mark(state)}")  # cgroups.group_name
+    found = kernel.detect(kernel.group_name(stack, state))
     if isinstance(found, str):
         print(f"umemc-wrap: no kernel enforcement for {model}: {found}", file=sys.stderr)
         forget(record)

@@ -360,32 +360,39 @@ class Scheduler:
         held twice and the wrapper's own start (~20-50 ms) is off the cold start's path. The gate goes once they
         are stopped; when a stop fails, the model is stopped first (the gate stays if it cannot be)."""
         stops = [self.stop(self.models[v], "evict", for_model=m.name, for_priority=m.plan.priority) for v in victims]
-        gate = self.run.gate(m.name)
-        records = [self.run.record(v) for v in victims]
-        if not victims or not all(r is not None and same_process(r) for r in records):
-            with contextlib.suppress(OSError):
-                gate.unlink(missing_ok=True)  # a gate a lost gateway left must not hold this start
-            await asyncio.gather(*stops)
-            await self._ensure_started(m)
-            return
-        until = time.time() + GATE_S
-        try:
-            gate.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            write_atomic(gate, gate_text(until, [(r.pid, r.start, r.name) for r in records if r is not None]))
-        except OSError:  # a full disk: one after the other, as without a gate
+        gate = self._open_gate(m, victims)
+        if gate is None:  # one after the other
             await asyncio.gather(*stops)
             await self._ensure_started(m)
             return
         results = await asyncio.gather(*stops, self._ensure_started(m), return_exceptions=True)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:
-            if await asyncio.to_thread(self.supervisor.try_stop, m.name, True) in (None, "not running"):
-                self.sync.stopped(m)
-                with contextlib.suppress(OSError):
-                    gate.unlink(missing_ok=True)
-            raise failed
+            if await asyncio.to_thread(self.supervisor.try_stop, m.name, True) not in (None, "not running"):
+                raise failed  # it may still run: its wrapper must keep waiting at the gate
+            self.sync.stopped(m)
         with contextlib.suppress(OSError):
             gate.unlink(missing_ok=True)
+        if failed is not None:
+            raise failed
+
+    def _open_gate(self, m: Model, victims: list[str]) -> Path | None:
+        """The gate the model's start waits at, written; None where there is to be none: no victims, a victim's
+        record missing or naming a gone process, or a gate that cannot be written (a full disk). A gate a lost
+        gateway left goes then: it must not hold this start."""
+        gate = self.run.gate(m.name)
+        records = [self.run.record(v) for v in victims]
+        live = [r for r in records if r is not None and same_process(r)]
+        if victims and len(live) == len(victims):
+            try:
+                gate.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                write_atomic(gate, gate_text(time.time() + GATE_S, [(r.pid, r.start, r.name) for r in live]))
+                return gate
+            except OSError:
+                pass
+        with contextlib.suppress(OSError):
+            gate.unlink(missing_ok=True)
+        return None
 
     async def _processes(self) -> dict[str, dict[str, Any]]:
         return await asyncio.to_thread(self.supervisor.processes)
