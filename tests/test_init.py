@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.realmodels import MODELS, needs_models
 from umemc.commands.init import Machine, detect, preset_for
 from umemc.stack.presets import PLATFORM_PRESETS
 from umemc.units import GiB
@@ -187,3 +188,18 @@ def test_init_scaffolds_the_models_it_finds(tmp_path: Path, run_cli, monkeypatch
     assert code == 0, err
     doc = __import__("json").loads(out)["models"]
     assert doc["remote-f16"]["source"] == "lock" and doc["remote-f16"]["weights_bytes"] == weights(hosted)
+
+
+@needs_models
+def test_init_sets_the_chat_template_a_file_lacks_where_its_architecture_says_it(tmp_path: Path, run_cli) -> None:
+    """Gemma 3 270M's GGUF has no chat template: init names Gemma's built-in one, and check then warns of nothing;
+    SmolLM2's file has its own (ChatML), so its model gets none."""
+    code, _, err = run_cli("init", "--platform", "strix-halo-128", "--models", str(MODELS), cwd=tmp_path)
+    assert code == 0, err
+    text = (tmp_path / "stack.toml").read_text()
+    tables = {t.split("]", 1)[0]: t for t in text.split("\n[models.")[1:]}
+    said = '\nchat_template = "gemma"  # the file has none; llama.cpp\'s built-in for it\n'
+    assert said in tables["gemma-3-270m-q4_k_m"]
+    assert "chat_template" not in tables["smollm2-135m-instruct-q4_1"]
+    code, _, err = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
+    assert (code, err) == (0, "")

@@ -61,8 +61,8 @@ def test_the_newest_build_gets_load_mode_and_fit_off(tmp_path: Path, run_cli, mo
     binary = stand_in(tmp_path, NEWEST)
     assert built_argv(run_cli, tmp_path, stack(tmp_path, binary)) == [
         *head(binary, tmp_path), "-fa", "on", "-ctk", "f16", "-ctv", "f16", "-ngl", "999", "--load-mode", "mlock",
-        "--fit", "off", "--log-verbosity", "4", "--slot-save-path", "@UMEMC_STATE@/slots/chat", "--host",
-        "127.0.0.1", "--port", "10001",
+        "--fit", "off", "--log-verbosity", "4", "--alias", "chat", "--slot-save-path", "@UMEMC_STATE@/slots/chat",
+        "--host", "127.0.0.1", "--port", "10001",
     ]  # fmt: skip
 
 
@@ -73,13 +73,14 @@ def test_an_older_build_gets_its_own_spelling(tmp_path: Path, run_cli, monkeypat
     path = stack(tmp_path, binary, 'flash_attn = false\nkv_cache = "f16"\n')
     assert built_argv(run_cli, tmp_path, path) == [
         *head(binary, tmp_path), "-ctk", "f16", "-ctv", "f16", "-ngl", "999", "--no-mmap", "--mlock",
-        "--log-verbosity", "4", "--slot-save-path", "@UMEMC_STATE@/slots/chat", "--host", "127.0.0.1", "--port",
-        "10001",
+        "--log-verbosity", "4", "--alias", "chat", "--slot-save-path", "@UMEMC_STATE@/slots/chat", "--host",
+        "127.0.0.1", "--port", "10001",
     ]  # fmt: skip
     plan = json.loads((tmp_path / "out" / "plan.json").read_text())["models"]["chat"]
     assert plan["pinned_flags"] == [
         "--model", "--ctx-size", "--parallel", "--ubatch-size", "--batch-size", "--cache-type-k", "--cache-type-v",
-        "--n-gpu-layers", "--no-mmap", "--mlock", "--log-verbosity", "--slot-save-path", "--host", "--port",
+        "--n-gpu-layers", "--no-mmap", "--mlock", "--log-verbosity", "--alias", "--slot-save-path", "--host",
+        "--port",
     ]  # fmt: skip
     # flash attention on: the switch, without a value
     argv = built_argv(run_cli, tmp_path, stack(tmp_path, binary))
@@ -169,7 +170,7 @@ def test_an_old_llama_cpp_python_gets_only_the_settings_it_has(tmp_path: Path, r
     assert built_argv(run_cli, tmp_path, path) == [
         str(python), "-m", "llama_cpp.server", "--model", str(tmp_path / "m.gguf"), "--n_ctx", "2048", "--n_batch",
         "512", "--use_mmap", "true", "--use_mlock", "false", "--n_gpu_layers", "0", "--logits_all", "false",
-        "--host", "127.0.0.1", "--port", "10001",
+        "--model_alias", "chat", "--host", "127.0.0.1", "--port", "10001",
     ]  # fmt: skip
     code, _, err = run_cli("check", str(lcp_stack(tmp_path, python)))  # flash_attn defaults to true
     assert code == 2
@@ -186,8 +187,8 @@ def test_the_current_llama_cpp_python_gets_every_setting(tmp_path: Path, run_cli
     assert built_argv(run_cli, tmp_path, lcp_stack(tmp_path, python, 'kv_cache = "q8_0"\n')) == [
         str(python), "-m", "llama_cpp.server", "--model", str(tmp_path / "m.gguf"), "--n_ctx", "2048", "--n_ubatch",
         "512", "--n_batch", "512", "--flash_attn", "true", "--type_k", "8", "--type_v", "8", "--use_mmap", "true",
-        "--use_mlock", "false", "--n_gpu_layers", "0", "--logits_all", "false", "--host", "127.0.0.1", "--port",
-        "10001",
+        "--use_mlock", "false", "--n_gpu_layers", "0", "--logits_all", "false", "--model_alias", "chat", "--host",
+        "127.0.0.1", "--port", "10001",
     ]  # fmt: skip
 
 
@@ -203,8 +204,8 @@ def test_an_interpreter_without_llama_cpp_python_gets_the_newest_spelling(tmp_pa
     assert built_argv(run_cli, tmp_path, path) == [
         str(python), "-m", "llama_cpp.server", "--model", str(tmp_path / "m.gguf"), "--n_ctx", "2048", "--n_ubatch",
         "512", "--n_batch", "512", "--flash_attn", "true", "--type_k", "8", "--type_v", "8", "--use_mmap", "true",
-        "--use_mlock", "false", "--n_gpu_layers", "0", "--logits_all", "false", "--host", "127.0.0.1", "--port",
-        "10001",
+        "--use_mlock", "false", "--n_gpu_layers", "0", "--logits_all", "false", "--model_alias", "chat", "--host",
+        "127.0.0.1", "--port", "10001",
     ]  # fmt: skip
     doc = json.loads((tmp_path / "out" / "plan.json").read_text())["models"]["chat"]
     assert check_executable(ModelDoc.model_validate(doc)) == (

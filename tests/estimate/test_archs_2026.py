@@ -13,6 +13,7 @@ from umemc.budget import make_plan
 from umemc.stack.resolve import load_stack
 from umemc.testing.sparsegguf import write_sparse_gguf
 from umemc.testing.tinyarchs import TINY
+from umemc.testing.tinygguf import CHATML
 
 STACK = """version = 1
 name = "t"
@@ -118,6 +119,7 @@ def test_unknown_architecture_is_said_not_guessed(write_stack, run_cli, tmp_path
     for k, v in (("block_count", 2), ("embedding_length", 256), ("feed_forward_length", 512)):
         w.add_uint32(f"novel.{k}", v)
     w.add_uint32("novel.attention.head_count", 4)
+    w.add_chat_template(CHATML)
     w.add_tensor("token_embd.weight", np.zeros((100, 256), dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -680,9 +680,11 @@ def test_a_worker_that_cannot_start_is_said_once_supervisord_gives_up(stack: Any
     gw = Gateway(stack(text, "--force"))  # preflight says the executable is missing; forced anyway
     status, _, body = gw.complete("x")
     assert (status, body["error"]["code"]) == (503, "start_failed")
-    assert body["error"]["message"].startswith("worker x failed to start: it is FATAL")
+    # the client is told what happened and where to look, never a path of this machine
+    assert body["error"]["message"] == "worker x failed to start: it is FATAL; `umemc logs x` shows why"
     [(name, _, detail)] = gw.kinds("cold_start_failed")
-    assert name == "x" and "FATAL" in detail["reason"]
+    assert name == "x" and detail["reason"] == body["error"]["message"]
+    assert detail["detail"].endswith(f"(log: {gw.run.run_dir.resolve() / 'state' / 'logs' / 'x.err.log'})")
     assert (
         "umemc-wrap: cannot run /nonexistent/worker: No such file or directory"
         in (gw.run.run_dir / "state" / "logs" / "x.err.log").read_text()

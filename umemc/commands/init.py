@@ -240,20 +240,25 @@ class Found:
     mmproj: str | None = None
     hot: bool = False
     lock: LockEntry | None = None  # a Hub file's header, recorded so that `check` needs no network later
+    no_template: str | None = None  # the file has no chat template: the built-in its architecture uses, else ""
 
     def toml(self) -> str:
-        from ..stack.types import toml_repr
+        from ..stack.types import toml_string
         from ..units import human
 
         lines = [
             f"[models.{self.name}]",
             f'runtime = "{self.runtime}"',
-            f"{self.key} = {toml_repr(self.value)}  # {human(self.weights)} of weights: {self.what}",
+            f"{self.key} = {toml_string(self.value)}  # {human(self.weights)} of weights: {self.what}",
         ]
         if self.mmproj:
-            lines.append(f"mmproj = {toml_repr(self.mmproj)}")
+            lines.append(f"mmproj = {toml_string(self.mmproj)}")
         if self.family == "llm":
             lines += [f"context = {self.context}", 'kv_cache = "q8_0"']
+        if self.no_template:
+            lines.append(f'chat_template = "{self.no_template}"  # the file has none; llama.cpp\'s built-in for it')
+        elif self.no_template is not None:
+            lines.append('# chat_template = "..."  # the file has none: name a llama.cpp built-in or a .jinja file')
         lines += [
             f"priority = {80 if self.hot else 40 if self.family == 'embedding' else 50}",
             f'mode = "{"hot" if self.hot else "cold"}"' + ("" if self.hot else "  # started on its first request"),
@@ -343,7 +348,12 @@ def _found(name: str, key: str, value: str, f: object, mmproj: str | None) -> Fo
     family = "llm" if s.causal else "embedding"  # an encoder (bert and kin): no KV cache, an embeddings server
     what = f"{f.general_arch}, {f.file_type or 'mixed types'}, {s.n_layer} layers"
     context = min(8192, s.n_ctx_train or 8192)
-    return Found(name, key, value, "llama-server", family, f.tensor_bytes, what, context, mmproj)
+    from ..catalog.chat_templates import BY_ARCH
+
+    no_template = BY_ARCH.get(f.general_arch, "") if family == "llm" and f.chat_template is False else None
+    return Found(
+        name, key, value, "llama-server", family, f.tensor_bytes, what, context, mmproj, no_template=no_template
+    )
 
 
 def _name(filename: str) -> str:

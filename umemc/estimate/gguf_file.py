@@ -58,6 +58,7 @@ class GgufFacts(NamedTuple):
     vision: VisionShape | None = None  # a multimodal projector's encoder (clip.vision.* keys)
     repack_bytes: int = 0  # tensors llama.cpp's CPU backend copies into its repacked layout
     skipped_bytes: int = 0  # next-token-prediction layers llama.cpp does not load (src/models/*: TENSOR_SKIP)
+    chat_template: bool | None = None  # whether the file carries tokenizer.chat_template (None: not read)
 
 
 def locked_header(facts: GgufFacts) -> LockedHeader:
@@ -130,6 +131,7 @@ def _read(name: str, size: int, mtime_ns: int, inode: int) -> GgufFacts:
             t.n_bytes for t in header.tensors if t.name not in skipped and is_repacked(t.name, t.type_name, t.shape)
         ),
         skipped_bytes=sum(t.n_bytes for t in header.tensors if t.name in skipped),
+        chat_template=bool(fields.get("tokenizer.chat_template")),
     )
 
 

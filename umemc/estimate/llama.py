@@ -85,6 +85,7 @@ def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
     overhead = overhead_figure(spec.runtime, loaded.platform.kind)
     family = "embedding" if not shape.causal else ("vision" if vision else "llm")
     warnings += _warnings(loaded, m, shape, ftype, family, kv)
+    warnings += _template_warning(loaded, m, facts, family)
     weights_fig, compute_fig = Figure.total("weights", weights_parts), Figure.total("compute", compute_parts)
     measured = _measured(loaded, m, entry, warnings)
     if measured is not None:
@@ -350,6 +351,35 @@ def _preset_repack(preset: LlmPreset | None, ftype: str) -> int:
         for name, ne, t in preset_mix(preset, ftype)
         if is_repacked(name, t, ne) and loaded(name, main)
     )
+
+
+TEMPLATE_FLAGS = ("--chat-template", "--chat-template-file", "--chat_format", "--chat_handler")
+
+
+def _template_warning(loaded: LoadedStack, m: ResolvedModel, facts: GgufFacts | None, family: str) -> list[str]:
+    """A chat model whose GGUF has no chat template, and the stack gives none: llama.cpp then formats chats its
+    own default way (ChatML), and a model trained on another format answers with turn markers as text."""
+    from ..catalog.chat_templates import BY_ARCH
+
+    spec = m.spec
+    chats = family in ("llm", "vision") and spec.kind in (None, "chat")
+    given = spec.chat_template is not None or any(a.split("=", 1)[0] in TEMPLATE_FLAGS for a in spec.args)
+    if facts is None or facts.chat_template is not False or not chats or given:
+        return []
+    known = BY_ARCH.get(facts.general_arch)
+    hint = (
+        f'set chat_template = "{known}" (llama.cpp\'s built-in template for {facts.general_arch})'
+        if known
+        else "set chat_template to a llama.cpp built-in name (llama-server --help lists them) or a .jinja file"
+    )
+    return [
+        loaded.source.warning(
+            ("models", m.name),
+            f"the GGUF file has no chat template (tokenizer.chat_template) and the stack sets none: llama.cpp "
+            f"falls back to ChatML and chat answers may be garbage; {hint}",
+            what="table",
+        )
+    ]
 
 
 def _warnings(loaded: LoadedStack, m: ResolvedModel, shape: LlmShape, ftype: str, family: str, kv: Figure) -> list[str]:

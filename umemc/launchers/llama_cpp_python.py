@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..catalog.chat_templates import LLAMA_CPP_PYTHON
 from ._common import model_flag
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ PINNED = (
 GGML_TYPE_ID = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
 # settings an older server may lack, with the value it then runs with (llama_cpp/server/settings.py defaults)
 DEFAULTS = {"--n_ubatch": "512", "--flash_attn": "false", "--type_k": "1", "--type_v": "1"}
+OPTIONAL = frozenset({"--model_alias"})  # left out where the installed server lacks it
 
 
 def _bool(value: bool) -> str:
@@ -63,6 +65,10 @@ def argv(m: ModelPlan, ctx: Context) -> list[str]:
     ]
     if m.estimate.facts.get("family") == "embedding":
         settings.append(("--embedding", "true"))
+    if spec.chat_template is not None:  # a name the resolver checked it shares
+        settings.append(("--chat_format", LLAMA_CPP_PYTHON[spec.chat_template]))
+    # its answers name the model as the stack does, not by the file's path
+    settings.append(("--model_alias", m.name))
     out = [spec.bin or ctx.python, "-m", "llama_cpp.server", *model_flag("--model", rm)]
     for flag, value in _for_installed(m, ctx, settings):
         out += [flag, value]
@@ -86,7 +92,7 @@ def _for_installed(m: ModelPlan, ctx: Context, settings: list[tuple[str, str]]) 
     for flag, value in settings:
         if h.has(flag):
             out.append((flag, value))
-        elif DEFAULTS.get(flag) != value:
+        elif DEFAULTS.get(flag) != value and flag not in OPTIONAL:
             key = STACK_KEY.get(flag, flag[2:])
             default = {"flash_attn": "false", "kv_cache": '"f16"', "ubatch": "512"}.get(key)
             raise ctx.plan.source.error(

@@ -64,6 +64,8 @@ class Dialect(NamedTuple):
     slot_save: bool = True  # --slot-save-path
     mmproj: bool = True  # --mmproj
     embeddings: str = "--embeddings"
+    alias: bool = True  # --alias (the name its answers give the model)
+    template_file: bool = True  # --chat-template-file
     missing: tuple[str, ...] = ()  # flags umemc cannot do without
 
     @classmethod
@@ -79,6 +81,8 @@ class Dialect(NamedTuple):
             slot_save=h.has("--slot-save-path"),
             mmproj=h.has("--mmproj"),
             embeddings="--embeddings" if h.has("--embeddings") else "--embedding",
+            alias=h.has("--alias"),
+            template_file=h.has("--chat-template-file"),
             missing=tuple(f for f in REQUIRED if not h.has(f)),
         )
 
@@ -121,6 +125,13 @@ def argv(m: ModelPlan, ctx: Context) -> list[str]:
     out += ["--log-verbosity", "4"] if d.verbosity else []
     if rm.mmproj_path is not None:
         out += ["--mmproj", str(rm.mmproj_path)]
+    # its answers name the model as the stack does, not by the GGUF's file name or path (the gateway renames
+    # them to what each client asked for; this is for a client that reaches the worker's port itself)
+    out += ["--alias", m.name] if d.alias else []
+    if rm.chat_template_file is not None:
+        out += ["--chat-template-file", str(rm.chat_template_file)]
+    elif spec.chat_template is not None:
+        out += ["--chat-template", spec.chat_template]
     if m.estimate.facts.get("family") == "embedding":
         out.append(d.embeddings)
     elif d.slot_save:  # the gateway saves its slots' KV before evicting it and restores them after its next start
@@ -143,6 +154,8 @@ def _refuse(m: ModelPlan, ctx: Context, d: Dialect) -> None:
         raise source.error(at + ("runtime",), f"{which} is too old: its --help lists no {', '.join(d.missing)}", hint)
     if m.model.mmproj_path is not None and not d.mmproj:
         raise source.error(at + ("mmproj",), f"{which} takes no --mmproj: it cannot load a vision projector", hint)
+    if m.model.chat_template_file is not None and not d.template_file:
+        raise source.error(at + ("chat_template",), f"{which} takes no --chat-template-file", hint)
 
 
 def pinned(argv: list[str], extra: int) -> list[str]:

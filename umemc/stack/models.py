@@ -286,6 +286,14 @@ class ModelSpec(_Strict):
     bin: str | None = Field(None, description="The runtime's executable (default: looked up on PATH).")
     args: list[str] = Field(default_factory=list, description="Extra argv for the runtime.")
     mmproj: str | None = Field(None, description="Vision projector GGUF (llama.cpp multimodal), counted in weights.")
+    chat_template: str | None = Field(
+        None,
+        min_length=1,
+        description="llama.cpp runtimes: the chat template, for a GGUF that has none (tokenizer.chat_template) or a "
+        'wrong one: a llama.cpp built-in name ("chatml", "gemma", "llama3", ...: llama-server --help lists them) or '
+        "a Jinja file (a path ending in .jinja or holding a /, relative to the stack file). llama-server is given "
+        "--chat-template or --chat-template-file, llama-cpp-python --chat_format (built-in names it shares only).",
+    )
     env: dict[str, str] = Field(
         default_factory=dict, description="Extra environment for the worker; wins over what umemc sets."
     )

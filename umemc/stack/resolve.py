@@ -61,6 +61,7 @@ class ResolvedModel(NamedTuple):
     mmap: bool
     max_concurrency: int
     port: int
+    chat_template_file: Path | None = None  # `chat_template` given as a Jinja file (a built-in name stays in spec)
 
 
 @dataclass(frozen=True)
@@ -528,7 +529,53 @@ def _model(
         mmap,
         spec.max_concurrency or spec.parallel,
         port,
+        _chat_template(doc, spec, at),
     )
+
+
+def _chat_template(doc: Document, spec: ModelSpec, at: tuple[str, ...]) -> Path | None:
+    """`chat_template`: a Jinja file (its path, which must be a file) or a built-in name of llama.cpp's; only
+    llama.cpp runtimes have one."""
+    from ..catalog.chat_templates import LLAMA_CPP_PYTHON, is_file
+
+    value, src, key = spec.chat_template, doc.source, at + ("chat_template",)
+    if value is None:
+        return None
+    if spec.runtime not in LLAMA_RUNTIMES:
+        raise src.error(key, f'runtime = "{spec.runtime}" takes no chat template', "only llama.cpp runtimes apply one")
+    if spec.runtime == "llama-cpp-python" and (is_file(value) or value not in LLAMA_CPP_PYTHON):
+        raise src.error(
+            key,
+            "llama-cpp-python's server takes no template file, only a built-in name"
+            if is_file(value)
+            else f"llama-cpp-python's server has no built-in template {toml_repr(value)}",
+            f'one of {", ".join(sorted(LLAMA_CPP_PYTHON))}, or runtime = "llama-server"',
+        )
+    if not is_file(value):
+        _check_template_name(doc, spec, key, value)
+        return None
+    path = _local(doc, value)
+    kind = _not_regular(path) or ("a directory" if path.is_dir() else None)
+    if not path.exists() or kind is not None:
+        raise src.error(key, f"no template file at {path}" + (f" ({kind})" if kind else ""))
+    return path
+
+
+def _check_template_name(doc: Document, spec: ModelSpec, key: tuple[str, ...], value: str) -> None:
+    """A llama.cpp built-in name: umemc's list, or (a newer build's name) the list the installed llama-server's
+    --help gives; anything else is refused with the nearest name."""
+    from ..catalog.chat_templates import BUILTIN, listed
+
+    if spec.runtime != "llama-server" or value in BUILTIN:
+        return
+    from ..helptext import probe
+
+    installed = probe(spec.bin or "llama-server")
+    if installed is not None and value in (listed(installed.text) or ()):
+        return
+    near = close_matches(value, BUILTIN)
+    hint = f"did you mean {toml_repr(near[0])}?" if near else "a name `llama-server --help` lists, or a .jinja file"
+    raise doc.source.error(key, f"not a llama.cpp built-in chat template: {toml_repr(value)}", hint)
 
 
 Named = tuple[str | None, tuple[str, ...]]  # a file's path as the stack gives it, and the key that names it

@@ -14,14 +14,20 @@ MAX_SIZE = 2**60  # 1 EiB: far beyond any machine, far below 64-bit overflow
 MAX_DURATION_S = 365 * 24 * 3600
 
 
+def toml_string(value: str) -> str:
+    """A TOML basic string holding `value` whole (what a generated stack file writes)."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    return '"' + CONTROL.sub(lambda m: f"\\u{ord(m.group()):04X}", escaped) + '"'
+
+
 def toml_repr(value: Any) -> str:
-    """A value as it was written in TOML, for `(got …)` in messages."""
+    """A value as it was written in TOML, for `(got …)` in messages (a long string cut, so a message stays
+    readable)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
-        escaped = CONTROL.sub(lambda m: f"\\u{ord(m.group()):04X}", escaped)
-        return f'"{escaped[:60]}…"' if len(escaped) > 64 else f'"{escaped}"'  # a message stays readable
+        quoted = toml_string(value)
+        return f'{quoted[:61]}…"' if len(quoted) > 66 else quoted
     if isinstance(value, dict):
         return "a table"
     if isinstance(value, list):

@@ -11,6 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# ChatML as a Jinja template, as instruct models' files carry it (llama-server renders it with its own Jinja engine)
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+NO_TEMPLATE = ""  # TinySpec(chat_template=NO_TEMPLATE): a file without one
+
 
 @dataclass(frozen=True)
 class TinySpec:
@@ -24,6 +31,7 @@ class TinySpec:
     n_ctx_train: int = 4096
     ftype: str = "F16"  # F16 | Q8_0 | F32
     tied: bool = False  # no output.weight: the token embedding doubles as the output
+    chat_template: str = CHATML  # tokenizer.chat_template, as real chat models carry one ("": none)
 
     @property
     def head_dim(self) -> int:
@@ -52,8 +60,9 @@ def _vocab(n: int) -> tuple[list[str], list[float], list[int]]:
     return tokens, [-float(k) for k in range(n)], types
 
 
-def add_vocabulary(w: Any, n_vocab: int) -> None:
-    """A SentencePiece-style vocabulary of n_vocab tokens (the byte-fallback ones included) into a GGUFWriter."""
+def add_vocabulary(w: Any, n_vocab: int, chat_template: str = CHATML) -> None:
+    """A SentencePiece-style vocabulary of n_vocab tokens (the byte-fallback ones included) and a chat template
+    ("": none) into a GGUFWriter."""
     tokens, scores, types = _vocab(n_vocab)
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
@@ -63,6 +72,8 @@ def add_vocabulary(w: Any, n_vocab: int) -> None:
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
     w.add_add_bos_token(True)
+    if chat_template:
+        w.add_chat_template(chat_template)
 
 
 def write_tiny_gguf(path: Path, spec: TinySpec, seed: int = 0, split_max_tensors: int = 0) -> Path:
@@ -85,7 +96,7 @@ def write_tiny_gguf(path: Path, spec: TinySpec, seed: int = 0, split_max_tensors
     w.add_rope_dimension_count(spec.head_dim)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(_FILE_TYPE[spec.ftype])
-    add_vocabulary(w, spec.n_vocab)
+    add_vocabulary(w, spec.n_vocab, spec.chat_template)
 
     def mat(name: str, rows: int, cols: int) -> None:
         data = (rng.standard_normal((rows, cols)) * 0.02).astype(np.float32)

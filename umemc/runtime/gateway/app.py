@@ -35,6 +35,7 @@ from .history import Answered
 from .leases import lease_json
 from .metrics import Metrics
 from .model import Model, Refused
+from .naming import StreamRenamer, renamed
 from .scheduler import Scheduler
 from .traffic import Traffic
 from .usage import StreamReader, Usage, read_usage
@@ -196,14 +197,15 @@ def depth(doc: Any) -> int:
 
 async def openai(request: web.Request) -> web.StreamResponse:
     body = await read_body(request)
-    m = request.app[SCHED].slots.route(model_of(request.headers.get("Content-Type", ""), body))
-    return await forward(request, m, request.path_qs, body)
+    asked = model_of(request.headers.get("Content-Type", ""), body)
+    return await forward(request, request.app[SCHED].slots.route(asked), request.path_qs, body, asked)
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
-    m = request.app[SCHED].slots.route(request.match_info["name"])
+    asked = request.match_info["name"]
+    m = request.app[SCHED].slots.route(asked)
     path = "/" + request.match_info["tail"] + (f"?{request.query_string}" if request.query_string else "")
-    return await forward(request, m, path, await read_body(request))
+    return await forward(request, m, path, await read_body(request), asked)
 
 
 @dataclass
@@ -219,7 +221,9 @@ class Seen:
     refusal: str | None = None
 
 
-async def forward(request: web.Request, m: Model, path: str, body: bytes) -> web.StreamResponse:
+async def forward(request: web.Request, m: Model, path: str, body: bytes, asked: str) -> web.StreamResponse:
+    """Relay one request to the model's worker, through its slot and the generation budget; the answer names the
+    model as the client `asked` for it."""
     app, t0 = request.app, time.monotonic()
     code = 499  # the client went away before an answer
     seen = Seen()
@@ -235,7 +239,7 @@ async def forward(request: web.Request, m: Model, path: str, body: bytes) -> web
                     async with sched.generation.hold(m.plan.generation_weight, m.plan.priority) as waited:
                         app[METRICS].generation_wait(m.name, waited)
                         seen.generation_wait_s += waited
-                        resp = await _relay(request, m, path, body, seen)
+                        resp = await _relay(request, m, path, body, seen, asked)
                 break
             except Refused as exc:
                 # no answer began from a worker that stopped answering or died under the request (a crash
@@ -296,7 +300,12 @@ def _answered(traffic: Traffic, seen: Seen, status: int, seconds: float, usage: 
     seen.speed = traffic.answered(usage, status, seconds)
 
 
-async def _relay(request: web.Request, m: Model, path: str, body: bytes, seen: Seen) -> web.StreamResponse:
+def _names_model(content_type: str) -> bool:
+    """An answer whose model field the gateway rewrites: JSON, an event stream, NDJSON (never audio or images)."""
+    return "json" in content_type or "event-stream" in content_type
+
+
+async def _relay(request: web.Request, m: Model, path: str, body: bytes, seen: Seen, asked: str) -> web.StreamResponse:
     token = request.app.get("token")
     headers = {
         k: v
@@ -312,18 +321,26 @@ async def _relay(request: web.Request, m: Model, path: str, body: bytes, seen: S
             request.method, url, data=body or None, headers=headers, timeout=timeout
         ) as up:
             out = {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
-            if up.content_length is not None and not up.headers.get("Content-Type", "").startswith("text/event-stream"):
+            ctype = up.headers.get("Content-Type", "")
+            if up.content_length is not None and not ctype.startswith("text/event-stream"):
                 data = await up.read()
                 _answered(sched.traffic[m.name], seen, up.status, time.monotonic() - began, read_usage(data))
+                data = renamed(data, asked) if _names_model(ctype) else data
                 return web.Response(body=data, status=up.status, headers=out)
             resp = web.StreamResponse(status=up.status, headers=out)
             await resp.prepare(request)
             seen.stream = True
             reader = StreamReader()
+            names = StreamRenamer(asked) if _names_model(ctype) else None
             try:
                 async for chunk in up.content.iter_any():
                     reader.feed(chunk)
-                    await resp.write(chunk)
+                    if names is None:
+                        await resp.write(chunk)
+                    elif piece := names.feed(chunk):
+                        await resp.write(piece)
+                if names is not None and (tail := names.rest()):
+                    await resp.write(tail)
                 await resp.write_eof()
             except (ConnectionResetError, aiohttp.ClientPayloadError):
                 pass  # one side went away mid-stream; leaving the block closes the upstream connection

@@ -23,11 +23,12 @@ CONNECT_ERRORS = RPC_ERRORS
 
 class Refused(Exception):
     """A request the gateway answers itself: a code (which the HTTP layer maps to a status), an
-    OpenAI-shaped message, and when to try again."""
+    OpenAI-shaped message, and when to try again. `private`: what the operator's event log may say beyond the
+    message (a path, supervisord's spawn error), which a client never sees."""
 
-    def __init__(self, message: str, code: str, retry_after: int | None = None):
+    def __init__(self, message: str, code: str, retry_after: int | None = None, private: str | None = None):
         super().__init__(message)
-        self.message, self.code, self.retry_after = message, code, retry_after
+        self.message, self.code, self.retry_after, self.private = message, code, retry_after, private
 
 
 @dataclass

