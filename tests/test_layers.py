@@ -208,6 +208,7 @@ GATEWAY_OWNERS = {
         "saved_slots",
         "cold_starts",
         "last_cold_start_s",
+        "keep_alive_s",
     },
     "traffic.py": {"tokens_in", "tokens_out", "prompt_speed", "speed"},
 }

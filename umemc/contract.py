@@ -154,6 +154,11 @@ class ModelDoc(Document):
     reports_buffers: bool = False  # llama.cpp: its log states its buffer sizes (the enforcer's drift check)
     hub_files: list[str] = []  # keys whose file is on the Hub (hf, mmproj_hf): `umemc pull` fetches them
     kind: str = "other"  # what it serves (chat, embeddings, audio, image, other): the gateway's /v1/models
+    # what clients are told of the model (Ollama's /api/show and /api/tags): its architecture and file type where
+    # the estimate knew them, and the context each sequence gets
+    arch: str | None = None
+    quant: str | None = None
+    context: int | None = None
 
     @property
     def cold(self) -> bool:

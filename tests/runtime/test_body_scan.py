@@ -1,4 +1,4 @@
-"""How the gateway reads a request body before routing it (umemc.runtime.gateway.app: model_of, strict_json): the
+"""How the gateway reads a request body before routing it (umemc.runtime.gateway.relay: model_of, strict_json): the
 nesting it refuses is checked against a plain byte-by-byte scan of the body written here (the reference), on
 awkward and random bodies; the messages are the API's."""
 
@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from umemc.runtime.gateway.app import MAX_JSON_DEPTH, TooDeep, depth, model_of, strict_json
 from umemc.runtime.gateway.model import Refused
+from umemc.runtime.gateway.relay import MAX_JSON_DEPTH, TooDeep, depth, model_of, strict_json
 
 
 def reference_depth(raw: bytes) -> int:

@@ -103,7 +103,7 @@ def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
         compute_fig,
         overhead,
         warnings,
-        {"file type": ftype, "family": family, "n_ctx_train": shape.n_ctx_train},
+        {"file type": ftype, "family": family, "n_ctx_train": shape.n_ctx_train, "arch": shape.arch},
     )
 
 

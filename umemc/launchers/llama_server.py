@@ -66,6 +66,7 @@ class Dialect(NamedTuple):
     embeddings: str = "--embeddings"
     alias: bool = True  # --alias (the name its answers give the model)
     template_file: bool = True  # --chat-template-file
+    jinja_default: bool = True  # --no-jinja exists: Jinja chat templates are on unless turned off
     missing: tuple[str, ...] = ()  # flags umemc cannot do without
 
     @classmethod
@@ -83,6 +84,7 @@ class Dialect(NamedTuple):
             embeddings="--embeddings" if h.has("--embeddings") else "--embedding",
             alias=h.has("--alias"),
             template_file=h.has("--chat-template-file"),
+            jinja_default=h.has("--no-jinja"),
             missing=tuple(f for f in REQUIRED if not h.has(f)),
         )
 
@@ -131,7 +133,9 @@ def argv(m: ModelPlan, ctx: Context) -> list[str]:
     if rm.chat_template_file is not None:
         out += ["--chat-template-file", str(rm.chat_template_file)]
     elif spec.chat_template is not None:
-        out += ["--chat-template", spec.chat_template]
+        # a built-in name is applied by llama.cpp's own formatter, which runs only with Jinja off: with Jinja on (the
+        # default since --no-jinja exists) the name itself would be taken as the template's text
+        out += [*(["--no-jinja"] if d.jinja_default else []), "--chat-template", spec.chat_template]
     if m.estimate.facts.get("family") == "embedding":
         out.append(d.embeddings)
     elif d.slot_save:  # the gateway saves its slots' KV before evicting it and restores them after its next start

@@ -6,7 +6,8 @@ from collections.abc import Callable
 from xml.sax.saxutils import escape as xml_escape
 
 from .. import contract as c
-from ..catalog.runtimes import KIND_OF_FAMILY
+from ..budget import ModelPlan
+from ..catalog.runtimes import KIND_OF_FAMILY, LLAMA_RUNTIMES
 from ..compile import Bundle
 from ..launchers import help_argv, runtime_of
 from ..names import PLAN_FILE, STATE, SUPERVISOR_CONFIG
@@ -126,7 +127,15 @@ def _model(b: Bundle, name: str) -> c.ModelDoc:
         reports_buffers=runtime.REPORTS_BUFFERS,
         hub_files=[k for k in ("hf", "mmproj_hf") if getattr(spec, k) is not None],
         kind=spec.kind or KIND_OF_FAMILY.get(str(m.estimate.facts.get("family")), "other"),
+        arch=_fact(m, "arch"),
+        quant=_fact(m, "file type") or m.model.quant,
+        context=spec.context if spec.runtime in LLAMA_RUNTIMES else None,
     )
+
+
+def _fact(m: ModelPlan, key: str) -> str | None:
+    value = m.estimate.facts.get(key)
+    return None if value in (None, "") else str(value)
 
 
 def budget(b: Bundle) -> Files:

@@ -1,22 +1,15 @@
-"""The gateway's HTTP side (aiohttp on uvloop where installed): OpenAI-compatible routes by the
-request's `model`, `/models/<name>/…` pass-through, the lease API, /metrics and /umemc/status.
-
-Responses with a Content-Length are relayed whole; anything else (SSE, chunked) is relayed chunk
-by chunk as it arrives. A client that goes away cancels its handler (handler_cancellation), which
-closes the upstream connection, so the worker stops generating."""
+"""The gateway's HTTP side (aiohttp on uvloop where installed): OpenAI-compatible routes by the request's `model`,
+`/models/<name>/…` pass-through, the lease API, /metrics and /umemc/status, the guards in front of them all, and the
+application that puts them together. Relaying to a worker is relay.py's; Ollama's API is ollama.py's."""
 
 from __future__ import annotations
 
-import asyncio
-import email.parser
-import email.policy
 import hmac
 import ipaddress
 import json
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -28,45 +21,29 @@ from ...chars import CONTROL
 from ...policy import Decision, Need
 from ...units import parse_duration, parse_size
 from ..eventtext import said
-from . import views
+from . import ollama, router, views
 from .access import AccessLog
-from .core import Admit
-from .history import Answered
 from .leases import lease_json
 from .metrics import Metrics
 from .model import Model, Refused
-from .naming import StreamRenamer, renamed
-from .scheduler import Scheduler
-from .traffic import Traffic
-from .usage import StreamReader, Usage, read_usage
-
-HOP_BY_HOP = frozenset(
-    (
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-    )
+from .relay import (
+    ACCESS,
+    CLIENT,
+    HTTP_STATUS,
+    METRICS,
+    SCHED,
+    Call,
+    TooDeep,
+    error,
+    forward,
+    model_of,
+    read_body,
+    refused,
+    strict_json,
 )
+from .scheduler import Scheduler
+
 DEFAULT_LEASE_TTL_S = 600.0
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "invalid_request_error",
-    408: "invalid_request_error",
-    409: "insufficient_memory",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    429: "rate_limit_error",
-}
 MUTATING = frozenset(("POST", "PUT", "PATCH", "DELETE"))
 OPEN_PATHS = frozenset(("/umemc/health",))  # liveness only: says nothing about the stack
 # the status page's HTML holds no data (it fetches the API with the token from its URL fragment): a browser
@@ -74,299 +51,25 @@ OPEN_PATHS = frozenset(("/umemc/health",))  # liveness only: says nothing about 
 TOKENLESS_PATHS = OPEN_PATHS | {"/ui"}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-SCHED: web.AppKey[Scheduler] = web.AppKey("sched", Scheduler)
-METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
-CLIENT: web.AppKey[aiohttp.ClientSession] = web.AppKey("client", aiohttp.ClientSession)
-ACCESS: web.AppKey[AccessLog] = web.AppKey("access", AccessLog)
-
-
-def error(status: int, message: str, code: str, retry_after: int | None = None) -> web.Response:
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    body = {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"), "code": code}}
-    return web.json_response(body, status=status, headers=headers)
-
-
-# What each refusal is in HTTP (the scheduler speaks in codes; statuses are this layer's business).
-HTTP_STATUS = {
-    "invalid_json": 400, "model_missing": 400, "invalid_lease": 400,
-    "model_not_found": 404, "no_port": 404,
-    "body_timeout": 408,
-    "queue_full": 429, "too_many_leases": 429,
-    "body_too_large": 413,
-    "upstream_unreachable": 502, "upstream_disconnected": 502,
-    "shutting_down": 503, "worker_unhealthy": 503, "worker_given_up": 503, "queue_timeout": 503,
-    "insufficient_memory": 503, "not_admissible": 503, "start_failed": 503, "start_timeout": 503, "stop_failed": 503,
-    "state_unwritable": 503,
-    "upstream_timeout": 504,
-    "busy": 409,
-}  # fmt: skip
-
-
-def admit_of(request: web.Request) -> Admit:
-    """`X-Umemc-Wait: 1` (or true/yes): queue for a model that cannot be admitted now, until memory
-    frees or the queue timeout; without it such a request is refused at once with the reason."""
-    wait = request.headers.get("X-Umemc-Wait", "").strip().lower() in ("1", "true", "yes")
-    return Admit.QUEUE if wait else Admit.REFUSE_NOW
-
-
-def refused(exc: Refused) -> web.Response:
-    return error(HTTP_STATUS[exc.code], exc.message, exc.code, exc.retry_after)
-
-
-# -- routing ------------------------------------------------------------------------------------
-def model_of(content_type: str, body: bytes) -> str:
-    """The `model` field of a JSON body, or of a multipart form (audio transcriptions)."""
-    if content_type.startswith("multipart/form-data"):
-        return _multipart_model(content_type, body)
-    try:
-        doc = strict_json(body) if body else None
-    except ValueError as exc:
-        raise Refused(str(exc) if isinstance(exc, TooDeep) else "request body is not JSON", "invalid_json") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("model"), str) or not doc["model"]:
-        raise Refused('request has no "model" field: name a model of this stack (GET /v1/models)', "model_missing")
-    return str(doc["model"])
-
-
-def _multipart_model(content_type: str, body: bytes) -> str:
-    head = f"Content-Type: {content_type}\r\n\r\n".encode()
-    msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
-    for part in msg.iter_parts():
-        if part.get_param("name", header="content-disposition") == "model":
-            value = part.get_payload(decode=True)
-            if isinstance(value, bytes) and value.strip():
-                return value.decode(errors="replace").strip()
-    raise Refused('form has no "model" field: name a model of this stack (GET /v1/models)', "model_missing")
-
-
-async def read_body(request: web.Request) -> bytes:
-    """The whole body within gateway.body_timeout (a client trickling bytes cannot hold a handler),
-    at most gateway.max_body bytes (aiohttp answers 413 beyond; a larger declared Content-Length is
-    answered 413 at once, before a byte of it is waited for)."""
-    limit = request.app[SCHED].gw.max_body_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise Refused(
-            f"request body of {request.content_length} bytes is larger than {limit} bytes (gateway.max_body)",
-            "body_too_large",
-        )
-    try:
-        async with asyncio.timeout(request.app[SCHED].gw.body_timeout_s):
-            return await request.read()
-    except TimeoutError:
-        raise Refused(
-            f"request body not received within {request.app[SCHED].gw.body_timeout_s:g} s", "body_timeout"
-        ) from None
-
-
-MAX_JSON_DEPTH = 64  # no request of this API nests deeper than a few levels
-TOO_DEEP = f"request body nests more than {MAX_JSON_DEPTH} levels of arrays or objects"
-
-
-def strict_json(raw: bytes) -> Any:
-    """json.loads without NaN/Infinity (Python accepts them; JSON does not) and without nesting past
-    MAX_JSON_DEPTH (3000 levels made the parser recurse until Python gave up: a 500 with a traceback)."""
-
-    def refuse(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
-
-    try:
-        doc = json.loads(raw, parse_constant=refuse)
-    except RecursionError:  # deeper than Python's recursion limit (about 1000 levels)
-        raise TooDeep(TOO_DEEP) from None
-    # no more opening brackets than the limit (strings' included) bound the depth: most bodies end here
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and depth(doc) > MAX_JSON_DEPTH:
-        raise TooDeep(TOO_DEEP)
-    return doc
-
-
-class TooDeep(ValueError):
-    pass
-
-
-def depth(doc: Any) -> int:
-    """How deep a parsed document nests arrays and objects, counted up to one level past MAX_JSON_DEPTH; level by
-    level over the containers only (a 1 MiB prompt is one string: nothing to walk). Scanning the body's bytes
-    for brackets outside strings instead took 17 ms a MiB in Python, 8 ms with a regular expression on a prompt
-    of code; the parser is C and 1 ms."""
-    level = [doc] if type(doc) in (dict, list) else []
-    deepest = 0
-    while level and deepest <= MAX_JSON_DEPTH:
-        deepest += 1
-        level = [v for c in level for v in (c.values() if type(c) is dict else c) if type(v) in (dict, list)]
-    return deepest
 
 
 async def openai(request: web.Request) -> web.StreamResponse:
     body = await read_body(request)
     asked = model_of(request.headers.get("Content-Type", ""), body)
-    return await forward(request, request.app[SCHED].slots.route(asked), request.path_qs, body, asked)
+    m = request.app[SCHED].slots.route(asked)
+    if b'"keep_alive"' in body and not request.content_type.startswith(
+        "multipart/"
+    ):  # Ollama's per-request keep_alive, on these routes too (parsed only when there)
+        doc = strict_json(body)
+        request.app[SCHED].keep_alive(m, ollama.keep_alive_of(doc.get("keep_alive") if isinstance(doc, dict) else None))
+    return await forward(request, m, Call(request.method, request.path_qs, body, asked))
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
     asked = request.match_info["name"]
     m = request.app[SCHED].slots.route(asked)
     path = "/" + request.match_info["tail"] + (f"?{request.query_string}" if request.query_string else "")
-    return await forward(request, m, path, await read_body(request), asked)
-
-
-@dataclass
-class Seen:
-    """What one request went through, for the access log and the token counts."""
-
-    queue_wait_s: float = 0.0
-    generation_wait_s: float = 0.0
-    upstream_s: float = 0.0
-    stream: bool = False
-    usage: Usage = field(default_factory=Usage)
-    speed: float | None = None  # tokens out per second of a 2xx answer that said its tokens
-    refusal: str | None = None
-
-
-async def forward(request: web.Request, m: Model, path: str, body: bytes, asked: str) -> web.StreamResponse:
-    """Relay one request to the model's worker, through its slot and the generation budget; the answer names the
-    model as the client `asked` for it."""
-    app, t0 = request.app, time.monotonic()
-    code = 499  # the client went away before an answer
-    seen = Seen()
-    try:
-        if m.port is None:
-            raise Refused(f"model {m.name} has no port: the gateway cannot route to it", "no_port")
-        sched = app[SCHED]
-        for attempt in (1, 2):
-            try:
-                async with sched.slots.slot(m, admit_of(request)) as queued:
-                    seen.queue_wait_s += queued
-                    # the stack's generation budget (policy.max_generating): highest priority first, then FIFO
-                    async with sched.generation.hold(m.plan.generation_weight, m.plan.priority) as waited:
-                        app[METRICS].generation_wait(m.name, waited)
-                        seen.generation_wait_s += waited
-                        resp = await _relay(request, m, path, body, seen, asked)
-                break
-            except Refused as exc:
-                # no answer began from a worker that stopped answering or died under the request (a crash
-                # supervisord is restarting): wait for it like any request for a starting worker, once
-                if exc.code not in ("upstream_unreachable", "upstream_disconnected") or attempt == 2:
-                    raise
-        code = resp.status
-        return resp
-    except Refused as exc:
-        code, seen.refusal = HTTP_STATUS[exc.code], exc.code
-        return refused(exc)
-    finally:
-        _account(app, request, m, code, time.monotonic() - t0, seen)
-
-
-def _account(app: web.Application, request: web.Request, m: Model, code: int, latency: float, seen: Seen) -> None:
-    """The request's figures into /metrics, the page's history and one access log line."""
-    usage = seen.usage
-    speed = seen.speed if 200 <= code < 300 else None
-    app[METRICS].request(m.name, code, latency, usage)
-    app[SCHED].answered.add(
-        Answered(
-            time.time(),
-            m.name,
-            code,
-            latency,
-            seen.queue_wait_s,
-            usage.tokens_in,
-            usage.tokens_out,
-            speed,
-            usage.prompt_speed,
-        )  # fmt: skip
-    )
-    entry: dict[str, Any] = {
-        "model": m.name,
-        "method": request.method,
-        "path": request.path,
-        "status": code,
-        "queue_wait_s": round(seen.queue_wait_s, 4),
-        "latency_s": round(latency, 4),
-        "tokens_in": usage.tokens_in,
-        "tokens_out": usage.tokens_out,
-        "tokens_per_s": None if speed is None else round(speed, 2),
-        "tokens_from": usage.source,
-        "stream": seen.stream,
-    }
-    if seen.generation_wait_s:
-        entry["generation_wait_s"] = round(seen.generation_wait_s, 4)
-    if seen.refusal is not None:
-        entry["error"] = seen.refusal
-    app[ACCESS].write(entry)
-
-
-def _answered(traffic: Traffic, seen: Seen, status: int, seconds: float, usage: Usage) -> None:
-    """The worker's answer is through: its tokens onto the model's traffic (before its slot is let go, so the state
-    the release publishes has them)."""
-    seen.upstream_s, seen.usage = seconds, usage
-    seen.speed = traffic.answered(usage, status, seconds)
-
-
-def _names_model(content_type: str) -> bool:
-    """An answer whose model field the gateway rewrites: JSON, an event stream, NDJSON (never audio or images)."""
-    return "json" in content_type or "event-stream" in content_type
-
-
-async def _relay(request: web.Request, m: Model, path: str, body: bytes, seen: Seen, asked: str) -> web.StreamResponse:
-    token = request.app.get("token")
-    headers = {
-        k: v
-        for k, v in request.headers.items()
-        if k.lower() not in HOP_BY_HOP and not (token and k.lower() == "authorization")
-    }
-    url = f"http://127.0.0.1:{m.port}{path}"
-    sched = request.app[SCHED]
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=sched.gw.upstream_timeout_s)
-    began = time.monotonic()
-    try:
-        async with request.app[CLIENT].request(
-            request.method, url, data=body or None, headers=headers, timeout=timeout
-        ) as up:
-            out = {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
-            ctype = up.headers.get("Content-Type", "")
-            if up.content_length is not None and not ctype.startswith("text/event-stream"):
-                data = await up.read()
-                _answered(sched.traffic[m.name], seen, up.status, time.monotonic() - began, read_usage(data))
-                data = renamed(data, asked) if _names_model(ctype) else data
-                return web.Response(body=data, status=up.status, headers=out)
-            resp = web.StreamResponse(status=up.status, headers=out)
-            await resp.prepare(request)
-            seen.stream = True
-            reader = StreamReader()
-            names = StreamRenamer(asked) if _names_model(ctype) else None
-            try:
-                async for chunk in up.content.iter_any():
-                    reader.feed(chunk)
-                    if names is None:
-                        await resp.write(chunk)
-                    elif piece := names.feed(chunk):
-                        await resp.write(piece)
-                if names is not None and (tail := names.rest()):
-                    await resp.write(tail)
-                await resp.write_eof()
-            except (ConnectionResetError, aiohttp.ClientPayloadError):
-                pass  # one side went away mid-stream; leaving the block closes the upstream connection
-            except TimeoutError:  # the worker stopped sending mid-stream: end the stream, mark it
-                sched.sync.mark_unhealthy(m, f"no byte for {sched.gw.upstream_timeout_s:g} s while streaming")
-            _answered(sched.traffic[m.name], seen, up.status, time.monotonic() - began, reader.usage())
-            return resp
-    except aiohttp.ClientConnectorError as exc:
-        sched.sync.worker_lost(m, "not answering on its port")  # the next request waits for it
-        raise Refused(
-            f"worker {m.name} is not answering on port {m.port}: {exc.strerror or exc}", "upstream_unreachable"
-        ) from None
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-        # before any byte of an answer: the worker died under the request (a kill, a crash); supervisord
-        # restarts it, and forward() sends the request again once it is back
-        sched.sync.worker_lost(m, "closed the connection")
-        raise Refused(f"worker {m.name} closed the connection: {exc}", "upstream_disconnected") from None
-    except TimeoutError:
-        waited = sched.gw.upstream_timeout_s
-        sched.sync.mark_unhealthy(m, f"no answer within {waited:g} s")
-        raise Refused(
-            f"worker {m.name} did not answer within {waited:g} s (gateway.upstream_timeout); it is "
-            "marked unhealthy until its health URL answers again",
-            "upstream_timeout",
-            10,
-        ) from None
+    return await forward(request, m, Call(request.method, path, await read_body(request), asked))
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -726,12 +429,16 @@ def _multipart_allowed(path: str) -> bool:
     return path.startswith(("/v1/", "/models/"))  # audio uploads; never the umemc API
 
 
+def _typeless_allowed(path: str) -> bool:
+    return _multipart_allowed(path) or path.startswith("/api/")  # clients of these APIs post JSON unlabelled
+
+
 def _accepted_type(request: web.Request) -> bool:
     """JSON (multipart for uploads to workers). No Content-Type at all only on the OpenAI routes and the
     passthrough (clients that post JSON without saying so; a browser sends a typeless body only with an Origin,
     refused): umemc's own API, which grants memory and evicts, takes JSON that says it is JSON."""
     if "Content-Type" not in request.headers:
-        return _multipart_allowed(request.path)
+        return _typeless_allowed(request.path)
     ctype = request.content_type.lower()
     if ctype == "application/json" or (ctype.startswith("application/") and ctype.endswith("+json")):
         return True
@@ -760,6 +467,8 @@ async def refusals(request: web.Request, handler: Handler) -> web.StreamResponse
     try:
         return await handler(request)
     except Refused as exc:
+        if request.path.startswith("/api/"):  # Ollama's clients read {"error": "..."}
+            return ollama.ollama_error(HTTP_STATUS[exc.code], exc.message)
         return refused(exc)
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[SCHED].gw.max_body_bytes
@@ -792,6 +501,8 @@ def make_app(sched: Scheduler, token: str | None) -> web.Application:
     app.router.add_post("/umemc/models/{name}/{action}", model_action)
     app.router.add_post("/umemc/pressure", pressure)
     app.router.add_get("/metrics", metrics)
+    ollama.add_routes(app)
+    router.add_routes(app)
     app.cleanup_ctx.append(_lifetime)
     return app
 

@@ -51,6 +51,7 @@ class Model:
     saved_slots: list[int] = field(default_factory=list)  # llama-server slots saved before its eviction
     cold_starts: int = 0
     last_cold_start_s: float | None = None  # how long its last start on demand took (this run)
+    keep_alive_s: float | None = None  # a client's keep_alive (math.inf: until evicted); None: the stack's ttl
 
     @property
     def kind(self) -> str:

@@ -465,6 +465,7 @@ class Scheduler:
             m.life.to(Phase.DOWN, why)
             self.sync.stopped(m)
             m.evicted = why == "evict" and evicted is Evicted.RESTORE
+            m.keep_alive_s = None  # a client's keep_alive lasts while the model runs
             self.events.add(why, m.name, by="gateway", usage_bytes=usage, priority=m.plan.priority, **detail)
             if self.metrics is not None:
                 self.metrics.eviction(m.name, why)
@@ -564,13 +565,29 @@ class Scheduler:
         await self._restore_hot()
         self.sync.write_state(now)
 
+    def keep_alive(self, m: Model, seconds: float | None) -> None:
+        """A client's keep_alive, as Ollama means it: how long the model stays loaded once idle (math.inf: until
+        evicted, 0: unloaded as soon as it is idle); None leaves what was asked before. It holds until the model
+        stops. It never shields a model: admission, priority and pressure treat it as before."""
+        if seconds is not None:
+            m.keep_alive_s = seconds
+
+    def idle_limit(self, m: Model) -> float | None:
+        """How long the model may stay idle before it is unloaded: a client's keep_alive, else a cold model's ttl;
+        None: no limit."""
+        limit = m.keep_alive_s if m.keep_alive_s is not None else m.plan.ttl_s if m.cold else None
+        return None if limit is None or math.isinf(limit) else limit
+
     async def _unload_idle(self, now: float) -> None:
         for m in self.models.values():
-            ttl, q = m.plan.ttl_s, self.slots[m.name]
+            limit, q = self.idle_limit(m), self.slots[m.name]
             idle = m.ready and not q.busy and m.starting is None and not m.draining
-            if m.cold and ttl is not None and idle and now - q.last_used >= ttl:
+            if limit is not None and idle and now - q.last_used >= limit:
+                asked = {"by": "keep_alive"} if m.keep_alive_s is not None else {}
                 with contextlib.suppress(Refused):  # recorded as ttl_unload_failed; tried again next round
-                    await self.stop(m, "ttl_unload", Evicted.STAY_DOWN, idle_s=round(now - q.last_used, 1), ttl_s=ttl)
+                    await self.stop(
+                        m, "ttl_unload", Evicted.STAY_DOWN, idle_s=round(now - q.last_used, 1), ttl_s=limit, **asked
+                    )
 
     async def _restore_hot(self) -> None:
         """A hot worker the gateway evicted comes back once it fits without evicting anything."""
@@ -639,6 +656,12 @@ class Scheduler:
             m.evicted = False
             self.launch(m, decision)
         return f"starting {m.name}" + (f", evicting {', '.join(decision.victims)}" if decision.victims else "")
+
+    async def load(self, m: Model, admit: Admit) -> None:
+        """Make a model ready without a request for it (a client's load: Ollama's empty chat, the router's
+        /models/load): the same admission and start as a request's, waited for; its slot is let go at once."""
+        await self.slots.acquire(m, admit)
+        self.slots.release(m)
 
     async def stop_now(self, m: Model, drain: bool) -> str:
         """Stop a running model at a person's request: drain first (its requests in flight and queued are served,

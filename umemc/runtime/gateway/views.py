@@ -3,6 +3,7 @@ nothing written."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -63,9 +64,10 @@ def _model(s: Scheduler, m: Model, now: float) -> dict[str, Any]:
         "tokens_in": traffic.tokens_in,
         "tokens_out": traffic.tokens_out,
         "tokens_per_s": traffic.tokens_per_s,
+        "keep_alive_s": keep_alive_json(m.keep_alive_s),
         "ttl_left_s": (
-            round(max(0.0, m.plan.ttl_s - (now - q.last_used)), 1)
-            if m.plan.ttl_s is not None and m.cold and m.ready and not q.busy
+            round(max(0.0, limit - (now - q.last_used)), 1)
+            if (limit := s.idle_limit(m)) is not None and m.ready and not q.busy
             else None
         ),
         "last_cold_start_s": m.last_cold_start_s,
@@ -79,3 +81,8 @@ def _start_now(s: Scheduler, m: Model) -> dict[str, Any]:
         return {"fits_now": None, "would_evict": None}
     decision = s.decide_model(m)
     return {"fits_now": decision.fits, "would_evict": decision.victims if decision.fits else []}
+
+
+def keep_alive_json(seconds: float | None) -> float | str | None:
+    """A client's keep_alive in JSON: seconds, "forever" (JSON has no infinity), or None (the stack's ttl)."""
+    return "forever" if seconds is not None and math.isinf(seconds) else seconds

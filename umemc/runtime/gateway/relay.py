@@ -1,0 +1,376 @@
+"""Relaying a request to a model's worker: the body read within its bounds, the model it names, its slot and the
+generation budget, the call to the worker with every way it can fail said as a refusal, the answer renamed to what
+the client asked for, and the figures (metrics, the page's history, the access log). Every client API (OpenAI's
+routes, the passthrough, Ollama's) goes through `forward`; each gives its own `Relay` for what it does with the
+worker's answer.
+
+Responses with a Content-Length are relayed whole; anything else (SSE, chunked) is relayed chunk by chunk as it
+arrives. A client that goes away cancels its handler (handler_cancellation), which closes the upstream connection,
+so the worker stops generating."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.parser
+import email.policy
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from .access import AccessLog
+from .core import Admit
+from .history import Answered
+from .metrics import Metrics
+from .model import Model, Refused
+from .naming import StreamRenamer, renamed
+from .scheduler import Scheduler
+from .usage import StreamReader, Usage, read_usage
+
+HOP_BY_HOP = frozenset(
+    (
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    )
+)
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    408: "invalid_request_error",
+    409: "insufficient_memory",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+}
+SCHED: web.AppKey[Scheduler] = web.AppKey("sched", Scheduler)
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
+CLIENT: web.AppKey[aiohttp.ClientSession] = web.AppKey("client", aiohttp.ClientSession)
+ACCESS: web.AppKey[AccessLog] = web.AppKey("access", AccessLog)
+
+
+def error(status: int, message: str, code: str, retry_after: int | None = None) -> web.Response:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    body = {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"), "code": code}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+# What each refusal is in HTTP (the scheduler speaks in codes; statuses are this layer's business).
+HTTP_STATUS = {
+    "invalid_json": 400, "model_missing": 400, "invalid_lease": 400,
+    "model_not_found": 404, "no_port": 404,
+    "body_timeout": 408,
+    "queue_full": 429, "too_many_leases": 429,
+    "body_too_large": 413,
+    "upstream_unreachable": 502, "upstream_disconnected": 502,
+    "shutting_down": 503, "worker_unhealthy": 503, "worker_given_up": 503, "queue_timeout": 503,
+    "insufficient_memory": 503, "not_admissible": 503, "start_failed": 503, "start_timeout": 503, "stop_failed": 503,
+    "state_unwritable": 503,
+    "upstream_timeout": 504,
+    "busy": 409,
+}  # fmt: skip
+
+
+def admit_of(request: web.Request) -> Admit:
+    """`X-Umemc-Wait: 1` (or true/yes): queue for a model that cannot be admitted now, until memory
+    frees or the queue timeout; without it such a request is refused at once with the reason."""
+    wait = request.headers.get("X-Umemc-Wait", "").strip().lower() in ("1", "true", "yes")
+    return Admit.QUEUE if wait else Admit.REFUSE_NOW
+
+
+def refused(exc: Refused) -> web.Response:
+    return error(HTTP_STATUS[exc.code], exc.message, exc.code, exc.retry_after)
+
+
+# -- routing ------------------------------------------------------------------------------------
+def model_of(content_type: str, body: bytes) -> str:
+    """The `model` field of a JSON body, or of a multipart form (audio transcriptions)."""
+    if content_type.startswith("multipart/form-data"):
+        return _multipart_model(content_type, body)
+    try:
+        doc = strict_json(body) if body else None
+    except ValueError as exc:
+        raise Refused(str(exc) if isinstance(exc, TooDeep) else "request body is not JSON", "invalid_json") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("model"), str) or not doc["model"]:
+        raise Refused('request has no "model" field: name a model of this stack (GET /v1/models)', "model_missing")
+    return str(doc["model"])
+
+
+def _multipart_model(content_type: str, body: bytes) -> str:
+    head = f"Content-Type: {content_type}\r\n\r\n".encode()
+    msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
+    for part in msg.iter_parts():
+        if part.get_param("name", header="content-disposition") == "model":
+            value = part.get_payload(decode=True)
+            if isinstance(value, bytes) and value.strip():
+                return value.decode(errors="replace").strip()
+    raise Refused('form has no "model" field: name a model of this stack (GET /v1/models)', "model_missing")
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The whole body within gateway.body_timeout (a client trickling bytes cannot hold a handler),
+    at most gateway.max_body bytes (aiohttp answers 413 beyond; a larger declared Content-Length is
+    answered 413 at once, before a byte of it is waited for)."""
+    limit = request.app[SCHED].gw.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise Refused(
+            f"request body of {request.content_length} bytes is larger than {limit} bytes (gateway.max_body)",
+            "body_too_large",
+        )
+    try:
+        async with asyncio.timeout(request.app[SCHED].gw.body_timeout_s):
+            return await request.read()
+    except TimeoutError:
+        raise Refused(
+            f"request body not received within {request.app[SCHED].gw.body_timeout_s:g} s", "body_timeout"
+        ) from None
+
+
+MAX_JSON_DEPTH = 64  # no request of this API nests deeper than a few levels
+TOO_DEEP = f"request body nests more than {MAX_JSON_DEPTH} levels of arrays or objects"
+
+
+def strict_json(raw: bytes) -> Any:
+    """json.loads without NaN/Infinity (Python accepts them; JSON does not) and without nesting past
+    MAX_JSON_DEPTH (3000 levels made the parser recurse until Python gave up: a 500 with a traceback)."""
+
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        doc = json.loads(raw, parse_constant=refuse)
+    except RecursionError:  # deeper than Python's recursion limit (about 1000 levels)
+        raise TooDeep(TOO_DEEP) from None
+    # no more opening brackets than the limit (strings' included) bound the depth: most bodies end here
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and depth(doc) > MAX_JSON_DEPTH:
+        raise TooDeep(TOO_DEEP)
+    return doc
+
+
+class TooDeep(ValueError):
+    pass
+
+
+def depth(doc: Any) -> int:
+    """How deep a parsed document nests arrays and objects, counted up to one level past MAX_JSON_DEPTH; level by
+    level over the containers only (a 1 MiB prompt is one string: nothing to walk). Scanning the body's bytes
+    for brackets outside strings instead took 17 ms a MiB in Python, 8 ms with a regular expression on a prompt
+    of code; the parser is C and 1 ms."""
+    level = [doc] if type(doc) in (dict, list) else []
+    deepest = 0
+    while level and deepest <= MAX_JSON_DEPTH:
+        deepest += 1
+        level = [v for c in level for v in (c.values() if type(c) is dict else c) if type(v) in (dict, list)]
+    return deepest
+
+
+@dataclass
+class Seen:
+    """What one request went through, for the access log and the token counts."""
+
+    queue_wait_s: float = 0.0
+    generation_wait_s: float = 0.0
+    upstream_s: float = 0.0
+    stream: bool = False
+    usage: Usage = field(default_factory=Usage)
+    speed: float | None = None  # tokens out per second of a 2xx answer that said its tokens
+    refusal: str | None = None
+
+
+@dataclass(frozen=True)
+class Call:
+    """What is asked of the worker: the request's method, path and body, and the model's name as the client asked
+    for it (its answers say that name)."""
+
+    method: str
+    path: str
+    body: bytes
+    asked: str
+
+
+Relay = Callable[[web.Request, Model, Call, "Seen"], Awaitable[web.StreamResponse]]
+
+
+async def forward(request: web.Request, m: Model, call: Call, relay: Relay | None = None) -> web.StreamResponse:
+    """Send one request to the model's worker, through its slot and the generation budget; `relay` (default: the
+    answer as the worker gives it, renamed) makes the client's answer."""
+    app, t0 = request.app, time.monotonic()
+    code = 499  # the client went away before an answer
+    seen = Seen()
+    try:
+        if m.port is None:
+            raise Refused(f"model {m.name} has no port: the gateway cannot route to it", "no_port")
+        sched = app[SCHED]
+        for attempt in (1, 2):
+            try:
+                async with sched.slots.slot(m, admit_of(request)) as queued:
+                    seen.queue_wait_s += queued
+                    # the stack's generation budget (policy.max_generating): highest priority first, then FIFO
+                    async with sched.generation.hold(m.plan.generation_weight, m.plan.priority) as waited:
+                        app[METRICS].generation_wait(m.name, waited)
+                        seen.generation_wait_s += waited
+                        resp = await (relay or pass_through)(request, m, call, seen)
+                break
+            except Refused as exc:
+                # no answer began from a worker that stopped answering or died under the request (a crash
+                # supervisord is restarting): wait for it like any request for a starting worker, once
+                if exc.code not in ("upstream_unreachable", "upstream_disconnected") or attempt == 2:
+                    raise
+        code = resp.status
+        return resp
+    except Refused as exc:
+        code, seen.refusal = HTTP_STATUS[exc.code], exc.code
+        return refused(exc)
+    finally:
+        _account(app, request, m, code, time.monotonic() - t0, seen)
+
+
+def _account(app: web.Application, request: web.Request, m: Model, code: int, latency: float, seen: Seen) -> None:
+    """The request's figures into /metrics, the page's history and one access log line."""
+    usage = seen.usage
+    speed = seen.speed if 200 <= code < 300 else None
+    app[METRICS].request(m.name, code, latency, usage)
+    app[SCHED].answered.add(
+        Answered(
+            time.time(),
+            m.name,
+            code,
+            latency,
+            seen.queue_wait_s,
+            usage.tokens_in,
+            usage.tokens_out,
+            speed,
+            usage.prompt_speed,
+        )  # fmt: skip
+    )
+    entry: dict[str, Any] = {
+        "model": m.name,
+        "method": request.method,
+        "path": request.path,
+        "status": code,
+        "queue_wait_s": round(seen.queue_wait_s, 4),
+        "latency_s": round(latency, 4),
+        "tokens_in": usage.tokens_in,
+        "tokens_out": usage.tokens_out,
+        "tokens_per_s": None if speed is None else round(speed, 2),
+        "tokens_from": usage.source,
+        "stream": seen.stream,
+    }
+    if seen.generation_wait_s:
+        entry["generation_wait_s"] = round(seen.generation_wait_s, 4)
+    if seen.refusal is not None:
+        entry["error"] = seen.refusal
+    app[ACCESS].write(entry)
+
+
+def _names_model(content_type: str) -> bool:
+    """An answer whose model field the gateway rewrites: JSON, an event stream, NDJSON (never audio or images)."""
+    return "json" in content_type or "event-stream" in content_type
+
+
+@contextlib.asynccontextmanager
+async def upstream(
+    request: web.Request, m: Model, call: Call, headers: dict[str, str]
+) -> AsyncIterator[aiohttp.ClientResponse]:
+    """The worker's answer to `call`; a worker that cannot be reached, drops the connection before answering or
+    stays silent past gateway.upstream_timeout is a refusal (forward() sends the request again, once, where the
+    worker went away before any byte of an answer)."""
+    sched = request.app[SCHED]
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=sched.gw.upstream_timeout_s)
+    url = f"http://127.0.0.1:{m.port}{call.path}"
+    try:
+        async with request.app[CLIENT].request(
+            call.method, url, data=call.body or None, headers=headers, timeout=timeout
+        ) as up:
+            yield up
+    except aiohttp.ClientConnectorError as exc:
+        sched.sync.worker_lost(m, "not answering on its port")  # the next request waits for it
+        raise Refused(
+            f"worker {m.name} is not answering on port {m.port}: {exc.strerror or exc}", "upstream_unreachable"
+        ) from None
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        # before any byte of an answer: the worker died under the request (a kill, a crash); supervisord
+        # restarts it, and forward() sends the request again once it is back
+        sched.sync.worker_lost(m, "closed the connection")
+        raise Refused(f"worker {m.name} closed the connection: {exc}", "upstream_disconnected") from None
+    except TimeoutError:
+        waited = sched.gw.upstream_timeout_s
+        sched.sync.mark_unhealthy(m, f"no answer within {waited:g} s")
+        raise Refused(
+            f"worker {m.name} did not answer within {waited:g} s (gateway.upstream_timeout); it is "
+            "marked unhealthy until its health URL answers again",
+            "upstream_timeout",
+            10,
+        ) from None
+
+
+def answered(request: web.Request, m: Model, seen: Seen, status: int, began: float, usage: Usage) -> None:
+    """The worker's answer is through: its tokens onto the model's traffic (before its slot is let go, so the state
+    the release publishes has them)."""
+    seen.upstream_s, seen.usage = time.monotonic() - began, usage
+    seen.speed = request.app[SCHED].traffic[m.name].answered(usage, status, seen.upstream_s)
+
+
+def stream_ended(request: web.Request, m: Model, exc: BaseException) -> None:
+    """A stream cut in the middle: a side that went away ends it quietly; a worker silent past upstream_timeout is
+    marked unhealthy."""
+    if isinstance(exc, TimeoutError):
+        sched = request.app[SCHED]
+        sched.sync.mark_unhealthy(m, f"no byte for {sched.gw.upstream_timeout_s:g} s while streaming")
+
+
+STREAM_ENDS = (ConnectionResetError, aiohttp.ClientPayloadError, TimeoutError)
+
+
+async def pass_through(request: web.Request, m: Model, call: Call, seen: Seen) -> web.StreamResponse:
+    """The worker's answer as it gives it (its headers less the hop-by-hop ones), its model fields renamed."""
+    token = request.app.get("token")
+    headers = {
+        k: v
+        for k, v in request.headers.items()
+        if k.lower() not in HOP_BY_HOP and not (token and k.lower() == "authorization")
+    }
+    began = time.monotonic()
+    async with upstream(request, m, call, headers) as up:
+        out = {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
+        ctype = up.headers.get("Content-Type", "")
+        if up.content_length is not None and not ctype.startswith("text/event-stream"):
+            data = await up.read()
+            answered(request, m, seen, up.status, began, read_usage(data))
+            data = renamed(data, call.asked) if _names_model(ctype) else data
+            return web.Response(body=data, status=up.status, headers=out)
+        resp = web.StreamResponse(status=up.status, headers=out)
+        await resp.prepare(request)
+        seen.stream = True
+        reader = StreamReader()
+        names = StreamRenamer(call.asked) if _names_model(ctype) else None
+        try:
+            async for chunk in up.content.iter_any():
+                reader.feed(chunk)
+                if names is None:
+                    await resp.write(chunk)
+                elif piece := names.feed(chunk):
+                    await resp.write(piece)
+            if names is not None and (tail := names.rest()):
+                await resp.write(tail)
+            await resp.write_eof()
+        except STREAM_ENDS as exc:  # one side went away, or the worker fell silent: leaving closes the upstream
+            stream_ended(request, m, exc)
+        answered(request, m, seen, up.status, began, reader.usage())
+        return resp

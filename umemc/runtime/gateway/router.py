@@ -1,0 +1,77 @@
+"""llama.cpp router mode's model routes, for the clients written against `llama-server --models-dir` (its web UI,
+scripts): GET /models lists the models with their status, POST /models/load and POST /models/unload take
+{"model": "NAME"}. A load goes through the same admission as a cold start and answers once the model is ready
+(llama.cpp's router answers at once and loads behind it); an unload drains the model's requests first. Both need
+the gateway's token where one is set, like every route but health.
+
+The shapes are llama.cpp's (tools/server/server-models.cpp: {"success": true}, status values loaded, loading,
+unloaded), without what would name a file of this machine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from .model import Model, Refused
+from .relay import SCHED, admit_of, error, read_body, strict_json
+
+
+def status_value(m: Model) -> str:
+    if m.ready:
+        return "loaded"
+    if m.starting is not None:
+        return "loading"
+    return "unloaded"
+
+
+async def models(request: web.Request) -> web.Response:
+    sched = request.app[SCHED]
+    data = []
+    for m in sched.models.values():
+        status: dict[str, Any] = {"value": status_value(m)}
+        if m.failure and not m.live:
+            status |= {"failed": True, "reason": m.failure}
+        data.append(
+            {
+                "id": m.name,
+                "aliases": m.plan.aliases,
+                "object": "model",
+                "owned_by": "umemc",
+                "created": 0,
+                "status": status,
+            }
+        )
+    return web.json_response({"object": "list", "data": data})
+
+
+async def _named(request: web.Request) -> Model:
+    raw = await read_body(request)
+    try:
+        doc = strict_json(raw) if raw else {}
+    except ValueError:
+        raise Refused("request body is not JSON", "invalid_json") from None
+    name = doc.get("model") if isinstance(doc, dict) else None
+    if not isinstance(name, str) or not name:
+        raise Refused('send {"model": "NAME"}: a model of this stack (GET /models)', "model_missing")
+    return request.app[SCHED].slots.route(name)
+
+
+async def load(request: web.Request) -> web.Response:
+    m = await _named(request)
+    await request.app[SCHED].load(m, admit_of(request))
+    return web.json_response({"success": True})
+
+
+async def unload(request: web.Request) -> web.Response:
+    m = await _named(request)
+    if not m.live:
+        return error(400, f"model {m.name} is not running", "not_running")
+    await request.app[SCHED].stop_now(m, drain=True)
+    return web.json_response({"success": True})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/models", models)
+    app.router.add_post("/models/load", load)
+    app.router.add_post("/models/unload", unload)
