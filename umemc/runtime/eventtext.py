@@ -88,7 +88,11 @@ SAID: dict[str, Callable[[dict[str, Any]], str]] = {
     "cold_start": _cold_start,
     "cold_start_failed": lambda d: "cold start failed: " + str(d.get("reason") or "?"),
     "drain_timeout": lambda d: "could not start: the models in its way did not finish their requests in time",
-    "ttl_unload": lambda d: "unloaded: idle past its ttl",
+    "ttl_unload": lambda d: (
+        "unloaded: idle past the keep_alive a client asked for"
+        if d.get("reason") == "keep_alive"
+        else "unloaded: idle past its ttl"
+    ),
     "ttl_unload_failed": lambda d: "could not be unloaded: " + str(d.get("reason") or "?"),
     "refused": lambda d: "refused a start: " + str(d.get("reason") or "?"),
     "unhealthy": lambda d: "unhealthy: " + str(d.get("reason") or "?"),

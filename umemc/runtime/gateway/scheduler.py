@@ -551,6 +551,8 @@ class Scheduler:
                 await self.housekeeping_once()
             except CONNECT_ERRORS as exc:  # supervisord restarting or going down: next time
                 print(f"umemc-gateway: {exc}", file=sys.stderr, flush=True)
+            except Exception as exc:  # noqa: BLE001 - like the pump, it must outlive a bug in one round
+                print(f"umemc-gateway: housekeeping: {exc!r}", file=sys.stderr, flush=True)
 
     async def housekeeping_once(self, now: float | None = None) -> None:
         await self.sync.refresh()
@@ -583,7 +585,7 @@ class Scheduler:
             limit, q = self.idle_limit(m), self.slots[m.name]
             idle = m.ready and not q.busy and m.starting is None and not m.draining
             if limit is not None and idle and now - q.last_used >= limit:
-                asked = {"by": "keep_alive"} if m.keep_alive_s is not None else {}
+                asked = {"reason": "keep_alive"} if m.keep_alive_s is not None else {}
                 with contextlib.suppress(Refused):  # recorded as ttl_unload_failed; tried again next round
                     await self.stop(
                         m, "ttl_unload", Evicted.STAY_DOWN, idle_s=round(now - q.last_used, 1), ttl_s=limit, **asked
