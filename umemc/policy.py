@@ -10,7 +10,8 @@ The ledger counts, for every worker running or starting, the larger of its live 
 quota (on paper: the hard quota), plus every granted lease; what is left of the budget (RAM, and
 the GPU window where the platform has one) is free. A start that does not fit may evict workers of
 lower priority (and, between two cold models of equal priority, the idle one: that is a swap) in
-`eviction_order`: lowest priority first, then least recently used, then the stack's file order;
+`eviction_order`: lowest priority first, then the cheapest to bring back, then least recently used, then the
+stack's file order;
 idle ones before busy ones, and a busy one only by draining it first. Never a higher priority for
 a lower one. Pure functions: the caller owns any lock. Bottom of the package: imports nothing of umemc."""
 
@@ -39,6 +40,7 @@ class Held:
     evicting: bool = False  # already chosen by another decision: its memory is on its way back
     live: int | None = None  # measured usage, what stopping it takes off the pressure (None: ram)
     hard: int = 0  # its hard quota (ram is the larger of this and its usage); a lease may raise it
+    restore_s: float | None = None  # what bringing it back would cost, in seconds (live only; None on paper)
 
     @classmethod
     def on_paper(cls, name: str, priority: int, ram: int, gpu: int) -> Held:
@@ -240,9 +242,11 @@ def _candidates(need: Need, held: list[Held]) -> tuple[list[Held], list[dict[str
 
 
 def eviction_order(held: list[Held]) -> list[Held]:
-    """Who goes first: lowest priority, then least recently used; ties keep the given order (the
-    stack's file order), so a plan without live figures gets a deterministic answer."""
-    return sorted(held, key=lambda h: (h.priority, h.last_used))
+    """Who goes first: lowest priority; among equals the cheapest to bring back (restore_s: its measured start,
+    else its size at an assumed read rate; the cost-benefit rule of a cache whose entries cost unequal amounts to
+    reload), then least recently used; ties keep the given order (the stack's file order), so a plan without live
+    figures gets a deterministic answer."""
+    return sorted(held, key=lambda h: (h.priority, h.restore_s or 0.0, h.last_used))
 
 
 def pressure_victim(held: list[Held]) -> Held | None:

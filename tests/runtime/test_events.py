@@ -69,6 +69,11 @@ def test_every_kind_reads_in_words() -> None:
          "evicted for lease l-1 of comfyui (priority 40 < 75)"),
         ("evict", {"by": "gateway", "for_model": "b", "priority": 50, "for_priority": 50},
          "evicted to start b (both priority 50: the idle one gives way)"),
+        ("evict", {"for_model": "b", "priority": 50, "for_priority": 50, "restore_s": 0.412,
+                   "restore_from": "measured"},
+         "evicted to start b (both priority 50: the cheapest to bring back, 0.412 s its last start)"),
+        ("evict", {"for_model": "b", "priority": 50, "for_priority": 50, "restore_s": 2.5, "restore_from": "size"},
+         "evicted to start b (both priority 50: the cheapest to bring back, 2.5 s from its size)"),
         ("action", {"action": "start", "evicts": ["a"]}, "a start asked from the page or the API (evicting a)"),
         ("ttl_unload", {"by": "gateway", "ttl_s": 1.0}, "unloaded: idle past its ttl"),
         ("evict", {"for_model": None, "reason": 5}, "evicted"),  # odd shapes read plainly, never raise

@@ -664,7 +664,11 @@ def test_status_says_an_eviction_and_counts_only_crashes_as_restarts(stack: Any)
     st = gw.run.status()
     assert (st["a"]["restarts"], st["b"]["restarts"]) == (0, 0)
     assert st["a"]["_last_event"] == "evict"
-    assert st["a"]["_last_said"].startswith("evicted to start b (both priority 50: the idle one gives way), ")
+    [*_, (_, _, last)] = gw.kinds("evict")  # a's last eviction: what its last start took, as measured
+    assert st["a"]["_last_said"].startswith(
+        f"evicted to start b (both priority 50: the cheapest to bring back, {last['restore_s']:g} s its last start), "
+    )
+    assert last["restore_from"] == "measured"
     assert st["b"]["_last_said"].startswith("started on demand in ") and ", evicting a, " in st["b"]["_last_said"]
     os.kill(st["b"]["pid"], signal.SIGKILL)
     gw.run.wait_for(lambda: gw.run.status()["b"]["restarts"] == 1, timeout=30, what="the crash counted")

@@ -257,6 +257,28 @@ def test_a_cold_start_evicts_the_lower_priority_idle_model_only(tmp_path: Path) 
     running(sched, body)
 
 
+def test_among_equal_priorities_the_cheapest_to_bring_back_gives_way(tmp_path: Path) -> None:
+    """Room for two of 1 GiB: `slow` (its last start took 2.5 s) and `quick` (0.3 s) run idle at priority 50, and
+    `quick` was used last, so least-recently-used alone would pick `slow`. What bringing each back costs decides:
+    `quick` goes for `new` (priority 60), and its eviction says why. A model never started on demand is costed by
+    its size at 1 GiB/s: 1 GiB -> 1.0 s."""
+    sv = FakeSupervisor(running=("slow", "quick"))
+    sched = scheduler(tmp_path, model("slow", 50) + model("quick", 50) + model("new", 60, mode="cold"), sv)
+
+    async def body(s: Scheduler) -> None:
+        s.models["slow"].last_cold_start_s, s.models["quick"].last_cold_start_s = 2.5, 0.3
+        s.slots["slow"].last_used, s.slots["quick"].last_used = 100.0, 200.0
+        async with s.slots.slot(s.models["new"]):
+            pass
+        assert (sv.stopped, sv.started) == (["quick"], ["new"])
+        evict = s.events.since(0)[0].detail
+        assert (evict["restore_s"], evict["restore_from"], evict["for_priority"]) == (0.3, "measured", 60)
+        s.models["quick"].last_cold_start_s = None
+        assert s.restore_cost(s.models["quick"]) == (1.0, "size")
+
+    running(sched, body)
+
+
 class Gated(FakeSupervisor):
     """Reads the gate a start finds when supervisord is asked to start it; `refuse` names programs whose stop
     supervisord refuses."""

@@ -64,9 +64,7 @@ def test_openai_answers_name_the_model_or_alias_asked_for_never_a_path(gw: Gatew
     assert answer.model == "smollm2"
     assert "Paris" in (answer.choices[0].message.content or "")
     chunks = list(
-        client.chat.completions.create(
-            model="tiny-chat", messages=QUESTION, temperature=0, max_tokens=16, stream=True
-        )
+        client.chat.completions.create(model="tiny-chat", messages=QUESTION, temperature=0, max_tokens=16, stream=True)
     )
     assert {c.model for c in chunks} == {"tiny-chat"}
     assert "Paris" in "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)

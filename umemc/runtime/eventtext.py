@@ -14,13 +14,20 @@ def _size(n: Any) -> str:
     return f"{gib(int(n))} GiB" if isinstance(n, int) and not isinstance(n, bool) else "?"
 
 
+def _cheapest(d: dict[str, Any]) -> str:
+    """Why this one among its equals: the cheapest to bring back, said with where that figure comes from."""
+    cost = d.get("restore_s")
+    if not isinstance(cost, (int, float)):
+        return "the idle one gives way"
+    source = "its last start" if d.get("restore_from") == "measured" else "from its size"
+    return f"the cheapest to bring back, {cost:g} s {source}"
+
+
 def _evict(d: dict[str, Any]) -> str:
     mine, theirs = d.get("priority"), d.get("for_priority")
     ranks = ""
     if isinstance(mine, int) and isinstance(theirs, int):
-        ranks = (
-            f" (priority {mine} < {theirs})" if mine < theirs else f" (both priority {mine}: the idle one gives way)"
-        )
+        ranks = f" (priority {mine} < {theirs})" if mine < theirs else f" (both priority {mine}: {_cheapest(d)})"
     if d.get("for_model"):
         why = f"to start {d['for_model']}{ranks}"
     elif d.get("for_lease"):

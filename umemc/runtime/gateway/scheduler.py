@@ -54,6 +54,9 @@ def poll_interval(waited: float) -> float:
     return next((every for until, every in FIRST_POLLS if waited < until), HEALTH_POLL_S)
 
 
+# What bringing back a model never started on demand is taken to cost: its size read at this rate (a page-cached
+# or NVMe read is faster, a cold disk slower); a measured start (the event log's cold_start) replaces it.
+ASSUMED_LOAD_BYTES_PER_S = 1 << 30
 EXITED_GRACE_S = 3.0  # supervisord restarts an exited autorestart program at once
 # how long a gated start waits for the processes of its victims (their KV slots saved, their stop), after which its
 # wrapper refuses to start the worker beside them; the gateway removes the gate long before, unless it died
@@ -222,7 +225,20 @@ class Scheduler:
             evicting=m.evicting or m.draining,
             live=m.usage,
             hard=m.plan.quota_hard_bytes,
+            restore_s=self.restore_cost(m)[0],
         )
+
+    def restore_cost(self, m: Model) -> tuple[float, str]:
+        """Seconds to bring the model back and where the figure comes from: its last start on demand (this run's,
+        or the event log's), else its size (the estimate) at ASSUMED_LOAD_BYTES_PER_S."""
+        if m.last_cold_start_s is not None:
+            return m.last_cold_start_s, "measured"
+        return round(m.plan.estimate_bytes / ASSUMED_LOAD_BYTES_PER_S, 3), "size"
+
+    def _eviction_detail(self, victim: Model, priority: int) -> dict[str, Any]:
+        """Why this victim: its priority against the start's, and among equals what it costs to bring back."""
+        seconds, source = self.restore_cost(victim)
+        return {"for_priority": priority, "restore_s": seconds, "restore_from": source}
 
     def held(self, exclude: str | None = None) -> list[Held]:
         return [self.held_by(m) for m in self.models.values() if m.live and m.name != exclude]
@@ -360,7 +376,12 @@ class Scheduler:
         enters its cgroup and waits for their processes to exit before the worker runs, so the memory is never
         held twice and the wrapper's own start (~20-50 ms) is off the cold start's path. The gate goes once they
         are stopped; when a stop fails, the model is stopped first (the gate stays if it cannot be)."""
-        stops = [self.stop(self.models[v], "evict", for_model=m.name, for_priority=m.plan.priority) for v in victims]
+        stops = [
+            self.stop(
+                self.models[v], "evict", for_model=m.name, **self._eviction_detail(self.models[v], m.plan.priority)
+            )
+            for v in victims
+        ]
         gate = self._open_gate(m, victims)
         if gate is None:  # one after the other
             await asyncio.gather(*stops)
@@ -510,7 +531,13 @@ class Scheduler:
         try:
             await asyncio.gather(
                 *(
-                    self.stop(self.models[v], "evict", for_lease=lease.id, holder=holder, for_priority=priority)
+                    self.stop(
+                        self.models[v],
+                        "evict",
+                        for_lease=lease.id,
+                        holder=holder,
+                        **self._eviction_detail(self.models[v], priority),
+                    )  # fmt: skip
                     for v in decision.evict
                 )
             )
