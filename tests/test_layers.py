@@ -209,6 +209,8 @@ GATEWAY_OWNERS = {
         "cold_starts",
         "last_cold_start_s",
         "keep_alive_s",
+        "victims",
+        "log_mark",
     },
     "traffic.py": {"tokens_in", "tokens_out", "prompt_speed", "speed"},
 }

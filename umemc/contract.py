@@ -104,6 +104,7 @@ class GatewayDoc(Document):
     upstream_timeout_s: float = 600.0
     health_interval_s: float = 5.0
     memory_bytes: int = 512 * 1024 * 1024
+    loading_progress: str = "comment"  # comment | reasoning | off
     argv: list[str]
 
 

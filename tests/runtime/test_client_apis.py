@@ -97,3 +97,32 @@ def test_every_new_route_needs_the_token_where_one_is_set(stack: Any, monkeypatc
     assert gw.call("POST", "/models/load", {"model": "x"}, TOKEN)[::2] == (200, {"success": True})
     assert gw.call("GET", "/api/ps", None, TOKEN)[2]["models"][0]["model"] == "x"
     assert gw.call("POST", "/models/unload", {"model": "x"}, TOKEN)[::2] == (200, {"success": True})
+
+
+def test_a_wait_is_said_as_reasoning_where_the_stack_asks(stack: Any) -> None:
+    """gateway.loading_progress = "reasoning": room for one model; `a` (priority 10) has a request in flight for
+    about 2 s, so a streamed chat for `b` (50) waits for it to drain, then for `a`'s stop and `b`'s start. The
+    wait comes as chat chunks whose delta is reasoning_content (what chat UIs show as thinking), then b's answer."""
+    from tests.runtime.test_gateway import later
+
+    text = stack_text(
+        "ca-progress",
+        model("a", priority=10, mode="hot") + model("b", priority=50),
+        slots=1,
+        gateway='loading_progress = "reasoning"\n',
+    )
+    gw = Gateway(stack(text, "--simulate"))
+    slow = later(gw.complete, "a", delay=2.0)
+    gw.run.wait_for(lambda: gw.status()["models"]["a"]["in_flight"] == 1, what="a's request in flight")
+    conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=60)
+    body = {"model": "b", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    events = [x.removeprefix("data: ") for x in resp.read().decode().split("\n\n") if x.startswith("data: ")]
+    conn.close()
+    chunks = [json.loads(x) for x in events if x != "[DONE]"]
+    thinking = [c["choices"][0]["delta"]["reasoning_content"] for c in chunks if c["id"] == "umemc-loading"]
+    answer = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["id"] != "umemc-loading")
+    assert resp.status == 200 and thinking[0] == "waiting for a to finish their requests\n"
+    assert {c["model"] for c in chunks} == {"b"} and answer == "(simulated reply from b)"
+    assert slow.result(timeout=30)[0] == 200  # a's request was served, never cut off

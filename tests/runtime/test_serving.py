@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -182,3 +183,31 @@ def test_the_router_routes_load_list_and_unload(gw: Gateway) -> None:
     assert states()["gemma3"] == "unloaded"
     status, _, body = gw.call("POST", "/models/unload", {"model": "gemma3"})
     assert (status, body["error"]["message"]) == (400, "model gemma3 is not running")
+
+
+def test_a_streamed_request_hears_the_cold_start_it_waits_for(gw: Gateway) -> None:
+    """gemma3 is down: a streamed chat for it gets event-stream comments (which the openai client skips) saying
+    the start and the steps of llama.cpp's load, then the answer in the same stream."""
+    import openai
+
+    wait_for("gemma3 down", lambda: gw.run.status()["gemma3"]["state"] == "STOPPED")
+    conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=patience(120))
+    body = {"model": "gemma3", "messages": QUESTION, "max_tokens": 8, "stream": True}
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    events = resp.read().decode().split("\n\n")
+    conn.close()
+    said = [x.removeprefix(": umemc: gemma3: ") for x in events if x.startswith(":")]
+    data = [i for i, x in enumerate(events) if x.startswith("data: {")]
+    assert resp.status == 200 and said and events[0].startswith(": umemc: gemma3: ")
+    steps = {"queued", "starting", "loading weights", "allocating the KV cache and compute buffers", "warming up"}
+    weights = round(gw.plan["models"]["gemma3"]["estimate_parts"]["weights_bytes"] / 2**20)
+    shown = rf"loading weights: \d+ of {weights} MiB in memory"
+    assert all(x in steps or re.fullmatch(shown, x) for x in said), said
+    assert data and max(i for i, x in enumerate(events) if x.startswith(":")) < min(data)
+    assert {json.loads(events[i].removeprefix("data: "))["model"] for i in data} == {"gemma3"}
+    # and the openai client reads such a stream as any other
+    assert gw.call("POST", "/models/unload", {"model": "gemma3"})[::2] == (200, {"success": True})
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{gw.port}/v1", api_key="none", timeout=patience(120))
+    chunks = list(client.chat.completions.create(model="gemma3", messages=QUESTION, max_tokens=8, stream=True))
+    assert chunks and {c.model for c in chunks} == {"gemma3"}

@@ -201,6 +201,13 @@ class Gateway(_Strict):
         "ready worker's health URL; two failures in a row (2 s timeout each) "
         'mark it unhealthy (e.g. a stopped process). Default "5s".',
     )
+    loading_progress: Literal["comment", "reasoning", "off"] = Field(
+        "comment",
+        description="What a streamed request that waits for a cold start is sent while it waits (what is stopped "
+        "to make room, the start, llama-server's own load percentage): comment (default) as event-stream comments, "
+        "which OpenAI clients skip; reasoning as chat chunks of reasoning_content, which chat UIs (Open WebUI, "
+        "llama.cpp's) show as the model's thinking; off: nothing, the stream begins with the answer.",
+    )
     memory: Size = Field(
         512 * 1024 * 1024,
         ge=64 * 1024 * 1024,

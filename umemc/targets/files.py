@@ -72,6 +72,7 @@ def plan_json(b: Bundle) -> Files:
             upstream_timeout_s=gw.upstream_timeout,
             health_interval_s=gw.health_interval,
             memory_bytes=gw.memory,
+            loading_progress=gw.loading_progress,
             argv=list(b.gateway),
         ),
         supervisor=c.SupervisorDoc(config=SUPERVISOR_CONFIG, socket=b.socket, state=STATE),

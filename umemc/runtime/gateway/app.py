@@ -26,6 +26,7 @@ from .access import AccessLog
 from .leases import lease_json
 from .metrics import Metrics
 from .model import Model, Refused
+from .progress import STREAMS, Progress
 from .relay import (
     ACCESS,
     CLIENT,
@@ -62,7 +63,17 @@ async def openai(request: web.Request) -> web.StreamResponse:
     ):  # Ollama's per-request keep_alive, on these routes too (parsed only when there)
         doc = strict_json(body)
         request.app[SCHED].keep_alive(m, ollama.keep_alive_of(doc.get("keep_alive") if isinstance(doc, dict) else None))
-    return await forward(request, m, Call(request.method, request.path_qs, body, asked))
+    call = Call(request.method, request.path_qs, body, asked)
+    return await forward(request, m, call, progress=_progress(request, m, asked, body))
+
+
+def _progress(request: web.Request, m: Model, asked: str, body: bytes) -> Progress | None:
+    """A streamed chat or completion for a model that is not ready is told what it waits for (progress.py)."""
+    sched = request.app[SCHED]
+    style = sched.gw.loading_progress
+    if style == "off" or m.ready or not request.path.endswith("/completions") or not STREAMS.search(body):
+        return None
+    return Progress(request, sched, m, asked, style, chat=request.path.endswith("/chat/completions"))
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:

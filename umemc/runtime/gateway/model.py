@@ -48,6 +48,8 @@ class Model:
     evicted: bool = False  # stopped by the gateway: a hot one comes back when it fits
     failure: str | None = None
     draining_for: list[str] = field(default_factory=list)  # the victims its start waits for
+    victims: list[str] = field(default_factory=list)  # what its start in flight stops to make room
+    log_mark: int = 0  # its log's size when its start began (its load's steps are read after it)
     saved_slots: list[int] = field(default_factory=list)  # llama-server slots saved before its eviction
     cold_starts: int = 0
     last_cold_start_s: float | None = None  # how long its last start on demand took (this run)

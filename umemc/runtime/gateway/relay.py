@@ -29,6 +29,7 @@ from .history import Answered
 from .metrics import Metrics
 from .model import Model, Refused
 from .naming import StreamRenamer, renamed
+from .progress import Progress
 from .scheduler import Scheduler
 from .usage import StreamReader, Usage, read_usage
 
@@ -191,6 +192,7 @@ class Seen:
     usage: Usage = field(default_factory=Usage)
     speed: float | None = None  # tokens out per second of a 2xx answer that said its tokens
     refusal: str | None = None
+    begun: web.StreamResponse | None = None  # the event stream its wait's progress began (the answer goes on in it)
 
 
 @dataclass(frozen=True)
@@ -207,9 +209,11 @@ class Call:
 Relay = Callable[[web.Request, Model, Call, "Seen"], Awaitable[web.StreamResponse]]
 
 
-async def forward(request: web.Request, m: Model, call: Call, relay: Relay | None = None) -> web.StreamResponse:
+async def forward(
+    request: web.Request, m: Model, call: Call, relay: Relay | None = None, progress: Progress | None = None
+) -> web.StreamResponse:
     """Send one request to the model's worker, through its slot and the generation budget; `relay` (default: the
-    answer as the worker gives it, renamed) makes the client's answer."""
+    answer as the worker gives it, renamed) makes the client's answer; `progress` says a long wait in the stream."""
     app, t0 = request.app, time.monotonic()
     code = 499  # the client went away before an answer
     seen = Seen()
@@ -219,8 +223,10 @@ async def forward(request: web.Request, m: Model, call: Call, relay: Relay | Non
         sched = app[SCHED]
         for attempt in (1, 2):
             try:
-                async with sched.slots.slot(m, admit_of(request)) as queued:
+                waiting = None if progress is None else progress.run
+                async with sched.slots.slot(m, admit_of(request), waiting) as queued:
                     seen.queue_wait_s += queued
+                    seen.begun = None if progress is None else progress.resp
                     # the stack's generation budget (policy.max_generating): highest priority first, then FIFO
                     async with sched.generation.hold(m.plan.generation_weight, m.plan.priority) as waited:
                         app[METRICS].generation_wait(m.name, waited)
@@ -236,6 +242,8 @@ async def forward(request: web.Request, m: Model, call: Call, relay: Relay | Non
         return resp
     except Refused as exc:
         code, seen.refusal = HTTP_STATUS[exc.code], exc.code
+        if progress is not None and progress.resp is not None:  # the stream began while it waited
+            return await progress.fail(exc, code)
         return refused(exc)
     finally:
         _account(app, request, m, code, time.monotonic() - t0, seen)
@@ -277,6 +285,35 @@ def _account(app: web.Application, request: web.Request, m: Model, code: int, la
     if seen.refusal is not None:
         entry["error"] = seen.refusal
     app[ACCESS].write(entry)
+
+
+async def _go_on(
+    request: web.Request, m: Model, call: Call, seen: Seen, up: aiohttp.ClientResponse, began: float
+) -> web.StreamResponse:
+    """The worker's answer into the event stream the wait's progress began (its status and headers are sent): a
+    stream goes on as it comes; anything else (an error) is one data event, as OpenAI streams errors."""
+    resp = seen.begun
+    assert resp is not None
+    seen.stream = True
+    if not up.headers.get("Content-Type", "").startswith("text/event-stream"):
+        data = await up.read()
+        answered(request, m, seen, up.status, began, read_usage(data))
+        await resp.write(b"data: " + renamed(data, call.asked).strip() + b"\n\n")
+        await resp.write_eof()
+        return resp
+    reader, names = StreamReader(), StreamRenamer(call.asked)
+    try:
+        async for chunk in up.content.iter_any():
+            reader.feed(chunk)
+            if piece := names.feed(chunk):
+                await resp.write(piece)
+        if tail := names.rest():
+            await resp.write(tail)
+        await resp.write_eof()
+    except STREAM_ENDS as exc:
+        stream_ended(request, m, exc)
+    answered(request, m, seen, up.status, began, reader.usage())
+    return resp
 
 
 def _names_model(content_type: str) -> bool:
@@ -350,6 +387,8 @@ async def pass_through(request: web.Request, m: Model, call: Call, seen: Seen) -
     async with upstream(request, m, call, headers) as up:
         out = {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
         ctype = up.headers.get("Content-Type", "")
+        if seen.begun is not None:
+            return await _go_on(request, m, call, seen, up, began)
         if up.content_length is not None and not ctype.startswith("text/event-stream"):
             data = await up.read()
             answered(request, m, seen, up.status, began, read_usage(data))

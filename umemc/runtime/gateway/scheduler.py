@@ -39,6 +39,7 @@ from .history import Memory, Requests
 from .leases import LeaseBook
 from .lifecycle import Phase
 from .model import ANSWERING, CONNECT_ERRORS, Model, ProcState, Refused
+from .progress import load_step, log_size
 from .slots import Slots
 from .sync import POLL_S, StateSync
 from .traffic import Traffic
@@ -318,8 +319,30 @@ class Scheduler:
 
     def begin_start(self, m: Model, decision: Decision) -> None:
         m.life.to(Phase.STARTING)
-        m.draining_for = decision.drain
+        m.draining_for, m.victims = decision.drain, decision.victims
+        m.log_mark = log_size(self.run.log(m.name))
         m.starting = asyncio.create_task(self._start(m, decision))
+
+    def stage(self, m: Model) -> str:
+        """Where a start stands, in words (what a waiting streamed request is told): the victims it waits for,
+        the worker starting, its load as the runtime says it, ready."""
+        if m.ready:
+            return "ready"
+        draining = [v for v in m.draining_for if self.models[v].life.phase is Phase.DRAINING]
+        if draining:
+            return f"waiting for {', '.join(draining)} to finish their requests"
+        stopping = [v for v in m.victims if self.models[v].live]
+        if stopping:
+            return f"evicting {', '.join(stopping)} to make room"
+        if m.starting is None:
+            return "queued"
+        if m.state not in ANSWERING:
+            return "starting"
+        step = load_step(self.run.log(m.name), m.log_mark) or "starting"
+        weights = m.plan.estimate_parts.weights_bytes
+        if step == "loading weights" and weights and m.usage:  # the enforcer's figure: what of them is in memory
+            return f"loading weights: {min(m.usage, weights) / 2**20:.0f} of {weights / 2**20:.0f} MiB in memory"
+        return step
 
     async def _start(self, m: Model, decision: Decision) -> None:
         t0 = time.monotonic()
@@ -353,7 +376,7 @@ class Scheduler:
                 self.slots.undrain(victim)
             if m.life.phase is Phase.STARTING:
                 m.life.to(Phase.DOWN, m.failure or "the start was abandoned")
-            m.starting, m.draining_for = None, []
+            m.starting, m.draining_for, m.victims = None, [], []
             self.slots.dispatch(m)
             self.kick()
 

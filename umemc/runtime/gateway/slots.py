@@ -9,8 +9,9 @@ import contextlib
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from ...contract import GatewayDoc, ModelDoc
 from .core import Admission, Admit
@@ -38,6 +39,30 @@ class Queue:
         return len(self.waiters)
 
 
+WAIT_GRACE_S = 0.2  # a wait shorter than this runs nothing beside it
+
+
+async def _beside(main: Coroutine[Any, Any, None], side: Callable[[], Awaitable[None]]) -> None:
+    """Await `main`; once it has taken WAIT_GRACE_S, run `side` beside it until it ends (side's end or failure
+    does not end main; main's end, failure or cancellation ends side)."""
+    task = asyncio.ensure_future(main)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=WAIT_GRACE_S)
+        if done:
+            return task.result()
+        beside = asyncio.ensure_future(side())
+        try:
+            await asyncio.shield(task)
+        finally:
+            beside.cancel()
+            await asyncio.gather(beside, return_exceptions=True)
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    task.result()
+
+
 class Slots:
     """Owns the routes (names and aliases) and every model's Queue."""
 
@@ -63,12 +88,18 @@ class Slots:
         self.queues[m.name].last_used = time.time()
 
     @contextlib.asynccontextmanager
-    async def slot(self, m: Model, admit: Admit = Admit.QUEUE) -> AsyncIterator[float]:
+    async def slot(
+        self, m: Model, admit: Admit = Admit.QUEUE, while_waiting: Callable[[], Awaitable[None]] | None = None
+    ) -> AsyncIterator[float]:
         """Hold one of the model's max_concurrency slots while the request runs; yields the seconds it waited for
         it (a cold start included). Admit.REFUSE_NOW: a model that cannot be admitted is refused at once instead
-        of queued."""
+        of queued. `while_waiting` runs beside a wait that lasts past WAIT_GRACE_S (a streamed request's progress),
+        and is cancelled once the slot is granted or refused."""
         asked = time.monotonic()
-        await self.acquire(m, admit)
+        if while_waiting is None or (m.ready and not self.queues[m.name].waiters):
+            await self.acquire(m, admit)
+        else:
+            await _beside(self.acquire(m, admit), while_waiting)
         start = time.monotonic()
         self.admission.waited(m.name, start - asked)
         try:
