@@ -105,6 +105,8 @@ class GatewayDoc(Document):
     health_interval_s: float = 5.0
     memory_bytes: int = 512 * 1024 * 1024
     loading_progress: str = "comment"  # comment | reasoning | off
+    capture: int = 0  # the latest requests kept for debugging (0: none)
+    capture_bytes: int = 4096  # of each body
     argv: list[str]
 
 
@@ -160,6 +162,7 @@ class ModelDoc(Document):
     arch: str | None = None
     quant: str | None = None
     context: int | None = None
+    serves: list[str] = []  # names it shares with other models: whichever is loaded answers (the gateway)
 
     @property
     def cold(self) -> bool:

@@ -211,3 +211,20 @@ def test_a_streamed_request_hears_the_cold_start_it_waits_for(gw: Gateway) -> No
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{gw.port}/v1", api_key="none", timeout=patience(120))
     chunks = list(client.chat.completions.create(model="gemma3", messages=QUESTION, max_tokens=8, stream=True))
     assert chunks and {c.model for c in chunks} == {"gemma3"}
+
+
+def test_the_playground_asks_a_real_model_in_a_real_browser(gw: Gateway) -> None:
+    """The status page's playground, opened by a link with a prompt, streams SmolLM2's real answer into the page."""
+    from tests.runtime.browser import wait_in_page
+    from tests.runtime.test_ui import CHROMIUM
+
+    if CHROMIUM is None:
+        pytest.skip("no chromium here (Debian: apt-get install chromium)")
+    prompt = ASK.replace(" ", "%20").replace("?", "%3F")
+    shown = wait_in_page(
+        CHROMIUM,
+        f"http://127.0.0.1:{gw.port}/ui#try=tiny-chat&temperature=0&prompt={prompt}",
+        "document.getElementById('pgstate').textContent === 'done' && document.getElementById('pgout').textContent",
+        patience(60),
+    )
+    assert "Paris" in shown

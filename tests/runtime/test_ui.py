@@ -181,3 +181,33 @@ def test_start_stop_and_evict_from_the_page(stack: Any, monkeypatch: pytest.Monk
     assert kinds == [("c", "action", "start"), ("c", "action", "stop"), ("c", "unload", None),
                      ("w", "action", "evict"), ("w", "unload", None)]  # fmt: skip
     assert state("w") == "stopped"
+
+
+@needs_chromium
+def test_the_playground_and_the_captured_requests_in_a_real_browser(stack: Any) -> None:
+    """A link that opens the playground with a prompt (#try=…&prompt=…) streams the model's answer into the page,
+    through the token given in the same fragment; with gateway.capture on, the request and its answer are listed
+    (the bodies only: the token is in no entry)."""
+    import json as jsonlib
+
+    os.environ["UMEMC_UI_TOKEN"] = "ui-s3cret"
+    try:
+        text = stack_text(
+            "ui-play",
+            model("chat", priority=90, mode="hot", extra='kind = "chat"\n'),
+            slots=2,
+            gateway='token_env = "UMEMC_UI_TOKEN"\ncapture = 5\ncapture_bytes = "1KiB"\n',
+        )
+        gw = Gateway(stack(text, "--simulate"))
+    finally:
+        del os.environ["UMEMC_UI_TOKEN"]
+    page = dom(f"http://127.0.0.1:{gw.port}/ui#token=ui-s3cret&try=chat&prompt=hello%20there", budget_ms=8000)
+    out = re.search(r'<pre id="pgout">(.*?)</pre>', page, re.S)
+    assert out is not None and out.group(1) == "(simulated reply from chat)"
+    assert re.search(r'<span id="pgstate" class="muted">done</span>', page)
+    status, _, doc = gw.call("GET", "/umemc/captures", headers={"Authorization": "Bearer ui-s3cret"})
+    [entry] = [e for e in doc["entries"] if e["path"] == "/v1/chat/completions"]
+    assert (status, doc["enabled"], doc["keep"], doc["bytes"]) == (200, True, 5, 1024)
+    assert jsonlib.loads(entry["request"])["messages"] == [{"role": "user", "content": "hello there"}]
+    assert "(simulated" in entry["answer"] and "ui-s3cret" not in jsonlib.dumps(doc)
+    assert "chat: POST /v1/chat/completions → 200" in page

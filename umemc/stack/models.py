@@ -208,6 +208,20 @@ class Gateway(_Strict):
         "which OpenAI clients skip; reasoning as chat chunks of reasoning_content, which chat UIs (Open WebUI, "
         "llama.cpp's) show as the model's thinking; off: nothing, the stream begins with the answer.",
     )
+    capture: int = Field(
+        0,
+        ge=0,
+        le=1000,
+        description="Keep this many of the latest requests and answers for debugging, shown on the status page and "
+        "at GET /umemc/captures (default 0: none kept). Bodies only, each cut at capture_bytes; never a header or "
+        "the token.",
+    )
+    capture_bytes: Size = Field(
+        4096,
+        ge=256,
+        le=65536,
+        description='How much of each captured request and answer body is kept (default "4KiB").',
+    )
     memory: Size = Field(
         512 * 1024 * 1024,
         ge=64 * 1024 * 1024,
@@ -323,6 +337,13 @@ class ModelSpec(_Strict):
     batch: int = Field(1, gt=0, le=1024, description="Torch families: batch size (activation estimate).")
     audio_seconds: float = Field(30.0, gt=0, le=86400, description="Speech: audio length per request in seconds.")
     aliases: list[str] = Field(default_factory=list, description="Other names the gateway routes to this model.")
+    serves: list[str] = Field(
+        default_factory=list,
+        description="Names this model shares with other models of the stack, which are then interchangeable: a "
+        "request for such a name goes to whichever of them is loaded (the least busy), else to the one cheapest to "
+        "start (one that fits without evicting anything, then the quickest measured start, then the smallest). "
+        'E.g. serves = ["coder"] on a small and a large coder model.',
+    )
     kind: Literal["chat", "embeddings", "audio", "image", "other"] | None = Field(
         None,
         description="What the model serves, as /v1/models says it. Default: from its family (language and vision "

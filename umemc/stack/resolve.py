@@ -13,7 +13,7 @@ from ..catalog.archs import LLM_PRESETS, TORCH_PRESETS, family_of
 from ..catalog.gguf import is_gguf
 from ..catalog.quant import FILE_TYPES, TORCH_DTYPES, WHISPER_TYPES
 from ..catalog.runtimes import GPU_DEVICE_KINDS, LLAMA_RUNTIMES, RUNTIME_FAMILY, RUNTIMES_FOR
-from ..chars import kube_name
+from ..chars import CONTROL, kube_name
 from ..names import OWN_PROGRAMS
 from ..units import gib, human
 from .load import Document, Source, close_matches, read_document, validate
@@ -471,6 +471,7 @@ def _ports(stack: Stack, src: Source) -> dict[str, int]:
 
 
 def _check_aliases(stack: Stack, src: Source) -> None:
+    """Every name routes to one model, except a `serves` name, which the models that list it share."""
     seen = {name: f"models.{name}" for name in stack.models}
     for name, spec in stack.models.items():
         for i, alias in enumerate(spec.aliases):
@@ -479,6 +480,18 @@ def _check_aliases(stack: Stack, src: Source) -> None:
                     ("models", name, "aliases", i), f"alias {toml_repr(alias)} is already used by {seen[alias]}"
                 )
             seen[alias] = f"models.{name}.aliases"
+    for name, spec in stack.models.items():
+        for i, shared in enumerate(spec.serves):
+            if shared in seen:
+                raise src.error(
+                    ("models", name, "serves", i),
+                    f"{toml_repr(shared)} is already {seen[shared]}: a shared name must be one of its own",
+                    "use a name no model and no alias has",
+                )
+            if spec.serves.index(shared) != i:
+                raise src.error(("models", name, "serves", i), f"{toml_repr(shared)} is listed twice")
+            if not shared or CONTROL.search(shared):
+                raise src.error(("models", name, "serves", i), "must be a printable name")
 
 
 def _model(

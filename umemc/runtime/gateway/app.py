@@ -23,12 +23,14 @@ from ...units import parse_duration, parse_size
 from ..eventtext import said
 from . import ollama, router, views
 from .access import AccessLog
+from .capture import Captures
 from .leases import lease_json
 from .metrics import Metrics
 from .model import Model, Refused
 from .progress import STREAMS, Progress
 from .relay import (
     ACCESS,
+    CAPTURES,
     CLIENT,
     HTTP_STATUS,
     METRICS,
@@ -101,6 +103,10 @@ async def list_models(request: web.Request) -> web.Response:
             {"id": a, "object": "model", "created": 0, "owned_by": "umemc", "root": m.name, "umemc": {"kind": m.kind}}
             for a in m.plan.aliases
         ]
+    for shared, now in views.groups(sched).items():
+        kind = sched.models[now["models"][0]].kind
+        info = {"kind": kind, "serves": now["models"], "answers_now": now["answers_now"]}
+        data.append({"id": shared, "object": "model", "created": 0, "owned_by": "umemc", "umemc": info})
     return web.json_response({"object": "list", "data": data})
 
 
@@ -199,6 +205,11 @@ async def history(request: web.Request) -> web.Response:
     except ValueError:
         raise Refused("minutes must be a number", "invalid_json") from None
     return web.json_response(_history(request.app[SCHED], minutes))
+
+
+async def captures(request: web.Request) -> web.Response:
+    """The latest requests and answers (gateway.capture; empty and `enabled: false` by default)."""
+    return web.json_response(request.app[CAPTURES].json())
 
 
 ACTIONS = ("start", "stop", "evict")
@@ -493,6 +504,7 @@ def make_app(sched: Scheduler, token: str | None) -> web.Application:
     app[SCHED] = sched
     app[METRICS] = sched.metrics = Metrics(sched)
     app[ACCESS] = AccessLog(sched.run.access_log)
+    app[CAPTURES] = Captures(gw.capture, gw.capture_bytes)
     if token:
         app["token"] = token
     app.router.add_get("/v1/models", list_models)
@@ -509,6 +521,7 @@ def make_app(sched: Scheduler, token: str | None) -> web.Application:
     app.router.add_post("/umemc/leases/{id}/extend", lease_extend)
     app.router.add_get("/umemc/can-load/{model}", can_load)
     app.router.add_get("/umemc/history", history)
+    app.router.add_get("/umemc/captures", captures)
     app.router.add_post("/umemc/models/{name}/{action}", model_action)
     app.router.add_post("/umemc/pressure", pressure)
     app.router.add_get("/metrics", metrics)

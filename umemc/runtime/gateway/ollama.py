@@ -120,9 +120,12 @@ def _details(m: Model) -> dict[str, Any]:
 
 
 def _names(sched: Scheduler) -> Iterator[tuple[str, Model]]:
-    """Every name a client may use (each model's, then its aliases), with its model."""
+    """Every name a client may use (each model's, its aliases, the names models share), with its model (for a
+    shared name, the one that would answer now)."""
     for name, target in sched.slots.routes.items():
         yield name, sched.models[target]
+    for shared, names in sched.slots.groups.items():
+        yield shared, sched.choose(names)
 
 
 async def tags(request: web.Request) -> web.Response:
@@ -361,7 +364,9 @@ class _Translate:
             if not stream:
                 data = await up.read()
                 answered(request, m, seen, up.status, asked_at, read_usage(data))
-                return web.json_response(self.whole(call.asked, json.loads(data), seen))
+                out = json.dumps(self.whole(call.asked, json.loads(data), seen)).encode()
+                seen.keep(out)
+                return web.Response(body=out, content_type="application/json")
             resp = web.StreamResponse(status=200, headers={"Content-Type": NDJSON})
             await resp.prepare(request)
             seen.stream = True
@@ -372,9 +377,12 @@ class _Translate:
                     reader.feed(chunk)
                     out = b"".join(self.piece(call.asked, event, state) for event in lines.feed(chunk))
                     if out:
+                        seen.keep(out)
                         await resp.write(out)
                 answered(request, m, seen, up.status, asked_at, reader.usage())
-                await resp.write(self.last(call.asked, state, seen))
+                last = self.last(call.asked, state, seen)
+                seen.keep(last)
+                await resp.write(last)
                 await resp.write_eof()
             except STREAM_ENDS as exc:
                 stream_ended(request, m, exc)

@@ -24,6 +24,7 @@ import aiohttp
 from aiohttp import web
 
 from .access import AccessLog
+from .capture import Captures
 from .core import Admit
 from .history import Answered
 from .metrics import Metrics
@@ -64,6 +65,7 @@ SCHED: web.AppKey[Scheduler] = web.AppKey("sched", Scheduler)
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 CLIENT: web.AppKey[aiohttp.ClientSession] = web.AppKey("client", aiohttp.ClientSession)
 ACCESS: web.AppKey[AccessLog] = web.AppKey("access", AccessLog)
+CAPTURES: web.AppKey[Captures] = web.AppKey("captures", Captures)
 
 
 def error(status: int, message: str, code: str, retry_after: int | None = None) -> web.Response:
@@ -193,6 +195,14 @@ class Seen:
     speed: float | None = None  # tokens out per second of a 2xx answer that said its tokens
     refusal: str | None = None
     begun: web.StreamResponse | None = None  # the event stream its wait's progress began (the answer goes on in it)
+    head: bytearray = field(default_factory=bytearray)  # the answer's first bytes, for gateway.capture
+    head_limit: int = 0
+
+    def keep(self, data: bytes) -> None:
+        """The answer as the client gets it, its first head_limit bytes (gateway.capture; 0: nothing kept)."""
+        room = self.head_limit - len(self.head)
+        if room > 0:
+            self.head += data[:room]
 
 
 @dataclass(frozen=True)
@@ -216,7 +226,8 @@ async def forward(
     answer as the worker gives it, renamed) makes the client's answer; `progress` says a long wait in the stream."""
     app, t0 = request.app, time.monotonic()
     code = 499  # the client went away before an answer
-    seen = Seen()
+    captures = app[CAPTURES]
+    seen = Seen(head_limit=captures.limit if captures.on else 0)
     try:
         if m.port is None:
             raise Refused(f"model {m.name} has no port: the gateway cannot route to it", "no_port")
@@ -247,6 +258,7 @@ async def forward(
         return refused(exc)
     finally:
         _account(app, request, m, code, time.monotonic() - t0, seen)
+        captures.add(m.name, call.method, call.path, code, call.body, bytes(seen.head))
 
 
 def _account(app: web.Application, request: web.Request, m: Model, code: int, latency: float, seen: Seen) -> None:
@@ -298,7 +310,9 @@ async def _go_on(
     if not up.headers.get("Content-Type", "").startswith("text/event-stream"):
         data = await up.read()
         answered(request, m, seen, up.status, began, read_usage(data))
-        await resp.write(b"data: " + renamed(data, call.asked).strip() + b"\n\n")
+        event = b"data: " + renamed(data, call.asked).strip() + b"\n\n"
+        seen.keep(event)
+        await resp.write(event)
         await resp.write_eof()
         return resp
     reader, names = StreamReader(), StreamRenamer(call.asked)
@@ -306,8 +320,10 @@ async def _go_on(
         async for chunk in up.content.iter_any():
             reader.feed(chunk)
             if piece := names.feed(chunk):
+                seen.keep(piece)
                 await resp.write(piece)
         if tail := names.rest():
+            seen.keep(tail)
             await resp.write(tail)
         await resp.write_eof()
     except STREAM_ENDS as exc:
@@ -393,6 +409,7 @@ async def pass_through(request: web.Request, m: Model, call: Call, seen: Seen) -
             data = await up.read()
             answered(request, m, seen, up.status, began, read_usage(data))
             data = renamed(data, call.asked) if _names_model(ctype) else data
+            seen.keep(data)
             return web.Response(body=data, status=up.status, headers=out)
         resp = web.StreamResponse(status=up.status, headers=out)
         await resp.prepare(request)
@@ -402,11 +419,12 @@ async def pass_through(request: web.Request, m: Model, call: Call, seen: Seen) -
         try:
             async for chunk in up.content.iter_any():
                 reader.feed(chunk)
-                if names is None:
-                    await resp.write(chunk)
-                elif piece := names.feed(chunk):
+                piece = chunk if names is None else names.feed(chunk)
+                if piece:
+                    seen.keep(piece)
                     await resp.write(piece)
             if names is not None and (tail := names.rest()):
+                seen.keep(tail)
                 await resp.write(tail)
             await resp.write_eof()
         except STREAM_ENDS as exc:  # one side went away, or the worker fell silent: leaving closes the upstream

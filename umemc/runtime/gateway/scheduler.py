@@ -159,6 +159,21 @@ class Scheduler:
         if self.metrics is not None:
             self.metrics.queue_wait(model, seconds)
 
+    def choose(self, names: list[str]) -> Model:
+        """Which of interchangeable models answers a request for their shared name: a ready one (the least busy),
+        else one already starting, else the cheapest to start: admitted without evicting anything, then admitted
+        at all, then the quickest to bring back (restore_cost); the stack's order breaks ties."""
+
+        def rank(m: Model) -> tuple[int, float]:
+            if m.ready and not m.draining:
+                return 0, self.slots[m.name].in_flight / m.max_concurrency
+            if m.starting is not None:
+                return 1, 0.0
+            decision = self.decide_model(m)
+            return (2 if not decision.victims else 3) if decision.fits else 4, self.restore_cost(m)[0]
+
+        return min((self.models[n] for n in names), key=rank)
+
     def refusal_now(self, m: Model) -> Refused | None:
         """A model that is down and that the eviction policy cannot admit even by stopping every lower-priority
         worker: say so at once (what /umemc/can-load says) rather than queue the request until queue_timeout. Only

@@ -70,15 +70,20 @@ class Slots:
         self.models, self.gw, self.admission = models, gw, admission
         self.queues = {n: Queue() for n in models}
         self.routes = {n: n for n in models}
+        self.groups: dict[str, list[str]] = {}  # a shared name (models' `serves`) -> the models that share it
         for n, m in docs.items():
             self.routes.update({alias: n for alias in m.aliases})
+            for shared in m.serves:
+                self.groups.setdefault(shared, []).append(n)
 
     def route(self, name: str) -> Model:
         target = self.routes.get(name)
-        if target is None:
-            known = ", ".join(sorted(self.routes))
-            raise Refused(f"model {name!r} is not in this stack (known: {known})", "model_not_found")
-        return self.models[target]
+        if target is not None:
+            return self.models[target]
+        if name in self.groups:
+            return self.admission.choose(self.groups[name])
+        known = ", ".join(sorted([*self.routes, *self.groups]))
+        raise Refused(f"model {name!r} is not in this stack (known: {known})", "model_not_found")
 
     def __getitem__(self, name: str) -> Queue:
         return self.queues[name]

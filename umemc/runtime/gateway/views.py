@@ -32,6 +32,7 @@ def status(s: Scheduler) -> dict[str, Any]:
         "pressure": s.sync.pressure,
         "generation": s.generation.status(),
         "models": {m.name: _model(s, m, now) for m in s.models.values()},
+        "groups": groups(s),
         "leases": [lease_json(x) for x in s.book.leases.values()],
     }
 
@@ -56,6 +57,7 @@ def _model(s: Scheduler, m: Model, now: float) -> dict[str, Any]:
         "idle_s": round(now - q.last_used, 1) if m.ready else None,
         "ttl_s": m.plan.ttl_s,
         "aliases": m.plan.aliases,
+        "serves": m.plan.serves,
         "failure": m.failure,
         "given_up": m.given_up,
         "unhealthy": m.unhealthy,
@@ -86,3 +88,8 @@ def _start_now(s: Scheduler, m: Model) -> dict[str, Any]:
 def keep_alive_json(seconds: float | None) -> float | str | None:
     """A client's keep_alive in JSON: seconds, "forever" (JSON has no infinity), or None (the stack's ttl)."""
     return "forever" if seconds is not None and math.isinf(seconds) else seconds
+
+
+def groups(s: Scheduler) -> dict[str, dict[str, Any]]:
+    """Each shared name (models' `serves`): the models that share it and which would answer it now."""
+    return {shared: {"models": names, "answers_now": s.choose(names).name} for shared, names in s.slots.groups.items()}
