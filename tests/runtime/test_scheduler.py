@@ -279,6 +279,30 @@ def test_among_equal_priorities_the_cheapest_to_bring_back_gives_way(tmp_path: P
     running(sched, body)
 
 
+def test_a_shared_name_goes_to_the_loaded_model_else_the_cheapest_to_start(tmp_path: Path) -> None:
+    """`small` (512 MiB) and `large` (1 GiB) both serve "coder". Nothing loaded: the cheaper to start, by size at
+    1 GiB/s (0.5 s against 1 s), answers; once `large` alone runs, it answers (warm first), and status says so."""
+    from umemc.runtime.gateway import views
+
+    shared = 'serves = ["coder"]\n'
+    models = model("small", 50, "cold", "512MiB") + shared + model("large", 50, "cold") + shared
+    sv = FakeSupervisor()
+    sched = scheduler(tmp_path, models, sv)
+
+    async def body(s: Scheduler) -> None:
+        assert s.slots.route("coder").name == "small"
+        async with s.slots.slot(s.slots.route("coder")):
+            pass
+        assert sv.started == ["small"]
+        await s.stop_now(s.models["small"], drain=True)
+        await s.start_now(s.models["large"])
+        await settled(s)
+        assert s.slots.route("coder").name == "large"
+        assert views.status(s)["groups"] == {"coder": {"models": ["small", "large"], "answers_now": "large"}}
+
+    running(sched, body)
+
+
 class Gated(FakeSupervisor):
     """Reads the gate a start finds when supervisord is asked to start it; `refuse` names programs whose stop
     supervisord refuses."""
