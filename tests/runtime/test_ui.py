@@ -194,7 +194,8 @@ def test_the_playground_and_the_captured_requests_in_a_real_browser(stack: Any) 
     try:
         text = stack_text(
             "ui-play",
-            model("chat", priority=90, mode="hot", extra='kind = "chat"\n'),
+            model("chat", priority=90, mode="hot", extra='kind = "chat"\nserves = ["coder"]\n')
+            + model("code", extra='serves = ["coder"]\n'),
             slots=2,
             gateway='token_env = "UMEMC_UI_TOKEN"\ncapture = 5\ncapture_bytes = "1KiB"\n',
         )
@@ -211,3 +212,4 @@ def test_the_playground_and_the_captured_requests_in_a_real_browser(stack: Any) 
     assert jsonlib.loads(entry["request"])["messages"] == [{"role": "user", "content": "hello there"}]
     assert "(simulated" in entry["answer"] and "ui-s3cret" not in jsonlib.dumps(doc)
     assert "chat: POST /v1/chat/completions → 200" in page
+    assert "shared names: coder → chat, code (answers now: chat)" in page  # the loaded one answers

@@ -36,9 +36,9 @@ from .relay import (
     METRICS,
     SCHED,
     Call,
-    TooDeep,
     error,
     forward,
+    json_object,
     model_of,
     read_body,
     refused,
@@ -227,7 +227,7 @@ async def model_action(request: web.Request) -> web.Response:
         return error(
             415, "send a JSON object body (e.g. {}) with Content-Type: application/json", "unsupported_media_type"
         )
-    await _json_object(request)
+    await json_object(request)
     m = sched.slots.route(request.match_info["name"])
     if action == "start":
         said_ = await sched.start_now(m)
@@ -266,7 +266,7 @@ MAX_LEASE_BYTES = 2**60
 
 async def lease_create(request: web.Request) -> web.Response:
     sched = request.app[SCHED]
-    doc = await _json_object(request)
+    doc = await json_object(request)
     unknown = sorted(set(doc) - LEASE_KEYS)
     if unknown:
         raise Refused(
@@ -362,21 +362,10 @@ def _seconds(raw: Any) -> float:
     return value
 
 
-async def _json_object(request: web.Request) -> dict[str, Any]:
-    raw = await read_body(request)
-    try:
-        doc = strict_json(raw) if raw else {}
-    except ValueError as exc:
-        raise Refused(str(exc) if isinstance(exc, TooDeep) else "request body is not JSON", "invalid_json") from None
-    if not isinstance(doc, dict):
-        raise Refused("request body must be a JSON object", "invalid_json")
-    return doc
-
-
 async def pressure(request: web.Request) -> web.Response:
     """The enforcer's request (umemc-internal): pressure is above evict_above; the gateway decides
     whom to stop, as it does for every eviction while it runs."""
-    doc = await _json_object(request)
+    doc = await json_object(request)
     value = doc.get("pressure")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
         raise Refused(f'"pressure" must be a number 0-100 (got {value!r})', "invalid_json")
@@ -391,7 +380,7 @@ async def lease_delete(request: web.Request) -> web.Response:
 
 
 async def lease_extend(request: web.Request) -> web.Response:
-    doc = await _json_object(request)
+    doc = await json_object(request)
     if set(doc) - {"ttl"}:
         raise Refused(f"unknown field(s): {', '.join(sorted(set(doc) - {'ttl'}))} (known: ttl)", "invalid_lease")
     ttl = _seconds(doc.get("ttl", DEFAULT_LEASE_TTL_S))

@@ -32,9 +32,8 @@ from .relay import (
     admit_of,
     answered,
     forward,
-    read_body,
+    json_object,
     stream_ended,
-    strict_json,
     upstream,
 )
 from .scheduler import Scheduler
@@ -175,7 +174,7 @@ CAPABILITIES = {"chat": ["completion"], "embeddings": ["embedding"], "audio": []
 
 
 async def show(request: web.Request) -> web.Response:
-    doc = await _doc(request)
+    doc = await json_object(request)
     asked, m = _model(request, doc)
     info: dict[str, Any] = {"general.architecture": m.plan.arch or m.plan.runtime}
     if m.plan.context:
@@ -194,17 +193,6 @@ async def show(request: web.Request) -> web.Response:
 
 
 # -- requests to the model ------------------------------------------------------------------------------------
-async def _doc(request: web.Request) -> dict[str, Any]:
-    raw = await read_body(request)
-    try:
-        doc = strict_json(raw) if raw else {}
-    except ValueError as exc:
-        raise Refused(f"request body is not JSON: {exc}", "invalid_json") from None
-    if not isinstance(doc, dict):
-        raise Refused("request body must be a JSON object", "invalid_json")
-    return doc
-
-
 def _model(request: web.Request, doc: dict[str, Any]) -> tuple[str, Model]:
     asked = doc.get("model", doc.get("name"))
     if not isinstance(asked, str) or not asked:
@@ -252,7 +240,7 @@ def _messages(raw: Any) -> list[dict[str, Any]]:
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
-    doc = await _doc(request)
+    doc = await json_object(request)
     asked, m = _model(request, doc)
     keep = keep_alive_of(doc.get("keep_alive"))
     messages = _messages(doc.get("messages") or [])
@@ -265,7 +253,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
-    doc = await _doc(request)
+    doc = await json_object(request)
     asked, m = _model(request, doc)
     keep = keep_alive_of(doc.get("keep_alive"))
     prompt = doc.get("prompt") or ""
@@ -284,7 +272,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
 
 async def embed(request: web.Request) -> web.StreamResponse:
-    doc = await _doc(request)
+    doc = await json_object(request)
     asked, m = _model(request, doc)
     keep = keep_alive_of(doc.get("keep_alive"))
     given = doc.get("input", [])
@@ -298,7 +286,7 @@ async def embed(request: web.Request) -> web.StreamResponse:
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
     """The older route: one prompt, one vector ({"embedding": [...]})."""
-    doc = await _doc(request)
+    doc = await json_object(request)
     asked, m = _model(request, doc)
     keep = keep_alive_of(doc.get("keep_alive"))
     if not isinstance(doc.get("prompt"), str) or not doc["prompt"]:
@@ -333,16 +321,10 @@ async def _load_or_unload(
 async def _send(
     request: web.Request, m: Model, asked: str, keep: float | None, path: str, body: dict[str, Any], field: str
 ) -> web.StreamResponse:
-    sched = request.app[SCHED]
-    sched.keep_alive(m, keep)
+    request.app[SCHED].keep_alive(m, keep)  # keep_alive 0: housekeeping unloads it once this request is done
     call = Call("POST", path, json.dumps(body).encode(), asked)
-    began = time.monotonic()
-    relay = _Translate(field, began, stream=bool(body.get("stream")))
-    try:
-        return await forward(request, m, call, relay.run)
-    finally:
-        if keep == 0:
-            sched.kick()
+    relay = _Translate(field, time.monotonic(), stream=bool(body.get("stream")))
+    return await forward(request, m, call, relay.run)
 
 
 class _Translate:
@@ -354,14 +336,13 @@ class _Translate:
 
     async def run(self, request: web.Request, m: Model, call: Call, seen: Seen) -> web.StreamResponse:
         headers = {"Content-Type": "application/json"}
-        stream = self.stream
         asked_at = time.monotonic()
         async with upstream(request, m, call, headers) as up:
             if up.status >= 400:
                 data = await up.read()
                 answered(request, m, seen, up.status, asked_at, Usage())
                 return ollama_error(up.status, _upstream_message(data))
-            if not stream:
+            if not self.stream:
                 data = await up.read()
                 answered(request, m, seen, up.status, asked_at, read_usage(data))
                 out = json.dumps(self.whole(call.asked, json.loads(data), seen)).encode()

@@ -149,6 +149,18 @@ MAX_JSON_DEPTH = 64  # no request of this API nests deeper than a few levels
 TOO_DEEP = f"request body nests more than {MAX_JSON_DEPTH} levels of arrays or objects"
 
 
+async def json_object(request: web.Request) -> dict[str, Any]:
+    """The request's body as a JSON object (empty: {}), read within its bounds."""
+    raw = await read_body(request)
+    try:
+        doc = strict_json(raw) if raw else {}
+    except ValueError as exc:
+        raise Refused(str(exc) if isinstance(exc, TooDeep) else "request body is not JSON", "invalid_json") from None
+    if not isinstance(doc, dict):
+        raise Refused("request body must be a JSON object", "invalid_json")
+    return doc
+
+
 def strict_json(raw: bytes) -> Any:
     """json.loads without NaN/Infinity (Python accepts them; JSON does not) and without nesting past
     MAX_JSON_DEPTH (3000 levels made the parser recurse until Python gave up: a 500 with a traceback)."""
@@ -315,21 +327,37 @@ async def _go_on(
         await resp.write(event)
         await resp.write_eof()
         return resp
-    reader, names = StreamReader(), StreamRenamer(call.asked)
+    await _stream_into(request, m, seen, up, resp, StreamRenamer(call.asked), began)
+    return resp
+
+
+async def _stream_into(
+    request: web.Request,
+    m: Model,
+    seen: Seen,
+    up: aiohttp.ClientResponse,
+    resp: web.StreamResponse,
+    names: StreamRenamer | None,
+    began: float,
+) -> None:
+    """The worker's stream into the client's response as it arrives (renamed where `names`), its tokens counted.
+    One side going away, or the worker falling silent, ends it: leaving closes the upstream connection."""
+    seen.stream = True
+    reader = StreamReader()
     try:
         async for chunk in up.content.iter_any():
             reader.feed(chunk)
-            if piece := names.feed(chunk):
+            piece = chunk if names is None else names.feed(chunk)
+            if piece:
                 seen.keep(piece)
                 await resp.write(piece)
-        if tail := names.rest():
+        if names is not None and (tail := names.rest()):
             seen.keep(tail)
             await resp.write(tail)
         await resp.write_eof()
     except STREAM_ENDS as exc:
         stream_ended(request, m, exc)
     answered(request, m, seen, up.status, began, reader.usage())
-    return resp
 
 
 def _names_model(content_type: str) -> bool:
@@ -413,21 +441,6 @@ async def pass_through(request: web.Request, m: Model, call: Call, seen: Seen) -
             return web.Response(body=data, status=up.status, headers=out)
         resp = web.StreamResponse(status=up.status, headers=out)
         await resp.prepare(request)
-        seen.stream = True
-        reader = StreamReader()
         names = StreamRenamer(call.asked) if _names_model(ctype) else None
-        try:
-            async for chunk in up.content.iter_any():
-                reader.feed(chunk)
-                piece = chunk if names is None else names.feed(chunk)
-                if piece:
-                    seen.keep(piece)
-                    await resp.write(piece)
-            if names is not None and (tail := names.rest()):
-                seen.keep(tail)
-                await resp.write(tail)
-            await resp.write_eof()
-        except STREAM_ENDS as exc:  # one side went away, or the worker fell silent: leaving closes the upstream
-            stream_ended(request, m, exc)
-        answered(request, m, seen, up.status, began, reader.usage())
+        await _stream_into(request, m, seen, up, resp, names, began)
         return resp

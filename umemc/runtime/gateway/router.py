@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from .model import Model, Refused
-from .relay import SCHED, admit_of, error, read_body, strict_json
+from .relay import SCHED, admit_of, error, json_object
 
 
 def status_value(m: Model) -> str:
@@ -46,12 +46,7 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def _named(request: web.Request) -> Model:
-    raw = await read_body(request)
-    try:
-        doc = strict_json(raw) if raw else {}
-    except ValueError:
-        raise Refused("request body is not JSON", "invalid_json") from None
-    name = doc.get("model") if isinstance(doc, dict) else None
+    name = (await json_object(request)).get("model")
     if not isinstance(name, str) or not name:
         raise Refused('send {"model": "NAME"}: a model of this stack (GET /models)', "model_missing")
     return request.app[SCHED].slots.route(name)
