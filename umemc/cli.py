@@ -15,7 +15,7 @@ from .errors import UmemcError
 # each a module of umemc.commands with register(sub); only the one asked for is imported (the others' imports
 # are most of a short command's time)
 COMMANDS = (
-    "init", "pull", "check", "build", "explain", "calibrate", "up", "down", "status", "events", "logs", "apply",
+    "init", "pull", "check", "build", "explain", "calibrate", "up", "down", "status", "events", "logs", "chat", "apply",
     "lease-pod", "schema",
 )  # fmt: skip
 

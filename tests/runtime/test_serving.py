@@ -9,6 +9,8 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -228,3 +230,24 @@ def test_the_playground_asks_a_real_model_in_a_real_browser(gw: Gateway) -> None
         patience(60),
     )
     assert "Paris" in shown
+
+
+def test_umemc_chat_streams_an_answer_through_the_gateway(gw: Gateway, capsys: pytest.CaptureFixture[str]) -> None:
+    from umemc.cli import main
+
+    run = str(gw.run.run_dir)
+    assert main(["chat", "tiny-chat", ASK, "--temperature", "0", "--run-dir", run]) == 0
+    assert "Paris" in capsys.readouterr().out
+    # a conversation from standard input, as a script would pipe it (gemma3 is cold: its start is said on stderr)
+    turns = subprocess.run(
+        [sys.executable, "-m", "umemc", "chat", "gemma3", "--max-tokens", "8", "--run-dir", run],
+        input="hello\nand again\n\n",
+        capture_output=True,
+        text=True,
+        timeout=patience(120),
+    )
+    assert turns.returncode == 0, turns.stderr
+    assert main(["chat", "nope", "hi", "--run-dir", run]) == 1
+    assert capsys.readouterr().err == (
+        "nope: 404 model 'nope' is not in this stack (known: embed, gemma3, smollm2, tiny-chat)\n"
+    )

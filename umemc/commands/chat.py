@@ -1,0 +1,113 @@
+"""`umemc chat MODEL [PROMPT] [--run-dir DIR]`: a quick try of a model of the running stack. The answer streams
+through the stack's gateway (its token read from the run dir, as the gateway reads it) as it is generated; what the
+gateway says while the model starts (a cold start) goes to stderr. Without PROMPT, a conversation: each line read is
+a turn, an empty line or end of input ends it. Exit 0 answered, 1 refused or unreachable, 2 no running stack."""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import RuntimeFailure, UsageError
+from .up import add_run_dir
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("chat", help="chat with a model of the running stack through its gateway")
+    p.add_argument("model", help="a model of the running stack (a name, an alias or a shared name)")
+    p.add_argument("prompt", nargs="?", help="one message; without it, read turns from standard input")
+    p.add_argument("--system", help="a system message first")
+    p.add_argument("--temperature", type=float, help="sampling temperature (default: the model server's)")
+    p.add_argument("--max-tokens", type=int, default=512, metavar="N", help="longest answer (default 512)")
+    add_run_dir(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    port, token = _gateway(Path(args.run_dir).absolute())
+    messages: list[dict[str, str]] = [{"role": "system", "content": args.system}] if args.system else []
+    if args.prompt is not None:
+        _turn(port, token, args, messages, args.prompt)
+        return 0
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            print(f"{args.model}> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line.strip():
+            return 0
+        _turn(port, token, args, messages, line.rstrip("\n"))
+
+
+def _gateway(root: Path) -> tuple[int, str | None]:
+    """The running stack's gateway port and its token (None where it has none)."""
+    from ..contract import ContractError, PlanDoc, read
+    from ..runtime.rundir import RunDir
+
+    run_dir = RunDir(root)
+    if not run_dir.plan.exists():
+        raise UsageError(f"no stack in {root} (start one with `umemc up STACK`, or give --run-dir)")
+    try:
+        plan = read(PlanDoc, run_dir.plan)
+    except ContractError as exc:
+        raise RuntimeFailure(f"{run_dir.plan}: {exc}") from None
+    if plan.gateway is None:
+        raise RuntimeFailure(f"stack {plan.stack} runs no gateway (gateway.enabled = false): nothing to chat through")
+    token = run_dir.token_file.read_text().strip() if plan.gateway.token_env and run_dir.token_file.exists() else None
+    return plan.gateway.port, token
+
+
+def _turn(port: int, token: str | None, args: argparse.Namespace, messages: list[dict[str, str]], text: str) -> None:
+    """One message and its answer, streamed to stdout; the answer joins the conversation."""
+    messages.append({"role": "user", "content": text})
+    body: dict[str, Any] = {"model": args.model, "messages": messages, "stream": True, "max_tokens": args.max_tokens}
+    if args.temperature is not None:
+        body["temperature"] = args.temperature
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    try:
+        conn.request("POST", "/v1/chat/completions", json.dumps(body), headers)
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise RuntimeFailure(f"{args.model}: {resp.status} {_message(resp.read())}")
+        answer = _stream(resp)
+    except OSError as exc:
+        raise RuntimeFailure(f"the gateway on 127.0.0.1:{port} did not answer: {exc}") from None
+    finally:
+        conn.close()
+    messages.append({"role": "assistant", "content": answer})
+
+
+def _stream(resp: http.client.HTTPResponse) -> str:
+    """Print each piece of the answer as it comes; the gateway's word on a start goes to stderr."""
+    said, buf = [], b""
+    while chunk := resp.read1(65536):
+        buf += chunk
+        *events, buf = buf.split(b"\n\n")
+        for ev in events:
+            if ev.startswith(b": umemc: "):
+                print(ev[2:].decode(errors="replace"), file=sys.stderr, flush=True)
+            elif ev.startswith(b"data: {"):
+                doc = json.loads(ev[6:])
+                if "error" in doc:
+                    raise RuntimeFailure(str(doc["error"].get("message", doc["error"])))
+                for choice in doc.get("choices") or []:
+                    piece = (choice.get("delta") or {}).get("content")
+                    if piece:
+                        said.append(piece)
+                        print(piece, end="", flush=True)
+    print(flush=True)
+    return "".join(said)
+
+
+def _message(data: bytes) -> str:
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return data.decode(errors="replace")[:300]
+    err = doc.get("error") if isinstance(doc, dict) else None
+    return str(err.get("message", err)) if isinstance(err, dict) else str(err or doc)
