@@ -12,7 +12,8 @@ read these headers; the Hub's documented download behaviour):
   `Content-Range`.
 Knobs for faults: `cut_after` (the first full download is cut off after that many bytes, like a dropped
 connection), `stall_after` (downloads stop sending there until `go` is set: a client killed mid-download),
-`corrupt` (the last byte differs from the sha256 announced), `token` (a private repository).
+`corrupt` (the last byte differs from the sha256 announced), `token` (a private repository), and a hostile
+Hub's: a repository's `commit` (any text), a file's `announced` size (any text), `trickle` (one byte at a time).
 Every request is logged with the byte range it asked for and the bytes sent.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -35,6 +37,7 @@ class Hosted:
     sha256: str
     size: int
     corrupt: bool = False
+    announced: object = None  # what X-Linked-Size says, where it lies (a larger file, -5, 2**62); None: size
 
 
 @dataclass
@@ -60,6 +63,7 @@ class FakeHub:
         self.token = token
         self.requests: list[Request] = []
         self.cut_after: int | None = None  # cut the next full download of a file after this many bytes
+        self.trickle: float | None = None  # file bytes are sent one at a time, this many seconds apart
         self.stall_after: int | None = None  # stop sending a download after this many bytes until `go` is set
         self.stalled = threading.Event()  # set when a download stalls there
         self.go = threading.Event()
@@ -141,7 +145,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Location", f"{self.hub.cdn_url}/cdn/{file.sha256}")
         self.send_header("X-Repo-Commit", repo.commit)
         self.send_header("X-Linked-Etag", f'"{file.sha256}"')
-        self.send_header("X-Linked-Size", str(file.size))
+        self.send_header("X-Linked-Size", str(file.size if file.announced is None else file.announced))
         self.send_header("ETag", f'"{hashlib.sha1(file.sha256.encode()).hexdigest()}"')
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -205,6 +209,9 @@ class _Handler(BaseHTTPRequestHandler):
                 chunk = f.read(min(CHUNK, left))
                 if file.corrupt and at + len(chunk) == file.size:  # the file's last byte flipped
                     chunk = chunk[:-1] + bytes([chunk[-1] ^ 0xFF])
+                if self.hub.trickle is not None:  # a CDN that never stops and never hurries
+                    self.dribble(req, chunk)
+                    return
                 stop = self.stop_at(req, cut, len(chunk))
                 if stop is not None:
                     self.stop(req, chunk[: stop - req.sent], cut is not None and stop == cut)
@@ -214,6 +221,16 @@ class _Handler(BaseHTTPRequestHandler):
                 except (BrokenPipeError, ConnectionResetError):
                     return  # the client had what it wanted (a header read stops early)
                 req.sent += len(chunk)
+
+    def dribble(self, req: Request, chunk: bytes) -> None:
+        for i in range(len(chunk)):
+            try:
+                self.wfile.write(chunk[i : i + 1])
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                return
+            req.sent += 1
+            time.sleep(self.hub.trickle or 0)
 
     def stop_at(self, req: Request, cut: int | None, n: int) -> int | None:
         """Where this response stops short: a stall or a cut within the next n bytes."""

@@ -221,9 +221,30 @@ def test_pull_downloads_verifies_and_records(hub: FakeHub, files, tmp_path: Path
     served = hub.served()
     code, out, _ = run_cli("pull", str(path), "--quiet")  # a second pull: nothing to download, nothing to hash
     assert code == 0 and out.startswith(
-        f"chat: {REPO}/{FILE} at {'c0ffee' * 2} -> {local}: already here, sha256 verified"
+        f"chat: {REPO}/{FILE} at {'c0ffee' * 2} -> {local}: already here, sha256 verified at its download, size "
+        "and mtime unchanged since (--verify hashes it again)\n"
     )
     assert hub.served() == served
+    # altered with its size and mtime put back: only --verify, which hashes it again, can tell, and says so
+    st = local.stat()
+    data = bytearray(local.read_bytes())
+    data[-1] ^= 0xFF
+    local.write_bytes(bytes(data))
+    os.utime(local, ns=(st.st_atime_ns, st.st_mtime_ns))
+    code, out, err = run_cli("pull", str(path), "--quiet", "--verify")
+    assert (code, out) == (1, "")
+    assert err == (
+        f"umemc pull: {local}: sha256 {hashlib.sha256(bytes(data)).hexdigest()} is not the Hub's "
+        f"{sha256(files['tiny'])}: the file changed since it was verified; remove it and `umemc pull` downloads it "
+        "again\n"
+    )
+    assert local.read_bytes() == bytes(data)  # refused, never removed: it is the user's file
+    local.write_bytes(files["tiny"].read_bytes())  # put right, its mtime too: the record matches, the bytes too
+    os.utime(local, ns=(st.st_atime_ns, st.st_mtime_ns))
+    code, out, _ = run_cli("pull", str(path), "--quiet", "--verify")
+    assert code == 0 and out.startswith(
+        f"chat: {REPO}/{FILE} at {'c0ffee' * 2} -> {local}: already here, sha256 verified\n"
+    )
     code, doc, err = check_json(run_cli, path)
     assert (code, err, doc["models"]["chat"]["source"]) == (0, "", "gguf")
 

@@ -25,6 +25,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("models", nargs="*", metavar="MODEL", help="only these models (default: every one with hf)")
     p.add_argument("--dry-run", action="store_true", help="say what would be downloaded, and how much; fetch nothing")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="hash the files already here again (without it, a file verified at its download whose size and mtime "
+        "are unchanged since is taken as it was)",
+    )
     p.set_defaults(func=run)
 
 
@@ -93,10 +99,15 @@ def _one(
         print(f"{name}: {ref.repo}/{ref.path}{parts} at {remote.commit[:12]}, {human(total)} -> {dest}: {state}")
         return 0
     start = time.monotonic()
-    fetched = pull(remote, dest, progress=not args.quiet)
+    fetched = pull(remote, dest, progress=not args.quiet, verify=args.verify)
     took = time.monotonic() - start
     got = sum(f.downloaded for f in fetched)
-    checked = "sha256 verified" if all(f.verified for f in fetched) else "no sha256 from the Hub"
+    if not all(f.verified for f in fetched):
+        checked = "no sha256 from the Hub"
+    elif any(f.recorded for f in fetched):  # say what was checked: not the bytes, this time
+        checked = "sha256 verified at its download, size and mtime unchanged since (--verify hashes it again)"
+    else:
+        checked = "sha256 verified"
     what = f"downloaded {human(got)} in {took:.1f} s" if got else "already here"
     print(f"{name}: {ref.repo}/{ref.path}{parts} at {remote.commit[:12]} -> {dest}: {what}, {checked}")
     if key != "hf" or loaded.models[name].spec.runtime not in _llama():

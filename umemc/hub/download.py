@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -35,6 +36,7 @@ class Fetched:
     size: int
     downloaded: int  # bytes fetched by this pull (0: it was here already, verified)
     verified: bool  # its sha256 matched the Hub's (False only for a file the Hub gives no sha256 for)
+    recorded: bool = False  # verified at an earlier pull, its size and mtime unchanged since (not hashed now)
 
 
 def where(ref: HfRef, dest: Path, part: str) -> Path:
@@ -57,8 +59,10 @@ def needed(remote: Remote, dest: Path) -> int:
     return out
 
 
-def pull(remote: Remote, dest: Path, progress: bool = True) -> list[Fetched]:
-    """Every part of the model at the commit `remote` resolved to, into place; raises HubFailure."""
+def pull(remote: Remote, dest: Path, progress: bool = True, verify: bool = False) -> list[Fetched]:
+    """Every part of the model at the commit `remote` resolved to, into place; raises HubFailure. A part here
+    already is taken as verified when its size and mtime are what they were at its verified download, unless
+    `verify`: then it is hashed again (a file that no longer matches is refused, never removed)."""
     if offline():
         raise HubFailure("HF_HUB_OFFLINE is set")
     _check_space(remote, dest)
@@ -66,7 +70,9 @@ def pull(remote: Remote, dest: Path, progress: bool = True) -> list[Fetched]:
     for part in remote.parts:
         target = where(remote.ref, dest, part.path)
         if _size(target) == part.size and _known(target, part):
-            out.append(Fetched(target, part.size, 0, part.sha256 is not None))
+            if verify and part.sha256 is not None:
+                _rehash(target, part, progress)
+            out.append(Fetched(target, part.size, 0, part.sha256 is not None, recorded=not verify))
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         got, digest = _fetch(part, partial_path(target), progress)
@@ -105,6 +111,7 @@ class _Download:
     h: Any
     bar: Any
     have: int
+    size: int  # what the Hub announced: never written past
     fetched: int = 0  # bytes this pull got
 
     def restart(self) -> None:
@@ -114,30 +121,36 @@ class _Download:
         self.bar.reset(total=self.bar.total)
         self.have = 0
 
-    def write(self, chunk: bytes) -> None:
+    def write(self, chunk: bytes) -> bool:
+        """Write what fits the announced size; False once it is reached (more is not read)."""
+        chunk = chunk[: self.size - self.have]
         self.f.write(chunk)
         self.h.update(chunk)
         self.bar.update(len(chunk))
         self.have += len(chunk)
         self.fetched += len(chunk)
+        return self.have < self.size
 
 
 def _fetch(part: RemotePart, partial: Path, progress: bool) -> tuple[int, str]:
     """Download `part` into `partial`, continuing what is there; returns the bytes fetched and the sha256."""
     from tqdm import tqdm
 
+    name = PurePosixPath(part.path).name
+    if partial.is_symlink() or (partial.exists() and not partial.is_file()):
+        raise HubFailure(f"{partial} is not a plain file (a link?): umemc writes no download through it; remove it")
     have = _size(partial) or 0
     if have > part.size:
         partial.unlink()
         have = 0
     h = _hash_of(partial, have, progress)
-    name = PurePosixPath(part.path).name
     with (
-        partial.open("r+b" if have else "wb") as f,
+        os.fdopen(os.open(partial, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644), "r+b") as f,
         tqdm(total=part.size, initial=have, unit="B", unit_scale=True, desc=name, disable=not progress) as bar,
     ):
         f.seek(have)
-        d = _Download(f, h, bar, have)
+        f.truncate()
+        d = _Download(f, h, bar, have, part.size)
         for attempt in range(TRIES):
             try:
                 _stream(part, d)
@@ -153,6 +166,19 @@ def _fetch(part: RemotePart, partial: Path, progress: bool) -> tuple[int, str]:
     if d.have != part.size:
         raise HubFailure(f"{name}: the Hub sent {d.have} of {part.size} bytes; `umemc pull` again continues from there")
     return d.fetched, d.h.hexdigest()
+
+
+MIN_RATE = 32 * 1024  # bytes/s, averaged once a download has run RATE_AFTER_S: slower is a Hub that trickles
+RATE_AFTER_S = 60.0
+
+
+def _check_rate(part: RemotePart, got: int, seconds: float) -> None:
+    """A download that trickles (each read within the timeout, the whole never ending) is given up."""
+    if seconds > RATE_AFTER_S and got / seconds < MIN_RATE:
+        raise HubFailure(
+            f"{PurePosixPath(part.path).name}: {got} bytes in {seconds:.0f} s, below {MIN_RATE // 1024} KiB/s: too "
+            "slow, gave up; `umemc pull` again continues from there"
+        )
 
 
 class _Dropped(Exception):
@@ -182,8 +208,11 @@ def _stream(part: RemotePart, d: _Download) -> None:
                 raise HubFailure(f"the Hub answered {status} for {part.path}")
             elif status == 206 and not response.headers.get("Content-Range", "").startswith(f"bytes {d.have}-"):
                 raise HubFailure(f"the Hub sent another range of {part.path} than asked")
-            for chunk in response.iter_bytes(CHUNK):
-                d.write(chunk)
+            began, first = time.monotonic(), d.have
+            for chunk in response.iter_bytes():  # as it arrives: a trickle is seen, not buffered to a MiB
+                if not d.write(chunk):
+                    return  # the announced size is here: anything more the Hub sends is not read
+                _check_rate(part, d.have - first, time.monotonic() - began)
     except HubFailure:
         raise
     except Exception as exc:  # noqa: BLE001 - the HTTP client's errors (a dropped connection, a timeout)
@@ -205,6 +234,15 @@ def _hash_of(partial: Path, have: int, progress: bool) -> Any:
             h.update(chunk)
             bar.update(len(chunk))
     return h
+
+
+def _rehash(target: Path, part: RemotePart, progress: bool) -> None:
+    digest = _hash_of(target, target.stat().st_size, progress).hexdigest()
+    if digest != part.sha256:
+        raise HubFailure(
+            f"{target}: sha256 {digest} is not the Hub's {part.sha256}: the file changed since it was verified; "
+            "remove it and `umemc pull` downloads it again"
+        )
 
 
 def _check(partial: Path, part: RemotePart, digest: str) -> bool:

@@ -12,6 +12,7 @@ from typing import NamedTuple, Protocol
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}"
 _SEGMENT = re.compile(r"[A-Za-z0-9_+][A-Za-z0-9_.+=,-]*")
 _REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+/-]{0,199}")
+MAX_SPLIT = 65535  # llama.cpp's split.count is a uint16 (gguf-split, llama-model-loader)
 SPLIT = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 DEFAULT_REVISION = "main"
 
@@ -70,6 +71,9 @@ def parse(spelling: str, revision: str | None = None) -> HfRef:
             raise RefError(f"bad path segment {segment!r}", "a file's path in the repository, '/'-separated")
     path = "/".join(rest)
     m = SPLIT.match(path)
+    if m and not 1 <= int(m.group("count")) <= MAX_SPLIT:
+        count = int(m.group("count"))
+        raise RefError(f"a split GGUF of {count} parts", f"llama.cpp reads 1 to {MAX_SPLIT} (split.count is 16-bit)")
     if m and m.group("no") != "00001":
         first = f"{m.group('stem')}-00001-of-{m.group('count')}.gguf"
         raise RefError(f"names part {int(m.group('no'))} of a split GGUF", f"name its first part: {first}")

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
+import re
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -25,8 +27,13 @@ from ..lockfile import HEAD_BYTES, FileIdentity, HubOrigin, HubPart, LockEntry
 from .ref import HfRef, HubFailure
 
 FIRST_READ = HEAD_BYTES  # the identity umemc records of a file is the sha256 of its first 4 MiB
-MAX_HEADER = 512 * 1024 * 1024
-TIMEOUT_S = 20.0
+# The largest GGUF header read from the Hub: a 256k-token vocabulary with its merges is ~20 MB; a header that goes
+# on past this is refused, never held in memory whole.
+MAX_HEADER = 64 * 1024 * 1024
+TIMEOUT_S = 20.0  # each read
+HEADER_DEADLINE_S = 120.0  # the whole read of a header, however the bytes trickle in
+COMMIT = re.compile(r"[0-9a-f]{40}")  # a git commit id, as the Hub names one (X-Repo-Commit): it becomes a directory
+MAX_PART_BYTES = 1 << 42  # 4 TiB: above any one file the Hub stores (its LFS files are at most 50 GB)
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,7 @@ class RemotePart:
     size: int
     sha256: str | None
     location: str  # where its bytes are (the CDN's signed URL for an LFS file)
+    header: bytes | None = None  # its first bytes, where they were read already (a split's first part)
 
 
 @dataclass(frozen=True)
@@ -75,15 +83,49 @@ def describe(ref: HfRef) -> Remote:
             meta = hh.get_hf_file_metadata(url, token=token(), timeout=TIMEOUT_S, endpoint=endpoint())
         except Exception as exc:  # noqa: BLE001 - huggingface_hub and its HTTP client raise many kinds
             raise HubFailure(_why(exc, ref, path)) from None
-        if meta.size is None:
-            raise HubFailure(f"the Hub gave no size for {ref.repo}/{path}")
+        size = _check_size(meta.size, f"{ref.repo}/{path}")
         if i == 0:
-            if not meta.commit_hash:
-                raise HubFailure(f"the Hub named no commit for {ref.repo} at {ref.revision}")
-            commit = meta.commit_hash
+            commit = _checked_commit(meta.commit_hash, ref)
         sha = meta.etag if meta.etag and len(meta.etag) == 64 and _hex(meta.etag) else None
-        parts.append(RemotePart(path, meta.size, sha, meta.location))
+        parts.append(RemotePart(path, size, sha, meta.location))
+        if i == 0 and len(ref.parts) > 1:  # before a HEAD per part: does the file say it is split that way?
+            parts[0] = _split_checked(parts[0], len(ref.parts))
     return Remote(ref, commit, parts)
+
+
+def _check_size(size: object, name: str) -> int:
+    """A size the Hub gives names how much is read and written: a positive integer of a file's order, or refused."""
+    if size is None:
+        raise HubFailure(f"the Hub gave no size for {name}")
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_PART_BYTES:
+        raise HubFailure(f"the Hub gave {name} a size of {size!r}: not a file's size (1 byte to 4 TiB)")
+    return size
+
+
+def _checked_commit(commit: str | None, ref: HfRef) -> str:
+    """The commit the Hub names becomes a directory of umemc's cache and a record in the calibration file: a commit
+    id (40 hex digits) or nothing is written."""
+    if not commit:
+        raise HubFailure(f"the Hub named no commit for {ref.repo} at {ref.revision}")
+    if not COMMIT.fullmatch(commit):
+        shown = commit if len(commit) <= 80 else commit[:77] + "..."
+        raise HubFailure(
+            f"the Hub named {shown!r} as the commit of {ref.repo} at {ref.revision}: not a commit id (40 hex "
+            "digits); nothing was written"
+        )
+    return commit
+
+
+def _split_checked(first: RemotePart, count: int) -> RemotePart:
+    """The first part of a split GGUF, its header read: its `split.count` must be the count its name says (a name
+    cannot make umemc ask the Hub about thousands of parts the file does not have)."""
+    from ..estimate.gguf_header import parse_prefix
+
+    head = read_header(first)
+    said = parse_prefix(head).fields.get("split.count")
+    if said != count:
+        raise HubFailure(f"{first.path}: its name says {count} parts, its header says {said!r}")
+    return replace(first, header=head)
 
 
 def _hex(text: str) -> bool:
@@ -118,6 +160,7 @@ def read_prefix(part: RemotePart, n: int) -> bytes:
     headers["Range"] = f"bytes=0-{n - 1}"
     headers["Accept-Encoding"] = "identity"
     out = bytearray()
+    deadline = time.monotonic() + HEADER_DEADLINE_S
     try:
         with get_session().stream(
             "GET", part.location, headers=headers, timeout=TIMEOUT_S, follow_redirects=True
@@ -128,6 +171,11 @@ def read_prefix(part: RemotePart, n: int) -> bytes:
                 out += chunk
                 if len(out) >= n:
                     break
+                if time.monotonic() > deadline:
+                    raise HubFailure(
+                        f"{part.path}: {len(out)} of the header's {n} bytes in {HEADER_DEADLINE_S:g} s: too slow, "
+                        "gave up (a header's whole read is bounded)"
+                    )
     except HubFailure:
         raise
     except Exception as exc:  # noqa: BLE001 - the HTTP client's errors, whatever their kind
@@ -139,6 +187,8 @@ def read_header(part: RemotePart) -> bytes:
     """The part's first bytes, enough to hold its whole GGUF header (and at least its first 4 MiB)."""
     from ..estimate.gguf_header import HeaderError, Truncated, parse_prefix
 
+    if part.header is not None:
+        return part.header
     n = min(part.size, FIRST_READ)
     while True:
         data = read_prefix(part, n)
@@ -149,8 +199,11 @@ def read_header(part: RemotePart) -> bytes:
             if n >= part.size or len(data) < n:
                 raise HubFailure(f"{part.path}: the GGUF header runs past the end of the file") from None
             if n >= MAX_HEADER:
-                raise HubFailure(f"{part.path}: a GGUF header larger than {MAX_HEADER >> 20} MiB") from None
-            n = min(part.size, n * 4)
+                raise HubFailure(
+                    f"{part.path}: a GGUF header larger than {MAX_HEADER >> 20} MiB (the bound on a header umemc "
+                    "reads; a real one is a few MB)"
+                ) from None
+            n = min(part.size, n * 4, MAX_HEADER)
         except HeaderError as exc:
             raise HubFailure(f"{part.path} is not a GGUF file umemc can read: {exc}") from None
 
