@@ -35,6 +35,8 @@ def parse(kind: type[Doc], text: str | bytes, where: str | Path) -> Doc:
         raw: Any = json.loads(text)
     except ValueError as exc:
         raise ContractError(f"{where}: not valid JSON ({exc})") from None
+    except RecursionError:  # arrays or objects nested past Python's recursion limit
+        raise ContractError(f"{where}: nests too deep to be a {expected} file") from None
     if not isinstance(raw, dict) or raw.get("format") != expected:
         raise ContractError(f"{where}: not a {expected} file")
     version = raw.get("version")

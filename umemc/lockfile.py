@@ -23,38 +23,44 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field
 
 from .document import ContractError, Document, dump, parse
 
 VERSION = 1
 HEAD_BYTES = 4 * 1024 * 1024
+# A byte count as the file may say it: a machine's worth at most (1 EiB), never negative (the file is input: a
+# figure outside this is refused with the field that holds it)
+Bytes = Annotated[int, Field(ge=0, le=2**60)]
 # llama.cpp's buffer report: {device: {model|kv|rs|compute|output: bytes}}
-BufferReport = dict[str, dict[str, int]]
+BufferReport = dict[str, dict[str, Bytes]]
+MAX_FILE_BYTES = 16 * 1024 * 1024  # a calibration file umemc writes is a few KiB a model
 
 
 class FileIdentity(Document):
-    size: int
+    size: Bytes
     sha256_head: str
 
 
 class LockedHeader(Document):
     """The GGUF header facts the estimator needs when the file is absent (its LlmShape as a table)."""
 
-    tensor_bytes: int
-    n_tensors: int
+    tensor_bytes: Bytes
+    n_tensors: Bytes
     type_counts: dict[str, int]
     file_type: str | None
     general_arch: str
     shape: dict[str, Any] | None
-    repack_bytes: int = 0
-    skipped_bytes: int = 0
+    repack_bytes: Bytes = 0
+    skipped_bytes: Bytes = 0
 
 
 class Measured(Document):
     buffers: BufferReport = {}  # llama.cpp's own report (llama.cpp models)
-    rss_bytes: int | None = None  # resident after a warm-up request (llama.cpp models)
-    peak_bytes: int | None = None  # peak resident during its own warm-up (torch workers)
+    rss_bytes: Bytes | None = None  # resident after a warm-up request (llama.cpp models)
+    peak_bytes: Bytes | None = None  # peak resident during its own warm-up (torch workers)
     at: str = "?"
     runtime_version: str = "?"
 
@@ -83,16 +89,16 @@ class DryRun(Document):
     buffers: BufferReport = {}
     table: BufferReport = {}
     seconds: float
-    peak_rss_bytes: int | None = None  # what the dry run itself cost: its peak resident set
+    peak_rss_bytes: Bytes | None = None  # what the dry run itself cost: its peak resident set
     # and what it read until umemc stopped it (Linux /proc/PID/io rchar): the header, not the weights, unless
     # the machine was so busy that llama-server's real load, which follows its answer, began before the kill
-    read_bytes: int | None = None
+    read_bytes: Bytes | None = None
     at: str
 
 
 class HubPart(Document):
     path: str  # in the repository
-    size: int
+    size: Bytes
     sha256: str | None = None  # the Hub's checksum of the file (its LFS object id); None for a file kept in git
 
 
@@ -104,7 +110,7 @@ class HubOrigin(Document):
     revision: str  # as the stack asks: a branch, a tag or a commit
     commit: str  # what that revision was when the header was read
     parts: list[HubPart]
-    header_bytes: int  # what was read of it to size it (HTTP range requests)
+    header_bytes: Bytes  # what was read of it to size it (HTTP range requests)
 
 
 class LockEntry(Document):
@@ -135,15 +141,37 @@ def identity(path: Path) -> FileIdentity:
 
 
 def load(stack: Path) -> dict[str, LockEntry]:
-    """The stack's entries by model; none without a file. A file umemc cannot read is an error (exit 2)."""
+    """The stack's entries by model; none without a file. A file umemc cannot read is an error (exit 2): the file
+    is input (it may sit in a shared repository), read within bounds, of a plain file only (a FIFO would block,
+    a link to /dev/zero never end), every figure checked by its type."""
     path = path_for(stack)
-    try:
-        text = path.read_bytes()
+    text = _read_bounded(path)
+    return {} if text is None else dict(parse(CalibrationDoc, text, path).models)
+
+
+def _read_bounded(path: Path) -> bytes | None:
+    try:  # O_NONBLOCK: a FIFO opens without waiting for a writer, and is refused below
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
-        return {}
+        return None
     except OSError as exc:
         raise ContractError(f"{path}: cannot read: {exc.strerror}") from None
-    return dict(parse(CalibrationDoc, text, path).models)
+    with os.fdopen(fd, "rb") as f:
+        kind = _special(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise ContractError(f"{path}: {kind}, not a file: a calibration file is plain JSON umemc wrote")
+        data = f.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise ContractError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB: not a calibration file umemc wrote")
+    return data
+
+
+def _special(mode: int) -> str | None:
+    import stat
+
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))  # fmt: skip
+    return next((name for test, name in kinds if test(mode)), None)
 
 
 def save(stack: Path, models: dict[str, LockEntry]) -> Path:

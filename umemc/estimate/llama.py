@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeVar
 
 from ..catalog.archs import LLM_PRESETS, LlmPreset, LlmShape, VisionShape
 from ..catalog.quant import FILE_TYPE_BITS, REPACK_ISA, is_repacked, loaded, preset_mix, tensor_bytes
 from ..catalog.runtimes import FULL_SWA_CACHE, NO_REPACK_FLAGS
-from ..lockfile import DryRun, LockEntry
+from ..lockfile import DryRun, LockEntry, path_for
 from ..stack.resolve import LoadedStack, ResolvedModel
 from ..units import with_gib
 from . import keys
@@ -87,11 +88,13 @@ def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
     warnings += _warnings(loaded, m, shape, ftype, family, kv)
     warnings += _template_warning(loaded, m, facts, family)
     weights_fig, compute_fig = Figure.total("weights", weights_parts), Figure.total("compute", compute_parts)
-    measured = _measured(loaded, m, entry, warnings)
+    measured = _proven(loaded, m, facts, _measured(loaded, m, entry, warnings), "measured", warnings)
+    asked = None if measured is not None or facts is None else _asked(loaded, m, entry, facts, vision, warnings)
+    asked = _proven(loaded, m, facts, asked, "llama.cpp dry run", warnings)
     if measured is not None:
         source = "measured"
         weights_fig, kv, compute_fig, overhead = measured
-    elif facts is not None and (asked := _asked(loaded, m, entry, facts, vision, warnings)) is not None:
+    elif asked is not None:
         source = "llama.cpp"
         weights_fig, kv, compute_fig = asked
     return finish(
@@ -351,6 +354,37 @@ def _preset_repack(preset: LlmPreset | None, ftype: str) -> int:
         for name, ne, t in preset_mix(preset, ftype)
         if is_repacked(name, t, ne) and loaded(name, main)
     )
+
+
+Recorded = TypeVar("Recorded", tuple[Figure, Figure, Figure, Figure], tuple[Figure, Figure, Figure])
+
+
+def _proven(
+    loaded: LoadedStack,
+    m: ResolvedModel,
+    facts: GgufFacts | None,
+    recorded: Recorded | None,
+    what: str,
+    warnings: list[str],
+) -> Recorded | None:
+    """Figures from the calibration file (a measurement, a dry run) are input: weights below what the GGUF's own
+    header proves (its tensor bytes: llama.cpp's model buffers hold every one of them) are refused, with a
+    warning, and the estimate stands; `umemc calibrate` or `check --measure` records them again."""
+    if recorded is None or facts is None:
+        return recorded
+    weights, proven = recorded[0].bytes, facts.tensor_bytes
+    if weights >= proven * 0.99:
+        return recorded
+    warnings.append(
+        loaded.source.warning(
+            ("models", m.name),
+            f"{path_for(loaded.path).name}: the {what} weights of {weights} bytes are below the {proven} bytes of "
+            "tensors the GGUF header holds: not used (a stale or forged record); `umemc check --measure` asks "
+            "llama.cpp again",
+            what="table",
+        )
+    )
+    return None
 
 
 TEMPLATE_FLAGS = ("--chat-template", "--chat-template-file", "--chat_format", "--chat_handler")

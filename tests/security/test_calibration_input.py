@@ -1,0 +1,130 @@
+"""The calibration file (`STACK.calibration.json`) is input: it may sit in a shared repository. A forged figure never
+makes `check` say FITS where the model's own file says otherwise, a figure outside sense is refused at its field,
+and a file that is no file (a FIFO, a link to a device), too large or nested past reason is refused at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from umemc.testing.tinygguf import TinySpec, write_tiny_gguf
+
+SPEC = TinySpec(n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_vocab=1000)
+
+
+def stack(tmp_path: Path, memory: str = "16GiB") -> Path:
+    write_tiny_gguf(tmp_path / "tiny.gguf", SPEC)
+    path = tmp_path / "stack.toml"
+    path.write_text(
+        f'version = 1\nname = "cal"\n[platform]\nkind = "cpu"\nmemory = "{memory}"\nos_reserve = "64MiB"\n'
+        '[models.chat]\nruntime = "llama-server"\nmodel = "tiny.gguf"\ncontext = 1024\n'
+    )
+    return path
+
+
+def forged_measurement(path: Path, weights: int, rss: int) -> None:
+    """A `measured` entry as a forger would write it: the real file's identity (its size and the sha256 of its
+    first 4 MiB, anyone can compute them) and the flags the model runs with now, so it would be used; forged
+    figures."""
+    import hashlib
+
+    from umemc.estimate import keys
+    from umemc.stack.resolve import load_stack
+
+    loaded = load_stack(path)
+    flags = keys.llama(loaded, loaded.models["chat"])
+    data = (path.parent / "tiny.gguf").read_bytes()
+    ident = {"size": len(data), "sha256_head": hashlib.sha256(data[: 4 * 2**20]).hexdigest()}
+    buffers = {"CPU": {"model": weights, "kv": 0, "compute": 0}}
+    entry = {"file": ident, "flags": flags, "measured": {"buffers": buffers, "rss_bytes": rss}}
+    doc = {"format": "umemc-calibration", "version": 1, "models": {"chat": entry}}
+    path.with_name("stack.calibration.json").write_text(json.dumps(doc))
+
+
+def header_tensor_bytes(gguf_path: Path) -> int:
+    import gguf
+
+    return sum(int(t.n_bytes) for t in gguf.GGUFReader(gguf_path).tensors)
+
+
+def test_a_forged_measurement_below_the_files_own_tensors_never_makes_it_fit(tmp_path: Path, run_cli) -> None:
+    """200 MiB less 64 reserved: the honest estimate (llama-server's process alone is 150 MiB) does not fit; a
+    record saying 3 bytes of weights and 3 of resident memory would. It is refused, said, and the verdict stands."""
+    path = stack(tmp_path, "200MiB")
+    code, out, _ = run_cli("check", str(path), "--format", "json")
+    assert code == 1 and json.loads(out)["fits"] is False
+    forged_measurement(path, 3, 3)
+    code, out, err = run_cli("check", str(path), "--format", "json")
+    doc = json.loads(out)
+    assert (code, doc["fits"], doc["models"]["chat"]["source"]) == (1, False, "gguf")
+    assert doc["models"]["chat"]["weights_bytes"] == header_tensor_bytes(tmp_path / "tiny.gguf")
+    assert err.startswith(
+        f"warning: {path}:7:1: models.chat: stack.calibration.json: the measured weights of 3 bytes are below the "
+        f"{header_tensor_bytes(tmp_path / 'tiny.gguf')} bytes of tensors the GGUF header holds: not used (a stale "
+        "or forged record); `umemc check --measure` asks llama.cpp again\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("figure", "field"),
+    [(-5, "models.chat.measured.rss_bytes"), (2**62, "models.chat.measured.rss_bytes")],
+)
+def test_a_figure_outside_sense_is_refused_at_its_field(tmp_path: Path, run_cli, figure: int, field: str) -> None:
+    path = stack(tmp_path)
+    forged_measurement(path, 10**6, figure)
+    code, out, err = run_cli("check", str(path))
+    assert (code, out) == (2, "")
+    bound = "greater than or equal to 0" if figure < 0 else "less than or equal to 1152921504606846976"
+    assert err == f"{tmp_path / 'stack.calibration.json'}: umemc-calibration field {field}: Input should be {bound}\n"
+
+
+def test_a_file_nested_past_reason_is_refused(tmp_path: Path, run_cli) -> None:
+    path = stack(tmp_path)
+    path.with_name("stack.calibration.json").write_text("[" * 100_000 + "]" * 100_000)
+    code, out, err = run_cli("check", str(path))
+    assert (code, out, err) == (
+        2,
+        "",
+        f"{tmp_path / 'stack.calibration.json'}: nests too deep to be a umemc-calibration file\n",
+    )
+
+
+def test_a_file_larger_than_any_umemc_writes_is_not_read_whole(tmp_path: Path, run_cli) -> None:
+    path = stack(tmp_path)
+    with path.with_name("stack.calibration.json").open("wb") as f:
+        f.truncate(64 * 2**20)  # sparse: 64 MiB of zeros
+    code, out, err = run_cli("check", str(path))
+    assert (code, out, err) == (
+        2,
+        "",
+        f"{tmp_path / 'stack.calibration.json'}: larger than 16 MiB: not a calibration file umemc wrote\n",
+    )
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_a_special_file_in_its_place_is_refused_without_waiting(tmp_path: Path, kind: str) -> None:
+    """As its own process, bounded in time: a FIFO without a writer would block a reader forever, /dev/zero
+    would be read until memory ran out."""
+    path = stack(tmp_path)
+    cal = path.with_name("stack.calibration.json")
+    if kind == "fifo":
+        os.mkfifo(cal)
+    else:
+        cal.symlink_to("/dev/zero")
+    for command in ("check", "build"):
+        out = ["-o", str(tmp_path / "out")] if command == "build" else []
+        done = subprocess.run(
+            [sys.executable, "-m", "umemc", command, str(path), *out], capture_output=True, text=True, timeout=60
+        )
+        what = "a FIFO" if kind == "fifo" else "a character device"
+        assert (done.returncode, done.stdout, done.stderr) == (
+            2,
+            "",
+            f"{cal}: {what}, not a file: a calibration file is plain JSON umemc wrote\n",
+        )
+    assert not (tmp_path / "out").exists()
