@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -244,9 +245,21 @@ def _candidates(need: Need, held: list[Held]) -> tuple[list[Held], list[dict[str
 def eviction_order(held: list[Held]) -> list[Held]:
     """Who goes first: lowest priority; among equals the cheapest to bring back (restore_s: its measured start,
     else its size at an assumed read rate; the cost-benefit rule of a cache whose entries cost unequal amounts to
-    reload), then least recently used; ties keep the given order (the stack's file order), so a plan without live
-    figures gets a deterministic answer."""
-    return sorted(held, key=lambda h: (h.priority, h.restore_s or 0.0, h.last_used))
+    reload) by `restore_class`, then least recently used; ties keep the given order (the stack's file order), so a
+    plan without live figures gets a deterministic answer."""
+    return sorted(held, key=lambda h: (h.priority, restore_class(h.restore_s), h.last_used))
+
+
+QUICK_RESTORE_S = 2.0
+
+
+def restore_class(seconds: float | None) -> int:
+    """What bringing a model back costs, coarsely: every start under QUICK_RESTORE_S is 0, then one class per
+    doubling (2-4 s is 1, 4-8 s 2, ...). A start a few tenths of a second longer, or a measurement's noise, is no
+    reason to stop the model in use rather than one idle for an hour; a start ten times longer is."""
+    if seconds is None or seconds < QUICK_RESTORE_S:
+        return 0
+    return int(math.log2(seconds / QUICK_RESTORE_S)) + 1
 
 
 def pressure_victim(held: list[Held]) -> Held | None:

@@ -71,9 +71,11 @@ def test_every_kind_reads_in_words() -> None:
          "evicted to start b (both priority 50: the idle one gives way)"),
         ("evict", {"for_model": "b", "priority": 50, "for_priority": 50, "restore_s": 0.412,
                    "restore_from": "measured"},
-         "evicted to start b (both priority 50: the cheapest to bring back, 0.412 s its last start)"),
+         "evicted to start b (both priority 50: bringing it back takes 0.412 s by its last start; the quicker to "
+         "bring back, then the longer idle, gives way)"),
         ("evict", {"for_model": "b", "priority": 50, "for_priority": 50, "restore_s": 2.5, "restore_from": "size"},
-         "evicted to start b (both priority 50: the cheapest to bring back, 2.5 s from its size)"),
+         "evicted to start b (both priority 50: bringing it back takes 2.5 s from its size; the quicker to bring "
+         "back, then the longer idle, gives way)"),
         ("action", {"action": "start", "evicts": ["a"]}, "a start asked from the page or the API (evicting a)"),
         ("ttl_unload", {"by": "gateway", "ttl_s": 1.0}, "unloaded: idle past its ttl"),
         ("evict", {"for_model": None, "reason": 5}, "evicted"),  # odd shapes read plainly, never raise

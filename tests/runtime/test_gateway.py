@@ -666,7 +666,8 @@ def test_status_says_an_eviction_and_counts_only_crashes_as_restarts(stack: Any)
     assert st["a"]["_last_event"] == "evict"
     [*_, (_, _, last)] = gw.kinds("evict")  # a's last eviction: what its last start took, as measured
     assert st["a"]["_last_said"].startswith(
-        f"evicted to start b (both priority 50: the cheapest to bring back, {last['restore_s']:g} s its last start), "
+        f"evicted to start b (both priority 50: bringing it back takes {last['restore_s']:g} s by its last start; the "
+        "quicker to bring back, then the longer idle, gives way), "
     )
     assert last["restore_from"] == "measured"
     assert st["b"]["_last_said"].startswith("started on demand in ") and ", evicting a, " in st["b"]["_last_said"]

@@ -258,15 +258,16 @@ def test_a_cold_start_evicts_the_lower_priority_idle_model_only(tmp_path: Path) 
 
 
 def test_among_equal_priorities_the_cheapest_to_bring_back_gives_way(tmp_path: Path) -> None:
-    """Room for two of 1 GiB: `slow` (its last start took 2.5 s) and `quick` (0.3 s) run idle at priority 50, and
-    `quick` was used last, so least-recently-used alone would pick `slow`. What bringing each back costs decides:
-    `quick` goes for `new` (priority 60), and its eviction says why. A model never started on demand is costed by
-    its size at 1 GiB/s: 1 GiB -> 1.0 s."""
+    """Room for two of 1 GiB: `slow` (its last start took 9 s) and `quick` (0.3 s) run idle at priority 50, and
+    `quick` was used last, so least-recently-used alone would pick `slow`. What bringing each back costs decides
+    (9 s is three doublings past the 2 s under which every start counts as quick): `quick` goes for `new`
+    (priority 60), and its eviction says why. A model never started on demand is costed by its size at 1 GiB/s:
+    1 GiB -> 1.0 s."""
     sv = FakeSupervisor(running=("slow", "quick"))
     sched = scheduler(tmp_path, model("slow", 50) + model("quick", 50) + model("new", 60, mode="cold"), sv)
 
     async def body(s: Scheduler) -> None:
-        s.models["slow"].last_cold_start_s, s.models["quick"].last_cold_start_s = 2.5, 0.3
+        s.models["slow"].last_cold_start_s, s.models["quick"].last_cold_start_s = 9.0, 0.3
         s.slots["slow"].last_used, s.slots["quick"].last_used = 100.0, 200.0
         async with s.slots.slot(s.models["new"]):
             pass
@@ -299,6 +300,21 @@ def test_a_shared_name_goes_to_the_loaded_model_else_the_cheapest_to_start(tmp_p
         await settled(s)
         assert s.slots.route("coder").name == "large"
         assert views.status(s)["groups"] == {"coder": {"models": ["small", "large"], "answers_now": "large"}}
+
+    running(sched, body)
+
+
+def test_starts_that_cost_alike_leave_the_choice_to_least_recently_used(tmp_path: Path) -> None:
+    """0.3 s and 1.5 s are both quick (under 2 s): the one idle longer goes, whatever the measurement's noise."""
+    sv = FakeSupervisor(running=("a", "b"))
+    sched = scheduler(tmp_path, model("a", 50) + model("b", 50) + model("new", 60, mode="cold"), sv)
+
+    async def body(s: Scheduler) -> None:
+        s.models["a"].last_cold_start_s, s.models["b"].last_cold_start_s = 0.3, 1.5
+        s.slots["a"].last_used, s.slots["b"].last_used = 200.0, 100.0
+        async with s.slots.slot(s.models["new"]):
+            pass
+        assert sv.stopped == ["b"]
 
     running(sched, body)
 

@@ -15,12 +15,12 @@ def _size(n: Any) -> str:
 
 
 def _cheapest(d: dict[str, Any]) -> str:
-    """Why this one among its equals: the cheapest to bring back, said with where that figure comes from."""
+    """Why this one among its equals: what it costs to bring back (with where that figure comes from), the rule."""
     cost = d.get("restore_s")
     if not isinstance(cost, (int, float)):
         return "the idle one gives way"
-    source = "its last start" if d.get("restore_from") == "measured" else "from its size"
-    return f"the cheapest to bring back, {cost:g} s {source}"
+    source = "by its last start" if d.get("restore_from") == "measured" else "from its size"
+    return f"bringing it back takes {cost:g} s {source}; the quicker to bring back, then the longer idle, gives way"
 
 
 def _evict(d: dict[str, Any]) -> str:
