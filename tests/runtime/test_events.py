@@ -90,3 +90,24 @@ def test_an_event_in_words(kind: str, detail: Any, words: str) -> None:
     from umemc.runtime.eventtext import said
 
     assert said(kind, detail) == words
+
+
+def test_a_process_start_noted_after_its_cold_start_reads_as_the_cold_start(tmp_path: Path) -> None:
+    """The enforcer notes a new process when it samples it, which may come after the gateway's word that it
+    started the model on demand: that start is the cold start (the latest event a person is shown says why). A
+    start after an exit (supervisord's restart after a crash) is news of its own."""
+    from umemc.runtime.events import EventLog
+
+    log = EventLog(tmp_path / "events.db")
+    try:
+        log.add("up", None)
+        log.add("cold_start", "b", seconds=0.1, evicted=["a"], waiting=1)
+        log.add("start", "b", pid=12)
+        log.add("start", "c", pid=13)
+        log.add("cold_start", "d", seconds=0.2, evicted=[], waiting=1)
+        log.add("exit", "d", cause="killed by a signal", exitstatus=None)
+        log.add("start", "d", pid=14)
+        latest = log.latest(log.last_id("up"))
+        assert {m: e.kind for m, e in latest.items()} == {"b": "cold_start", "c": "start", "d": "start"}
+    finally:
+        log.close()

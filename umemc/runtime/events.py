@@ -297,7 +297,24 @@ class EventLog:
             f"AND model IS NOT NULL AND {which} GROUP BY model)",
             (after_id,) if kind is None else (after_id, kind),
         )
-        return {str(e.model): e for e in map(_event, rows)}
+        out = {str(e.model): e for e in map(_event, rows)}
+        if kind is None:
+            for name, e in out.items():
+                if e.kind == "start":
+                    out[name] = self._explained(e, after_id) or e
+        return out
+
+    def _explained(self, start: Event, after_id: int) -> Event | None:
+        """The gateway's cold_start that a process start belongs to: the enforcer notes the new process when it
+        samples it, which may be after the gateway said it started the model on demand; with no exit between
+        them, the start is that cold start, and the cold start says more."""
+        rows = self._rows(
+            "SELECT id, ts, model, kind, detail FROM events WHERE model = ? AND id > ? AND id < ? "
+            "AND kind IN ('cold_start', 'exit') ORDER BY id DESC LIMIT 1",
+            (start.model, after_id, start.id),
+        )
+        event = _event(rows[0]) if rows else None
+        return event if event is not None and event.kind == "cold_start" else None
 
     def last(self, kind: str, model: str, after_id: int = 0) -> Event | None:
         rows = self._rows(
