@@ -126,3 +126,20 @@ def test_a_wait_is_said_as_reasoning_where_the_stack_asks(stack: Any) -> None:
     assert resp.status == 200 and thinking[0] == "waiting for a to finish their requests\n"
     assert {c["model"] for c in chunks} == {"b"} and answer == "(simulated reply from b)"
     assert slow.result(timeout=30)[0] == 200  # a's request was served, never cut off
+
+
+def test_a_directory_at_a_models_gate_path_does_not_keep_it_down(stack: Any) -> None:
+    """Something not a gate at RUN/state/gates/MODEL (a directory with a file in it, a link): the exec wrapper
+    would refuse to start the worker behind it, forever; the gateway clears its own gate path before a start, so
+    the request is answered (a link is removed, never what it points to)."""
+    gw = Gateway(stack(stack_text("ca-gate", model("x") + model("y"), slots=2), "--simulate"))
+    gates = gw.run.run_dir / "state" / "gates"
+    (gates / "x").mkdir(parents=True)
+    (gates / "x" / "junk").write_text("not a gate\n")
+    target = gw.run.run_dir / "keep.txt"
+    target.write_text("keep me\n")
+    (gates / "y").symlink_to(target)
+    for name in ("x", "y"):
+        status, _, body = gw.complete(name)
+        assert (status, body["model"]) == (200, name)
+    assert not (gates / "x").exists() and not (gates / "y").exists() and target.read_text() == "keep me\n"

@@ -66,6 +66,18 @@ GATE_S = 600.0
 __all__ = ["Admit", "Model", "Refused", "Scheduler"]
 
 
+def _remove_tree(path: Path) -> None:
+    """Whatever is at `path` in umemc's own state dir goes, a directory with all it holds too (never followed: a
+    link is removed, not what it points to)."""
+    import shutil
+
+    with contextlib.suppress(OSError):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
 class Scheduler:
     def __init__(self, plan: PlanDoc, run: RunDir, supervisor: Supervisor, events: EventLog):
         if plan.gateway is None:
@@ -441,6 +453,8 @@ class Scheduler:
         record missing or naming a gone process, or a gate that cannot be written (a full disk). A gate a lost
         gateway left goes then: it must not hold this start."""
         gate = self.run.gate(m.name)
+        if gate.is_symlink() or (gate.exists() and not gate.is_file()):
+            _remove_tree(gate)  # a directory (or any non-file) there would keep the wrapper from ever passing
         records = [self.run.record(v) for v in victims]
         live = [r for r in records if r is not None and same_process(r)]
         if victims and len(live) == len(victims):
