@@ -185,6 +185,8 @@ def test_the_router_routes_load_list_and_unload(gw: Gateway) -> None:
     assert states()["gemma3"] == "unloaded"
     status, _, body = gw.call("POST", "/models/unload", {"model": "gemma3"})
     assert (status, body["error"]["message"]) == (400, "model gemma3 is not running")
+    # every stop of gemma3 so far was asked for (loads, unloads, a keep-alive): none is a restart
+    assert gw.run.status()["gemma3"]["restarts"] == 0
 
 
 def test_a_streamed_request_hears_the_cold_start_it_waits_for(gw: Gateway) -> None:

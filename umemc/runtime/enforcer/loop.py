@@ -37,6 +37,11 @@ DRIFT_SETTLE_S = 5.0  # after supervisord calls it RUNNING (itself 5 s after the
 LOG_TAIL = 512 * 1024  # of a llama.cpp worker's logs, for its buffer report
 
 
+# exits the enforcer did not see happen (the process was gone, or another in its place, at the next sample)
+UNSEEN = ("restarted before it was sampled", "unknown")
+STOPS = ("evict", "unload", "ttl_unload")  # a stop someone decided (the gateway, the pressure guard, a person)
+
+
 class Enforcer:
     def __init__(self, bundle: Path, host: Probes | None = None):
         self.bundle = bundle
@@ -217,6 +222,8 @@ class Enforcer:
             return
         if w.pid is not None:
             cause = w.pending_exit or rules.exit_cause(info, pid)
+            if cause.get("cause") in UNSEEN and self._stopped_on_purpose(w):
+                cause = {"exitstatus": None, "cause": "stopped"}  # a stop someone asked for, not a crash
             self._event(w, "exit", pid=w.pid, state=w.state, **cause, peak_bytes=w.peak)
             self.sampler.procs.prune(set())
             w.lost()
@@ -235,6 +242,14 @@ class Enforcer:
         else:
             self._event(w, "start", pid=pid)
         self.sampler.attach_cgroup(w)
+
+    def _stopped_on_purpose(self, w: Worker) -> bool:
+        """Whether the worker's process ended by a stop recorded since it started (an eviction, an unload, an idle
+        unload): between two samples a stop and the next start on demand can both happen, and the exit the enforcer
+        then sees is that stop, never a restart after a crash."""
+        start = self.events.last("start", w.name, self.run_start)
+        after = self.run_start if start is None else start.id
+        return any(self.events.last(kind, w.name, after) is not None for kind in STOPS)
 
     @staticmethod
     def _crossing(w: Worker, finding: Finding, crossed: bool | None) -> bool:
