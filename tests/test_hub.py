@@ -297,13 +297,16 @@ def test_an_interrupted_pull_resumes_where_it_stopped(hub: FakeHub, files, tmp_p
         proc.wait()
     hub.stall_after = None
     hub.go.set()
-    assert partial.stat().st_size == 12 * MiB
+    # at least what was sent before the stall; more where the killed pull had retried a stalled read (its read
+    # timeout) before the kill reached it, on a machine busy enough: then it ends where that retry's bytes end
+    have = partial.stat().st_size
+    assert 12 * MiB <= have < hosted.size
     before = len(hub.requests)
     done = subprocess.run(pull, capture_output=True, text=True, timeout=patience(120))
     assert done.returncode == 0, done.stderr
     assert sha256(tmp_path / "models" / REPO / "big.gguf") == hosted.sha256 and not partial.exists()
     again = [(r.range, r.sent) for r in hub.requests[before:] if r.path.startswith("/cdn/")]
-    assert again == [(f"bytes={12 * MiB}-", hosted.size - 12 * MiB)]
+    assert again == [(f"bytes={have}-", hosted.size - have)]
 
 
 def test_pull_refuses_a_download_the_disk_cannot_hold(hub: FakeHub, files, tmp_path: Path, run_cli) -> None:
