@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RuntimeFailure, UsageError
+from ..runtime.gateway.naming import error_message
 from .up import add_run_dir
 
 
@@ -73,7 +74,7 @@ def _turn(port: int, token: str | None, args: argparse.Namespace, messages: list
         conn.request("POST", "/v1/chat/completions", json.dumps(body), headers)
         resp = conn.getresponse()
         if resp.status != 200:
-            raise RuntimeFailure(f"{args.model}: {resp.status} {_message(resp.read())}")
+            raise RuntimeFailure(f"{args.model}: {resp.status} {error_message(resp.read(), 300)}")
         answer = _stream(resp)
     except OSError as exc:
         raise RuntimeFailure(f"the gateway on 127.0.0.1:{port} did not answer: {exc}") from None
@@ -102,12 +103,3 @@ def _stream(resp: http.client.HTTPResponse) -> str:
                         print(piece, end="", flush=True)
     print(flush=True)
     return "".join(said)
-
-
-def _message(data: bytes) -> str:
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        return data.decode(errors="replace")[:300]
-    err = doc.get("error") if isinstance(doc, dict) else None
-    return str(err.get("message", err)) if isinstance(err, dict) else str(err or doc)

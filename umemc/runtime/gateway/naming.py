@@ -40,3 +40,16 @@ class StreamRenamer:
     def rest(self) -> bytes:
         data, self.carry = self.carry, b""
         return renamed(data, self.name)
+
+
+def error_message(data: bytes, limit: int = 500) -> str:
+    """What an error answer says: OpenAI's `{"error": {"message": …}}`, Ollama's `{"error": "…"}`, else the body
+    (cut at `limit` characters where it is no JSON)."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return data.decode(errors="replace")[:limit]
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(err, dict):
+        return str(err.get("message", err))
+    return str(err if err is not None else doc)

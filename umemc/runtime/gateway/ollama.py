@@ -24,6 +24,7 @@ from aiohttp import web
 
 from ...units import parse_duration
 from .model import Model, Refused
+from .naming import error_message
 from .relay import (
     SCHED,
     STREAM_ENDS,
@@ -341,7 +342,7 @@ class _Translate:
             if up.status >= 400:
                 data = await up.read()
                 answered(request, m, seen, up.status, asked_at, Usage())
-                return ollama_error(up.status, _upstream_message(data))
+                return ollama_error(up.status, error_message(data))
             if not self.stream:
                 data = await up.read()
                 answered(request, m, seen, up.status, asked_at, read_usage(data))
@@ -442,17 +443,6 @@ def _tool_call(call: Any) -> dict[str, Any]:
         except ValueError:
             args = {}
     return {"function": {"name": fn.get("name", ""), "arguments": args or {}}}
-
-
-def _upstream_message(data: bytes) -> str:
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        return data.decode(errors="replace")[:500]
-    err = doc.get("error") if isinstance(doc, dict) else None
-    if isinstance(err, dict):
-        return str(err.get("message", err))
-    return str(err if err is not None else doc)
 
 
 class _SseLines:
