@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
+import time
 import venv
 from pathlib import Path
+
+import psutil
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -36,3 +40,28 @@ def write_section(name: str, body: str) -> None:
     pattern = re.compile(rf"^## {re.escape(name)}\n.*?(?=^## |\Z)", re.S | re.M)
     text = pattern.sub(lambda _: block + "\n", text) if pattern.search(text) else text.rstrip() + "\n\n" + block
     RESULTS.write_text(text.rstrip() + "\n")
+
+
+def gateway_process(run_dir: Path) -> psutil.Process:
+    """The gateway process of the stack running from `run_dir` (its command line names the run's bundle)."""
+    bundle = str(Path(run_dir) / "bundle")
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if "umemc.runtime.gateway" in argv and bundle in argv:
+            return proc
+    raise RuntimeError(f"no gateway runs from {run_dir}")
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    """User and system CPU seconds the process has used so far."""
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
+def until_listening(port: int, t: float) -> float:
+    """Seconds from t until the port accepts a connection (asked every millisecond)."""
+    while True:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return time.perf_counter() - t
+        time.sleep(0.001)

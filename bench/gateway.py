@@ -32,7 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import write_section
+import psutil
+
+from bench.common import cpu_seconds, gateway_process, until_listening, write_section
 from tests.runtime.conftest import free_port, live_sysctl_table
 from umemc.runtime.events import EventLog
 
@@ -308,34 +310,43 @@ def throughput(ports: dict[str, int], args: argparse.Namespace, run: Path) -> st
 
 def floor(ports: dict[str, int], args: argparse.Namespace, run: Path) -> str:
     """One client, an instant worker: the worker alone, a bare relay on the gateway's own parts (bench/bare_relay.py:
-    aiohttp's server and client on uvloop, none of the gateway's work) and the gateway, in alternating rounds."""
+    aiohttp's server and client on uvloop, none of the gateway's work) and the gateway, in alternating rounds; the
+    relay's and the gateway's own CPU time per request."""
     relay = free_port()
     proc = subprocess.Popen([PY, str(Path(__file__).with_name("bare_relay.py")), str(relay), str(ports["w"])])
+    procs = {"relay": psutil.Process(proc.pid), "gateway": gateway_process(run)}
     try:
-        _until_listening(relay, time.perf_counter())
+        until_listening(relay, time.perf_counter())
         rows = [
             f"One client, an instant worker, {args.requests} requests per measurement, {args.rounds * 2} rounds "
             "alternating the three; medians. The bare relay is bench/bare_relay.py: the gateway's HTTP parts "
             "(aiohttp's server and client on uvloop) forwarding to the worker, with none of the gateway's work "
-            "(routing by the body's model, the token, admission and slots, accounting, the access log).",
+            "(routing by the body's model, the token, admission and slots, accounting, the access log). CPU: the "
+            "relay's or the gateway's own process, user + system, per request.",
             "",
             "| reply | direct req/s | bare relay req/s | ratio | gateway req/s | ratio "
-            "| relay / gateway added p50 ms |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            "| relay / gateway added p50 ms | relay / gateway CPU ms a request | CPU ratio |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for shape in SHAPES[:2]:
             body = shape.body()
             got: dict[str, list[tuple[float, float, float, float]]] = {"w": [], "relay": [], "gateway": []}
+            cpu: dict[str, list[float]] = {"relay": [], "gateway": []}
             order = [("w", ports["w"]), ("relay", relay), ("gateway", ports["gateway"])]
             for r in range(args.rounds * 2):
                 for name, port in order if r % 2 == 0 else order[::-1]:
+                    before = cpu_seconds(procs[name]) if name in procs else 0.0
                     got[name].append(load(port, args.requests, 1, body))
+                    if name in procs:
+                        cpu[name].append((cpu_seconds(procs[name]) - before) / args.requests * 1000)
             rate = {k: statistics.median(x[0] for x in v) for k, v in got.items()}
             p50 = {k: statistics.median(x[1] for x in v) * 1000 for k, v in got.items()}
+            ms = {k: statistics.median(v) for k, v in cpu.items()}
             rows.append(
                 f"| {shape.label()} | {rate['w']:.0f} | {rate['relay']:.0f} | {rate['relay'] / rate['w']:.2f}x | "
                 f"{rate['gateway']:.0f} | {rate['gateway'] / rate['w']:.2f}x | {p50['relay'] - p50['w']:.2f} / "
-                f"{p50['gateway'] - p50['w']:.2f} |"
+                f"{p50['gateway'] - p50['w']:.2f} | {ms['relay']:.3f} / {ms['gateway']:.3f} | "
+                f"{ms['gateway'] / ms['relay']:.2f}x |"
             )
             print(rows[-1], flush=True)
         return "\n".join(rows)
@@ -403,19 +414,6 @@ def cold(ports: dict[str, int], args: argparse.Namespace, run: Path) -> str:
     return "\n".join(out)
 
 
-def _until_listening(port: int, t: float) -> float:
-    """Seconds from t until the port accepts a connection (asked every millisecond)."""
-    while True:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        try:
-            conn.connect()
-            return time.perf_counter() - t
-        except ConnectionRefusedError:
-            time.sleep(0.001)
-        finally:
-            conn.close()
-
-
 def cold_parts(ports: dict[str, int], args: argparse.Namespace, run: Path) -> str:
     """A cold start's parts, one at a time, for model "a" (stopped): its argv started straight, through the exec
     wrapper without and with its memory cgroup, through supervisord's start call; supervisord's waited stop."""
@@ -442,12 +440,12 @@ def cold_parts(ports: dict[str, int], args: argparse.Namespace, run: Path) -> st
         for label, argv in zip(rows, (spec["argv"], unplaced, wrapped), strict=False):
             t = time.perf_counter()
             proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            rows[label].append(_until_listening(spec["port"], t))
+            rows[label].append(until_listening(spec["port"], t))
             proc.terminate()
             proc.wait()
         t = time.perf_counter()
         sup.ensure_started("a")
-        rows["supervisord's start call (wrapper, cgroup, worker)"].append(_until_listening(spec["port"], t))
+        rows["supervisord's start call (wrapper, cgroup, worker)"].append(until_listening(spec["port"], t))
         t = time.perf_counter()
         sup.try_stop("a", True)
         stops.append(time.perf_counter() - t)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import write_section
+from bench.common import until_listening, write_section
 from tests.realmodels import LLAMA_SERVER, SMOLLM2
 from tests.runtime.conftest import free_port, live_sysctl_table
 
@@ -79,10 +79,13 @@ def round_of(port: int, clients: int, per_client: int) -> tuple[float, float]:
     return statistics.median(r[0] for r in results), statistics.median(r[1] for r in results)
 
 
+SIDES = ("direct", "relay", "gateway")
+
+
 def compare(ports: dict[str, int], clients: int, rounds: int, per_client: int) -> dict[str, tuple[float, float]]:
-    got: dict[str, list[tuple[float, float]]] = {"direct": [], "gateway": []}
-    for _ in range(rounds):
-        for side in ("direct", "gateway"):
+    got: dict[str, list[tuple[float, float]]] = {side: [] for side in SIDES}
+    for r in range(rounds):
+        for side in SIDES if r % 2 == 0 else SIDES[::-1]:
             got[side].append(round_of(ports[side], clients, per_client))
     return {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for k, v in got.items()}
 
@@ -99,15 +102,18 @@ def main() -> int:
         sys.exit("needs the real model and llama-server: python3 dev.py setup-models setup-llama-server")
     from umemc.cli import main as umemc
 
-    ports = {"gateway": free_port(), "direct": free_port()}
+    ports = {"gateway": free_port(), "direct": free_port(), "relay": free_port()}
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "stack.toml").write_text(stack_text(ports["gateway"], ports["direct"]))
         run = str(Path(d) / "run")
         if umemc(["up", str(Path(d) / "stack.toml"), "--run-dir", run]) != 0:
             return 1
+        relay = subprocess.Popen([PY, str(Path(__file__).with_name("bare_relay.py")), str(ports["relay"]),
+                                  str(ports["direct"])])  # fmt: skip
         try:
-            one(ports["gateway"])  # warm both paths (the prompt cache too)
-            one(ports["direct"])
+            until_listening(ports["relay"], time.perf_counter())
+            for side in SIDES:  # warm every path (the prompt cache too)
+                one(ports[side])
             rows = []
             for clients in (1, 4):
                 r = compare(ports, clients, args.rounds, 2 if clients == 1 else 1)
@@ -120,20 +126,26 @@ def main() -> int:
                     h.kill()
                     h.wait()
         finally:
+            relay.terminate()
+            relay.wait()
             umemc(["down", "--run-dir", run])
     lines = [
         f"A real llama-server (SmolLM2-135M-Instruct Q4_1, -np 4) under `umemc up`, streamed chat completions of "
         f"{TOKENS} tokens, {args.rounds} alternating rounds per row, medians; {os.cpu_count()} cores shared by the "
         "clients, the gateway and the worker.",
         "",
-        "| load | tokens/s direct | via gateway | ratio | first token direct | via gateway | added |",
-        "|---|---|---|---|---|---|---|",
+        "The bare relay (bench/bare_relay.py: aiohttp's server and client, nothing of the gateway's work) is the "
+        "floor of any Python relay.",
+        "",
+        "| load | tokens/s direct | bare relay | gateway | gateway ratio | first token direct | bare relay | gateway "
+        "| gateway added |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in rows:
-        (fd, sd), (fg, sg) = r["direct"], r["gateway"]
+        (fd, sd), (fr, sr), (fg, sg) = r["direct"], r["relay"], r["gateway"]
         lines.append(
-            f"| {name} | {sd:.1f} | {sg:.1f} | {sg / sd:.3f}x | {fd * 1000:.1f} ms | {fg * 1000:.1f} ms | "
-            f"{(fg - fd) * 1000:+.1f} ms ({fg / fd:.2f}x) |"
+            f"| {name} | {sd:.1f} | {sr:.1f} | {sg:.1f} | {sg / sd:.3f}x | {fd * 1000:.1f} ms | {fr * 1000:.1f} ms | "
+            f"{fg * 1000:.1f} ms | {(fg - fd) * 1000:+.1f} ms ({fg / fd:.2f}x) |"
         )
     text = "\n".join(lines)
     print(text)

@@ -325,7 +325,7 @@ def test_queue_bound_429_and_queue_timeout_503(stack: Any, capsys: Any) -> None:
     gw.run.wait_for(lambda: gw.status()["models"]["q"]["in_flight"] == 1, what="one in flight")
     second = later(gw.complete, "q")
     gw.run.wait_for(lambda: gw.status()["models"]["q"]["queued"] == 1, what="one queued")
-    published = gw.run.run_dir / "state" / "gateway.json"  # rewritten every 0.5 s
+    published = gw.run.run_dir / "state" / "gateway.json"  # written at start, then within 0.5 s of a change
     gw.run.wait_for(
         lambda: json.loads(published.read_text())["models"]["q"] | {"ready": 0, "tokens_per_s": 0}
         == {

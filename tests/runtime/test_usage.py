@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from umemc.runtime.gateway.naming import StreamRenamer
 from umemc.runtime.gateway.usage import TAIL, WHOLE, StreamReader, Usage, read_usage
 
 ANSWERS = Path(__file__).resolve().parents[1] / "recorded" / "answers"
@@ -38,21 +39,37 @@ def test_llama_cpp_python_says_usage_without_timings() -> None:
     assert got.per_second(0.5) == 10.0  # 5 tokens over the half second the worker took
 
 
+def read_in_pieces(data: bytes, piece: int) -> StreamReader:
+    """The stream as the relay feeds it: the bytes in pieces of `piece`, cut at line ends by its renamer."""
+    names, reader = StreamRenamer("asked"), StreamReader()
+    for at in range(0, len(data), piece):
+        if whole := names.feed(data[at : at + piece]):
+            reader.feed(whole)
+    if rest := names.rest():
+        reader.feed(rest)
+    return reader
+
+
 @pytest.mark.parametrize("piece", [1, 7, 64, 100_000])
 def test_a_stream_read_in_pieces_counts_each_content_chunk_once(piece: int) -> None:
     """llama-cpp-python streams one token per chunk and says no usage: its 5 content chunks (the role chunk and
     the closing empty delta are not tokens), however the bytes arrive."""
-    data = (ANSWERS / "llama-cpp-python-stream.txt").read_bytes()
-    reader = StreamReader()
-    for at in range(0, len(data), piece):
-        reader.feed(data[at : at + piece])
+    reader = read_in_pieces((ANSWERS / "llama-cpp-python-stream.txt").read_bytes(), piece)
     assert reader.usage() == Usage(None, 5, None, "chunks")
     # llama-server's stream, fed the same way, still reads its timings (its role chunk has "content":null)
-    data = (ANSWERS / "llama-server-stream.txt").read_bytes()
-    reader = StreamReader()
-    for at in range(0, len(data), piece):
-        reader.feed(data[at : at + piece])
+    reader = read_in_pieces((ANSWERS / "llama-server-stream.txt").read_bytes(), piece)
     assert reader.chunks == 5 and reader.usage() == Usage(52, 5, 552.791597567717, "timings", 3039.3325387365912)
+
+
+def test_only_the_last_bytes_of_a_stream_are_kept() -> None:
+    """A long stream keeps its last TAIL bytes (where the usage is), whatever its length."""
+    reader = StreamReader()
+    for i in range(2000):
+        reader.feed(b'data: {"choices":[{"delta":{"content":"%d"}}]}\n\n' % i)
+    assert reader.chunks == 2000
+    assert TAIL <= reader.size < TAIL + 64
+    reader.feed(b'data: {"usage":{"prompt_tokens":4,"completion_tokens":2000}}\n\n')
+    assert reader.usage() == Usage(4, 2000, None, "usage")
 
 
 def test_a_large_answer_is_read_from_its_tail() -> None:

@@ -39,8 +39,6 @@ class Admission(Protocol):
 
     def kick(self) -> None: ...  # a decision may be due: a request queued, a model went idle
 
-    def announce(self, model: str) -> None: ...  # a request is about to count: gateway.json says so first
-
     def refusal_now(self, m: Model) -> Refused | None: ...  # why a start could not be admitted even by evicting
 
     def timed_out(self, m: Model) -> Refused: ...  # what a request that waited the queue timeout is told

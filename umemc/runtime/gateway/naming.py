@@ -17,10 +17,16 @@ KEY_VALUE = re.compile(rb'("(?:model|model_path)"\s*:\s*)"(?:[^"\\]|\\.)*"')
 
 def renamed(data: bytes, name: str) -> bytes:
     """`data` (a whole JSON answer, or whole lines of an event stream) with every model field saying `name`."""
-    if b'"model' not in data:
-        return data
-    value = json.dumps(name).encode()
-    return KEY_VALUE.sub(lambda m: m.group(1) + value, data)
+    return _rename(data, _template(name))
+
+
+def _template(name: str) -> bytes:
+    """The substitution that puts `name` (as a JSON string) after the key: backslashes doubled for re.sub."""
+    return rb"\g<1>" + json.dumps(name).encode().replace(b"\\", b"\\\\")
+
+
+def _rename(data: bytes, template: bytes) -> bytes:
+    return KEY_VALUE.sub(template, data) if b'"model' in data else data
 
 
 class StreamRenamer:
@@ -29,17 +35,20 @@ class StreamRenamer:
     where the pattern cannot see it."""
 
     def __init__(self, name: str):
-        self.name, self.carry = name, b""
+        self.template, self.carry = _template(name), b""
 
     def feed(self, chunk: bytes) -> bytes:
         data = self.carry + chunk if self.carry else chunk
         cut = data.rfind(b"\n") + 1
+        if cut == len(data):  # the usual piece: whole events
+            self.carry = b""
+            return _rename(data, self.template)
         self.carry = data[cut:]
-        return renamed(data[:cut], self.name) if cut else b""
+        return _rename(data[:cut], self.template) if cut else b""
 
     def rest(self) -> bytes:
         data, self.carry = self.carry, b""
-        return renamed(data, self.name)
+        return _rename(data, self.template)
 
 
 def error_message(data: bytes, limit: int = 500) -> str:

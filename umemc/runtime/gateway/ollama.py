@@ -356,8 +356,10 @@ class _Translate:
             state: dict[str, Any] = {}
             try:
                 async for chunk in up.content.iter_any():
-                    reader.feed(chunk)
-                    out = b"".join(self.piece(call.asked, event, state) for event in lines.feed(chunk))
+                    events = lines.feed(chunk)
+                    for event in events:
+                        reader.feed(event)
+                    out = b"".join(self.piece(call.asked, event, state) for event in events)
                     if out:
                         seen.keep(out)
                         await resp.write(out)

@@ -346,12 +346,13 @@ async def _stream_into(
     reader = StreamReader()
     try:
         async for chunk in up.content.iter_any():
-            reader.feed(chunk)
-            piece = chunk if names is None else names.feed(chunk)
+            piece = chunk if names is None else names.feed(chunk)  # renamed: whole lines
             if piece:
+                reader.feed(piece)
                 seen.keep(piece)
                 await resp.write(piece)
         if names is not None and (tail := names.rest()):
+            reader.feed(tail)
             seen.keep(tail)
             await resp.write(tail)
         await resp.write_eof()
@@ -365,21 +366,53 @@ def _names_model(content_type: str) -> bool:
     return "json" in content_type or "event-stream" in content_type
 
 
+class Silence:
+    """gateway.upstream_timeout over an answer's body: a worker that sends no byte for that long ends the read with
+    a TimeoutError, as aiohttp's sock_read would, without its timer re-armed for every chunk that arrives (a tenth
+    of the gateway's time while it streams). One timer per answer looks every quarter of the limit whether bytes
+    came (or wait unread: the client is the slow side, not the worker), so a silence is caught after 1 to 1.25
+    times the limit."""
+
+    def __init__(self, up: aiohttp.ClientResponse, limit: float):
+        self.up, self.limit, self.step = up, limit, limit / 4
+        self.loop = asyncio.get_running_loop()
+        self.seen, self.quiet_since = -1, self.loop.time()
+        self.timer: asyncio.TimerHandle | None = self.loop.call_later(self.step, self._look)
+
+    def _look(self) -> None:
+        content, now = self.up.content, self.loop.time()
+        if content.is_eof():
+            self.timer = None
+            return
+        # _size: bytes that came and wait to be read (aiohttp has no public name for it)
+        if content.total_bytes != self.seen or content._size:
+            self.seen, self.quiet_since = content.total_bytes, now
+        elif now - self.quiet_since >= self.limit:
+            content.set_exception(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))
+            self.timer = None
+            return
+        self.timer = self.loop.call_later(self.step, self._look)
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
 @contextlib.asynccontextmanager
 async def upstream(
     request: web.Request, m: Model, call: Call, headers: dict[str, str]
 ) -> AsyncIterator[aiohttp.ClientResponse]:
     """The worker's answer to `call`; a worker that cannot be reached, drops the connection before answering or
     stays silent past gateway.upstream_timeout is a refusal (forward() sends the request again, once, where the
-    worker went away before any byte of an answer)."""
+    worker went away before any byte of an answer). A silence in the body's middle ends its read with a
+    TimeoutError (Silence)."""
     sched = request.app[SCHED]
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=sched.gw.upstream_timeout_s)
+    waited = sched.gw.upstream_timeout_s
     url = f"http://127.0.0.1:{m.port}{call.path}"
     try:
-        async with request.app[CLIENT].request(
-            call.method, url, data=call.body or None, headers=headers, timeout=timeout
-        ) as up:
-            yield up
+        async with asyncio.timeout(waited):  # until the answer's head
+            up = await request.app[CLIENT].request(call.method, url, data=call.body or None, headers=headers)
     except aiohttp.ClientConnectorError as exc:
         sched.sync.worker_lost(m, "not answering on its port")  # the next request waits for it
         raise Refused(
@@ -391,14 +424,31 @@ async def upstream(
         sched.sync.worker_lost(m, "closed the connection")
         raise Refused(f"worker {m.name} closed the connection: {exc}", "upstream_disconnected") from None
     except TimeoutError:
-        waited = sched.gw.upstream_timeout_s
-        sched.sync.mark_unhealthy(m, f"no answer within {waited:g} s")
-        raise Refused(
-            f"worker {m.name} did not answer within {waited:g} s (gateway.upstream_timeout); it is "
-            "marked unhealthy until its health URL answers again",
-            "upstream_timeout",
-            10,
-        ) from None
+        raise _silent(sched, m) from None
+    silence = Silence(up, waited)
+    try:
+        yield up
+    except TimeoutError:  # a whole answer's body fell silent (a stream's end is its reader's business)
+        up.close()
+        raise _silent(sched, m) from None
+    except BaseException:  # the client went away, or a failure: the worker's connection closes (it stops)
+        up.close()
+        raise
+    else:
+        up.release()  # back to the pool where the answer was read to its end, else closed
+    finally:
+        silence.close()
+
+
+def _silent(sched: Scheduler, m: Model) -> Refused:
+    waited = sched.gw.upstream_timeout_s
+    sched.sync.mark_unhealthy(m, f"no answer within {waited:g} s")
+    return Refused(
+        f"worker {m.name} did not answer within {waited:g} s (gateway.upstream_timeout); it is "
+        "marked unhealthy until its health URL answers again",
+        "upstream_timeout",
+        10,
+    )
 
 
 def answered(request: web.Request, m: Model, seen: Seen, status: int, began: float, usage: Usage) -> None:

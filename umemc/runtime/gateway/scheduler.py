@@ -128,6 +128,7 @@ class Scheduler:
         self.book.load(read_optional(GatewayState, self.run.gateway_state), self.sync.supervisord_pid)
         with contextlib.suppress(*CONNECT_ERRORS):
             await self.sync.refresh()
+        self.sync.write_state(time.time())  # what it serves is published from its first request on
         self._tasks = [asyncio.create_task(self._pump())]
         if background:
             self._tasks += [
@@ -160,9 +161,6 @@ class Scheduler:
         self._kick.set()
 
     # -- what the slots ask (core.Admission) ----------------------------------------------------
-    def announce(self, model: str) -> None:
-        self.sync.announce(model)
-
     def idle(self, m: Model) -> None:
         self.undrainable.discard(m.name)
         self.kick()  # an idle model may be what a waiting cold start needs

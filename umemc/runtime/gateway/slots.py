@@ -116,7 +116,6 @@ class Slots:
 
     async def acquire(self, m: Model, admit: Admit = Admit.QUEUE) -> None:
         q = self.queues[m.name]
-        self.admission.announce(m.name)  # the enforcer's pressure guard must know first
         if m.ready and not m.draining and q.in_flight < m.max_concurrency and not q.waiters:
             q.in_flight += 1
             return

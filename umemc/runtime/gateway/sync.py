@@ -52,7 +52,7 @@ class StateSync:
         self.supervisord_pid: int | None = None
         self.enforcer: EnforcerStatus | None = None  # its latest fresh status file
         self.pressure: float | None = None
-        self.published_busy: set[str] = set()  # models gateway.json says are busy (or about to be)
+        self.published: tuple[Any, ...] | None = None  # what gateway.json says (its time aside)
         self.state_error: str | None = None
 
     # -- what was seen ----------------------------------------------------------------------------
@@ -143,17 +143,12 @@ class StateSync:
         return doc if doc is not None and time.time() - doc.time < STATUS_FRESH_S else None
 
     # -- what is published --------------------------------------------------------------------------
-    def announce(self, model: str) -> None:
-        """A request for `model` is about to be counted: gateway.json says so first, unless it already
-        says the model is busy."""
-        if model not in self.published_busy:
-            self.write_state(time.time(), arriving=model)
-
-    def write_state(self, now: float, arriving: str | None = None, how: Write = Write.BEST_EFFORT) -> bool:
-        """RUN/state/gateway.json: what is in flight or queued (the enforcer's pressure guard spares
-        those workers; `arriving` is a request about to be counted) and the leases, for `umemc status`.
-        Write.DURABLE: fsynced before it returns (a granted lease is on disk before the client hears 201).
-        False when it could not be written."""
+    def write_state(self, now: float, how: Write = Write.BEST_EFFORT) -> bool:
+        """RUN/state/gateway.json: what is in flight or queued and each model's speed, for `umemc status`, and the
+        leases (the enforcer raises quotas by them; a restarted gateway takes them back). Written when it says
+        something new (housekeeping asks every POLL_S; a request's path never writes it). Write.DURABLE: fsynced
+        before it returns (a granted lease is on disk before the client hears 201). False when it could not be
+        written."""
         if self.closing:
             return False
         models = {}
@@ -161,31 +156,35 @@ class StateSync:
             q = self.slots[m.name]
             models[m.name] = GatewayModel(
                 in_flight=q.in_flight,
-                queued=q.queued + (m.name == arriving),
+                queued=q.queued,
                 ready=m.ready,
                 starting=m.starting is not None,
                 health="unhealthy" if m.unhealthy else "ok",
                 unhealthy=m.unhealthy,
                 tokens_per_s=self.traffic[m.name].tokens_per_s,
             )
+        leases = [lease_doc(x) for x in self.book.leases.values()]
+        said = (models, leases, self.generation.status(), self.supervisord_pid)
+        path = self.run.gateway_state
+        if how is Write.BEST_EFFORT and said == self.published and os.path.isfile(path):
+            return True
         doc = GatewayState(
             time=now,
             pid=os.getpid(),
             supervisord_pid=self.supervisord_pid,
             models=models,
-            leases=[lease_doc(x) for x in self.book.leases.values()],
-            generation=GenerationDoc(**self.generation.status()),
+            leases=leases,
+            generation=GenerationDoc(**said[2]),
         )
-        path = self.run.gateway_state
         try:
             write_atomic(path, dump(doc), durable=how is Write.DURABLE)
         except OSError as exc:
-            # a full or read-only state dir never fails a request: the enforcer sees a stale file (its
-            # pressure guard then spares no one it cannot see), `status` loses in-flight counts
+            # a full or read-only state dir never fails a request: the enforcer keeps the leases it last read,
+            # `status` shows the counts last written
             if str(exc) != self.state_error:
                 print(f"umemc-gateway: cannot write {path}: {exc}", file=sys.stderr, flush=True)
             self.state_error = str(exc)
             return False
         self.state_error = None
-        self.published_busy = {n for n, x in models.items() if x.in_flight or x.queued}
+        self.published = said
         return True

@@ -11,6 +11,7 @@ Each figure says where it came from."""
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass
 
 _INT = rb'"%s"\s*:\s*(\d+)'
@@ -74,17 +75,21 @@ def read_usage(data: bytes, chunks: int = 0) -> Usage:
 
 
 class StreamReader:
-    """Fed each chunk of a stream as it is relayed: counts the chunks with content and keeps the last bytes."""
+    """Fed a stream as it is relayed, in pieces of whole lines (a delta is counted in the piece it ends in, so one
+    cut across two pieces would go uncounted): counts the chunks with content and keeps the last bytes."""
 
     def __init__(self) -> None:
-        self.tail = b""
+        self.pieces: deque[bytes] = deque()
+        self.size = 0
         self.chunks = 0
 
-    def feed(self, chunk: bytes) -> None:
-        joined = self.tail[-512:] + chunk  # a delta cut across two reads is counted once, in the second
-        start = len(joined) - len(chunk)
-        self.chunks += sum(1 for x in DELTA.finditer(joined) if x.end() > start)
-        self.tail = (self.tail + chunk)[-TAIL:]
+    def feed(self, piece: bytes) -> None:
+        if b'"delta"' in piece:
+            self.chunks += len(DELTA.findall(piece))
+        self.pieces.append(piece)
+        self.size += len(piece)
+        while self.size - len(self.pieces[0]) >= TAIL:  # the last TAIL bytes stay; no copy of them per piece
+            self.size -= len(self.pieces.popleft())
 
     def usage(self) -> Usage:
-        return read_usage(self.tail, self.chunks)
+        return read_usage(b"".join(self.pieces)[-TAIL:], self.chunks)
