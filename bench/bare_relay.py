@@ -19,7 +19,8 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "conten
 
 
 async def serve(listen: int, worker: int) -> None:
-    client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100))
+    # idle connections kept 2 s, as the gateway keeps them (under the workers' own keep-alive timeouts)
+    client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100, keepalive_timeout=2))
 
     async def relay(request: web.Request) -> web.StreamResponse:
         body = await request.read()

@@ -58,7 +58,8 @@ def test_llama_server_end_to_end_with_kv_slots_kept_across_an_eviction(stack: An
     status, _, body = gw.call("POST", "/v1/completions", {"model": "chat", "prompt": prompt, "max_tokens": 4})
     assert status == 200, body
     # the access log says the tokens llama-server said, and its own speed
-    access = gw.run.run_dir / "state" / "logs" / "access.log"
+    access = gw.run.run_dir / "state" / "logs" / "access.log"  # on disk within 0.1 s of the answer
+    gw.run.wait_for(lambda: access.exists() and access.read_text().endswith("\n"), what="the access log's line")
     [entry] = [json.loads(x) for x in access.read_text().splitlines()]
     assert (entry["tokens_in"], entry["tokens_out"], entry["tokens_from"]) == (
         body["usage"]["prompt_tokens"], body["usage"]["completion_tokens"], "usage"

@@ -520,8 +520,13 @@ def make_app(sched: Scheduler, token: str | None) -> web.Application:
     return app
 
 
+KEEP_ALIVE_S = 2.0
+
+
 async def _lifetime(app: web.Application) -> Any:
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+    # idle connections to workers close before the servers' own keep-alive timeouts do (cpp-httplib's, under
+    # llama-server, and uvicorn's: 5 s), so that the gateway rarely takes one the worker is closing
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEP_ALIVE_S)
     client = aiohttp.ClientSession(
         connector=connector,
         auto_decompress=False,

@@ -411,8 +411,7 @@ async def upstream(
     waited = sched.gw.upstream_timeout_s
     url = f"http://127.0.0.1:{m.port}{call.path}"
     try:
-        async with asyncio.timeout(waited):  # until the answer's head
-            up = await request.app[CLIENT].request(call.method, url, data=call.body or None, headers=headers)
+        up = await _ask(request.app[CLIENT], call, url, headers, waited)
     except aiohttp.ClientConnectorError as exc:
         sched.sync.worker_lost(m, "not answering on its port")  # the next request waits for it
         raise Refused(
@@ -425,7 +424,10 @@ async def upstream(
         raise Refused(f"worker {m.name} closed the connection: {exc}", "upstream_disconnected") from None
     except TimeoutError:
         raise _silent(sched, m) from None
-    silence = Silence(up, waited)
+    silence = None
+    if up.content_length is None and up.connection is not None:  # a stream: watched by one timer, not per chunk
+        up.connection.protocol.read_timeout = None  # type: ignore[union-attr]
+        silence = Silence(up, waited)
     try:
         yield up
     except TimeoutError:  # a whole answer's body fell silent (a stream's end is its reader's business)
@@ -437,7 +439,27 @@ async def upstream(
     else:
         up.release()  # back to the pool where the answer was read to its end, else closed
     finally:
-        silence.close()
+        if silence is not None:
+            silence.close()
+
+
+async def _ask(
+    client: aiohttp.ClientSession, call: Call, url: str, headers: dict[str, str], waited: float
+) -> aiohttp.ClientResponse:
+    """The answer's head, no byte of it later than `waited` after the last (aiohttp's sock_read; a stream's body
+    is then watched by Silence). A connection closed before any byte of it is asked again at once, once: a
+    kept-alive connection the worker closed as the gateway took it from the pool (its idle timeout) is no failure
+    of the worker; a worker that is gone refuses the second connection."""
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=waited)
+    for again in (False, True):
+        try:
+            return await client.request(call.method, url, data=call.body or None, headers=headers, timeout=timeout)
+        except aiohttp.ClientConnectorError:
+            raise
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            if again:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _silent(sched: Scheduler, m: Model) -> Refused:

@@ -163,7 +163,8 @@ class Scheduler:
     # -- what the slots ask (core.Admission) ----------------------------------------------------
     def idle(self, m: Model) -> None:
         self.undrainable.discard(m.name)
-        self.kick()  # an idle model may be what a waiting cold start needs
+        if any(q.waiters for q in self.slots.queues.values()):
+            self.kick()  # an idle model may be what a waiting cold start needs
 
     def waited(self, model: str, seconds: float) -> None:
         if self.metrics is not None:

@@ -46,6 +46,8 @@ class Usage:
 
 
 def _last(pattern: re.Pattern[bytes], data: bytes) -> bytes | None:
+    if pattern.pattern[1 : pattern.pattern.index(b'"', 1)] not in data:  # its key is nowhere: no search
+        return None
     found = None
     for found in pattern.finditer(data):  # noqa: B007 - the last one is wanted
         pass
