@@ -1,7 +1,9 @@
 """The floor under the gateway's cost: a bare HTTP relay on the gateway's own parts (aiohttp's server and client on
 uvloop) that forwards every request to one worker and its answer back (streamed when the worker streams), with
 nothing of the gateway's work: no routing by the body's model, no token, no admission or slots, no accounting,
-no access log. bench/gateway.py (part `floor`) measures it beside the gateway and the worker alone.
+no access log. bench/gateway.py (part `floor`) and bench/serving.py measure it beside the gateway and the worker
+alone. Like the gateway, it asks once more, at once, where the worker closed a kept-alive connection as it was
+taken from the pool (llama-server closes some after a stream).
 
     python bench/bare_relay.py LISTEN_PORT WORKER_PORT
 """
@@ -25,9 +27,12 @@ async def serve(listen: int, worker: int) -> None:
     async def relay(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        async with client.request(
-            request.method, f"http://127.0.0.1:{worker}{request.path_qs}", data=body, headers=headers
-        ) as up:
+        url = f"http://127.0.0.1:{worker}{request.path_qs}"
+        try:
+            up = await client.request(request.method, url, data=body, headers=headers)
+        except aiohttp.ServerDisconnectedError:  # a kept-alive connection the worker closed as it was taken
+            up = await client.request(request.method, url, data=body, headers=headers)
+        async with up:
             out = {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
             if up.content_length is not None:
                 return web.Response(body=await up.read(), status=up.status, headers=out)
