@@ -128,3 +128,78 @@ def test_a_special_file_in_its_place_is_refused_without_waiting(tmp_path: Path, 
             f"{cal}: {what}, not a file: a calibration file is plain JSON umemc wrote\n",
         )
     assert not (tmp_path / "out").exists()
+
+
+def locked_without_file(path: Path, **forged: object) -> dict:
+    """The header and file identity the lock records of tiny.gguf (read by umemc's reader, as `calibrate` records
+    them), `forged` fields put over them, and the file itself removed: a checkout of the shared repository that
+    has the calibration file and not the model."""
+    from umemc.estimate.gguf_file import locked_header
+    from umemc.estimate.gguf_file import read as read_gguf
+    from umemc.lockfile import identity
+
+    gguf_path = path.parent / "tiny.gguf"
+    header = locked_header(read_gguf(gguf_path)).model_dump(mode="json")
+    ident = identity(gguf_path).model_dump(mode="json")
+    for key, value in forged.items():
+        where = ident if key == "size" else header
+        where[key] = value
+    doc = {"format": "umemc-calibration", "version": 1, "models": {"chat": {"file": ident, "header": header}}}
+    path.with_name("stack.calibration.json").write_text(json.dumps(doc))
+    gguf_path.unlink()
+    return header
+
+
+def test_a_recorded_header_sizes_a_model_whose_file_is_absent_and_says_it_is_unconfirmed(
+    tmp_path: Path, run_cli
+) -> None:
+    path = stack(tmp_path)
+    tensors = header_tensor_bytes(tmp_path / "tiny.gguf")  # the gguf package's own reader
+    locked_without_file(path)
+    code, out, err = run_cli("check", str(path), "--format", "json")
+    doc = json.loads(out)
+    assert (code, doc["fits"], doc["models"]["chat"]["source"]) == (0, True, "lock")
+    assert doc["models"]["chat"]["weights_bytes"] == tensors
+    assert err == (
+        f"warning: {path}:9:9: models.chat.model: file not found, estimating from the header stack.calibration.json "
+        "recorded (not confirmed against the file)\n"
+    )
+
+
+# tiny.gguf's shape: a vocabulary of 1000 x 256, and per layer (2) a 256 x 256 projection and a feed-forward
+# of 2 x 256 x 512: 911,360 weights at 1.5 bits at least = 170,880 bytes
+@pytest.mark.parametrize(
+    ("forged", "why"),
+    [
+        (
+            {"tensor_bytes": 3},
+            "3 bytes of tensors where its own shape (2 layers of 256, a vocabulary of 1000) needs at least 170880",
+        ),
+        ({"size": 2**40}, "{tensors} bytes of tensors in a file of 1099511627776 bytes: the rest is larger than any "
+         "GGUF header"),
+        ({"size": 1000}, "{tensors} bytes of tensors in a file of 1000 bytes"),
+    ],
+)  # fmt: skip
+def test_a_recorded_header_that_cannot_be_the_files_is_not_used(
+    tmp_path: Path, run_cli, forged: dict, why: str
+) -> None:
+    path = stack(tmp_path)
+    tensors = header_tensor_bytes(tmp_path / "tiny.gguf")
+    locked_without_file(path, **forged)
+    code, out, err = run_cli("check", str(path))
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-2:] == [
+        f"{path}:9:9: models.chat.model: file not found: {tmp_path / 'tiny.gguf'}; stack.calibration.json: "
+        f"the header recorded for tiny.gguf is not used: {why.format(tensors=tensors)} (a stale or forged record)",
+        '  hint: put the file here and run `umemc calibrate`, or give arch = "<preset>" or memory = "…"',
+    ]
+    # with a preset to fall back on, the model is sized by it, and the record's refusal is said
+    text = path.read_text().replace('model = "tiny.gguf"\n', 'model = "tiny.gguf"\narch = "llama-3-8b"\n')
+    path.write_text(text)
+    code, out, err = run_cli("check", str(path), "--format", "json")
+    assert json.loads(out)["models"]["chat"]["source"] == "arch"
+    assert err.splitlines()[-1] == (
+        f"warning: {path}:7:1: models.chat: stack.calibration.json: the header recorded for tiny.gguf is not used: "
+        f"{why.format(tensors=tensors)} (a stale or forged record); with the file here, `umemc calibrate` records it "
+        "again"
+    )

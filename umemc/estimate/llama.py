@@ -8,6 +8,7 @@ from typing import TypeVar
 from ..catalog.archs import LLM_PRESETS, LlmPreset, LlmShape, VisionShape
 from ..catalog.quant import FILE_TYPE_BITS, REPACK_ISA, is_repacked, loaded, preset_mix, tensor_bytes
 from ..catalog.runtimes import FULL_SWA_CACHE, NO_REPACK_FLAGS
+from ..hub.ref import SPLIT
 from ..lockfile import DryRun, LockEntry, path_for
 from ..stack.resolve import LoadedStack, ResolvedModel
 from ..units import with_gib
@@ -30,7 +31,7 @@ def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
     spec, at = m.spec, ("models", m.name)
     warnings: list[str] = []
     entry = _checked_entry(loaded, m, warnings)
-    facts, source = _facts(loaded, m, entry)
+    facts, source = _facts(loaded, m, entry, warnings)
     preset = LLM_PRESETS.get(spec.arch or "")
     if facts is not None:
         if facts.shape is None:
@@ -40,7 +41,11 @@ def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
                 "a projector goes in mmproj",
             )
         shape, ftype = facts.shape, facts.file_type or "?"
-        how = "the GGUF header (exact)" if source == "gguf" else "the lock in the calibration file (exact)"
+        how = (
+            "the GGUF header (exact)"
+            if source == "gguf"
+            else "the header the calibration file recorded (the file is absent: not confirmed)"
+        )
         weights = Figure(
             "weights",
             facts.tensor_bytes,
@@ -245,12 +250,68 @@ def _checked_entry(loaded: LoadedStack, m: ResolvedModel, warnings: list[str]) -
     return entry
 
 
-def _facts(loaded: LoadedStack, m: ResolvedModel, entry: LockEntry | None) -> tuple[GgufFacts | None, str]:
+def _facts(
+    loaded: LoadedStack, m: ResolvedModel, entry: LockEntry | None, warnings: list[str]
+) -> tuple[GgufFacts | None, str]:
+    """The GGUF header's facts: the file's own where it is here, else the header the calibration file recorded,
+    if it holds up (the calibration file is input: it may sit in a shared repository)."""
     if m.model_present:
         return _read(loaded, m.model_path, ("models", m.name, "model")), "gguf"
     if entry is not None and entry.header is not None:
-        return facts_from_lock(entry.header, str(m.model_path)), "lock"
+        facts = facts_from_lock(entry.header, str(m.model_path))
+        name = path_for(loaded.path).name
+        wrong = implausible_header(facts, entry.file.size if entry.file is not None else None)
+        if wrong is not None:
+            said = (
+                f"{name}: the header recorded for {m.model_path.name if m.model_path else 'its file'} is not used: "
+                f"{wrong} (a stale or forged record)"
+            )
+            if m.spec.memory is None and LLM_PRESETS.get(m.spec.arch or "") is None:  # nothing else sizes it
+                raise loaded.source.error(
+                    ("models", m.name, "model"),
+                    f"file not found: {m.model_path}; {said}",
+                    'put the file here and run `umemc calibrate`, or give arch = "<preset>" or memory = "…"',
+                )
+            warnings.append(
+                loaded.source.warning(
+                    ("models", m.name), f"{said}; with the file here, `umemc calibrate` records it again", what="table"
+                )
+            )
+            return None, "arch"
+        return facts, "lock"
     return None, "arch"
+
+
+# The fewest bits a weight of a language model's matrices takes in any GGUF type llama.cpp writes (IQ1_S: 1.5625).
+MIN_BITS_PER_WEIGHT = 1.5
+# What a GGUF file holds beyond its tensors: its header (read within this bound) and the alignment of the data.
+MAX_HEADER_BYTES = 64 * 1024 * 1024 + 1024 * 1024
+
+
+def implausible_header(facts: GgufFacts, file_size: int | None) -> str | None:
+    """Why a recorded header cannot be the file's (None where it can): its tensor bytes against the file's recorded
+    size (a single file holds its tensors and a header of at most MAX_HEADER_BYTES; the first part of a split holds
+    only some), and against the fewest bytes its own shape needs: the token embeddings and, per layer, an
+    n_embd x n_embd projection and its feed-forward matrices (the experts' too), at MIN_BITS_PER_WEIGHT."""
+    shape, have = facts.shape, facts.tensor_bytes
+    split = SPLIT.match(Path(facts.path).name) is not None
+    if file_size is not None and have > file_size and not split:
+        return f"{have} bytes of tensors in a file of {file_size} bytes"
+    if file_size is not None and not split and file_size - have > MAX_HEADER_BYTES:
+        return f"{have} bytes of tensors in a file of {file_size} bytes: the rest is larger than any GGUF header"
+    if shape is None:
+        return None
+    dense = shape.n_layer_dense_lead if shape.n_expert else shape.n_layer
+    ffn = dense * 2 * shape.n_embd * shape.n_ff
+    ffn += (shape.n_layer - dense) * 2 * shape.n_embd * (shape.n_expert * shape.n_ff_exp + shape.n_ff_shexp)
+    weights = shape.n_vocab * shape.n_embd + shape.n_layer * shape.n_embd * shape.n_embd + ffn
+    least = int(weights * MIN_BITS_PER_WEIGHT / 8)
+    if have < least:
+        return (
+            f"{have} bytes of tensors where its own shape ({shape.n_layer} layers of {shape.n_embd}, a vocabulary "
+            f"of {shape.n_vocab}) needs at least {least}"
+        )
+    return None
 
 
 def _measured(

@@ -796,7 +796,11 @@ def _file(
             return path, True  # torch/comfyui model directories
         if hub is not None:
             return _not_downloaded(doc, path, at, spec, locked, *hub), False
-        fallback = f"the lock in {doc.path.stem}.calibration.json" if locked else _fallback(spec, is_mmproj)
+        fallback = (
+            f"the header {doc.path.stem}.calibration.json recorded (not confirmed against the file)"
+            if locked
+            else _fallback(spec, is_mmproj)
+        )
         if fallback is None and is_mmproj:  # one rule with model files: a missing file is said, not fatal
             doc.warnings.append(
                 src.warning(
