@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from umemc.dryrun import FIT_PARAMS, FIT_PARAMS_TRIES, RuntimeFailure, Tool, run
+from umemc.dryrun import FIT_PARAMS, FIT_PARAMS_TRIES, RuntimeFailure, Tool, bound, run
 from umemc.lockfile import tool_identity
 
 RECORDED = Path(__file__).resolve().parent / "recorded"
@@ -62,3 +62,47 @@ def test_a_log_cut_every_time_is_no_answer(tmp_path: Path) -> None:
         "exit): its answer is incomplete"
     )
     assert (tmp_path / "runs").read_text() == "5"
+
+
+def program(tmp_path: Path, body: str) -> Tool:
+    """A llama-fit-params stand-in that answers `--version` like llama.cpp and runs `body` for any other argv."""
+    path = tmp_path / "llama-fit-params"
+    path.write_text(
+        f"#!{sys.executable}\nimport os, signal, sys, time\n"
+        "if sys.argv[1:] == ['--version']:\n    print('version: 1 (recorded)')\n    sys.exit(0)\n" + body
+    )
+    path.chmod(0o755)
+    ident = tool_identity(path)
+    assert ident is not None
+    return Tool(FIT_PARAMS, str(path), ident)
+
+
+def test_a_dry_run_that_hangs_is_stopped_at_its_bound_and_says_so(tmp_path: Path) -> None:
+    """It says a line and then nothing, forever: stopped at its bound (here 1 s, said as bound() says it), with
+    its last words; its process is gone."""
+    tool = program(tmp_path, "print('llama_model_loader: loaded meta data', flush=True)\n"
+                   f"open({str(tmp_path / 'pid')!r}, 'w').write(str(os.getpid()))\ntime.sleep(3600)\n")  # fmt: skip
+    with pytest.raises(RuntimeFailure) as exc:
+        run(tool, ["-m", "m.gguf"], {}, (1.0, "a test's bound"))
+    assert str(exc.value) == (
+        "llama-fit-params did not answer within 1 s (a test's bound) and was stopped: its last words: "
+        "llama_model_loader: loaded meta data"
+    )
+    pid = int((tmp_path / "pid").read_text())
+    assert not Path(f"/proc/{pid}").exists()
+
+
+def test_a_dry_run_killed_by_a_signal_says_which(tmp_path: Path) -> None:
+    tool = program(tmp_path, "print('llama_model_load: error loading model', flush=True)\n"
+                   "os.kill(os.getpid(), signal.SIGSEGV)\n")  # fmt: skip
+    with pytest.raises(RuntimeFailure) as exc:
+        run(tool, ["-m", "m.gguf"], {})
+    assert str(exc.value) == (
+        "llama-fit-params was killed by SIGSEGV while sizing the model: llama_model_load: error loading model"
+    )
+
+
+def test_the_bound_of_a_dry_run_follows_its_header() -> None:
+    """30 s to start, and the header read at 8 MiB a second: a 64 MiB header (the largest umemc reads) 8 s more."""
+    assert bound(64 * MiB) == (38.0, "30 s to start and 8.0 s for its 64 MiB header")
+    assert bound(0) == (30.0, "30 s to start and 0.0 s for its 0 MiB header")

@@ -33,6 +33,7 @@ import importlib.util
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -129,9 +130,22 @@ def _llama_cpp_python(interpreter: str, python: str) -> Tool | str:
     return Tool(LLAMA_CPP_PYTHON, found, ident)
 
 
-def run(tool: Tool, args: list[str], flags: dict[str, object], timeout: float = 300.0) -> DryRun:
-    """Ask llama.cpp: `args` are the runtime's own memory-relevant arguments (the launcher's spelling).
-    Raises RuntimeFailure with llama.cpp's last words when it refuses the model."""
+START_S = 30.0  # llama.cpp's start, its backends' probing and its fit pass, on a busy machine
+HEADER_RATE = 8 * 1024 * 1024  # bytes a second of a GGUF header, read from the slowest disk or mount
+
+
+def bound(header_bytes: int) -> tuple[float, str]:
+    """How long a dry run may take (it reads the file's header and no weight), and how that bound was made."""
+    reading = header_bytes / HEADER_RATE
+    return START_S + reading, f"{START_S:g} s to start and {reading:.1f} s for its {header_bytes >> 20} MiB header"
+
+
+def run(
+    tool: Tool, args: list[str], flags: dict[str, object], timeout: tuple[float, str] = (300.0, "the default")
+) -> DryRun:
+    """Ask llama.cpp: `args` are the runtime's own memory-relevant arguments (the launcher's spelling); `timeout`:
+    its bound in seconds and how it was made (bound()). Raises RuntimeFailure saying what happened (refused,
+    killed by a signal, silent past its bound) with llama.cpp's last words."""
     if tool.kind == SERVER:
         # it binds its port before it loads: an ephemeral one on loopback, never a worker's
         argv = [tool.argv0, *args, "--fit", "on", "-v", "--host", "127.0.0.1", "--port", "0"]
@@ -144,6 +158,11 @@ def run(tool: Tool, args: list[str], flags: dict[str, object], timeout: float = 
     # logged after every buffer line, so a log holding its Host row is whole; one without it is asked again.
     for _ in range(FIT_PARAMS_TRIES if tool.kind == FIT_PARAMS else 1):
         done = _watch(argv, timeout, stop_at=_BREAKDOWN_HOST if tool.kind == SERVER else None)
+        if done.timed_out:
+            said = f": its last words: {last_words(done.log)}" if done.log.strip() else ": it wrote nothing"
+            raise RuntimeFailure(
+                f"{tool.kind} did not answer within {timeout[0]:.0f} s ({timeout[1]}) and was stopped{said}"
+            )
         ok = _BREAKDOWN_HOST in done.log if tool.kind == SERVER else done.code == 0
         if tool.kind == LLAMA_CPP_PYTHON:
             ok = ok and _OK in done.log
@@ -155,6 +174,11 @@ def run(tool: Tool, args: list[str], flags: dict[str, object], timeout: float = 
             "is not flushed at exit): its answer is incomplete"
         )
     if not ok:
+        if done.code < 0:
+            raise RuntimeFailure(
+                f"{tool.kind} was killed by {signal.Signals(-done.code).name} while sizing the model: "
+                f"{last_words(done.log)}"
+            )
         raise RuntimeFailure(f"{tool.kind} refused the model (exit {done.code}): {last_words(done.log)}")
     shown = argv if tool.kind != LLAMA_CPP_PYTHON else [tool.argv0, "-c", "<LLAMA_CPP_PYTHON_DRY_RUN>", *args]
     return DryRun(
@@ -183,13 +207,13 @@ class _Done:
     seconds: float
     peak_rss: int | None  # the process's peak resident set (wait4's ru_maxrss)
     read_bytes: int | None  # what it read through read() and friends (/proc/PID/io rchar), Linux
+    timed_out: bool = False  # silent past its bound: stopped
 
 
-def _watch(argv: list[str], timeout: float, stop_at: str | None) -> _Done:
+def _watch(argv: list[str], timeout: tuple[float, str], stop_at: str | None) -> _Done:
     """Run argv, collecting its output; with `stop_at`, SIGKILL it (by its pid) as soon as that line is logged
     (llama-server's fit pass: its answer, before it loads a weight). Measures what the run cost."""
     import selectors
-    import signal
 
     start = time.monotonic()
     try:
@@ -200,7 +224,7 @@ def _watch(argv: list[str], timeout: float, stop_at: str | None) -> _Done:
         raise RuntimeFailure(f"cannot run {argv[0]}: {exc.strerror}") from None
     assert proc.stdout is not None
     out, read, stop = bytearray(), None, stop_at.encode() if stop_at else None
-    deadline, finished = start + timeout, False
+    deadline, finished, timed_out = start + timeout[0], False, False
     try:
         with selectors.DefaultSelector() as sel:
             sel.register(proc.stdout, selectors.EVENT_READ)
@@ -214,7 +238,7 @@ def _watch(argv: list[str], timeout: float, stop_at: str | None) -> _Done:
                 if finished:
                     break
             else:
-                raise RuntimeFailure(f"{argv[0]} did not answer within {timeout:.0f} s")
+                timed_out = True
     finally:
         read = _rchar(proc.pid, read)
         if not finished or stop:  # its answer is in (or it hung): stop it before it loads a weight
@@ -228,7 +252,7 @@ def _watch(argv: list[str], timeout: float, stop_at: str | None) -> _Done:
         # the answer ends with that line: on a busy machine the kill may come after the real load has logged
         # its own buffers too (a second model and context), which are not the dry run's
         del out[out.find(b"\n", out.find(stop)) + 1 :]
-    return _Done(proc.returncode, out.decode(errors="replace"), time.monotonic() - start, peak, read)
+    return _Done(proc.returncode, out.decode(errors="replace"), time.monotonic() - start, peak, read, timed_out)
 
 
 def _line_complete(out: bytearray, marker: bytes) -> bool:

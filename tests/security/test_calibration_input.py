@@ -27,7 +27,7 @@ def stack(tmp_path: Path, memory: str = "16GiB") -> Path:
     return path
 
 
-def forged_measurement(path: Path, weights: int, rss: int) -> None:
+def forged_measurement(path: Path, weights: int, rss: int, kv: int = 0, compute: int = 0) -> None:
     """A `measured` entry as a forger would write it: the real file's identity (its size and the sha256 of its
     first 4 MiB, anyone can compute them) and the flags the model runs with now, so it would be used; forged
     figures."""
@@ -40,7 +40,7 @@ def forged_measurement(path: Path, weights: int, rss: int) -> None:
     flags = keys.llama(loaded, loaded.models["chat"])
     data = (path.parent / "tiny.gguf").read_bytes()
     ident = {"size": len(data), "sha256_head": hashlib.sha256(data[: 4 * 2**20]).hexdigest()}
-    buffers = {"CPU": {"model": weights, "kv": 0, "compute": 0}}
+    buffers = {"CPU": {"model": weights, "kv": kv, "compute": compute}}
     entry = {"file": ident, "flags": flags, "measured": {"buffers": buffers, "rss_bytes": rss}}
     doc = {"format": "umemc-calibration", "version": 1, "models": {"chat": entry}}
     path.with_name("stack.calibration.json").write_text(json.dumps(doc))
@@ -202,4 +202,19 @@ def test_a_recorded_header_that_cannot_be_the_files_is_not_used(
         f"warning: {path}:7:1: models.chat: stack.calibration.json: the header recorded for tiny.gguf is not used: "
         f"{why.format(tensors=tensors)} (a stale or forged record); with the file here, `umemc calibrate` records it "
         "again"
+    )
+
+
+def test_a_forged_kv_cache_below_what_the_header_needs_never_makes_it_fit(tmp_path: Path, run_cli) -> None:
+    """The weights as the header holds them, but no KV cache: refused, said, and the estimate stands. tiny.gguf's
+    cache at context 1024: K and V of 2 layers x 1024 positions x 2 KV heads x 64 dims, f16: 1,048,576 bytes."""
+    path = stack(tmp_path)
+    forged_measurement(path, header_tensor_bytes(tmp_path / "tiny.gguf"), 10**9, kv=0, compute=10**9)
+    code, out, err = run_cli("check", str(path), "--format", "json")
+    doc = json.loads(out)
+    assert (code, doc["models"]["chat"]["source"], doc["models"]["chat"]["kv_bytes"]) == (0, "gguf", 1048576)
+    assert err == (
+        f"warning: {path}:7:1: models.chat: stack.calibration.json: the measured KV cache of 0 bytes is below half "
+        "the 1048576 bytes its header's shape needs: not used (a stale or forged record); `umemc check --measure` "
+        "asks llama.cpp again\n"
     )

@@ -35,7 +35,7 @@ def ask_llama_cpp(loaded: LoadedStack, plan: Plan, measure: Measure, only: list[
     from .. import lockfile
     from ..catalog.runtimes import LLAMA_RUNTIMES
     from ..compile import compile_bundle
-    from ..dryrun import find_tool, run
+    from ..dryrun import bound, find_tool, run
     from ..errors import RuntimeFailure
     from ..estimate import keys
     from ..estimate.gguf_file import locked_header
@@ -69,14 +69,15 @@ def ask_llama_cpp(loaded: LoadedStack, plan: Plan, measure: Measure, only: list[
         args = dry_run_args(plan.models[m.name], list(bundle.programs[m.name].argv))
         assert args is not None
         args = [str(file) if a == str(m.model_path) else a for a in args]
-        try:
-            answer = run(tool, args, flags)
+        facts = read_gguf(file)
+        try:  # the run reads the header and no weight: bounded by the header's size
+            answer = run(tool, args, flags, bound(max(0, file.stat().st_size - facts.tensor_bytes)))
         except RuntimeFailure as exc:
             out.failed.append(f"{m.name}: llama.cpp could not size its file: {exc}")
             continue
         base = entry or lockfile.LockEntry()
         out.entries[m.name] = base.model_copy(
-            update={"file": lockfile.identity(file), "header": locked_header(read_gguf(file)), "dry_run": answer}
+            update={"file": lockfile.identity(file), "header": locked_header(facts), "dry_run": answer}
         )
         out.asked.append(m.name)
     return out

@@ -93,9 +93,10 @@ def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
     warnings += _warnings(loaded, m, shape, ftype, family, kv)
     warnings += _template_warning(loaded, m, facts, family)
     weights_fig, compute_fig = Figure.total("weights", weights_parts), Figure.total("compute", compute_parts)
-    measured = _proven(loaded, m, facts, _measured(loaded, m, entry, warnings), "measured", warnings)
+    hand = (kv, compute_fig)
+    measured = _proven(loaded, m, facts, _measured(loaded, m, entry, warnings), "measured", warnings, hand)
     asked = None if measured is not None or facts is None else _asked(loaded, m, entry, facts, vision, warnings)
-    asked = _proven(loaded, m, facts, asked, "llama.cpp dry run", warnings)
+    asked = _proven(loaded, m, facts, asked, "llama.cpp dry run", warnings, hand)
     if measured is not None:
         source = "measured"
         weights_fig, kv, compute_fig, overhead = measured
@@ -427,21 +428,32 @@ def _proven(
     recorded: Recorded | None,
     what: str,
     warnings: list[str],
+    hand: tuple[Figure, Figure],
 ) -> Recorded | None:
     """Figures from the calibration file (a measurement, a dry run) are input: weights below what the GGUF's own
-    header proves (its tensor bytes: llama.cpp's model buffers hold every one of them) are refused, with a
-    warning, and the estimate stands; `umemc calibrate` or `check --measure` records them again."""
+    header proves (its tensor bytes: llama.cpp's model buffers hold every one of them), or a KV cache or compute
+    buffer below half of what the header's shape needs by umemc's own model of llama.cpp (`hand`: KV, compute),
+    are refused, with a warning, and the estimate stands; `umemc calibrate` or `check --measure` records them
+    again."""
     if recorded is None or facts is None:
         return recorded
     weights, proven = recorded[0].bytes, facts.tensor_bytes
-    if weights >= proven * 0.99:
-        return recorded
+    if weights < proven * 0.99:
+        wrong = f"the {what} weights of {weights} bytes are below the {proven} bytes of tensors the GGUF header holds"
+    else:
+        low = [
+            f"the {what} {name} of {got.bytes} bytes is below half the {need.bytes} bytes its header's shape needs"
+            for name, got, need in (("KV cache", recorded[1], hand[0]), ("compute buffer", recorded[2], hand[1]))
+            if got.bytes * 2 < need.bytes
+        ]
+        if not low:
+            return recorded
+        wrong = "; ".join(low)
     warnings.append(
         loaded.source.warning(
             ("models", m.name),
-            f"{path_for(loaded.path).name}: the {what} weights of {weights} bytes are below the {proven} bytes of "
-            "tensors the GGUF header holds: not used (a stale or forged record); `umemc check --measure` asks "
-            "llama.cpp again",
+            f"{path_for(loaded.path).name}: {wrong}: not used (a stale or forged record); `umemc check --measure` "
+            "asks llama.cpp again",
             what="table",
         )
     )
