@@ -12,7 +12,7 @@ from .budget import ModelPlan, Plan
 from .chars import CONTROL
 from .errors import UsageError
 from .launchers import Context, argv_for, health_path, pinned_flags
-from .names import SOCKET, WRAP_ENTRY
+from .names import SOCKET, STANDBY, WRAP_ENTRY
 from .runtime.rundir import ENFORCER, GATEWAY
 from .stack.types import toml_repr
 from .units import KiB, MiB
@@ -75,6 +75,11 @@ class Bundle(NamedTuple):
     def enforcer_wrap(self) -> tuple[str, ...]:
         """The enforcer's own group has no limit: it is grouped to be found (and die with supervisord)."""
         return wrap_argv(self.plan, self.python, ENFORCER, 0, 0, unset=True)
+
+    @property
+    def standby_wrap(self) -> tuple[str, ...]:
+        """The standby enforcer's: the same, under its own program name."""
+        return wrap_argv(self.plan, self.python, STANDBY, 0, 0, unset=True)
 
     @property
     def gateway_wrap(self) -> tuple[str, ...]:

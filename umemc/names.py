@@ -12,7 +12,11 @@ STATE = "%(here)s/../state"
 # umemc's own processes beside the workers: their program names (supervisord's, the run dir's records) are no
 # model's
 ENFORCER, GATEWAY, SUPERVISORD = "umemc-enforcer", "umemc-gateway", "umemc-supervisord"
-OWN_PROGRAMS: tuple[str, ...] = (ENFORCER, GATEWAY, SUPERVISORD)
+# a second enforcer, its imports done and the plan read, waiting on the run's enforcer lock: it takes over the moment
+# the running one dies (the kernel releases its lock), so the quotas hold while supervisord restarts the dead one
+STANDBY = "umemc-enforcer-standby"
+ENFORCERS = (ENFORCER, STANDBY)
+OWN_PROGRAMS: tuple[str, ...] = (ENFORCER, STANDBY, GATEWAY, SUPERVISORD)
 REAPER = "umemc-reaper"  # where no parent-death signal exists: what stops the run when supervisord dies
 # every process of a run carries the run's mark in its environment (set by the exec wrapper, inherited): how
 # `umemc down` finds them where no cgroup can, and how it kills nothing that is not the run's

@@ -234,6 +234,29 @@ def test_an_event_log_damaged_under_its_writers_is_moved_aside_while_they_run(st
     assert [e["detail"]["moved_to"] for e in json.loads(out) if e["kind"] == "event_log_reset"] == [str(moved[0])]
 
 
+def test_the_standby_enforces_the_moment_the_enforcer_is_killed(stack) -> None:
+    """Userspace enforcement only (no kernel limit): the enforcer SIGKILLed, the standby (already running, waiting
+    on the run's enforcer lock) takes over (its own pid says enforcer_start, no new process needed) and kills the
+    leaker over its hard quota; supervisord restarts the killed one, which waits as the new standby."""
+    r = stack(leaking_stack("standby"))
+    first = r.wait_for(lambda: r.events("enforcer_start"), what="the enforcer's start")
+    main, standby = record(r.run_dir, "umemc-enforcer"), record(r.run_dir, "umemc-enforcer-standby")
+    assert [e["detail"]["pid"] for e in first] == [main]  # the standby leaves the lock to umemc-enforcer
+    os.kill(main, signal.SIGKILL)
+    took = r.wait_for(lambda: r.events("enforcer_start")[1:], what="the standby to take over")
+    assert [e["detail"]["pid"] for e in took] == [standby]
+    kill = r.wait_for(lambda: r.events("hard_limit_kill", "leak"), timeout=40, what="the leaker killed")
+    assert kill[0]["detail"]["by"] == "enforcer" and kill[0]["time"] >= took[0]["time"]
+    restarted = r.wait_for(
+        lambda: (pid := record(r.run_dir, "umemc-enforcer")) != main and alive(pid) and pid,
+        what="umemc-enforcer restarted",
+    )
+    log = r.run_dir / "state" / "logs" / "umemc-enforcer.log"
+    r.wait_for(lambda: "standby: another enforcer runs" in log.read_text(), what="it to wait as the standby")
+    assert [e["detail"]["pid"] for e in r.events("enforcer_start")] == [main, standby]  # it did not take over
+    assert alive(restarted)
+
+
 def test_unusable_event_log_degrades_to_stderr_and_enforcement_goes_on(stack, tmp_path: Path, run_cli, capsys) -> None:
     events = tmp_path / "run" / "state" / "events.db"
     events.mkdir(parents=True)  # not a database and never one: SQLite cannot open it

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..contract import ContractError, Doc, read
 from ..errors import UsageError
-from ..names import ENFORCER, GATEWAY
+from ..names import ENFORCER, GATEWAY, STANDBY
 from ..units import gib
 from .common import console
 from .up import add_run_dir
@@ -135,7 +135,7 @@ def _enforcement(models: Any, plan: Any, machine: dict[str, Any]) -> str:
     return "umemc's enforcer alone"
 
 
-OWN_PROGRAMS = (ENFORCER, GATEWAY)  # the two supervisord runs beside the workers
+OWN_PROGRAMS = (ENFORCER, STANDBY, GATEWAY)  # what supervisord runs beside the workers
 
 
 def _latest_events(run_dir: Any) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..contract import EnforcerStatus, GatewayState, ModelDoc, read_optional
+from ..names import STANDBY
 from ..policy import Budget, Held, Lease, Need, decide
 from .rundir import ENFORCER, GATEWAY
 from .supervisor import ANSWERING, LIVE, ProcState
@@ -18,7 +19,7 @@ from .supervisor import ANSWERING, LIVE, ProcState
 if TYPE_CHECKING:
     from .control import Stack
 
-OWN = (ENFORCER, GATEWAY)  # umemc's own programs in the stack's supervisord
+OWN = (ENFORCER, STANDBY, GATEWAY)  # umemc's own programs in the stack's supervisord
 
 
 def reconcile(stack: Stack, plan_changed: bool) -> tuple[list[str], dict[str, str]]:

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..names import CGROUPS_DIR, GATES_DIR, PIDS_DIR, PLAN_FILE, SUPERVISOR_CONFIG
+from ..names import CGROUPS_DIR, ENFORCERS, GATES_DIR, PIDS_DIR, PLAN_FILE, SUPERVISOR_CONFIG
 from ..names import ENFORCER as ENFORCER
 from ..names import GATEWAY as GATEWAY
 from ..names import SUPERVISORD as SUPERVISORD
@@ -64,6 +64,11 @@ class RunDir(NamedTuple):
         return self.state / "supervisord.pid"
 
     @property
+    def enforcer_lock(self) -> Path:
+        """Held (flock) by the enforcer that runs; the standby waits on it."""
+        return self.state / "enforcer.lock"
+
+    @property
     def events(self) -> Path:
         return self.state / "events.db"
 
@@ -87,7 +92,9 @@ class RunDir(NamedTuple):
         """A program's logs: supervisord's own, one file for umemc's processes, stdout and stderr for a worker."""
         if name == "supervisord":
             return [self.supervisord_logfile]
-        if name in (ENFORCER, GATEWAY):
+        if name == ENFORCER:  # either of the two may be the one that enforces (after a takeover)
+            return [self.logs / f"{n}.log" for n in ENFORCERS]
+        if name in (*ENFORCERS, GATEWAY):
             return [self.logs / f"{name}.log"]
         worker = [self.log(name, "out"), self.log(name, "err")]
         if name == "access" and not any(p.exists() for p in worker):  # a model called access keeps its name

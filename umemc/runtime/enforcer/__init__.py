@@ -1,4 +1,6 @@
-"""The enforcer: a program inside the same supervisord (restarted if it dies), reading plan.json.
+"""The enforcer: a program inside the same supervisord (restarted if it dies), reading plan.json. Two run: one
+enforces, holding the run's enforcer lock; the other (umemc-enforcer-standby) waits on the lock, ready, and takes
+over the moment the first dies, while supervisord restarts that one as the new standby.
 
 Every sample_interval it reads each worker's whole process tree (kept-open statm, task children)
 and its GPU-side memory (DRM fdinfo; nvidia-smi now and then), and
@@ -22,6 +24,10 @@ Its parts: `sampler` (what a worker holds, the machine's pressure), `rules` (the
 from __future__ import annotations
 
 import argparse
+import fcntl
+import os
+import sys
+import time
 from pathlib import Path
 
 from .loop import Enforcer
@@ -32,6 +38,37 @@ __all__ = ["Enforcer", "main"]
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="umemc-enforcer")
     p.add_argument("--bundle", required=True)
+    p.add_argument("--standby", action="store_true", help="leave the lock to umemc-enforcer at a stack's start")
     args = p.parse_args(argv)
-    Enforcer(Path(args.bundle).resolve()).run()
+    enforcer = Enforcer(Path(args.bundle).resolve())
+    lock = _take_over(enforcer.run_dir.enforcer_lock, STANDBY_DEFERS_S if args.standby else 0.0)
+    enforcer.reopen_log()
+    try:
+        enforcer.run()
+    finally:
+        os.close(lock)
     return 0
+
+
+STANDBY_DEFERS_S = 10.0  # at a stack's start the standby leaves the lock to umemc-enforcer this long, at most
+
+
+def _take_over(path: Path, defer_s: float) -> int:
+    """The run's enforcer lock, once no other enforcer holds it: two run (umemc-enforcer and its standby), one
+    enforces; the other, its imports done and the plan read, waits here and goes on the moment the kernel
+    releases the lock of the one that died (a SIGTERM ends the wait). `defer_s`: a free lock is left to the
+    other that long (the standby at a stack's start: umemc-enforcer enforces, and writes its own log)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    until = time.monotonic() + defer_s
+    try:
+        while True:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if time.monotonic() >= until:
+                break
+            fcntl.flock(fd, fcntl.LOCK_UN)  # free: the other has not taken it yet
+            time.sleep(0.05)
+    except BlockingIOError:
+        print("umemc-enforcer: standby: another enforcer runs; taking over when it stops", file=sys.stderr, flush=True)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        print("umemc-enforcer: the enforcer that ran stopped: enforcing", file=sys.stderr, flush=True)
+    return fd

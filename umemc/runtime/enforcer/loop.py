@@ -73,6 +73,12 @@ class Enforcer:
         self._infos: dict[str, Any] = {}
         self._stop = False
 
+    def reopen_log(self) -> None:
+        """The event log as it is now (a standby that waited may hold a log since moved aside or replaced)."""
+        self.events.close()
+        self.events = EventLog(self.run_dir.events)
+        self.run_start = self.events.last_id("up")
+
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> None:
         signal.signal(signal.SIGTERM, self._on_term)
