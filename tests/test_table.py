@@ -172,3 +172,28 @@ def test_check_off_a_terminal_prints_the_rich_table(run_cli) -> None:
         "all memory     69.0   102.0   120.0  ok",
         "GPU window     66.6   102.0   120.0  ok",
     ]
+
+
+def test_a_small_stack_reads_in_mib(tmp_path: Path, run_cli) -> None:
+    """A model of a few MiB (every figure under 1 GiB): the model table is in MiB, each figure to a tenth; its
+    weights are the file's tensor bytes (as the gguf package reads them). With a 1 GiB model beside it: GiB."""
+    import gguf
+
+    from umemc.testing.tinygguf import TinySpec, write_tiny_gguf
+
+    write_tiny_gguf(tmp_path / "tiny.gguf", TinySpec(n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2))
+    tensors = sum(int(t.n_bytes) for t in gguf.GGUFReader(tmp_path / "tiny.gguf").tensors)
+    stack = tmp_path / "stack.toml"
+    stack.write_text(
+        'version = 1\nname = "small"\n[platform]\nkind = "cpu"\nmemory = "16GiB"\n[models.chat]\n'
+        'runtime = "llama-server"\nmodel = "tiny.gguf"\ncontext = 1024\n'
+    )
+    code, out, _ = run_cli("check", str(stack))
+    assert code == 0 and "MiB per model; hard = estimate x (1 + quota_headroom)" in out
+    row = next(line.split() for line in out.splitlines() if line.strip().startswith("chat "))
+    assert row[3] == f"{tensors / 2**20:.1f}"
+    big = stack.read_text().replace('context = 1024\n', 'context = 1024\n[models.big]\nruntime = "command"\n'
+                                    'command = ["true"]\nmemory = "1GiB"\n')  # fmt: skip
+    stack.write_text(big)
+    code, out, _ = run_cli("check", str(stack))
+    assert code == 0 and "GiB per model; hard = estimate x (1 + quota_headroom)" in out

@@ -65,6 +65,18 @@ def round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
+def unit_for(*figures: int | None) -> tuple[str, int]:
+    """The unit a table of these figures reads in: GiB where the largest is at least 1 GiB, else MiB (a small
+    model's figures would all read 0.0 to 0.2 GiB)."""
+    largest = max((abs(f) for f in figures if f is not None), default=0)
+    return ("GiB", GiB) if largest >= GiB else ("MiB", MiB)
+
+
+def in_unit(n: int | None, size: int) -> str:
+    """Bytes in the table's unit (unit_for), one decimal."""
+    return "-" if n is None else f"{n / size:.1f}"
+
+
 def gib(n: int | None) -> str:
     """Bytes as GiB with one decimal, the unit every report uses."""
     if n is None:

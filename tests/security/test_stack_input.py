@@ -249,7 +249,12 @@ def test_no_program_but_the_stacks_own(tmp_path: Path, programs) -> None:
     """The generated config defines exactly umemc's programs and the stack's models, nothing else."""
     stack = tmp_path / "stack.toml"
     stack.write_text(WORKER + 'args = []\n[models.w.env]\nA = "]\\\\n[program:pwn]"\n')
-    assert sorted(programs(build_stack(stack, tmp_path / "bundle"))) == ["umemc-enforcer", "umemc-gateway", "w"]
+    assert sorted(programs(build_stack(stack, tmp_path / "bundle"))) == [
+        "umemc-enforcer",
+        "umemc-enforcer-standby",
+        "umemc-gateway",
+        "w",
+    ]
 
 
 BIG = "9" * 400

@@ -17,7 +17,7 @@ from typing import Any
 from ..contract import ContractError, Doc, read
 from ..errors import UsageError
 from ..names import ENFORCER, GATEWAY, STANDBY
-from ..units import gib
+from ..units import gib, in_unit, unit_for
 from .common import console
 from .up import add_run_dir
 
@@ -252,8 +252,10 @@ def table(status: dict[str, Any]) -> Any:
             title += f", generating {gen['in_use']:g} of {gen['max']}" + (
                 f" ({gen['waiting']} waiting)" if gen["waiting"] else ""
             )
+    rows = status["models"].values()
+    unit, size = unit_for(*(m["quota_hard_bytes"] for m in rows), *(m["rss_bytes"] + m["gpu_bytes"] for m in rows))
     t = Table(
-        title=title + "  (GiB)",
+        title=title + f"  ({unit})",
         title_justify="left",
         header_style="bold",
         box=box.SIMPLE_HEAD,
@@ -280,11 +282,11 @@ def table(status: dict[str, Any]) -> Any:
             name,
             f"[{color}]{state}[/]",
             str(m["pid"] or "-"),
-            gib(m["rss_bytes"]),
-            gib(m["gpu_bytes"]),
-            gib(m["_reserved"]) if m["_reserved"] else "-",
+            in_unit(m["rss_bytes"], size),
+            in_unit(m["gpu_bytes"], size),
+            in_unit(m["_reserved"], size) if m["_reserved"] else "-",
             f"[{style}]{share:.0%}[/]" if style else f"{share:.0%}",
-            gib(m["quota_hard_bytes"]),
+            in_unit(m["quota_hard_bytes"], size),
             _requests(m),
             "-" if m.get("_tokens_per_s") is None else f"{m['_tokens_per_s']:.1f}",
             str(m["restarts"]),

@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..budget import Capacity, ColdAdmission, Plan
-from ..units import gib
+from ..units import gib, in_unit, unit_for
 
 
 def budget_dict(plan: Plan) -> dict[str, Any]:
@@ -133,15 +133,14 @@ def budget_markdown(plan: Plan) -> str:
         "| model | mode | prio | weights | KV | compute | overhead | estimate | hard quota | GPU | source |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
+    unit, size = unit_for(plan.hot_total, *(m.quota_hard for m in plan.models.values()))
     for m in plan.models.values():
         e = m.estimate
-        out.append(
-            f"| {m.name} | {m.model.spec.mode} | {m.priority} | {gib(e.weights.bytes)} | {gib(e.kv.bytes)} | "
-            f"{gib(e.compute.bytes)} | {gib(e.overhead.bytes)} | {gib(e.estimate_bytes)} | "
-            f"{gib(m.quota_hard)} | {gib(e.gpu.bytes)} | {e.source} |"
-        )
+        figures = (e.weights.bytes, e.kv.bytes, e.compute.bytes, e.overhead.bytes, e.estimate_bytes, m.quota_hard)
+        cells = " | ".join(in_unit(b, size) for b in (*figures, e.gpu.bytes))
+        out.append(f"| {m.name} | {m.model.spec.mode} | {m.priority} | {cells} | {e.source} |")
     out.append("")
-    out.append(f"Sizes in GiB. Headroom: {gib(plan.headroom)} GiB.")
+    out.append(f"Sizes in {unit}. Headroom: {gib(plan.headroom)} GiB.")
     if plan.cold_admission:
         out += ["", "Cold models:", ""]
         for name, a in plan.cold_admission.items():

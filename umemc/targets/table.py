@@ -14,7 +14,7 @@ import sys
 from typing import TYPE_CHECKING, NamedTuple, TextIO
 
 from ..budget import Plan
-from ..units import gib
+from ..units import gib, in_unit, unit_for
 from .report import admission_text, ledger_lines
 
 if TYPE_CHECKING:
@@ -101,6 +101,7 @@ MODEL_COLUMNS = ("model", "mode", "prio", "weights", "KV", "compute", "ovhd", "e
 
 def _models(plan: Plan) -> Grid:
     rows: list[tuple[Span, ...]] = []
+    unit, size = unit_for(plan.hot_total, *(m.quota_hard for m in plan.models.values()))
     for m in plan.models.values():
         e = m.estimate
         figures = (e.weights.bytes, e.kv.bytes, e.compute.bytes, e.overhead.bytes, e.estimate_bytes)
@@ -109,21 +110,21 @@ def _models(plan: Plan) -> Grid:
                 (m.name, ""),
                 (m.model.spec.mode, "green" if m.hot else "blue"),
                 (str(m.priority), ""),
-                *((gib(b), "") for b in figures),
-                (gib(m.quota_hard), "bold"),
-                (gib(e.gpu.bytes), ""),
+                *((in_unit(b, size), "") for b in figures),
+                (in_unit(m.quota_hard, size), "bold"),
+                (in_unit(e.gpu.bytes, size), ""),
                 (e.source, ""),
             )
         )
-    gpu = gib(plan.hot_gpu_total) if plan.capacity.gpu_budget else "-"
-    rows.append((("hot set", ""), *[("", "")] * 7, (gib(plan.hot_total), "bold"), (gpu, ""), ("", "")))
+    gpu = in_unit(plan.hot_gpu_total, size) if plan.capacity.gpu_budget else "-"
+    rows.append((("hot set", ""), *[("", "")] * 7, (in_unit(plan.hot_total, size), "bold"), (gpu, ""), ("", "")))
     return Grid(
         MODEL_COLUMNS,
         tuple(col not in ("model", "mode", "source") for col in MODEL_COLUMNS),
         tuple(rows),
         boxed=True,
         collapse=True,
-        title="GiB per model; hard = estimate x (1 + quota_headroom)",
+        title=f"{unit} per model; hard = estimate x (1 + quota_headroom)",
         rule_after=len(rows) - 2,
         no_wrap=True,
     )

@@ -142,7 +142,13 @@ async def can_load(request: web.Request) -> web.Response:
             "blocked_by": decision.blocked_by if not decision.fits else [],
             "need_bytes": need.ram,
             "free_bytes": decision.free_ram,
-            "reason": None if decision.fits else decision.reason(need),
+            "reason": (
+                f"loaded: it holds its {need.ram} bytes already"
+                if m.live
+                else None
+                if decision.fits
+                else decision.reason(need)
+            ),
         }
     )
 

@@ -279,8 +279,10 @@ class Scheduler:
         return decide(need, self.held(exclude), self.book.live(), budget)
 
     def decide_model(self, m: Model) -> Decision:
-        if m.live:
-            return Decision(True, free_ram=0)
+        if m.live:  # it holds its quota already: what is free is what is free beside everything running
+            ram, gpu = self.committed()
+            free_gpu = None if self.budget.gpu is None else self.budget.gpu - gpu
+            return Decision(True, free_ram=self.budget.ram - ram, free_gpu=free_gpu)
         decision = self.decide(self.need_for(m), exclude=m.name)
         if self.undrainable & set(decision.drain):
             return Decision(
