@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tests.runtime.conftest import free_port
+from tests.runtime.conftest import free_port, live_sysctl_table
 
 
 def test_up_runs_only_the_models_placed_on_this_node(stack) -> None:  # type: ignore[no-untyped-def]
@@ -20,7 +20,7 @@ def test_up_runs_only_the_models_placed_on_this_node(stack) -> None:  # type: ig
 
     # budgets (4 - 1) GiB x 0.85 = 2611 MiB each: big (1500 -> 1650 MiB) goes to a, next (1200 -> 1320)
     # cannot join it (961 MiB left) and goes to b; tiny (60 -> 66) fits a with the least room left
-    text = 'version = 1\nname = "pair"\n' + node("a") + node("b")
+    text = 'version = 1\nname = "pair"\n' + live_sysctl_table() + node("a") + node("b")
     text += model("big", 1500, 90) + model("next", 1200, 80) + model("tiny", 60, 10)
     r = stack(text, "--simulate", "--node", "a")
     plan = json.loads((r.run_dir / "bundle" / "plan.json").read_text())

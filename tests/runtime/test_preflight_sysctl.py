@@ -129,7 +129,7 @@ def test_a_stock_kernel_gets_its_fixes_grouped_with_a_summary(tmp_path: Path) ->
     pf = Preflight(bundle, read(PlanDoc, bundle / "plan.json"), proc_sys=str(tmp_path / "proc/sys"), root=tmp_path,
                    box=LinuxBox("amd-apu", str(meminfo), str(tmp_path / "sys/class/drm")))  # fmt: skip
     findings = pf.run()
-    lines, summary = report(findings, pf.blocking(), force=False)
+    lines, summary = report(findings, pf.blocking())
     apply = f"sudo {sys.executable} -m umemc apply {bundle.resolve()}"
     problems = [line for line in lines if not line.startswith("  [green]ok")]
     assert problems[:8] == [
@@ -149,8 +149,52 @@ def test_a_stock_kernel_gets_its_fixes_grouped_with_a_summary(tmp_path: Path) ->
         '(hf = "owner/repo/file.gguf", mmproj_hf = …) and `umemc pull` fetches it',
     ]
     assert summary == (
-        "umemc up: preflight refused: 10 problems, 5 fixes above (1 after a reboot); fix them or pass --force"
+        "umemc up: preflight refused: 10 problems, 5 fixes above (1 after a reboot); fix them, or start anyway with "
+        "--skip executables --skip files --skip 'gpu window' --skip sysctl"
     )
+
+
+def test_a_small_stack_is_warned_of_a_stock_kernel_not_refused(tmp_path: Path) -> None:
+    """A hot set of 0.8 GiB on a 16 GiB machine: the kernel's tuning cannot sink it. The stock values are a
+    warning with the fix, and do not refuse the start, rehearsal or real run alike."""
+    stack = tmp_path / "stack.toml"
+    stack.write_text(
+        'version = 1\nname = "small"\n[platform]\nkind = "cpu"\nmemory = "16GiB"\nos_reserve = "2GiB"\n'
+        '[models.w]\nruntime = "command"\ncommand = ["true"]\nmemory = "700MiB"\n'
+    )
+    bundle = tmp_path / "bundle"
+    build(make_plan(load_stack(stack)), bundle)
+    stock = {"vm.swappiness": "60", "vm.vfs_cache_pressure": "100", "vm.watermark_scale_factor": "10",
+             "vm.max_map_count": "65530"}  # fmt: skip
+    for key, value in stock.items():
+        path = tmp_path / "sys" / key.replace(".", "/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{value}\n")
+    for simulate in (True, False):
+        pf = Preflight(bundle, read(PlanDoc, bundle / "plan.json"), simulate=simulate, proc_sys=str(tmp_path / "sys"))
+        finding = next(f for f in pf.run() if f.check == "sysctl")
+        assert (finding.ok, finding.advisory) == (False, True)
+        assert finding.message.endswith(
+            # usable: 16 GiB less 2 reserved; the hot set: 700 MiB and its 10% headroom (770 MiB)
+            "(this stack's hot set, 0.8 of 14.0 GiB, leaves the kernel room: a warning; the settings matter once the "
+            "hot set holds half the memory)"
+        )
+        assert finding not in pf.blocking()
+
+
+def test_a_rehearsal_refuses_what_the_real_run_refuses(bundle: Path, tmp_path: Path) -> None:
+    """small-16g's hot set holds more than half its machine: an unsafe swappiness refuses the rehearsal too (it
+    was a warning there, so the rehearsal passed and the real run failed); `--skip sysctl` passes both."""
+    for simulate in (True, False):
+        values = {**PLANNED, "vm.swappiness": "60"}
+        for key, value in values.items():
+            path = tmp_path / "sys" / key.replace(".", "/")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"{value}\n")
+        pf = Preflight(bundle, read(PlanDoc, bundle / "plan.json"), simulate=simulate, proc_sys=str(tmp_path / "sys"))
+        pf.run()
+        assert [f.check for f in pf.blocking() if f.check == "sysctl"] == ["sysctl"]
+        assert [f.check for f in pf.blocking({"sysctl"}) if f.check == "sysctl"] == []
 
 
 def test_a_carve_out_the_plan_does_not_count_is_found(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""`umemc up STACK|BUNDLE [--run-dir DIR] [--force] [--simulate] [--foreground]`: build (or copy) the
+"""`umemc up STACK|BUNDLE [--run-dir DIR] [--skip CHECK]… [--simulate] [--foreground]`: build (or copy) the
 bundle into RUN/bundle, run the preflight, start the real supervisord and return once every hot
 worker is RUNNING and healthy. On a running stack it says so and reconciles."""
 
@@ -53,7 +53,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("up", help="start the stack under supervisord and enforce its quotas")
     p.add_argument("target", metavar="STACK|BUNDLE", help="a stack file, or a bundle directory from `umemc build`")
     add_run_dir(p)
-    p.add_argument("--force", action="store_true", help="start even when the preflight finds problems (warns)")
+    p.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        metavar="CHECK",
+        help="start despite a failed preflight check, named as the preflight names it (sysctl, memlock, swap, "
+        "cgroups, ports, …; repeat it for more, or `all`)",
+    )
+    p.add_argument("--force", action="store_true", help="the same as --skip all")
     p.add_argument("--node", metavar="NAME", help="a stack with [nodes]: run the models placed on this node")
     p.add_argument(
         "--simulate",
@@ -253,16 +261,18 @@ def preflight(console: Console, run_dir: RunDir, plan: PlanDoc, args: argparse.N
 
     pf = Preflight(run_dir.bundle, plan, simulate=args.simulate)
     findings = pf.run(running)
-    blocking = pf.blocking()
-    lines, refused = report(findings, blocking, args.force)
+    skip = {*args.skip, *(["all"] if args.force else [])}
+    blocking = pf.blocking(skip)
+    lines, refused = report(findings, blocking)
     console.print("preflight:")
     for line in lines:
         console.print(line)
     if refused:
         print(refused, file=sys.stderr)
         return False
-    if blocking:
-        console.print("[yellow]--force: starting despite the preflight[/]")
+    skipped = sorted({f.check for f in pf.blocking()} - {f.check for f in blocking})
+    if skipped:
+        console.print(f"[yellow]starting despite the preflight's {', '.join(skipped)} (--skip)[/]")
     return True
 
 

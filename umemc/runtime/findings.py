@@ -16,7 +16,7 @@ class Finding:
     ok: bool
     message: str
     fix: tuple[str, ...] = ()  # the one command (or action) that fixes it first, then alternatives and notes
-    host: bool = False  # a host setting: a warning only under --simulate
+    host: bool = False  # a setting of hardware a rehearsal does not use: a warning only under --simulate
     advisory: bool = False  # never refuses (swap on, no cgroups): shown as a warning
     reboot: bool = False  # the fix takes effect after a reboot
 
@@ -39,7 +39,7 @@ def _shebang(path: str) -> str | None:
     return first[2:].strip() if first.startswith("#!") else None
 
 
-def report(findings: list[Finding], blocking: list[Finding], force: bool) -> tuple[list[str], str | None]:
+def report(findings: list[Finding], blocking: list[Finding], skipped: bool = False) -> tuple[list[str], str | None]:
     """The lines `umemc up` prints (rich markup) and, when it refuses, the summary line for stderr: what passed,
     one line each; then each fix (the first command of a finding's fix) with the problems it fixes."""
     lines = [f"  [green]ok[/]    {f.check}: {f.message}" for f in findings if f.ok]
@@ -59,19 +59,21 @@ def report(findings: list[Finding], blocking: list[Finding], force: bool) -> tup
         when = " (after a reboot)" if any(f.reboot for f in fs) else " (no reboot)" if fix.startswith("sudo ") else ""
         lines.append(f"  [bold]fix {i}[/]{when}: {fix or 'see below'}")
         for f in fs:
-            label = "[red]FAIL[/]" if f in blocking and not force else "[yellow]warn[/]"
+            label = "[red]FAIL[/]" if f in blocking else "[yellow]warn[/]"
             lines.append(f"    {label}  {f.check}: {f.message}")
         seen: list[str] = []
         for f in fs:
             seen += [x for x in f.fix[1:] if x not in seen]
         lines += [f"          {x}" for x in seen]
-    if not blocking or force:
+    if not blocking:
         return lines, None
     fixes = {f.fix[0] if f.fix else "" for f in blocking}
+    names = sorted({f.check for f in blocking})
     summary = (
         f"umemc up: preflight refused: {_count(len(blocking), 'problem')}, {_count(len(fixes), 'fix', 'fixes')} above"
         + (f" ({reboots} after a reboot)" if reboots else "")
-        + "; fix them or pass --force"
+        + "; fix them, or start anyway with "
+        + " ".join(f"--skip {shlex.quote(n)}" for n in names)
     )
     return lines, summary
 

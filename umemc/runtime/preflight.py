@@ -1,6 +1,8 @@
 """Before `umemc up` starts anything: compare the live machine with the plan. Each failed check
-says what is wrong and the exact command that fixes it. Host settings (sysctl, GPU window,
-memlock) only warn under --simulate, which proves memory, not host tuning."""
+says what is wrong and the exact command that fixes it. The VM tunables (sysctl) refuse a start only where the
+stack's hot set holds half the machine's memory or more (below that they warn, with the fix), and a rehearsal
+(--simulate) judges them as the real run does; the settings of hardware a rehearsal's placeholders do not use
+(GPU window, ROCm, memlock) only warn under --simulate. `up --skip CHECK` starts despite a named check."""
 
 from __future__ import annotations
 
@@ -63,8 +65,19 @@ class Preflight:
         self._gateway_token()
         return self.findings
 
-    def blocking(self) -> list[Finding]:
-        return [f for f in self.findings if not f.ok and not f.advisory and not (self.simulate and f.host)]
+    def blocking(self, skip: Collection[str] = ()) -> list[Finding]:
+        """The problems that refuse the start: neither advisory nor skipped by name (`up --skip CHECK`; "all").
+        A rehearsal (--simulate) judges the host as the real run does, but for the hardware its placeholders do
+        not use (the GPU window, ROCm, memlock: `host` findings)."""
+        return [
+            f
+            for f in self.findings
+            if not f.ok
+            and not f.advisory
+            and not (self.simulate and f.host)
+            and f.check not in skip
+            and "all" not in skip
+        ]
 
     def _add(self, *args: Any, **kw: Any) -> None:
         self.findings.append(Finding(*args, **kw))
@@ -129,7 +142,14 @@ class Preflight:
             return
         what = "; ".join(f"{k} is {live}, the plan needs {need}" for k, live, _, need in bad)
         now = shlex.join(["sudo", "sysctl", "-w", *(f"{k}={want}" for k, _, want, _ in bad)])
-        self._add("sysctl", False, what, (self._apply, f"or now, until the next boot: {now}"), host=True)
+        cap = self.plan.capacity
+        if cap.hot_total_bytes * 2 < cap.usable_bytes:  # the kernel has room: its tuning cannot sink this stack
+            what += (
+                f" (this stack's hot set, {gib(cap.hot_total_bytes)} of {gib(cap.usable_bytes)} GiB, leaves the "
+                "kernel room: a warning; the settings matter once the hot set holds half the memory)"
+            )
+        pressing = cap.hot_total_bytes * 2 >= cap.usable_bytes
+        self._add("sysctl", False, what, (self._apply, f"or now, until the next boot: {now}"), advisory=not pressing)
 
     @property
     def _apply(self) -> str:
