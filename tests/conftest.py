@@ -34,6 +34,12 @@ def patience(seconds: float) -> float:
     return seconds * PATIENCE
 
 
+@pytest.fixture(autouse=True, scope="session")
+def own_state_home(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The stacks the tests run are recorded in a directory of the test session's (`umemc ps`), never the user's."""
+    os.environ["UMEMC_STATE_HOME"] = str(tmp_path_factory.mktemp("state-home"))
+
+
 @pytest.fixture(autouse=True)
 def no_etc_writes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests must never write host configuration: any write under /etc fails loudly."""

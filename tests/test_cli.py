@@ -292,7 +292,7 @@ def test_a_command_imports_only_itself(tmp_path: Path) -> None:
     listed = [
         x.split()[0] for x in done.stdout.split("COMMAND\n", 1)[1].splitlines() if x.startswith("    ") and x[4] != " "
     ]
-    assert listed == ["init", "pull", "check", "build", "explain", "calibrate", "up", "down", "status", "top",
+    assert listed == ["init", "pull", "check", "build", "explain", "calibrate", "up", "down", "ps", "status", "top",
                       "events", "logs", "chat", "apply", "lease-pod", "schema"]  # fmt: skip
 
 

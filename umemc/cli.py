@@ -10,12 +10,13 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from .errors import UmemcError
+from .errors import UmemcError, UsageError
 
 # each a module of umemc.commands with register(sub); only the one asked for is imported (the others' imports
 # are most of a short command's time)
 COMMANDS = (
-    "init", "pull", "check", "build", "explain", "calibrate", "up", "down", "status", "events", "logs", "chat", "apply",
+    "init", "pull", "check", "build", "explain", "calibrate", "up", "down", "ps", "status", "events", "logs", "chat",
+    "apply",
     "lease-pod", "schema",
 )  # fmt: skip
 
@@ -62,6 +63,12 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parse(argv) if argv is not None else _parse_as_process(sys.argv[1:])
+        if getattr(args, "stack_name", None) is not None:
+            from .runtime.registry import find
+
+            if args.run_dir is not None:
+                raise UsageError(f"umemc {args.command}: name a stack or give --run-dir, not both")
+            args.run_dir = str(find(args.stack_name))
         if getattr(args, "find_run_dir", False) and args.run_dir is None:
             from .commands.up import find_run_dir
 

@@ -198,13 +198,64 @@ def test_without_a_gateway_the_enforcer_evicts_alone(stack) -> None:
 
 
 @pytest.mark.parametrize("arg", ["--json", ""])
-def test_status_without_a_stack(tmp_path: Path, run_cli, arg: str) -> None:
+def test_status_without_a_stack(tmp_path: Path, run_cli, arg: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UMEMC_STATE_HOME", str(tmp_path / "state-home"))  # no stack recorded
     args = ["status", "--run-dir", str(tmp_path / "none")] + ([arg] if arg else [])
     assert run_cli(*args) == (
         2,
         "",
-        f"no stack in {tmp_path / 'none'} (start one with `umemc up STACK --run-dir {tmp_path / 'none'}`)\n",
+        f"no stack in {tmp_path / 'none'}, and none runs (`umemc up STACK` starts one)\n",
     )
+
+
+def test_stacks_are_known_by_name_from_anywhere(stack, run_cli, tmp_path: Path, monkeypatch, capsys) -> None:
+    """`up` records the stack in the user's state dir: `ps` lists it from any directory, `status`, `events` and
+    `logs` find it by its name, `down NAME` stops it and `ps` forgets it."""
+    home = tmp_path / "state-home"
+    monkeypatch.setenv("UMEMC_STATE_HOME", str(home))
+    port = free_port()
+    r = stack(
+        'version = 1\nname = "named"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n'
+        + live_sysctl_table()
+        + f"[gateway]\nport = {port}\n"
+        + worker("w", "steady.py", "{port}", 5, memory="64MiB", port=free_port())
+        + '\n[models.c]\nruntime = "command"\ncommand = ["true"]\nmemory = "16MiB"\nmode = "cold"\n'
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # no run dir here or above
+    capsys.readouterr()  # what up said
+    code, out, _ = run_cli("ps", "--json")
+    assert code == 0
+    assert json.loads(out) == [
+        {
+            "name": "named",
+            "run_dir": str(r.run_dir),
+            "stack_file": str(tmp_path / "stack.toml"),
+            "gateway": f"http://127.0.0.1:{port}/v1",
+            "state": "running",
+            "models": {"w": "hot", "c": "cold"},
+        }
+    ]
+    assert (home / "runs" / "named.json").stat().st_mode & 0o777 == 0o600
+    code, out, _ = run_cli("status", "named", "--json")
+    assert code == 0 and json.loads(out)["models"]["w"]["state"] == "RUNNING"
+    code, out, _ = run_cli("events", "named", "--json")
+    assert code == 0 and [e["kind"] for e in json.loads(out)][:1] == ["up"]
+    assert run_cli("logs", "umemc-enforcer", "--stack", "named")[0] == 0
+    assert run_cli("status", "other") == (
+        2,
+        "",
+        "no running stack named 'other' (running: named; `umemc ps` lists them)\n",
+    )
+    assert run_cli("status", "--run-dir", str(elsewhere)) == (
+        2,
+        "",
+        f"no stack in {elsewhere}; running: named ({r.run_dir}): name one (`umemc status NAME`)\n",
+    )
+    code, out, _ = run_cli("down", "named")
+    assert code == 0 and out.startswith("down: named stopped (")
+    assert run_cli("ps") == (0, "no stack runs (`umemc up STACK` starts one)\n", "")
 
 
 def test_observing_a_running_stack(stack, capsys) -> None:

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import RuntimeFailure, UsageError
+from ..errors import RuntimeFailure
 from ..runtime.gateway.naming import error_message
-from .up import add_run_dir
+from .up import add_run_dir, no_stack_in
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--system", help="a system message first")
     p.add_argument("--temperature", type=float, help="sampling temperature (default: the model server's)")
     p.add_argument("--max-tokens", type=int, default=512, metavar="N", help="longest answer (default 512)")
-    add_run_dir(p)
+    add_run_dir(p, "option")
     p.set_defaults(func=run)
 
 
@@ -51,7 +51,7 @@ def _gateway(root: Path) -> tuple[int, str | None]:
 
     run_dir = RunDir(root)
     if not run_dir.plan.exists():
-        raise UsageError(f"no stack in {root} (start one with `umemc up STACK`, or give --run-dir)")
+        raise no_stack_in(root)
     try:
         plan = read(PlanDoc, run_dir.plan)
     except ContractError as exc:

@@ -19,12 +19,13 @@ if TYPE_CHECKING:
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("down", help="stop the stack: every worker, the enforcer and supervisord")
-    add_run_dir(p)
+    add_run_dir(p, "positional")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..runtime.control import Stack
+    from ..runtime.registry import forget
     from ..runtime.rundir import RunDir
 
     run_dir = RunDir(Path(args.run_dir).absolute())
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"down: record {problem} (copied from another run, or forged): not killed, record removed")
     stale = stack.clean_stale()
     run_dir.release_socket()
+    forget(run_dir.root)
     _record(run_dir, running, pids, killed, orphans, left)
     if left:
         what = "; ".join(f"{n}: {', '.join(map(str, p))}" for n, p in left.items())

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("events", help="what the runtime did: starts, exits, quota breaches, kills, evictions")
-    add_run_dir(p)
+    add_run_dir(p, "positional")
     p.add_argument("--json", action="store_true", help="a JSON array (JSON lines with --follow)")
     p.add_argument("--follow", action="store_true", help="keep printing new events until interrupted")
     p.add_argument("--model", action="append", metavar="NAME", help="only this model's events (repeatable)")

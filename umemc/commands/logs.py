@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 from ..errors import UsageError
-from .up import add_run_dir
+from .up import add_run_dir, no_stack_in
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("logs", help="a worker's output (stdout and stderr as supervisord captured them)")
     p.add_argument("model", help="a model of the running stack, or umemc-enforcer, umemc-gateway, supervisord, access")
-    add_run_dir(p)
+    add_run_dir(p, "option")
     p.add_argument("-n", "--lines", type=int, default=50, metavar="N", help="print the last N lines (default 50)")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until interrupted")
     p.set_defaults(func=run)
@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
 
     run_dir = RunDir(Path(args.run_dir).absolute())
     if not run_dir.state.exists():
-        raise UsageError(f"no stack in {args.run_dir} (start one with `umemc up STACK --run-dir {args.run_dir}`)")
+        raise no_stack_in(args.run_dir)
     files = run_dir.log_files(args.model)
     if not any(f.exists() for f in files):
         known = sorted({p.name.split(".")[0] for p in run_dir.logs.glob("*.log")} | {"supervisord"})

@@ -15,20 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from ..contract import ContractError, Doc, read
-from ..errors import UsageError
 from ..names import ENFORCER, GATEWAY, STANDBY
 from ..units import gib, in_unit, unit_for
 from .common import console
-from .up import add_run_dir
+from .up import add_run_dir, no_stack_in
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("status", help="per-worker state, memory and quotas of the running stack")
-    add_run_dir(p)
+    add_run_dir(p, "positional")
     p.add_argument("--json", action="store_true", help='print {"models": {...}} (the contract in docs/CONTRACTS.md)')
     p.set_defaults(func=run)
     t = sub.add_parser("top", help="the status table, refreshed live")
-    add_run_dir(t)
+    add_run_dir(t, "positional")
     t.add_argument("--interval", type=float, default=1.0, help="refresh period in seconds")
     t.set_defaults(func=run_top)
 
@@ -44,7 +43,7 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
 
     run_dir = RunDir(Path(run_dir_arg).absolute())
     if not run_dir.bundle.exists() and not run_dir.state.exists():
-        raise UsageError(f"no stack in {run_dir_arg} (start one with `umemc up STACK --run-dir {run_dir_arg}`)")
+        raise no_stack_in(run_dir_arg)
     stack = Stack(run_dir)
     problems: list[str] = []
     plan: PlanDoc | None = None

@@ -25,7 +25,9 @@ if TYPE_CHECKING:
 DEFAULT_RUN_DIR = ".umemc/run"
 
 
-def add_run_dir(p: argparse.ArgumentParser) -> None:
+def add_run_dir(p: argparse.ArgumentParser, by_name: str | None = None) -> None:
+    """--run-dir; `by_name` "positional" or "option": a running stack may be named instead (`umemc ps` lists
+    them), as STACK or as --stack NAME."""
     p.add_argument(
         "--run-dir",
         metavar="DIR",
@@ -33,7 +35,23 @@ def add_run_dir(p: argparse.ArgumentParser) -> None:
         help=f"where the bundle and live state go (default: the nearest {DEFAULT_RUN_DIR} in this directory "
         "or a parent, else ./" + DEFAULT_RUN_DIR + ")",
     )
+    what = "a running stack by its name, from any directory (`umemc ps` lists them)"
+    if by_name == "positional":
+        p.add_argument("stack_name", nargs="?", metavar="STACK", help=what)
+    elif by_name == "option":
+        p.add_argument("--stack", dest="stack_name", metavar="NAME", help=what)
     p.set_defaults(find_run_dir=True)
+
+
+def no_stack_in(where: str | Path) -> UsageError:
+    """No stack runs from `where`: which do (by name), or how to start one."""
+    from ..runtime.registry import known
+
+    records, _ = known()
+    if records:
+        names = ", ".join(f"{r.name} ({r.run_dir})" for r in records)
+        return UsageError(f"no stack in {where}; running: {names}: name one (`umemc status NAME`)")
+    return UsageError(f"no stack in {where}, and none runs (`umemc up STACK` starts one)")
 
 
 def find_run_dir(start: Path | None = None) -> str:
@@ -140,13 +158,37 @@ def run(args: argparse.Namespace) -> int:
         events.close()
     wait(console, stack, hot, args.timeout)
     url = waits.gateway(stack, args.timeout)
+    known = remember_run(plan, run_dir, url)
     console.print(
         f"\n[bold green]up[/]: {plan.stack}: {len(hot)} hot worker(s) running and healthy "
-        f"(`umemc status --run-dir {args.run_dir}`)"
+        f"(`umemc status {plan.stack if known else '--run-dir ' + args.run_dir}`)"
     )
     if url:
         console.print(f"gateway: {url} (OpenAI-compatible; cold models start on demand)")
     return 0
+
+
+def remember_run(plan: PlanDoc, run_dir: RunDir, url: str | None) -> bool:
+    """Record the running stack for `umemc ps` and commands by name; False where it is known by its run dir only
+    (another running stack has its name, or the user's state dir cannot be written: said on stderr)."""
+    from ..runtime.control import Stack
+    from ..runtime.registry import RunRecord, known, remember
+
+    records, _ = known()
+    other = next((r for r in records if r.name == plan.stack and Path(r.run_dir) != run_dir.root), None)
+    if other is not None and Path(other.run_dir).is_dir():
+        from ..runtime.rundir import RunDir
+
+        if Stack(RunDir(Path(other.run_dir))).state() == "running":
+            print(
+                f"up: another stack named {plan.stack} runs from {other.run_dir}: this one is known by its run dir",
+                file=sys.stderr,
+            )
+            return False
+    said = remember(RunRecord(plan.stack, str(run_dir.root), plan.stack_file, url))
+    if said:
+        print(f"up: {said}", file=sys.stderr)
+    return said is None
 
 
 def _read_plan_bytes(run_dir: RunDir) -> bytes:
