@@ -199,7 +199,25 @@ def test_init_sets_the_chat_template_a_file_lacks_where_its_architecture_says_it
     text = (tmp_path / "stack.toml").read_text()
     tables = {t.split("]", 1)[0]: t for t in text.split("\n[models.")[1:]}
     said = '\nchat_template = "gemma"  # the file has none; llama.cpp\'s built-in for it\n'
-    assert said in tables["gemma-3-270m-q4_k_m"]
-    assert "chat_template" not in tables["smollm2-135m-instruct-q4_1"]
+    # named by their families as their headers say them (general.basename "gemma-3", "smollm2"), not file stems
+    assert sorted(tables) == ["gemma3", "smollm2"]
+    assert said in tables["gemma3"]
+    assert "chat_template" not in tables["smollm2"]
     code, _, err = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
     assert (code, err) == (0, "")
+
+
+@needs_models
+def test_two_files_of_one_family_are_told_apart_by_size(tmp_path: Path, run_cli) -> None:
+    """Two Gemma 3 files (links to the same one): the size label the header carries, then a number."""
+    import os
+
+    models = tmp_path / "models"
+    models.mkdir()
+    gemma = next(MODELS.glob("gemma-3-*.gguf"))
+    for name in ("a.gguf", "b.gguf"):
+        os.link(gemma, models / name)
+    code, _, err = run_cli("init", "--platform", "strix-halo-128", "--models", str(models), cwd=tmp_path)
+    assert code == 0, err
+    text = (tmp_path / "stack.toml").read_text()
+    assert sorted(t.split("]", 1)[0] for t in text.split("\n[models.")[1:]) == ["gemma3-270m", "gemma3-270m-2"]

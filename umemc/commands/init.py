@@ -241,6 +241,7 @@ class Found:
     hot: bool = False
     lock: LockEntry | None = None  # a Hub file's header, recorded so that `check` needs no network later
     no_template: str | None = None  # the file has no chat template: the built-in its architecture uses, else ""
+    size: str | None = None  # the header's size label, lower case ("270m"): tells two of one family apart
 
     def toml(self) -> str:
         from ..stack.types import toml_string
@@ -283,10 +284,13 @@ def scaffold(out: Path, args: argparse.Namespace) -> list[Found]:
             raise RuntimeFailure(f"umemc init: {spelling}: {exc}") from None
     names: set[str] = set()
     unique = []
+    families = [f.name for f in found]
     for f in found:
-        name, n = f.name, 2
+        # two files of one family (two sizes, two quantizations): the size tells them apart, then a number
+        first = f"{f.name}-{f.size}" if f.size and families.count(f.name) > 1 else f.name
+        name, n = first, 2
         while name in names:
-            name, n = f"{f.name[:60]}-{n}", n + 1
+            name, n = f"{first[:60]}-{n}", n + 1
         names.add(name)
         unique.append(replace(f, name=name))
     llms = [f for f in unique if f.family == "llm"]
@@ -317,7 +321,8 @@ def _local(directory: Path, stack_dir: Path) -> list[Found]:
             continue
         rel = os.path.relpath(p.resolve(), stack_dir.resolve())
         proj = projectors.get(p.parent)
-        out.append(_found(_name(p.name), "model", rel, f, None if proj is None else os.path.relpath(proj, stack_dir)))
+        name = _name(p.name, f.basename)
+        out.append(_found(name, "model", rel, f, None if proj is None else os.path.relpath(proj, stack_dir)))
     return out
 
 
@@ -337,7 +342,7 @@ def _on_hub(spelling: str) -> Found:
         raise RuntimeFailure(str(exc)) from None
     assert entry.hub is not None
     facts = read(header_copy_path(ref, entry.hub.commit))
-    return replace(_found(_name(Path(ref.path).name), "hf", spelling, facts, None), lock=entry)
+    return replace(_found(_name(Path(ref.path).name, facts.basename), "hf", spelling, facts, None), lock=entry)
 
 
 def _found(name: str, key: str, value: str, f: object, mmproj: str | None) -> Found:
@@ -351,15 +356,33 @@ def _found(name: str, key: str, value: str, f: object, mmproj: str | None) -> Fo
     from ..catalog.chat_templates import BY_ARCH
 
     no_template = BY_ARCH.get(f.general_arch, "") if family == "llm" and f.chat_template is False else None
+    size = re.sub(r"[^a-z0-9]+", "-", f.size_label.lower()).strip("-") if f.size_label else None
     return Found(
-        name, key, value, "llama-server", family, f.tensor_bytes, what, context, mmproj, no_template=no_template
+        name,
+        key,
+        value,
+        "llama-server",
+        family,
+        f.tensor_bytes,
+        what,
+        context,
+        mmproj,
+        no_template=no_template,
+        size=size or None,
     )
 
 
-def _name(filename: str) -> str:
-    """A model name from a file name: `Qwen3-30B-A3B-Q4_K_M.gguf` -> `qwen3-30b-a3b-q4_k_m`."""
+def _name(filename: str, family: str | None = None) -> str:
+    """A model's name, which clients will ask for: its family as the file's header names it (general.basename:
+    `gemma-3` -> `gemma3`, `SmolLM2` -> `smollm2`), else from the file's name (`Qwen3-30B-A3B-Q4_K_M.gguf` ->
+    `qwen3-30b-a3b-q4_k_m`)."""
     from ..hub.ref import SPLIT
 
+    if family:
+        name = re.sub(r"[^a-z0-9_-]+", "-", family.lower()).strip("-_")
+        name = re.sub(r"(?<=[a-z])-(?=[0-9])", "", name)  # gemma-3 -> gemma3, as the family is said
+        if name and name[0].isalpha():
+            return name[:63].rstrip("-_")
     m = SPLIT.match(filename)
     stem = m.group("stem") if m else filename.removesuffix(".gguf")
     name = re.sub(r"[^a-z0-9_-]+", "-", stem.lower()).strip("-_")

@@ -59,6 +59,8 @@ class GgufFacts(NamedTuple):
     repack_bytes: int = 0  # tensors llama.cpp's CPU backend copies into its repacked layout
     skipped_bytes: int = 0  # next-token-prediction layers llama.cpp does not load (src/models/*: TENSOR_SKIP)
     chat_template: bool | None = None  # whether the file carries tokenizer.chat_template (None: not read)
+    basename: str | None = None  # general.basename: the model's family as its publisher names it ("gemma-3")
+    size_label: str | None = None  # general.size_label ("270M")
 
 
 def locked_header(facts: GgufFacts) -> LockedHeader:
@@ -132,7 +134,13 @@ def _read(name: str, size: int, mtime_ns: int, inode: int) -> GgufFacts:
         ),
         skipped_bytes=sum(t.n_bytes for t in header.tensors if t.name in skipped),
         chat_template=bool(fields.get("tokenizer.chat_template")),
+        basename=_text(fields.get("general.basename")),
+        size_label=_text(fields.get("general.size_label")),
     )
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value.strip() else None
 
 
 def _with_parts(path: Path, first: Header) -> Header:
