@@ -111,3 +111,35 @@ def test_a_process_start_noted_after_its_cold_start_reads_as_the_cold_start(tmp_
         assert {m: e.kind for m, e in latest.items()} == {"b": "cold_start", "c": "start", "d": "start"}
     finally:
         log.close()
+
+
+def test_an_exit_after_an_eviction_reads_as_the_eviction_and_a_start_after_a_restore_as_the_restore(
+    tmp_path: Path,
+) -> None:
+    """An evicted worker dies by the signal its stop took: its exit is that eviction's (with its cause), not "killed
+    by a signal"; the gateway's restore, then the enforcer's note of the new process, reads as the restore. An exit
+    with no stop before it (a crash) is news of its own, as is an exit after a start that followed a stop."""
+    from umemc.runtime.eventtext import said
+    from umemc.runtime.events import EventLog
+
+    log = EventLog(tmp_path / "events.db")
+    try:
+        log.add("up", None)
+        log.add("start", "a", pid=11)
+        log.add("evict", "a", for_lease="L1", holder="comfyui", priority=10, for_priority=50)
+        log.add("exit", "a", cause="killed by a signal", exitstatus=None)
+        log.add("start", "b", pid=12)
+        log.add("exit", "b", cause="killed by a signal", exitstatus=None)
+        log.add("evict", "c", for_model="b", priority=10, for_priority=50)
+        log.add("exit", "c", cause="stopped", exitstatus=0)
+        log.add("restore", "c", reason="hot worker evicted earlier fits again")
+        log.add("start", "c", pid=13)
+        log.add("unload", "d")
+        log.add("start", "d", pid=14)
+        log.add("exit", "d", cause="killed by a signal", exitstatus=None)
+        latest = log.latest(log.last_id("up"))
+        assert {m: e.kind for m, e in latest.items()} == {"a": "evict", "b": "exit", "c": "restore", "d": "exit"}
+        assert said(latest["a"].kind, latest["a"].detail) == "evicted for lease L1 of comfyui (priority 10 < 50)"
+        assert said(latest["c"].kind, latest["c"].detail) == "restored: it fits again after its eviction"
+    finally:
+        log.close()

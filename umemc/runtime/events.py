@@ -300,21 +300,25 @@ class EventLog:
         out = {str(e.model): e for e in map(_event, rows)}
         if kind is None:
             for name, e in out.items():
-                if e.kind == "start":
+                if e.kind in EXPLAINED_BY:
                     out[name] = self._explained(e, after_id) or e
         return out
 
-    def _explained(self, start: Event, after_id: int) -> Event | None:
-        """The gateway's cold_start that a process start belongs to: the enforcer notes the new process when it
-        samples it, which may be after the gateway said it started the model on demand; with no exit between
-        them, the start is that cold start, and the cold start says more."""
+    def _explained(self, event: Event, after_id: int) -> Event | None:
+        """The decision a process's start or exit carries out, which says more: the enforcer notes a new process
+        (or a gone one) when it samples it, after the gateway said it started the model on demand or restored it
+        (a start), or evicted or unloaded it (an exit, by whatever signal the stop took). With nothing of the other
+        side between them (an exit, a start), the process event is that decision's."""
+        kinds = EXPLAINED_BY[event.kind]
+        barrier = "exit" if event.kind == "start" else "start"
+        marks = ", ".join("?" * (len(kinds) + 1))
         rows = self._rows(
             "SELECT id, ts, model, kind, detail FROM events WHERE model = ? AND id > ? AND id < ? "
-            "AND kind IN ('cold_start', 'exit') ORDER BY id DESC LIMIT 1",
-            (start.model, after_id, start.id),
+            f"AND kind IN ({marks}) ORDER BY id DESC LIMIT 1",
+            (event.model, after_id, event.id, *kinds, barrier),
         )
-        event = _event(rows[0]) if rows else None
-        return event if event is not None and event.kind == "cold_start" else None
+        found = _event(rows[0]) if rows else None
+        return found if found is not None and found.kind in kinds else None
 
     def last(self, kind: str, model: str, after_id: int = 0) -> Event | None:
         rows = self._rows(
@@ -331,6 +335,11 @@ class EventLog:
             except sqlite3.Error:
                 pass
             self.db = None
+
+
+STOPS = ("evict", "unload", "ttl_unload")  # a stop someone decided (the gateway, the pressure guard, a person)
+# the decisions whose process events (the enforcer's `start` and `exit`) read as them in `status`
+EXPLAINED_BY = {"start": ("cold_start", "restore"), "exit": STOPS}
 
 
 def _inode(path: Path) -> int | None:

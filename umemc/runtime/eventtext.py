@@ -104,7 +104,7 @@ SAID: dict[str, Callable[[dict[str, Any]], str]] = {
     "refused": lambda d: "refused a start: " + str(d.get("reason") or "?"),
     "unhealthy": lambda d: "unhealthy: " + str(d.get("reason") or "?"),
     "recovered": lambda d: "healthy again",
-    "restore": lambda d: "restarted: it fits again after its eviction",
+    "restore": lambda d: "restored: it fits again after its eviction",
     "lease_grant": lambda d: f"lease {d.get('id')} granted to {d.get('holder')} ({_size(d.get('bytes'))})",
     "lease_release": lambda d: f"lease {d.get('id')} of {d.get('holder')} released",
     "lease_expire": lambda d: f"lease {d.get('id')} of {d.get('holder')} expired",

@@ -15,7 +15,7 @@ from typing import Any
 from ...contract import GatewayState, ModelDoc, PlanDoc, read, read_optional
 from ...lockfile import totals
 from ...names import OWN_PROGRAMS, PLAN_FILE
-from ..events import EventLog
+from ..events import STOPS, EventLog
 from ..llamalog import metal_working_set, parse_buffers
 from ..probes.host import Probes
 from ..rundir import RunDir
@@ -39,7 +39,6 @@ LOG_TAIL = 512 * 1024  # of a llama.cpp worker's logs, for its buffer report
 
 # exits the enforcer did not see happen (the process was gone, or another in its place, at the next sample)
 UNSEEN = ("restarted before it was sampled", "unknown")
-STOPS = ("evict", "unload", "ttl_unload")  # a stop someone decided (the gateway, the pressure guard, a person)
 
 
 class Enforcer:
