@@ -119,8 +119,8 @@ def test_an_exit_after_an_eviction_reads_as_the_eviction_and_a_start_after_a_res
     """An evicted worker dies by the signal its stop took: its exit is that eviction's (with its cause), not "killed
     by a signal"; the gateway's restore, then the enforcer's note of the new process, reads as the restore. An exit
     with no stop before it (a crash) is news of its own, as is an exit after a start that followed a stop."""
-    from umemc.runtime.eventtext import said
     from umemc.runtime.events import EventLog
+    from umemc.runtime.eventtext import said
 
     log = EventLog(tmp_path / "events.db")
     try:
