@@ -35,11 +35,23 @@ class StackError(UmemcError):
         self.path = path
         self.message = message
         self.hint = hint
+        self.others: list[StackError] = []  # independent errors found with this one, each located
+        self.unsaid = 0  # more beyond those said
         super().__init__(self.render())
+
+    def with_others(self, others: list[StackError], unsaid: int = 0) -> StackError:
+        """This error, then the others found with it (in the file's order), and how many more were not said."""
+        self.others, self.unsaid = others, unsaid
+        self.args = (self.render(),)
+        return self
 
     def render(self) -> str:
         prefix = f"{self.where.file}:{self.where.line}:{self.where.col}: " if self.where else ""
         text = f"{prefix}{self.path}: {self.message}" if self.path else f"{prefix}{self.message}"
         if self.hint:
             text += f"\n  hint: {self.hint}"
+        for other in getattr(self, "others", []):
+            text += "\n" + other.render()
+        if getattr(self, "unsaid", 0):
+            text += f"\n… and {self.unsaid} more"
         return text

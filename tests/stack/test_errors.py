@@ -1,4 +1,4 @@
-"""Every kind of invalid stack: exactly one message `FILE:LINE:COL: key.path: what` (+ hint),
+"""Every kind of invalid stack: one message per independent error `FILE:LINE:COL: key.path: what` (+ hint),
 exit code 2, nothing on stdout. Whole messages are asserted, line and column included."""
 
 from __future__ import annotations
@@ -291,3 +291,35 @@ def test_bad_arguments_exit_2(tmp_path: Path, run_cli) -> None:
         "usage: umemc check [-h] [--format {table,json,markdown}] [--measure]\n                   stack [stack ...]\n"
         "umemc check: error: argument --format: invalid choice: 'yaml' (choose from 'table', 'json', 'markdown')\n",
     )
+
+
+def test_every_independent_error_is_said_each_located(tmp_path: Path, run_cli) -> None:
+    """Three mistakes in three models: the unknown key first (it explains the missing runtime beside it, not said
+    again), then the others in the file's order."""
+    text = (
+        BASE
+        + '[models.a]\nruntime = "command"\ncommand = ["true"]\nmemory = "1GiB"\npriority = "high"\n'
+        + '[models.b]\nruntime = "command"\ncommand = ["true"]\nmemory = "1GiB"\nparallel = 0\n'
+        + '[models.c]\nruntmie = "command"\ncommand = ["true"]\nmemory = "1GiB"\n'
+    )
+    (tmp_path / "stack.toml").write_text(text)
+    assert run_cli("check", "stack.toml", cwd=tmp_path) == (
+        2,
+        "",
+        "stack.toml:18:1: models.c.runtmie: unknown key\n"
+        "  hint: did you mean 'runtime'?\n"
+        'stack.toml:11:12: models.a.priority: must be an integer (got "high")\n'
+        "stack.toml:16:12: models.b.parallel: must be > 0 (got 0)\n",
+    )
+
+
+def test_errors_past_twenty_are_counted_not_said(tmp_path: Path, run_cli) -> None:
+    text = BASE + "".join(
+        f'[models.m{i}]\nruntime = "command"\ncommand = ["true"]\nmemory = "1GiB"\npriority = "x"\n' for i in range(25)
+    )
+    (tmp_path / "stack.toml").write_text(text)
+    code, out, err = run_cli("check", "stack.toml", cwd=tmp_path)
+    assert (code, out) == (2, "")
+    lines = err.splitlines()
+    assert len(lines) == 21 and lines[-1] == "… and 5 more"
+    assert lines[0] == 'stack.toml:11:12: models.m0.priority: must be an integer (got "x")'

@@ -224,17 +224,46 @@ _COMPARE = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "
 _RANK = {"extra_forbidden": 0, "missing": 2}  # unknown keys first: `[plaform]` beats "platform missing"
 
 
+MAX_ERRORS = 20  # a stack's errors said at once; beyond, how many more
+
+
 def convert_validation_error(
     exc: ValidationError, source: Source, root: type[BaseModel], data: dict[str, Any] | None = None
 ) -> StackError:
+    """Every independent error of the document, each located: the first by rank (an unknown key before a missing
+    one: `[plaform]` explains "platform missing"), then the others in the file's order. One per key path; a
+    required key missing beside an unknown key that is its misspelling is the same mistake, said once."""
     errors: list[Any] = list(exc.errors(include_url=False))
 
-    def order(err: dict[str, Any]) -> tuple[int, int, int]:
+    def where(err: dict[str, Any]) -> tuple[int, int]:
         what = "key" if err["type"] == "extra_forbidden" else "table" if err["type"] == "missing" else "value"
-        where = source.at(_loc(err, what), what)
-        return (_RANK.get(err["type"], 1), where.line, where.col)
+        at = source.at(_loc(err, what), what)
+        return at.line, at.col
 
-    return _one_error(min(errors, key=order), source, root, data or {})
+    def order(err: dict[str, Any]) -> tuple[int, int, int]:
+        return (_RANK.get(err["type"], 1), *where(err))
+
+    first = min(errors, key=order)
+    seen, others = {_loc(first, "value")}, []
+    misspelt = [e for e in errors if e["type"] == "extra_forbidden"]
+    for err in sorted(errors, key=where):
+        loc = _loc(err, "value")
+        if loc in seen or (err["type"] == "missing" and _misspelt(err, misspelt)):
+            continue
+        seen.add(loc)
+        others.append(err)
+    said = [_one_error(e, source, root, data or {}) for e in others[: MAX_ERRORS - 1]]
+    main = _one_error(first, source, root, data or {})
+    return main.with_others(said, max(0, len(others) - (MAX_ERRORS - 1))) if said else main
+
+
+def _misspelt(missing: dict[str, Any], unknown: list[dict[str, Any]]) -> bool:
+    """A required key missing where its table has an unknown key close to its name (its misspelling)."""
+    loc = _loc(missing, "value")
+    return any(
+        _loc(u, "value")[:-1] == loc[:-1] and close_matches(str(loc[-1]), [str(_loc(u, "value")[-1])], cutoff=0.6)
+        for u in unknown
+    )
 
 
 def _loc(err: dict[str, Any], what: str) -> KeyPath:
