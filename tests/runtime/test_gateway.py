@@ -501,6 +501,26 @@ def test_leases_grant_evict_refuse_extend_expire_release(stack: Any) -> None:
     ]
 
 
+def test_the_figures_shown_outlive_a_gateway_restart(stack: Any) -> None:
+    """Requests answered, then the gateway stopped and started (as a reconcile does): the page's history (each
+    request's latency and tokens, the memory drawn) and the status's tokens/s are the ones it had."""
+    gw = Gateway(stack(stack_text("gw-figures", model("a", mode="hot"), slots=1), "--simulate"))
+    for _ in range(3):
+        assert gw.complete("a")[0] == 200
+    before = gw.call("GET", "/umemc/history")[2]
+    assert before["speed"]["a"]["requests"] == 3, before["speed"]
+    from umemc.runtime.supervisor import Supervisor
+
+    sup = Supervisor(gw.run.run_dir / "state" / "supervisor.sock")
+    sup.stop("umemc-gateway")  # SIGTERM: it keeps its figures as it stops
+    sup.start("umemc-gateway", True)
+    gw.run.wait_for(lambda: _answers(gw), what="the gateway back")
+    after = gw.call("GET", "/umemc/history")[2]
+    assert after["speed"] == before["speed"]
+    assert after["memory"]["t"][: len(before["memory"]["t"])] == before["memory"]["t"]
+    assert gw.status()["models"]["a"]["tokens_per_s"] == before["speed"]["a"]["tokens_per_s"]
+
+
 def _answers(gw: Gateway) -> bool:
     try:
         return gw.call("GET", "/umemc/health", timeout=1)[0] == 200

@@ -77,6 +77,11 @@ class RunDir(NamedTuple):
         return self.state / "enforcer.json"
 
     @property
+    def gateway_figures(self) -> Path:
+        """The traffic figures the gateway shows, kept across its restarts (gateway.figures)."""
+        return self.state / "gateway-figures.json"
+
+    @property
     def gateway_state(self) -> Path:
         return self.state / "gateway.json"
 

@@ -32,7 +32,7 @@ from ..events import EventLog
 from ..members import same_process
 from ..rundir import RunDir
 from ..supervisor import STARTED, Supervisor
-from . import kvslots
+from . import figures, kvslots
 from .core import Admit, Evicted, Write
 from .generation import GenerationBudget
 from .history import Memory, Requests
@@ -126,6 +126,8 @@ class Scheduler:
             pid = int(await asyncio.to_thread(self.supervisor.call, "supervisor.getPID"))
             self.sync.supervisord_pid = pid
         self.book.load(read_optional(GatewayState, self.run.gateway_state), self.sync.supervisord_pid)
+        figures.load(self.run.gateway_figures, self.sync.supervisord_pid, self.traffic, self.answered, self.memory)
+        self._figures_seen, self._figures_at = self._figures_mark(), time.monotonic()
         with contextlib.suppress(*CONNECT_ERRORS):
             await self.sync.refresh()
         self.sync.write_state(time.time())  # what it serves is published from its first request on
@@ -155,7 +157,21 @@ class Scheduler:
         await asyncio.gather(
             *self._tasks, *(m.starting for m in self.models.values() if m.starting), return_exceptions=True
         )
+        self.keep_figures(force=True)
         self.events.close()
+
+    def _figures_mark(self) -> tuple[int, int, float]:
+        last = self.answered.items[-1].t if self.answered.items else 0.0
+        return len(self.answered.items), len(self.memory.points), last
+
+    def keep_figures(self, force: bool = False) -> None:
+        """The figures the page and status show, kept for the next gateway of this run: when they changed, at most
+        every figures.SAVE_S (and at once when it stops)."""
+        mark = self._figures_mark()
+        if mark == self._figures_seen or not (force or figures.due(self._figures_at)):
+            return
+        figures.save(self.run.gateway_figures, self.sync.supervisord_pid, self.traffic, self.answered, self.memory)
+        self._figures_seen, self._figures_at = mark, time.monotonic()
 
     def kick(self) -> None:
         self._kick.set()
@@ -646,6 +662,7 @@ class Scheduler:
         await self._unload_idle(now)
         await self._restore_hot()
         self.sync.write_state(now)
+        self.keep_figures()
 
     def keep_alive(self, m: Model, seconds: float | None) -> None:
         """A client's keep_alive, as Ollama means it: how long the model stays loaded once idle (math.inf: until

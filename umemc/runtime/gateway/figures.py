@@ -1,0 +1,129 @@
+"""What the page and `status` show of a model's traffic (its tokens/s, its requests' latencies and tokens, the
+memory drawn over time) outlives the gateway: kept in RUN/state/gateway-figures.json, written at most every
+SAVE_S while they change and when the gateway stops, read back by the next gateway of the same run (the same
+supervisord). A gateway restarted by a reconcile, a crash or a kill -9 shows the figures it had (a kill -9 loses
+at most the last SAVE_S of them).
+
+The file is input like any state file: read within MAX_BYTES, anything malformed in it is dropped whole, said
+once, and the gateway starts with empty figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ...records import write_atomic
+from .history import Answered, Memory, Requests
+from .traffic import Traffic
+
+SAVE_S = 5.0
+MAX_BYTES = 8 * 1024 * 1024
+FORMAT = "umemc-gateway-figures"
+
+
+def save(
+    path: Path, supervisord_pid: int | None, traffic: dict[str, Traffic], answered: Requests, memory: Memory
+) -> None:
+    doc = {
+        "format": FORMAT,
+        "version": 1,
+        "supervisord_pid": supervisord_pid,
+        "traffic": {
+            n: {
+                "tokens_in": t.tokens_in,
+                "tokens_out": t.tokens_out,
+                "prompt_speed": t.prompt_speed,
+                "speed": [list(x) for x in t.speed],
+            }
+            for n, t in traffic.items()
+        },  # fmt: skip
+        "answered": [list(a.__dict__.values()) for a in answered.items],
+        "memory": [[p[0], p[1], p[2], p[3], p[4]] for p in memory.points],
+    }
+    try:
+        write_atomic(path, json.dumps(doc, separators=(",", ":")))
+    except OSError as exc:
+        print(f"umemc-gateway: cannot keep its figures in {path}: {exc}", file=sys.stderr, flush=True)
+
+
+def load(
+    path: Path, supervisord_pid: int | None, traffic: dict[str, Traffic], answered: Requests, memory: Memory
+) -> bool:
+    """The figures an earlier gateway of this run kept, into these (models no longer in the stack dropped); False
+    where there were none to take (another run's, or none, or malformed: said)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ValueError("not a file")
+            raw = f.read(MAX_BYTES + 1)
+        if len(raw) > MAX_BYTES:
+            raise ValueError(f"larger than {MAX_BYTES} bytes")
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != 1:
+            raise ValueError("not a umemc gateway figures file")
+        if doc.get("supervisord_pid") != supervisord_pid:
+            return False  # another run's
+        # read whole before anything is taken: nothing half taken from a malformed file
+        kept = {n: Traffic() for n in traffic}
+        rows, points = Requests(), Memory(memory.step_s)
+        taken = _traffic(doc["traffic"], kept), _answered(doc["answered"], rows), _memory(doc["memory"], points)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"umemc-gateway: its kept figures in {path} are not used: {exc}", file=sys.stderr, flush=True)
+        return False
+    for name, t in kept.items():
+        traffic[name].tokens_in, traffic[name].tokens_out = t.tokens_in, t.tokens_out
+        traffic[name].prompt_speed = t.prompt_speed
+        traffic[name].speed.extend(t.speed)
+    answered.items.extend(rows.items)
+    memory.points.extend(points.points)
+    return any(taken)
+
+
+def _num(x: Any, kind: type = float) -> Any:
+    if x is None:
+        return None
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or (kind is int and not isinstance(x, int)):
+        raise ValueError(f"{x!r} is not a number")
+    return x
+
+
+def _traffic(doc: Any, traffic: dict[str, Traffic]) -> bool:
+    for name, t in dict(doc).items():
+        if name in traffic:
+            kept = traffic[name]
+            kept.tokens_in, kept.tokens_out = _num(t["tokens_in"], int) or 0, _num(t["tokens_out"], int) or 0
+            kept.prompt_speed = _num(t["prompt_speed"])
+            kept.speed.extend((_num(a, int), _num(b)) for a, b in t["speed"])
+    return bool(doc)
+
+
+def _answered(rows: Any, answered: Requests) -> bool:
+    for r in list(rows)[-answered.items.maxlen if answered.items.maxlen else None :]:
+        t, model, status, latency, queue, tin, tout, tps, pps = r
+        if not isinstance(model, str):
+            raise ValueError(f"{model!r} is not a model's name")
+        answered.add(Answered(_num(t), model, _num(status, int), _num(latency), _num(queue), _num(tin, int),
+                              _num(tout, int), _num(tps), _num(pps)))  # fmt: skip
+    return bool(rows)
+
+
+def _memory(rows: Any, memory: Memory) -> bool:
+    for t, usage, gpu, pressure, committed in list(rows):
+        if not isinstance(usage, dict) or not all(isinstance(k, str) for k in usage):
+            raise ValueError("a memory point without its models")
+        usage = {k: _num(v, int) for k, v in usage.items()}
+        memory.points.append((_num(t), usage, _num(gpu, int), _num(pressure), _num(committed, int)))
+    return bool(rows)
+
+
+def due(last: float) -> bool:
+    return time.monotonic() - last >= SAVE_S
