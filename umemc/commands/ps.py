@@ -31,16 +31,17 @@ def run(args: argparse.Namespace) -> int:
         print("no stack runs (`umemc up STACK` starts one)")
         return 0
     from rich import box
-    from rich.console import Console
     from rich.table import Table
+
+    from .common import console
 
     t = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False)
     for col in ("stack", "state", "models", "gateway", "run dir"):
-        t.add_column(col, no_wrap=col != "models")
+        t.add_column(col, no_wrap=col != "models", min_width=len(col))
     for row in rows:
         models = ", ".join(f"{n} ({mode})" for n, mode in row["models"].items())
         t.add_row(row["name"], row["state"], models or "-", row["gateway"] or "-", row["run_dir"])
-    Console(highlight=False, soft_wrap=True).print(t)
+    console().print(t)
     return 0
 
 
