@@ -124,14 +124,15 @@ def test_does_not_fit_leads_with_the_decisive_fact_and_the_smallest_change(
     code, out, err = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
     report = json.loads(out)
     assert code == 1 and report["fits"] is False
-    # budget: (16 - 2) GiB x 0.85 = 11.9 GiB; side: 3 GiB x 1.1 = 3.3 GiB; chat alone is over the budget, so
-    # no single change is enough: the mildest combination that fits comes first (Q6_K weights 6.1 GiB and
-    # 1 GiB of KV at 8192 tokens instead of 7.9 + 4 GiB; 11.9 - 8.1 - 3.3 = 0.5 GiB to spare), then what frees the
-    # most: IQ4_XS weights are 4.44e9 bytes against Q8_0's 8.53e9, 3.81 GiB x 1.1 = 4.2 GiB
+    # budget: (16 - 2) GiB x 0.85 = 11.9 GiB; side: 3 GiB x 1.1 = 3.3 GiB; chat alone is over the budget (its
+    # llama-server process: 24 MiB and 96 bytes for each of 128,256 tokens), so no single change is enough: the
+    # mildest combination that fits comes first (Q6_K weights 6.1 GiB and 1 GiB of KV at 8192 tokens instead of
+    # 7.9 + 4 GiB; 11.9 - 8.0 - 3.3 = 0.6 GiB to spare), then what frees the most: IQ4_XS weights are 4.44e9 bytes
+    # against Q8_0's 8.53e9, 3.81 GiB x 1.1 = 4.2 GiB
     assert report["advice"] == [
-        "does not fit: the hot set's hard quotas total 16.8 GiB, the budget is 11.9 GiB (over by 4.9 GiB)",
-        "model chat alone (13.5 GiB hard quota) exceeds the 11.9 GiB budget",
-        'smallest change that fits: models.chat: quant = "Q6_K", context = 8192 (8.1 GiB hard quota, 0.5 GiB to spare)',
+        "does not fit: the hot set's hard quotas total 16.6 GiB, the budget is 11.9 GiB (over by 4.7 GiB)",
+        "model chat alone (13.3 GiB hard quota) exceeds the 11.9 GiB budget",
+        'smallest change that fits: models.chat: quant = "Q6_K", context = 8192 (8.0 GiB hard quota, 0.6 GiB to spare)',
         "no single change fits; these free the most:",
         '  models.chat: quant = "IQ4_XS" frees 4.2 GiB',
         "  models.chat: context = 2048 frees 4.2 GiB",
@@ -145,7 +146,7 @@ def test_does_not_fit_leads_with_the_decisive_fact_and_the_smallest_change(
         f"{stack}:12:11: models.chat.context: context 32768 is above the model's trained context 8192: quality "
         "degrades without RoPE scaling",
         f"{stack}:7:9: models.chat.mmap: weights memory-mapped (mmap = true) without mlock on a tight box "
-        "(headroom -4.9 GiB): the OS may page them out; set mlock = true or mmap = false",
+        "(headroom -4.7 GiB): the OS may page them out; set mlock = true or mmap = false",
     ]
     assert err == "".join(f"warning: {w}\n" for w in report["warnings"]) + "".join(f"{a}\n" for a in report["advice"])
     code, md, _ = run_cli("check", "stack.toml", "--format", "markdown", cwd=tmp_path)
@@ -155,9 +156,9 @@ def test_does_not_fit_leads_with_the_decisive_fact_and_the_smallest_change(
         "| model | mode | prio | weights | KV | compute | overhead | estimate | hard quota | GPU | source |"
     )
     assert lines[at + 2 : at + 5] == [
-        "- does not fit: the hot set's hard quotas total 16.8 GiB, the budget is 11.9 GiB (over by 4.9 GiB)",
-        "- model chat alone (13.5 GiB hard quota) exceeds the 11.9 GiB budget",
-        '- smallest change that fits: models.chat: quant = "Q6_K", context = 8192 (8.1 GiB hard quota, 0.5 GiB to '
+        "- does not fit: the hot set's hard quotas total 16.6 GiB, the budget is 11.9 GiB (over by 4.7 GiB)",
+        "- model chat alone (13.3 GiB hard quota) exceeds the 11.9 GiB budget",
+        '- smallest change that fits: models.chat: quant = "Q6_K", context = 8192 (8.0 GiB hard quota, 0.6 GiB to '
         "spare)",
     ]
     assert "<details>" not in "\n".join(
@@ -180,8 +181,9 @@ def test_a_single_change_that_fits_is_named(write_stack, run_cli, tmp_path: Path
     code, out, _ = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
     assert code == 1
     assert json.loads(out)["advice"] == [
-        "does not fit: the hot set's hard quotas total 8.4 GiB, the budget is 7.6 GiB (over by 0.8 GiB)",
-        "model chat alone (8.4 GiB hard quota) exceeds the 7.6 GiB budget",
+        # llama-server's process for qwen2.5-7b: 24 MiB and 96 bytes for each of its 152,064 tokens
+        "does not fit: the hot set's hard quotas total 8.3 GiB, the budget is 7.6 GiB (over by 0.7 GiB)",
+        "model chat alone (8.3 GiB hard quota) exceeds the 7.6 GiB budget",
         "smallest changes that fit (each alone, re-estimated):",
         "  models.chat: mmap = false (no second copy of the repacked weights) frees 3.2 GiB",
         '  models.chat: quant = "Q3_K_M" frees 2.8 GiB',
@@ -238,8 +240,8 @@ def test_advice_is_a_stage_above_the_budget_run_only_when_it_does_not_fit(write_
     plan = make_plan(big)
     assert (plan.fits, plan.advice, calls) == (False, (), [])
     advised = advise(big, plan)
-    assert advised.advice[0] == (  # the same stack as above: 16.8 GiB against 11.9 GiB
-        "does not fit: the hot set's hard quotas total 16.8 GiB, the budget is 11.9 GiB (over by 4.9 GiB)"
+    assert advised.advice[0] == (  # the same stack as above: 16.6 GiB against 11.9 GiB
+        "does not fit: the hot set's hard quotas total 16.6 GiB, the budget is 11.9 GiB (over by 4.7 GiB)"
     )
     assert set(calls) == {"chat"}  # its context, KV type and quantization were tried; side's memory is fixed
     calls.clear()

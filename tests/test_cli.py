@@ -110,7 +110,7 @@ def test_markdown_for_pull_requests(tmp_path: Path, run_cli) -> None:
     assert code == 0
     lines = out.splitlines()
     assert lines[0] == "### umemc: `small` ✅ fits"
-    assert "| all memory | 5.2 GiB | 7.6 GiB | 9.0 GiB | ✅ |" in lines
+    assert "| all memory | 5.1 GiB | 7.6 GiB | 9.0 GiB | ✅ |" in lines
     assert "| helper | cold | 20 | 0.0 | 0.0 | 0.0 | 0.0 | 0.5 | 0.6 | 0.0 | explicit |" in lines
     assert "- `helper`: fits alongside the hot set" in lines
 
@@ -118,7 +118,7 @@ def test_markdown_for_pull_requests(tmp_path: Path, run_cli) -> None:
 def test_table_marks_fit_and_both_ledgers(run_cli) -> None:
     code, out, _ = run_cli("check", str(REPO / "examples/strix-halo-5.toml"))
     assert code == 0
-    assert out.splitlines()[0] == "umemc strix-halo-5   FITS   headroom 33.0 GiB"
+    assert out.splitlines()[0] == "umemc strix-halo-5   FITS   headroom 33.2 GiB"
     assert any(line.startswith("all memory ") for line in out.splitlines())
     assert any(line.startswith("GPU window ") for line in out.splitlines())
     assert "  code: starts by evicting image, vision" in out
@@ -135,11 +135,13 @@ def test_explain_shows_formulas_and_inputs(run_cli) -> None:
     )
     assert "      cells: parallel 2 x pad256(context 8192) = 16384" in lines
     assert (
-        "  quota hard = estimate x (1 + quota_headroom 0.1), rounded up to a MiB = 50880053248 bytes "
-        "(47.39 GiB)" in lines
-    )  # estimate 46253828096 = weights 42512531456 + KV 2852126720 + overhead 636485632 + compute 252684288: the
-    # kq_mask 8192 x 512 x 2 and the FFN (3 x 28672 + 4 x 8192) x 512 x 4 (llama-server reserves 2 rows of
-    # logits, one per sequence, far below), + the output buffer 128256 x 2 x 4; x 1.1 -> 48523 MiB
+        "  quota hard = estimate x (1 + quota_headroom 0.1), rounded up to a MiB = 50747932672 bytes "
+        "(47.26 GiB)" in lines
+    )  # estimate 46134020096 = weights 42512531456 + KV 2852126720 + overhead 516677632 + compute 252684288: the
+    # overhead llama-server's process (24 MiB and 96 bytes for each of 128256 tokens: 37478400) and the GPU
+    # context (457 MiB); the compute the kq_mask 8192 x 512 x 2 and the FFN (3 x 28672 + 4 x 8192) x 512 x 4
+    # (llama-server reserves 2 rows of logits, one per sequence, far below), + the output buffer 128256 x 2 x 4;
+    # x 1.1 -> 48397 MiB
 
 
 def test_explain_unknown_model(run_cli) -> None:

@@ -164,12 +164,12 @@ def test_check_off_a_terminal_prints_the_rich_table(run_cli) -> None:
     assert code == 0
     assert out == rich_text(budget_blocks(plan_of(stack)))
     assert out.splitlines()[:6] == [
-        "umemc strix-halo-5   FITS   headroom 33.0 GiB",
+        "umemc strix-halo-5   FITS   headroom 33.2 GiB",
         "strix-halo-128 (amd-apu): 128.0 GiB RAM, 8.0 GiB OS reserve, GPU window 120.0 GiB, safety margin 15%",
         "hard quotas enforced by the kernel (a memory cgroup per worker, where the machine allows) and umemc's "
         "enforcer",
         "ledger      hot set  budget  usable    ",
-        "all memory     69.0   102.0   120.0  ok",
+        "all memory     68.8   102.0   120.0  ok",
         "GPU window     66.6   102.0   120.0  ok",
     ]
 

@@ -227,9 +227,11 @@ arch = "sdxl"
     env = dict(amd.programs["chat"].env)
     assert env == {
         "UMEMC_MODEL": "chat",
-        # llama-3-8b's estimate (the budget row); hard = 6212596736 x 1.1 = 6833856409.6, up to a MiB: 6518 MiB
-        "UMEMC_QUOTA_SOFT_BYTES": "6212596736",
-        "UMEMC_QUOTA_HARD_BYTES": "6834618368",
+        # llama-3-8b's estimate (the budget row): its weights, KV and compute, and llama-server's process of 24 MiB
+        # and 96 bytes for each of its 128,256 tokens (37,478,400 bytes; the figure was a flat 150 MiB, which made
+        # it 6212596736); hard = 6092788736 x 1.1 = 6702067609.6, up to a MiB: 6392 MiB
+        "UMEMC_QUOTA_SOFT_BYTES": "6092788736",
+        "UMEMC_QUOTA_HARD_BYTES": "6702497792",
         "UMEMC_PORT": "10001",
         "UMEMC_HOST": "127.0.0.1",  # the address to bind under supervisord
         "UMEMC_GATEWAY_URL": "http://127.0.0.1:10000",  # where a worker asks for leases

@@ -53,9 +53,10 @@ def header_tensor_bytes(gguf_path: Path) -> int:
 
 
 def test_a_forged_measurement_below_the_files_own_tensors_never_makes_it_fit(tmp_path: Path, run_cli) -> None:
-    """200 MiB less 64 reserved: the honest estimate (llama-server's process alone is 150 MiB) does not fit; a
-    record saying 3 bytes of weights and 3 of resident memory would. It is refused, said, and the verdict stands."""
-    path = stack(tmp_path, "200MiB")
+    """100 MiB less 64 reserved: the honest estimate (llama-server's process alone is 24 MiB and 96 bytes for each of
+    the 1000 tokens) does not fit; a record saying 3 bytes of weights and 3 of resident memory would. It is
+    refused, said, and the verdict stands."""
+    path = stack(tmp_path, "100MiB")
     code, out, _ = run_cli("check", str(path), "--format", "json")
     assert code == 1 and json.loads(out)["fits"] is False
     forged_measurement(path, 3, 3)

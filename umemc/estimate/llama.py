@@ -88,7 +88,7 @@ def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
         weights_parts.append(repack)
     if vision:
         compute_parts.append(vision[1])
-    overhead = overhead_figure(spec.runtime, loaded.platform.kind)
+    overhead = overhead_figure(spec.runtime, loaded.platform.kind, shape.n_vocab)
     family = "embedding" if not shape.causal else ("vision" if vision else "llm")
     warnings += _warnings(loaded, m, shape, ftype, family, kv)
     warnings += _template_warning(loaded, m, facts, family)

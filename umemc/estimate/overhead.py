@@ -20,7 +20,12 @@ GPU_CONTEXT = {
 # the llama.cpp server binary with its libraries; llama-cpp-python adds the interpreter, numpy
 # and its FastAPI server; a torch worker the interpreter plus torch's CPU libraries.
 PROCESS_BASE = {
-    "llama-server": 150 * MiB,  # gguf-parser's RAM overhead for llama.cpp (docs/ESTIMATES.md)
+    # llama-server: measured (`umemc calibrate`: resident after a warm-up request less its buffers) on CPU with the
+    # llama.cpp the tests build: SmolLM2-135M 19.7 MiB (49,152 tokens of vocabulary), Gemma 3 270M 43.1 MiB
+    # (262,144): the binary and its threads, and the tokenizer's vocabulary. A fixed part and a part per token
+    # above both (LLAMA_SERVER_PER_TOKEN), where no measurement of the model is recorded; gguf-parser's flat
+    # 150 MiB was 3.5 to 7.6 times the measured figure.
+    "llama-server": 24 * MiB,
     "whisper-server": 150 * MiB,
     "llama-cpp-python": 100 * MiB,  # measured: 72 MiB resident beyond its buffers (umemc calibrate, 0.3.36)
     "torch": 450 * MiB,
@@ -28,9 +33,21 @@ PROCESS_BASE = {
 }
 
 
-def overhead_figure(runtime: str, kind: str) -> Figure:
+LLAMA_SERVER_PER_TOKEN = 96  # bytes of llama-server's resident memory per vocabulary token (above)
+
+
+def overhead_figure(runtime: str, kind: str, n_vocab: int = 0) -> Figure:
     base, ctx = PROCESS_BASE.get(runtime, 0), GPU_CONTEXT[kind]
-    parts = [Figure("process", base, f"{runtime} process resident beyond its buffers", {"runtime": runtime})]
+    inputs: dict[str, object] = {"runtime": runtime}
+    how = f"{runtime} process resident beyond its buffers"
+    if runtime == "llama-server" and n_vocab:
+        base += n_vocab * LLAMA_SERVER_PER_TOKEN
+        inputs["vocabulary"] = n_vocab
+        how += (
+            f": {PROCESS_BASE[runtime] // MiB} MiB and {LLAMA_SERVER_PER_TOKEN} bytes per vocabulary token, a default "
+            "(`umemc calibrate` measures this model's)"
+        )
+    parts = [Figure("process", base, how, inputs)]
     if ctx:
         parts.append(Figure("gpu context", ctx, f"GPU driver context on {kind}", {"kind": kind}))
     return Figure.total("overhead", parts)

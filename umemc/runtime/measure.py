@@ -29,11 +29,15 @@ def measure(program: Any, facts: dict[str, Any], timeout: float, fill_tokens: in
     from .llamalog import parse_buffers
     from .probes.host import processes, tree_memory
     from .waits import healthy
+    from .wrap import fill_state
 
     env = dict(os.environ, **dict(program.env))
-    with tempfile.TemporaryFile("w+") as log:
+    # a path in the run's state dir (llama-server's --slot-save-path) is filled in as the exec wrapper does, with
+    # a state dir of the measurement's own
+    with tempfile.TemporaryFile("w+") as log, tempfile.TemporaryDirectory(prefix="umemc-measure-") as state:
+        argv = fill_state(list(program.argv), state)
         proc = subprocess.Popen(
-            list(program.argv), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=program.cwd, start_new_session=True
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=program.cwd, start_new_session=True
         )
         try:
             deadline = time.monotonic() + timeout
