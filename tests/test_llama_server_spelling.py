@@ -61,8 +61,8 @@ def test_the_newest_build_gets_load_mode_and_fit_off(tmp_path: Path, run_cli, mo
     binary = stand_in(tmp_path, NEWEST)
     assert built_argv(run_cli, tmp_path, stack(tmp_path, binary)) == [
         *head(binary, tmp_path), "-fa", "on", "-ctk", "f16", "-ctv", "f16", "-ngl", "999", "--load-mode", "mlock",
-        "--fit", "off", "--log-verbosity", "4", "--alias", "chat", "--slot-save-path", "@UMEMC_STATE@/slots/chat",
-        "--host", "127.0.0.1", "--port", "10001",
+        "--fit", "off", "--log-verbosity", "4", "--alias", "chat", "--cache-ram", "0",  # no prompt cache: not counted
+        "--slot-save-path", "@UMEMC_STATE@/slots/chat", "--host", "127.0.0.1", "--port", "10001",
     ]  # fmt: skip
 
 
@@ -127,7 +127,7 @@ def test_preflight_refuses_a_bundle_spelled_for_another_build(tmp_path: Path, ru
     older = stand_in(tmp_path, OLDER)
     doc["argv"][0] = doc["help_argv"][0] = str(older)
     assert check_executable(ModelDoc.model_validate(doc)) == (
-        f"`{older} --help` does not list --load-mode, --fit: this bundle was spelled for another llama-server than "
+        f"`{older} --help` does not list --load-mode, --fit, --cache-ram: this bundle was spelled for another llama-server than "
         "the one installed (version 1 (4227c9b)); `umemc up STACK` builds it for that one"
     )
 

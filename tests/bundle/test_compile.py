@@ -67,6 +67,8 @@ port = 9100
         "4",
         "--alias",
         "chat",
+        "--cache-ram",  # llama-server's prompt cache in host memory: off unless prompt_cache gives it room
+        "0",
         "--slot-save-path",
         "@UMEMC_STATE@/slots/chat",
         "--host",
@@ -274,3 +276,28 @@ def test_sysctl_overrides_and_additions(write_stack) -> None:
     ]
     assert b.sysctl[0].why == "overridden (umemc's default: 10)"
     assert b.ttm_pages is None and b.wired_limit_mb is None and not b.memlock
+
+
+def test_a_prompt_cache_is_given_its_room_and_counted(write_stack, run_cli, tmp_path: Path) -> None:
+    """prompt_cache = "512MiB": llama-server gets --cache-ram 512 and the model's overhead grows by 512 MiB (the
+    process part stays 24 MiB and 96 bytes for each of llama-3-8b's 128,256 tokens); --cache-ram in args is
+    refused (its memory would go uncounted)."""
+    models = (
+        '\n[models.chat]\nruntime = "llama-server"\nmodel = "m.gguf"\narch = "llama-3-8b"\nprompt_cache = "512MiB"\n'
+    )
+    b = bundle(write_stack, 'preset = "strix-halo-128"', models)
+    argv = b.programs["chat"].argv
+    assert argv[argv.index("--cache-ram") + 1] == "512"
+    overhead = b.plan.models["chat"].estimate.overhead
+    assert [(p.name, p.bytes) for p in overhead.parts] == [
+        ("process", 24 * 2**20 + 128256 * 96),
+        ("prompt cache", 512 * 2**20),
+        ("gpu context", 457 * 2**20),
+    ]
+    write_stack(HEAD.format(platform='preset = "strix-halo-128"') + models + 'args = ["--cache-ram", "4096"]\n')
+    code, out, err = run_cli("check", "stack.toml", cwd=tmp_path)
+    assert (code, out) == (2, "")
+    assert err == (
+        "stack.toml:11:8: models.chat.args: --cache-ram in args: its memory would not be counted\n"
+        '  hint: give prompt_cache = "…" instead\n'
+    )

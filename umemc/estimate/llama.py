@@ -88,7 +88,8 @@ def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
         weights_parts.append(repack)
     if vision:
         compute_parts.append(vision[1])
-    overhead = overhead_figure(spec.runtime, loaded.platform.kind, shape.n_vocab)
+    cache = spec.prompt_cache if spec.runtime == "llama-server" else 0
+    overhead = overhead_figure(spec.runtime, loaded.platform.kind, shape.n_vocab, cache)
     family = "embedding" if not shape.causal else ("vision" if vision else "llm")
     warnings += _warnings(loaded, m, shape, ftype, family, kv)
     warnings += _template_warning(loaded, m, facts, family)
@@ -333,7 +334,9 @@ def _measured(
     t = totals(meas.buffers)
     when: dict[str, object] = {"measured": meas.at, "by": meas.runtime_version}
     rest = max(0, (meas.rss_bytes or 0) - host_bytes(meas.buffers))
-    gpu_ctx = overhead_figure(m.spec.runtime, loaded.platform.kind).parts[1:]  # GPU context stays an estimate
+    cache = m.spec.prompt_cache if m.spec.runtime == "llama-server" else 0
+    # the prompt cache (filled later than a warm-up) and the GPU context stay as the stack and the estimate say
+    gpu_ctx = overhead_figure(m.spec.runtime, loaded.platform.kind, prompt_cache=cache).parts[1:]
     return (
         Figure("weights", t["model"], "llama.cpp: model buffer size (calibration)", when),
         Figure("kv", t["kv"], "llama.cpp: KV buffer size (calibration)", when),

@@ -36,7 +36,7 @@ PROCESS_BASE = {
 LLAMA_SERVER_PER_TOKEN = 96  # bytes of llama-server's resident memory per vocabulary token (above)
 
 
-def overhead_figure(runtime: str, kind: str, n_vocab: int = 0) -> Figure:
+def overhead_figure(runtime: str, kind: str, n_vocab: int = 0, prompt_cache: int = 0) -> Figure:
     base, ctx = PROCESS_BASE.get(runtime, 0), GPU_CONTEXT[kind]
     inputs: dict[str, object] = {"runtime": runtime}
     how = f"{runtime} process resident beyond its buffers"
@@ -48,6 +48,9 @@ def overhead_figure(runtime: str, kind: str, n_vocab: int = 0) -> Figure:
             "(`umemc calibrate` measures this model's)"
         )
     parts = [Figure("process", base, how, inputs)]
+    if prompt_cache:
+        how_cache = "llama-server's cache of prompts in host memory (prompt_cache: --cache-ram, filled as prompts come)"
+        parts.append(Figure("prompt cache", prompt_cache, how_cache, {"prompt_cache": prompt_cache}))
     if ctx:
         parts.append(Figure("gpu context", ctx, f"GPU driver context on {kind}", {"kind": kind}))
     return Figure.total("overhead", parts)

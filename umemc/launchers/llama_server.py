@@ -50,6 +50,7 @@ LONG = {
 REQUIRED = ("--parallel", "--ubatch-size", "--cache-type-k", "--cache-type-v", "--n-gpu-layers")
 SLOTS_DIR = "@UMEMC_STATE@/slots"  # filled in by the exec wrapper (umemc.runtime.wrap.fill_state)
 LOAD_MODE = {(False, False): "none", (True, False): "mmap", (False, True): "mlock", (True, True): "mmap+mlock"}
+MIB = 1024 * 1024
 ALL_LAYERS = "999"  # more than any model has: every layer offloaded (the estimate assumes it)
 
 
@@ -67,6 +68,7 @@ class Dialect(NamedTuple):
     alias: bool = True  # --alias (the name its answers give the model)
     template_file: bool = True  # --chat-template-file
     jinja_default: bool = True  # --no-jinja exists: Jinja chat templates are on unless turned off
+    cache_ram: bool = True  # --cache-ram: a host-memory cache of prompts' KV (8 GiB unless told)
     missing: tuple[str, ...] = ()  # flags umemc cannot do without
 
     @classmethod
@@ -85,6 +87,7 @@ class Dialect(NamedTuple):
             alias=h.has("--alias"),
             template_file=h.has("--chat-template-file"),
             jinja_default=h.has("--no-jinja"),
+            cache_ram=h.has("--cache-ram"),
             missing=tuple(f for f in REQUIRED if not h.has(f)),
         )
 
@@ -136,6 +139,8 @@ def argv(m: ModelPlan, ctx: Context) -> list[str]:
         # a built-in name is applied by llama.cpp's own formatter, which runs only with Jinja off: with Jinja on (the
         # default since --no-jinja exists) the name itself would be taken as the template's text
         out += [*(["--no-jinja"] if d.jinja_default else []), "--chat-template", spec.chat_template]
+    # the prompt cache in host memory grows to what it is given (8 GiB by default): what the stack counts
+    out += ["--cache-ram", str(spec.prompt_cache // MIB)] if d.cache_ram else []
     if m.estimate.facts.get("family") == "embedding":
         out.append(d.embeddings)
     elif d.slot_save:  # the gateway saves its slots' KV before evicting it and restores them after its next start
@@ -158,6 +163,10 @@ def _refuse(m: ModelPlan, ctx: Context, d: Dialect) -> None:
         raise source.error(at + ("runtime",), f"{which} is too old: its --help lists no {', '.join(d.missing)}", hint)
     if m.model.mmproj_path is not None and not d.mmproj:
         raise source.error(at + ("mmproj",), f"{which} takes no --mmproj: it cannot load a vision projector", hint)
+    if any(a.split("=", 1)[0] in ("--cache-ram", "-cram") for a in m.model.spec.args):
+        raise source.error(
+            at + ("args",), "--cache-ram in args: its memory would not be counted", 'give prompt_cache = "…" instead'
+        )
     if m.model.chat_template_file is not None and not d.template_file:
         raise source.error(at + ("chat_template",), f"{which} takes no --chat-template-file", hint)
 

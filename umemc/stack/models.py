@@ -274,6 +274,12 @@ class ModelSpec(_Strict):
     flash_attn: bool = Field(True, description="Flash attention (-fa on|off).")
     ubatch: int = Field(512, gt=0, le=65536, description="Physical batch (llama-server -ub).")
     mlock: bool = Field(False, description="Lock the weights in RAM (--mlock); locked memory is fully budgeted.")
+    prompt_cache: Size = Field(
+        0,
+        description="llama-server: host memory for its cache of recent prompts' KV (--cache-ram), counted in the "
+        "model's overhead. Default 0: off (llama-server's own default would let the cache grow to 8 GiB beyond "
+        "the budget).",
+    )
     mmap: bool | None = Field(
         None, description="Memory-map the weights. Default: false on unified-memory platforms (--no-mmap), true on cpu."
     )
