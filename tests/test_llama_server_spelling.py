@@ -127,8 +127,8 @@ def test_preflight_refuses_a_bundle_spelled_for_another_build(tmp_path: Path, ru
     older = stand_in(tmp_path, OLDER)
     doc["argv"][0] = doc["help_argv"][0] = str(older)
     assert check_executable(ModelDoc.model_validate(doc)) == (
-        f"`{older} --help` does not list --load-mode, --fit, --cache-ram: this bundle was spelled for another llama-server than "
-        "the one installed (version 1 (4227c9b)); `umemc up STACK` builds it for that one"
+        f"`{older} --help` does not list --load-mode, --fit, --cache-ram: this bundle was spelled for another "
+        "llama-server than the one installed (version 1 (4227c9b)); `umemc up STACK` builds it for that one"
     )
 
 
