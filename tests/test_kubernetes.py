@@ -36,9 +36,22 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def kustomize(directory: Path) -> list[dict[str, Any]]:
+    """The objects a real kustomize (kubectl's, v5) builds from a kustomization directory; no cluster needed."""
+    import shutil
+    import subprocess
+
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("no kubectl here (its kustomize builds the overlays)")
+    done = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
 def docs(root: Path) -> list[tuple[str, dict[str, Any]]]:
     out = []
-    for path in sorted((root / "kubernetes").rglob("*.yaml")):
+    for path in sorted([*(root / "kubernetes").rglob("*.yaml"), *(root / "kubernetes-keda").rglob("*.yaml")]):
         if path.name == "kustomization.yaml":
             continue
         out += [(str(path.relative_to(root)), d) for d in yaml.safe_load_all(path.read_text())]
@@ -642,7 +655,7 @@ KEDA_CRD = REPO / "tests" / "recorded" / "keda" / "http.keda.sh_httpscaledobject
 
 
 def test_cold_models_start_on_a_request_through_kedas_http_add_on(write_stack, tmp_path: Path) -> None:
-    """kubernetes/keda/: an HTTPScaledObject per cold llama-server model, valid against the CRD KEDA's HTTP add-on
+    """kubernetes-keda/: an HTTPScaledObject per cold llama-server model, valid against the CRD KEDA's HTTP add-on
     publishes (v0.15.0, tests/recorded/keda), whose path is the one the model's server serves under
     (--api-prefix) and the one the overlay's router sends it on through the interceptor; scaled back to zero
     after its ttl. Hot models keep their direct route; a ComfyUI model (not routed) gets no scaler."""
@@ -659,7 +672,7 @@ def test_cold_models_start_on_a_request_through_kedas_http_add_on(write_stack, t
     )
     out = tmp_path / "out"
     build_kubernetes(make_plan(load_stack(write_stack(text))), out)
-    keda = out / "kubernetes" / "keda"
+    keda = out / "kubernetes-keda"
     assert sorted(p.name for p in keda.iterdir()) == [
         "gateway-config.yaml", "httpscaledobjects.yaml", "kustomization.yaml", "networkpolicy.yaml",
     ]  # fmt: skip
@@ -670,7 +683,7 @@ def test_cold_models_start_on_a_request_through_kedas_http_add_on(write_stack, t
     ref = scaler["spec"]["scaleTargetRef"]
     assert ("portName" in ref) != ("port" in ref)  # the CRD's x-kubernetes-validations rule, by hand
     assert scaler["apiVersion"] == f"{crd['spec']['group']}/v1alpha1" and scaler["kind"] == crd["spec"]["names"]["kind"]
-    base = {(d["kind"], d["metadata"]["name"]): d for _, d in docs(out) if not _.startswith("kubernetes/keda/")}
+    base = {(d["kind"], d["metadata"]["name"]): d for _, d in docs(out) if not _.startswith("kubernetes-keda/")}
     deployment = base[("Deployment", ref["name"])]
     assert deployment["spec"]["replicas"] == 0 and deployment["metadata"]["annotations"]["umemc.io/mode"] == "cold"
     container = deployment["spec"]["template"]["spec"]["containers"][0]
@@ -692,9 +705,18 @@ def test_cold_models_start_on_a_request_through_kedas_http_add_on(write_stack, t
     }
     assert patch["metadata"]["name"] == base[("ConfigMap", "umemc-gateway-config")]["metadata"]["name"]
     kustomization = yaml.safe_load((keda / "kustomization.yaml").read_text())
-    assert kustomization["resources"][0] == ".." and kustomization["namespace"] == "lab"
+    assert kustomization["resources"][0] == "../kubernetes" and kustomization["namespace"] == "lab"
     [policy] = list(yaml.safe_load_all((keda / "networkpolicy.yaml").read_text()))
     assert policy["spec"]["podSelector"]["matchExpressions"][1]["values"] == ["code"]
+    # a real kustomize builds both: the base, and the overlay as the base with its objects and its patch applied
+    built = {d: kustomize(out / d) for d in ("kubernetes", "kubernetes-keda")}
+    names = {d: sorted((o["kind"], o["metadata"]["name"]) for o in objs) for d, objs in built.items()}
+    assert len(set(names["kubernetes-keda"])) == len(names["kubernetes-keda"])  # no object twice
+    assert sorted(set(names["kubernetes-keda"]) - set(names["kubernetes"])) == [
+        ("HTTPScaledObject", "code"), ("NetworkPolicy", "umemc-models-from-keda"),
+    ]  # fmt: skip
+    [routed] = [o for o in built["kubernetes-keda"] if o["metadata"]["name"] == "umemc-gateway-config"]
+    assert yaml.safe_load(routed["data"]["config.yaml"]) == yaml.safe_load(patch["data"]["config.yaml"])
 
 
 MIXED = """version = 1
@@ -803,7 +825,7 @@ def test_a_mixed_cluster_gives_objects_the_api_server_accepts(write_stack, tmp_p
     build_kubernetes(make_plan(load_stack(write_stack(MIXED + _mixed_models()))), out)
     found = docs(out)
     _strict_valid(found)
-    base = [(p, d) for p, d in found if not p.startswith("kubernetes/keda/")]
+    base = [(p, d) for p, d in found if not p.startswith("kubernetes-keda/")]
     by_kind: dict[str, list[str]] = {}
     for _, d in base:
         by_kind.setdefault(d["kind"], []).append(d["metadata"]["name"])
@@ -830,7 +852,7 @@ def test_a_mixed_cluster_gives_objects_the_api_server_accepts(write_stack, tmp_p
     for route in config["model_list"]:
         host, port = route["litellm_params"]["api_base"].split("//")[1].split("/")[0].split(":")
         assert int(port) in [p["port"] for p in services[host]["spec"]["ports"]]
-    scalers = list(yaml.safe_load_all((out / "kubernetes/keda/httpscaledobjects.yaml").read_text()))
+    scalers = list(yaml.safe_load_all((out / "kubernetes-keda/httpscaledobjects.yaml").read_text()))
     assert scalers  # the cold llama-server models
     for s in scalers:
         ref = s["spec"]["scaleTargetRef"]

@@ -79,7 +79,7 @@ def build_kubernetes(plan: Plan, out: Path, files_later: bool | None = None) -> 
 
     check_bundle_dir(out)
     refuse_missing_files(plan, files_later)
-    files = {f"kubernetes/{rel}": text for rel, text in render(plan).items()}
+    files = render(plan)
     files |= {"budget.json": budget_json(plan), "budget.md": budget_markdown(plan)}
     return write_bundle(out, files)
 

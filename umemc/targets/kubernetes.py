@@ -102,9 +102,18 @@ class Target:
         return self.nodes[0]
 
 
+OVERLAY = "keda/"  # the KEDA overlay's files in render_items(); written beside the base (OVERLAY_DIR)
+OVERLAY_DIR = "kubernetes-keda"  # beside kubernetes/, not in it: kustomize refuses an overlay inside its own base
+
+
 def render(plan: Plan) -> dict[str, str]:
-    """{relative path under kubernetes/: text}."""
-    return dict(sorted(render_items(plan)))
+    """{path under the output directory: text}: the manifests in kubernetes/, the KEDA overlay beside them."""
+    return dict(
+        sorted(
+            (f"{OVERLAY_DIR}/{rel[len(OVERLAY) :]}" if rel.startswith(OVERLAY) else f"kubernetes/{rel}", text)
+            for rel, text in render_items(plan)
+        )
+    )
 
 
 def render_items(plan: Plan) -> Iterator[tuple[str, str]]:
@@ -703,7 +712,8 @@ def _gateway(plan: Plan, ns: str, routes: list[Route], prios: list[int]) -> list
 
 
 def _keda(plan: Plan, ns: str, routes: list[Route], scaled: list[tuple[ModelPlan, Target]]) -> dict[str, str]:
-    """keda/: an overlay of the manifests (`kubectl apply -k kubernetes/keda`, KEDA and its HTTP add-on installed)
+    """kubernetes-keda/: an overlay of the manifests beside them (`kubectl apply -k kubernetes-keda`, KEDA and its
+    HTTP add-on installed)
     in which a request for a cold llama-server model starts it: an HTTPScaledObject per model (scale its
     Deployment from 0 to 1 on a request that reaches KEDA's interceptor under /models/NAME/, back to 0 after its
     ttl idle), the router sending those models' requests to the interceptor, and those pods taking connections
@@ -769,7 +779,7 @@ def _keda(plan: Plan, ns: str, routes: list[Route], scaled: list[tuple[ModelPlan
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "namespace": ns,
-        "resources": ["..", "httpscaledobjects.yaml", "networkpolicy.yaml"],
+        "resources": ["../kubernetes", "httpscaledobjects.yaml", "networkpolicy.yaml"],
         "patches": [{"path": "gateway-config.yaml"}],
     }
     return {
