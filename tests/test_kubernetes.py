@@ -921,9 +921,37 @@ def test_a_lease_is_a_pod_the_scheduler_accounts_like_a_model(write_stack, run_c
     assert pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
         "nodeSelectorTerms": [{"matchExpressions": [{"key": "umemc.io/node", "operator": "In", "values": ["halo"]}]}]
     }
-    code, _, err = run_cli("lease-pod", str(stack), "--bytes", "2GiB", "--priority", "10", "--node", "halo",
-                           "--gpu-device")  # fmt: skip
-    assert (code, err) == (0, "halo: cannot be placed (even preempting every lower-priority model)\n")
+    code, out, err = run_cli("lease-pod", str(stack), "--bytes", "2GiB", "--priority", "10", "--node", "halo",
+                             "--gpu-device")  # fmt: skip
+    assert (code, out, err) == (  # a pod no node can take would wait Pending for ever: not printed
+        1,
+        "",
+        "halo: cannot be placed (even preempting every lower-priority model)\n"
+        "umemc lease-pod: no node can hold 2GiB at priority 10: its pod would wait Pending for ever; not printed\n",
+    )
+    # a holder of capitals and past a label's 63 characters: valid names and labels, its spelling annotated
+    holder = "ComfyUI_Worker-" + "x" * 80
+    code, out, _ = run_cli("lease-pod", str(stack), "--bytes", "2GiB", "--priority", "60", "--holder", holder)
+    pod = list(yaml.safe_load_all(out))[1]
+    kubernetes_validate.validate(pod, VERSIONS[-1], strict=True)
+    import hashlib
+    import re
+
+    expected = "comfyui-worker-" + "x" * 35 + "-" + hashlib.sha256(holder.encode()).hexdigest()[:6]
+    assert (code, pod["metadata"]["name"], pod["metadata"]["labels"]["app.kubernetes.io/name"]) == (
+        0,
+        f"lease-{expected}",
+        expected,
+    )
+    assert all(
+        len(v) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", v) for v in pod["metadata"]["labels"].values()
+    )
+    assert pod["metadata"]["annotations"]["umemc.io/holder"] == holder
+    assert run_cli("lease-pod", str(stack), "--bytes", "2GiB", "--priority", "60", "--name", "Lease_A")[::2] == (
+        2,
+        "--name 'Lease_A': not a Pod name: lowercase letters, digits and '-', starting and ending with a letter or "
+        "digit, at most 63 characters\n",
+    )
     assert run_cli("lease-pod", str(stack), "--bytes", "2GiB", "--priority", "101") == (
         2,
         "",

@@ -9,6 +9,7 @@ NAME -n NAMESPACE` releases it early."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable
 from typing import TypeVar
@@ -29,8 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--priority", type=int, required=True, help="0-100: who it may preempt, who may preempt it")
     p.add_argument("--ttl", default=DEFAULT_TTL, help=f"how long it holds (default {DEFAULT_TTL})")
     p.add_argument("--node", help="the node of the stack it must be placed on")
-    p.add_argument("--holder", default="lease", help="who holds it (a label of the pod)")
-    p.add_argument("--name", help="the pod's name (default lease-HOLDER)")
+    p.add_argument("--holder", default="lease", help="who holds it (a label of the pod, made a valid one)")
+    p.add_argument("--name", help="the pod's name, a DNS label (default lease-HOLDER)")
     p.add_argument("--gpu-device", action="store_true", help="the pod also holds one of the node's GPU devices")
     p.set_defaults(func=run)
 
@@ -39,9 +40,16 @@ def run(args: argparse.Namespace) -> int:
     from ..targets.kubernetes import LeaseAsk, lease_pod, lease_preemptions
     from ..targets.yamltext import dump_all
 
+    holder = label_value(args.holder)
+    if args.name is not None and not DNS_LABEL.fullmatch(args.name):
+        raise UsageError(
+            f"--name {args.name!r}: not a Pod name: lowercase letters, digits and '-', starting and ending with a "
+            "letter or digit, at most 63 characters"
+        )
     ask = LeaseAsk(
-        name=args.name or f"lease-{args.holder}",
-        holder=args.holder,
+        name=args.name or f"lease-{holder}"[:63].rstrip("-"),
+        holder=holder,
+        holder_said=args.holder,
         bytes=_size(args.bytes),
         priority=_priority(args.priority),
         ttl_s=_ttl(args.ttl),
@@ -51,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_from_arg(args.stack)
     print_warnings(plan)
     docs = lease_pod(plan, ask)
-    for node, victims in lease_preemptions(plan, ask).items():
+    where = lease_preemptions(plan, ask)
+    for node, victims in where.items():
         if victims is None:
             said = "cannot be placed (even preempting every lower-priority model)"
         elif victims:
@@ -59,8 +68,32 @@ def run(args: argparse.Namespace) -> int:
         else:
             said = "fits beside the models placed there"
         print(f"{node}: {said}", file=sys.stderr)
+    if all(v is None for v in where.values()):
+        print(
+            f"umemc lease-pod: no node can hold {args.bytes} at priority {ask.priority}: its pod would wait "
+            "Pending for ever; not printed",
+            file=sys.stderr,
+        )
+        return 1
     write_stdout(dump_all(docs))
     return 0
+
+
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def label_value(text: str) -> str:
+    """A holder's name as a Kubernetes label value and a part of a Pod name (a DNS label): lower case, any other
+    character '-', at most 57 characters (the Pod is lease-HOLDER); where more than a '_' changed (capitals, other
+    characters, a cut), a short hash of the original keeps two holders apart. The holder's own spelling stays in
+    the Pod's annotation."""
+    import hashlib
+
+    value = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or "holder"
+    if re.fullmatch(r"[a-z0-9_-]*", text) and len(value) <= 57:  # only '_' made '-', as umemc names are
+        return value
+    digest = hashlib.sha256(text.encode()).hexdigest()[:6]
+    return f"{value[:50].rstrip('-')}-{digest}"
 
 
 def _positive(flag: str, text: str, parse: Callable[[str], N]) -> N:

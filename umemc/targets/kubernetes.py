@@ -905,13 +905,14 @@ PAUSE_IMAGE = "registry.k8s.io/pause:3.10"  # Kubernetes' own do-nothing image: 
 class LeaseAsk:
     """Memory for something outside the stack, held under the scheduler as a model is (umemc lease-pod)."""
 
-    name: str
-    holder: str
+    name: str  # the Pod's name (a DNS label)
+    holder: str  # who holds it, as a label value (umemc.commands.lease_pod.label_value)
     bytes: int
     priority: int
     ttl_s: float
     node: str | None = None
     gpu_device: bool = False
+    holder_said: str | None = None  # the holder as it was given (the Pod's annotation), where it differs
 
 
 def lease_pod(plan: Plan, ask: LeaseAsk) -> list[dict[str, Any]]:
@@ -940,7 +941,7 @@ def lease_pod(plan: Plan, ask: LeaseAsk) -> list[dict[str, Any]]:
             "capabilities": {"drop": ["ALL"]},
         },
     }
-    labels = _labels(ns, _dns(ask.holder), "lease") | {"umemc.io/lease": _dns(ask.name)}
+    labels = _labels(ns, ask.holder, "lease") | {"umemc.io/lease": _dns(ask.name)}
     pod: dict[str, Any] = {
         "priorityClassName": _pc_name(ns, ask.priority),
         "activeDeadlineSeconds": max(1, math.ceil(ask.ttl_s)),
@@ -954,7 +955,7 @@ def lease_pod(plan: Plan, ask: LeaseAsk) -> list[dict[str, Any]]:
     if affinity:
         pod["affinity"] = affinity
     meta = {"name": _dns(ask.name), "namespace": ns, "labels": labels}
-    meta["annotations"] = {"umemc.io/holder": ask.holder, "umemc.io/lease-bytes": str(ask.bytes)}
+    meta["annotations"] = {"umemc.io/holder": ask.holder_said or ask.holder, "umemc.io/lease-bytes": str(ask.bytes)}
     return [_priority_class(ns, ask.priority), {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod}]
 
 
