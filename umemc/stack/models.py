@@ -79,7 +79,8 @@ class Node(Platform):
     images: dict[str, str] = Field(
         default_factory=dict,
         description="Container images by runtime on this node (--target kubernetes), e.g. { llama-server = "
-        '"registry/llama.cpp:server-cuda-arm64-b9426" } for an arm64 node; a model\'s own image wins.',
+        '"registry/llama.cpp:server-cuda-arm64-b9426" } for an arm64 node. A model with its own image of another '
+        "name is refused on such a node (pin it to the nodes its image is for).",
     )
     gpu_devices: int | None = Field(
         None,

@@ -343,7 +343,8 @@ def _node_affinity(nodes: tuple[Node, ...]) -> dict[str, Any]:
 
 
 def _image(plan: Plan, m: ModelPlan, node: Node) -> str:
-    """The model's own image, else its node's for the runtime, else the official one (pinned)."""
+    """The model's own image, else its node's for the runtime, else the official one (pinned). A model's own image
+    on a node that names another for its runtime is refused (another architecture or driver)."""
     spec, at, kind = m.model.spec, ("models", m.name), node.plan.platform.kind
     given: list[tuple[str, tuple[str, ...]]] = [(spec.image, at + ("image",))] if spec.image else []
     if spec.runtime in node.images:
