@@ -961,3 +961,26 @@ def test_a_lease_is_a_pod_the_scheduler_accounts_like_a_model(write_stack, run_c
         2,
         "--node nope: not a node of this stack (its nodes: halo, box)\n",
     )
+
+
+def test_a_cold_gpu_models_admission_counts_the_nodes_devices(write_stack, run_cli) -> None:
+    """On halo `big` (priority 20) holds the only GPU device with 30 of its 47.6 GiB: a cold GPU model of 2 GiB at
+    priority 60 has the memory to start beside it, not the device. The report (check's JSON and budget.md), the
+    placement and explain give one answer: its start stops `big`."""
+    text = LEASE_STACK + (
+        '[models.vision]\nruntime = "command"\ncommand = ["serve", "{port}"]\n'
+        'image = "registry.example.com/serve:1.0"\nmemory = "2GiB"\nnode = "halo"\ngpu = true\nmode = "cold"\n'
+        "priority = 60\n"
+    )
+    stack = write_stack(text)
+    code, out, _ = run_cli("check", str(stack), "--format", "json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["cold_admission"]["vision"] == {"fits_alongside_hot": False, "admissible": True, "evicts": ["big"]}
+    assert report["placement"]["cold"]["vision"] == {"halo": ["big"]}
+    code, out, _ = run_cli("check", str(stack), "--format", "markdown")
+    assert "- `vision`: starts by evicting big" in out.splitlines()
+    code, out, _ = run_cli("explain", str(stack), "vision")
+    lines = out.splitlines()
+    assert "  node: cold; starts on halo by evicting big; admissible on halo" in lines
+    assert "  cold start: fits alongside hot set False, admissible True, evicts ['big']" in lines

@@ -215,6 +215,14 @@ def assemble(loaded: LoadedStack, models: dict[str, ModelPlan]) -> Plan:
     return replace(plan, warnings=tuple(_warnings(loaded, plan, estimates)))
 
 
+def _placed_admission(where: dict[str, tuple[str, ...]], home: str) -> ColdAdmission:
+    """A cold model's admission on its home node, from the placement's answer (each node where it may start: what
+    its start stops there)."""
+    if home not in where:
+        return ColdAdmission(False, False, ())
+    return ColdAdmission(not where[home], True, where[home])
+
+
 def _of(loaded: LoadedStack) -> tuple[Path, Source, Stack, ResolvedPlatform]:
     return loaded.path, loaded.source, loaded.stack, loaded.platform
 
@@ -453,7 +461,11 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
         sum(gpu_budget) if gpu_budget else None,
     )
     hot = [m for m in models.values() if m.hot]
-    cold = {n: nodes[placement.home[n]].cold_admission[n] for n in models if not models[n].hot}
+    # a cold model's admission as the placement answers it on its home node: its memory and the node's GPU devices
+    # (a start that needs the node's only device stops its holder), one answer in the report, explain and the page
+    cold = {n: _placed_admission(placement.cold.get(n, {}), placement.home[n]) for n in models if not models[n].hot}
+    for name, node_plan in nodes.items():  # each node's report says the same
+        nodes[name] = replace(node_plan, cold_admission={n: cold[n] for n in node_plan.cold_admission if n in cold})
     said = dict.fromkeys(loaded.warnings)  # each warning once, in the order first said
     for p in nodes.values():
         said.update(dict.fromkeys(p.warnings))
