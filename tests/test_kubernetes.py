@@ -964,7 +964,7 @@ def test_a_lease_is_a_pod_the_scheduler_accounts_like_a_model(write_stack, run_c
 
 
 def test_a_cold_gpu_models_admission_counts_the_nodes_devices(write_stack, run_cli) -> None:
-    """On halo `big` (priority 20) holds the only GPU device with 30 of its 47.6 GiB: a cold GPU model of 2 GiB at
+    """On halo `big` (priority 20) holds the only GPU device and 33 of its 47.6 GiB: a cold GPU model of 2 GiB at
     priority 60 has the memory to start beside it, not the device. The report (check's JSON and budget.md), the
     placement and explain give one answer: its start stops `big`."""
     text = LEASE_STACK + (
