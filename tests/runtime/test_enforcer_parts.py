@@ -3,6 +3,8 @@ hand), and a worker's phase moves only along its table."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from umemc.runtime.enforcer import rules
@@ -156,3 +158,29 @@ def test_box_and_own_trends_and_the_time_to_exhaustion() -> None:
     assert rules.box_trends(Series(300.0), Series(300.0), None) == {
         "own_bytes": None, "box_trend_bytes_per_s": None, "own_trend_bytes_per_s": None, "exhaustion_s": None,
     }  # fmt: skip
+
+
+def test_the_enforcer_lock_is_taken_whatever_stands_at_its_path(tmp_path: Path) -> None:
+    """A directory, or a link (here to a file outside the state dir), at state/enforcer.lock: removed, never
+    followed, and the lock taken; the link's target is untouched."""
+    import fcntl
+    import os
+
+    from umemc.runtime.enforcer import _lock_file
+
+    outside = tmp_path / "outside"
+    outside.write_text("keep me\n")
+    for plant in ("dir", "link"):
+        lock = tmp_path / f"{plant}.lock"
+        if plant == "dir":
+            (lock / "inside").mkdir(parents=True)
+        else:
+            lock.symlink_to(outside)
+        fd = _lock_file(lock)
+        assert fd is not None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            assert lock.is_file() and not lock.is_symlink()
+        finally:
+            os.close(fd)
+    assert outside.read_text() == "keep me\n"

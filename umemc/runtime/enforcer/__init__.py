@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         enforcer.run()
     finally:
-        os.close(lock)
+        if lock >= 0:
+            os.close(lock)
     return 0
 
 
@@ -58,7 +59,9 @@ def _take_over(path: Path, defer_s: float) -> int:
     enforces; the other, its imports done and the plan read, waits here and goes on the moment the kernel
     releases the lock of the one that died (a SIGTERM ends the wait). `defer_s`: a free lock is left to the
     other that long (the standby at a stack's start: umemc-enforcer enforces, and writes its own log)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = _lock_file(path)
+    if fd is None:
+        return -1
     until = time.monotonic() + defer_s
     try:
         while True:
@@ -72,3 +75,26 @@ def _take_over(path: Path, defer_s: float) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX)
         print("umemc-enforcer: the enforcer that ran stopped: enforcing", file=sys.stderr, flush=True)
     return fd
+
+
+def _lock_file(path: Path) -> int | None:
+    """The lock's file, opened; something else at its path (a directory, a link: a state dir tampered with) is
+    removed first, never followed. None where it still cannot be had: this enforcer then enforces without the
+    lock (the standby too, once it cannot have it: two then enforce at once, each saying what it does), said."""
+    import shutil
+
+    for _ in (1, 2):
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            problem = exc
+            try:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+            except OSError:
+                break
+    print(f"umemc-enforcer: cannot lock {path} ({problem}): enforcing without the standby's lock", file=sys.stderr,
+          flush=True)  # fmt: skip
+    return None
