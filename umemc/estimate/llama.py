@@ -154,17 +154,27 @@ def _asked(
             )
         )
         return None
-    return dry_run_figures(m, facts, run, vision, verified=current is True)
+    return dry_run_figures(m, facts, run, vision, verified=current is True, recorded_in=path_for(loaded.path).name)
 
 
 def dry_run_figures(
-    m: ResolvedModel, facts: GgufFacts, run: DryRun, vision: tuple[Figure, Figure] | None, verified: bool
+    m: ResolvedModel,
+    facts: GgufFacts,
+    run: DryRun,
+    vision: tuple[Figure, Figure] | None,
+    verified: bool,
+    recorded_in: str,
 ) -> tuple[Figure, Figure, Figure]:
     """Weights, KV (+ recurrent state) and compute (+ output) from llama.cpp's dry run. A no_alloc load sizes
     no weight buffer in its log: the weights are the header's exact tensor bytes, checked against the dry run's
     breakdown table (whole MiB) where it has one; a CPU_REPACK buffer there (or in the log) is the repacked copy,
     held besides the mapped file pages when the model is mmap'd (the `_repack` rule)."""
-    by: dict[str, object] = {"llama.cpp": f"{run.tool} {run.build}", "asked": run.at, "seconds": run.seconds}
+    by: dict[str, object] = {
+        "llama.cpp": f"{run.tool} {run.build}",
+        "asked": run.at,
+        "seconds": run.seconds,
+        "recorded in": recorded_in,
+    }
     if not verified:
         by["note"] = "that llama.cpp is not on this machine: its recorded answer is used"
     weights, kv, compute = _asked_weights(m, facts, run, by), _asked_kv(run, by), _asked_compute(run, by)
@@ -332,7 +342,11 @@ def _measured(
         return None
     meas = entry.measured
     t = totals(meas.buffers)
-    when: dict[str, object] = {"measured": meas.at, "by": meas.runtime_version}
+    when: dict[str, object] = {
+        "measured": meas.at,
+        "by": meas.runtime_version,
+        "recorded in": path_for(loaded.path).name,
+    }
     rest = max(0, (meas.rss_bytes or 0) - host_bytes(meas.buffers))
     cache = m.spec.prompt_cache if m.spec.runtime == "llama-server" else 0
     # the prompt cache (filled later than a warm-up) and the GPU context stay as the stack and the estimate say
