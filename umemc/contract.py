@@ -190,7 +190,7 @@ class PlanDoc(Document):
 # -- live state -----------------------------------------------------------------------------------
 class WorkerStatus(Document):
     pid: int | None
-    rss_bytes: int
+    rss_bytes: int  # the CPU side its quota is held to: its cgroup's charge where it has one, else resident
     gpu_bytes: int
     peak_bytes: int
     restarts: int
@@ -204,6 +204,7 @@ class WorkerStatus(Document):
     allowance_bytes: int = 0  # what live leases that name it add to its quotas (ComfyUI's workflow models)
     swapped_bytes: int | None = None  # what of it is in swap, where the platform tells per process (Linux)
     enforced_by: str | None = None  # "cgroup v1" / "cgroup v2" (the kernel and the enforcer) or "enforcer"
+    resident_bytes: int | None = None  # its process tree's resident memory, as `ps` shows it
 
 
 class EnforcerStatus(Document):
@@ -319,6 +320,7 @@ class StatusModel(Document):
     tokens_per_s: float | None
     enforced_by: str | None
     swapped_bytes: int | None
+    resident_bytes: int | None = None  # its process tree's resident memory as `ps` shows it (the table's RSS)
 
 
 class StatusRehearsal(Document):

@@ -622,3 +622,30 @@ def test_a_deleted_event_log_is_said_and_started_anew(stack, capsys) -> None:
     assert kinds[:1] == ["event_log_reset"] and "cold_start" in kinds
     reset = gw.run.events("event_log_reset")[0]["detail"]
     assert reset == {"reason": f"{events} was deleted or replaced while in use"}
+
+
+@needs_cgroups
+def test_status_shows_what_ps_shows_and_the_charge_its_quota_is_held_to(stack, tmp_path: Path, run_cli, capsys) -> None:
+    """A worker maps a 96 MiB file this test read first (its pages are in the page cache, charged to this test's
+    cgroup): the worker's cgroup is charged for little of it, `ps` counts all of it. status's RSS is the tree's
+    resident memory as psutil reads it; rss_bytes (what the quota is held to) is the charge, the lower."""
+    data = tmp_path / "weights.bin"
+    data.write_bytes(os.urandom(96 * MiB))
+    data.read_bytes()  # cached here first
+    port = free_port()
+    r = stack(head("mapped") + worker("m", "mapper.py", "{port}", str(data), memory="256MiB", port=port))
+    pid = r.status()["m"]["pid"]
+    lines = r.wait_for(lambda: "mapped and read" in "".join(r.log_lines("m")) and r.log_lines("m"), what="the map")
+    assert lines
+    capsys.readouterr()  # what up said
+
+    def both() -> tuple[int, int, int] | None:
+        code, out, _ = run_cli("status", "--run-dir", str(r.run_dir), "--json")
+        m = json.loads(out)["models"]["m"]
+        tree = psutil.Process(pid)
+        ps = sum(p.memory_info().rss for p in [tree, *tree.children(recursive=True)])
+        ok = m["resident_bytes"] is not None and abs(m["resident_bytes"] - ps) < 8 * MiB
+        return (m["resident_bytes"], m["rss_bytes"], ps) if ok and m["resident_bytes"] >= 96 * MiB else None
+
+    resident, charged, _ = r.wait_for(both, what="status to show the mapped file as ps does")
+    assert charged < resident - 64 * MiB, (charged, resident)

@@ -98,6 +98,7 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
             "_priority": None if m is None else m.priority,
             "_mode": None if m is None else m.mode,
             "_drift": lv.drift if same and lv else None,
+            "_resident_bytes": lv.resident_bytes if same and lv else None,
             "_reserved": lv.reserved_bytes if same and lv else 0,
             "_allowance": lv.allowance_bytes if same and lv else 0,  # leases that raise its quotas now
             "_requests": None if gm is None else {"in_flight": gm.in_flight, "queued": gm.queued},
@@ -262,7 +263,9 @@ def table(status: dict[str, Any]) -> Any:
         padding=(0, 1, 0, 1),
         collapse_padding=True,
     )
-    columns: tuple[str, ...] = ("model", "state", "pid", "CPU", "GPU", "resv", "%hard", "hard", "req")
+    # RSS: the tree's resident memory as `ps` shows it; %hard: of the figure its quota is held to (with a cgroup, its
+    # charge, which misses a model file's pages another process cached first)
+    columns: tuple[str, ...] = ("model", "state", "pid", "RSS", "GPU", "resv", "%hard", "hard", "req")
     columns += ("tok/s", "rst", "up", "last event")
     for col in columns:
         t.add_column(col, justify="right" if col not in ("model", "state", "last event") else "left", no_wrap=True)
@@ -281,7 +284,7 @@ def table(status: dict[str, Any]) -> Any:
             name,
             f"[{color}]{state}[/]",
             str(m["pid"] or "-"),
-            in_unit(m["rss_bytes"], size),
+            in_unit(m["rss_bytes"] if m.get("_resident_bytes") is None else m["_resident_bytes"], size),
             in_unit(m["gpu_bytes"], size),
             in_unit(m["_reserved"], size) if m["_reserved"] else "-",
             f"[{style}]{share:.0%}[/]" if style else f"{share:.0%}",

@@ -381,13 +381,14 @@ class Enforcer:
             return
         m = self.plan.models[w.name]
         detail = self._llama_log_drift(w.name, m) if m.reports_buffers else {}
-        over = w.usage / estimate - 1
+        # what it holds as `ps` counts it (with a cgroup the charge misses a model file's pages cached before)
+        over = (max(w.cpu_side, w.resident) + w.gpu_side) / estimate - 1
         if detail or over > rules.DRIFT:
             w.drift = max(over, detail.get("buffers_over", -1.0))
             self._event(
                 w,
                 "estimate_drift",
-                measured_bytes=w.usage,
+                measured_bytes=max(w.cpu_side, w.resident) + w.gpu_side,
                 estimate_bytes=estimate,
                 over_pct=round(over * 100, 1),
                 source=m.estimate_source,

@@ -92,6 +92,9 @@ class Sampler:
         if self.kind == "amd-apu" and self.host.platform == "linux":
             self.drm.refresh(w.pids)
         self.record(w, self.cpu_side(w))
+        # what `ps` shows: a cgroup is charged only for the pages first touched inside it (a model file cached
+        # before the start is charged to whoever read it first), the tree's resident memory counts them all
+        w.resident = sum(self.procs.memory(p) for p in w.pids) if w.cgroup is not None else w.cpu_side
         w.samples.append((now, w.usage))
         w.history.add(now, w.usage)
         w.swapped = self.swapped(w.pids)

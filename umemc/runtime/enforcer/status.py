@@ -47,6 +47,7 @@ def _worker(w: Worker) -> WorkerStatus:
     return WorkerStatus(
         pid=w.pid,
         rss_bytes=w.cpu_side,
+        resident_bytes=w.resident,
         gpu_bytes=w.gpu_side,
         peak_bytes=w.peak,
         restarts=max(0, w.restarts),

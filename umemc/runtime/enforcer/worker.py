@@ -78,7 +78,8 @@ class Worker:
     running_since: float | None = None
     pending_exit: dict[str, Any] | None = None  # the cause its exit will be recorded with (a kernel kill)
     # what was measured
-    cpu_side: int = 0
+    cpu_side: int = 0  # what its quota is held to: its cgroup's charge where it has one, else its tree's resident
+    resident: int = 0  # its tree's resident memory as `ps` shows it (1 Hz); with a cgroup, the charge can be less
     gpu_side: int = 0
     peak: int = 0
     swapped: int | None = None  # what of its tree is in swap, where the platform tells per process (Linux)
@@ -120,6 +121,7 @@ class Worker:
     def lost(self) -> None:
         """Its process is no longer sampled (an exit seen, or killed by the enforcer)."""
         self.pid, self.pids, self.cpu_side, self.gpu_side, self.swapped = None, [], 0, 0, None
+        self.resident = 0
 
     def forget(self) -> None:
         """Its process changed: everything measured and reported of the last one is forgotten."""
