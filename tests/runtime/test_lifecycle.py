@@ -352,6 +352,7 @@ def test_observing_a_running_stack(stack, capsys) -> None:
         "tokens_per_s",
         "enforced_by",
         "swapped_bytes",
+        "resident_bytes",
     }
     assert (doc["stack"], doc["running"], w["mode"], w["priority"]) == ("top", True, "hot", 50)
 
