@@ -215,7 +215,20 @@ def test_a_forged_kv_cache_below_what_the_header_needs_never_makes_it_fit(tmp_pa
     doc = json.loads(out)
     assert (code, doc["models"]["chat"]["source"], doc["models"]["chat"]["kv_bytes"]) == (0, "gguf", 1048576)
     assert err == (
-        f"warning: {path}:7:1: models.chat: stack.calibration.json: the measured KV cache of 0 bytes is below half "
+        f"warning: {path}:7:1: models.chat: stack.calibration.json: the measured KV cache of 0 bytes is below 90% of "
         "the 1048576 bytes its header's shape needs: not used (a stale or forged record); `umemc check --measure` "
         "asks llama.cpp again\n"
     )
+
+
+@pytest.mark.parametrize(("kv", "used"), [(943718, False), (943719, True)])
+def test_a_recorded_kv_cache_is_held_to_ninety_percent_of_the_headers(
+    tmp_path: Path, run_cli, kv: int, used: bool
+) -> None:
+    """90% of tiny.gguf's 1,048,576 bytes of KV is 943,718.4: one byte below the bound is refused, at it used."""
+    path = stack(tmp_path)
+    forged_measurement(path, header_tensor_bytes(tmp_path / "tiny.gguf"), 10**9, kv=kv, compute=10**9)
+    code, out, _ = run_cli("check", str(path), "--format", "json")
+    doc = json.loads(out)["models"]["chat"]
+    expected = (0, "measured", kv) if used else (0, "gguf", 1048576)
+    assert (code, doc["source"], doc["kv_bytes"]) == expected
