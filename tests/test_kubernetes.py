@@ -984,3 +984,26 @@ def test_a_cold_gpu_models_admission_counts_the_nodes_devices(write_stack, run_c
     lines = out.splitlines()
     assert "  node: cold; starts on halo by evicting big; admissible on halo" in lines
     assert "  cold start: fits alongside hot set False, admissible True, evicts ['big']" in lines
+
+
+def test_a_cold_model_no_request_can_start_in_a_cluster_is_said_at_its_key(write_stack, run_cli, tmp_path) -> None:
+    """A cold ComfyUI model: KEDA's HTTP add-on cannot route to it by a path (its server takes no prefix), so
+    nothing starts it on a request; `build --target kubernetes` says so at its `mode`, with what does start it.
+    The cold llama-server model beside it gets its scaler and no warning."""
+    text = (
+        'version = 1\nname = "lab"\n[nodes.halo]\npreset = "strix-halo-128"\n'
+        '[models.code]\nruntime = "llama-server"\nmodel = "/srv/m/code.gguf"\narch = "qwen2.5-7b"\nmode = "cold"\n'
+        '[models.image]\nruntime = "comfyui"\narch = "sdxl"\nmode = "cold"\n'
+        'image = "registry.example.com/comfyui:v0.3.40"\n'
+    )
+    stack = write_stack(text)
+    code, _, err = run_cli("build", str(stack), "--target", "kubernetes", "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    said = [line for line in err.splitlines() if "does not start on a request" in line]
+    assert said == [
+        f"warning: {stack}:13:8: models.image.mode: a cold comfyui model does not start on a request in a cluster "
+        "(KEDA's HTTP add-on routes by a path prefix its server would serve under, and comfyui takes none): it stays "
+        "at 0 replicas until `kubectl scale deployment/image --replicas 1 -n lab`, or make it hot"
+    ]
+    scalers = list(yaml.safe_load_all((tmp_path / "out" / "kubernetes-keda" / "httpscaledobjects.yaml").read_text()))
+    assert [s["metadata"]["name"] for s in scalers] == ["code"]

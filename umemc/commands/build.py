@@ -4,6 +4,7 @@ Exit 0 when the hot set fits, 1 when the bundle was written but does not fit, 2 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,13 +74,15 @@ def refuse_missing_files(plan: Plan, files_later: bool | None) -> None:
 def build_kubernetes(plan: Plan, out: Path, files_later: bool | None = None) -> list[str]:
     """The manifests, made first and then written (writer threads beside the renderer only fought it for the
     interpreter: slower than one after the other)."""
-    from ..targets.kubernetes import render
+    from ..targets.kubernetes import not_scaled, render
     from ..targets.report import budget_json, budget_markdown
     from ..write import write_bundle
 
     check_bundle_dir(out)
     refuse_missing_files(plan, files_later)
     files = render(plan)
+    for warning in not_scaled(plan):
+        print(f"warning: {warning}", file=sys.stderr)
     files |= {"budget.json": budget_json(plan), "budget.md": budget_markdown(plan)}
     return write_bundle(out, files)
 

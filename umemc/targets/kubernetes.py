@@ -186,6 +186,23 @@ def _prefix(m: ModelPlan) -> str:
     return f"/models/{_dns(m.name)}" if m.model.spec.runtime == "llama-server" else ""
 
 
+def not_scaled(plan: Plan) -> list[str]:
+    """A warning at each cold model a request cannot start in a cluster: KEDA's HTTP add-on routes a request to a
+    model by a path its server serves under, which only llama-server can be told (--api-prefix)."""
+    ns = _dns(plan.name)
+    return [
+        plan.source.warning(
+            ("models", name, "mode"),
+            f"a cold {m.model.spec.runtime} model does not start on a request in a cluster (KEDA's HTTP add-on "
+            f"routes by a path prefix its server would serve under, and {m.model.spec.runtime} takes none): it "
+            f"stays at 0 replicas until `kubectl scale deployment/{_dns(name)} --replicas 1 -n {ns}`, or make it "
+            "hot",
+        )
+        for name, m in plan.models.items()
+        if not m.hot and not _prefix(m)
+    ]
+
+
 def _unique(targets: list[Target], name: str, taken: set[str]) -> list[Target]:
     """A variant's Deployment `MODEL-NODE` may spell another model's name (model `chat` on node `b` against a
     model `chat-b`) or another variant's (`a-b` on `c`, `a` on `b-c`): such a one gets 8 hex digits of its model
