@@ -71,17 +71,8 @@ def forget(run_dir: Path) -> None:
 
 def known() -> tuple[list[RunRecord], list[str]]:
     """The recorded stacks by name, and one line for each record that could not be read."""
-    good, bad = [], []
-    folder = runs_dir()
-    if not folder.is_dir():
-        return [], []
-    for path in sorted(folder.glob("*.json")):
-        record = _read(path)
-        if isinstance(record, str):
-            bad.append(record)
-        else:
-            good.append(record)
-    return good, bad
+    read = _scan()
+    return [r for _, r in read if not isinstance(r, str)], [r for _, r in read if isinstance(r, str)]
 
 
 def find(name: str) -> Path:
@@ -95,13 +86,13 @@ def find(name: str) -> Path:
 
 
 def _records() -> list[tuple[Path, RunRecord]]:
+    return [(path, r) for path, r in _scan() if not isinstance(r, str)]
+
+
+def _scan() -> list[tuple[Path, RunRecord | str]]:
+    """Each record file in the folder, read (a record, or why it could not be)."""
     folder = runs_dir()
-    out = []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        record = _read(path)
-        if not isinstance(record, str):
-            out.append((path, record))
-    return out
+    return [(path, _read(path)) for path in sorted(folder.glob("*.json"))] if folder.is_dir() else []
 
 
 def _read(path: Path) -> RunRecord | str:

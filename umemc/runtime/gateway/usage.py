@@ -10,6 +10,7 @@ Each figure says where it came from."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import deque
 from dataclasses import dataclass
@@ -45,8 +46,14 @@ class Usage:
         return self.tokens_out / upstream_s if upstream_s > 0 else None
 
 
+@functools.cache
+def _key(pattern: re.Pattern[bytes]) -> bytes:
+    """The JSON key a figure's pattern begins with (`"prompt_tokens"`), read once."""
+    return pattern.pattern[: pattern.pattern.index(b'"', 1) + 1]
+
+
 def _last(pattern: re.Pattern[bytes], data: bytes) -> bytes | None:
-    if pattern.pattern[1 : pattern.pattern.index(b'"', 1)] not in data:  # its key is nowhere: no search
+    if _key(pattern) not in data:  # its key is nowhere: no search
         return None
     found = None
     for found in pattern.finditer(data):  # noqa: B007 - the last one is wanted
