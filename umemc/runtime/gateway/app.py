@@ -410,36 +410,59 @@ def allowed_hosts(host: str, port: int) -> frozenset[str] | None:
     return frozenset(n for name in names for n in (name, f"{name}:{port}"))
 
 
-def browser_guard(hosts: frozenset[str] | None) -> Any:
-    """What a hostile web page can make a browser send to loopback, refused before anything else:
-    a foreign Host (DNS rebinding), a cross-origin request (Origin, Sec-Fetch-Site), and a body of
-    a type a page may send without a CORS preflight (text/plain, forms) to a JSON endpoint (CSRF)."""
+def front_door(hosts: frozenset[str] | None, token: str | None) -> Any:
+    """Every request's one middleware (each layer of them costs every request a coroutine): what a hostile web page
+    can make a browser send to loopback is refused before anything else (a foreign Host: DNS rebinding; a
+    cross-origin request: Origin, Sec-Fetch-Site; a body of a type a page may send without a CORS preflight,
+    text/plain or a form, to a JSON endpoint: CSRF), then a request without the token; a handler's Refused is
+    answered here (OpenAI-shaped with Retry-After, Ollama-shaped on its routes)."""
+    expected = None if token is None else f"Bearer {token}".encode()
 
     @web.middleware
-    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in OPEN_PATHS:
+    async def door(request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        if path in OPEN_PATHS:
             return await handler(request)
-        host = request.headers.get("Host", "").lower()
-        if hosts is not None and host not in hosts:
-            return error(
-                403, f"Host {host!r} is not this gateway's address (use 127.0.0.1 or localhost)", "forbidden_host"
-            )
-        origin = request.headers.get("Origin")
-        if origin is not None and urlsplit(origin).netloc.lower() != host:
-            return error(403, f"cross-origin request from {origin!r} refused", "cross_origin")
-        site = request.headers.get("Sec-Fetch-Site")
-        if site is not None and site not in ("same-origin", "none"):
-            return error(403, f"cross-site request refused (Sec-Fetch-Site: {site})", "cross_origin")
-        if request.method in MUTATING and request.body_exists and not _accepted_type(request):
-            return error(
-                415,
-                f"Content-Type {request.content_type!r} is not accepted here: send application/json"
-                + (" or multipart/form-data" if _multipart_allowed(request.path) else ""),
-                "unsupported_media_type",
-            )
-        return await handler(request)
+        refusal = _browser_refusal(request, hosts)
+        if refusal is not None:
+            return refusal
+        if expected is not None and path not in TOKENLESS_PATHS:
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                resp = error(401, "this gateway needs Authorization: Bearer <token>", "unauthorized")
+                resp.headers["WWW-Authenticate"] = "Bearer"
+                return resp
+        try:
+            return await handler(request)
+        except Refused as exc:
+            if path.startswith("/api/"):  # Ollama's clients read {"error": "..."}
+                return ollama.ollama_error(HTTP_STATUS[exc.code], exc.message)
+            return refused(exc)
+        except web.HTTPRequestEntityTooLarge:
+            limit = request.app[SCHED].gw.max_body_bytes
+            return error(413, f"request body larger than {limit} bytes (gateway.max_body)", "body_too_large")
 
-    return guard
+    return door
+
+
+def _browser_refusal(request: web.Request, hosts: frozenset[str] | None) -> web.Response | None:
+    host = request.headers.get("Host", "").lower()
+    if hosts is not None and host not in hosts:
+        return error(403, f"Host {host!r} is not this gateway's address (use 127.0.0.1 or localhost)", "forbidden_host")
+    origin = request.headers.get("Origin")
+    if origin is not None and urlsplit(origin).netloc.lower() != host:
+        return error(403, f"cross-origin request from {origin!r} refused", "cross_origin")
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None and site not in ("same-origin", "none"):
+        return error(403, f"cross-site request refused (Sec-Fetch-Site: {site})", "cross_origin")
+    if request.method in MUTATING and request.body_exists and not _accepted_type(request):
+        return error(
+            415,
+            f"Content-Type {request.content_type!r} is not accepted here: send application/json"
+            + (" or multipart/form-data" if _multipart_allowed(request.path) else ""),
+            "unsupported_media_type",
+        )
+    return None
 
 
 def _multipart_allowed(path: str) -> bool:
@@ -462,40 +485,10 @@ def _accepted_type(request: web.Request) -> bool:
     return ctype == "multipart/form-data" and _multipart_allowed(request.path)
 
 
-def bearer(token: str) -> Any:
-    expected = f"Bearer {token}".encode()
-
-    @web.middleware
-    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in TOKENLESS_PATHS:
-            given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                resp = error(401, "this gateway needs Authorization: Bearer <token>", "unauthorized")
-                resp.headers["WWW-Authenticate"] = "Bearer"
-                return resp
-        return await handler(request)
-
-    return check
-
-
-@web.middleware
-async def refusals(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """A handler raises Refused; it is answered here (OpenAI-shaped, with Retry-After)."""
-    try:
-        return await handler(request)
-    except Refused as exc:
-        if request.path.startswith("/api/"):  # Ollama's clients read {"error": "..."}
-            return ollama.ollama_error(HTTP_STATUS[exc.code], exc.message)
-        return refused(exc)
-    except web.HTTPRequestEntityTooLarge:
-        limit = request.app[SCHED].gw.max_body_bytes
-        return error(413, f"request body larger than {limit} bytes (gateway.max_body)", "body_too_large")
-
-
 def make_app(sched: Scheduler, token: str | None) -> web.Application:
     gw = sched.gw
-    guards = [browser_guard(allowed_hosts(gw.host, gw.port)), *([bearer(token)] if token else [])]
-    app = web.Application(client_max_size=gw.max_body_bytes, middlewares=[*guards, refusals])
+    door = front_door(allowed_hosts(gw.host, gw.port), token)
+    app = web.Application(client_max_size=gw.max_body_bytes, middlewares=[door])
     app[SCHED] = sched
     app[METRICS] = sched.metrics = Metrics(sched)
     app[ACCESS] = AccessLog(sched.run.access_log)

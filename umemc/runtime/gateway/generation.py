@@ -40,12 +40,13 @@ class GenerationBudget:
         # a request heavier than the whole budget still runs, alone, rather than never
         return self.in_use + units <= self.capacity or self.in_use == 0
 
+    def hold(self, units: float, priority: int) -> contextlib.AbstractAsyncContextManager[float]:
+        """Hold `units` of the budget while the block runs; yields the seconds waited for them (an unlimited budget:
+        nothing to hold, and no generator made per request)."""
+        return _UNLIMITED if self.capacity is None else self._hold(units, priority)
+
     @contextlib.asynccontextmanager
-    async def hold(self, units: float, priority: int) -> AsyncIterator[float]:
-        """Hold `units` of the budget while the block runs; yields the seconds waited for them."""
-        if self.capacity is None:
-            yield 0.0
-            return
+    async def _hold(self, units: float, priority: int) -> AsyncIterator[float]:
         t0 = time.monotonic()
         if not self._queue and self._fits(units):
             self.in_use += units
@@ -82,3 +83,14 @@ class GenerationBudget:
 
     def status(self) -> dict[str, float | int | None]:
         return {"max": self.capacity, "in_use": self.in_use, "waiting": self.waiting}
+
+
+class _Unlimited(contextlib.AbstractAsyncContextManager[float]):
+    async def __aenter__(self) -> float:
+        return 0.0
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+_UNLIMITED = _Unlimited()

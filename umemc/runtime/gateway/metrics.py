@@ -77,25 +77,35 @@ class Metrics:
         )
         r.register(_Live(sched))
         self._latency = {name: self.latency.labels(name) for name in sched.models}
+        self._children: dict[tuple[Any, ...], Any] = {}
         self.sched_has_budget = sched.generation.capacity is not None
 
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """The metric's series for these labels, looked up once (labels() takes a lock and builds a key each call:
+        a share of every request's cost)."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     def request(self, model: str, code: int, seconds: float, usage: Usage | None = None) -> None:
-        self.requests.labels(model, str(code)).inc()
+        self._child(self.requests, model, str(code)).inc()
         child = self._latency.get(model)
         if child is not None:
             child.observe(seconds)
-        if usage is not None and model in self._latency:
+        if usage is not None and child is not None:
             if usage.tokens_in:
-                self.tokens.labels(model, "in").inc(usage.tokens_in)
+                self._child(self.tokens, model, "in").inc(usage.tokens_in)
             if usage.tokens_out:
-                self.tokens.labels(model, "out").inc(usage.tokens_out)
+                self._child(self.tokens, model, "out").inc(usage.tokens_out)
 
     def queue_wait(self, model: str, seconds: float) -> None:
-        self.queue_wait_seconds.labels(model).observe(seconds)
+        self._child(self.queue_wait_seconds, model).observe(seconds)
 
     def generation_wait(self, model: str, seconds: float) -> None:
         if self.sched_has_budget:
-            self.generation_wait_seconds.labels(model).observe(seconds)
+            self._child(self.generation_wait_seconds, model).observe(seconds)
 
     def cold_start(self, model: str, seconds: float) -> None:
         self.cold_starts.labels(model).inc()

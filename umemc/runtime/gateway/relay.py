@@ -11,6 +11,7 @@ so the worker stops generating."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import contextlib
 import email.parser
 import email.policy
@@ -136,6 +137,8 @@ async def read_body(request: web.Request) -> bytes:
             f"request body of {request.content_length} bytes is larger than {limit} bytes (gateway.max_body)",
             "body_too_large",
         )
+    if request.content.is_eof():  # all of it is in already (the usual small body): nothing to wait for
+        return await request.read()
     try:
         async with asyncio.timeout(request.app[SCHED].gw.body_timeout_s):
             return await request.read()
@@ -161,15 +164,19 @@ async def json_object(request: web.Request) -> dict[str, Any]:
     return doc
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_STRICT = json.JSONDecoder(parse_constant=_no_constant)  # made once (json.loads with an option makes one a call)
+
+
 def strict_json(raw: bytes) -> Any:
     """json.loads without NaN/Infinity (Python accepts them; JSON does not) and without nesting past
     MAX_JSON_DEPTH (3000 levels made the parser recurse until Python gave up: a 500 with a traceback)."""
 
-    def refuse(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
-
     try:
-        doc = json.loads(raw, parse_constant=refuse)
+        doc = _STRICT.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
     except RecursionError:  # deeper than Python's recursion limit (about 1000 levels)
         raise TooDeep(TOO_DEEP) from None
     # no more opening brackets than the limit (strings' included) bound the depth: most bodies end here
@@ -270,7 +277,8 @@ async def forward(
         return refused(exc)
     finally:
         _account(app, request, m, code, time.monotonic() - t0, seen)
-        captures.add(m.name, call.method, call.path, code, call.body, bytes(seen.head))
+        if captures.on:
+            captures.add(m.name, call.method, call.path, code, call.body, bytes(seen.head))
 
 
 def _account(app: web.Application, request: web.Request, m: Model, code: int, latency: float, seen: Seen) -> None:
@@ -450,7 +458,7 @@ async def _ask(
     is then watched by Silence). A connection closed before any byte of it is asked again at once, once: a
     kept-alive connection the worker closed as the gateway took it from the pool (its idle timeout) is no failure
     of the worker; a worker that is gone refuses the second connection."""
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=waited)
+    timeout = _timeout(waited)
     for again in (False, True):
         try:
             return await client.request(call.method, url, data=call.body or None, headers=headers, timeout=timeout)
@@ -460,6 +468,12 @@ async def _ask(
             if again:
                 raise
     raise AssertionError("unreachable")
+
+
+@functools.lru_cache(maxsize=8)
+def _timeout(waited: float) -> aiohttp.ClientTimeout:
+    """An answer's head waited for `waited` s at most (made once: the setting is the gateway's)."""
+    return aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=waited)
 
 
 def _silent(sched: Scheduler, m: Model) -> Refused:
