@@ -14,8 +14,9 @@ Near the bottom of the package: it imports the document base (umemc.document) an
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from .document import ContractError, Doc, Document, dump, parse, read, read_optional
 from .policy import Lease
@@ -186,6 +187,25 @@ class PlanDoc(Document):
     scale: float = 1.0  # a scaled rehearsal (`up --simulate --scale F`): every quota and capacity times F
     stack_file: str | None = None  # the stack the bundle was built from (what preflight's fixes name)
 
+    def frame(self) -> dict[str, Any]:
+        """What a running gateway and enforcer cannot take on in place (everything but the models and the hot
+        totals they sum to): two plans with the same frame differ only in models, which `umemc up` on a running
+        stack hands to them without a restart."""
+        doc = self.model_dump(mode="json", exclude={"models"})
+        for derived in ("hot_total_bytes", "hot_gpu_total_bytes", "fits"):
+            doc["capacity"].pop(derived)
+        return doc
+
+
+def read_plan(path: Path) -> tuple[PlanDoc, str]:
+    """The plan and its digest (the SHA-256 of its bytes, read once): the gateway and the enforcer say in their
+    state files which plan they run, and `umemc up` on a running stack waits for them to say the new one."""
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise ContractError(f"{path}: cannot read: {exc.strerror}") from None
+    return parse(PlanDoc, text, path), hashlib.sha256(text).hexdigest()
+
 
 # -- live state -----------------------------------------------------------------------------------
 class WorkerStatus(Document):
@@ -222,6 +242,7 @@ class EnforcerStatus(Document):
     own_trend_bytes_per_s: float | None = None
     exhaustion_s: float | None = None  # MemAvailable / the machine's trend, while it grows
     platform: str | None = None  # linux | darwin: which probes sample (umemc.runtime.probes.host)
+    plan_sha256: str | None = None  # the plan it enforces (contract.read_plan)
     memory_figure: str | None = None  # rss | phys_footprint: what a worker's CPU-side bytes are
     swap_used_bytes: int | None = None
     swap_grown_bytes: int | None = None  # since the enforcer started
@@ -273,6 +294,7 @@ class GatewayState(Document):
     models: dict[str, GatewayModel]
     leases: list[LeaseDoc]
     generation: GenerationDoc | None = None  # added in version 1's lifetime: older files lack it
+    plan_sha256: str | None = None  # the plan it runs (contract.read_plan); added in version 1's lifetime
 
 
 class Reservation(Document):

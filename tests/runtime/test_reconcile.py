@@ -4,6 +4,8 @@ failed start picked up. Real supervisord, real placeholder workers, the real gat
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -106,3 +108,54 @@ def test_up_again_reports_a_hot_worker_the_update_started(stack: Any, tmp_path: 
     assert up_again(r, "--simulate") == 0
     assert r.events("reconcile")[0]["detail"] == {"held_back": {}, "started": ["v"]}
     assert r.status()["v"]["state"] == "RUNNING"
+
+
+def test_up_again_with_changed_models_keeps_the_gateway_and_the_enforcer(stack: Any, tmp_path: Path) -> None:
+    """A plan that changes only its models is taken on in place (SIGHUP): the gateway and the enforcer keep
+    running, each says so in an event naming what it added, changed and removed, and `up` returns once both
+    say they run the new plan: the added model is served at once, the removed one is no longer routed."""
+    w, c = model("w", mode="hot"), model("c", priority=40)
+    r = stack(stack_text("rc-models", w + c, slots=3), "--simulate")
+    gw = Gateway(r)
+    assert gw.complete("w")[0] == 200
+    before = own_pids(r)
+    path = tmp_path / "stack.toml"
+    path.write_text(path.read_text().replace(c, "").replace("priority = 50", "priority = 60") + model("v", mode="hot"))
+    assert up_again(r, "--simulate") == 0
+    assert own_pids(r) == before  # neither was restarted
+    adopted = sorted((e["detail"]["by"], e["detail"]) for e in r.events("plan_adopted"))
+    expected = {"added": ["v"], "changed": ["w"], "removed": ["c"]}
+    assert adopted == [("enforcer", {"by": "enforcer", **expected}), ("gateway", {"by": "gateway", **expected})]
+    assert [m["id"] for m in gw.call("GET", "/v1/models")[2]["data"]] == ["w", "v"]
+    assert gw.complete("v")[0] == 200
+    status, _, body = gw.complete("c")
+    assert (status, body["error"]["message"]) == (404, "model 'c' is not in this stack (known: v, w)")
+    enforcer = json.loads((r.run_dir / "state" / "enforcer.json").read_text())
+    assert sorted(enforcer["models"]) == ["v", "w"]
+    plan = (r.run_dir / "bundle" / "plan.json").read_bytes()
+    gateway_state = json.loads((r.run_dir / "state" / "gateway.json").read_text())
+    assert enforcer["plan_sha256"] == gateway_state["plan_sha256"] == hashlib.sha256(plan).hexdigest()
+
+
+def test_what_changed_for_umemc_own_programs(tmp_path: Path) -> None:
+    """Models alone: taken on in place; the gateway's settings, the policy or the token: a restart."""
+    from umemc.budget import make_plan
+    from umemc.commands.build import build
+    from umemc.runtime.reconcile import Change, what_changed
+    from umemc.stack.resolve import load_stack
+
+    def plan(models: str, gateway: str = "") -> bytes:
+        (tmp_path / "stack.toml").write_text(stack_text("rc-what", models, slots=3, gateway=gateway, port=10998))
+        build(make_plan(load_stack(tmp_path / "stack.toml")), tmp_path / "bundle")
+        return (tmp_path / "bundle" / "plan.json").read_bytes()
+
+    w, c = model("w", mode="hot"), model("c")
+    first = plan(w)
+    assert what_changed((first, b"t"), (first, b"t")) is Change.NONE
+    assert what_changed((first, b"t"), (plan(w + c), b"t")) is Change.MODELS
+    assert what_changed((first, b"t"), (plan(w.replace("priority = 50", "priority = 70")), b"t")) is Change.MODELS
+    assert what_changed((first, b"t"), (plan(w, gateway="queue = 7\n"), b"t")) is Change.ALL
+    assert what_changed((first, b"t"), (first, b"new token")) is Change.ALL
+    assert what_changed((first, None), (first, b"t")) is Change.ALL
+    assert what_changed((None, None), (first, None)) is Change.ALL
+    assert what_changed((b"{not json", None), (first, None)) is Change.ALL

@@ -21,7 +21,7 @@ import pytest
 from tests.runtime.conftest import start_of
 from umemc.budget import make_plan
 from umemc.commands.build import build
-from umemc.contract import PlanDoc, read
+from umemc.contract import GatewayState, PlanDoc, read
 from umemc.runtime.events import EventLog
 from umemc.runtime.gateway.core import Admit
 from umemc.runtime.gateway.lifecycle import Phase
@@ -561,5 +561,44 @@ def test_pressure_takes_no_worker_supervisord_has_stopped_since_the_last_poll(tm
         while s.models["mid"].life.phase is not Phase.DOWN:
             await asyncio.sleep(0)
         assert sv.stopped == ["mid"]
+
+    running(sched, body)
+
+
+def test_a_plan_that_changes_only_models_is_taken_on_in_place(tmp_path: Path) -> None:
+    """`umemc up` on a running stack whose models changed (Scheduler.adopt): an added model is routed (by its
+    alias too), a removed one no longer (its queued request is refused; the one in flight finishes and lets its
+    slot go), a changed one serves by its new settings; a plan that changes more is not taken on."""
+    sv = FakeSupervisor(running=("a", "b"))
+    sched = scheduler(tmp_path, model("a", 50) + model("b", 40), sv)
+    sched.sync.plan_digest = "before"
+    bundle = tmp_path / "run" / "bundle"
+
+    def next_plan(models: str, **gw: Any) -> PlanDoc:
+        settings = {"queue": 8, "queue_timeout": "5s", "drain_timeout": "5s"} | gw
+        (tmp_path / "stack.toml").write_text(STACK.format(**settings) + models)
+        build(make_plan(load_stack(tmp_path / "stack.toml")), bundle)
+        return read(PlanDoc, bundle / "plan.json")
+
+    async def body(s: Scheduler) -> None:
+        b = s.models["b"]
+        await s.slots.acquire(b)  # in flight
+        queued = asyncio.create_task(s.slots.acquire(b))
+        while s.slots["b"].queued != 1:
+            await asyncio.sleep(0)
+        wider = next_plan(model("a", 50, concurrency=2) + model("c", 30, mode="cold") + 'aliases = ["see"]\n')
+        assert s.adopt(wider, "after")
+        with pytest.raises(Refused, match="^model b was removed from the stack$"):
+            await queued
+        s.slots.release(b)  # the request in flight ends after its model left
+        assert (list(s.models), s.slots.route("see").name, s.models["a"].max_concurrency) == (["a", "c"], "c", 2)
+        with pytest.raises(Refused, match=r"^model 'b' is not in this stack \(known: a, c, see\)$"):
+            s.slots.route("b")
+        adopted = [e.detail for e in s.events.since(0) if e.kind == "plan_adopted"]
+        assert adopted == [{"by": "gateway", "added": ["c"], "changed": ["a"], "removed": ["b"]}]
+        state = read(GatewayState, s.run.gateway_state)
+        assert (sorted(state.models), state.plan_sha256) == (["a", "c"], "after")
+        assert not s.adopt(next_plan(model("a", 50), queue=9), "queue")  # the gateway's own settings: a restart
+        assert list(s.models) == ["a", "c"] and s.sync.plan_digest == "after"
 
     running(sched, body)

@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..runtime import waits
     from ..runtime.control import Stack
-    from ..runtime.reconcile import reconcile
+    from ..runtime.reconcile import reconcile, what_changed
     from ..runtime.rundir import RunDir
     from ..runtime.supervisor import ANSWERING, ProcState, start_supervisord
 
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     if state != "running":
         clean_crashed_run(console, stack)
     run_dir.prepare()
-    before = _read_plan_bytes(run_dir)
+    before = _own_inputs(run_dir)
     install_bundle(args, run_dir)
     plan = stack.plan
     infos = stack.supervisor.processes() if state == "running" else {}
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if state == "running":
             console.print(f"stack {plan.stack} is already running: reconciling")
-            started, held_back = reconcile(stack, plan_changed=_read_plan_bytes(run_dir) != before)
+            started, held_back = reconcile(stack, what_changed(before, _own_inputs(run_dir)))
             for name, why in held_back.items():
                 console.print(f"  {name} (hot) not started: {why}")
             hot = [n for n in hot if n not in held_back]
@@ -191,15 +191,15 @@ def remember_run(plan: PlanDoc, run_dir: RunDir, url: str | None) -> bool:
     return said is None
 
 
-def _read_plan_bytes(run_dir: RunDir) -> bytes:
-    """What umemc's own programs read when they start: the plan and the gateway's token."""
-    out = b""
+def _own_inputs(run_dir: RunDir) -> tuple[bytes | None, bytes | None]:
+    """What umemc's own programs read when they start: the plan and the gateway's token (None: absent)."""
+    out: list[bytes | None] = []
     for path in (run_dir.plan, run_dir.token_file):
         try:
-            out += path.read_bytes() + b"\0"
+            out.append(path.read_bytes())
         except OSError:
-            out += b"-\0"
-    return out
+            out.append(None)
+    return out[0], out[1]
 
 
 def clean_crashed_run(console: Console, stack: Stack) -> None:

@@ -81,6 +81,9 @@ SAID: dict[str, Callable[[dict[str, Any]], str]] = {
     "up": lambda d: "stack up" + (" (rehearsal)" if d.get("simulate") else ""),
     "down": lambda d: "stack down",
     "reconcile": lambda d: "reconciled with the running stack",
+    "plan_adopted": lambda d: f"the {d.get('by', '?')} took on the new plan in place ("
+    + ", ".join(f"{k}: {', '.join(d[k]) or '-'}" for k in ("added", "changed", "removed") if isinstance(d.get(k), list))
+    + ")",
     "enforcer_start": lambda d: "enforcer started",
     "start": lambda d: "started" + (f" (pid {d['pid']})" if d.get("pid") else ""),
     "exit": _exit,

@@ -5,12 +5,13 @@ evicting."""
 from __future__ import annotations
 
 import contextlib
+import enum
 import time
 import xmlrpc.client
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..contract import EnforcerStatus, GatewayState, ModelDoc, read_optional
+from ..contract import ContractError, EnforcerStatus, GatewayState, ModelDoc, PlanDoc, parse, read_optional, read_plan
 from ..names import STANDBY
 from ..policy import Budget, Held, Lease, Need, decide
 from .rundir import ENFORCER, GATEWAY
@@ -22,13 +23,37 @@ if TYPE_CHECKING:
 OWN = (ENFORCER, STANDBY, GATEWAY)  # umemc's own programs in the stack's supervisord
 
 
-def reconcile(stack: Stack, plan_changed: bool) -> tuple[list[str], dict[str, str]]:
-    """supervisorctl update semantics for a changed bundle; umemc's own programs restarted when the
-    plan or the token they read changed (else only started if they are down or failing); then every
-    hot worker that is not running is started if it fits beside what runs now, by the same admission
-    the gateway uses
-    and never by evicting: a hot worker the gateway evicted for a cold one stays stopped until it
-    fits again. Returns (started, {held back: why})."""
+class Change(enum.Enum):
+    """What changed, for umemc's own programs, between the bundle they run and the one `up` installed."""
+
+    NONE = "none"
+    MODELS = "models"  # only the models (PlanDoc.frame): the gateway and the enforcer take the plan on in place
+    ALL = "all"  # more (or the gateway's token): they are restarted on it
+
+
+def what_changed(before: tuple[bytes | None, bytes | None], after: tuple[bytes | None, bytes | None]) -> Change:
+    """(plan, token) bytes as they were and as they are (None: no such file)."""
+    if before == after:
+        return Change.NONE
+    if before[1] != after[1] or before[0] is None or after[0] is None:
+        return Change.ALL
+    try:
+        old, new = parse(PlanDoc, before[0], "plan"), parse(PlanDoc, after[0], "plan")
+    except ContractError:
+        return Change.ALL
+    return Change.MODELS if old.frame() == new.frame() else Change.ALL
+
+
+ADOPT_S = 30.0  # how long a program that answers gets to say it runs the new plan before it is restarted on it
+
+
+def reconcile(stack: Stack, change: Change) -> tuple[list[str], dict[str, str]]:
+    """supervisorctl update semantics for a changed bundle; umemc's own programs told of a plan that changed only
+    in its models (SIGHUP: they take it on in place, keeping what the gateway serves and its figures, and what the
+    enforcer measured), restarted on one that changed more or a new token (else only started if they are down or
+    failing); then every hot worker that is not running is started if it fits beside what runs now, by the same
+    admission the gateway uses and never by evicting: a hot worker the gateway evicted for a cold one stays
+    stopped until it fits again. Returns (started, {held back: why})."""
     sup = stack.supervisor
     added, changed, removed = sup.call("supervisor.reloadConfig")[0]
     for name in removed + changed:
@@ -38,20 +63,57 @@ def reconcile(stack: Stack, plan_changed: bool) -> tuple[list[str], dict[str, st
     for name in changed + added:
         sup.call("supervisor.addProcessGroup", name)  # autostart: umemc's own programs start here
     infos = sup.processes()
+    told = []
     for own in OWN:
         if own not in infos or own in changed + added:
             continue
         state = ProcState.of(infos[own])
-        if state is ProcState.BACKOFF or (plan_changed and state in ANSWERING):
+        if state is ProcState.BACKOFF or (change is Change.ALL and state in ANSWERING):
             sup.stop(own, True)  # a program failing to start retries with what it read: start it afresh
             state = ProcState.STOPPED
+        elif change is Change.MODELS and state in ANSWERING:
+            with contextlib.suppress(xmlrpc.client.Fault):  # it ended meanwhile: supervisord starts it on the plan
+                sup.call("supervisor.signalProcess", own, "HUP")
+                told.append(own)
         if state not in ANSWERING:
             with contextlib.suppress(xmlrpc.client.Fault):  # ALREADY_STARTED: autorestart won the race
                 sup.start(own, False)
+    if told:
+        _until_adopted(stack, told)
     # a hot worker added or changed by the update was started by supervisord (autostart): say so
     by_update = [n for n in changed + added if n in stack.plan.models and stack.plan.models[n].mode == "hot"]
     started, held_back = _start_hot(stack, infos)
     return by_update + [n for n in started if n not in by_update], held_back
+
+
+def _until_adopted(stack: Stack, told: list[str], timeout: float = ADOPT_S) -> None:
+    """Until the gateway and the enforcer that were told of the new plan say they run it (their state files'
+    plan_sha256), for as long as they answer; one that does not within `timeout` is restarted on it (the enforcer
+    that enforces: its standby takes over on the new plan). The waiting enforcer (the other of the two) reads the
+    plan when it takes over."""
+    digest = read_plan(stack.run.plan)[1]
+    parties = [
+        (GatewayState, stack.run.gateway_state, [GATEWAY]),
+        (EnforcerStatus, stack.run.status, [ENFORCER, STANDBY]),
+    ]
+    waiting = [(kind, path, programs) for kind, path, programs in parties if set(programs) & set(told)]
+    deadline = time.monotonic() + timeout
+    while waiting:
+        infos = stack.supervisor.processes()
+        for party in list(waiting):
+            kind, path, programs = party
+            doc: GatewayState | EnforcerStatus | None = read_optional(kind, path)  # type: ignore[arg-type]
+            answering = [p for p in programs if ProcState.of(infos.get(p)) in ANSWERING]
+            if (doc is not None and doc.plan_sha256 == digest) or not answering:
+                waiting.remove(party)  # it runs the plan, or it is restarting on it (supervisord starts it)
+            elif time.monotonic() > deadline:
+                running = next((p for p in answering if doc is not None and infos[p].get("pid") == doc.pid), None)
+                with contextlib.suppress(xmlrpc.client.Fault):
+                    stack.supervisor.stop(running or answering[0], True)
+                    stack.supervisor.start(running or answering[0], False)
+                waiting.remove(party)
+        if waiting:
+            time.sleep(0.05)
 
 
 def _start_hot(stack: Stack, infos: dict[str, dict[str, Any]]) -> tuple[list[str], dict[str, str]]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -41,8 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--standby", action="store_true", help="leave the lock to umemc-enforcer at a stack's start")
     args = p.parse_args(argv)
     enforcer = Enforcer(Path(args.bundle).resolve())
+    signal.signal(signal.SIGHUP, enforcer.on_hup)  # a standby told of a new plan while it waits: not its end
     lock = _take_over(enforcer.run_dir.enforcer_lock, STANDBY_DEFERS_S if args.standby else 0.0)
     enforcer.reopen_log()
+    enforcer.on_hup()  # the plan as it is now, in case it changed while this one waited (read in its first tick)
     try:
         enforcer.run()
     finally:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...contract import GatewayState, ModelDoc, PlanDoc, read, read_optional
+from ...contract import ContractError, GatewayState, ModelDoc, read_optional, read_plan
 from ...lockfile import totals
 from ...names import OWN_PROGRAMS, PLAN_FILE
 from ..events import STOPS, EventLog
@@ -44,7 +44,7 @@ UNSEEN = ("restarted before it was sampled", "unknown")
 class Enforcer:
     def __init__(self, bundle: Path, host: Probes | None = None):
         self.bundle = bundle
-        self.plan = read(PlanDoc, bundle / PLAN_FILE)
+        self.plan, self.plan_digest = read_plan(bundle / PLAN_FILE)
         self.run_dir = RunDir.of_bundle(bundle)
         self.interval = float(self.plan.policy.sample_interval_s)
         self.events = EventLog(self.run_dir.events)
@@ -52,13 +52,8 @@ class Enforcer:
         self.sampler = Sampler(self.plan, self.run_dir, host)
         self.guard = PressureGuard(self.plan, self.run_dir, self.supervisor, self.interval, self._event)
         self.status = StatusWriter(self.run_dir.status)
-        window = float(self.plan.policy.leak_window_s)
-        self.workers = {
-            n: Worker(
-                Quota(n, m.quota_hard_bytes, m.quota_soft_bytes, m.priority, m.estimate_bytes), history=Series(window)
-            )
-            for n, m in self.plan.models.items()
-        }
+        window = self.plan.policy.leak_window_s
+        self.workers = {n: Worker(_quota(n, m), history=Series(window)) for n, m in self.plan.models.items()}
         self.box = Series(window)  # the whole machine's used memory (usable - MemAvailable)
         self.own = Series(window)  # umemc's own processes: supervisord, the enforcer, the gateway
         self.run_start = self.events.last_id("up")
@@ -71,6 +66,43 @@ class Enforcer:
         self._sv_children: frozenset[int] = frozenset()
         self._infos: dict[str, Any] = {}
         self._stop = False
+        self._new_plan = False  # SIGHUP: the bundle's plan changed
+
+    def adopt(self) -> None:
+        """The bundle's plan as it is now, taken on in place where only its models changed (PlanDoc.frame): an
+        added model is enforced from now on, a removed one no longer, a changed one by its new quotas (what was
+        measured of it stays; supervisord restarts its worker where its program changed, seen as any restart).
+        A plan that changes more stops this enforcer: supervisord starts it again on the new plan (the standby
+        enforces meanwhile)."""
+        self._new_plan = False
+        try:
+            plan, digest = read_plan(self.bundle / PLAN_FILE)
+        except ContractError as exc:
+            print(f"umemc-enforcer: the new plan cannot be read, enforcing the one it has: {exc}", file=sys.stderr,
+                  flush=True)  # fmt: skip
+            return
+        if digest == self.plan_digest:
+            return
+        if plan.frame() != self.plan.frame():
+            print("umemc-enforcer: the new plan changes more than its models: restarting on it", file=sys.stderr,
+                  flush=True)  # fmt: skip
+            self._stop = True
+            return
+        old = self.plan.models
+        removed = [n for n in old if n not in plan.models]
+        added = [n for n in plan.models if n not in old]
+        changed = [n for n in plan.models if n in old and plan.models[n] != old[n]]
+        for name in removed:
+            del self.workers[name]
+        for name in added:
+            self.workers[name] = Worker(_quota(name, plan.models[name]), history=Series(plan.policy.leak_window_s))
+        for name in changed:
+            self.workers[name].quota = _quota(name, plan.models[name])
+        self.plan = self.guard.plan = plan
+        self.plan_digest = digest
+        self._gone = True  # supervisord's view at the next tick: what it started and stopped for the update
+        self.events.add("plan_adopted", None, by="enforcer", added=added, changed=changed, removed=removed)
+        self.slow_tick(time.time())  # its status says the new plan now
 
     def reopen_log(self) -> None:
         """The event log as it is now (a standby that waited may hold a log since moved aside or replaced)."""
@@ -81,10 +113,13 @@ class Enforcer:
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> None:
         signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGHUP, self.on_hup)
         self.events.add("enforcer_start", None, pid=os.getpid(), interval_s=self.interval)
         next_tick = time.monotonic()
         while not self._stop:
             try:
+                if self._new_plan:
+                    self.adopt()
                 self.tick()
             except RPC_ERRORS as exc:
                 # supervisord restarting or gone, a full disk: say so and keep enforcing next tick
@@ -97,6 +132,9 @@ class Enforcer:
 
     def _on_term(self, *_: Any) -> None:
         self._stop = True
+
+    def on_hup(self, *_: Any) -> None:
+        self._new_plan = True
 
     def _fast_until(self, deadline: float) -> None:
         """Between ticks, re-read only the workers close to their hard quota (a few preads)."""
@@ -183,6 +221,7 @@ class Enforcer:
             "swap_grown_bytes": None if swap is None or self.swap_base is None else swap.used - self.swap_base,
             "pressure_level": self.sampler.box.level(),
             "gpu_limit_bytes": self.gpu_limit,
+            "plan_sha256": self.plan_digest,
         }
 
     def _box_and_own(self, now: float) -> int | None:
@@ -434,3 +473,7 @@ def kill_tree(root: int, pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+
+
+def _quota(name: str, m: ModelDoc) -> Quota:
+    return Quota(name, m.quota_hard_bytes, m.quota_soft_bytes, m.priority, m.estimate_bytes)

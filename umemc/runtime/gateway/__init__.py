@@ -86,6 +86,25 @@ async def serve(sched: Scheduler, token: str | None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, lambda: take_new_plan(sched, stop))
     await stop.wait()
     sched.refuse_queued()  # queued requests get 503 + Retry-After now, not a reset later
     await runner.cleanup()  # stops accepting, lets requests in flight finish (up to SHUTDOWN_S)
+
+
+def take_new_plan(sched: Scheduler, stop: asyncio.Event) -> None:
+    """SIGHUP (`umemc up` on a running stack whose plan changed): the bundle's plan taken on in place where only its
+    models changed; otherwise this gateway stops, and supervisord starts it again on the new plan."""
+    from ...contract import ContractError, read_plan
+    from ...names import PLAN_FILE
+
+    try:
+        plan, digest = read_plan(sched.run.bundle / PLAN_FILE)
+    except ContractError as exc:
+        print(f"umemc-gateway: the new plan cannot be read, serving the one it has: {exc}", file=sys.stderr, flush=True)
+        return
+    if digest == sched.sync.plan_digest:
+        return
+    if not sched.adopt(plan, digest):
+        print("umemc-gateway: the new plan changes more than its models: restarting on it", file=sys.stderr, flush=True)
+        stop.set()

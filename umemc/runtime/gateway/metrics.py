@@ -80,6 +80,13 @@ class Metrics:
         self._children: dict[tuple[Any, ...], Any] = {}
         self.sched_has_budget = sched.generation.capacity is not None
 
+    def adopt(self, models: dict[str, Any]) -> None:
+        """The latency series of models added to a running gateway (a removed model's series stay: counters only
+        grow)."""
+        for name in models:
+            if name not in self._latency:
+                self._latency[name] = self.latency.labels(name)
+
     def _child(self, metric: Any, *labels: str) -> Any:
         """The metric's series for these labels, looked up once (labels() takes a lock and builds a key each call:
         a share of every request's cost)."""

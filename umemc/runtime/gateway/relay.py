@@ -11,10 +11,10 @@ so the worker stops generating."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import contextlib
 import email.parser
 import email.policy
+import functools
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable

@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ...contract import ContractError, GatewayDoc, GatewayState, PlanDoc, read, read_optional
+from ...contract import ContractError, GatewayDoc, GatewayState, PlanDoc, read_optional, read_plan
 from ...names import PLAN_FILE
 from ...policy import Budget, Decision, Held, Lease, Need, attach, decide, pressure_victim
 from ...records import gate_text, write_atomic
@@ -116,7 +116,45 @@ class Scheduler:
     @classmethod
     def of_bundle(cls, bundle: Path) -> Scheduler:
         run = RunDir.of_bundle(bundle)
-        return cls(read(PlanDoc, bundle / PLAN_FILE), run, Supervisor(run.socket()), EventLog(run.events))
+        plan, digest = read_plan(bundle / PLAN_FILE)
+        sched = cls(plan, run, Supervisor(run.socket()), EventLog(run.events))
+        sched.sync.plan_digest = digest
+        return sched
+
+    def adopt(self, plan: PlanDoc, digest: str | None = None) -> bool:
+        """A new plan that differs from the one it serves only in its models (PlanDoc.frame), taken on in place:
+        what it serves, its figures and the leases stay. An added model is served from now on; a removed one's
+        queued requests are refused and it is no longer routed (its requests in flight finish); a changed one takes
+        its new settings (supervisord restarts its worker where its program changed). False where the frame
+        differs: this gateway cannot take that plan on (it is restarted instead)."""
+        if plan.frame() != self.plan.frame():
+            return False
+        old = self.plan.models
+        removed = [n for n in old if n not in plan.models]
+        added = [n for n in plan.models if n not in old]
+        changed = [n for n in plan.models if n in old and plan.models[n] != old[n]]
+        for name in removed:
+            m = self.models.pop(name)
+            self.slots.fail_waiters(m, Refused(f"model {name} was removed from the stack", "model_not_found"))
+            if m.starting is not None:
+                m.starting.cancel()
+        for name in added:
+            self.models[name] = Model(name, plan.models[name])
+            self.traffic.setdefault(name, Traffic())
+        for name in changed:
+            m = self.models[name]
+            m.plan = plan.models[name]
+            self.sync.worker_lost(m, "restarted with its new settings")  # asked again once supervisord has it
+        self.plan = plan
+        self.slots.reroute(plan.models)
+        if self.metrics is not None:
+            self.metrics.adopt(self.models)
+        if digest is not None:
+            self.sync.plan_digest = digest
+        self.events.add("plan_adopted", None, by="gateway", added=added, changed=changed, removed=removed)
+        self.sync.write_state(time.time(), Write.DURABLE)
+        self.kick()
+        return True
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self, background: bool = True) -> None:

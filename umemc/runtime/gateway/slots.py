@@ -68,10 +68,18 @@ class Slots:
 
     def __init__(self, models: dict[str, Model], docs: dict[str, ModelDoc], gw: GatewayDoc, admission: Admission):
         self.models, self.gw, self.admission = models, gw, admission
-        self.queues = {n: Queue() for n in models}
-        self.routes = {n: n for n in models}
+        self.queues: dict[str, Queue] = {}
+        self.routes: dict[str, str] = {}
         self.groups: dict[str, list[str]] = {}  # a shared name (models' `serves`) -> the models that share it
+        self.reroute(docs)
+
+    def reroute(self, docs: dict[str, ModelDoc]) -> None:
+        """The names (and aliases, and shared names) these models answer to; a queue for each new one (a removed
+        model's stays until its requests in flight are through: nothing routes to it)."""
+        self.routes = {n: n for n in docs}
+        self.groups = {}
         for n, m in docs.items():
+            self.queues.setdefault(n, Queue())
             self.routes.update({alias: n for alias in m.aliases})
             for shared in m.serves:
                 self.groups.setdefault(shared, []).append(n)

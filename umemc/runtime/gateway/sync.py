@@ -54,6 +54,7 @@ class StateSync:
         self.pressure: float | None = None
         self.published: tuple[Any, ...] | None = None  # what gateway.json says (its time aside)
         self.state_error: str | None = None
+        self.plan_digest: str | None = None  # the plan it serves (contract.read_plan), said in gateway.json
 
     # -- what was seen ----------------------------------------------------------------------------
     def observe(self, m: Model, info: dict[str, Any] | None) -> ProcState:
@@ -164,7 +165,7 @@ class StateSync:
                 tokens_per_s=self.traffic[m.name].tokens_per_s,
             )
         leases = [lease_doc(x) for x in self.book.leases.values()]
-        said = (models, leases, self.generation.status(), self.supervisord_pid)
+        said = (models, leases, self.generation.status(), self.supervisord_pid, self.plan_digest)
         path = self.run.gateway_state
         if how is Write.BEST_EFFORT and said == self.published and os.path.isfile(path):
             return True
@@ -175,6 +176,7 @@ class StateSync:
             models=models,
             leases=leases,
             generation=GenerationDoc(**said[2]),
+            plan_sha256=self.plan_digest,
         )
         try:
             write_atomic(path, dump(doc), durable=how is Write.DURABLE)
