@@ -2,7 +2,8 @@
 """Set-up and entry points for a fresh checkout; needs nothing but python3.
 
     python3 dev.py example   # make .venv, install umemc, build the bundled Strix Halo stack
-    python3 dev.py test      # make .venv with the test extras, run the whole test suite (pytest)
+    python3 dev.py test      # make .venv with the test extras, run the whole test suite (pytest, 4 workers;
+                             # extra arguments go to pytest: -m "not slow" is the fast lane, -n 0 runs serially)
 
 Optional parts the marked tests use (they skip, saying why, where these are absent):
     python3 dev.py setup-llama   # llama-cpp-python[server]: compiles llama.cpp (portable x86-64), ~5 min on 2 cores
@@ -135,6 +136,20 @@ def setup_models() -> int:
     return 0
 
 
+# Most of the suite waits on real processes (supervisord, workers, llama-server) rather than computing, so four
+# pytest-xdist workers shorten the run even on two cores. A test module's tests stay on one worker (loadscope): the
+# modules that bring up one real stack for all their tests (a module-wide fixture) bring it up once.
+WORKERS = "4"
+
+
+def parallel(args: list[str]) -> list[str]:
+    """pytest-xdist's options for the default run, unless the caller chose their own (`-n`, or `-p no:xdist`) or
+    runs one test by its node id, where starting workers costs more than it saves."""
+    chosen = any(a.startswith(("-n", "--numprocesses", "--dist")) or a == "no:xdist" for a in args)
+    single = any("::" in a for a in args)
+    return [] if chosen or single else ["-n", WORKERS, "--dist", "loadscope"]
+
+
 def main(argv: list[str]) -> int:
     what = argv[0] if argv else "help"
     if what == "example":
@@ -166,7 +181,7 @@ def main(argv: list[str]) -> int:
     if what == "test":
         ensure_venv("test")
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-        return subprocess.run([str(PY), "-m", "pytest", *argv[1:]], cwd=ROOT, env=env).returncode
+        return subprocess.run([str(PY), "-m", "pytest", *parallel(argv[1:]), *argv[1:]], cwd=ROOT, env=env).returncode
     print(__doc__)
     return 0 if what in ("help", "-h", "--help") else 2
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import builtins
 import os
+import subprocess
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -98,25 +99,60 @@ memory = "16GiB"
 SLOW_MARKERS = ("llama", "llama_server", "torch")
 
 
-STARTS_SUPERVISORD = ("bring_up(", '["up", ', "start_supervisord(")  # a test that starts one without the fixture
+# What makes a test slow is what it starts: a supervisord (a real stack) or a llama.cpp server. A test that starts
+# one must be in the slow lane (the `stack` fixture, a lane marker, or @pytest.mark.slow); fast_lane_starts_none
+# fails any other test at the moment it would start one.
+SLOW_PROGRAMS = ("supervisord", "supervisor.supervisord", "umemc.runtime.supervisord", "llama-server", "rpc-server")
 
 
-def _starts_supervisord(item: pytest.Item) -> bool:
-    import inspect
+def _slow_program(args: object) -> str | None:
+    words = args if isinstance(args, (list, tuple)) else [args]
+    for word in map(str, words):
+        if word in SLOW_PROGRAMS or Path(word).name in SLOW_PROGRAMS:
+            return word
+    return None
 
-    function = getattr(item, "function", None)
+
+_running: list[pytest.Item] = []  # the test being set up, run or torn down
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    _running.append(item)
     try:
-        source = inspect.getsource(function) if function is not None else ""
-    except (OSError, TypeError):
-        return False
-    return any(s in source for s in STARTS_SUPERVISORD)
+        return (yield)
+    finally:
+        _running.pop()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def fast_lane_starts_none() -> Iterator[None]:
+    """A test outside the slow lane that starts supervisord or a llama.cpp server (in its body or in any fixture
+    it sets up, module-wide ones included) fails, naming it, before the process starts: the lanes are assigned by
+    what a test starts, and checked here."""
+    real = subprocess.Popen.__init__
+
+    def guarded(self, args, *rest, **kwargs):  # type: ignore[no-untyped-def]
+        program = _slow_program(args)
+        test = _running[-1] if _running else None
+        if program is not None and test is not None and not test.get_closest_marker("slow"):
+            raise AssertionError(
+                f"{test.nodeid} starts {program}, which makes it a slow test: mark it @pytest.mark.slow"
+            )
+        real(self, args, *rest, **kwargs)
+
+    subprocess.Popen.__init__ = guarded  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__ = real  # type: ignore[method-assign]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`slow`: every test that brings up a real stack (the `stack` fixture, or supervisord started some other way:
-    bring_up, `umemc up`), or needs a long-built lane, besides the modules and tests marked by hand; `pytest -m
+    """`slow`: every test that brings up a real stack through the `stack` fixture, or needs a long-built lane,
+    besides the modules and tests marked by hand (fast_lane_starts_none holds everything else to it); `pytest -m
     "not slow"` is the fast lane while editing."""
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
-        if "stack" in fixtures or any(item.get_closest_marker(m) for m in SLOW_MARKERS) or _starts_supervisord(item):
+        if "stack" in fixtures or any(item.get_closest_marker(m) for m in SLOW_MARKERS):
             item.add_marker(pytest.mark.slow)

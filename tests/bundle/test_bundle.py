@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from tests.bundle.conftest import build_stack, parse_supervisord
+from tests.conftest import patience
 from tests.runtime.conftest import free_port
 from umemc import write
 
@@ -130,6 +131,7 @@ def _rpc(sock: Path) -> xmlrpc.client.ServerProxy:
     return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=SupervisorTransport(None, None, f"unix://{sock}"))
 
 
+@pytest.mark.slow
 def test_real_supervisord_runs_the_bundle(tmp_path: Path) -> None:
     worker = REPO / "tests/workers/steady.py"
     p1, p2 = free_port(), free_port()
@@ -169,7 +171,7 @@ mode = "cold"
     )
     worker_pids: list[int] = []
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + patience(20)
         while True:
             rpc = _rpc(sock)  # a fresh connection each try: a refused one leaves the transport unusable
             try:
@@ -195,14 +197,14 @@ mode = "cold"
         # ... but until it runs the worker: a SIGTERM that reaches supervisord's child between fork and
         # exec is lost (the child still has supervisord's handler), and the stop would wait 30 s
         while b"steady.py" not in Path(f"/proc/{beta}/cmdline").read_bytes():
-            assert time.monotonic() < deadline + 10, "beta never exec'd its worker"
+            assert time.monotonic() < deadline + patience(10), "beta never exec'd its worker"
             time.sleep(0.02)
     finally:
         try:
             _rpc(sock).supervisor.shutdown()
         except (OSError, xmlrpc.client.Fault):
             proc.terminate()
-        proc.wait(timeout=30)
+        proc.wait(timeout=patience(30))
     for pid in worker_pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 

@@ -357,6 +357,7 @@ def test_observing_a_running_stack(stack, capsys) -> None:
     assert (doc["stack"], doc["running"], w["mode"], w["priority"]) == ("top", True, "hot", 50)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["stack", "bundle"])
 def test_deep_run_dir_runs_with_a_private_socket(tmp_path: Path, target: str) -> None:
     """The socket of a run dir too deep for a unix socket path is given to supervisord from outside the

@@ -1,10 +1,11 @@
-"""Unix socket paths are limited to 107 bytes: a deep run dir gets its socket in a short private
-directory, recorded in the run dir and reused."""
+"""Unix socket paths are limited to 107 bytes (Linux), and supervisord binds SOCKET.PID before linking it into
+place: a deep run dir gets its socket in a short private directory, recorded in the run dir and reused."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import stat
 from pathlib import Path
 
@@ -30,3 +31,28 @@ def test_deep_run_dir_gets_a_private_short_socket(tmp_path: Path) -> None:
         assert run.claim_socket() == sock and run.socket() == sock  # recorded: the same one next time
     finally:
         shutil.rmtree(private)
+
+
+def bind(path: Path) -> None:
+    """Bind a unix socket where supervisord first binds one: PATH.PID, with the largest pid Linux gives."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(f"{path}.4194304")
+        os.unlink(f"{path}.4194304")
+
+
+def test_a_socket_path_that_leaves_no_room_for_supervisords_pid_suffix_moves(tmp_path: Path) -> None:
+    """A run dir whose socket path is 102 bytes fits sun_path (107) but not supervisord's SOCKET.PID (it said
+    "AF_UNIX path too long" and did not start): such a socket moves too; one of 99 bytes stays."""
+    tail = len("/run/state/supervisor.sock")
+    base = str(tmp_path) + "/"
+    for length, moves in ((102, True), (99, False)):
+        where = Path(base + "x" * (length - tail - len(base)))
+        run = RunDir(where / "run")
+        assert len(str(run.default_socket())) == length
+        sock = run.claim_socket()
+        try:
+            assert (sock != run.default_socket()) is moves
+            sock.parent.mkdir(parents=True, exist_ok=True)
+            bind(sock)
+        finally:
+            run.release_socket()

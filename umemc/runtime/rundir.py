@@ -1,5 +1,6 @@
 """The run dir: RUN/bundle (the bundle being run), RUN/state (socket, pid file, logs, events.db,
-enforcer status, records). Unix socket paths are limited to 107 bytes: when RUN/state is too deep,
+enforcer status, records). Unix socket paths are limited (107 bytes on Linux, 103 on macOS), and supervisord
+binds SOCKET.PID first and links it into place, so the path must leave room for a pid: when RUN/state is too deep,
 the socket goes into a short private (0700) directory and RUN/state/socket records where.
 
 Records the exec wrapper writes, one file per process umemc starts (workers and umemc's own):
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -24,7 +26,9 @@ from ..records import write_atomic
 if TYPE_CHECKING:
     from ..contract import PidRecord
 
-SOCKET_MAX = 107
+# sun_path's size less its NUL, less supervisord's temporary name's ".PID" (Linux's pid_max is at most 4194304:
+# seven digits; macOS's pids have five)
+SOCKET_MAX = 103 - len(".99999") if sys.platform == "darwin" else 107 - len(".4194304")
 
 
 class RunDir(NamedTuple):
