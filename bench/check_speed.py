@@ -13,20 +13,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import ROOT, write_section
+from bench.common import ROOT, timed, write_section
 
 PY = sys.executable
 EXAMPLE = ROOT / "examples" / "strix-halo-5.toml"
-
-
-def wall(argv: list[str]) -> float:
-    start = time.perf_counter()
-    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-    return time.perf_counter() - start
 
 
 def big_stack(path: Path, n: int) -> Path:
@@ -34,7 +27,7 @@ def big_stack(path: Path, n: int) -> Path:
     parts = ['version = 1\nname = "big"\n[platform]\nkind = "cpu"\nmemory = "100TiB"\n']
     for i in range(n):
         parts.append(
-            f'[models.m{i}]\nruntime = "llama-server"\narch = "{archs[i % len(archs)]}"\n'
+            f'[models.m{i}]\nruntime = "llama-server"\nmodel = "models/m{i}.gguf"\narch = "{archs[i % len(archs)]}"\n'
             f'context = {2048 * (1 + i % 4)}\nmode = "{"hot" if i % 3 else "cold"}"\npriority = {i % 101}\n'
         )
     path.write_text("\n".join(parts))
@@ -51,9 +44,9 @@ def main() -> int:
     json_check = [PY, "-m", "umemc", "check", str(EXAMPLE), "--format", "json"]
     table_check = [PY, "-m", "umemc", "check", str(EXAMPLE)]  # the table (off a terminal: no colours)
     anchor = [PY, "-c", "import pydantic"]
-    wall(json_check), wall(table_check), wall(anchor)  # warm the page cache
+    timed(json_check), timed(table_check), timed(anchor)  # warm the page cache
     # interleaved: same noise for all three
-    runs3 = [(wall(json_check), wall(table_check), wall(anchor)) for _ in range(runs)]
+    runs3 = [(timed(json_check), timed(table_check), timed(anchor)) for _ in range(runs)]
     a = statistics.median(r[2] for r in runs3)
     rows = []
     for i, label in enumerate(("--format json", "(table)")):
@@ -64,7 +57,7 @@ def main() -> int:
         )
     with tempfile.TemporaryDirectory() as d:
         stack = big_stack(Path(d) / "big.toml", 1000)
-        big = [wall([PY, "-m", "umemc", "check", str(stack), "--format", "json"]) for _ in range(5)]
+        big = [timed([PY, "-m", "umemc", "check", str(stack), "--format", "json"]) for _ in range(5)]
     lines = [
         f"Python {sys.version.split()[0]}, {runs} interleaved runs each, medians (wall clock).",
         "",

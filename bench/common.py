@@ -33,6 +33,18 @@ def llama_python() -> str:
     return str(py)
 
 
+def timed(argv: list[str], ok: tuple[int, ...] = (0,)) -> float:
+    """Seconds the command took. A bench of a command that fails times nothing: an exit outside `ok` (e.g. 2, an
+    invalid stack, which a check reaches at its first error) stops the bench, saying what the command said."""
+    start = time.perf_counter()
+    done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
+    took = time.perf_counter() - start
+    if done.returncode not in ok:
+        said = done.stderr.decode(errors="replace").strip()[-2000:]
+        sys.exit(f"bench: {' '.join(argv)} exited {done.returncode}, so it times nothing:\n{said}")
+    return took
+
+
 def write_section(name: str, body: str) -> None:
     """Replace (or append) the section `## name` of bench/RESULTS.md."""
     text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\nWritten by the scripts in bench/.\n"

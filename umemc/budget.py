@@ -163,8 +163,7 @@ def scaled(plan: Plan, f: float) -> Plan:
         hot_gpu_total=sum(m.gpu_quota_hard for m in hot) if capacity.gpu_budget is not None else 0,
         scale=plan.scale * f,
     )
-    held = held_on_paper(out)
-    return replace(out, cold_admission={m.name: admit(out, m, held) for m in models.values() if not m.hot})
+    return replace(out, cold_admission=admissions(out))
 
 
 def capacity_of(loaded: LoadedStack) -> Capacity:
@@ -209,9 +208,7 @@ def assemble(loaded: LoadedStack, models: dict[str, ModelPlan]) -> Plan:
     hot_total = sum(m.quota_hard for m in hot)
     hot_gpu = sum(m.gpu_quota_hard for m in hot) if cap.gpu_budget is not None else 0
     plan = Plan(*_of(loaded), cap, models, hot_total, hot_gpu, {}, ())
-    held = held_on_paper(plan)  # once: a stack may have hundreds of cold models
-    admission = {m.name: admit(plan, m, held) for m in models.values() if not m.hot}
-    plan = replace(plan, cold_admission=admission)
+    plan = replace(plan, cold_admission=admissions(plan))
     return replace(plan, warnings=tuple(_warnings(loaded, plan, estimates)))
 
 
@@ -227,15 +224,19 @@ def _of(loaded: LoadedStack) -> tuple[Path, Source, Stack, ResolvedPlatform]:
     return loaded.path, loaded.source, loaded.stack, loaded.platform
 
 
-def admit(plan: Plan, cold: ModelPlan, held: list[policy.Held] | None = None) -> ColdAdmission:
-    """Can a cold model start? Alongside the hot set, or by evicting hot models: the one eviction
+def admissions(plan: Plan) -> dict[str, ColdAdmission]:
+    """Can each cold model start? Alongside the hot set, or by evicting hot models: the one eviction
     policy (umemc.policy) on paper, where every hot worker holds its hard quota and none has been
     used yet (lowest priority first, then file order; only as many as needed; never an equal or
-    higher priority)."""
-    decision = policy.decide(need_of(cold), held_on_paper(plan) if held is None else held, [], policy_budget(plan))
-    if not decision.fits:
-        return ColdAdmission(False, False, ())
-    return ColdAdmission(not decision.victims, True, tuple(decision.victims))
+    higher priority). policy.OnPaper answers as policy.decide does, once the hot set is ordered (a stack
+    may have hundreds of cold models)."""
+    paper = policy.OnPaper(held_on_paper(plan), policy_budget(plan))
+    out = {}
+    for m in plan.models.values():
+        if not m.hot:
+            fits, victims = paper.decide(need_of(m))
+            out[m.name] = ColdAdmission(fits and not victims, fits, victims)
+    return out
 
 
 def need_of(m: ModelPlan) -> policy.Need:
@@ -315,12 +316,12 @@ def _cold_warnings(plan: Plan) -> list[str]:
         return out
     cap, load_below = plan.capacity, plan.stack.policy.load_below
     held = held_on_paper(plan)
-    ledger_only = policy.Budget(cap.budget, cap.gpu_budget)
+    by_ledger = policy.OnPaper(held, policy.Budget(cap.budget, cap.gpu_budget))
     pressure = sum(h.ram for h in held) / cap.usable if cap.usable else 0.0
     for name, adm in plan.cold_admission.items():
-        by_budget = policy.decide(need_of(plan.models[name]), held, [], ledger_only)
+        fits, victims = by_ledger.decide(need_of(plan.models[name]))
         calm = f"the hot set's hard quotas hold {pressure:.2f} of usable memory, not below load_below {load_below}"
-        if not adm.admissible and by_budget.fits:
+        if not adm.admissible and fits:
             out.append(
                 f"models.{name}: cold model can never start: it fits the budget, but {calm} and evicting every "
                 "lower-priority hot model does not bring it under; lower the hot set or raise load_below"
@@ -330,7 +331,7 @@ def _cold_warnings(plan: Plan) -> list[str]:
                 f"models.{name}: cold model can never start: even evicting every lower-priority hot "
                 "model leaves too little memory"
             )
-        elif by_budget.fits and set(adm.evicts) != set(by_budget.victims):
+        elif fits and set(adm.evicts) != set(victims):
             out.append(
                 f"models.{name}: cold model fits the budget beside the hot set, but {calm}: "
                 f"it starts only by evicting {', '.join(adm.evicts)}"

@@ -66,11 +66,24 @@ def installed(python: str, module: str) -> bool:
     return program is not None and _module_stamp(program, module) != ABSENT
 
 
+_found: dict[tuple[str, str], str] = {}  # (argv0, PATH or a path's cwd) -> where it was found, while it is there
+
+
 def _located(argv0: str) -> str | None:
-    """The program's absolute path, as PATH or the file system finds it; None when there is none."""
+    """The program's absolute path, as PATH or the file system finds it; None when there is none. A program
+    found once is found again with one stat while PATH is the same and its file is still there (a check of a
+    stack of a thousand models asks for each)."""
+    key = (argv0, os.getcwd() if os.sep in argv0 else os.environ.get("PATH", os.defpath))
+    known = _found.get(key)
+    if known is not None and os.path.isfile(known):
+        return known
     path = shutil.which(argv0) or (argv0 if Path(argv0).is_file() else None)
+    if path is None:
+        _found.pop(key, None)
+        return None
     # not resolved: a venv's python is a symlink to an interpreter without the venv
-    return None if path is None else os.path.abspath(path)
+    _found[key] = os.path.abspath(path)
+    return _found[key]
 
 
 def _module_stamp(python: str, module: str | None) -> str:
