@@ -92,10 +92,11 @@ LAYERS = {
     "budget.py": ("umemc.advice", "umemc.compile", "umemc.targets", "umemc.runtime", "umemc.commands"),
     "estimate": ("umemc.budget", "umemc.advice", "umemc.compile", "umemc.targets", "umemc.runtime"),
     "runtime": (*COMPILE_SIDE, "umemc.launchers", "umemc.targets", "umemc.catalog"),
-    # the Hub: the loader reads its spellings (ref.py, pure); the commands hand the loader its header reader
+    # the Hub: the loader reads its spellings (ref.py, pure); the commands hand the loader its header reader, and the
+    # Hub's reader of bytes is handed what parses them (it parses none itself)
     "hub/ref.py": ("umemc.hub.", "umemc.stack", "umemc.estimate", "umemc.catalog", "umemc.lockfile", "umemc.runtime"),
     "hub": ("umemc.budget", "umemc.advice", "umemc.compile", "umemc.placement", "umemc.targets", "umemc.runtime",
-            "umemc.launchers", "umemc.commands", "umemc.stack"),
+            "umemc.launchers", "umemc.commands", "umemc.stack", "umemc.estimate"),
 }  # fmt: skip
 
 

@@ -42,7 +42,7 @@ def plan_from_arg(stack_arg: str, measure: Measure = Measure.READ, only: list[st
 
 def hub_header(ref: HfRef) -> LockEntry:
     """A Hub model not on disk, sized from its header on the Hub (umemc.hub.remote: a few MB read)."""
-    from ..hub.remote import lock_entry
+    from ..estimate.hub_header import lock_entry
 
     return lock_entry(ref)
 

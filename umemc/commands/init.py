@@ -329,8 +329,9 @@ def _local(directory: Path, stack_dir: Path) -> list[Found]:
 def _on_hub(spelling: str) -> Found:
     from ..errors import RuntimeFailure
     from ..estimate.gguf_file import read
+    from ..estimate.hub_header import lock_entry
     from ..hub.ref import HubFailure, RefError, parse
-    from ..hub.remote import header_copy_path, lock_entry
+    from ..hub.remote import header_copy_path
 
     try:
         ref = parse(spelling)

@@ -86,11 +86,12 @@ def _one(
     args: argparse.Namespace,
 ) -> int:
     """Pull one file (all its parts); returns 1 when the lock gained something to record."""
+    from ..estimate.hub_header import header_fields
     from ..hub.download import needed, pull
     from ..hub.remote import describe
     from ..units import human
 
-    remote = describe(ref)
+    remote = describe(ref, header_fields)
     total = sum(p.size for p in remote.parts)
     parts = f" ({len(remote.parts)} parts)" if len(remote.parts) > 1 else ""
     if args.dry_run:

@@ -6,25 +6,31 @@ The Hub answers a HEAD of `ENDPOINT/OWNER/NAME/resolve/REVISION/PATH` with the c
 `get_hf_file_metadata` reads those headers; the header itself is read here with `Range: bytes=0-N`, N grown
 until the GGUF header parses (4 MiB holds most: a 128k-token vocabulary is ~5 MB), and written into a sparse
 copy of the file's full size in umemc's cache: umemc's header reader and llama.cpp's dry run (which reads no
-weight) both run on that copy as on the real file.
+weight) both run on that copy as on the real file. This module reads bytes and parses none: whoever asks hands in
+what tells a whole header from a cut one (`HeaderFields`; the GGUF reader is the estimator's, and
+umemc.estimate.hub_header makes a lock entry of what is read here).
 
 HF_ENDPOINT, HF_TOKEN and HF_HUB_OFFLINE mean what they mean to huggingface_hub, read when used.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from ..cache import cache_dir
-from ..lockfile import HEAD_BYTES, FileIdentity, HubOrigin, HubPart, LockEntry
+from ..lockfile import HEAD_BYTES
 from .ref import HfRef, HubFailure
+
+# A file's first bytes -> its header's fields when they hold the whole header, None when it runs past them (more is
+# read); a ValueError saying why when they are no header the caller can read.
+HeaderFields = Callable[[bytes], Mapping[str, object] | None]
 
 FIRST_READ = HEAD_BYTES  # the identity umemc records of a file is the sha256 of its first 4 MiB
 # The largest GGUF header read from the Hub: a 256k-token vocabulary with its merges is ~20 MB; a header that goes
@@ -68,8 +74,9 @@ def token() -> str | None:
     return found
 
 
-def describe(ref: HfRef) -> Remote:
-    """Every part's size, checksum and location at the revision's current commit (one HEAD each)."""
+def describe(ref: HfRef, fields: HeaderFields) -> Remote:
+    """Every part's size, checksum and location at the revision's current commit (one HEAD each); a split's first
+    header is read (through `fields`) to check its part count."""
     if offline():
         raise HubFailure("HF_HUB_OFFLINE is set")
     import huggingface_hub as hh
@@ -89,7 +96,7 @@ def describe(ref: HfRef) -> Remote:
         sha = meta.etag if meta.etag and len(meta.etag) == 64 and _hex(meta.etag) else None
         parts.append(RemotePart(path, size, sha, meta.location))
         if i == 0 and len(ref.parts) > 1:  # before a HEAD per part: does the file say it is split that way?
-            parts[0] = _split_checked(parts[0], len(ref.parts))
+            parts[0] = _split_checked(parts[0], len(ref.parts), fields)
     return Remote(ref, commit, parts)
 
 
@@ -116,13 +123,11 @@ def _checked_commit(commit: str | None, ref: HfRef) -> str:
     return commit
 
 
-def _split_checked(first: RemotePart, count: int) -> RemotePart:
+def _split_checked(first: RemotePart, count: int, fields: HeaderFields) -> RemotePart:
     """The first part of a split GGUF, its header read: its `split.count` must be the count its name says (a name
     cannot make umemc ask the Hub about thousands of parts the file does not have)."""
-    from ..estimate.gguf_header import parse_prefix
-
-    head = read_header(first)
-    said = parse_prefix(head).fields.get("split.count")
+    head = read_header(first, fields)
+    said = (fields(head) or {}).get("split.count")
     if said != count:
         raise HubFailure(f"{first.path}: its name says {count} parts, its header says {said!r}")
     return replace(first, header=head)
@@ -183,29 +188,28 @@ def read_prefix(part: RemotePart, n: int) -> bytes:
     return bytes(out[:n])
 
 
-def read_header(part: RemotePart) -> bytes:
-    """The part's first bytes, enough to hold its whole GGUF header (and at least its first 4 MiB)."""
-    from ..estimate.gguf_header import HeaderError, Truncated, parse_prefix
-
+def read_header(part: RemotePart, fields: HeaderFields) -> bytes:
+    """The part's first bytes, enough to hold its whole GGUF header as `fields` tells (and at least its first
+    4 MiB)."""
     if part.header is not None:
         return part.header
     n = min(part.size, FIRST_READ)
     while True:
         data = read_prefix(part, n)
         try:
-            parse_prefix(data)
-            return data
-        except Truncated:
-            if n >= part.size or len(data) < n:
-                raise HubFailure(f"{part.path}: the GGUF header runs past the end of the file") from None
-            if n >= MAX_HEADER:
-                raise HubFailure(
-                    f"{part.path}: a GGUF header larger than {MAX_HEADER >> 20} MiB (the bound on a header umemc "
-                    "reads; a real one is a few MB)"
-                ) from None
-            n = min(part.size, n * 4, MAX_HEADER)
-        except HeaderError as exc:
+            whole = fields(data) is not None
+        except ValueError as exc:
             raise HubFailure(f"{part.path} is not a GGUF file umemc can read: {exc}") from None
+        if whole:
+            return data
+        if n >= part.size or len(data) < n:
+            raise HubFailure(f"{part.path}: the GGUF header runs past the end of the file")
+        if n >= MAX_HEADER:
+            raise HubFailure(
+                f"{part.path}: a GGUF header larger than {MAX_HEADER >> 20} MiB (the bound on a header umemc "
+                "reads; a real one is a few MB)"
+            )
+        n = min(part.size, n * 4, MAX_HEADER)
 
 
 def header_copy_path(ref: HfRef, commit: str) -> Path:
@@ -213,7 +217,7 @@ def header_copy_path(ref: HfRef, commit: str) -> Path:
     return cache_dir() / "hub" / ref.repo / commit / ref.path
 
 
-def header_copy(remote: Remote) -> tuple[Path, int, bytes]:
+def header_copy(remote: Remote, fields: HeaderFields) -> tuple[Path, int, bytes]:
     """Sparse copies of every part (the header real, the rest a hole of the file's size) in the cache, made
     once per commit; returns the first's path, the bytes of the Hub's files they hold (what was read to make
     them), and the first part's first bytes."""
@@ -222,7 +226,7 @@ def header_copy(remote: Remote) -> tuple[Path, int, bytes]:
     for i, part in enumerate(remote.parts):
         path = first.parent / Path(part.path).name
         if not (path.exists() and path.stat().st_size == part.size):
-            _write_sparse(path, read_header(part), part.size)
+            _write_sparse(path, read_header(part, fields), part.size)
         held += min(part.size, path.stat().st_blocks * 512)
         if i == 0:
             with path.open("rb") as f:
@@ -241,26 +245,3 @@ def _write_sparse(path: Path, data: bytes, size: int) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-
-
-def lock_entry(ref: HfRef) -> LockEntry:
-    """What umemc records of a Hub file it has not downloaded: where it comes from, its identity and its
-    header's facts (exactly what the file itself would give)."""
-    from ..estimate.gguf_file import NotGguf, locked_header, read
-
-    remote = describe(ref)
-    first, held, head = header_copy(remote)
-    try:
-        facts = read(first)
-    except NotGguf as exc:
-        raise HubFailure(f"{ref.repo}/{ref.path}: {exc}") from None
-    origin = HubOrigin(
-        repo=ref.repo,
-        path=ref.path,
-        revision=ref.revision,
-        commit=remote.commit,
-        parts=[HubPart(path=p.path, size=p.size, sha256=p.sha256) for p in remote.parts],
-        header_bytes=held,
-    )
-    ident = FileIdentity(size=remote.parts[0].size, sha256_head=hashlib.sha256(head[:HEAD_BYTES]).hexdigest())
-    return LockEntry(file=ident, hub=origin, header=locked_header(facts))

@@ -113,8 +113,8 @@ def load_stack(
 ) -> LoadedStack:
     """The whole load stage: read, parse, validate, check, resolve. `locks`: the stack's lock entries when the
     caller holds newer ones than its file (llama.cpp's answers it could not write). `hub`: how to size a
-    model named on the Hub (`hf`) that is neither on disk nor in the lock (umemc.hub.remote.lock_entry, which
-    reads its header over the network); without it such a model is sized as if the Hub were unreachable."""
+    model named on the Hub (`hf`) that is neither on disk nor in the lock (umemc.estimate.hub_header.lock_entry,
+    which reads its header over the network); without it such a model is sized as if the Hub were unreachable."""
     from .. import lockfile
 
     doc = read_document(path, shown)

@@ -1,5 +1,6 @@
-"""`umemc build STACK --target kubernetes`: the same plan as Kubernetes objects, written by PyYAML (no
-hand-made YAML: every value is escaped by the library). Plain manifests, one file per model plus the
+"""`umemc build STACK --target kubernetes`: the same plan as Kubernetes objects, written as YAML text by
+umemc.targets.yamltext (every string plain only where a YAML reader takes it back as that string, else quoted;
+tests/test_yamltext.py reads every manifest back with PyYAML). Plain manifests, one file per model plus the
 shared objects and a kustomization.yaml, so `kubectl apply -k DIR/kubernetes` or a kustomize overlay
 takes them as they are.
 
