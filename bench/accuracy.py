@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import ROOT, llama_python, write_section
-from umemc.budget import make_plan
+from umemc.budget.plan import make_plan
 from umemc.estimate.figures import Estimate
 from umemc.stack.resolve import load_stack
 from umemc.testing.tinygguf import TinySpec, write_tiny_gguf
@@ -127,8 +127,8 @@ SERVED = {"gqa-f16": (2048, True), "gqa-q8": (1024, False), "qwen2-q8": (2048, T
 def served(tmp: Path) -> str:
     """The running servers (`python -m llama_cpp.server` with umemc's compiled argv, under the same
     interpreter as umemc): estimate vs llama.cpp's report vs resident memory after filling the context."""
-    from umemc.budget import make_plan
-    from umemc.compile import compile_bundle
+    from umemc.budget.plan import make_plan
+    from umemc.compile.bundle import compile_bundle
     from umemc.runtime.measure import measure
 
     lines = [
@@ -483,7 +483,7 @@ def _three_ways(stack: Path) -> tuple[Estimate, Estimate, str]:
 
 
 def _dry_run_cost(stack: Path) -> str:
-    """What the recorded dry run cost (umemc.dryrun measures it: wait4's peak RSS, /proc/PID/io rchar)."""
+    """What the recorded dry run cost (umemc.estimate.dryrun measures it: wait4's peak RSS, /proc/PID/io rchar)."""
     from umemc import lockfile
 
     run = lockfile.load(stack)["m"].dry_run
@@ -498,7 +498,7 @@ def _served_load(stack: Path, tmp: Path) -> dict[str, int]:
     listens; the process is stopped by its pid."""
     import time
 
-    from umemc.compile import compile_bundle
+    from umemc.compile.bundle import compile_bundle
     from umemc.lockfile import totals
     from umemc.runtime.llamalog import parse_buffers
 

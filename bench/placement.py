@@ -1,4 +1,4 @@
-"""Placement (umemc/placement.py) and `umemc check` of many-node stacks: speed against an anchor measured in
+"""Placement (umemc/budget/placement.py) and `umemc check` of many-node stacks: speed against an anchor measured in
 the same run, and distance from the optimum.
 
     python bench/placement.py
@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import timed, write_section
-from umemc.placement import Bin, Item, Need, place
+from umemc.budget.placement import Bin, Item, Need, place
 
 GiB = 2**30
 PY = sys.executable
@@ -61,7 +61,7 @@ def stack_text(models: int, nodes: int, rng: random.Random) -> str:
 
 
 def speed(rng: random.Random) -> list[tuple[int, int, float, float, float, int, int, float]]:
-    from umemc.budget import make_plan
+    from umemc.budget.plan import make_plan
     from umemc.stack.resolve import load_stack
 
     rows = []
@@ -83,7 +83,7 @@ def speed(rng: random.Random) -> list[tuple[int, int, float, float, float, int, 
 
 def _place_time(path: Path) -> float:
     """place() alone on the stack's own bins and items (the budget stage builds them)."""
-    from umemc import budget
+    from umemc.budget import plan as budget
     from umemc.stack.resolve import load_stack
 
     captured: dict[str, tuple[list[Bin], list[Item]]] = {}

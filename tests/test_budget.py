@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from umemc.budget import hard_quota, make_plan
+from umemc.budget.plan import hard_quota, make_plan
 from umemc.stack.resolve import load_stack
 from umemc.units import GiB, MiB
 
@@ -224,8 +224,8 @@ def test_a_missing_file_builds_only_with_files_later(write_stack, run_cli, tmp_p
 
 def test_advice_is_a_stage_above_the_budget_run_only_when_it_does_not_fit(write_stack, monkeypatch) -> None:
     """The budget never re-estimates; advice does, and only for a stack that does not fit."""
-    import umemc.advice as advice_stage
-    from umemc.advice import advise
+    import umemc.budget.advice as advice_stage
+    from umemc.budget.advice import advise
 
     calls: list[str] = []
     real = advice_stage.estimate_model
@@ -259,7 +259,7 @@ def test_advice_is_a_stage_above_the_budget_run_only_when_it_does_not_fit(write_
 def test_a_scaled_rehearsal_decides_as_the_full_size(example: Path, f: float) -> None:
     """`up --simulate --scale F`: every capacity and quota times F; what fits and what a cold start evicts are
     the full size's (the one policy asked again on the scaled figures)."""
-    from umemc.budget import make_plan, scaled
+    from umemc.budget.plan import make_plan, scaled
     from umemc.stack.resolve import load_stack
 
     plan = make_plan(load_stack(example))
@@ -320,7 +320,7 @@ def test_the_quantizations_advice_tries_stop_at_what_the_model_tolerates(write_s
     """Embeddings stay at 8 bits, vision at 5; a language model goes lower the larger it is (8B: Q3_K_M, 32B:
     IQ3_XXS, 235B: IQ2_XXS), never below its min_quant (Q4_K_S, 4.67 bits: Q4_K_M's 4.89 is the last above it);
     gpt-oss's experts are MXFP4 as trained, so no k-quant is offered."""
-    from umemc.advice import lower_quants
+    from umemc.budget.advice import lower_quants
 
     plan = make_plan(load_stack(write_stack(FLOORS)))
     assert {name: lower_quants(m) for name, m in plan.models.items()} == {

@@ -279,7 +279,7 @@ def test_a_command_imports_only_itself(tmp_path: Path) -> None:
         "import sys; from umemc.cli import main; code = main(['check', sys.argv[1]]); "
         "print(sorted(m for m in sys.modules if m.startswith('umemc.commands.')), code, "
         "'umemc.contract' in sys.modules, 'rich' in sys.modules, "
-        "[m for m in ('umemc.placement', 'difflib', 'subprocess') if m in sys.modules])"
+        "[m for m in ('umemc.budget.placement', 'difflib', 'subprocess') if m in sys.modules])"
     )
     done = subprocess.run([sys.executable, "-c", probe, str(stack)], capture_output=True, text=True, timeout=120)
     # nor the runtime's documents (umemc.contract): the lock file's base is umemc.document; nor rich, off a

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from umemc.budget import make_plan
+from umemc.budget.plan import make_plan
 from umemc.commands.build import build
 from umemc.contract import ContractError, EnforcerStatus, PlanDoc, WorkerStatus, dump, parse, read
 from umemc.stack.resolve import load_stack

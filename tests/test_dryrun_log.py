@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from umemc.dryrun import FIT_PARAMS, FIT_PARAMS_TRIES, RuntimeFailure, Tool, bound, run
+from umemc.estimate.dryrun import FIT_PARAMS, FIT_PARAMS_TRIES, RuntimeFailure, Tool, bound, run
 from umemc.lockfile import tool_identity
 
 RECORDED = Path(__file__).resolve().parent / "recorded"

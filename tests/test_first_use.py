@@ -56,7 +56,7 @@ def test_a_preset_projector_sizes_a_missing_mmproj(write_stack, run_cli, tmp_pat
     assert report["warnings"][1] == (
         'stack.toml:10:10: models.m.mmproj: file not found, estimating from the projector of arch = "qwen2.5-vl-7b"'
     )
-    from umemc.budget import make_plan
+    from umemc.budget.plan import make_plan
     from umemc.stack.resolve import load_stack
 
     weights = make_plan(load_stack(tmp_path / "stack.toml")).models["m"].estimate.weights

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from umemc.budget import make_plan
+from umemc.budget.plan import make_plan
 from umemc.commands.build import build_kubernetes
 from umemc.stack.resolve import load_stack
 

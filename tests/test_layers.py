@@ -73,30 +73,51 @@ def files(sub: str) -> list[Path]:
     return [target] if target.suffix == ".py" else sorted(target.rglob("*.py"))
 
 
-ALLOWED_BELOW = {"umemc", "umemc.errors", "umemc.records", "umemc.chars", "umemc.units"}
-COMPILE_SIDE = ("umemc.stack", "umemc.estimate", "umemc.budget", "umemc.compile", "umemc.advice", "umemc.placement")
+# the stage packages' own __init__ modules hold a docstring and import nothing: reaching one reaches nothing
+ALLOWED_BELOW = {
+    "umemc",
+    "umemc.errors",
+    "umemc.records",
+    "umemc.chars",
+    "umemc.units",
+    "umemc.budget",
+    "umemc.compile",
+}
+# the compile-time pipeline, in its order; the one eviction policy (umemc.budget.policy) is shared with the runtime
+COMPILE_SIDE = (
+    "umemc.stack",
+    "umemc.estimate",
+    "umemc.budget.plan",
+    "umemc.budget.advice",
+    "umemc.budget.placement",
+    "umemc.compile",
+)
 LAYERS = {
     # module or package -> prefixes it must not reach, directly or through what it imports
-    "catalog": (*COMPILE_SIDE, "umemc.runtime", "umemc.launchers"),
-    "policy.py": ("umemc.",),
+    "catalog": (*COMPILE_SIDE, "umemc.runtime"),
+    "budget/policy.py": ("umemc.",),
     "records.py": ("umemc.",),
     "names.py": ("umemc.",),
-    "document.py": ("umemc.contract", "umemc.lockfile", "umemc.policy", *COMPILE_SIDE, "umemc.runtime"),
+    "document.py": ("umemc.contract", "umemc.lockfile", "umemc.budget.policy", *COMPILE_SIDE, "umemc.runtime"),
     "chars.py": ("umemc.",),
     "contract.py": (*COMPILE_SIDE, "umemc.runtime", "umemc.lockfile", "umemc.catalog"),
-    "lockfile.py": (*COMPILE_SIDE, "umemc.runtime", "umemc.catalog", "umemc.launchers"),
+    "lockfile.py": (*COMPILE_SIDE, "umemc.runtime", "umemc.catalog"),
     # llama.cpp's dry run: the estimator checks a recorded answer with it, the commands run it
-    "dryrun.py": (*COMPILE_SIDE, "umemc.runtime", "umemc.catalog", "umemc.launchers", "umemc.commands"),
-    "stack": (*COMPILE_SIDE[1:], "umemc.runtime", "umemc.launchers"),
+    "estimate/dryrun.py": ("umemc.stack", "umemc.estimate.", "umemc.budget.", "umemc.compile", "umemc.runtime",
+                           "umemc.catalog", "umemc.commands"),
+    "stack": (*COMPILE_SIDE[1:], "umemc.runtime"),
     # advice is a stage above the budget (it re-estimates only a stack that does not fit)
-    "budget.py": ("umemc.advice", "umemc.compile", "umemc.targets", "umemc.runtime", "umemc.commands"),
-    "estimate": ("umemc.budget", "umemc.advice", "umemc.compile", "umemc.targets", "umemc.runtime"),
-    "runtime": (*COMPILE_SIDE, "umemc.launchers", "umemc.targets", "umemc.catalog"),
+    "budget/plan.py": ("umemc.budget.advice", "umemc.compile", "umemc.targets", "umemc.runtime", "umemc.commands"),
+    "budget/placement.py": ("umemc.budget.plan", "umemc.budget.advice", "umemc.estimate", "umemc.stack",
+                            "umemc.compile", "umemc.targets", "umemc.runtime", "umemc.commands"),
+    "estimate": ("umemc.budget.", "umemc.compile", "umemc.targets", "umemc.runtime"),
+    "compile": ("umemc.budget.advice", "umemc.targets", "umemc.commands"),
+    "runtime": (*COMPILE_SIDE, "umemc.targets", "umemc.catalog"),
     # the Hub: the loader reads its spellings (ref.py, pure); the commands hand the loader its header reader, and the
     # Hub's reader of bytes is handed what parses them (it parses none itself)
     "hub/ref.py": ("umemc.hub.", "umemc.stack", "umemc.estimate", "umemc.catalog", "umemc.lockfile", "umemc.runtime"),
-    "hub": ("umemc.budget", "umemc.advice", "umemc.compile", "umemc.placement", "umemc.targets", "umemc.runtime",
-            "umemc.launchers", "umemc.commands", "umemc.stack", "umemc.estimate"),
+    "hub": ("umemc.budget.", "umemc.compile", "umemc.targets", "umemc.runtime", "umemc.commands", "umemc.stack",
+            "umemc.estimate"),
 }  # fmt: skip
 
 
@@ -112,6 +133,22 @@ def test_imports_point_down(sub: str) -> None:
     assert not bad, sorted(bad)
 
 
+def test_the_package_reads_as_its_pipeline() -> None:
+    """`ls umemc/` shows the stages as packages (stack -> estimate -> budget -> compile -> targets -> runtime, with
+    the commands, the catalog and the Hub beside them); the modules at the root are the small ones every stage
+    shares. A stage's module belongs in its stage's package."""
+    packages = {p.name for p in PKG.iterdir() if (p / "__init__.py").is_file()}
+    assert {"stack", "estimate", "budget", "compile", "targets", "runtime"} <= packages
+    loose = {p.stem for p in PKG.glob("*.py")}
+    assert loose == {
+        "__init__", "__main__", "cache", "chars", "cli", "contract", "document", "errors", "helptext", "lockfile",
+        "names", "records", "units", "worker", "write",
+    }  # fmt: skip
+    for stage in ("budget", "compile"):
+        init = PKG / stage / "__init__.py"
+        assert not umemc_imports(init), f"{init} imports: reaching the package must reach nothing"
+
+
 def test_the_layer_check_sees_through_imports() -> None:
     """The check follows imports: the stack loader reaches the lock file and the document base below it, and not
     the runtime's contract."""
@@ -122,7 +159,7 @@ def test_the_layer_check_sees_through_imports() -> None:
 
 def test_every_runtime_has_one_launcher() -> None:
     from umemc.catalog.runtimes import RUNTIMES
-    from umemc.launchers import RUNTIMES as LAUNCHERS
+    from umemc.compile.launchers import RUNTIMES as LAUNCHERS
 
     assert list(LAUNCHERS) == list(RUNTIMES)
 

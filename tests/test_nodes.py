@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from umemc.budget import make_plan
+from umemc.budget.plan import make_plan
 from umemc.stack.resolve import load_stack
 
 GiB, MiB = 2**30, 2**20
@@ -290,7 +290,7 @@ def test_every_model_is_resolved_once_per_node_kind(write_stack, monkeypatch: py
     and the budget and the advice after it (every node's view) only read what load resolved."""
     from dataclasses import FrozenInstanceError
 
-    from umemc.advice import advise
+    from umemc.budget.advice import advise
     from umemc.stack import resolve
 
     calls: list[tuple[str, str]] = []

@@ -1,4 +1,4 @@
-"""umemc.placement on its own (pure arithmetic): against a brute force of every assignment on small random
+"""umemc.budget.placement on its own (pure arithmetic): against a brute force of every assignment on small random
 instances (the priority-lexicographic optimum, and never a false "does not fit"), the passes on hand-made
 instances, GPU devices as a third ledger, and a large random instance at half its capacity."""
 
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from umemc.placement import Bin, Item, Need, place
+from umemc.budget.placement import Bin, Item, Need, place
 
 GiB = 2**30
 
@@ -270,9 +270,9 @@ def independent_cold_answer(
 ) -> tuple[str, ...] | None:
     """The single-machine policy's answer on the same figures, with the device as one more resource: walk the
     policy's eviction order (lowest priority first) and stop at the first prefix after which the need fits
-    beside what is left (umemc.policy.decide says so with no victim) and a device is free; every pod stopped must
+    beside what is left (umemc.budget.policy.decide says so with no victim) and a device is free; every pod stopped must
     be of a lower priority. None: it cannot start there."""
-    from umemc import policy
+    from umemc.budget import policy
 
     held = [policy.Held.on_paper(n, p, x.ram, x.gpu) for n, p, x in hot]
     order = policy.eviction_order(held)

@@ -1,9 +1,9 @@
-"""The one eviction policy (umemc.policy): its arithmetic exact to the byte, and the three paths that use
+"""The one eviction policy (umemc.budget.policy): its arithmetic exact to the byte, and the three paths that use
 it (`umemc check`, the gateway, the enforcer) choosing the same victims."""
 
 from __future__ import annotations
 
-from umemc.policy import Budget, Held, Lease, Need, decide
+from umemc.budget.policy import Budget, Held, Lease, Need, decide
 
 MiB = 1024 * 1024
 
@@ -144,7 +144,7 @@ EXPECTED = ["a", "c"]
 def test_check_gateway_and_enforcer_choose_the_same_victims(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The same stack, nothing used yet: `umemc check`'s cold admission, the gateway's decision and
     the enforcer's pressure guard (stopping until 652 MiB are freed) name the same workers."""
-    from umemc.budget import make_plan
+    from umemc.budget.plan import make_plan
     from umemc.commands.build import build
     from umemc.runtime.enforcer import Enforcer
     from umemc.runtime.gateway.lifecycle import Phase
@@ -184,7 +184,7 @@ def test_on_paper_gives_decide_s_answer_for_every_need() -> None:
     decide() itself on 2000 random hot sets and cold needs, pressure rule included."""
     import random
 
-    from umemc.policy import Budget, Held, OnPaper, decide
+    from umemc.budget.policy import Budget, Held, OnPaper, decide
 
     rng = random.Random(7)
     for _ in range(2000):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from umemc.budget import make_plan
+from umemc.budget.plan import make_plan
 from umemc.stack.resolve import load_stack
 from umemc.targets.table import Grid, Line, budget_blocks, plain_stdout, plain_text, rich_group
 

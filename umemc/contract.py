@@ -18,8 +18,8 @@ import hashlib
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
+from .budget.policy import Lease
 from .document import ContractError, Doc, Document, dump, parse, read, read_optional
-from .policy import Lease
 
 __all__ = ["CgroupRecord", "ContractError", "Doc", "Document", "PidRecord", "dump", "parse", "read", "read_optional"]
 

@@ -9,7 +9,7 @@ For each llama.cpp-family model with a real file it records
   "measured") while the flags still match, ignored with a warning naming what changed otherwise;
 - for a file named on the Hugging Face Hub (`hf`), where it comes from (`hub`: repository, revision, commit,
   each part's size and sha256): its header facts are read from the Hub before it is downloaded;
-- llama.cpp's own dry run (`dry_run`, umemc.dryrun): what llama.cpp would allocate with exactly the flags the
+- llama.cpp's own dry run (`dry_run`, umemc.estimate.dryrun): what llama.cpp would allocate with exactly the flags the
   launcher passes, without reading a weight, with the identity of the llama.cpp that answered — used instead
   of the estimate (source "llama.cpp") while the flags, the file and that llama.cpp are unchanged.
 A torch worker records its flags and its measured peak.

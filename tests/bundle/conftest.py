@@ -8,7 +8,7 @@ from unittest import mock
 
 import pytest
 
-from umemc.budget import make_plan
+from umemc.budget.plan import make_plan
 from umemc.commands.build import build
 from umemc.stack.resolve import load_stack
 

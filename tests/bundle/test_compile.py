@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from umemc.budget import make_plan
-from umemc.compile import compile_bundle
+from umemc.budget.plan import make_plan
+from umemc.compile.bundle import compile_bundle
 from umemc.stack.resolve import load_stack
 
 HEAD = """version = 1

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from umemc.budget import make_plan
+from umemc.budget.plan import make_plan
 from umemc.catalog.archs import LLM_PRESETS
 from umemc.stack.resolve import load_stack
 from umemc.units import MiB

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from umemc.budget import make_plan
+from umemc.budget.plan import make_plan
 from umemc.stack.resolve import load_stack
 from umemc.testing.tinygguf import TinySpec, write_tiny_gguf
 

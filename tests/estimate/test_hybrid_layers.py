@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from umemc.budget import make_plan
+from umemc.budget.plan import make_plan
 from umemc.stack.resolve import load_stack
 from umemc.testing.discover import ArchSpec, write_discovered
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from umemc.budget import make_plan
+from umemc.budget.plan import make_plan
 from umemc.stack.resolve import load_stack
 from umemc.testing.sparsegguf import write_sparse_gguf
 from umemc.testing.tinyarchs import TINY

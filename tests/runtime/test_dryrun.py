@@ -1,4 +1,4 @@
-"""llama.cpp's own dry run (umemc.dryrun) against llama.cpp's real load of the same file with the same argv.
+"""llama.cpp's own dry run (umemc.estimate.dryrun) against llama.cpp's real load of the same file with the same argv.
 
 The model is a small Falcon-H1 (every layer attends and recurs: the architecture umemc's hand model used to miss
 low) laid out by llama.cpp's loader (umemc.testing.discover) and written by the gguf package; the llama-server
@@ -72,8 +72,8 @@ def stack(tmp_path: Path, model: Path, *, context: int = 2048, parallel: int = 2
 
 def real_load(stack_path: Path, tmp_path: Path) -> dict[str, int]:
     """llama-server started with the argv umemc compiles, its buffer lines read once it listens, stopped by pid."""
-    from umemc.budget import make_plan
-    from umemc.compile import compile_bundle
+    from umemc.budget.plan import make_plan
+    from umemc.compile.bundle import compile_bundle
     from umemc.stack.resolve import load_stack
 
     plan = make_plan(load_stack(stack_path, locks={}))
@@ -170,7 +170,7 @@ def test_llama_fit_params_agrees_on_weights_and_kv(falcon: Path, tmp_path: Path)
     """Beside a llama-server without --fit, llama-fit-params answers with llama.cpp's generic context settings:
     the same weights and KV; its compute reserves logits for the whole ubatch (the server one row per sequence),
     so it is never below the server's."""
-    from umemc.dryrun import FIT_PARAMS, Tool, run
+    from umemc.estimate.dryrun import FIT_PARAMS, Tool, run
     from umemc.lockfile import tool_identity
 
     fit = Path(BINARY).resolve().parent / "llama-fit-params"
@@ -188,8 +188,8 @@ def test_llama_fit_params_agrees_on_weights_and_kv(falcon: Path, tmp_path: Path)
 
 @pytest.mark.llama
 def test_llama_cpp_python_dry_run_equals_its_load(falcon: Path, tmp_path: Path, run_cli: Any) -> None:
-    from umemc.budget import make_plan
-    from umemc.compile import compile_bundle
+    from umemc.budget.plan import make_plan
+    from umemc.compile.bundle import compile_bundle
     from umemc.runtime.measure import measure
     from umemc.stack.resolve import load_stack
 

@@ -47,7 +47,7 @@ def stack_text(tmp_path: Path, budget_mib: int) -> str:
 
 
 def test_llama_server_end_to_end_with_kv_slots_kept_across_an_eviction(stack: Any, tmp_path: Path) -> None:
-    from umemc.budget import make_plan
+    from umemc.budget.plan import make_plan
     from umemc.stack.resolve import load_stack
 
     (tmp_path / "probe.toml").write_text(stack_text(tmp_path, 100_000))

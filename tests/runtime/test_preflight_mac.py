@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.runtime.test_darwin import SYSCTL, VM_STAT, box
-from umemc.budget import make_plan
+from umemc.budget.plan import make_plan
 from umemc.commands.build import build
 from umemc.contract import PlanDoc, read
 from umemc.runtime.preflight import Preflight

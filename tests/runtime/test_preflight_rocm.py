@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from umemc.budget import make_plan
+from umemc.budget.plan import make_plan
 from umemc.commands.build import build
 from umemc.contract import PlanDoc, read
 from umemc.runtime.preflight import Preflight

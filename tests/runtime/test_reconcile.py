@@ -139,7 +139,7 @@ def test_up_again_with_changed_models_keeps_the_gateway_and_the_enforcer(stack: 
 
 def test_what_changed_for_umemc_own_programs(tmp_path: Path) -> None:
     """Models alone: taken on in place; the gateway's settings, the policy or the token: a restart."""
-    from umemc.budget import make_plan
+    from umemc.budget.plan import make_plan
     from umemc.commands.build import build
     from umemc.runtime.reconcile import Change, what_changed
     from umemc.stack.resolve import load_stack

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.runtime.conftest import start_of
-from umemc.budget import make_plan
+from umemc.budget.plan import make_plan
 from umemc.commands.build import build
 from umemc.contract import GatewayState, PlanDoc, read
 from umemc.runtime.events import EventLog

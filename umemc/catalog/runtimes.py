@@ -1,6 +1,6 @@
 """The runtimes umemc can start, and what the stack language needs to know of each: the family of
 models it serves, which family's models it may run, whether it is llama.cpp. How each is started
-(its argv, health URL, pinned flags) is in umemc/launchers/, one module per runtime; a test checks
+(its argv, health URL, pinned flags) is in umemc/compile/launchers/, one module per runtime; a test checks
 that the two lists agree."""
 
 from __future__ import annotations

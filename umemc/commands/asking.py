@@ -1,4 +1,4 @@
-"""Asking llama.cpp (umemc.dryrun) before a stack is budgeted: `check --measure`, `build`, `up` and
+"""Asking llama.cpp (umemc.estimate.dryrun) before a stack is budgeted: `check --measure`, `build`, `up` and
 `calibrate --dry-run` run its dry run for every llama.cpp model whose file is here and record the answers in the
 stack's lock (`<stack>.calibration.json`), where later checks find them without running anything."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..budget import Plan
+    from ..budget.plan import Plan
     from ..lockfile import LockEntry
     from ..stack.resolve import LoadedStack, ResolvedModel
 
@@ -34,13 +34,13 @@ def ask_llama_cpp(loaded: LoadedStack, plan: Plan, measure: Measure, only: list[
     """Run the dry run where `measure` says; returns the stack's lock entries with the new answers."""
     from .. import lockfile
     from ..catalog.runtimes import LLAMA_RUNTIMES
-    from ..compile import compile_bundle
-    from ..dryrun import bound, find_tool, run
+    from ..compile.bundle import compile_bundle
+    from ..compile.launchers import dry_run_args
     from ..errors import RuntimeFailure
     from ..estimate import keys
+    from ..estimate.dryrun import bound, find_tool, run
     from ..estimate.gguf_file import locked_header
     from ..estimate.gguf_file import read as read_gguf
-    from ..launchers import dry_run_args
 
     out = Asked(dict(loaded.calibration))
     if measure is Measure.READ or plan.nodes:  # several nodes: each asks its own llama.cpp (`--node`)

@@ -12,7 +12,7 @@ from ..errors import UsageError
 from .common import console, plan_from_arg
 
 if TYPE_CHECKING:
-    from ..budget import Plan
+    from ..budget.plan import Plan
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -45,7 +45,7 @@ def add_no_measure(p: argparse.ArgumentParser) -> None:
 def build(plan: Plan, out: Path, simulate: bool = False, files_later: bool | None = None) -> list[str]:
     """Compile, render and write atomically; returns the relative paths written. files_later (`umemc
     build`): refuse model files the runtime needs and the stack lacks, after what cannot be compiled."""
-    from ..compile import compile_bundle
+    from ..compile.bundle import compile_bundle
     from ..targets.files import render_bundle
     from ..write import write_bundle
 
@@ -62,7 +62,7 @@ def build(plan: Plan, out: Path, simulate: bool = False, files_later: bool | Non
 def refuse_missing_files(plan: Plan, files_later: bool | None) -> None:
     """No model key is always refused; a named file that is not there yet only without --files-later.
     None: not asked (`umemc up` builds too, and its preflight says what is missing)."""
-    from ..budget import missing_files
+    from ..budget.plan import missing_files
 
     if files_later is None:
         return
@@ -90,7 +90,7 @@ def build_kubernetes(plan: Plan, out: Path, files_later: bool | None = None) -> 
 def node_bundles(plan: Plan) -> dict[str, str]:
     """A stack with [nodes]: one complete bundle per node under nodes/NAME/ (each runnable with
     `umemc up DIR/nodes/NAME` on that machine), and the whole stack's budget and placement on top."""
-    from ..compile import compile_bundle
+    from ..compile.bundle import compile_bundle
     from ..targets.files import render_bundle
     from ..targets.report import budget_json, budget_markdown
     from ..write import MARKER, MARKER_TEXT

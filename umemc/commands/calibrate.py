@@ -33,9 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     from .. import lockfile
-    from ..budget import make_plan
+    from ..budget.plan import make_plan
     from ..catalog.runtimes import LLAMA_RUNTIMES
-    from ..compile import compile_bundle
+    from ..compile.bundle import compile_bundle
     from ..estimate import keys
     from ..estimate.gguf_file import locked_header
     from ..estimate.gguf_file import read as read_gguf
@@ -118,7 +118,7 @@ def _report(name: str, est: Any, entry: LockEntry) -> None:
 def _dry_run(args: argparse.Namespace) -> int:
     """`calibrate --dry-run`: what `check --measure` records, with each answer set beside the hand estimate."""
     from .. import lockfile
-    from ..budget import make_plan
+    from ..budget.plan import make_plan
     from ..stack.resolve import load_stack
     from .asking import Measure
     from .common import plan_from_arg

@@ -7,8 +7,8 @@ import argparse
 import json
 import sys
 
-from ..budget import Plan
-from ..compile import compile_bundle
+from ..budget.plan import Plan
+from ..compile.bundle import compile_bundle
 from ..errors import StackError
 from .asking import Measure
 from .build import refuse_missing_files

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..budget import Plan, make_plan
+from ..budget.plan import Plan, make_plan
 from ..stack.resolve import load_stack
 from .asking import Measure
 
@@ -21,7 +21,7 @@ def plan_from_arg(stack_arg: str, measure: Measure = Measure.READ, only: list[st
     """Load, estimate and budget the stack named on the command line (errors carry its spelling); a
     stack that does not fit gets its advice. `measure`: whether llama.cpp's dry run is asked first (and
     recorded in the stack's lock) where llama.cpp is on this machine."""
-    from ..advice import advise
+    from ..budget.advice import advise
 
     path = Path(stack_arg)
     loaded = load_stack(path, shown=stack_arg, hub=hub_header)

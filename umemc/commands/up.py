@@ -17,7 +17,7 @@ from .build import add_no_measure
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ..budget import Plan
+    from ..budget.plan import Plan
     from ..contract import PlanDoc
     from ..runtime.control import Stack
     from ..runtime.rundir import RunDir
@@ -283,7 +283,7 @@ PLACEHOLDER_FLOOR = 64 * 1024 * 1024  # a placeholder process's interpreter alon
 
 def rehearsal(plan: Plan, f: float) -> Plan:
     """The plan at F of its size; refused when a placeholder could not hold so little (its own interpreter)."""
-    from ..budget import scaled
+    from ..budget.plan import scaled
     from ..units import human
 
     small = min(plan.models.values(), key=lambda m: m.quota_soft)

@@ -126,9 +126,9 @@ def _asked(
     vision: tuple[Figure, Figure] | None,
     warnings: list[str],
 ) -> tuple[Figure, Figure, Figure] | None:
-    """llama.cpp's own dry run (umemc.dryrun) recorded in the lock, while it still answers for this model: the
+    """llama.cpp's own dry run (umemc.estimate.dryrun) recorded in the lock, while it still answers for this model: the
     same flags, the same file (_checked_entry) and, where that llama.cpp is on this machine, the same build."""
-    from ..dryrun import still_answers
+    from .dryrun import still_answers
 
     if entry is None or entry.dry_run is None:
         return None

@@ -11,9 +11,9 @@ import xmlrpc.client
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..budget.policy import Budget, Held, Lease, Need, decide
 from ..contract import ContractError, EnforcerStatus, GatewayState, ModelDoc, PlanDoc, parse, read_optional, read_plan
 from ..names import STANDBY
-from ..policy import Budget, Held, Lease, Need, decide
 from .rundir import ENFORCER, GATEWAY
 from .supervisor import ANSWERING, LIVE, ProcState
 

@@ -140,7 +140,7 @@ def start_supervisord(run: RunDir, plan: PlanDoc, *, foreground: bool) -> None:
 
     wrap = [
         sys.executable,
-        "-I",  # isolated and without the site step, like every wrapper (umemc.compile.wrap_argv)
+        "-I",  # isolated and without the site step, like every wrapper (umemc.compile.bundle.wrap_argv)
         "-S",
         WRAP_ENTRY,
         "--stack",

@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0  # pragma: no cover - exec does not return
 
 
-WORKER_ENV_PREFIX = "UMEMC_ENV_"  # umemc.compile.WORKER_ENV_PREFIX
+WORKER_ENV_PREFIX = "UMEMC_ENV_"  # umemc.compile.bundle.WORKER_ENV_PREFIX
 
 
 STATE_PLACEHOLDER = "@UMEMC_STATE@"  # an argv element beginning with it names a path in the run's state dir

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..budget import ModelPlan, Plan
+from ..budget.plan import ModelPlan, Plan
 from ..estimate.figures import Figure
 from ..units import human
 

@@ -6,10 +6,10 @@ from collections.abc import Callable
 from xml.sax.saxutils import escape as xml_escape
 
 from .. import contract as c
-from ..budget import ModelPlan
+from ..budget.plan import ModelPlan
 from ..catalog.runtimes import KIND_OF_FAMILY, LLAMA_RUNTIMES
-from ..compile import Bundle
-from ..launchers import help_argv, runtime_of
+from ..compile.bundle import Bundle
+from ..compile.launchers import help_argv, runtime_of
 from ..names import PLAN_FILE, STATE, SUPERVISOR_CONFIG
 from .jinja import render
 from .report import budget_json, budget_markdown

@@ -34,14 +34,14 @@ from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from typing import Any
 
-from ..budget import ModelPlan, Plan, held_on_paper, policy_budget
+from ..budget.placement import ColdStarts
+from ..budget.placement import Need as PlaceNeed
+from ..budget.plan import ModelPlan, Plan, held_on_paper, policy_budget
 from ..catalog.runtimes import GPU_RESOURCE, holds_gpu_device
 from ..chars import kube_name
-from ..compile import Bundle, Program, compile_bundle
+from ..compile.bundle import Bundle, Program, compile_bundle
+from ..compile.launchers import health_path
 from ..errors import UsageError
-from ..launchers import health_path
-from ..placement import ColdStarts
-from ..placement import Need as PlaceNeed
 from ..runtime.wrap import STATE_PLACEHOLDER
 from ..stack.resolve import ResolvedPlatform
 from ..units import GiB
@@ -980,7 +980,8 @@ def lease_pod(plan: Plan, ask: LeaseAsk) -> list[dict[str, Any]]:
 
 def lease_preemptions(plan: Plan, ask: LeaseAsk) -> dict[str, tuple[str, ...] | None]:
     """Per node the lease may use: the models its pod preempts there (empty: it fits beside them), or None where
-    it cannot be placed even so; the one eviction policy on paper with GPU devices (umemc.placement.ColdStarts)."""
+    it cannot be placed even so; the one eviction policy on paper with GPU devices
+    (umemc.budget.placement.ColdStarts)."""
     out: dict[str, tuple[str, ...] | None] = {}
     for name, node in _nodes(plan).items():
         if ask.node is not None and name != ask.node:

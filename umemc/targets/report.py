@@ -6,7 +6,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from ..budget import Capacity, ColdAdmission, Plan
+from ..budget.plan import Capacity, ColdAdmission, Plan
 from ..units import gib, in_unit, unit_for
 
 

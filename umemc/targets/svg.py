@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..budget import Plan
+from ..budget.plan import Plan
 from ..units import gib
 
 WIDTH, LEFT, RIGHT, BAR_H, ROW_H, TOP = 880, 150, 30, 34, 92, 58

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, NamedTuple, TextIO
 
-from ..budget import Plan
+from ..budget.plan import Plan
 from ..units import gib, in_unit, unit_for
 from .report import admission_text, ledger_lines
 

@@ -1,5 +1,5 @@
 """The pressure guard: with hysteresis (above evict_above until below load_below) it relieves memory
-pressure by the one eviction policy (umemc.policy.pressure_victim). While a gateway runs it owns every
+pressure by the one eviction policy (umemc.budget.policy.pressure_victim). While a gateway runs it owns every
 eviction (it alone knows who has requests in flight): the guard asks it, in a thread so that a slow
 gateway never delays a hard-quota kill. Without a gateway, or one that does not answer, the guard
 stops the victim itself."""
@@ -13,8 +13,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from ...budget.policy import Held, pressure_victim
 from ...contract import PlanDoc
-from ...policy import Held, pressure_victim
 from ..rundir import RunDir
 from ..supervisor import ProcState, Supervisor
 from .worker import Worker
@@ -68,7 +68,7 @@ class PressureGuard:
         )
 
     def victim(self, workers: list[Worker], infos: dict[str, Any], busy: set[str]) -> Worker | None:
-        """The one eviction policy's pick among the running workers (umemc.policy.pressure_victim):
+        """The one eviction policy's pick among the running workers (umemc.budget.policy.pressure_victim):
         lowest priority, then least recently active, then file order."""
         running = {w.name: w for w in workers if w.pid and ProcState.of(infos.get(w.name)) is ProcState.RUNNING}
         held = [

@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
+from ...budget.policy import Decision, Need
 from ...chars import CONTROL
-from ...policy import Decision, Need
 from ...units import parse_duration, parse_size
 from ..eventtext import said
 from . import ollama, router, views

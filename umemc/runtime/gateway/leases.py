@@ -9,8 +9,8 @@ import secrets
 import time
 from typing import Any
 
+from ...budget.policy import Lease
 from ...contract import GatewayState, LeaseDoc
-from ...policy import Lease
 
 # Live leases at once: each is a ledger entry and a line of gateway.json, rewritten and synced at every grant; a
 # client leasing in a loop must not grow either without bound

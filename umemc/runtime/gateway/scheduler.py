@@ -24,9 +24,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ...budget.policy import Budget, Decision, Held, Lease, Need, attach, decide, pressure_victim
 from ...contract import ContractError, GatewayDoc, GatewayState, PlanDoc, read_optional, read_plan
 from ...names import PLAN_FILE
-from ...policy import Budget, Decision, Held, Lease, Need, attach, decide, pressure_victim
 from ...records import gate_text, write_atomic
 from ..events import EventLog
 from ..members import same_process

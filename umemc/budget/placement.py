@@ -20,7 +20,7 @@ priority-lexicographic optimum (the placed set whose priorities, sorted, are lar
 subset against an exact search); above that, the priority pass, then each model it left out retried by
 repacking with it (constrained first). Ties break on the stack's file order, so the same stack always gets
 the same placement. A model that fits nowhere is reported with the node that came closest and by how much.
-Cold models are not placed: for each allowed node the eviction policy (umemc.policy) says whether they could
+Cold models are not placed: for each allowed node the eviction policy (umemc.budget.policy) says whether they could
 start there and what they would stop; their home is the node where that costs least.
 
 bench/placement.py measures it against exhaustive search and at scale.
@@ -34,8 +34,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ..units import gib
 from . import policy
-from .units import gib
 
 NO_LIMIT = 1 << 62
 SHOWN = 3  # other nodes named in a model's explanation
@@ -49,7 +49,7 @@ class Bin(NamedTuple):
     name: str
     budget: int  # all-memory budget (bytes)
     gpu_budget: int | None  # None: no GPU window ledger (kind = cpu)
-    usable: int = 0  # for the pressure rule of cold starts (umemc.policy.Budget)
+    usable: int = 0  # for the pressure rule of cold starts (umemc.budget.policy.Budget)
     load_below: float = 1.0
     devices: int | None = None  # GPU devices pods may hold at once (None: not counted)
 
@@ -437,7 +437,7 @@ def _generic_why(node: str, how: str, room: Room) -> str:
 def _cold(
     bins: list[Bin], items: list[Item], hot: list[Item], out: Placement, room: Room, order: dict[str, int]
 ) -> None:
-    """For every cold model, each allowed node where it could start and what it would stop there (umemc.policy
+    """For every cold model, each allowed node where it could start and what it would stop there (umemc.budget.policy
     on paper); its home is where that costs least (fewest evictions, then the earliest node)."""
     cold = [i for i in items if not i.hot]
     held: dict[str, list[policy.Held]] = {b.name: [] for b in bins}  # each node's hot set, on paper
@@ -477,8 +477,8 @@ def _cold(
 
 class ColdStarts:
     """What a start on one node stops, for any need (a cold model, a lease): the one eviction policy on paper
-    (umemc.policy.OnPaper over the node's hot set) for memory and the GPU window, then, where the start needs a GPU
-    device and none is free, further along the same eviction order until one is (the scheduler preempts a
+    (umemc.budget.policy.OnPaper over the node's hot set) for memory and the GPU window, then, where the start
+    needs a GPU device and none is free, further along the same eviction order until one is (the scheduler preempts a
     lower-priority pod for its device as for its memory), as long as every model stopped is of a lower priority."""
 
     def __init__(self, held: list[policy.Held], budget: policy.Budget, free_devices: int, devices: Mapping[str, int]):

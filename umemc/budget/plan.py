@@ -7,14 +7,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from ..catalog.runtimes import LLAMA_RUNTIMES, NEEDS_MODEL_FILE, holds_gpu_device
+from ..estimate.estimator import estimate_stack
+from ..estimate.figures import Estimate
+from ..stack.load import Source
+from ..stack.models import Stack
+from ..stack.resolve import LoadedStack, ResolvedModel, ResolvedPlatform
+from ..units import MiB, gib, mul_ceil, mul_floor, round_up
 from . import policy
-from .catalog.runtimes import LLAMA_RUNTIMES, NEEDS_MODEL_FILE, holds_gpu_device
-from .estimate.estimator import estimate_stack
-from .estimate.figures import Estimate
-from .stack.load import Source
-from .stack.models import Stack
-from .stack.resolve import LoadedStack, ResolvedModel, ResolvedPlatform
-from .units import MiB, gib, mul_ceil, mul_floor, round_up
 
 if TYPE_CHECKING:  # placed on several nodes only: single-node stacks do not import it
     from .placement import Item, Placement
@@ -226,7 +226,7 @@ def _of(loaded: LoadedStack) -> tuple[Path, Source, Stack, ResolvedPlatform]:
 
 def admissions(plan: Plan) -> dict[str, ColdAdmission]:
     """Can each cold model start? Alongside the hot set, or by evicting hot models: the one eviction
-    policy (umemc.policy) on paper, where every hot worker holds its hard quota and none has been
+    policy (umemc.budget.policy) on paper, where every hot worker holds its hard quota and none has been
     used yet (lowest priority first, then file order; only as many as needed; never an equal or
     higher priority). policy.OnPaper answers as policy.decide does, once the hot set is ordered (a stack
     may have hundreds of cold models)."""
@@ -411,7 +411,7 @@ def _items(loaded: LoadedStack, by_kind: dict[str, ModelPlans]) -> list[Item]:
 
 def make_cluster_plan(loaded: LoadedStack) -> Plan:
     """Several nodes: estimate each model once per node kind (a model resolves and estimates alike on every
-    platform of a kind: a node's memory sizes its budget, not its models), place them (umemc.placement),
+    platform of a kind: a node's memory sizes its budget, not its models), place them (umemc.budget.placement),
     then one ordinary plan per node with the models it holds."""
     from .placement import Bin, place
 

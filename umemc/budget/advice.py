@@ -8,12 +8,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import NamedTuple
 
-from .budget import ModelPlan, Plan, model_plan
-from .catalog.quant import FILE_TYPE_BITS
-from .catalog.runtimes import LLAMA_RUNTIMES
-from .estimate.estimator import estimate_model
-from .stack.resolve import LoadedStack
-from .units import gib
+from ..catalog.quant import FILE_TYPE_BITS
+from ..catalog.runtimes import LLAMA_RUNTIMES
+from ..estimate.estimator import estimate_model
+from ..stack.resolve import LoadedStack
+from ..units import gib
+from .plan import ModelPlan, Plan, model_plan
 
 # lower quantizations to try for a model estimated from an architecture preset, mildest first: the k-quants and
 # the importance-matrix types published GGUF repositories carry (bits per weight falling)

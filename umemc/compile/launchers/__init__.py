@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from ..budget import ModelPlan, Plan
+from ...budget.plan import ModelPlan, Plan
 from . import comfyui, command, llama_cpp_python, llama_server, torch_worker, whisper_server
 
 if TYPE_CHECKING:
-    from ..helptext import Help
+    from ...helptext import Help
 
 
 class Context(NamedTuple):
@@ -24,7 +24,7 @@ class Context(NamedTuple):
         for it; None where it is not installed here or not run here (the launcher spells for its newest)."""
         if not self.local:
             return None
-        from ..helptext import probe
+        from ...helptext import probe
 
         return probe(argv0, module)
 
@@ -63,8 +63,8 @@ def pinned_flags(m: ModelPlan, argv: list[str]) -> list[str]:
 
 
 def dry_run_args(m: ModelPlan, argv: list[str]) -> list[str] | None:
-    """What llama.cpp's dry run (umemc.dryrun) is given for this worker: the memory-relevant part of its compiled
-    argv, in the runtime's own spelling; None for a runtime that is not llama.cpp."""
+    """What llama.cpp's dry run (umemc.estimate.dryrun) is given for this worker: the memory-relevant part of its
+    compiled argv, in the runtime's own spelling; None for a runtime that is not llama.cpp."""
     module = {"llama-server": llama_server, "llama-cpp-python": llama_cpp_python}.get(m.model.spec.runtime)
     return None if module is None else module.dry_run_args(argv)
 

@@ -42,9 +42,9 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 
-from .errors import RuntimeFailure
-from .helptext import llama_cpp_version, probe
-from .lockfile import BufferReport, DryRun, ToolIdentity, tool_identity
+from ..errors import RuntimeFailure
+from ..helptext import llama_cpp_version, probe
+from ..lockfile import BufferReport, DryRun, ToolIdentity, tool_identity
 
 SERVER = "llama-server"
 FIT_PARAMS = "llama-fit-params"

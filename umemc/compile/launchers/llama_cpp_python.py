@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..catalog.chat_templates import LLAMA_CPP_PYTHON
+from ...catalog.chat_templates import LLAMA_CPP_PYTHON
 from ._common import model_flag
 
 if TYPE_CHECKING:
-    from ..budget import ModelPlan
+    from ...budget.plan import ModelPlan
     from . import Context
 
 NAME = "llama-cpp-python"
@@ -123,7 +123,7 @@ def pinned(argv: list[str], extra: int) -> list[str]:
 
 
 def dry_run_args(argv: list[str]) -> list[str]:
-    """The server's own arguments (after `-m llama_cpp.server`): umemc.dryrun's helper parses them with the
+    """The server's own arguments (after `-m llama_cpp.server`): umemc.estimate.dryrun's helper parses them with the
     server's own settings parser, so the dry run builds the model the server would."""
     i = argv.index("llama_cpp.server") if "llama_cpp.server" in argv else 0
     return argv[i + 1 :]

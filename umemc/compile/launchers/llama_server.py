@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, NamedTuple
 from ._common import model_flag
 
 if TYPE_CHECKING:
-    from ..budget import ModelPlan
-    from ..helptext import Help
+    from ...budget.plan import ModelPlan
+    from ...helptext import Help
     from . import Context
 
 NAME = "llama-server"
@@ -183,7 +183,7 @@ def flags_of(argv: list[str], extra: int) -> list[str]:
 
 
 # The flags of argv() that decide what llama.cpp allocates, with how many values each takes: llama-fit-params
-# (the same tree's dry-run tool, umemc.dryrun) accepts these and refuses the server's own (--host, --port,
+# (the same tree's dry-run tool, umemc.estimate.dryrun) accepts these and refuses the server's own (--host, --port,
 # --slot-save-path, --jinja...). The stack's `args` pass through when they are among them.
 MEMORY_FLAGS = {
     "-m": 1, "-c": 1, "-np": 1, "-ub": 1, "-b": 1, "-fa": 1, "-ctk": 1, "-ctv": 1, "-ngl": 1, "--load-mode": 1,

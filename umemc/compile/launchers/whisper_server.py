@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from ._common import model_flag
 
 if TYPE_CHECKING:
-    from ..budget import ModelPlan
+    from ...budget.plan import ModelPlan
     from . import Context
 
 NAME = "whisper-server"

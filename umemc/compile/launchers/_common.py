@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..stack.resolve import ResolvedModel
+    from ...stack.resolve import ResolvedModel
 
 
 def model_flag(flag: str, rm: ResolvedModel) -> list[str]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..units import GiB
+from ...units import GiB
 
 if TYPE_CHECKING:
-    from ..budget import ModelPlan
+    from ...budget.plan import ModelPlan
     from . import Context
 
 NAME = "comfyui"

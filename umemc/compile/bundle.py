@@ -8,14 +8,14 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from .budget import ModelPlan, Plan
-from .chars import CONTROL
-from .errors import UsageError
+from ..budget.plan import ModelPlan, Plan
+from ..chars import CONTROL
+from ..errors import UsageError
+from ..names import SOCKET, STANDBY, WRAP_ENTRY
+from ..runtime.rundir import ENFORCER, GATEWAY
+from ..stack.types import toml_repr
+from ..units import KiB, MiB
 from .launchers import Context, argv_for, health_path, pinned_flags
-from .names import SOCKET, STANDBY, WRAP_ENTRY
-from .runtime.rundir import ENFORCER, GATEWAY
-from .stack.types import toml_repr
-from .units import KiB, MiB
 
 TORCH_FAMILY = frozenset({"torch", "comfyui"})
 VM = "Linux Documentation/admin-guide/sysctl/vm.rst"

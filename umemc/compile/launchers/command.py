@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..budget import ModelPlan
+    from ...budget.plan import ModelPlan
     from . import Context
 
 NAME = "command"
