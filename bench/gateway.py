@@ -447,7 +447,7 @@ def cold_parts(ports: dict[str, int], args: argparse.Namespace, run: Path) -> st
         sup.ensure_started("a")
         rows["supervisord's start call (wrapper, cgroup, worker)"].append(until_listening(spec["port"], t))
         t = time.perf_counter()
-        sup.try_stop("a", True)
+        sup.try_stop("a", wait=True)
         stops.append(time.perf_counter() - t)
     out = [
         f"A cold start's parts, one at a time ({args.rounds * 2 + 1} each, medians): time until the worker's port "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 
-def write_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o600, durable: bool = False) -> None:
+def write_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o600, *, durable: bool = False) -> None:
     """Replace a small state file in one step (a reader sees the old or the new, never half), with
     its mode set at creation: a secret is never briefly readable by others. durable: on disk before it
     returns (the file and the directory entry fsynced), for what has been promised to a client."""

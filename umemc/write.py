@@ -47,11 +47,11 @@ def write_bundle(target: Path, files: Mapping[str, str] | Iterable[tuple[str, st
         if isinstance(files, Mapping) and each:
             made: set[Path] = set()
             for rel, text in files.items():
-                _write_file(tmp / rel, text, True, made)
+                _write_file(tmp / rel, text, durable=True, made=made)
             written = list(files)
         else:
             written = _write_many(tmp, files.items() if isinstance(files, Mapping) else files)
-        _write_file(tmp / MARKER, MARKER_TEXT, each)
+        _write_file(tmp / MARKER, MARKER_TEXT, durable=each)
         if not each:
             os.sync()  # every file on disk before the swap makes them the bundle
         os.chmod(tmp, 0o700)  # worker environments may hold secrets: the bundle is its owner's alone
@@ -83,7 +83,7 @@ def _write_many(root: Path, files: Iterable[tuple[str, str]]) -> list[str]:
             if path.parent not in made:
                 path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
                 made.add(path.parent)
-            pending.append(pool.submit(_write_file, path, text, False, None, fresh=True))
+            pending.append(pool.submit(_write_file, path, text, durable=False, fresh=True))
             written.append(rel)
         for done in pending:
             done.result()  # the first failure is raised here (the temporary directory is then removed)
@@ -116,7 +116,7 @@ def _remove(path: Path) -> None:
 
 
 def _write_file(
-    path: Path, text: str, durable: bool = True, made: set[Path] | None = None, *, fresh: bool = False
+    path: Path, text: str, *, durable: bool = True, made: set[Path] | None = None, fresh: bool = False
 ) -> None:
     """One file of the bundle, its mode exactly (whatever the umask); `made`: the directories made so far;
     `fresh`: its directory exists already."""

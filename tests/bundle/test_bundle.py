@@ -94,11 +94,11 @@ def test_a_failure_mid_write_leaves_the_previous_bundle(tmp_path: Path, monkeypa
     before = tree(bundle)
     real, calls = write._write_file, []
 
-    def failing(path: Path, text: str, durable: bool = True, made: set[Path] | None = None) -> None:
+    def failing(path: Path, text: str, *, durable: bool = True, made: set[Path] | None = None) -> None:
         calls.append(path)
         if len(calls) == 4:
             raise KeyboardInterrupt  # Ctrl-C in the middle of writing
-        real(path, text, durable, made)
+        real(path, text, durable=durable, made=made)
 
     monkeypatch.setattr(write, "_write_file", failing)
     with pytest.raises(KeyboardInterrupt):
@@ -266,12 +266,12 @@ def test_many_files_are_written_and_replaced_whole_from_several_threads(
     real, calls = write._write_file, []
 
     def failing(
-        path: Path, text: str, durable: bool = True, made: set[Path] | None = None, *, fresh: bool = False
+        path: Path, text: str, *, durable: bool = True, made: set[Path] | None = None, fresh: bool = False
     ) -> None:
         calls.append(path)
         if len(calls) == n // 2:
             raise OSError(28, "No space left on device")
-        real(path, text, durable, made, fresh=fresh)
+        real(path, text, durable=durable, made=made, fresh=fresh)
 
     monkeypatch.setattr(write, "_write_file", failing)
     with pytest.raises(OSError, match="No space left on device"):

@@ -33,7 +33,7 @@ def test_mix_reproduces_published_files(arch: str, ftype: str, published_gb: flo
 def test_mix_rules_for_llama_3_70b_q4_k_m() -> None:
     p = LLM_PRESETS["llama-3-70b"]
     types = dict(
-        zip((n for n, _ in p.tensors()), mix_types("Q4_K_M", p.tensors(), p.shape.n_gqa, p.is_70b), strict=True)
+        zip((n for n, _ in p.tensors()), mix_types("Q4_K_M", p.tensors(), p.shape.n_gqa, is_70b=p.is_70b), strict=True)
     )
     assert types["output.weight"] == "Q6_K"
     assert types["token_embd.weight"] == "Q4_K"  # untied: the embedding keeps the base type
@@ -47,7 +47,7 @@ def test_mix_rules_for_llama_3_70b_q4_k_m() -> None:
 def test_qwen2_ffn_width_falls_back() -> None:
     """29568 is not a multiple of 256: every ffn_down row falls back (Q4_K->Q5_0, Q6_K->Q8_0)."""
     p = LLM_PRESETS["qwen2-72b"]
-    types = mix_types("Q4_K_M", p.tensors(), p.shape.n_gqa, p.is_70b)
+    types = mix_types("Q4_K_M", p.tensors(), p.shape.n_gqa, is_70b=p.is_70b)
     downs = [t for (n, _), t in zip(p.tensors(), types, strict=True) if n.endswith("ffn_down.weight")]
     assert sorted(set(downs)) == ["Q5_0", "Q8_0"] and len(downs) == 80
 
@@ -55,7 +55,7 @@ def test_qwen2_ffn_width_falls_back() -> None:
 def test_tied_embedding_takes_the_output_rule() -> None:
     p = LLM_PRESETS["gemma-3-27b"]
     types = dict(
-        zip((n for n, _ in p.tensors()), mix_types("Q4_K_M", p.tensors(), p.shape.n_gqa, p.is_70b), strict=True)
+        zip((n for n, _ in p.tensors()), mix_types("Q4_K_M", p.tensors(), p.shape.n_gqa, is_70b=p.is_70b), strict=True)
     )
     assert "output.weight" not in types and types["token_embd.weight"] == "Q6_K"
 

@@ -72,7 +72,9 @@ def quantize(model, ftype: str, out: Path | None) -> str:
 def umemc_types(model, ftype: str) -> dict[str, str]:
     path, _, spec = model
     source = read_header(path).tensors
-    want = mix_types(ftype, [(t.name, t.shape) for t in source], spec.n_head // spec.n_head_kv, False, n_layer=16)
+    want = mix_types(
+        ftype, [(t.name, t.shape) for t in source], spec.n_head // spec.n_head_kv, is_70b=False, n_layer=16
+    )
     return {t.name: w for t, w in zip(source, want, strict=True)}
 
 

@@ -468,7 +468,7 @@ def test_leases_grant_evict_refuse_extend_expire_release(stack: Any) -> None:
     from umemc.runtime.supervisor import Supervisor
 
     Supervisor(sup).stop("umemc-gateway")
-    Supervisor(sup).start("umemc-gateway", True)
+    Supervisor(sup).start("umemc-gateway", wait=True)
     gw.run.wait_for(lambda: _answers(gw), what="the gateway back")
     assert [x["id"] for x in gw.call("GET", "/umemc/leases")[2]["leases"]] == [a["lease"]["id"], b["lease"]["id"]]
     assert gw.call("DELETE", f"/umemc/leases/{b['lease']['id']}")[0] == 200
@@ -516,7 +516,7 @@ def test_the_figures_shown_outlive_a_gateway_restart(stack: Any) -> None:
 
     sup = Supervisor(gw.run.run_dir / "state" / "supervisor.sock")
     sup.stop("umemc-gateway")  # SIGTERM: it keeps its figures as it stops
-    sup.start("umemc-gateway", True)
+    sup.start("umemc-gateway", wait=True)
     gw.run.wait_for(lambda: _answers(gw), what="the gateway back")
     after = gw.call("GET", "/umemc/history")[2]
     assert after["speed"] == before["speed"]

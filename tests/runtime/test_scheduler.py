@@ -52,7 +52,7 @@ class FakeSupervisor:
         self.states[name] = "STARTING" if name in self.hold else "RUNNING"
         self.asked.set()
 
-    def try_stop(self, name: str, wait: bool) -> str | None:
+    def try_stop(self, name: str, *, wait: bool) -> str | None:
         self.stopped.append(name)
         if self.states.get(name) not in ("RUNNING", "STARTING"):
             return "not running"
@@ -333,11 +333,11 @@ class Gated(FakeSupervisor):
         self.found.append(gate.read_text() if gate.exists() else None)
         super().ensure_started(name)
 
-    def try_stop(self, name: str, wait: bool) -> str | None:
+    def try_stop(self, name: str, *, wait: bool) -> str | None:
         if name in self.refuse:
             self.stopped.append(name)
             return "supervisord refused: FAILED: it ignores SIGTERM"
-        return super().try_stop(name, wait)
+        return super().try_stop(name, wait=wait)
 
 
 def test_a_cold_start_waits_behind_a_gate_while_its_victim_stops(tmp_path: Path) -> None:

@@ -309,12 +309,12 @@ def _explain(bins: list[Bin], p: Pass, home: Assignment) -> dict[str, str]:
             f" (and {rest} other nodes)" if rest > 0 else ""
         )
         stronger = any((window[n] or -1) != (window[node] or -1) for _, n in fits)
-        out[item.name] = _why(p.how, node, left, stronger) + tail
+        out[item.name] = _why(p.how, node, left, stronger=stronger) + tail
         index.take(needs[node], node)
     return out
 
 
-def _why(how: str, node: str, left: int, stronger: bool) -> str:
+def _why(how: str, node: str, left: int, *, stronger: bool) -> str:
     if how != "priority":
         reason = {
             "constrained": "the models with the fewest possible nodes first, then larger first, best fit",

@@ -216,8 +216,8 @@ def _placed_admission(where: dict[str, tuple[str, ...]], home: str) -> ColdAdmis
     """A cold model's admission on its home node, from the placement's answer (each node where it may start: what
     its start stops there)."""
     if home not in where:
-        return ColdAdmission(False, False, ())
-    return ColdAdmission(not where[home], True, where[home])
+        return ColdAdmission(fits_alongside_hot=False, admissible=False, evicts=())
+    return ColdAdmission(fits_alongside_hot=not where[home], admissible=True, evicts=where[home])
 
 
 def _of(loaded: LoadedStack) -> tuple[Path, Source, Stack, ResolvedPlatform]:
@@ -235,7 +235,7 @@ def admissions(plan: Plan) -> dict[str, ColdAdmission]:
     for m in plan.models.values():
         if not m.hot:
             fits, victims = paper.decide(need_of(m))
-            out[m.name] = ColdAdmission(fits and not victims, fits, victims)
+            out[m.name] = ColdAdmission(fits_alongside_hot=fits and not victims, admissible=fits, evicts=victims)
     return out
 
 
@@ -357,17 +357,17 @@ def missing_files(plan: Plan) -> list[tuple[bool, str]]:
         elif spec.model is None:
             out.append((False, _not_yet(plan, m.name, "hf", str(m.model.model_path))))
         else:
-            out.append((False, _not_yet(plan, m.name, "model", spec.model, spec.hf is not None)))
+            out.append((False, _not_yet(plan, m.name, "model", spec.model, hub=spec.hf is not None)))
     for m in plan.models.values():  # a named projector follows the same rule as the model file
         spec = m.model.spec
         if (spec.mmproj is not None or spec.mmproj_hf is not None) and not m.model.mmproj_present:
             key = "mmproj" if spec.mmproj is not None else "mmproj_hf"
             shown = spec.mmproj or str(m.model.mmproj_path)
-            out.append((False, _not_yet(plan, m.name, key, shown, spec.mmproj_hf is not None)))
+            out.append((False, _not_yet(plan, m.name, key, shown, hub=spec.mmproj_hf is not None)))
     return out
 
 
-def _not_yet(plan: Plan, name: str, key: str, shown: str, hub: bool = True) -> str:
+def _not_yet(plan: Plan, name: str, key: str, shown: str, *, hub: bool = True) -> str:
     pull = f"`umemc pull {plan.source.file}` downloads it; " if hub else ""
     message = f"{shown} does not exist yet: {pull}`umemc build` needs --files-later, `umemc up` needs the file"
     return plan.source.warning(("models", name, key), message)

@@ -156,7 +156,7 @@ def decide(need: Need, held: list[Held], leases: list[Lease], budget: Budget) ->
     short_gpu = 0 if free_gpu is None else need.gpu - free_gpu
     pressure = _pressure(budget, used_ram)
     if short_ram <= 0 and short_gpu <= 0 and pressure < budget.load_below:
-        return Decision(True, free_ram=free_ram, free_gpu=free_gpu)
+        return Decision(fits=True, free_ram=free_ram, free_gpu=free_gpu)
     may, blocked = _candidates(need, held)
     evict: list[str] = []
     drain: list[str] = []
@@ -168,14 +168,14 @@ def decide(need: Need, held: list[Held], leases: list[Lease], budget: Budget) ->
         short_gpu -= h.gpu
         pressure -= h.usage / budget.usable if budget.usable else 0.0
     if short_ram <= 0 and short_gpu <= 0 and pressure < budget.load_below:
-        return Decision(True, evict, drain, free_ram=free_ram, free_gpu=free_gpu)
+        return Decision(fits=True, evict=evict, drain=drain, free_ram=free_ram, free_gpu=free_gpu)
     if short_ram <= 0 and short_gpu <= 0:  # memory is there; pressure is what blocks
         blocked.insert(0, {"kind": "pressure", "pressure": round(pressure, 4), "load_below": budget.load_below})
     blocked += [
         {"kind": "lease", "id": lease.id, "holder": lease.holder, "bytes": lease.ram, "expires": lease.expires}
         for lease in leases
     ]
-    return Decision(False, blocked_by=blocked, free_ram=free_ram, free_gpu=free_gpu)
+    return Decision(fits=False, blocked_by=blocked, free_ram=free_ram, free_gpu=free_gpu)
 
 
 class OnPaper:

@@ -275,7 +275,7 @@ class MixState:
     """The per-file counters llama-quant.cpp keeps (i_attention_wv, i_ffn_down) while choosing types."""
 
     def __init__(
-        self, ftype: str, n_attn_v: int, n_layer: int, n_gqa: int, is_70b: bool, tied: bool, n_expert: int = 0
+        self, ftype: str, n_attn_v: int, n_layer: int, n_gqa: int, *, is_70b: bool, tied: bool, n_expert: int = 0
     ):
         self.ftype, self.base = ftype, FILE_TYPES[ftype]
         self.n_attn_v, self.n_layer = n_attn_v, n_layer  # llama.cpp: n_ffn_down = n_layer_all
@@ -430,6 +430,7 @@ def mix_types(
     ftype: str,
     tensors: list[tuple[str, tuple[int, ...]]],
     n_gqa: int,
+    *,
     is_70b: bool,
     source: str = "F16",
     n_layer: int | None = None,
@@ -481,5 +482,5 @@ def preset_mix(preset: LlmPreset, ftype: str) -> tuple[tuple[str, tuple[int, ...
     (a stack of many models of one preset, the weights figure and the repacked copy share it)."""
     tensors = preset.tensors()
     s = preset.shape
-    types = mix_types(ftype, tensors, s.n_gqa, preset.is_70b, n_layer=s.n_layer, n_expert=s.n_expert)
+    types = mix_types(ftype, tensors, s.n_gqa, is_70b=preset.is_70b, n_layer=s.n_layer, n_expert=s.n_expert)
     return tuple((name, shape, t) for (name, shape), t in zip(tensors, types, strict=True))

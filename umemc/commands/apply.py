@@ -216,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _chown(path: Path, owner: str | None, staging: bool) -> None:
+def _chown(path: Path, owner: str | None, *, staging: bool) -> None:
     """A file or directory of the user's (their LaunchAgent, their run dir), made by root: theirs."""
     if owner is None or staging or os.geteuid() != 0:
         return
@@ -245,7 +245,7 @@ def _do(a: Action, bundle: Path, root: Path, rendered: dict[str, str], *, dry: b
             else:
                 shutil.copyfile(bundle / rel, tmp)
             os.chmod(tmp, mode)
-            _chown(tmp, a.owner, staging)
+            _chown(tmp, a.owner, staging=staging)
             os.replace(tmp, target)
     elif a.directory is not None:
         target = root / a.directory.lstrip("/")
@@ -254,7 +254,7 @@ def _do(a: Action, bundle: Path, root: Path, rendered: dict[str, str], *, dry: b
             missing = [d for d in (target, *target.parents) if not d.exists()]
             for d in reversed(missing):  # each one made is the user's, not only the last
                 d.mkdir(mode=0o700)
-                _chown(d, a.owner, staging)
+                _chown(d, a.owner, staging=staging)
     elif a.argv is not None:
         shown = shlex.join(a.argv)
         if dry or staging:

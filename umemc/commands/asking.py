@@ -117,7 +117,7 @@ def record(stack: Path, asked: Asked, fetched: list[str] | None = None) -> str |
     return None
 
 
-def report(asked: Asked, plan: Plan, loud: bool) -> None:
+def report(asked: Asked, plan: Plan, *, loud: bool) -> None:
     """One line per model to stderr: what llama.cpp answered, where it failed, and (loud: the user asked for
     a dry run) where no llama.cpp was found."""
     for name in asked.asked:

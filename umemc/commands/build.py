@@ -42,7 +42,7 @@ def add_no_measure(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build(plan: Plan, out: Path, simulate: bool = False, files_later: bool | None = None) -> list[str]:
+def build(plan: Plan, out: Path, *, simulate: bool = False, files_later: bool | None = None) -> list[str]:
     """Compile, render and write atomically; returns the relative paths written. files_later (`umemc
     build`): refuse model files the runtime needs and the stack lacks, after what cannot be compiled."""
     from ..compile.bundle import compile_bundle

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     stale = stack.clean_stale()
     run_dir.release_socket()
     forget(run_dir.root)
-    _record(run_dir, running, pids, killed, orphans, left)
+    _record(run_dir, running=running, pids=pids, killed=killed, orphans=orphans, left=left)
     if left:
         what = "; ".join(f"{n}: {', '.join(map(str, p))}" for n, p in left.items())
         raise RuntimeFailure(
@@ -76,7 +76,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _record(
-    run_dir: RunDir, running: bool, pids: list[int], killed: list[int], orphans: list[int], left: dict[str, list[int]]
+    run_dir: RunDir,
+    *,
+    running: bool,
+    pids: list[int],
+    killed: list[int],
+    orphans: list[int],
+    left: dict[str, list[int]],
 ) -> None:
     """The `down` event, best effort: a broken event log never stops `down` (it says so on stderr)."""
     from ..runtime.events import EventLog

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
             continue
         data = f.read_bytes()
         tail = data.splitlines()[-args.lines :] if args.lines else []
-        _print(f, tail, label)
+        _print(f, tail, label=label)
         offsets[f] = (f.stat().st_ino, len(data))
     if not args.follow:
         return 0
@@ -50,12 +50,12 @@ def run(args: argparse.Namespace) -> int:
         while True:
             time.sleep(0.2)
             for f in files:
-                _follow(f, offsets, label)
+                _follow(f, offsets, label=label)
     except KeyboardInterrupt:
         return 0
 
 
-def _follow(f: Path, offsets: dict[Path, tuple[int, int]], label: bool) -> None:
+def _follow(f: Path, offsets: dict[Path, tuple[int, int]], *, label: bool) -> None:
     try:
         st = f.stat()
     except FileNotFoundError:
@@ -70,11 +70,11 @@ def _follow(f: Path, offsets: dict[Path, tuple[int, int]], label: bool) -> None:
         fh.seek(pos)
         chunk = fh.read()
     end = chunk.rfind(b"\n") + 1  # print whole lines only; the rest waits for its newline
-    _print(f, chunk[:end].splitlines(), label)
+    _print(f, chunk[:end].splitlines(), label=label)
     offsets[f] = (st.st_ino, pos + end)
 
 
-def _print(f: Path, lines: list[bytes], label: bool) -> None:
+def _print(f: Path, lines: list[bytes], *, label: bool) -> None:
     prefix = f"{f.name.split('.')[-2]}| " if label else ""
     for line in lines:
         sys.stdout.write(prefix + line.decode("utf-8", "replace") + "\n")

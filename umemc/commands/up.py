@@ -336,7 +336,7 @@ def wait(console: Console, stack: Stack, hot: list[str], timeout: float) -> None
 
     with Live(table(), console=console, refresh_per_second=4) as live:
 
-        def progress(name: str, state: str, ok: bool) -> None:
+        def progress(name: str, state: str, *, ok: bool) -> None:
             states[name] = (state, ok)
             live.update(table())
 

@@ -103,7 +103,7 @@ class Bundle(NamedTuple):
 
 
 def compile_bundle(
-    plan: Plan, python: str | None = None, simulate: bool = False, host: str = "127.0.0.1", local: bool = True
+    plan: Plan, python: str | None = None, *, simulate: bool = False, host: str = "127.0.0.1", local: bool = True
 ) -> Bundle:
     """`local`: the runtimes installed on this machine are the ones that will run (their --help decides the
     spelling of their argv); False for container images."""
@@ -117,7 +117,7 @@ def compile_bundle(
     programs = {}
     for m in plan.models.values():
         _check_carriable(plan, m, argv_for(m, ctx))
-        programs[m.name] = _program(plan, m, ctx, simulate)
+        programs[m.name] = _program(plan, m, ctx, simulate=simulate)
     memlock = any(m.model.spec.mlock for m in plan.models.values())
     return Bundle(
         plan,
@@ -131,7 +131,7 @@ def compile_bundle(
     )
 
 
-def _program(plan: Plan, m: ModelPlan, ctx: Context, simulate: bool) -> Program:
+def _program(plan: Plan, m: ModelPlan, ctx: Context, *, simulate: bool) -> Program:
     spec, rm = m.model.spec, m.model
     port: int | None = rm.port
     if spec.runtime == "command" and spec.port is None and not any("{port}" in a for a in spec.command or []):

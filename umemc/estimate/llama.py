@@ -73,15 +73,17 @@ def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
     vision = _vision(loaded, m, facts, preset)
     weights_parts = [weights] + ([vision[0]] if vision else [])
     swa_full = spec.runtime in FULL_SWA_CACHE
-    kv = kv_figure(shape, spec.context, spec.parallel, spec.ubatch, spec.kv_cache, swa_full, spec.flash_attn)
+    kv = kv_figure(
+        shape, spec.context, spec.parallel, spec.ubatch, spec.kv_cache, swa_full=swa_full, flash_attn=spec.flash_attn
+    )
     # llama-cpp-python in embedding mode sizes the context for min(n_batch, 256) sequences (its Llama.__init__)
     seqs = min(spec.ubatch, 256) if spec.runtime == "llama-cpp-python" and not shape.causal else 0
     # llama-server reserves one row of logits per sequence (an embedding server every token of the batch)
     outputs = spec.parallel if spec.runtime == "llama-server" and shape.causal else None
     compute_parts = [
         compute_figure(
-            shape, spec.context, spec.parallel, spec.ubatch, spec.flash_attn, swa_full, spec.kv_cache,
-            embed_seqs=seqs, outputs=outputs,
+            shape, spec.context, spec.parallel, spec.ubatch, flash_attn=spec.flash_attn, swa_full=swa_full,
+            kv_type=spec.kv_cache, embed_seqs=seqs, outputs=outputs,
         )
     ]  # fmt: skip
     repack = _repack(loaded, m, facts.repack_bytes if facts is not None else _preset_repack(preset, ftype))
@@ -163,6 +165,7 @@ def dry_run_figures(
     facts: GgufFacts,
     run: DryRun,
     vision: tuple[Figure, Figure] | None,
+    *,
     verified: bool,
     recorded_in: str,
 ) -> tuple[Figure, Figure, Figure]:
@@ -399,7 +402,7 @@ def _vision(
         return None
     if vshape is None:
         return weights, Figure("projector compute", 0, "unknown encoder shape (no clip.vision keys)")
-    return weights, vision_compute_figure(vshape, spec.image_size, spec.flash_attn)
+    return weights, vision_compute_figure(vshape, spec.image_size, flash_attn=spec.flash_attn)
 
 
 def _repack(loaded: LoadedStack, m: ResolvedModel, repack_bytes: int) -> Figure | None:

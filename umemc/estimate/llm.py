@@ -82,7 +82,7 @@ def cells(context: int, parallel: int) -> int:
     return parallel * pad(context, CTX_PAD)
 
 
-def swa_cells(shape: LlmShape, context: int, parallel: int, ubatch: int, swa_full: bool) -> int:
+def swa_cells(shape: LlmShape, context: int, parallel: int, ubatch: int, *, swa_full: bool) -> int:
     """Cells of a sliding-window layer's cache: per stream the window plus one ubatch, padded to 256
     (llama-kv-cache-iswa.cpp), unless the runtime keeps full-size caches (swa_full) or the model has no window."""
     n_cells = cells(context, parallel)
@@ -97,6 +97,7 @@ def kv_figure(
     parallel: int,
     ubatch: int,
     kv_type: str,
+    *,
     swa_full: bool = False,
     flash_attn: bool = True,
 ) -> Figure:
@@ -107,7 +108,7 @@ def kv_figure(
         return Figure("kv", 0, "encoder model: llama.cpp keeps no KV cache", {"arch": shape.arch})
     n_cells = cells(context, parallel)
     gtype = KV_TYPES[kv_type]
-    n_swa_cells = swa_cells(shape, context, parallel, ubatch, swa_full)
+    n_swa_cells = swa_cells(shape, context, parallel, ubatch, swa_full=swa_full)
     total = 0
     layers = [i for i in range(shape.n_layer) if shape.has_kv(i)]
     v_max = max(shape.n_head_kv) * shape.head_dim_v
@@ -192,6 +193,7 @@ def compute_figure(
     context: int,
     parallel: int,
     ubatch: int,
+    *,
     flash_attn: bool,
     swa_full: bool = False,
     kv_type: str = "f16",
@@ -215,7 +217,7 @@ def compute_figure(
     masks: dict[str, object] = {"n_kv": n_kv} if streams == 1 else {"n_kv per stream": n_kv, "streams": streams}
     mask_bytes = n_kv * mask_row
     if shape.causal and shape.sliding_window and any(shape.swa_layers):
-        n_swa = swa_cells(shape, context, 1, ubatch, swa_full)  # the sliding-window layers' own mask
+        n_swa = swa_cells(shape, context, 1, ubatch, swa_full=swa_full)  # the sliding-window layers' own mask
         masks["n_kv (sliding window)"] = n_swa
         mask_bytes += n_swa * mask_row
     mask = Figure(
@@ -224,7 +226,7 @@ def compute_figure(
         "n_kv x pad64(n_ubatch) x (2 bytes with flash attention, else 4), per mask",
         masks,
     )
-    attn = attention_figure(shape, n_kv, n_ub, flash_attn)
+    attn = attention_figure(shape, n_kv, n_ub, flash_attn=flash_attn)
     ffn = ffn_figure(shape, n_ub)
     width = shape.n_vocab if shape.causal else 0
     quantized = kv_type not in ("f16", "f32", "bf16")
@@ -280,7 +282,7 @@ def compute_figure(
     return Figure.total("compute", [graph, output])
 
 
-def attention_figure(shape: LlmShape, n_kv: int, n_ub: int, flash_attn: bool) -> Figure:
+def attention_figure(shape: LlmShape, n_kv: int, n_ub: int, *, flash_attn: bool) -> Figure:
     """One layer's attention step. Latent attention (deepseek2) works in the latent space: the query absorbed
     into kv_lora_rank per head and concatenated with its rope part, and (with flash attention) the output in the
     latent space before V's up-projection (src/models/deepseek2.cpp, MLA branch); calibrated at full size."""
@@ -409,7 +411,7 @@ def _resident(shape: LlmShape, n_ub: int) -> Figure | None:
     )
 
 
-def vision_compute_figure(vision: VisionShape, image_size: int, flash_attn: bool) -> Figure:
+def vision_compute_figure(vision: VisionShape, image_size: int, *, flash_attn: bool) -> Figure:
     """The multimodal encoder's graph for one image of image_size² (approximate: clip graph)."""
     side = pad(image_size, vision.patch * vision.merge) // vision.patch
     n_patches = side * side

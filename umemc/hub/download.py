@@ -59,7 +59,7 @@ def needed(remote: Remote, dest: Path) -> int:
     return out
 
 
-def pull(remote: Remote, dest: Path, progress: bool = True, verify: bool = False) -> list[Fetched]:
+def pull(remote: Remote, dest: Path, *, progress: bool = True, verify: bool = False) -> list[Fetched]:
     """Every part of the model at the commit `remote` resolved to, into place; raises HubFailure. A part here
     already is taken as verified when its size and mtime are what they were at its verified download, unless
     `verify`: then it is hashed again (a file that no longer matches is refused, never removed)."""
@@ -71,11 +71,11 @@ def pull(remote: Remote, dest: Path, progress: bool = True, verify: bool = False
         target = where(remote.ref, dest, part.path)
         if _size(target) == part.size and _known(target, part):
             if verify and part.sha256 is not None:
-                _rehash(target, part, progress)
+                _rehash(target, part, progress=progress)
             out.append(Fetched(target, part.size, 0, part.sha256 is not None, recorded=not verify))
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        got, digest = _fetch(part, partial_path(target), progress)
+        got, digest = _fetch(part, partial_path(target), progress=progress)
         verified = _check(partial_path(target), part, digest)
         os.replace(partial_path(target), target)
         _fsync_dir(target.parent)
@@ -132,7 +132,7 @@ class _Download:
         return self.have < self.size
 
 
-def _fetch(part: RemotePart, partial: Path, progress: bool) -> tuple[int, str]:
+def _fetch(part: RemotePart, partial: Path, *, progress: bool) -> tuple[int, str]:
     """Download `part` into `partial`, continuing what is there; returns the bytes fetched and the sha256."""
     from tqdm import tqdm
 
@@ -143,7 +143,7 @@ def _fetch(part: RemotePart, partial: Path, progress: bool) -> tuple[int, str]:
     if have > part.size:
         partial.unlink()
         have = 0
-    h = _hash_of(partial, have, progress)
+    h = _hash_of(partial, have, progress=progress)
     with (
         os.fdopen(os.open(partial, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644), "r+b") as f,
         tqdm(total=part.size, initial=have, unit="B", unit_scale=True, desc=name, disable=not progress) as bar,
@@ -219,7 +219,7 @@ def _stream(part: RemotePart, d: _Download) -> None:
         raise _Dropped(f"{type(exc).__name__}: {exc}") from None
 
 
-def _hash_of(partial: Path, have: int, progress: bool) -> Any:
+def _hash_of(partial: Path, have: int, *, progress: bool) -> Any:
     """sha256 over what a resumed download already holds."""
     from tqdm import tqdm
 
@@ -236,8 +236,8 @@ def _hash_of(partial: Path, have: int, progress: bool) -> Any:
     return h
 
 
-def _rehash(target: Path, part: RemotePart, progress: bool) -> None:
-    digest = _hash_of(target, target.stat().st_size, progress).hexdigest()
+def _rehash(target: Path, part: RemotePart, *, progress: bool) -> None:
+    digest = _hash_of(target, target.stat().st_size, progress=progress).hexdigest()
     if digest != part.sha256:
         raise HubFailure(
             f"{target}: sha256 {digest} is not the Hub's {part.sha256}: the file changed since it was verified; "

@@ -63,7 +63,7 @@ class Event:
 
 
 class EventLog:
-    def __init__(self, path: Path, max_rows: int = MAX_ROWS, max_age_s: float = MAX_AGE_S, recover: bool = True):
+    def __init__(self, path: Path, max_rows: int = MAX_ROWS, max_age_s: float = MAX_AGE_S, *, recover: bool = True):
         """recover: move a corrupt database aside and start a new one (the runtime's writers); a reader
         (`umemc events`) passes False and only reports what it found."""
         self.path, self.max_rows, self.max_age_s, self.recover = path, max_rows, max_age_s, recover

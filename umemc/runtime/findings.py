@@ -8,6 +8,7 @@ import shlex
 import shutil
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,14 @@ class Finding:
     host: bool = False  # a setting of hardware a rehearsal does not use: a warning only under --simulate
     advisory: bool = False  # never refuses (swap on, no cgroups): shown as a warning
     reboot: bool = False  # the fix takes effect after a reboot
+
+    @classmethod
+    def passed(cls, check: str, message: str, **kw: Any) -> Finding:
+        return cls(check, ok=True, message=message, **kw)
+
+    @classmethod
+    def failed(cls, check: str, message: str, fix: tuple[str, ...] = (), **kw: Any) -> Finding:
+        return cls(check, ok=False, message=message, fix=fix, **kw)
 
 
 def umemc_command(*args: str, sudo: bool = False) -> str:
@@ -39,7 +48,7 @@ def _shebang(path: str) -> str | None:
     return first[2:].strip() if first.startswith("#!") else None
 
 
-def report(findings: list[Finding], blocking: list[Finding], skipped: bool = False) -> tuple[list[str], str | None]:
+def report(findings: list[Finding], blocking: list[Finding], *, skipped: bool = False) -> tuple[list[str], str | None]:
     """The lines `umemc up` prints (rich markup) and, when it refuses, the summary line for stderr: what passed,
     one line each; then each fix (the first command of a finding's fix) with the problems it fixes."""
     lines = [f"  [green]ok[/]    {f.check}: {f.message}" for f in findings if f.ok]

@@ -79,8 +79,11 @@ class Preflight:
             and "all" not in skip
         ]
 
-    def _add(self, *args: Any, **kw: Any) -> None:
-        self.findings.append(Finding(*args, **kw))
+    def _passed(self, check: str, message: str, **kw: Any) -> None:
+        self.findings.append(Finding.passed(check, message, **kw))
+
+    def _failed(self, check: str, message: str, fix: tuple[str, ...] = (), **kw: Any) -> None:
+        self.findings.append(Finding.failed(check, message, fix, **kw))
 
     def _host_matches(self) -> bool:
         return (self.plan.platform.kind == "apple") == (self.host_os == "darwin")
@@ -90,12 +93,11 @@ class Preflight:
         """The bundle's host settings only make sense on the operating system it was built for."""
         kind, here = self.plan.platform.kind, {"darwin": "macOS", "linux": "Linux"}.get(self.host_os, self.host_os)
         if self._host_matches():
-            self._add("host", True, f'kind = "{kind}" runs on {here}', host=True)
+            self._passed("host", f'kind = "{kind}" runs on {here}', host=True)
             return True
         want = "macOS" if kind == "apple" else "Linux"
-        self._add(
+        self._failed(
             "host",
-            False,
             f'this stack is for {want} (platform kind = "{kind}"), this host runs {here}: '
             "its host settings and GPU window do not apply here",
             ("umemc check STACK  # with [platform] describing this machine",),
@@ -106,9 +108,8 @@ class Preflight:
     def _budget(self) -> None:
         cap = self.plan.capacity
         if cap.fits:
-            self._add(
+            self._passed(
                 "budget",
-                True,
                 f"the hot set's hard quotas ({gib(cap.hot_total_bytes)} GiB) fit the "
                 f"budget ({gib(cap.budget_bytes)} GiB)",
             )
@@ -117,9 +118,8 @@ class Preflight:
         gpu = cap.gpu_budget_bytes
         if gpu is not None and cap.hot_gpu_total_bytes - gpu > over:
             over = cap.hot_gpu_total_bytes - gpu
-        self._add(
+        self._failed(
             "budget",
-            False,
             f"the hot set does not fit its budget (over by {gib(over)} GiB)",
             ("umemc check STACK  # says what would make it fit",),
         )
@@ -138,7 +138,7 @@ class Preflight:
             if need is not None:
                 bad.append((key, live, value, need))
         if not bad:
-            self._add("sysctl", True, f"{len(wanted)} VM tunables as planned (or safer)", host=True)
+            self._passed("sysctl", f"{len(wanted)} VM tunables as planned (or safer)", host=True)
             return
         what = "; ".join(f"{k} is {live}, the plan needs {need}" for k, live, _, need in bad)
         now = shlex.join(["sudo", "sysctl", "-w", *(f"{k}={want}" for k, _, want, _ in bad)])
@@ -149,7 +149,7 @@ class Preflight:
                 "kernel room: a warning; the settings matter once the hot set holds half the memory)"
             )
         pressing = cap.hot_total_bytes * 2 >= cap.usable_bytes
-        self._add("sysctl", False, what, (self._apply, f"or now, until the next boot: {now}"), advisory=not pressing)
+        self._failed("sysctl", what, (self._apply, f"or now, until the next boot: {now}"), advisory=not pressing)
 
     @property
     def _apply(self) -> str:
@@ -162,11 +162,10 @@ class Preflight:
             return
         soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
         if os.geteuid() == 0 or hard == resource.RLIM_INFINITY or hard >= locked:
-            self._add("memlock", True, "RLIMIT_MEMLOCK can be raised for supervisord", host=True)
+            self._passed("memlock", "RLIMIT_MEMLOCK can be raised for supervisord", host=True)
             return
-        self._add(
+        self._failed(
             "memlock",
-            False,
             f"models lock {gib(locked)} GiB but RLIMIT_MEMLOCK is {hard} bytes",
             (
                 "sudo prlimit --memlock=unlimited:unlimited --pid $$   # in the shell, then umemc up again",
@@ -180,11 +179,10 @@ class Preflight:
         need = sum(m.quota_hard_bytes for n, m in self.plan.models.items() if m.mode == "hot" and n not in running)
         available, name = self.box.available() or 0, self.box.available_name
         if available >= need:
-            self._add("memory", True, f"{name} {gib(available)} GiB covers the hot set's hard quotas ({gib(need)} GiB)")
+            self._passed("memory", f"{name} {gib(available)} GiB covers the hot set's hard quotas ({gib(need)} GiB)")
         else:
-            self._add(
+            self._failed(
                 "memory",
-                False,
                 f"{name} is {gib(available)} GiB but the hot set's hard quotas need {gib(need)} GiB",
                 ("free memory (stop other programs), or make models cold in the stack",),
             )
@@ -206,9 +204,8 @@ class Preflight:
         planned = self.plan.platform.uma_carveout_bytes or 0
         if live is None or abs(live - planned) <= CARVEOUT_SLACK:
             return
-        self._add(
+        self._failed(
             "carve-out",
-            False,
             f"the BIOS reserves {gib(live)} GiB of RAM for the GPU (UMA frame buffer, mem_info_vram_total) and the "
             f"plan counts {gib(planned)} GiB: the OS has {gib(live - planned)} GiB less than the budget assumes",
             (
@@ -224,20 +221,18 @@ class Preflight:
         try:
             live = int((self.root / "sys/module/ttm/parameters/pages_limit").read_text()) * 4096
         except (OSError, ValueError):
-            self._add(
+            self._failed(
                 "gpu window",
-                False,
                 "no ttm module parameters: the amdgpu driver is not loaded",
                 ("sudo modprobe amdgpu",),
                 host=True,
             )
             return
         if live == want:
-            self._add("gpu window", True, f"ttm.pages_limit = {pages} ({gib(want)} GiB)", host=True)
+            self._passed("gpu window", f"ttm.pages_limit = {pages} ({gib(want)} GiB)", host=True)
         else:
-            self._add(
+            self._failed(
                 "gpu window",
-                False,
                 f"ttm.pages_limit gives {gib(live)} GiB, the plan needs {gib(want)} GiB",
                 (
                     self._apply,
@@ -275,11 +270,10 @@ class Preflight:
             )
             fix = "update to macOS 14 or later, or make the stack's gpu_window fit the default limit"
         if in_force is not None and in_force >= want:
-            self._add("gpu window", True, f"{said} covers the plan's GPU window ({gib(want)} GiB)", host=True)
+            self._passed("gpu window", f"{said} covers the plan's GPU window ({gib(want)} GiB)", host=True)
             return
-        self._add(
+        self._failed(
             "gpu window",
-            False,
             f"{said}: the GPU may wire less than the plan's GPU window ({gib(want)} GiB)",
             (fix, f"persist across boots: {self._apply}"),
             host=True,
@@ -292,11 +286,10 @@ class Preflight:
             self._mac_swap(swap.used if swap else 0)
             return
         if swap is None or swap.total == 0:
-            self._add("swap", True, "no swap: nothing pages the models out")
+            self._passed("swap", "no swap: nothing pages the models out")
         else:
-            self._add(
+            self._failed(
                 "swap",
-                False,
                 f"swap is on ({gib(swap.total)} GiB, {gib(swap.used)} GiB used): idle workers "
                 "may be paged out (first token 1.2 s -> 18 s in the field notes)",
                 ("sudo swapoff -a   # or keep it, with vm.swappiness low",),
@@ -311,11 +304,10 @@ class Preflight:
         want = max(MAC_SWAP_DISK, self.plan.platform.memory_bytes // 8)
         now = f"{gib(used)} GiB in swap now; umemc reports swap that grows while the stack runs"
         if free >= want:
-            self._add("swap", True, f"{gib(free)} GiB free for swap files in {where} ({now})")
+            self._passed("swap", f"{gib(free)} GiB free for swap files in {where} ({now})")
             return
-        self._add(
+        self._failed(
             "swap",
-            False,
             f"only {gib(free)} GiB free in {where}, where macOS keeps its swap files: under pressure it then kills "
             f"programs or stops with 'Your system has run out of application memory' ({now})",
             (f"free at least {gib(want)} GiB on that volume",),
@@ -325,9 +317,8 @@ class Preflight:
     def _cgroups(self) -> None:
         if self.plan.platform.kind == "apple":
             interval = f"{self.plan.policy.sample_interval_s * 1000:g} ms"
-            self._add(
+            self._passed(
                 "cgroups",
-                True,
                 f"no kernel enforcement on macOS (no memory cgroups): umemc's enforcer kills a worker over its hard "
                 f"quota within a sample ({interval}), by its phys_footprint",
             )
@@ -338,25 +329,23 @@ class Preflight:
 
         backend, reason = detect("umemc-preflight-probe")
         if backend is None:
-            self._add(
+            self._failed(
                 "cgroups",
-                False,
                 f"no kernel enforcement ({reason}); the enforcer's sampling still applies the hard quotas",
                 ("run under systemd with Delegate=yes (umemc apply), or as root",),
                 advisory=True,
             )
         else:
-            self._add("cgroups", True, f"kernel enforcement: {reason}")
+            self._passed("cgroups", f"kernel enforcement: {reason}")
 
     def _files_and_executables(self) -> None:
         for name, m in self.plan.models.items():
             for key, path in (("model", m.model_file), ("mmproj", m.mmproj_file)):
                 if path is not None and not Path(path).exists():
-                    self._add("files", False, f"models.{name}: {path} does not exist", self._download(m, key))
+                    self._failed("files", f"models.{name}: {path} does not exist", self._download(m, key))
             if m.needs_model_file and m.model_file is None:
-                self._add(
+                self._failed(
                     "files",
-                    False,
                     f"models.{name}: no model file (the stack gives only an arch preset)",
                     (f'set models.{name}.model = "path/to/file.gguf" (or hf = "owner/repo/file.gguf")',),
                 )
@@ -368,7 +357,7 @@ class Preflight:
                 failing.setdefault((m.runtime, problem), []).append(name)
         for (runtime, problem), names in failing.items():
             models = ", ".join(f"models.{n}" for n in names)
-            self._add("executables", False, f"{models}: {problem}", (INSTALL.get(runtime, f"install {runtime}"),))
+            self._failed("executables", f"{models}: {problem}", (INSTALL.get(runtime, f"install {runtime}"),))
 
     def _download(self, m: ModelDoc, key: str) -> tuple[str, ...]:
         if ("hf" if key == "model" else "mmproj_hf") in m.hub_files and self.plan.stack_file:
@@ -388,11 +377,10 @@ class Preflight:
         where = state if state.exists() else self.bundle.resolve().parent
         free = shutil.disk_usage(where).free
         if free >= need:
-            self._add("slot disk", True, f"{gib(free)} GiB free in {where} for {gib(need)} GiB of saved KV slots")
+            self._passed("slot disk", f"{gib(free)} GiB free in {where} for {gib(need)} GiB of saved KV slots")
         else:
-            self._add(
+            self._failed(
                 "slot disk",
-                False,
                 f"{gib(free)} GiB free in {where}, saving every llama-server's KV slots may take {gib(need)} GiB: "
                 "a save that does not fit fails (event slot_save_failed) and that chat re-reads its history",
                 ("free disk space there, or give --run-dir a larger disk",),
@@ -406,9 +394,9 @@ class Preflight:
             ports[gw.port] = "gateway"
         busy = [f"{owner}: port {port} is in use" for port, owner in sorted(ports.items()) if not port_free(port)]
         if busy:
-            self._add("ports", False, "; ".join(busy), ("stop what listens there (ss -ltnp), or change the port",))
+            self._failed("ports", "; ".join(busy), ("stop what listens there (ss -ltnp), or change the port",))
         else:
-            self._add("ports", True, f"{len(ports)} ports free")
+            self._passed("ports", f"{len(ports)} ports free")
 
     def _gateway_token(self) -> None:
         gw = self.plan.gateway
@@ -416,11 +404,10 @@ class Preflight:
             return
         name = gw.token_env
         if os.environ.get(name):
-            self._add("gateway", True, f"bearer token from ${name}")
+            self._passed("gateway", f"bearer token from ${name}")
         else:
-            self._add(
+            self._failed(
                 "gateway",
-                False,
                 f"gateway.token_env names {name}, which is not set (or empty) here; `umemc "
                 "up` hands the token to the gateway (never to the workers) and the gateway refuses to start "
                 "without it",

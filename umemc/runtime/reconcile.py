@@ -69,7 +69,7 @@ def reconcile(stack: Stack, change: Change) -> tuple[list[str], dict[str, str]]:
             continue
         state = ProcState.of(infos[own])
         if state is ProcState.BACKOFF or (change is Change.ALL and state in ANSWERING):
-            sup.stop(own, True)  # a program failing to start retries with what it read: start it afresh
+            sup.stop(own, wait=True)  # a program failing to start retries with what it read: start it afresh
             state = ProcState.STOPPED
         elif change is Change.MODELS and state in ANSWERING:
             with contextlib.suppress(xmlrpc.client.Fault):  # it ended meanwhile: supervisord starts it on the plan
@@ -77,7 +77,7 @@ def reconcile(stack: Stack, change: Change) -> tuple[list[str], dict[str, str]]:
                 told.append(own)
         if state not in ANSWERING:
             with contextlib.suppress(xmlrpc.client.Fault):  # ALREADY_STARTED: autorestart won the race
-                sup.start(own, False)
+                sup.start(own, wait=False)
     if told:
         _until_adopted(stack, told)
     # a hot worker added or changed by the update was started by supervisord (autostart): say so
@@ -109,8 +109,8 @@ def _until_adopted(stack: Stack, told: list[str], timeout: float = ADOPT_S) -> N
             elif time.monotonic() > deadline:
                 running = next((p for p in answering if doc is not None and infos[p].get("pid") == doc.pid), None)
                 with contextlib.suppress(xmlrpc.client.Fault):
-                    stack.supervisor.stop(running or answering[0], True)
-                    stack.supervisor.start(running or answering[0], False)
+                    stack.supervisor.stop(running or answering[0], wait=True)
+                    stack.supervisor.start(running or answering[0], wait=False)
                 waiting.remove(party)
         if waiting:
             time.sleep(0.05)

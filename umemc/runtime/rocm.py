@@ -37,7 +37,8 @@ TESTED_SINCE = (6, 14)
 
 
 # preflight's findings, each about the host (a warning only under --simulate)
-HostFinding = partial(Finding, host=True)
+host_passed = partial(Finding.passed, host=True)
+host_failed = partial(Finding.failed, host=True)
 
 
 def kernel_version(root: Path) -> tuple[int, int] | None:
@@ -112,13 +113,12 @@ def check(root: Path, executables: dict[str, str | None], env: dict[str, dict[st
     gfx = gfx_targets(root)
     strix = GFX1151 in gfx
     if gfx:
-        out.append(HostFinding("gfx target", True, "GPU " + ", ".join(_gfx_name(v) for v in gfx)))
+        out.append(host_passed("gfx target", "GPU " + ", ".join(_gfx_name(v) for v in gfx)))
     for model, variables in sorted(env.items()):
         if strix and "HSA_OVERRIDE_GFX_VERSION" in variables:
             out.append(
-                HostFinding(
+                host_failed(
                     "gfx target",
-                    False,
                     f"models.{model}.env sets HSA_OVERRIDE_GFX_VERSION={variables['HSA_OVERRIDE_GFX_VERSION']}: on "
                     "gfx1151 it makes ROCm load kernels built for another GPU",
                     (f"remove HSA_OVERRIDE_GFX_VERSION from models.{model}.env (use a gfx1151 build)",),
@@ -128,9 +128,8 @@ def check(root: Path, executables: dict[str, str | None], env: dict[str, dict[st
         targets = built_targets(exe)
         if strix and targets is not None and "gfx1151" not in targets:
             out.append(
-                HostFinding(
+                host_failed(
                     "gfx target",
-                    False,
                     f"models.{model}: {exe} was built for {', '.join(sorted(targets)) or 'no GPU'}, not gfx1151",
                     ("rebuild llama.cpp with -DGGML_HIP=ON -DAMDGPU_TARGETS=gfx1151",),
                 )
@@ -145,9 +144,8 @@ def _kernel(root: Path) -> list[Finding]:
     text = f"kernel {version[0]}.{version[1]}"
     if version < TESTED_SINCE:
         return [
-            HostFinding(
+            host_failed(
                 "kernel",
-                False,
                 f"{text} is older than every kernel the gfx1151 (Strix Halo) reports in docs/STRIX-HALO.md ran "
                 f"({TESTED_SINCE[0]}.{TESTED_SINCE[1]} and later)",
                 ("install a newer kernel (your distribution's HWE or mainline package)",),
@@ -156,11 +154,11 @@ def _kernel(root: Path) -> list[Finding]:
         ]
     known = BAD_KERNELS.get(version)
     if known is None:
-        return [HostFinding("kernel", True, text)]
+        return [host_passed("kernel", text)]
     what, source, fix = known
     if version == (6, 14) and "amdgpu.cwsr_enable=0" in cmdline(root):
-        return [HostFinding("kernel", True, f"{text} with amdgpu.cwsr_enable=0 (the workaround for {source})")]
-    return [HostFinding("kernel", False, f"{text}: {what} ({source})", (fix,), advisory=True)]
+        return [host_passed("kernel", f"{text} with amdgpu.cwsr_enable=0 (the workaround for {source})")]
+    return [host_failed("kernel", f"{text}: {what} ({source})", (fix,), advisory=True)]
 
 
 def _firmware(root: Path) -> list[Finding]:
@@ -169,9 +167,8 @@ def _firmware(root: Path) -> list[Finding]:
         return []
     if mes in BAD_MES:
         return [
-            HostFinding(
+            host_failed(
                 "firmware",
-                False,
                 f"MES firmware 0x{mes:08x}: {BAD_MES[mes]}",
                 (
                     "update linux-firmware past 20251125 (or amdgpu-install's firmware), then reboot",
@@ -179,7 +176,7 @@ def _firmware(root: Path) -> list[Finding]:
                 ),
             )
         ]
-    return [HostFinding("firmware", True, f"MES firmware 0x{mes:08x}")]
+    return [host_passed("firmware", f"MES firmware 0x{mes:08x}")]
 
 
 def _gtt_parameter(root: Path) -> list[Finding]:
@@ -190,9 +187,8 @@ def _gtt_parameter(root: Path) -> list[Finding]:
     if gttsize == -1:
         return []
     return [
-        HostFinding(
+        host_failed(
             "gpu window",
-            False,
             f"amdgpu.gttsize={gttsize} is set: the parameter is deprecated, ttm.pages_limit bounds the GTT",
             ("remove amdgpu.gttsize from the kernel command line and modprobe.d; see kernel/README.md",),
             advisory=True,

@@ -96,26 +96,26 @@ class Supervisor:
     def processes(self) -> dict[str, dict[str, Any]]:
         return {p["name"]: p for p in self.call("supervisor.getAllProcessInfo")}
 
-    def start(self, name: str, wait: bool = False) -> None:
+    def start(self, name: str, *, wait: bool = False) -> None:
         self.call("supervisor.startProcess", name, wait)
 
     def ensure_started(self, name: str) -> None:
         """Start a program unless supervisord is already starting it (its autorestart after a crash won the
         race with us: ALREADY_STARTED is success, not a failure to report)."""
         try:
-            self.start(name, False)
+            self.start(name, wait=False)
         except xmlrpc.client.Fault as exc:
             if exc.faultCode != ALREADY_STARTED:
                 raise
 
-    def stop(self, name: str, wait: bool = True) -> None:
+    def stop(self, name: str, *, wait: bool = True) -> None:
         self.call("supervisor.stopProcess", name, wait)
 
-    def try_stop(self, name: str, wait: bool = True) -> str | None:
+    def try_stop(self, name: str, *, wait: bool = True) -> str | None:
         """Stop a program and say what happened: None when it stopped, else why not ("not running",
         or supervisord's refusal or silence). Never hides a fault behind a claimed success."""
         try:
-            self.stop(name, wait)
+            self.stop(name, wait=wait)
         except xmlrpc.client.Fault as exc:
             return "not running" if exc.faultCode == NOT_RUNNING else f"supervisord refused: {exc.faultString}"
         except (OSError, http.client.HTTPException, xmlrpc.client.ProtocolError) as exc:

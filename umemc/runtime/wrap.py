@@ -56,8 +56,8 @@ class Args:
                  "daemon")  # fmt: skip
 
     def __init__(self, stack: str, model: str, hard: int, soft: int, state: str, command: list[str],
-                 cgroup: str = "auto", unset: tuple[str, ...] = (), outlive_parent: bool = False, reaper: bool = False,
-                 daemon: bool = False) -> None:  # fmt: skip
+                 cgroup: str = "auto", unset: tuple[str, ...] = (), *, outlive_parent: bool = False,
+                 reaper: bool = False, daemon: bool = False) -> None:  # fmt: skip
         self.stack, self.model, self.hard, self.soft, self.state = stack, model, hard, soft, state
         self.command, self.cgroup, self.unset = command, cgroup, unset
         self.outlive_parent, self.reaper, self.daemon = outlive_parent, reaper, daemon
@@ -147,7 +147,7 @@ def parse(argv: list[str]) -> Args:
     if not command:
         p.error("no command after --")
     return Args(ns.stack, ns.model, ns.hard, ns.soft, ns.state, command, ns.cgroup, tuple(ns.unset),
-                ns.outlive_parent, ns.reaper, ns.daemon)  # fmt: skip
+                outlive_parent=ns.outlive_parent, reaper=ns.reaper, daemon=ns.daemon)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -528,7 +528,7 @@ def _model(
         hub=_hub_note(lock, hub_problem) if spec.hf and spec.runtime in LLAMA_RUNTIMES else None,
     )
     mmproj_path, mmproj_present = _file(doc, mmproj_value, mmproj_at, spec, llama=True, is_mmproj=True)
-    _check_size_source(spec, src, at, model_present or locked)
+    _check_size_source(spec, src, at, model_present=model_present or locked)
     mmap = spec.mmap if spec.mmap is not None else not platform.unified
     return ResolvedModel(
         name,
@@ -795,11 +795,12 @@ def _file(
         if path.is_dir() and not llama:
             return path, True  # torch/comfyui model directories
         if hub is not None:
-            return _not_downloaded(doc, path, at, spec, locked, *hub), False
+            sized, problem = hub
+            return _not_downloaded(doc, path, at, spec, locked=locked, sized=sized, problem=problem), False
         fallback = (
             f"the header {doc.path.stem}.calibration.json recorded (not confirmed against the file)"
             if locked
-            else _fallback(spec, is_mmproj)
+            else _fallback(spec, is_mmproj=is_mmproj)
         )
         if fallback is None and is_mmproj:  # one rule with model files: a missing file is said, not fatal
             doc.warnings.append(
@@ -836,6 +837,7 @@ def _not_downloaded(
     path: Path,
     at: tuple[str, ...],
     spec: ModelSpec,
+    *,
     locked: bool,
     sized: str | None,
     problem: str | None,
@@ -846,7 +848,7 @@ def _not_downloaded(
     if sized is not None:
         doc.warnings.append(src.warning(at, f"not downloaded yet ({path}): sized from {sized}; {pull}"))
         return path
-    fallback = f"the lock in {doc.path.stem}.calibration.json" if locked else _fallback(spec, False)
+    fallback = f"the lock in {doc.path.stem}.calibration.json" if locked else _fallback(spec, is_mmproj=False)
     if fallback is None:
         raise src.error(
             at,
@@ -874,7 +876,7 @@ def _not_regular(path: Path) -> str | None:
     return next((name for test, name in kinds if test(mode)), None)
 
 
-def _fallback(spec: ModelSpec, is_mmproj: bool) -> str | None:
+def _fallback(spec: ModelSpec, *, is_mmproj: bool) -> str | None:
     if is_mmproj:
         preset = LLM_PRESETS.get(spec.arch or "")
         return f'the projector of arch = "{spec.arch}"' if preset and preset.vision else None
@@ -885,7 +887,7 @@ def _fallback(spec: ModelSpec, is_mmproj: bool) -> str | None:
     return None
 
 
-def _check_size_source(spec: ModelSpec, src: Source, at: tuple[str, ...], model_present: bool) -> None:
+def _check_size_source(spec: ModelSpec, src: Source, at: tuple[str, ...], *, model_present: bool) -> None:
     if spec.memory is not None:
         if spec.memory == 0:
             raise src.error(at + ("memory",), "must be > 0")

@@ -166,7 +166,7 @@ def sysctl(b: Bundle) -> Files:
     return {"sysctl/90-umemc.conf": render("sysctl.conf.j2", bundle=b)}
 
 
-def kernel(b: Bundle, kubernetes: bool = False) -> Files:
+def kernel(b: Bundle, *, kubernetes: bool = False) -> Files:
     """The host's kernel and GPU settings; `kubernetes`: for a node whose models the kubelet runs (no
     `umemc up` checks them, no systemd unit runs the stack)."""
     platform = b.plan.platform

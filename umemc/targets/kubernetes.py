@@ -633,7 +633,7 @@ def _claim(ns: str, directory: str, size: int) -> dict[str, Any]:
     }
 
 
-def _router_config(routes: list[Route], through_keda: bool = False) -> str:
+def _router_config(routes: list[Route], *, through_keda: bool = False) -> str:
     """LiteLLM's config: each name to its model's Service, or (through_keda: the keda/ overlay) a cold model's
     to KEDA's interceptor, which starts it on the request and holds the request until it answers."""
 

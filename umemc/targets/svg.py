@@ -40,7 +40,7 @@ class LedgerView:
     over: bool
 
 
-def _ledger(plan: Plan, name: str, y: float, capacity: int, budget: int, gpu: bool) -> LedgerView:
+def _ledger(plan: Plan, name: str, y: float, capacity: int, budget: int, *, gpu: bool) -> LedgerView:
     span = WIDTH - LEFT - RIGHT
     scale = span / max(capacity, sum(m.quota_hard for m in plan.models.values() if m.hot), 1)
     x, rects, labels = float(LEFT), [], []

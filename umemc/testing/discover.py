@@ -171,7 +171,7 @@ def _write(path: Path, spec: ArchSpec, tensors: dict[str, Shape], ftype: str, n_
             ftype,
             items,
             gqa,
-            False,
+            is_70b=False,
             n_layer=int(spec.keys["block_count"]),
             n_expert=int(spec.keys.get("expert_count", 0)),
         )  # fmt: skip

@@ -306,7 +306,7 @@ class Enforcer:
         return bool(crossed)
 
     def _check_soft(self, w: Worker) -> None:
-        crossed = rules.soft_crossing(w.usage, w.soft, Finding.SOFT in w.raised)
+        crossed = rules.soft_crossing(w.usage, w.soft, raised=Finding.SOFT in w.raised)
         if self._crossing(w, Finding.SOFT, crossed):
             self._event(w, "soft_limit", usage_bytes=w.usage, soft_bytes=w.soft, pid=w.pid)
 
@@ -364,7 +364,7 @@ class Enforcer:
         if kills is None or w.given_up:
             return
         w.to(Phase.GIVEN_UP)
-        failed = self.supervisor.try_stop(w.name, False)
+        failed = self.supervisor.try_stop(w.name, wait=False)
         self._event(
             w,
             "give_up",
@@ -385,7 +385,7 @@ class Enforcer:
 
     def _check_swap(self, w: Worker) -> None:
         """A worker with part of itself in swap answers from disk (where the platform tells per process)."""
-        crossed = rules.swap_crossing(w.swapped, rules.SWAP_WORKER, Finding.SWAP in w.raised)
+        crossed = rules.swap_crossing(w.swapped, rules.SWAP_WORKER, raised=Finding.SWAP in w.raised)
         if self._crossing(w, Finding.SWAP, crossed):
             self._event(w, "swapping", swapped_bytes=w.swapped, usage_bytes=w.usage, pid=w.pid)
 
@@ -398,7 +398,7 @@ class Enforcer:
         if self.swap_base is None:
             self.swap_base = swap.used
         grown = swap.used - self.swap_base
-        crossed = rules.swap_crossing(grown, rules.box_swap_threshold(self.sampler.usable), self.swap_raised)
+        crossed = rules.swap_crossing(grown, rules.box_swap_threshold(self.sampler.usable), raised=self.swap_raised)
         if crossed:
             self.swap_raised = True
             level = self.sampler.box.level()

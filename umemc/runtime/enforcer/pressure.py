@@ -50,7 +50,7 @@ class PressureGuard:
         victim = self.victim(workers, infos, set())
         if victim is None:
             return
-        failed = self.supervisor.try_stop(victim.name, False)
+        failed = self.supervisor.try_stop(victim.name, wait=False)
         self.wait_until = now + self.settle_s
         if failed is not None and failed != "not running":
             self.emit(victim, "evict_failed", pressure=round(pressure, 4), reason=failed)

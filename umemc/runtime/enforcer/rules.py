@@ -13,7 +13,7 @@ LEAK_MIN_R2 = 0.8
 DRIFT = 0.05  # more than 5% over the estimate once settled: estimate_drift
 
 
-def soft_crossing(usage: int, soft: int, raised: bool) -> bool | None:
+def soft_crossing(usage: int, soft: int, *, raised: bool) -> bool | None:
     """True when usage has just crossed the soft quota (report it), False when it fell back far enough
     to re-arm, None when nothing changes."""
     if not raised and usage > soft:
@@ -27,7 +27,7 @@ SWAP_WORKER = 64 << 20  # a worker with this much in swap answers from disk: `sw
 SWAP_BOX_MIN = 256 << 20  # the machine's swap grown this much (or 1% of usable) since the enforcer started
 
 
-def swap_crossing(swapped: int | None, threshold: int, raised: bool) -> bool | None:
+def swap_crossing(swapped: int | None, threshold: int, *, raised: bool) -> bool | None:
     """True when swapped bytes have just reached the threshold (report it), False once they are back under a
     quarter of it (re-armed), None when nothing changes or the figure is unknown."""
     if swapped is None:

@@ -332,7 +332,7 @@ class _Translate:
     """The worker's OpenAI answer in Ollama's words: `field` is where the text goes (message, response) or the
     vectors (embeddings, embedding)."""
 
-    def __init__(self, field: str, began: float, stream: bool):
+    def __init__(self, field: str, began: float, *, stream: bool):
         self.field, self.began, self.stream = field, began, stream
 
     async def run(self, request: web.Request, m: Model, call: Call, seen: Seen) -> web.StreamResponse:

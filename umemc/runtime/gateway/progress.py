@@ -64,7 +64,7 @@ def log_size(log: Path) -> int:
 class Progress:
     """One streamed request's wait, said as it goes (`run`, the slot's while_waiting), and the response it began."""
 
-    def __init__(self, request: web.Request, sched: Scheduler, m: Model, asked: str, style: str, chat: bool):
+    def __init__(self, request: web.Request, sched: Scheduler, m: Model, asked: str, style: str, *, chat: bool):
         self.request, self.sched, self.m, self.asked = request, sched, m, asked
         self.reasoning = style == "reasoning" and chat  # a reasoning chunk is a chat chunk: completions get comments
         self.resp: web.StreamResponse | None = None

@@ -157,7 +157,7 @@ class Scheduler:
         return True
 
     # -- lifecycle ------------------------------------------------------------------------------
-    async def start(self, background: bool = True) -> None:
+    async def start(self, *, background: bool = True) -> None:
         """Learn the stack's state, then run the pump (decisions for queued requests) and, in the `background`,
         the polls and health probes (tests drive those by hand: sync.refresh, housekeeping_once)."""
         with contextlib.suppress(*CONNECT_ERRORS):
@@ -202,7 +202,7 @@ class Scheduler:
         last = self.answered.items[-1].t if self.answered.items else 0.0
         return len(self.answered.items), len(self.memory.points), last
 
-    def keep_figures(self, force: bool = False) -> None:
+    def keep_figures(self, *, force: bool = False) -> None:
         """The figures the page and status show, kept for the next gateway of this run: when they changed, at most
         every figures.SAVE_S (and at once when it stops)."""
         mark = self._figures_mark()
@@ -336,11 +336,11 @@ class Scheduler:
         if m.live:  # it holds its quota already: what is free is what is free beside everything running
             ram, gpu = self.committed()
             free_gpu = None if self.budget.gpu is None else self.budget.gpu - gpu
-            return Decision(True, free_ram=self.budget.ram - ram, free_gpu=free_gpu)
+            return Decision(fits=True, free_ram=self.budget.ram - ram, free_gpu=free_gpu)
         decision = self.decide(self.need_for(m), exclude=m.name)
         if self.undrainable & set(decision.drain):
             return Decision(
-                False,
+                fits=False,
                 blocked_by=[
                     {
                         "kind": "worker",
@@ -379,7 +379,7 @@ class Scheduler:
             if m.ready or m.starting is not None or m.evicting or not self.slots[m.name].waiters:
                 continue  # served, starting, or being stopped (it is started afresh once down)
             if m.live:  # supervisord runs it (a restart after a crash, or started outside the gateway)
-                self.begin_start(m, Decision(True))
+                self.begin_start(m, Decision(fits=True))
                 continue
             decision = self.decide_model(m)
             if decision.fits:
@@ -495,7 +495,7 @@ class Scheduler:
         results = await asyncio.gather(*stops, self._ensure_started(m), return_exceptions=True)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:
-            if await asyncio.to_thread(self.supervisor.try_stop, m.name, True) not in (None, "not running"):
+            if await asyncio.to_thread(self.supervisor.try_stop, m.name, wait=True) not in (None, "not running"):
                 raise failed  # it may still run: its wrapper must keep waiting at the gate
             self.sync.stopped(m)
         with contextlib.suppress(OSError):
@@ -586,7 +586,7 @@ class Scheduler:
         m.life.to(Phase.STOPPING, why)
         try:
             usage = m.usage
-            failed = await asyncio.to_thread(self.supervisor.try_stop, m.name, True)
+            failed = await asyncio.to_thread(self.supervisor.try_stop, m.name, wait=True)
             if failed is not None and failed != "not running":
                 self.events.add(f"{why}_failed", m.name, by="gateway", reason=failed, **detail)
                 raise Refused(f"could not stop {m.name} to make room: {failed}", "stop_failed", 5)
@@ -800,7 +800,7 @@ class Scheduler:
         await self.slots.acquire(m, admit)
         self.slots.release(m)
 
-    async def stop_now(self, m: Model, drain: bool) -> str:
+    async def stop_now(self, m: Model, *, drain: bool) -> str:
         """Stop a running model at a person's request: drain first (its requests in flight and queued are served,
         none taken after), or at once (refused while it has requests). It stays down until asked for again."""
         if not m.live or m.evicting:

@@ -18,7 +18,7 @@ class PsutilProcesses:
     def __init__(self) -> None:
         self._procs: dict[int, psutil.Process] = {}
 
-    def _proc(self, pid: int, check: bool = True) -> psutil.Process | None:
+    def _proc(self, pid: int, *, check: bool = True) -> psutil.Process | None:
         """The kept Process of `pid`; `check`: make sure it is still that process (one more system call: the
         per-sample memory read skips it, the once-a-second tree walk that replaces the set does not)."""
         p = self._procs.get(pid)
