@@ -157,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         events.close()
     wait(console, stack, hot, args.timeout)
+    release_model_cache(stack, plan)
     url = waits.gateway(stack, args.timeout)
     known = remember_run(plan, run_dir, url)
     console.print(
@@ -166,6 +167,24 @@ def run(args: argparse.Namespace) -> int:
     if url:
         console.print(f"gateway: {url} (OpenAI-compatible; cold models start on demand)")
     return 0
+
+
+def release_model_cache(stack: Stack, plan: PlanDoc) -> None:
+    """Where the GPU allocates from system memory through its driver (nvidia-unified), the hot workers serve with
+    their weights in the GPU's buffers: the model files' cached pages nobody maps are released (a CUDA allocation
+    does not wait for the kernel's reclaim; umemc.runtime.pagecache), and the event log says how much."""
+    if plan.platform.kind != "nvidia-unified":
+        return
+    from ..runtime.pagecache import release
+
+    files = sorted({Path(f) for m in plan.models.values() for f in (m.model_file, m.mmproj_file) if f})
+    freed = release(files)
+    if freed:
+        events = stack.events()
+        try:
+            events.add("page_cache_released", None, bytes=freed, files=[str(f) for f in files], before="serving")
+        finally:
+            events.close()
 
 
 def remember_run(plan: PlanDoc, run_dir: RunDir, url: str | None) -> bool:
@@ -336,7 +355,7 @@ def wait(console: Console, stack: Stack, hot: list[str], timeout: float) -> None
 
     with Live(table(), console=console, refresh_per_second=4) as live:
 
-        def progress(name: str, state: str, *, ok: bool) -> None:
+        def progress(name: str, state: str, ok: bool) -> None:
             states[name] = (state, ok)
             live.update(table())
 

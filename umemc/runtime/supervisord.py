@@ -127,7 +127,7 @@ def tolerate_unopenable_logs() -> None:
 
     open_file = loggers.handle_file
 
-    def handle_file(logger: Any, filename: str, fmt: str, *, rotating: bool = False, **kw: Any) -> None:
+    def handle_file(logger: Any, filename: str, fmt: str, rotating: bool = False, **kw: Any) -> None:
         try:
             open_file(logger, filename, fmt, rotating, **kw)
         except OSError as exc:  # the logger keeps no handler: what the program writes is read and dropped

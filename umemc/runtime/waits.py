@@ -8,6 +8,7 @@ import contextlib
 import http.client
 import socket
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RuntimeFailure
@@ -73,8 +74,11 @@ def started(stack: Stack, timeout: float = 30.0, since: float | None = None, unr
         time.sleep(0.05)
 
 
-def healthy_workers(stack: Stack, names: list[str], timeout: float, progress: Any = None) -> dict[str, float]:
-    """Block until every named worker is RUNNING and healthy; returns seconds each took."""
+def healthy_workers(
+    stack: Stack, names: list[str], timeout: float, progress: Callable[[str, ProcState, bool], None] | None = None
+) -> dict[str, float]:
+    """Block until every named worker is RUNNING and healthy; returns seconds each took. `progress(name, state,
+    healthy)` after each look at a worker."""
     start = time.monotonic()
     done: dict[str, float] = {}
     seen: set[str] = set()
