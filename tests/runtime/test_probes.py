@@ -16,7 +16,6 @@ from umemc.runtime.enforcer.rules import trend as _trend
 from umemc.runtime.events import EventLog
 from umemc.runtime.probes.drm import DrmProbe, parse_fdinfo
 from umemc.runtime.probes.host import LinuxBox, gtt_used_share, marked_processes, tree_memory
-from umemc.runtime.probes.nvidia import parse_compute_apps
 from umemc.runtime.probes.proc import LinuxProcesses
 from umemc.runtime.probes.psproc import PsutilProcesses
 from umemc.runtime.probes.swap import Swap
@@ -82,11 +81,6 @@ def test_gtt_used_share(tmp_path: Path) -> None:
     (dev / "mem_info_gtt_used").write_text("32212254720\n")
     assert gtt_used_share(str(tmp_path)) == 0.25
     assert gtt_used_share(str(tmp_path / "missing")) == 0.0
-
-
-def test_nvidia_smi_compute_apps() -> None:
-    # `nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits`; GB10 prints [N/A]
-    assert parse_compute_apps("1234, 5678\n2345, [N/A]\n1234, 2\n\n") == {1234: 5680 * 2**20}
 
 
 def test_linux_box_reads_meminfo(tmp_path: Path) -> None:

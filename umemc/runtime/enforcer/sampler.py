@@ -1,8 +1,8 @@
 """What a worker holds, read through the host's probes (umemc.runtime.probes.host: the same interface on Linux
 and macOS): its process tree's memory (RSS from kept-open statm on Linux, phys_footprint on macOS) or its cgroup's
-charge, GPU-side bytes (DRM fdinfo on AMD, nvidia-smi now and then on discrete NVIDIA; on macOS Metal's buffers are
-already in the footprint), what of it is swapped out, its activity, its own ledger; and the machine's memory
-pressure and swap."""
+charge, GPU-side bytes (DRM fdinfo on AMD, the NVIDIA driver's per-process figure now and then on discrete and
+unified NVIDIA alike; on macOS Metal's buffers are already in the footprint), what of it is swapped out, its
+activity, its own ledger; and the machine's memory pressure and swap."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from ..rundir import RunDir, run_mark
 from .worker import Worker
 
 NVIDIA_EVERY_S = 2.0
+NVIDIA_KINDS = frozenset({"nvidia-discrete", "nvidia-unified"})
 
 
 class Sampler:
@@ -43,11 +44,13 @@ class Sampler:
         return sum(self.procs.memory(p) for p in w.pids)
 
     def gpu(self, pids: list[int]) -> int:
-        """GPU-side bytes not already in the CPU-side figure: DRM GTT/VRAM (AMD, Intel), NVIDIA per-process memory.
-        On macOS a process's Metal buffers are in its footprint; on a DGX Spark its CUDA memory is in its RSS."""
+        """GPU-side bytes not already in the CPU-side figure: DRM GTT/VRAM (AMD, Intel), NVIDIA per-process memory
+        (VRAM on a discrete card; on a DGX Spark or Jetson system memory the driver maps for the GPU, in neither the
+        process's RSS nor its cgroup's charge: umemc.runtime.probes.nvidia). On macOS a process's Metal buffers are
+        in its footprint."""
         if self.kind == "amd-apu" and self.host.platform == "linux":
             return self.drm.gpu_bytes(pids)
-        if self.kind == "nvidia-discrete" and self._nvidia:
+        if self.kind in NVIDIA_KINDS and self._nvidia:
             return sum(self._nvidia.get(p, 0) for p in pids)
         return 0
 
@@ -57,7 +60,7 @@ class Sampler:
         w.peak = max(w.peak, w.usage)
 
     def refresh_nvidia(self, now: float) -> None:
-        if self.kind == "nvidia-discrete" and now - self._last_nvidia >= NVIDIA_EVERY_S:
+        if self.kind in NVIDIA_KINDS and now - self._last_nvidia >= NVIDIA_EVERY_S:
             self._nvidia, self._last_nvidia = nvidia.query(), now
 
     def attach_cgroup(self, w: Worker) -> None:
