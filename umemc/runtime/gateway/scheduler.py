@@ -28,6 +28,7 @@ from ...budget.policy import Budget, Decision, Held, Lease, Need, attach, decide
 from ...contract import ContractError, GatewayDoc, GatewayState, PlanDoc, read_optional, read_plan
 from ...names import PLAN_FILE
 from ...records import gate_text, write_atomic
+from .. import pagecache
 from ..events import EventLog
 from ..members import same_process
 from ..rundir import RunDir
@@ -436,7 +437,9 @@ class Scheduler:
                 )
                 return
             await self._evict_and_start(m, decision.victims)
+            await self._release_cache(m, others=True)  # the victims' files, and every stopped model's
             await self._wait_healthy(m)
+            await self._release_cache(m, others=False)  # its own, its weights in the GPU's buffers now
             if m.saved_slots and m.port is not None:
                 prompt = self.traffic[m.name].prompt_speed
                 await kvslots.restore(m.port, m.name, m.saved_slots, self.events, prompt)
@@ -461,6 +464,27 @@ class Scheduler:
             m.starting, m.draining_for, m.victims = None, [], []
             self.slots.dispatch(m)
             self.kick()
+
+    async def _release_cache(self, m: Model, *, others: bool) -> None:
+        """Where the GPU allocates from system memory through its driver (nvidia-unified), the cached pages of model
+        files nobody maps are released (umemc.runtime.pagecache): the kernel's reclaim would not give them to a CUDA
+        allocation in time. `others`: every model's files but this one's (before its load goes far); else this
+        one's. Said in a page_cache_released event where any were."""
+        if self.plan.platform.kind != "nvidia-unified":
+            return
+        models = [x for x in self.models.values() if (x is not m) == others]
+        files = sorted({Path(f) for x in models for f in (x.plan.model_file, x.plan.mmproj_file) if f})
+        if not files:
+            return
+        freed = await asyncio.to_thread(pagecache.release, files)
+        if freed:
+            self.events.add(
+                "page_cache_released",
+                m.name,
+                bytes=freed,
+                files=[str(f) for f in files],
+                before="load" if others else "serving",
+            )
 
     def _ready(self, m: Model, decision: Decision, seconds: float) -> None:
         m.life.to(Phase.READY)
