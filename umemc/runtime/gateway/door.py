@@ -1,0 +1,118 @@
+"""The guards in front of every route of the gateway, in one middleware: the browser guard (a page on another
+name that resolves to loopback, DNS rebinding; a cross-site form or fetch, CSRF: the Host, Origin and content-type
+rules), the bearer token, and the answer to a refusal raised anywhere below."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from . import ollama
+from .model import Refused
+from .relay import HTTP_STATUS, SCHED, error, refused
+
+MUTATING = frozenset(("POST", "PUT", "PATCH", "DELETE"))
+
+
+OPEN_PATHS = frozenset(("/umemc/health",))  # liveness only: says nothing about the stack
+
+
+# the status page's HTML holds no data (it fetches the API with the token from its URL fragment): a browser
+# must be able to open it without a header; the Host/Origin rules still apply to it
+TOKENLESS_PATHS = OPEN_PATHS | {"/ui"}
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def allowed_hosts(host: str, port: int) -> frozenset[str] | None:
+    """Host header values a loopback gateway answers to: a page on another name that resolves to
+    127.0.0.1 (DNS rebinding) is refused. None off loopback, where every request needs the token."""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        return None
+    names = {"127.0.0.1", "localhost", "[::1]", f"[{host}]" if ":" in host else host}
+    return frozenset(n for name in names for n in (name, f"{name}:{port}"))
+
+
+def front_door(hosts: frozenset[str] | None, token: str | None) -> Any:
+    """Every request's one middleware (each layer of them costs every request a coroutine): what a hostile web page
+    can make a browser send to loopback is refused before anything else (a foreign Host: DNS rebinding; a
+    cross-origin request: Origin, Sec-Fetch-Site; a body of a type a page may send without a CORS preflight,
+    text/plain or a form, to a JSON endpoint: CSRF), then a request without the token; a handler's Refused is
+    answered here (OpenAI-shaped with Retry-After, Ollama-shaped on its routes)."""
+    expected = None if token is None else f"Bearer {token}".encode()
+
+    @web.middleware
+    async def door(request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        if path in OPEN_PATHS:
+            return await handler(request)
+        refusal = _browser_refusal(request, hosts)
+        if refusal is not None:
+            return refusal
+        if expected is not None and path not in TOKENLESS_PATHS:
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                resp = error(401, "this gateway needs Authorization: Bearer <token>", "unauthorized")
+                resp.headers["WWW-Authenticate"] = "Bearer"
+                return resp
+        try:
+            return await handler(request)
+        except Refused as exc:
+            if path.startswith("/api/"):  # Ollama's clients read {"error": "..."}
+                return ollama.ollama_error(HTTP_STATUS[exc.code], exc.message)
+            return refused(exc)
+        except web.HTTPRequestEntityTooLarge:
+            limit = request.app[SCHED].gw.max_body_bytes
+            return error(413, f"request body larger than {limit} bytes (gateway.max_body)", "body_too_large")
+
+    return door
+
+
+def _browser_refusal(request: web.Request, hosts: frozenset[str] | None) -> web.Response | None:
+    host = request.headers.get("Host", "").lower()
+    if hosts is not None and host not in hosts:
+        return error(403, f"Host {host!r} is not this gateway's address (use 127.0.0.1 or localhost)", "forbidden_host")
+    origin = request.headers.get("Origin")
+    if origin is not None and urlsplit(origin).netloc.lower() != host:
+        return error(403, f"cross-origin request from {origin!r} refused", "cross_origin")
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None and site not in ("same-origin", "none"):
+        return error(403, f"cross-site request refused (Sec-Fetch-Site: {site})", "cross_origin")
+    if request.method in MUTATING and request.body_exists and not _accepted_type(request):
+        return error(
+            415,
+            f"Content-Type {request.content_type!r} is not accepted here: send application/json"
+            + (" or multipart/form-data" if _multipart_allowed(request.path) else ""),
+            "unsupported_media_type",
+        )
+    return None
+
+
+def _multipart_allowed(path: str) -> bool:
+    return path.startswith(("/v1/", "/models/"))  # audio uploads; never the umemc API
+
+
+def _typeless_allowed(path: str) -> bool:
+    return _multipart_allowed(path) or path.startswith("/api/")  # clients of these APIs post JSON unlabelled
+
+
+def _accepted_type(request: web.Request) -> bool:
+    """JSON (multipart for uploads to workers). No Content-Type at all only on the OpenAI routes and the
+    passthrough (clients that post JSON without saying so; a browser sends a typeless body only with an Origin,
+    refused): umemc's own API, which grants memory and evicts, takes JSON that says it is JSON."""
+    if "Content-Type" not in request.headers:
+        return _typeless_allowed(request.path)
+    ctype = request.content_type.lower()
+    if ctype == "application/json" or (ctype.startswith("application/") and ctype.endswith("+json")):
+        return True
+    return ctype == "multipart/form-data" and _multipart_allowed(request.path)
