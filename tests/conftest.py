@@ -148,6 +148,14 @@ def fast_lane_starts_none() -> Iterator[None]:
         subprocess.Popen.__init__ = real  # type: ignore[method-assign]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist a module's tests stay on one worker, in their order (`--dist loadscope`, also where `-n`
+    is given alone): a module-wide fixture brings up one real stack for all its tests, and some tests take the
+    stack from where the one before left it (a model its keep_alive unloaded)."""
+    if getattr(config.option, "dist", "no") == "load":
+        config.option.dist = "loadscope"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`slow`: every test that brings up a real stack through the `stack` fixture, or needs a long-built lane,
     besides the modules and tests marked by hand (fast_lane_starts_none holds everything else to it); `pytest -m

@@ -141,13 +141,14 @@ def test_the_ollama_client_lists_shows_chats_generates_and_embeds(gw: Gateway) -
     assert {"smollm2", "embed"} <= running
 
 
-def wait_for(what: str, predicate: Any, timeout: float = 60) -> Any:
+def wait_for(what: str, predicate: Any, timeout: float = 60, seen: Any = None) -> Any:
+    """Until predicate() is truthy; on a timeout, what `seen()` says then is in the message."""
     deadline = time.monotonic() + patience(timeout)
     while time.monotonic() < deadline:
         if value := predicate():
             return value
         time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}" + (f": {seen()}" if seen is not None else ""))
 
 
 def test_keep_alive_loads_keeps_and_unloads_as_ollama_means_it(gw: Gateway) -> None:
@@ -178,7 +179,11 @@ def test_the_router_routes_load_list_and_unload(gw: Gateway) -> None:
     def states() -> dict[str, str]:
         return {m["id"]: m["status"]["value"] for m in gw.call("GET", "/models")[2]["data"]}
 
-    wait_for("gemma3 down", lambda: states()["gemma3"] == "unloaded")
+    wait_for(
+        "gemma3 down",
+        lambda: states()["gemma3"] == "unloaded",
+        seen=lambda: (states(), gw.status()["models"]["gemma3"], gw.run.status()["gemma3"], gw.run.events()[-8:]),
+    )
     assert gw.call("POST", "/models/load", {"model": "gemma3"})[::2] == (200, {"success": True})
     assert states()["gemma3"] == "loaded"  # the load answers once the model is ready
     assert gw.call("POST", "/models/unload", {"model": "gemma3"})[::2] == (200, {"success": True})
