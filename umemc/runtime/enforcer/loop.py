@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +43,24 @@ UNSEEN = ("restarted before it was sampled", "unknown")
 
 
 class Enforcer:
-    def __init__(self, bundle: Path, host: Probes | None = None):
+    """`host`, `supervisor` and `kill` are this machine's probes, the run's supervisord and a SIGKILL of the
+    worker's tree unless given: tests give fakes of all three and drive `tick` by hand (tests/runtime/
+    test_enforcer_loop.py, in milliseconds)."""
+
+    def __init__(
+        self,
+        bundle: Path,
+        host: Probes | None = None,
+        supervisor: Supervisor | None = None,
+        kill: Callable[[int, list[int]], None] | None = None,
+    ):
         self.bundle = bundle
         self.plan, self.plan_digest = read_plan(bundle / PLAN_FILE)
         self.run_dir = RunDir.of_bundle(bundle)
         self.interval = float(self.plan.policy.sample_interval_s)
         self.events = EventLog(self.run_dir.events)
-        self.supervisor = Supervisor(self.run_dir.socket())
+        self.supervisor = supervisor or Supervisor(self.run_dir.socket())
+        self.kill = kill or kill_tree
         self.sampler = Sampler(self.plan, self.run_dir, host)
         self.guard = PressureGuard(self.plan, self.run_dir, self.supervisor, self.interval, self._event)
         self.status = StatusWriter(self.run_dir.status)
@@ -314,7 +326,7 @@ class Enforcer:
         if w.pid is None or not rules.over_hard(w.usage, w.hard):
             return
         pid, usage = w.pid, w.usage
-        kill_tree(pid, w.pids)
+        self.kill(pid, w.pids)
         w.kills.append(now)
         self._event(
             w,

@@ -1,0 +1,219 @@
+"""The enforcer's loop against fakes, in milliseconds: its probes (what each process holds, the machine's
+memory), supervisord (its process table, its stops) and the kill are given; a tick is driven by hand. The real
+processes, cgroups and supervisord are tests/runtime/test_enforcement.py's; these hold the loop's decisions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from umemc.budget.plan import make_plan
+from umemc.commands.build import build
+from umemc.runtime.enforcer.loop import Enforcer
+from umemc.runtime.enforcer.worker import Phase
+from umemc.runtime.events import EventLog
+from umemc.runtime.probes.host import Probes
+from umemc.runtime.probes.swap import Swap
+from umemc.stack.resolve import load_stack
+
+MiB = 1024 * 1024
+STACK = """version = 1
+name = "loop"
+[platform]
+kind = "cpu"
+memory = "16GiB"
+os_reserve = "1GiB"
+[policy]
+kernel_enforcement = "off"
+max_kills = 2
+kill_window = "10m"
+[models.w]
+runtime = "command"
+command = ["serve"]
+memory = "100MiB"
+"""  # hard quota: 100 MiB x 1.1 = 110 MiB; soft: 100 MiB
+
+
+class FakeProcesses:
+    """What each process holds (bytes), set by the test; one process per worker, no children."""
+
+    name = "fake"
+    memory_figure = "rss"
+
+    def __init__(self) -> None:
+        self.held: dict[int, int] = {}
+
+    def alive(self, pid: int) -> bool:
+        return pid in self.held
+
+    def start_time(self, pid: int) -> int:
+        return pid
+
+    def run_environ(self, pid: int) -> dict[str, str]:
+        return {}
+
+    def cmdline(self, pid: int) -> list[str]:
+        return []
+
+    def pids(self) -> list[int]:
+        return list(self.held)
+
+    def children(self, pid: int) -> frozenset[int]:
+        return frozenset()
+
+    def descendants(self, root: int) -> list[int]:
+        return [root] if root in self.held else []
+
+    def memory(self, pid: int) -> int:
+        return self.held.get(pid, 0)
+
+    def swapped(self, pid: int) -> int | None:
+        return 0
+
+    def cpu_ticks(self, pid: int) -> int:
+        return 0
+
+    def forget(self, pid: int) -> None:
+        pass
+
+    def prune(self, alive: set[int]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class FakeBox:
+    available_name = "MemAvailable"
+
+    def available(self) -> int | None:
+        return 12 << 30
+
+    def swap(self) -> Swap | None:
+        return None
+
+    def level(self) -> str | None:
+        return None
+
+    def os_pressure(self, usable: int) -> float:
+        return 0.0
+
+    def gpu_share(self) -> float:
+        return 0.0
+
+
+class FakeSupervisor:
+    """supervisord's process table as the test sets it; stops recorded."""
+
+    def __init__(self) -> None:
+        self.table: dict[str, dict[str, Any]] = {}
+        self.stops: list[tuple[str, bool]] = []
+
+    def run(self, name: str, pid: int) -> None:
+        self.table[name] = {"name": name, "statename": "RUNNING", "pid": pid, "exitstatus": 0, "spawnerr": ""}
+
+    def call(self, method: str, *args: Any) -> Any:
+        assert method == "supervisor.getPID"
+        return 1
+
+    def processes(self) -> dict[str, dict[str, Any]]:
+        return {n: dict(info) for n, info in self.table.items()}
+
+    def try_stop(self, name: str, *, wait: bool = True) -> str | None:
+        self.stops.append((name, wait))
+        self.table[name] |= {"statename": "STOPPED", "pid": 0}
+        return None
+
+
+class Loop:
+    """An enforcer of the stack above over the fakes; `kills` are the trees it killed."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        (tmp_path / "stack.toml").write_text(STACK)
+        bundle = tmp_path / "run" / "bundle"
+        build(make_plan(load_stack(tmp_path / "stack.toml")), bundle, files_later=True)
+        (tmp_path / "run" / "state").mkdir(parents=True)
+        self.procs, self.sv = FakeProcesses(), FakeSupervisor()
+        self.kills: list[tuple[int, list[int]]] = []
+        host = Probes(self.procs, FakeBox(), "linux", cgroups=False)  # type: ignore[arg-type]
+        self.enforcer = Enforcer(bundle, host, self.sv, lambda pid, pids: self.kills.append((pid, list(pids))))  # type: ignore[arg-type]
+        self.log = EventLog(tmp_path / "run" / "state" / "events.db")
+
+    def start(self, pid: int, held: int) -> None:
+        """supervisord (re)started the worker as `pid`, holding `held` bytes; the enforcer sees it at its next
+        tick (supervisord's children changed)."""
+        self.sv.run("w", pid)
+        self.procs.held[pid] = held
+        self.enforcer._gone = True
+
+    def events(self) -> list[tuple[str, dict[str, Any]]]:
+        return [(e.kind, e.detail) for e in self.log.since(0) if e.model == "w"]
+
+
+def test_a_worker_over_its_hard_quota_is_killed_at_the_tick_that_sees_it(tmp_path: Path) -> None:
+    loop = Loop(tmp_path)
+    loop.start(4001, 50 * MiB)
+    loop.enforcer.tick()
+    w = loop.enforcer.workers["w"]
+    assert (w.pid, w.usage, w.phase, loop.kills) == (4001, 50 * MiB, Phase.UP, [])
+    loop.procs.held[4001] = 110 * MiB + 1  # one byte over 110 MiB
+    loop.enforcer.tick()
+    assert loop.kills == [(4001, [4001])]
+    assert w.phase is Phase.KILLED and w.pid is None
+    assert [k for k, _ in loop.events()] == ["start", "soft_limit", "hard_limit_kill", "exit"]
+    kill = dict(loop.events())["hard_limit_kill"]
+    assert (kill["by"], kill["pid"], kill["usage_bytes"], kill["hard_bytes"]) == (
+        "enforcer",
+        4001,
+        110 * MiB + 1,
+        110 * MiB,
+    )
+    assert dict(loop.events())["exit"] == {
+        "pid": 4001,
+        "state": "KILLED",
+        "exitstatus": None,
+        "signal": "SIGKILL",
+        "cause": "hard quota (enforcer)",
+        "peak_bytes": 110 * MiB + 1,
+    }
+
+
+def test_at_the_hard_quota_is_not_over_it(tmp_path: Path) -> None:
+    loop = Loop(tmp_path)
+    loop.start(4001, 110 * MiB)
+    loop.enforcer.tick()
+    loop.enforcer.tick()
+    assert loop.kills == [] and loop.enforcer.workers["w"].phase is Phase.UP
+
+
+def test_max_kills_in_the_window_leave_it_stopped(tmp_path: Path) -> None:
+    """max_kills = 2: the second kill within kill_window gives up, asks supervisord to stop it (without waiting:
+    the loop must not block on a stop) and says so once."""
+    loop = Loop(tmp_path)
+    loop.start(4001, 200 * MiB)
+    loop.enforcer.tick()
+    loop.start(4002, 200 * MiB)  # supervisord restarted it, still leaking
+    loop.enforcer.tick()
+    assert loop.kills == [(4001, [4001]), (4002, [4002])]
+    assert loop.sv.stops == [("w", False)]
+    assert loop.enforcer.workers["w"].phase is Phase.GIVEN_UP
+    kinds = [k for k, _ in loop.events()]
+    assert kinds.count("give_up") == 1 and kinds[-1] == "give_up"
+    assert dict(loop.events())["give_up"]["kills"] == 2
+
+
+def test_a_stop_someone_asked_for_is_no_restart(tmp_path: Path) -> None:
+    """The gateway evicted the worker and started it again on demand between two polls: the exit the enforcer
+    then sees is that stop, and the restart count stays 0."""
+    loop = Loop(tmp_path)
+    loop.start(4001, 50 * MiB)
+    loop.enforcer.tick()
+    loop.log.add("evict", "w", by="gateway", for_model="other")
+    loop.start(4002, 50 * MiB)
+    loop.enforcer.tick()
+    exits = [d for k, d in loop.events() if k == "exit"]
+    assert exits == [{"pid": 4001, "state": "RUNNING", "exitstatus": None, "cause": "stopped", "peak_bytes": 50 * MiB}]
+    assert loop.enforcer.workers["w"].restarts == 0
+    loop.start(4003, 50 * MiB)  # and one nobody asked for is a restart
+    loop.enforcer.tick()
+    assert loop.enforcer.workers["w"].restarts == 1
