@@ -12,7 +12,7 @@ from umemc.commands.build import build
 from umemc.runtime.enforcer.loop import Enforcer
 from umemc.runtime.enforcer.worker import Phase
 from umemc.runtime.events import EventLog
-from umemc.runtime.probes.host import Probes
+from umemc.runtime.probes.host import Probes, PsutilBox
 from umemc.runtime.probes.swap import Swap
 from umemc.stack.resolve import load_stack
 
@@ -83,23 +83,14 @@ class FakeProcesses:
         pass
 
 
-class FakeBox:
-    available_name = "MemAvailable"
+class FakeBox(PsutilBox):
+    """12 GiB available, no swap; no pressure level, no GPU window (as psutil's box says of any machine)."""
 
     def available(self) -> int | None:
         return 12 << 30
 
     def swap(self) -> Swap | None:
         return None
-
-    def level(self) -> str | None:
-        return None
-
-    def os_pressure(self, usable: int) -> float:
-        return 0.0
-
-    def gpu_share(self) -> float:
-        return 0.0
 
 
 class FakeSupervisor:

@@ -12,15 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.test_scheduler import FakeSupervisor, model, running, settled
-from umemc.budget.plan import make_plan
-from umemc.commands.build import build
-from umemc.contract import PlanDoc, read
+from tests.runtime.test_scheduler import FakeSupervisor, model, running, scheduler, settled
 from umemc.runtime.events import EventLog
 from umemc.runtime.gateway.scheduler import Scheduler
 from umemc.runtime.pagecache import PAGE, cached_bytes, release
-from umemc.runtime.rundir import RunDir
-from umemc.stack.resolve import load_stack
 
 MiB = 1024 * 1024
 SIZE = 24 * MiB
@@ -66,18 +61,6 @@ def test_cached_pages_nobody_maps_are_released(tmp_path: Path) -> None:
     assert release([f]) == 0
 
 
-SPARK = """version = 1
-name = "spark"
-[platform]
-{platform}
-[gateway]
-port = 10999
-queue = 8
-queue_timeout = "5s"
-drain_timeout = "5s"
-"""
-
-
 def spark(tmp_path: Path, platform: str, sv: FakeSupervisor) -> Scheduler:
     """Two command workers with model files, each of 60 GiB on a 128 GiB machine: the cold one's start evicts
     the hot one."""
@@ -85,18 +68,7 @@ def spark(tmp_path: Path, platform: str, sv: FakeSupervisor) -> Scheduler:
     for name, priority, mode in (("a", 40, "hot"), ("b", 60, "cold")):
         path = model_file(tmp_path / f"{name}.gguf")
         models += model(name, priority, mode, memory="60GiB") + f'model = "{path}"\n'
-    (tmp_path / "stack.toml").write_text(SPARK.format(platform=platform) + models)
-    bundle = tmp_path / "run" / "bundle"
-    build(make_plan(load_stack(tmp_path / "stack.toml")), bundle)
-    run = RunDir.of_bundle(bundle)
-    run.state.mkdir(parents=True, exist_ok=True)
-    sched = Scheduler(read(PlanDoc, bundle / "plan.json"), run, sv, EventLog(run.events))  # type: ignore[arg-type]
-
-    async def healthy(m: object) -> bool:
-        return sv.states.get(getattr(m, "name", "")) == "RUNNING"
-
-    sched.sync.probe = healthy  # type: ignore[method-assign]
-    return sched
+    return scheduler(tmp_path, models, sv, platform=platform)
 
 
 @pytest.mark.parametrize("platform", ['preset = "dgx-spark-128"', 'kind = "cpu"\nmemory = "128GiB"'])

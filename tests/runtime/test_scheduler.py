@@ -64,12 +64,11 @@ class FakeSupervisor:
         return 4242
 
 
+CPU_4G = 'kind = "cpu"\nmemory = "4GiB"\nos_reserve = "1GiB"'
 STACK = """version = 1
 name = "fast"
 [platform]
-kind = "cpu"
-memory = "4GiB"
-os_reserve = "1GiB"
+{platform}
 [gateway]
 port = 10999
 queue = {queue}
@@ -85,8 +84,8 @@ def model(name: str, priority: int, mode: str = "hot", memory: str = "1GiB", con
     )
 
 
-def scheduler(tmp_path: Path, models: str, sv: FakeSupervisor, **gw: Any) -> Scheduler:
-    settings = {"queue": 8, "queue_timeout": "5s", "drain_timeout": "5s"} | gw
+def scheduler(tmp_path: Path, models: str, sv: FakeSupervisor, platform: str = CPU_4G, **gw: Any) -> Scheduler:
+    settings = {"queue": 8, "queue_timeout": "5s", "drain_timeout": "5s", "platform": platform} | gw
     (tmp_path / "stack.toml").write_text(STACK.format(**settings) + models)
     bundle = tmp_path / "run" / "bundle"
     build(make_plan(load_stack(tmp_path / "stack.toml")), bundle)
@@ -575,7 +574,7 @@ def test_a_plan_that_changes_only_models_is_taken_on_in_place(tmp_path: Path) ->
     bundle = tmp_path / "run" / "bundle"
 
     def next_plan(models: str, **gw: Any) -> PlanDoc:
-        settings = {"queue": 8, "queue_timeout": "5s", "drain_timeout": "5s"} | gw
+        settings = {"queue": 8, "queue_timeout": "5s", "drain_timeout": "5s", "platform": CPU_4G} | gw
         (tmp_path / "stack.toml").write_text(STACK.format(**settings) + models)
         build(make_plan(load_stack(tmp_path / "stack.toml")), bundle)
         return read(PlanDoc, bundle / "plan.json")
