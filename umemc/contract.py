@@ -88,6 +88,8 @@ class PolicyDoc(Document):
     kill_window_s: float
     # added in plan version 1's lifetime: defaults keep plans written before them readable
     max_generating: int | None = None
+    max_generating_throttled: int | None = None  # while the box throttles for heat
+    throttle_above_c: float | None = None  # a temperature that counts as throttling
 
 
 class GatewayDoc(Document):
@@ -248,6 +250,13 @@ class EnforcerStatus(Document):
     swap_grown_bytes: int | None = None  # since the enforcer started
     pressure_level: str | None = None  # the OS's own (macOS: normal | warn | critical)
     gpu_limit_bytes: int | None = None  # the GPU's working-set limit a runtime reported (Metal)
+    # heat (umemc.runtime.probes.heat): the hottest sensor, the power draw, and why the box throttles (None: it does
+    # not); heat_source none where the platform reports nothing
+    heat_c: float | None = None
+    heat_sensor: str | None = None
+    power_w: float | None = None
+    throttling: str | None = None
+    heat_source: str | None = None
 
 
 class GatewayModel(Document):
@@ -283,6 +292,7 @@ class GenerationDoc(Document):
     max: int | None
     in_use: float
     waiting: int
+    throttling: str | None = None  # why the budget is lowered now (the box throttles for heat)
 
 
 class GatewayState(Document):

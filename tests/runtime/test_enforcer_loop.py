@@ -27,7 +27,7 @@ os_reserve = "1GiB"
 kernel_enforcement = "off"
 max_kills = 2
 kill_window = "10m"
-[models.w]
+{policy}[models.w]
 runtime = "command"
 command = ["serve"]
 memory = "100MiB"
@@ -119,8 +119,8 @@ class FakeSupervisor:
 class Loop:
     """An enforcer of the stack above over the fakes; `kills` are the trees it killed."""
 
-    def __init__(self, tmp_path: Path) -> None:
-        (tmp_path / "stack.toml").write_text(STACK)
+    def __init__(self, tmp_path: Path, policy: str = "") -> None:
+        (tmp_path / "stack.toml").write_text(STACK.format(policy=policy))
         bundle = tmp_path / "run" / "bundle"
         build(make_plan(load_stack(tmp_path / "stack.toml")), bundle, files_later=True)
         (tmp_path / "run" / "state").mkdir(parents=True)

@@ -28,6 +28,7 @@ KINDS: tuple[str, ...] = (
     "lease_grant", "lease_release", "lease_expire", "event_log_reset", "slot_save", "slot_restore",
     "slot_save_failed", "slot_restore_failed", "allowance", "action", "unload", "unload_failed",
     "swapping", "gpu_limit", "reaped", "plan_adopted", "page_cache_released",
+    "throttle",
 )  # fmt: skip
 MAX_ROWS = 100_000
 MAX_AGE_S = 30 * 24 * 3600

@@ -126,6 +126,12 @@ SAID: dict[str, Callable[[dict[str, Any]], str]] = {
     f"counts on {_size(d.get('gpu_window_bytes'))}",
     "reaped": lambda d: f"supervisord (pid {d.get('supervisord_pid')}) died: its {len(d.get('pids') or [])} "
     "processes stopped",
+    "throttle": lambda d: (
+        f"the box throttles ({d.get('throttling')}): at most {d.get('max_generating')} generating at once"
+        if d.get("throttling")
+        else "the box no longer throttles: "
+        + (f"at most {d['max_generating']} generating at once" if d.get("max_generating") else "generation unlimited")
+    ),
     "page_cache_released": lambda d: f"{_size(d.get('bytes'))} of model files' page cache released "
     + (
         "before its load (a CUDA allocation does not wait for the kernel to reclaim it)"

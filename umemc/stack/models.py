@@ -126,6 +126,21 @@ class Policy(_Strict):
         "request takes its model's generation_weight; more wait, highest priority first, then first come. "
         "Default: unlimited.",
     )
+    max_generating_throttled: int | None = Field(
+        None,
+        gt=0,
+        le=4096,
+        description="max_generating while the box throttles for heat (the GPU driver says so, a sensor is at its own "
+        "limit, or at throttle_above): a hot bus runs every model slower, so fewer generate at once. Default: "
+        "max_generating throughout.",
+    )
+    throttle_above: float | None = Field(
+        None,
+        gt=0,
+        le=150,
+        description="Celsius: any temperature the platform reports at or above this counts as throttling too (for "
+        "chips that publish no limit of their own). Default: the chips' own limits and the GPU driver's word only.",
+    )
     hsa_enable_sdma: bool = Field(
         False,
         description="AMD: HSA_ENABLE_SDMA for workers. Default false (0): the "

@@ -55,6 +55,8 @@ def plan_json(b: Bundle) -> Files:
             max_kills=pol.max_kills,
             kill_window_s=pol.kill_window,
             max_generating=pol.max_generating,
+            max_generating_throttled=pol.max_generating_throttled,
+            throttle_above_c=pol.throttle_above,
         ),
         gateway=None
         if not gw.enabled

@@ -18,6 +18,8 @@ from ...lockfile import totals
 from ...names import OWN_PROGRAMS, PLAN_FILE
 from ..events import STOPS, EventLog
 from ..llamalog import metal_working_set, parse_buffers
+from ..probes import heat
+from ..probes.heat import Heat
 from ..probes.host import Probes
 from ..rundir import RunDir
 from ..supervisor import ANSWERING, RPC_ERRORS, ProcState, Supervisor
@@ -35,6 +37,7 @@ SLOW_EVERY_S = 1.0  # process trees, kernel OOM counters, leak samples, status f
 ESCAPED_EVERY_S = 5.0  # without a cgroup: look for processes that left a worker's tree (by the run's mark)
 POLL_EVERY_S = 5.0  # supervisord's process list, also fetched whenever supervisord's children change
 DRIFT_SETTLE_S = 5.0  # after supervisord calls it RUNNING (itself 5 s after the start)
+HEAT_EVERY_S = 2.0  # temperatures and power (hwmon files; nvidia-smi is a process of its own)
 LOG_TAIL = 512 * 1024  # of a llama.cpp worker's logs, for its buffer report
 
 
@@ -72,6 +75,9 @@ class Enforcer:
         self.swap_base: int | None = None  # the machine's swap in use when the enforcer started
         self.swap_raised = False
         self.gpu_limit: int | None = None  # the GPU's working-set limit as a runtime reported it (Metal)
+        self.heat: Heat | None = None  # the box's temperatures and power, read every HEAT_EVERY_S
+        self.read_heat: Callable[[], Heat] = lambda: heat.read(self.plan.platform.kind, self.sampler.host.platform)
+        self._last_heat = 0.0
         self._last_slow = self._last_poll = self._last_escaped = 0.0
         self._gone = False
         self._sv_pid: int | None = None
@@ -199,6 +205,8 @@ class Enforcer:
         self._last_slow = now
         self.events.verify_due()  # a log damaged under its open connection is moved aside within VERIFY_S
         self.sampler.refresh_nvidia(now)
+        if now - self._last_heat >= HEAT_EVERY_S:
+            self._last_heat, self.heat = now, self.read_heat()
         if now - self._last_escaped >= ESCAPED_EVERY_S:
             self._last_escaped = now
             self.sampler.find_escaped(list(self.workers.values()))
@@ -234,6 +242,20 @@ class Enforcer:
             "pressure_level": self.sampler.box.level(),
             "gpu_limit_bytes": self.gpu_limit,
             "plan_sha256": self.plan_digest,
+        } | self._heat()
+
+    def _heat(self) -> dict[str, Any]:
+        """The hottest sensor, the power draw, and why the box throttles (the stack's throttle_above counted)."""
+        h = self.heat
+        if h is None:
+            return {}
+        hottest = h.hottest
+        return {
+            "heat_c": None if hottest is None else hottest.celsius,
+            "heat_sensor": None if hottest is None else hottest.name,
+            "power_w": h.watts,
+            "throttling": h.throttling(self.plan.policy.throttle_above_c),
+            "heat_source": h.source,
         }
 
     def _box_and_own(self, now: float) -> int | None:

@@ -2,7 +2,11 @@
 and each runs slower than alone, so at most N units of generation are in flight across the whole stack.
 A request takes its model's generation_weight units while its worker answers; the others wait in one
 queue ordered by the model's priority, then by arrival (FIFO within a priority). Unlimited when
-max_generating is not set: then acquire and release cost nothing."""
+max_generating is not set: then acquire and release cost nothing.
+
+While the box throttles for heat (the enforcer's status says why), the budget is policy.max_generating_throttled
+where the stack sets one: a hot memory bus runs every model slower. Requests already generating finish; fewer start
+until it cools."""
 
 from __future__ import annotations
 
@@ -23,8 +27,10 @@ class _Waiter:
 
 
 class GenerationBudget:
-    def __init__(self, capacity: int | None):
-        self.capacity = capacity
+    def __init__(self, capacity: int | None, throttled: int | None = None):
+        self.capacity = self.normal = capacity
+        self.throttled = throttled  # the capacity while the box throttles (None: no other)
+        self.throttling: str | None = None  # why it throttles now, where the budget is lowered for it
         self.in_use = 0.0
         self._queue: list[_Waiter] = []
         self._arrivals = itertools.count()
@@ -68,21 +74,37 @@ class GenerationBudget:
         finally:
             self._release(units)
 
+    def throttle(self, why: str | None) -> bool:
+        """The box throttles (`why`) or not (None): the capacity for it. True when the capacity changed."""
+        if self.throttled is None:
+            return False
+        self.throttling = why
+        capacity = self.normal if why is None else self.throttled
+        if capacity == self.capacity:
+            return False
+        self.capacity = capacity
+        self._dispatch()
+        return True
+
     def _release(self, units: float) -> None:
         self.in_use = max(0.0, self.in_use - units)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Waiters that fit now, highest priority first (all of them where the budget became unlimited)."""
         while self._queue:
             head = self._queue[0]
             if head.future.done():  # a client that went away while waiting
                 heapq.heappop(self._queue)
                 continue
-            if not self._fits(head.units):
+            if self.capacity is not None and not self._fits(head.units):
                 return
             heapq.heappop(self._queue)
             self.in_use += head.units
             head.future.set_result(None)
 
-    def status(self) -> dict[str, float | int | None]:
-        return {"max": self.capacity, "in_use": self.in_use, "waiting": self.waiting}
+    def status(self) -> dict[str, float | int | str | None]:
+        return {"max": self.capacity, "in_use": self.in_use, "waiting": self.waiting, "throttling": self.throttling}
 
 
 class _Unlimited(contextlib.AbstractAsyncContextManager[float]):

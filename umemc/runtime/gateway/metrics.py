@@ -193,11 +193,32 @@ class _Live(Collector):
             )
         yield from _from_events(s)
         yield from _from_enforcer(s, self.proc)
+        yield from _heat(s)
         yield GaugeMetricFamily(
             "umemc_pressure",
             "System memory pressure as the enforcer measures it (NaN when its status is stale).",
             value=float("nan") if s.sync.pressure is None else s.sync.pressure,
         )
+
+
+def _heat(s: Scheduler) -> Iterator[Metric]:
+    """The box's heat as the enforcer last read it (umemc.runtime.probes.heat): only what the platform reports."""
+    status = s.sync.enforcer
+    if status is None or status.heat_source in (None, "none"):
+        return
+    if status.heat_c is not None:
+        temp = GaugeMetricFamily(
+            "umemc_box_temperature_celsius", "The hottest temperature the platform reports.", labels=["sensor"]
+        )
+        temp.add_metric([status.heat_sensor or ""], status.heat_c)
+        yield temp
+    if status.power_w is not None:
+        yield GaugeMetricFamily("umemc_box_power_watts", "Power draw the platform reports.", value=status.power_w)
+    yield GaugeMetricFamily(
+        "umemc_box_throttling",
+        "1 while the box throttles for heat (the GPU driver says so, a sensor is at its limit or throttle_above).",
+        value=1 if status.throttling else 0,
+    )
 
 
 def _from_events(s: Scheduler) -> Iterator[Metric]:

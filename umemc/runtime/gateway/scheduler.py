@@ -92,7 +92,7 @@ class Scheduler:
             usable=int(cap.usable_bytes),
             load_below=plan.policy.load_below,
         )
-        self.generation = GenerationBudget(plan.policy.max_generating)
+        self.generation = GenerationBudget(plan.policy.max_generating, plan.policy.max_generating_throttled)
         self.models = {n: Model(n, m) for n, m in plan.models.items()}
         self.traffic = {n: Traffic() for n in plan.models}
         self.lock = asyncio.Lock()

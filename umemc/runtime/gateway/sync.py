@@ -119,6 +119,11 @@ class StateSync:
             m.restarts = 0 if live is None else live.restarts
         self.pressure = None if status is None else status.pressure
         self.enforcer = status
+        why = None if status is None else status.throttling
+        if self.generation.throttle(why):
+            heat_c = None if status is None else status.heat_c
+            self.events.add("throttle", None, throttling=why, max_generating=self.generation.capacity, heat_c=heat_c)
+            changed = True
         if changed:
             self.kick()
 

@@ -31,9 +31,24 @@ def status(s: Scheduler) -> dict[str, Any]:
         },
         "pressure": s.sync.pressure,
         "generation": s.generation.status(),
+        "heat": _heat(s),
         "models": {m.name: _model(s, m, now) for m in s.models.values()},
         "groups": groups(s),
         "leases": [lease_json(x) for x in s.book.leases.values()],
+    }
+
+
+def _heat(s: Scheduler) -> dict[str, Any] | None:
+    """The box's heat as the enforcer last read it; None where the platform reports none (or no fresh status)."""
+    e = s.sync.enforcer
+    if e is None or e.heat_source in (None, "none"):
+        return None
+    return {
+        "celsius": e.heat_c,
+        "sensor": e.heat_sensor,
+        "watts": e.power_w,
+        "throttling": e.throttling,
+        "source": e.heat_source,
     }
 
 
