@@ -367,6 +367,10 @@ class StatusMachine(Document):
     pressure_level: str | None
     gpu_limit_bytes: int | None
     enforcement: str
+    heat_c: float | None = None  # the hottest sensor the platform reports, and the power draw (probes.heat)
+    heat_sensor: str | None = None
+    power_w: float | None = None
+    throttling: str | None = None  # why the box throttles for heat now; null: it does not
 
 
 class StatusDoc(Document):

@@ -181,3 +181,20 @@ def test_the_page_and_metrics_show_the_heat(tmp_path: Path) -> None:
         },
     )
     assert found["none"] == (None, {})
+
+
+def test_umemc_status_says_the_heat() -> None:
+    from rich.console import Console
+
+    from umemc.commands.status import _machine_words
+
+    machine = {"enforcement": "umemc's enforcer alone", "heat_c": 91.0, "heat_sensor": "amdgpu edge", "power_w": 45.12,
+               "throttling": "amdgpu edge at 91 °C (throttle_above 90 °C)"}  # fmt: skip
+    console = Console(width=200, record=True, color_system=None)
+    console.print("machine" + _machine_words(machine))
+    assert console.export_text() == (
+        "machine, 91 °C (amdgpu edge), 45.12 W (throttling: amdgpu edge at 91 °C (throttle_above 90 °C))\n"
+        "enforced by umemc's enforcer alone\n"
+    )
+    cool = machine | {"heat_c": None, "power_w": None, "throttling": None}
+    assert _machine_words(cool) == "\nenforced by umemc's enforcer alone"

@@ -122,6 +122,10 @@ def _machine(live: Any) -> dict[str, Any]:
         "swap_grown_bytes": live.swap_grown_bytes,
         "pressure_level": live.pressure_level,
         "gpu_limit_bytes": live.gpu_limit_bytes,
+        "heat_c": live.heat_c,
+        "heat_sensor": live.heat_sensor,
+        "power_w": live.power_w,
+        "throttling": live.throttling,
     }
 
 
@@ -307,7 +311,23 @@ def _machine_words(machine: dict[str, Any] | None) -> str:
     grown = machine.get("swap_grown_bytes")
     if grown and grown > 0:
         out += f", [yellow]swap +{gib(grown)}[/]"
+    out += _heat_words(machine)
     return out + f"\nenforced by {machine['enforcement']}"
+
+
+def _heat_words(machine: dict[str, Any]) -> str:
+    """The hottest sensor and the power draw where the platform reports them; red while the box throttles."""
+    from rich.markup import escape
+
+    parts = []
+    if machine.get("heat_c") is not None:
+        parts.append(f"{machine['heat_c']:g} °C ({escape(machine.get('heat_sensor') or '?')})")
+    if machine.get("power_w") is not None:
+        parts.append(f"{machine['power_w']:g} W")
+    out = f", {', '.join(parts)}" if parts else ""
+    if machine.get("throttling"):
+        out += f" [red](throttling: {escape(machine['throttling'])})[/]"
+    return out
 
 
 def _requests(m: dict[str, Any]) -> str:
