@@ -208,3 +208,29 @@ def test_a_stop_someone_asked_for_is_no_restart(tmp_path: Path) -> None:
     loop.start(4003, 50 * MiB)  # and one nobody asked for is a restart
     loop.enforcer.tick()
     assert loop.enforcer.workers["w"].restarts == 1
+
+
+def test_a_slow_read_never_holds_the_loop() -> None:
+    """nvidia-smi (heat, per-process GPU memory) can take seconds: the loop asks it in a thread of its own and
+    goes on with the last answer; one read at a time, at most every every_s."""
+    import threading
+
+    from umemc.runtime.enforcer.sampler import OffLoop
+
+    go, reads = threading.Event(), []
+
+    def read() -> int:
+        reads.append(1)
+        go.wait()
+        return len(reads)
+
+    slow = OffLoop(read, every_s=2.0, initial=0, name="slow")
+    assert slow.poll(now=100.0) == 0  # asked, not waited for
+    assert slow.poll(now=103.0) == 0  # due again, but the first is still under way: not asked twice
+    go.set()
+    assert slow.wait() == 1 and len(reads) == 1
+    go.clear()
+    assert slow.poll(now=104.0) == 1  # answered; 4 s since the first ask: asked again, the last answer meanwhile
+    go.set()
+    assert slow.wait() == 2
+    assert slow.poll(now=105.0) == 2 and len(reads) == 2  # 1 s since: not due

@@ -94,9 +94,11 @@ def test_the_budget_lowers_while_throttling_and_wakes_its_waiters_after() -> Non
 
 def test_the_enforcers_status_says_the_heat(tmp_path: Path) -> None:
     loop = Loop(tmp_path, policy="throttle_above = 70\n")
-    loop.enforcer.read_heat = lambda: Heat(
+    loop.enforcer.heat_reads.read = lambda: Heat(
         (Sensor("k10temp Tctl", 71.25, None), Sensor("amdgpu edge", 64.0, None)), 45.12, False, "hwmon"
     )
+    loop.enforcer.heat_reads.poll(time.time())  # asked off the loop: its answer awaited, then a slow tick says it
+    loop.enforcer.heat_reads.wait()
     loop.enforcer.slow_tick(time.time())
     doc = json.loads(loop.enforcer.run_dir.status.read_text())
     assert {k: doc[k] for k in ("heat_c", "heat_sensor", "power_w", "throttling", "heat_source")} == {

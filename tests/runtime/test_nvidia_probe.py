@@ -127,7 +127,8 @@ def test_the_workers_cuda_memory_counts_against_its_quota(
         fake_smi(tmp_path, monkeypatch, f"{proc.pid}, 1536\n1, 512\n")
         sampler = Sampler(plan, RunDir.of_bundle(bundle))
         w = Worker(Quota("cuda", hard=3 << 30, soft=2 << 30, priority=50, estimate=2 << 30), pid=proc.pid)
-        sampler.refresh_nvidia(now=1000.0)
+        sampler.refresh_nvidia(now=1000.0)  # asked off the loop: its answer awaited here
+        sampler.nvidia_reads.wait()
         sampler.refresh(w, now=1000.0)
         rss = sampler.procs.memory(proc.pid)
         assert w.gpu_side == 1536 * MiB

@@ -25,7 +25,7 @@ from ..rundir import RunDir
 from ..supervisor import ANSWERING, RPC_ERRORS, ProcState, Supervisor
 from . import rules
 from .pressure import PressureGuard
-from .sampler import Sampler
+from .sampler import OffLoop, Sampler
 from .series import Series
 from .status import StatusWriter
 from .worker import Finding, Phase, Quota, Worker
@@ -75,9 +75,10 @@ class Enforcer:
         self.swap_base: int | None = None  # the machine's swap in use when the enforcer started
         self.swap_raised = False
         self.gpu_limit: int | None = None  # the GPU's working-set limit as a runtime reported it (Metal)
-        self.heat: Heat | None = None  # the box's temperatures and power, read every HEAT_EVERY_S
-        self.read_heat: Callable[[], Heat] = lambda: heat.read(self.plan.platform.kind, self.sampler.host.platform)
-        self._last_heat = 0.0
+        # the box's temperatures and power, read off the loop every HEAT_EVERY_S (nvidia-smi is a process)
+        self.heat_reads: OffLoop[Heat | None] = OffLoop(
+            lambda: heat.read(self.plan.platform.kind, self.sampler.host.platform), HEAT_EVERY_S, None, "heat"
+        )
         self._last_slow = self._last_poll = self._last_escaped = 0.0
         self._gone = False
         self._sv_pid: int | None = None
@@ -205,8 +206,7 @@ class Enforcer:
         self._last_slow = now
         self.events.verify_due()  # a log damaged under its open connection is moved aside within VERIFY_S
         self.sampler.refresh_nvidia(now)
-        if now - self._last_heat >= HEAT_EVERY_S:
-            self._last_heat, self.heat = now, self.read_heat()
+        self.heat_reads.poll(now)
         if now - self._last_escaped >= ESCAPED_EVERY_S:
             self._last_escaped = now
             self.sampler.find_escaped(list(self.workers.values()))
@@ -246,7 +246,7 @@ class Enforcer:
 
     def _heat(self) -> dict[str, Any]:
         """The hottest sensor, the power draw, and why the box throttles (the stack's throttle_above counted)."""
-        h = self.heat
+        h = self.heat_reads.value
         if h is None:
             return {}
         hottest = h.hottest

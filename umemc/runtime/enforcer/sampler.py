@@ -6,7 +6,11 @@ activity, its own ledger; and the machine's memory pressure and swap."""
 
 from __future__ import annotations
 
+import math
 import sys
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from ...contract import CgroupRecord, PlanDoc, WorkerReport, read_optional
 from ..cgroups import Cgroup
@@ -19,6 +23,39 @@ from .worker import Worker
 
 NVIDIA_EVERY_S = 2.0
 NVIDIA_KINDS = frozenset({"nvidia-discrete", "nvidia-unified"})
+T = TypeVar("T")
+
+
+class OffLoop(Generic[T]):
+    """A slow read (nvidia-smi is a process of its own, ~50 ms, up to its 5 s timeout) kept off the enforcer's
+    loop, which must see a worker over its hard quota within a sample: asked in a thread of its own at most every
+    `every_s`, never two at once; `poll` returns its latest answer at once (`initial` until the first)."""
+
+    def __init__(self, read: Callable[[], T], every_s: float, initial: T, name: str):
+        self.read, self.every_s, self.value, self.name = read, every_s, initial, name
+        self._last = -math.inf
+        self._thread: threading.Thread | None = None
+
+    def poll(self, now: float) -> T:
+        if self._thread is not None and not self._thread.is_alive():
+            self._thread = None
+        if self._thread is None and now - self._last >= self.every_s:
+            self._last = now
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread.start()
+        return self.value
+
+    def wait(self) -> T:
+        """Until the read under way (if any) has answered (tests)."""
+        if self._thread is not None:
+            self._thread.join()
+        return self.value
+
+    def _run(self) -> None:
+        try:
+            self.value = self.read()
+        except Exception as exc:  # noqa: BLE001 - a read that fails keeps the last answer; the loop goes on
+            print(f"umemc-enforcer: {self.name}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
 class Sampler:
@@ -31,8 +68,7 @@ class Sampler:
         self.box = self.host.box
         self.drm = DrmProbe()
         self._mark = run_mark(run_dir.state)
-        self._nvidia: dict[int, int] = {}
-        self._last_nvidia = 0.0
+        self.nvidia_reads: OffLoop[dict[int, int]] = OffLoop(nvidia.query, NVIDIA_EVERY_S, {}, "nvidia-processes")
         self.last_swap: Swap | None = None
 
     def cpu_side(self, w: Worker) -> int:
@@ -50,8 +86,9 @@ class Sampler:
         in its footprint."""
         if self.kind == "amd-apu" and self.host.platform == "linux":
             return self.drm.gpu_bytes(pids)
-        if self.kind in NVIDIA_KINDS and self._nvidia:
-            return sum(self._nvidia.get(p, 0) for p in pids)
+        if self.kind in NVIDIA_KINDS:
+            figures = self.nvidia_reads.value
+            return sum(figures.get(p, 0) for p in pids)
         return 0
 
     def record(self, w: Worker, cpu_side: int) -> None:
@@ -60,8 +97,9 @@ class Sampler:
         w.peak = max(w.peak, w.usage)
 
     def refresh_nvidia(self, now: float) -> None:
-        if self.kind in NVIDIA_KINDS and now - self._last_nvidia >= NVIDIA_EVERY_S:
-            self._nvidia, self._last_nvidia = nvidia.query(), now
+        """The NVIDIA driver's per-process figures, asked off the loop every NVIDIA_EVERY_S."""
+        if self.kind in NVIDIA_KINDS:
+            self.nvidia_reads.poll(now)
 
     def attach_cgroup(self, w: Worker) -> None:
         """The exec wrapper records `version path pid` once it has placed the worker; until then
