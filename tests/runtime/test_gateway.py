@@ -752,12 +752,13 @@ def test_max_generating_caps_generations_across_models_by_priority_then_fifo(sta
     gw.run.wait_for(lambda: gw.status()["generation"]["waiting"] == 1, timeout=10, what="b waiting")
     a = later(run, "a", 0.1)
     gw.run.wait_for(lambda: gw.status()["generation"]["waiting"] == 2, timeout=10, what="a waiting")
-    assert gw.status()["generation"] == {"max": 1, "in_use": 1.0, "waiting": 2}
+    assert gw.status()["generation"] == {"max": 1, "in_use": 1.0, "waiting": 2, "throttling": None}
     from umemc.commands.status import collect, table
 
     # gateway.json carries it too (written every 0.5 s): `umemc status` shows it in its title and --json
     gw.run.wait_for(
-        lambda: collect(str(gw.run.run_dir))["_generation"] == {"max": 1, "in_use": 1.0, "waiting": 2},
+        lambda: collect(str(gw.run.run_dir))["_generation"]
+        == {"max": 1, "in_use": 1.0, "waiting": 2, "throttling": None},
         timeout=10,
         what="gateway.json with the generation budget",
     )
