@@ -22,9 +22,12 @@ from umemc.runtime.probes.heat import Heat, Sensor, hwmon, parse_nvidia
 
 CHIPS = {
     "hwmon0": {"name": "k10temp", "temp1_input": "71250", "temp1_label": "Tctl"},
-    "hwmon1": {"name": "amdgpu", "temp1_input": "64000", "temp1_label": "edge", "power1_average": "45123000"},
-    "hwmon2": {"name": "nvme", "temp1_input": "41850", "temp1_label": "Composite", "temp1_max": "81850",
-               "temp1_crit": "84850", "temp2_input": "38850", "temp2_crit": "0"},
+    "hwmon1": {"name": "amdgpu", "temp1_input": "64000", "temp1_label": "edge", "power1_average": "45123000",
+               "temp2_input": "66000", "temp2_label": "junction", "temp2_crit": "110000", "temp2_max": "0",
+               "temp3_input": "58000", "temp3_crit": "0"},
+    "hwmon2": {"name": "nvme", "temp1_input": "81850", "temp1_label": "Composite", "temp1_max": "81850"},
+    "hwmon3": {"name": "coretemp", "temp1_input": "90000", "temp1_label": "Package id 0", "temp1_max": "90000",
+               "temp1_crit": "100000"},
 }  # fmt: skip
 
 
@@ -41,9 +44,10 @@ def test_hwmon_reads_each_chips_temperatures_limits_and_power(tmp_path: Path) ->
     assert sensors == [
         Sensor("k10temp Tctl", 71.25, None),
         Sensor("amdgpu edge", 64.0, None),
-        Sensor("nvme Composite", 41.85, 81.85),  # its max, not its crit
-        Sensor("nvme temp2", 38.85, None),  # a crit of 0 is no limit
-    ]
+        Sensor("amdgpu junction", 66.0, 110.0),  # a max of 0 is none: its crit
+        Sensor("amdgpu temp3", 58.0, None),  # no label: its file's name; a crit of 0 is no limit
+        Sensor("coretemp Package id 0", 90.0, 90.0),  # its max, not its crit
+    ]  # the nvme drive at its own max is no compute chip: it slows its disk, not the memory bus
     assert watts == 45.123
     assert hwmon(str(tmp_path / "absent")) == ([], None)
 

@@ -3,10 +3,12 @@
 One memory bus feeds every model, and a unified-memory box that runs hot slows all of them at once: the stack's
 generation budget (policy.max_generating) can be lowered while it throttles (policy.max_generating_throttled).
 
-- Linux, any driver: hwmon (the kernel's Documentation/hwmon/sysfs-interface.rst): each /sys/class/hwmon/hwmonN
-  has its driver's `name`, `tempK_input` in millidegrees Celsius with `tempK_label`, `tempK_max` and `tempK_crit`
-  where the chip has them, and `power1_average` or `power1_input` in microwatts (amdgpu: the APU's package power).
-  A sensor at or above its own max (else its crit) is the chip saying it is too hot.
+- Linux: hwmon (the kernel's Documentation/hwmon/sysfs-interface.rst): each /sys/class/hwmon/hwmonN has its
+  driver's `name`, `tempK_input` in millidegrees Celsius with `tempK_label`, `tempK_max` and `tempK_crit` where the
+  chip has them, and `power1_average` or `power1_input` in microwatts (amdgpu: the APU's package power). Only the
+  chips that compute are read (COMPUTE_CHIPS: the GPU's and the CPU's drivers): a hot disk or network card slows
+  its own device, not the memory bus. A sensor at or above its own max (else its crit) is the chip saying it is
+  too hot.
 - NVIDIA (discrete and unified): `nvidia-smi --query-gpu=temperature.gpu,power.draw,clocks_throttle_reasons.
   hw_thermal_slowdown,clocks_throttle_reasons.sw_thermal_slowdown --format=csv,noheader,nounits`, one line per
   GPU (`nvidia-smi --help-query-gpu`): degrees, watts (`[N/A]` where the board does not measure it), and `Active`
@@ -24,6 +26,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 HWMON = "/sys/class/hwmon"
+# hwmon drivers of the chips that share the memory bus: AMD's GPU and CPU (k10temp, or the out-of-tree zenpower),
+# Intel's CPU, and the SoC thermal drivers of ARM boards
+COMPUTE_CHIPS = frozenset({"amdgpu", "k10temp", "zenpower", "coretemp", "cpu_thermal", "soc_thermal"})
 NVIDIA_QUERY = [
     "nvidia-smi",
     "--query-gpu=temperature.gpu,power.draw,clocks_throttle_reasons.hw_thermal_slowdown,"
@@ -72,6 +77,8 @@ def hwmon(root: str = HWMON) -> tuple[list[Sensor], float | None]:
         return [], None
     for chip in chips:
         name = _read(chip / "name") or chip.name
+        if name not in COMPUTE_CHIPS:
+            continue
         for entry in sorted(chip.glob("temp*_input")):
             index = entry.name[: -len("_input")]
             milli = _number(_read(entry))
