@@ -257,6 +257,7 @@ class EnforcerStatus(Document):
     power_w: float | None = None
     throttling: str | None = None
     heat_source: str | None = None
+    memory_busy: float | None = None  # the memory bus's activity, 0-1, where a driver reports it (nvidia-smi)
 
 
 class GatewayModel(Document):

@@ -53,9 +53,19 @@ def test_hwmon_reads_each_chips_temperatures_limits_and_power(tmp_path: Path) ->
 
 
 def test_nvidia_smis_lines_say_temperature_power_and_thermal_slowdown() -> None:
-    text = "63, 45.12, Not Active, Not Active\n71, [N/A], Not Active, Active\n"
-    assert parse_nvidia(text) == ([Sensor("nvidia gpu0", 63.0, None), Sensor("nvidia gpu1", 71.0, None)], 45.12, True)
-    assert parse_nvidia("63, 45.12, Not Active, Not Active\n")[2] is False
+    text = "63, 45.12, Not Active, Not Active, 37\n71, [N/A], Not Active, Active, 58\n"
+    assert parse_nvidia(text) == (
+        [Sensor("nvidia gpu0", 63.0, None), Sensor("nvidia gpu1", 71.0, None)],
+        45.12,
+        True,
+        0.58,  # the busier GPU's memory
+    )
+    assert parse_nvidia("63, 45.12, Not Active, Not Active, [N/A]\n") == (
+        [Sensor("nvidia gpu0", 63.0, None)],
+        45.12,
+        False,
+        None,
+    )
 
 
 def test_what_counts_as_throttling() -> None:
@@ -105,12 +115,14 @@ def test_the_enforcers_status_says_the_heat(tmp_path: Path) -> None:
     loop.enforcer.heat_reads.wait()
     loop.enforcer.slow_tick(time.time())
     doc = json.loads(loop.enforcer.run_dir.status.read_text())
-    assert {k: doc[k] for k in ("heat_c", "heat_sensor", "power_w", "throttling", "heat_source")} == {
+    keys = ("heat_c", "heat_sensor", "power_w", "throttling", "heat_source", "memory_busy")
+    assert {k: doc[k] for k in keys} == {
         "heat_c": 71.25,
         "heat_sensor": "k10temp Tctl",
         "power_w": 45.12,
         "throttling": "k10temp Tctl at 71.25 °C (throttle_above 70 °C)",
         "heat_source": "hwmon",
+        "memory_busy": None,  # hwmon says nothing of the bus
     }
 
 
@@ -162,12 +174,13 @@ def test_the_page_and_metrics_show_the_heat(tmp_path: Path) -> None:
     async def body(s: Scheduler) -> None:
         doc = EnforcerStatus(time=time.time(), pid=1, pressure=0.1, events_error=None, events_moved_to=None,
                              models={}, heat_c=91.0, heat_sensor="amdgpu edge", power_w=45.12,
-                             throttling="amdgpu edge at 91 °C (throttle_above 90 °C)", heat_source="hwmon")  # fmt: skip
+                             throttling="amdgpu edge at 91 °C (throttle_above 90 °C)", heat_source="hwmon",
+                             memory_busy=0.37)  # fmt: skip
         s.run.status.write_text(dump(doc))
         await s.sync.refresh()
         found["hot"] = (views.status(s)["heat"], samples(s))
         s.run.status.write_text(dump(doc.model_copy(update={"heat_c": None, "power_w": None, "throttling": None,
-                                                             "heat_source": "none"})))  # fmt: skip
+                                                             "heat_source": "none", "memory_busy": None})))  # fmt: skip
         await s.sync.refresh()
         found["none"] = (views.status(s)["heat"], samples(s))
 
@@ -179,10 +192,12 @@ def test_the_page_and_metrics_show_the_heat(tmp_path: Path) -> None:
             "watts": 45.12,
             "throttling": "amdgpu edge at 91 °C (throttle_above 90 °C)",
             "source": "hwmon",
+            "memory_busy": 0.37,
         },
         {
             ("umemc_box_temperature_celsius", (("sensor", "amdgpu edge"),)): 91.0,
             ("umemc_box_power_watts", ()): 45.12,
+            ("umemc_box_memory_busy_ratio", ()): 0.37,
             ("umemc_box_throttling", ()): 1.0,
         },
     )

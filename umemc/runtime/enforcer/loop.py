@@ -256,6 +256,7 @@ class Enforcer:
             "power_w": h.watts,
             "throttling": h.throttling(self.plan.policy.throttle_above_c),
             "heat_source": h.source,
+            "memory_busy": h.memory_busy,
         }
 
     def _box_and_own(self, now: float) -> int | None:

@@ -214,6 +214,12 @@ def _heat(s: Scheduler) -> Iterator[Metric]:
         yield temp
     if status.power_w is not None:
         yield GaugeMetricFamily("umemc_box_power_watts", "Power draw the platform reports.", value=status.power_w)
+    if status.memory_busy is not None:
+        yield GaugeMetricFamily(
+            "umemc_box_memory_busy_ratio",
+            "Share of the last sample period the memory bus was read or written (the busiest GPU's, nvidia-smi).",
+            value=status.memory_busy,
+        )
     yield GaugeMetricFamily(
         "umemc_box_throttling",
         "1 while the box throttles for heat (the GPU driver says so, a sensor is at its limit or throttle_above).",

@@ -49,6 +49,7 @@ def _heat(s: Scheduler) -> dict[str, Any] | None:
         "watts": e.power_w,
         "throttling": e.throttling,
         "source": e.heat_source,
+        "memory_busy": e.memory_busy,
     }
 
 

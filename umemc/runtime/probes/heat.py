@@ -10,9 +10,11 @@ generation budget (policy.max_generating) can be lowered while it throttles (pol
   its own device, not the memory bus. A sensor at or above its own max (else its crit) is the chip saying it is
   too hot.
 - NVIDIA (discrete and unified): `nvidia-smi --query-gpu=temperature.gpu,power.draw,clocks_throttle_reasons.
-  hw_thermal_slowdown,clocks_throttle_reasons.sw_thermal_slowdown --format=csv,noheader,nounits`, one line per
-  GPU (`nvidia-smi --help-query-gpu`): degrees, watts (`[N/A]` where the board does not measure it), and `Active`
-  or `Not Active` for each thermal slowdown: the driver's own word that it slows the GPU down for heat.
+  hw_thermal_slowdown,clocks_throttle_reasons.sw_thermal_slowdown,utilization.memory --format=csv,noheader,
+  nounits`, one line per GPU (`nvidia-smi --help-query-gpu`): degrees, watts (`[N/A]` where the board does not
+  measure it), `Active` or `Not Active` for each thermal slowdown (the driver's own word that it slows the GPU
+  down for heat), and the share of the last sample period the memory was being read or written (%): the bus's
+  activity.
 - macOS reports no temperature without root; none is read there.
 
 `policy.throttle_above` (°C) makes any sensor at or above it count as throttling too, for chips that publish no
@@ -32,7 +34,7 @@ COMPUTE_CHIPS = frozenset({"amdgpu", "k10temp", "zenpower", "coretemp", "cpu_the
 NVIDIA_QUERY = [
     "nvidia-smi",
     "--query-gpu=temperature.gpu,power.draw,clocks_throttle_reasons.hw_thermal_slowdown,"
-    "clocks_throttle_reasons.sw_thermal_slowdown",
+    "clocks_throttle_reasons.sw_thermal_slowdown,utilization.memory",
     "--format=csv,noheader,nounits",
 ]
 
@@ -48,6 +50,7 @@ class Heat(NamedTuple):
     watts: float | None  # the package's or the GPUs' power draw, summed; None where nothing reports one
     driver_throttling: bool  # a driver says it slows down for heat (NVIDIA's thermal slowdown)
     source: str  # hwmon | nvidia-smi | hwmon+nvidia-smi | none
+    memory_busy: float | None = None  # the memory bus's activity, 0-1, where a driver reports it (the busiest GPU)
 
     @property
     def hottest(self) -> Sensor | None:
@@ -95,25 +98,35 @@ def hwmon(root: str = HWMON) -> tuple[list[Sensor], float | None]:
     return sensors, watts
 
 
-def parse_nvidia(text: str) -> tuple[list[Sensor], float | None, bool]:
-    """nvidia-smi's lines for NVIDIA_QUERY: sensors (one per GPU), the summed power draw, any thermal slowdown."""
+class NvidiaReading(NamedTuple):
+    sensors: list[Sensor]  # one per GPU
+    watts: float | None  # summed
+    slowing: bool  # any thermal slowdown
+    memory_busy: float | None  # the busiest GPU's memory activity, 0-1
+
+
+def parse_nvidia(text: str) -> NvidiaReading:
+    """nvidia-smi's lines for NVIDIA_QUERY."""
     sensors: list[Sensor] = []
     watts: float | None = None
+    busy: float | None = None
     slowing = False
     for i, line in enumerate(x for x in text.splitlines() if x.strip()):
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 4:
+        if len(parts) != 5:
             continue
-        temp, power = _number(parts[0]), _number(parts[1])
+        temp, power, memory = _number(parts[0]), _number(parts[1]), _number(parts[4])
         if temp is not None:
             sensors.append(Sensor(f"nvidia gpu{i}", temp, None))
         if power is not None:
             watts = (watts or 0.0) + power
+        if memory is not None:
+            busy = max(busy or 0.0, memory / 100)
         slowing = slowing or "Active" in (parts[2], parts[3])
-    return sensors, watts, slowing
+    return NvidiaReading(sensors, watts, slowing, busy)
 
 
-def nvidia() -> tuple[list[Sensor], float | None, bool] | None:
+def nvidia() -> NvidiaReading | None:
     if shutil.which("nvidia-smi") is None:
         return None
     try:
@@ -128,6 +141,7 @@ def read(kind: str, platform: str, root: str = HWMON) -> Heat:
     sensors: list[Sensor] = []
     watts: float | None = None
     slowing = False
+    busy: float | None = None
     sources = []
     if platform.startswith("linux"):
         sensors, watts = hwmon(root)
@@ -136,12 +150,13 @@ def read(kind: str, platform: str, root: str = HWMON) -> Heat:
     if kind in ("nvidia-unified", "nvidia-discrete"):
         got = nvidia()
         if got is not None:
-            gpu, gpu_watts, slowing = got
-            sensors += gpu
-            if gpu_watts is not None:
-                watts = gpu_watts if watts is None else watts + gpu_watts
+            sensors += got.sensors
+            if got.watts is not None:
+                watts = got.watts if watts is None else watts + got.watts
+            slowing, busy = got.slowing, got.memory_busy
             sources.append("nvidia-smi")
-    return Heat(tuple(sensors), None if watts is None else round(watts, 2), slowing, "+".join(sources) or "none")
+    rounded = None if watts is None else round(watts, 2)
+    return Heat(tuple(sensors), rounded, slowing, "+".join(sources) or "none", busy)
 
 
 def _read(path: Path) -> str | None:
