@@ -601,3 +601,25 @@ def test_a_plan_that_changes_only_models_is_taken_on_in_place(tmp_path: Path) ->
         assert list(s.models) == ["a", "c"] and s.sync.plan_digest == "after"
 
     running(sched, body)
+
+
+def test_a_child_that_exits_within_supervisords_start_call_is_a_start_to_watch() -> None:
+    """supervisord reaps the child inside startProcess: one that already exited answers SPAWN_ERROR (and is in
+    BACKOFF, retried as any other), which is a start whose end the scheduler then watches (FATAL, said with its
+    log), not 'supervisord did not answer'; ALREADY_STARTED is a start too; any other fault is a failure."""
+    import xmlrpc.client
+
+    from umemc.runtime.supervisor import Supervisor
+
+    class Answers(Supervisor):
+        def __init__(self, fault: int) -> None:
+            self.fault = fault
+
+        def call(self, method: str, *args: Any) -> Any:
+            assert (method, args) == ("supervisor.startProcess", ("x", False))
+            raise xmlrpc.client.Fault(self.fault, f"fault {self.fault}: x")
+
+    Answers(50).ensure_started("x")  # SPAWN_ERROR
+    Answers(60).ensure_started("x")  # ALREADY_STARTED
+    with pytest.raises(xmlrpc.client.Fault, match="fault 10: x"):
+        Answers(10).ensure_started("x")  # BAD_NAME

@@ -46,6 +46,7 @@ STARTED = frozenset({ProcState.STARTING, ProcState.RUNNING, ProcState.BACKOFF}) 
 ENDED = frozenset({ProcState.EXITED, ProcState.STOPPED})  # its process ended (a crash, or a stop)
 FAILED = frozenset({ProcState.FATAL, ProcState.EXITED, ProcState.BACKOFF})  # not running as it should
 ALREADY_STARTED = 60  # supervisor.xmlrpc.Faults.ALREADY_STARTED
+SPAWN_ERROR = 50  # supervisor.xmlrpc.Faults.SPAWN_ERROR
 NOT_RUNNING = 70  # supervisor.xmlrpc.Faults.NOT_RUNNING
 
 
@@ -101,11 +102,14 @@ class Supervisor:
 
     def ensure_started(self, name: str) -> None:
         """Start a program unless supervisord is already starting it (its autorestart after a crash won the
-        race with us: ALREADY_STARTED is success, not a failure to report)."""
+        race with us: ALREADY_STARTED is success, not a failure to report). SPAWN_ERROR is a start too:
+        supervisord reaps the child within the call, and one that already exited ("Exited too quickly", a
+        race a loaded machine wins) is in BACKOFF, retried as any other; the caller watches its state to FATAL
+        and says why then, as for a child that exits a moment later."""
         try:
             self.start(name, wait=False)
         except xmlrpc.client.Fault as exc:
-            if exc.faultCode != ALREADY_STARTED:
+            if exc.faultCode not in (ALREADY_STARTED, SPAWN_ERROR):
                 raise
 
     def stop(self, name: str, *, wait: bool = True) -> None:
