@@ -227,6 +227,8 @@ class WorkerStatus(Document):
     swapped_bytes: int | None = None  # what of it is in swap, where the platform tells per process (Linux)
     enforced_by: str | None = None  # "cgroup v1" / "cgroup v2" (the kernel and the enforcer) or "enforcer"
     resident_bytes: int | None = None  # its process tree's resident memory, as `ps` shows it
+    # its caching allocator's hold beyond what tensors use (reserved - allocated), where it reports one (torch)
+    allocator_unused_bytes: int | None = None
 
 
 class EnforcerStatus(Document):
@@ -313,6 +315,17 @@ class Reservation(Document):
     bytes: int
 
 
+class AllocatorFigures(Document):
+    """A torch worker's caching allocator as it reports itself (umemc.worker.allocator): what it holds from the
+    device (reserved), what tensors use of it (allocated), and the free pieces of split blocks (inactive split);
+    reserved - allocated is what fragmentation and the cache hold."""
+
+    device: str  # cuda (ROCm too) | mps
+    reserved_bytes: int
+    allocated_bytes: int
+    inactive_split_bytes: int | None
+
+
 class WorkerReport(Document):
     format: Literal["umemc-worker-report"] = "umemc-worker-report"
     version: int = STATUS_VERSION
@@ -321,6 +334,7 @@ class WorkerReport(Document):
     reserved_bytes: int
     hard_bytes: int
     reservations: list[Reservation]
+    allocator: AllocatorFigures | None = None  # where torch keeps a cache (not on the CPU)
 
 
 # -- reading and writing ----------------------------------------------------------------------------

@@ -11,13 +11,20 @@ lifetime ("when the object is gone, the quota returns").
     del model; gc.collect()                    # ... and the reservation is returned
 
 Reservations are reported to the enforcer in RUN/state/workers/<model>.json so `umemc status`
-shows them. Nothing here imports torch unless configure() or nbytes_of() needs it.
+shows them, with the caching allocator's own figures where torch keeps them (reserved, allocated, inactive split
+blocks: what it holds beyond what tensors use is fragmentation). At an idle moment (no request in flight)
+
+    worker.tidy()                              # the allocator's cached blocks back to the device, reported
+
+Nothing here imports torch unless configure() or nbytes_of() needs it; the allocator is read only where the
+worker imported torch itself.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Iterator
@@ -116,12 +123,14 @@ class Ledger:
     def snapshot(self) -> contract.WorkerReport:
         with self._lock:
             items = [contract.Reservation(what=r.what, bytes=r.nbytes) for r in self._live.values()]
+        held = allocator()
         return contract.WorkerReport(
             model=self.quota.model,
             pid=os.getpid(),
             reserved_bytes=sum(i.bytes for i in items),
             hard_bytes=self.quota.hard_bytes,
             reservations=items,
+            allocator=held,
         )
 
     def _report(self) -> None:
@@ -153,6 +162,53 @@ def ledger() -> Ledger:
 
 def quota() -> Quota:
     return ledger().quota
+
+
+def allocator() -> contract.AllocatorFigures | None:
+    """The caching allocator's own figures (CUDA and ROCm: torch.cuda.memory_stats' `reserved_bytes.all.current`,
+    `allocated_bytes.all.current`, `inactive_split_bytes.all.current`; MPS: the driver's allocation against the
+    tensors'); None where there is none (the CPU's allocator keeps no cache) or the worker has not imported torch."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            stats = torch.cuda.memory_stats()
+            return contract.AllocatorFigures(
+                device="cuda",
+                reserved_bytes=int(stats.get("reserved_bytes.all.current", 0)),
+                allocated_bytes=int(stats.get("allocated_bytes.all.current", 0)),
+                inactive_split_bytes=int(stats.get("inactive_split_bytes.all.current", 0)),
+            )
+        mps = getattr(torch, "mps", None)
+        backend = getattr(torch.backends, "mps", None)
+        if mps is not None and backend is not None and backend.is_available():
+            return contract.AllocatorFigures(
+                device="mps",
+                reserved_bytes=int(mps.driver_allocated_memory()),
+                allocated_bytes=int(mps.current_allocated_memory()),
+                inactive_split_bytes=None,
+            )
+    except (RuntimeError, AttributeError):  # a device that went away, a torch without these
+        return None
+    return None
+
+
+def tidy() -> int:
+    """At an idle moment (no request in flight): give the caching allocator's unused blocks back to the device
+    (torch.cuda.empty_cache / torch.mps.empty_cache), report the figures after, and return the bytes released
+    (0 where there is no cache)."""
+    before = allocator()
+    if before is None:
+        return 0
+    torch = sys.modules["torch"]
+    if before.device == "cuda":
+        torch.cuda.empty_cache()
+    else:
+        torch.mps.empty_cache()
+    after = allocator()
+    ledger()._report()
+    return max(0, before.reserved_bytes - (after.reserved_bytes if after is not None else 0))
 
 
 def reserve(nbytes: int, owner: object | None = None, what: str = "") -> Reservation:

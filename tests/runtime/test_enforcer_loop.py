@@ -234,3 +234,32 @@ def test_a_slow_read_never_holds_the_loop() -> None:
     go.set()
     assert slow.wait() == 2
     assert slow.poll(now=105.0) == 2 and len(reads) == 2  # 1 s since: not due
+
+
+def test_the_workers_allocator_cache_is_in_its_status(tmp_path: Path) -> None:
+    """A torch worker's own report (umemc.worker) says what its caching allocator holds beyond its tensors: the
+    enforcer's status carries it for that process only (a report of an earlier process of the model is stale)."""
+    import json
+    import time
+
+    from umemc.contract import AllocatorFigures, WorkerReport, dump
+
+    loop = Loop(tmp_path)
+    loop.start(4001, 50 * MiB)
+    report = loop.enforcer.run_dir.worker_report("w")
+    report.parent.mkdir(parents=True, exist_ok=True)
+
+    def says(pid: int) -> None:
+        held = AllocatorFigures(device="cuda", reserved_bytes=3 << 30, allocated_bytes=2 << 30, inactive_split_bytes=0)
+        doc = WorkerReport(model="w", pid=pid, reserved_bytes=0, hard_bytes=110 * MiB, reservations=[], allocator=held)
+        report.write_text(dump(doc))
+
+    def unused() -> object:
+        loop.enforcer.tick()
+        loop.enforcer.slow_tick(time.time())
+        return json.loads(loop.enforcer.run_dir.status.read_text())["models"]["w"]["allocator_unused_bytes"]
+
+    says(4001)
+    assert unused() == 1 << 30
+    says(3999)  # another process's
+    assert unused() is None

@@ -143,7 +143,10 @@ class Sampler:
         if cpu != w.last_cpu:
             w.last_cpu, w.last_active = cpu, now
         doc = read_optional(WorkerReport, self.run_dir.worker_report(w.name))
-        w.reserved = doc.reserved_bytes if doc is not None and doc.pid == w.pid else 0
+        mine = doc is not None and doc.pid == w.pid
+        w.reserved = doc.reserved_bytes if doc is not None and mine else 0
+        held = doc.allocator if doc is not None and mine else None
+        w.allocator_unused = None if held is None else max(0, held.reserved_bytes - held.allocated_bytes)
 
     def find_escaped(self, workers: list[Worker]) -> None:
         """A worker without a cgroup of its own can leave its tree (fork, setsid, fork): its processes still

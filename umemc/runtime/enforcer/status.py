@@ -56,6 +56,7 @@ def _worker(w: Worker) -> WorkerStatus:
         given_up=w.given_up,
         drift=None if w.drift is None else round(w.drift, 4),
         reserved_bytes=w.reserved,
+        allocator_unused_bytes=w.allocator_unused,
         leak_rate_bytes_per_s=None if w.pid is None else leak_rate(w.samples),
         allowance_bytes=w.allowance,
         swapped_bytes=w.swapped,

@@ -87,6 +87,7 @@ class Worker:
     history: Series = field(default_factory=lambda: Series(300.0))  # the leak window, downsampled (set by the loop)
     kills: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     reserved: int = 0  # what the worker's own ledger (umemc.worker) reports
+    allocator_unused: int | None = None  # its caching allocator's reserved - allocated, where it reports them
     allowance: int = 0  # live gateway leases that raise this worker's quotas (a ComfyUI workflow's models)
     last_active: float = 0.0
     last_cpu: int = -1

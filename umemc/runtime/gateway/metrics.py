@@ -277,6 +277,11 @@ def _from_enforcer(s: Scheduler, proc: Processes) -> Iterator[Metric]:
     own = GaugeMetricFamily(
         "umemc_process_resident_bytes", "Resident memory of umemc's own processes.", labels=["process"]
     )
+    unused = GaugeMetricFamily(
+        "umemc_model_allocator_unused_bytes",
+        "What a torch worker's caching allocator holds beyond what its tensors use (fragmentation and cache).",
+        labels=["model"],
+    )
     st = s.sync.enforcer
     if st is not None:
         for name, w in st.models.items():
@@ -284,11 +289,13 @@ def _from_enforcer(s: Scheduler, proc: Processes) -> Iterator[Metric]:
                 drift.add_metric([name], w.drift)
             if w.leak_rate_bytes_per_s is not None:
                 leak.add_metric([name], w.leak_rate_bytes_per_s)
+            if w.allocator_unused_bytes is not None:
+                unused.add_metric([name], w.allocator_unused_bytes)
         enforcer = proc.memory(st.pid)  # 0 once it has gone: left out
         if enforcer:
             own.add_metric(["enforcer"], enforcer)
     own.add_metric(["gateway"], proc.memory(os.getpid()))
-    yield from (drift, leak, own)
+    yield from (drift, leak, own, unused)
     yield from _trends(st)
 
 
