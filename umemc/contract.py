@@ -89,6 +89,7 @@ class PolicyDoc(Document):
     # added in plan version 1's lifetime: defaults keep plans written before them readable
     max_generating: int | None = None
     max_generating_throttled: int | None = None  # while the box throttles for heat
+    restart_fragmented_above: float | None = None  # a worker's allocator cache beyond its tensors, share of hard
     throttle_above_c: float | None = None  # a temperature that counts as throttling
 
 

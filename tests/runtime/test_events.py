@@ -20,6 +20,8 @@ BY_NAME = {
     "ttl_unload_failed",
     "unload",
     "unload_failed",
+    "defragment",
+    "defragment_failed",
 }  # *_failed: f"{why}_failed"
 
 

@@ -623,3 +623,49 @@ def test_a_child_that_exits_within_supervisords_start_call_is_a_start_to_watch()
     Answers(60).ensure_started("x")  # ALREADY_STARTED
     with pytest.raises(xmlrpc.client.Fault, match="fault 10: x"):
         Answers(10).ensure_started("x")  # BAD_NAME
+
+
+def test_a_worker_whose_allocator_stays_fragmented_is_restarted_at_a_quiet_moment(tmp_path: Path) -> None:
+    """policy.restart_fragmented_above = 0.25: a hot worker whose allocator holds more than a quarter of its hard
+    quota beyond its tensors (the enforcer's figure) for FRAGMENTED_FOR_S, with no request for QUIET_S, is stopped
+    and restored in the next round; not before it has held that long, not while it serves, and not a stop that
+    counts as a restart."""
+    from umemc.contract import EnforcerStatus, WorkerStatus, dump
+    from umemc.runtime.gateway.scheduler import FRAGMENTED_FOR_S, QUIET_S
+
+    sv = FakeSupervisor(running=("a",))
+    sched = scheduler(tmp_path, model("a", 50) + "[policy]\nrestart_fragmented_above = 0.25\n", sv)
+    hard = sched.models["a"].plan.quota_hard_bytes
+    seen: list[tuple[float, list[str], list[str]]] = []
+
+    def status(unused: int) -> None:
+        w = WorkerStatus(pid=1000, rss_bytes=1, gpu_bytes=0, peak_bytes=1, restarts=0, started=0.0, last_event=None,
+                         given_up=False, drift=None, reserved_bytes=0, allocator_unused_bytes=unused)  # fmt: skip
+        doc = EnforcerStatus(time=time.time(), pid=1, pressure=0.1, events_error=None, events_moved_to=None,
+                             models={"a": w})  # fmt: skip
+        sched.run.status.write_text(dump(doc))
+
+    async def body(s: Scheduler) -> None:
+        t0 = s.slots["a"].last_used + QUIET_S + 1  # quiet from the start
+        status(hard // 4)  # at the share: not over it
+        await s.housekeeping_once(now=t0)
+        status(hard // 4 + 1)
+        await s.housekeeping_once(now=t0 + 1)  # over it from now on
+        await s.housekeeping_once(now=t0 + FRAGMENTED_FOR_S)  # not yet as long
+        seen.append((t0, list(sv.stopped), list(sv.started)))
+        async with s.slots.slot(s.models["a"]):  # it serves: never restarted under a request
+            await s.housekeeping_once(now=t0 + FRAGMENTED_FOR_S + 2)
+        seen.append((t0, list(sv.stopped), list(sv.started)))
+        await s.housekeeping_once(now=time.time() + QUIET_S + FRAGMENTED_FOR_S + 3)  # quiet again, long enough
+        await s.housekeeping_once(now=time.time() + QUIET_S + FRAGMENTED_FOR_S + 4)  # the restore round
+        seen.append((t0, list(sv.stopped), list(sv.started)))
+        kinds = [(e.kind, e.detail) for e in s.events.since(0) if e.kind in ("defragment", "restore")]
+        seen.append((0.0, [k for k, _ in kinds], [str(kinds[0][1]["unused_bytes"] == hard // 4 + 1)]))
+
+    running(sched, body)
+    assert [x[1:] for x in seen] == [
+        ([], []),
+        ([], []),
+        (["a"], ["a"]),
+        (["defragment", "restore"], ["True"]),
+    ]

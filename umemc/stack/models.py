@@ -134,6 +134,14 @@ class Policy(_Strict):
         "limit, or at throttle_above): a hot bus runs every model slower, so fewer generate at once. Default: "
         "max_generating throughout.",
     )
+    restart_fragmented_above: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Share of a torch worker's hard quota: while its caching allocator has held more than this beyond "
+        "its tensors (fragmentation and cache, as umemc.worker reports it) for 5 minutes, the gateway restarts it at a "
+        "quiet moment (nothing in flight or queued, no request for a minute). Default: never.",
+    )
     throttle_above: float | None = Field(
         None,
         gt=0,

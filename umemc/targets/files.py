@@ -56,6 +56,7 @@ def plan_json(b: Bundle) -> Files:
             kill_window_s=pol.kill_window,
             max_generating=pol.max_generating,
             max_generating_throttled=pol.max_generating_throttled,
+            restart_fragmented_above=pol.restart_fragmented_above,
             throttle_above_c=pol.throttle_above,
         ),
         gateway=None

@@ -63,6 +63,10 @@ EXITED_GRACE_S = 3.0  # supervisord restarts an exited autorestart program at on
 # how long a gated start waits for the processes of its victims (their KV slots saved, their stop), after which its
 # wrapper refuses to start the worker beside them; the gateway removes the gate long before, unless it died
 GATE_S = 600.0
+# a worker's allocator holding too much beyond its tensors (policy.restart_fragmented_above) is restarted once it
+# has for this long, and only after this long without a request
+FRAGMENTED_FOR_S = 300.0
+QUIET_S = 60.0
 
 __all__ = ["Admit", "Model", "Refused", "Scheduler"]
 
@@ -112,6 +116,7 @@ class Scheduler:
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._deferred: str | None = None  # the pressure victim waited for (one evict_deferred event)
+        self._fragmented_since: dict[str, float] = {}  # since when a worker's allocator holds too much unused
         self._background: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -722,6 +727,7 @@ class Scheduler:
         for lease in self.book.expired(now):
             self.release_lease(lease.id, "lease_expire")
         await self._unload_idle(now)
+        await self._restart_fragmented(now)
         await self._restore_hot()
         self.sync.write_state(now)
         self.keep_figures()
@@ -749,6 +755,32 @@ class Scheduler:
                     await self.stop(
                         m, "ttl_unload", Evicted.STAY_DOWN, idle_s=round(now - q.last_used, 1), ttl_s=limit, **asked
                     )
+
+    async def _restart_fragmented(self, now: float) -> None:
+        """A worker whose caching allocator has held more than policy.restart_fragmented_above of its hard quota
+        beyond its tensors for FRAGMENTED_FOR_S (the enforcer's figure from the worker's own report) is restarted
+        at a quiet moment: ready, nothing in flight or queued, no request for QUIET_S. Its fragmentation goes with
+        its process; a hot one comes back at once (as after an eviction), a cold one at its next request."""
+        share = self.plan.policy.restart_fragmented_above
+        status = self.sync.enforcer
+        if share is None or status is None:
+            return
+        for m in self.models.values():
+            live = status.models.get(m.name)
+            unused = None if live is None or not m.live else live.allocator_unused_bytes
+            if unused is None or unused <= share * m.plan.quota_hard_bytes:
+                self._fragmented_since.pop(m.name, None)
+                continue
+            since = self._fragmented_since.setdefault(m.name, now)
+            q = self.slots[m.name]
+            quiet = m.ready and not q.busy and m.starting is None and not m.draining and now - q.last_used >= QUIET_S
+            if now - since < FRAGMENTED_FOR_S or not quiet:
+                continue
+            del self._fragmented_since[m.name]
+            detail = {"unused_bytes": unused, "hard_bytes": m.plan.quota_hard_bytes, "held_s": round(now - since)}
+            with contextlib.suppress(Refused):  # said in defragment_failed; tried again once it holds as long
+                await self.stop(m, "defragment", Evicted.STAY_DOWN, **detail)
+                m.evicted = m.plan.mode == "hot"  # restored at the next round, where it fits
 
     async def _restore_hot(self) -> None:
         """A hot worker the gateway evicted comes back once it fits without evicting anything."""
