@@ -377,13 +377,11 @@ def test_ttl_unloads_an_idle_cold_model(stack: Any) -> None:
 
 def test_interleaved_abcabc_starts_each_model_once(stack: Any) -> None:
     gw = Gateway(stack(stack_text("gw-swap", model("a") + model("b") + model("c"), slots=1), "--simulate"))
-    futures = []
-    # each request's generation outlasts the sending of the other five on a loaded machine too (the batching is
-    # of what is queued: a model evicted before its second request arrives would start twice)
+    # All six are sent at once, each generating for a while: the batching is of what is queued when a model's turn
+    # comes, and a request for a model that arrives once it drains for another waits for its next start (a
+    # second one). Sent 20 ms apart, a loaded machine delayed the second "a" past a's start and b's drain of it.
     generation = patience(1.0)
-    for name in "abcabc":
-        futures.append(later(gw.complete, name, delay=generation))
-        time.sleep(0.02)  # the order they are sent in, not a wait for anything
+    futures = [later(gw.complete, name, delay=generation) for name in "abcabc"]
     assert [f.result(timeout=60)[2]["model"] for f in futures] == list("abcabc")
     starts = [m for m, _, _ in gw.kinds("cold_start")]
     assert sorted(starts) == ["a", "b", "c"]
