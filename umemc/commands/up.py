@@ -175,9 +175,9 @@ def release_model_cache(stack: Stack, plan: PlanDoc) -> None:
     does not wait for the kernel's reclaim; umemc.runtime.pagecache), and the event log says how much."""
     if plan.platform.kind != "nvidia-unified":
         return
-    from ..runtime.pagecache import release
+    from ..runtime.pagecache import model_files, release
 
-    files = sorted({Path(f) for m in plan.models.values() for f in (m.model_file, m.mmproj_file) if f})
+    files = model_files(plan.models.values())
     freed = release(files)
     if freed:
         events = stack.events()

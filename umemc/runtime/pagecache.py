@@ -21,17 +21,29 @@ import mmap
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..contract import ModelDoc
 
 PAGE = mmap.PAGESIZE
 CHUNK = 1 << 30  # mincore over a mapping of at most 1 GiB at a time: its vector is 256 KiB
 
 
 def _libc() -> ctypes.CDLL | None:
+    """libc with mmap, munmap and mincore declared once; None where there is none to load."""
     name = ctypes.util.find_library("c")
     try:
-        return ctypes.CDLL(name, use_errno=True) if name else None
+        libc = ctypes.CDLL(name, use_errno=True) if name else None
     except OSError:
         return None
+    if libc is None or not hasattr(libc, "mincore"):
+        return None
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+    return libc
 
 
 _LIBC = _libc()
@@ -40,7 +52,7 @@ _LIBC = _libc()
 def cached_bytes(path: Path) -> int | None:
     """Bytes of the file in the page cache now (whole pages, the last one cut to the file's size); None where the
     platform cannot tell (no mincore) or the file cannot be read."""
-    if _LIBC is None or not hasattr(_LIBC, "mincore"):
+    if _LIBC is None:
         return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -65,10 +77,6 @@ def _resident_pages(fd: int, offset: int, length: int) -> int | None:
     and unmade through libc (Python's mmap objects do not give their address)."""
     assert _LIBC is not None
     libc = _LIBC
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
     start = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, offset)
     if start is None or start == ctypes.c_void_p(-1).value:
         return None
@@ -80,6 +88,11 @@ def _resident_pages(fd: int, offset: int, length: int) -> int | None:
         return len(flags) - flags.count(0)
     finally:
         libc.munmap(start, length)
+
+
+def model_files(models: Iterable[ModelDoc]) -> list[Path]:
+    """The files of these models (weights and projectors), each once."""
+    return sorted({Path(f) for m in models for f in (m.model_file, m.mmproj_file) if f})
 
 
 def release(paths: Iterable[Path]) -> int:

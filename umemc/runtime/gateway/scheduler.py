@@ -477,8 +477,7 @@ class Scheduler:
         one's. Said in a page_cache_released event where any were."""
         if self.plan.platform.kind != "nvidia-unified":
             return
-        models = [x for x in self.models.values() if (x is not m) == others]
-        files = sorted({Path(f) for x in models for f in (x.plan.model_file, x.plan.mmproj_file) if f})
+        files = pagecache.model_files(x.plan for x in self.models.values() if (x is not m) == others)
         if not files:
             return
         freed = await asyncio.to_thread(pagecache.release, files)
