@@ -35,6 +35,20 @@ def dom(url: str, screenshot: Path | None = None, width: int = 1280, budget_ms: 
     return subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
 
 
+@pytest.mark.skipif(shutil.which("node") is None, reason="no Node.js here (Debian: apt-get install nodejs)")
+def test_the_pages_scripts_parse(tmp_path: Path) -> None:
+    """Every script of the page parses (Node.js's own parser): a redeclared name stops the whole script, and the
+    page then shows nothing, with no error anywhere but the browser's console."""
+    page = (REPO / "umemc" / "runtime" / "gateway" / "ui" / "index.html").read_text()
+    scripts = re.findall(r"<script[^>]*>(.*?)</script>", page, re.S)
+    assert len(scripts) >= 1
+    for i, script in enumerate(scripts):
+        path = tmp_path / f"script{i}.js"
+        path.write_text(script)
+        checked = subprocess.run(["node", "--check", str(path)], capture_output=True, text=True, timeout=60)
+        assert checked.returncode == 0, checked.stderr
+
+
 @needs_chromium
 def test_the_status_page_shows_the_stack_in_a_real_browser(stack: Any, tmp_path: Path) -> None:
     """Under load (requests to two models all along): memory over time drawn from the gateway's samples, every
