@@ -6,9 +6,10 @@ a worker is relay.py's."""
 
 from __future__ import annotations
 
+import asyncio
+import urllib.parse
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from . import leasing, ollama, page, router, views
@@ -21,8 +22,8 @@ from .progress import STREAMS, Progress
 from .relay import (
     ACCESS,
     CAPTURES,
-    CLIENT,
     METRICS,
+    POOL,
     SCHED,
     Call,
     forward,
@@ -32,6 +33,7 @@ from .relay import (
     strict_json,
 )
 from .scheduler import Scheduler
+from .upstream import Pool
 
 
 async def openai(request: web.Request) -> web.StreamResponse:
@@ -56,10 +58,15 @@ def _progress(request: web.Request, m: Model, asked: str, body: bytes) -> Progre
     return Progress(request, sched, m, asked, style, chat=request.path.endswith("/chat/completions"))
 
 
+PATH_SAFE = "/:@!$&'()*+,;="  # kept as they are (RFC 3986's sub-delims, ':', '@' and '/'); the rest encoded
+
+
 async def passthrough(request: web.Request) -> web.StreamResponse:
     asked = request.match_info["name"]
     m = request.app[SCHED].slots.route(asked)
-    path = "/" + request.match_info["tail"] + (f"?{request.query_string}" if request.query_string else "")
+    # the target as the client encoded it (match_info and query_string are decoded: a %0A would be a line break)
+    query = request.rel_url.raw_query_string
+    path = "/" + urllib.parse.quote(request.match_info["tail"], safe=PATH_SAFE) + (f"?{query}" if query else "")
     return await forward(request, m, Call(request.method, path, await read_body(request), asked))
 
 
@@ -167,35 +174,26 @@ def make_app(sched: Scheduler, token: str | None) -> web.Application:
     return app
 
 
-KEEP_ALIVE_S = 2.0
-
-
 async def _lifetime(app: web.Application) -> Any:
-    # idle connections to workers close before the servers' own keep-alive timeouts do (cpp-httplib's, under
-    # llama-server, and uvicorn's: 5 s), so that the gateway rarely takes one the worker is closing
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEP_ALIVE_S)
-    client = aiohttp.ClientSession(
-        connector=connector,
-        auto_decompress=False,
-        skip_auto_headers=("User-Agent",),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-    )
-    app[CLIENT] = client
+    pool = Pool()
+    app[POOL] = pool
     sched = app[SCHED]
 
     async def probe(m: Model) -> bool:
         if m.port is None:
             return True
-        path = m.plan.health or "/"
         try:
-            async with client.get(f"http://127.0.0.1:{m.port}{path}", timeout=aiohttp.ClientTimeout(total=2)) as r:
-                return r.status == 200 if m.plan.health else True
-        except (aiohttp.ClientError, TimeoutError):
+            answer = await pool.request("GET", m.port, m.plan.health or "/", {}, None, 2.0)
+            async with asyncio.timeout(2.0):
+                await answer.read()
+            answer.release()
+            return answer.status == 200 if m.plan.health else True
+        except (ConnectionError, TimeoutError, ValueError):
             return False
 
     sched.sync.probe = probe
     await sched.start()
     yield
     await sched.close()
-    await client.close()
+    pool.close()
     app[ACCESS].close()

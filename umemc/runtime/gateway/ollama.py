@@ -355,7 +355,7 @@ class _Translate:
             reader, lines = StreamReader(), _SseLines()
             state: dict[str, Any] = {}
             try:
-                async for chunk in up.content.iter_any():
+                async for chunk in up.iter_any():
                     events = lines.feed(chunk)
                     for event in events:
                         reader.feed(event)

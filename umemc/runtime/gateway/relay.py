@@ -14,14 +14,12 @@ import asyncio
 import contextlib
 import email.parser
 import email.policy
-import functools
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from .access import AccessLog
@@ -33,6 +31,7 @@ from .model import Model, Refused
 from .naming import StreamRenamer, renamed
 from .progress import Progress
 from .scheduler import Scheduler
+from .upstream import Answer, Disconnected, PayloadError, Pool, Unreachable
 from .usage import StreamReader, Usage, read_usage
 
 HOP_BY_HOP = frozenset(
@@ -64,7 +63,7 @@ ERROR_TYPES = {
 }
 SCHED: web.AppKey[Scheduler] = web.AppKey("sched", Scheduler)
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
-CLIENT: web.AppKey[aiohttp.ClientSession] = web.AppKey("client", aiohttp.ClientSession)
+POOL: web.AppKey[Pool] = web.AppKey("pool", Pool)
 ACCESS: web.AppKey[AccessLog] = web.AppKey("access", AccessLog)
 CAPTURES: web.AppKey[Captures] = web.AppKey("captures", Captures)
 
@@ -77,7 +76,7 @@ def error(status: int, message: str, code: str, retry_after: int | None = None) 
 
 # What each refusal is in HTTP (the scheduler speaks in codes; statuses are this layer's business).
 HTTP_STATUS = {
-    "invalid_json": 400, "model_missing": 400, "invalid_lease": 400,
+    "invalid_json": 400, "model_missing": 400, "invalid_lease": 400, "bad_request": 400,
     "model_not_found": 404, "no_port": 404,
     "body_timeout": 408,
     "queue_full": 429, "too_many_leases": 429,
@@ -320,7 +319,7 @@ def _account(app: web.Application, request: web.Request, m: Model, code: int, la
 
 
 async def _go_on(
-    request: web.Request, m: Model, call: Call, seen: Seen, up: aiohttp.ClientResponse, began: float
+    request: web.Request, m: Model, call: Call, seen: Seen, up: Answer, began: float
 ) -> web.StreamResponse:
     """The worker's answer into the event stream the wait's progress began (its status and headers are sent): a
     stream goes on as it comes; anything else (an error) is one data event, as OpenAI streams errors."""
@@ -343,7 +342,7 @@ async def _stream_into(
     request: web.Request,
     m: Model,
     seen: Seen,
-    up: aiohttp.ClientResponse,
+    up: Answer,
     resp: web.StreamResponse,
     names: StreamRenamer | None,
     began: float,
@@ -353,7 +352,7 @@ async def _stream_into(
     seen.stream = True
     reader = StreamReader()
     try:
-        async for chunk in up.content.iter_any():
+        async for chunk in up.iter_any():
             piece = chunk if names is None else names.feed(chunk)  # renamed: whole lines
             if piece:
                 reader.feed(piece)
@@ -374,68 +373,29 @@ def _names_model(content_type: str) -> bool:
     return "json" in content_type or "event-stream" in content_type
 
 
-class Silence:
-    """gateway.upstream_timeout over an answer's body: a worker that sends no byte for that long ends the read with
-    a TimeoutError, as aiohttp's sock_read would, without its timer re-armed for every chunk that arrives (a tenth
-    of the gateway's time while it streams). One timer per answer looks every quarter of the limit whether bytes
-    came (or wait unread: the client is the slow side, not the worker), so a silence is caught after 1 to 1.25
-    times the limit."""
-
-    def __init__(self, up: aiohttp.ClientResponse, limit: float):
-        self.up, self.limit, self.step = up, limit, limit / 4
-        self.loop = asyncio.get_running_loop()
-        self.seen, self.quiet_since = -1, self.loop.time()
-        self.timer: asyncio.TimerHandle | None = self.loop.call_later(self.step, self._look)
-
-    def _look(self) -> None:
-        content, now = self.up.content, self.loop.time()
-        if content.is_eof():
-            self.timer = None
-            return
-        # _size: bytes that came and wait to be read (aiohttp has no public name for it)
-        if content.total_bytes != self.seen or content._size:
-            self.seen, self.quiet_since = content.total_bytes, now
-        elif now - self.quiet_since >= self.limit:
-            content.set_exception(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))
-            self.timer = None
-            return
-        self.timer = self.loop.call_later(self.step, self._look)
-
-    def close(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-
 @contextlib.asynccontextmanager
-async def upstream(
-    request: web.Request, m: Model, call: Call, headers: dict[str, str]
-) -> AsyncIterator[aiohttp.ClientResponse]:
+async def upstream(request: web.Request, m: Model, call: Call, headers: dict[str, str]) -> AsyncIterator[Answer]:
     """The worker's answer to `call`; a worker that cannot be reached, drops the connection before answering or
     stays silent past gateway.upstream_timeout is a refusal (forward() sends the request again, once, where the
     worker went away before any byte of an answer). A silence in the body's middle ends its read with a
-    TimeoutError (Silence)."""
+    TimeoutError (upstream.Answer.watch)."""
     sched = request.app[SCHED]
     waited = sched.gw.upstream_timeout_s
-    url = f"http://127.0.0.1:{m.port}{call.path}"
+    assert m.port is not None
     try:
-        up = await _ask(request.app[CLIENT], call, url, headers, waited)
-    except aiohttp.ClientConnectorError as exc:
+        up = await _ask(request.app[POOL], call, m.port, headers, waited)
+    except Unreachable as exc:
         sched.sync.worker_lost(m, "not answering on its port")  # the next request waits for it
-        raise Refused(
-            f"worker {m.name} is not answering on port {m.port}: {exc.strerror or exc}", "upstream_unreachable"
-        ) from None
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        raise Refused(f"worker {m.name} is not answering on port {m.port}: {exc}", "upstream_unreachable") from None
+    except (Disconnected, ConnectionError) as exc:
         # before any byte of an answer: the worker died under the request (a kill, a crash); supervisord
         # restarts it, and forward() sends the request again once it is back
         sched.sync.worker_lost(m, "closed the connection")
         raise Refused(f"worker {m.name} closed the connection: {exc}", "upstream_disconnected") from None
     except TimeoutError:
         raise _silent(sched, m) from None
-    silence = None
-    if up.content_length is None and up.connection is not None:  # a stream: watched by one timer, not per chunk
-        up.connection.protocol.read_timeout = None  # type: ignore[union-attr]
-        silence = Silence(up, waited)
+    except ValueError as exc:  # a target or header that would split the request: never sent
+        raise Refused(f"request not sent to worker {m.name}: {exc}", "bad_request") from None
     try:
         yield up
     except TimeoutError:  # a whole answer's body fell silent (a stream's end is its reader's business)
@@ -446,34 +406,22 @@ async def upstream(
         raise
     else:
         up.release()  # back to the pool where the answer was read to its end, else closed
-    finally:
-        if silence is not None:
-            silence.close()
 
 
-async def _ask(
-    client: aiohttp.ClientSession, call: Call, url: str, headers: dict[str, str], waited: float
-) -> aiohttp.ClientResponse:
-    """The answer's head, no byte of it later than `waited` after the last (aiohttp's sock_read; a stream's body
-    is then watched by Silence). A connection closed before any byte of it is asked again at once, once: a
-    kept-alive connection the worker closed as the gateway took it from the pool (its idle timeout) is no failure
-    of the worker; a worker that is gone refuses the second connection."""
-    timeout = _timeout(waited)
+async def _ask(pool: Pool, call: Call, port: int, headers: dict[str, str], waited: float) -> Answer:
+    """The answer's head within `waited` s (its body is then watched for silences as long). A connection closed
+    before any byte of it is asked again at once, once: a kept-alive connection the worker closed as the gateway
+    took it from the pool (its idle timeout) is no failure of the worker; a worker that is gone refuses the second
+    connection."""
     for again in (False, True):
         try:
-            return await client.request(call.method, url, data=call.body or None, headers=headers, timeout=timeout)
-        except aiohttp.ClientConnectorError:
+            return await pool.request(call.method, port, call.path, headers, call.body or None, waited)
+        except Unreachable:
             raise
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+        except ConnectionError:
             if again:
                 raise
     raise AssertionError("unreachable")
-
-
-@functools.lru_cache(maxsize=8)
-def _timeout(waited: float) -> aiohttp.ClientTimeout:
-    """An answer's head waited for `waited` s at most (made once: the setting is the gateway's)."""
-    return aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=waited)
 
 
 def _silent(sched: Scheduler, m: Model) -> Refused:
@@ -502,7 +450,7 @@ def stream_ended(request: web.Request, m: Model, exc: BaseException) -> None:
         sched.sync.mark_unhealthy(m, f"no byte for {sched.gw.upstream_timeout_s:g} s while streaming")
 
 
-STREAM_ENDS = (ConnectionResetError, aiohttp.ClientPayloadError, TimeoutError)
+STREAM_ENDS = (ConnectionResetError, PayloadError, TimeoutError)
 
 
 async def pass_through(request: web.Request, m: Model, call: Call, seen: Seen) -> web.StreamResponse:

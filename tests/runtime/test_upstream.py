@@ -1,0 +1,317 @@
+"""The gateway's client for its workers (umemc.runtime.gateway.upstream) against real sockets: a worker written
+here with asyncio's streams, byte for byte, so every way an answer can go (kept alive, chunked, cut, silent, too
+fast for its reader, a connection the worker closes while it idles) is made on purpose. What aiohttp's client did
+for the gateway before, this must do too."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+
+import pytest
+
+from umemc.runtime.gateway import upstream
+from umemc.runtime.gateway.upstream import Disconnected, PayloadError, Pool, Unreachable
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class Worker:
+    """A loopback server that runs `handler` per connection and keeps what it saw."""
+
+    def __init__(self, handler: Handler):
+        self.handler = handler
+        self.connections = 0
+        self.closed = 0
+        self.requests: list[bytes] = []
+        self.gone = asyncio.Event()  # a connection ended (from either side)
+
+    async def __aenter__(self) -> Worker:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            await self.handler(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+            self.closed += 1
+            self.gone.set()
+
+    async def request(self, reader: asyncio.StreamReader) -> bytes:
+        """One whole request (head and Content-Length body), kept."""
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":", 1)[1])
+        whole = head + await reader.readexactly(length)
+        self.requests.append(whole)
+        return whole
+
+
+def answer(body: bytes, extra: bytes = b"") -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s" % (
+        extra,
+        len(body),
+        body,
+    )
+
+
+def run(coro: Coroutine[object, object, None]) -> None:
+    asyncio.run(asyncio.wait_for(coro, 60))
+
+
+async def nothing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    pass
+
+
+def test_answers_on_one_kept_alive_connection_and_the_request_as_sent() -> None:
+    async def main() -> None:
+        async def keep(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                await w.request(reader)
+                writer.write(answer(b'{"ok": true}'))
+
+        async with Worker(keep) as w:
+            pool = Pool()
+            for _ in range(3):
+                a = await pool.request("POST", w.port, "/v1/chat?x=1", {"Content-Type": "application/json"}, b"{}", 5)
+                assert (a.status, a.content_length, a.headers["content-type"]) == (200, 12, "application/json")
+                assert await a.read() == b'{"ok": true}'
+                a.release()
+            assert w.connections == 1
+            assert w.requests[0] == (
+                b"POST /v1/chat?x=1 HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 2\r\n\r\n{}" % w.port
+            )
+            pool.close()
+            await w.gone.wait()
+            assert w.closed == 1
+
+    run(main())
+
+
+def test_a_chunked_stream_comes_as_it_is_sent_and_its_connection_is_reused() -> None:
+    async def main() -> None:
+        go_on = asyncio.Event()
+
+        async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                await w.request(reader)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n")
+                writer.write(b"Transfer-Encoding: chunked\r\n\r\n")
+                writer.write(b"7\r\ndata: 1\r\n")
+                await go_on.wait()  # the first event is read before the second is sent
+                writer.write(b"7\r\ndata: 2\r\n0\r\n\r\n")
+
+        async with Worker(stream) as w:
+            pool = Pool()
+            for _ in range(2):
+                go_on.clear()
+                a = await pool.request("GET", w.port, "/s", {}, None, 5)
+                assert a.content_length is None
+                assert await a.chunk() == b"data: 1"
+                go_on.set()
+                assert await a.read() == b"data: 2"
+                a.release()
+            assert w.connections == 1
+            pool.close()
+
+    run(main())
+
+
+def test_a_closed_port_is_unreachable() -> None:
+    async def main() -> None:
+        async with Worker(nothing) as w:
+            port = w.port
+        with pytest.raises(Unreachable, match="^Connection refused$"):
+            await Pool().request("GET", port, "/", {}, None, 5)
+
+    run(main())
+
+
+def test_a_connection_closed_before_the_answer_is_disconnected_and_a_cut_body_a_payload_error() -> None:
+    async def main() -> None:
+        async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await w.request(reader)
+
+        async with Worker(hang_up) as w:
+            with pytest.raises(Disconnected, match="^closed before an answer"):
+                await Pool().request("GET", w.port, "/", {}, None, 5)
+
+        async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await w.request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
+            await writer.drain()
+
+        async with Worker(cut) as w:
+            a = await Pool().request("GET", w.port, "/", {}, None, 5)
+            with pytest.raises(PayloadError, match="^the worker closed the connection in the middle of an answer$"):
+                await a.read()
+
+    run(main())
+
+
+def test_a_pooled_connection_the_worker_closed_is_not_taken_again() -> None:
+    async def main() -> None:
+        async def once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await w.request(reader)
+            writer.write(answer(b"{}"))  # kept alive as far as HTTP goes, then closed by the worker
+            await writer.drain()
+
+        async with Worker(once) as w:
+            pool = Pool()
+            a = await pool.request("GET", w.port, "/", {}, None, 5)
+            await a.read()
+            a.release()
+            await w.gone.wait()
+            await asyncio.sleep(0)  # the close reaches the client's protocol in the same loop turn or the next
+            while pool.idle.get(w.port):
+                await asyncio.sleep(0.01)
+            b = await pool.request("GET", w.port, "/", {}, None, 5)
+            assert await b.read() == b"{}"
+            assert w.connections == 2
+
+    run(main())
+
+
+def test_idle_connections_close_after_the_keep_alive() -> None:
+    async def main() -> None:
+        async def keep(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                await w.request(reader)
+                writer.write(answer(b"{}"))
+
+        async with Worker(keep) as w:
+            pool = Pool(keep_alive_s=0.2)
+            a = await pool.request("GET", w.port, "/", {}, None, 5)
+            await a.read()
+            a.release()
+            assert len(pool.idle[w.port]) == 1
+            await w.gone.wait()  # the sweep closed it: the worker saw its end
+            assert pool.idle == {}
+
+    run(main())
+
+
+def test_a_silent_worker_times_out_at_the_head_and_in_the_body_but_unread_bytes_are_no_silence() -> None:
+    async def main() -> None:
+        release = asyncio.Event()
+
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            request = await w.request(reader)
+            if b"/body" in request:
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\n0123456789")
+            elif b"/unread" in request:
+                writer.write(answer(b"x" * 10))
+            await release.wait()
+
+        async with Worker(silent) as w:
+            pool = Pool()
+            with pytest.raises(TimeoutError):
+                await pool.request("GET", w.port, "/head", {}, None, 0.2)
+            a = await pool.request("GET", w.port, "/body", {}, None, 0.2)
+            with pytest.raises(TimeoutError, match=r"^no byte of the answer for 0.2 s$"):
+                await a.read()
+            b = await pool.request("GET", w.port, "/unread", {}, None, 0.2)
+            await asyncio.sleep(0.6)  # three limits with every byte there and unread: the client is the slow side
+            assert await b.read() == b"x" * 10
+            release.set()
+
+    run(main())
+
+
+def test_an_answer_read_slower_than_it_comes_pauses_the_worker() -> None:
+    async def main() -> None:
+        piece = 1 << 20
+        total = 64 * piece  # far more than loopback's socket buffers take (a few MiB)
+        sent = asyncio.Event()
+
+        async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await w.request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % total)
+            for i in range(total // piece):
+                writer.write(bytes([i % 256]) * piece)
+                await writer.drain()  # blocks once the client stops reading and the socket buffers fill
+            sent.set()
+
+        async with Worker(flood) as w:
+            a = await Pool().request("GET", w.port, "/", {}, None, 30)
+            while not a._conn.paused:
+                await asyncio.sleep(0.01)
+            assert upstream.HIGH_WATER < a._held < upstream.HIGH_WATER + piece  # held: bounded, not 64 MiB
+            assert not sent.is_set()  # the worker waits on the paused socket
+            got = await a.read()
+            assert len(got) == total and got[:piece] == b"\0" * piece and got[-1] == (total // piece - 1) % 256
+            await sent.wait()
+
+
+def test_leaving_an_answer_closes_its_connection() -> None:
+    async def main() -> None:
+        async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await w.request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            while True:
+                writer.write(b"1\r\nx\r\n")
+                await writer.drain()
+                await asyncio.sleep(0.01)
+
+        async with Worker(endless) as w:
+            pool = Pool()
+            a = await pool.request("GET", w.port, "/", {}, None, 5)
+            assert await a.chunk()
+            a.close()
+            await w.gone.wait()  # the worker's write failed: it stops generating
+            assert pool.idle == {}
+
+    run(main())
+
+
+def test_a_head_answer_has_no_body_and_its_connection_is_not_reused() -> None:
+    async def main() -> None:
+        async def head(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await w.request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n")
+            await reader.read()  # until the gateway closes it
+
+        async with Worker(head) as w:
+            pool = Pool()
+            a = await pool.request("HEAD", w.port, "/", {}, None, 5)
+            assert (a.status, a.content_length, await a.read()) == (200, 50, b"")
+            a.release()
+            await w.gone.wait()
+            assert pool.idle == {}
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    ("target", "headers", "said"),
+    [
+        ("/a b", {}, "request target has a space or a control character: '/a b'"),
+        ("/a\r\nX: 1", {}, "request target has a space or a control character: '/a\\r\\nX: 1'"),
+        ("a", {}, "request target has a space or a control character: 'a'"),
+        ("/", {"X-A": "1\r\nX-B: 2"}, "header 'X-A' has a character HTTP does not allow there"),
+        ("/", {"X A": "1"}, "header 'X A' has a character HTTP does not allow there"),
+    ],
+)
+def test_a_target_or_header_that_would_split_the_request_is_refused_before_a_byte(
+    target: str, headers: dict[str, str], said: str
+) -> None:
+    async def main() -> None:
+        async with Worker(nothing) as w:
+            with pytest.raises(ValueError) as caught:
+                await Pool().request("GET", w.port, target, headers, None, 5)
+            assert str(caught.value) == said
+            assert w.connections == 0
+
+    run(main())
