@@ -206,5 +206,7 @@ def totals(buffers: BufferReport) -> dict[str, int]:
 
 
 def host_bytes(buffers: BufferReport) -> int:
-    """Buffers in host memory (they are part of the process's RSS): devices named CPU*."""
-    return sum(sum(k.values()) for d, k in buffers.items() if d.upper().startswith("CPU"))
+    """Buffers in host memory (they are part of the process's RSS): devices named CPU*, and a GPU backend's
+    host buffers (Vulkan_Host, CUDA_Host, ROCm_Host: pinned or host-visible memory the driver maps into the
+    process)."""
+    return sum(sum(k.values()) for d, k in buffers.items() if d.upper().startswith("CPU") or d.endswith("_Host"))

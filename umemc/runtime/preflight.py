@@ -245,12 +245,13 @@ class Preflight:
             )
 
     def _rocm(self) -> None:
-        """Strix Halo / ROCm: kernel, MES firmware, gfx target vs the runtime's build (umemc.runtime.rocm)."""
+        """Strix Halo: kernel, MES firmware, gfx target vs a ROCm build, the devices a Vulkan build sees (umemc.runtime
+        .rocm)."""
         from .rocm import check
 
         llama = {n: m.argv[0] if m.argv else None for n, m in self.plan.models.items() if m.runtime == "llama-server"}
         env = {n: m.env for n, m in self.plan.models.items()}
-        self.findings += check(self.root, llama, env)
+        self.findings += check(self.root, llama, env, self.plan.platform.gpu_window_bytes)
 
     def _apple_window(self, want: int) -> None:
         """The GPU's wired limit in force (iogpu.wired_limit_mb; 0 is macOS's default, about 3/4 of RAM) against the

@@ -8,11 +8,12 @@ debugfs `amdgpu_firmware_info`, module parameters in /sys/module)."""
 from __future__ import annotations
 
 import re
-import shutil
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 from .findings import Finding
+from .llamabuild import Device, backends, devices, libraries, vulkan_check
 
 GFX1151 = 110501  # KFD's gfx_target_version of Strix Halo (major 11, minor 5, stepping 1)
 # MES firmware that hangs gfx1151 compute queues ("MES failed to respond to msg=REMOVE_QUEUE", memory access
@@ -87,13 +88,7 @@ def cmdline(root: Path) -> list[str]:
 def built_targets(executable: str | None) -> set[str] | None:
     """The gfx targets a llama.cpp HIP build carries (clang offload bundle ids `amdgcn-amd-amdhsa--gfxNNNN` in
     the ggml-hip library next to the binary); None when there is no such library to read."""
-    if executable is None:
-        return None
-    found = shutil.which(executable) if "/" not in executable else executable
-    if found is None:
-        return None
-    here = Path(found).resolve().parent
-    libs = [*here.glob("libggml-hip.so*"), *here.parent.glob("lib/libggml-hip.so*")]
+    libs = libraries(executable, "hip") if executable is not None else []
     if not libs:
         return None
     targets: set[str] = set()
@@ -106,16 +101,27 @@ def built_targets(executable: str | None) -> set[str] | None:
     return targets
 
 
-def check(root: Path, executables: dict[str, str | None], env: dict[str, dict[str, str]]) -> list[Finding]:
+def check(
+    root: Path,
+    executables: dict[str, str | None],
+    env: dict[str, dict[str, str]],
+    window: int | None = None,
+    list_devices: Callable[[str, dict[str, str]], list[Device] | None] = devices,
+) -> list[Finding]:
     """All findings for an amd-apu host. executables: model -> its runtime's executable (llama.cpp ones);
-    env: model -> the model's own environment."""
+    env: model -> the model's own environment; window: the plan's GPU window. A Vulkan build (umemc.runtime
+    .llamabuild) is asked which devices it sees; ROCm's own settings do not concern it."""
     out = [*_kernel(root), *_firmware(root), *_gtt_parameter(root)]
+    vulkan = {m: exe for m, exe in executables.items() if exe is not None and "Vulkan" in backends(exe)}
+    for model, program in sorted(vulkan.items()):
+        out += vulkan_check(model, program, env.get(model, {}), window, list_devices(program, env.get(model, {})))
+    rocm_free = {m for m, program in vulkan.items() if "ROCm" not in backends(program)}
     gfx = gfx_targets(root)
     strix = GFX1151 in gfx
     if gfx:
         out.append(host_passed("gfx target", "GPU " + ", ".join(_gfx_name(v) for v in gfx)))
     for model, variables in sorted(env.items()):
-        if strix and "HSA_OVERRIDE_GFX_VERSION" in variables:
+        if strix and "HSA_OVERRIDE_GFX_VERSION" in variables and model not in rocm_free:
             out.append(
                 host_failed(
                     "gfx target",
