@@ -260,7 +260,8 @@ class EnforcerStatus(Document):
     power_w: float | None = None
     throttling: str | None = None
     heat_source: str | None = None
-    memory_busy: float | None = None  # the memory bus's activity, 0-1, where a driver reports it (nvidia-smi)
+    memory_busy: float | None = None  # the memory bus's activity, 0-1, where a driver reports it (nvidia-smi, amdgpu)
+    memory_gbps: float | None = None  # the DRAM's read + write GB/s, where the firmware reports it (amdgpu APUs)
 
 
 class GatewayModel(Document):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from tests.runtime.test_scheduler import FakeSupervisor, model, running, schedul
 from umemc.contract import EnforcerStatus, dump
 from umemc.runtime.gateway.generation import GenerationBudget
 from umemc.runtime.gateway.scheduler import Scheduler
-from umemc.runtime.probes.heat import Heat, Sensor, hwmon, parse_nvidia
+from umemc.runtime.probes.heat import AmdMemory, Heat, Sensor, hwmon, parse_gpu_metrics, parse_nvidia, read
 
 CHIPS = {
     "hwmon0": {"name": "k10temp", "temp1_input": "71250", "temp1_label": "Tctl"},
@@ -115,7 +116,7 @@ def test_the_enforcers_status_says_the_heat(tmp_path: Path) -> None:
     loop.enforcer.heat_reads.wait()
     loop.enforcer.slow_tick(time.time())
     doc = json.loads(loop.enforcer.run_dir.status.read_text())
-    keys = ("heat_c", "heat_sensor", "power_w", "throttling", "heat_source", "memory_busy")
+    keys = ("heat_c", "heat_sensor", "power_w", "throttling", "heat_source", "memory_busy", "memory_gbps")
     assert {k: doc[k] for k in keys} == {
         "heat_c": 71.25,
         "heat_sensor": "k10temp Tctl",
@@ -123,6 +124,7 @@ def test_the_enforcers_status_says_the_heat(tmp_path: Path) -> None:
         "throttling": "k10temp Tctl at 71.25 °C (throttle_above 70 °C)",
         "heat_source": "hwmon",
         "memory_busy": None,  # hwmon says nothing of the bus
+        "memory_gbps": None,
     }
 
 
@@ -175,12 +177,13 @@ def test_the_page_and_metrics_show_the_heat(tmp_path: Path) -> None:
         doc = EnforcerStatus(time=time.time(), pid=1, pressure=0.1, events_error=None, events_moved_to=None,
                              models={}, heat_c=91.0, heat_sensor="amdgpu edge", power_w=45.12,
                              throttling="amdgpu edge at 91 °C (throttle_above 90 °C)", heat_source="hwmon",
-                             memory_busy=0.37)  # fmt: skip
+                             memory_busy=0.37, memory_gbps=61.44)  # fmt: skip
         s.run.status.write_text(dump(doc))
         await s.sync.refresh()
         found["hot"] = (views.status(s)["heat"], samples(s))
         s.run.status.write_text(dump(doc.model_copy(update={"heat_c": None, "power_w": None, "throttling": None,
-                                                             "heat_source": "none", "memory_busy": None})))  # fmt: skip
+                                                             "heat_source": "none", "memory_busy": None,
+                                                             "memory_gbps": None})))  # fmt: skip
         await s.sync.refresh()
         found["none"] = (views.status(s)["heat"], samples(s))
 
@@ -193,11 +196,13 @@ def test_the_page_and_metrics_show_the_heat(tmp_path: Path) -> None:
             "throttling": "amdgpu edge at 91 °C (throttle_above 90 °C)",
             "source": "hwmon",
             "memory_busy": 0.37,
+            "memory_gbps": 61.44,
         },
         {
             ("umemc_box_temperature_celsius", (("sensor", "amdgpu edge"),)): 91.0,
             ("umemc_box_power_watts", ()): 45.12,
             ("umemc_box_memory_busy_ratio", ()): 0.37,
+            ("umemc_box_memory_bandwidth_bytes_per_second", ()): 61.44e9,
             ("umemc_box_throttling", ()): 1.0,
         },
     )
@@ -219,3 +224,73 @@ def test_umemc_status_says_the_heat() -> None:
     )
     cool = machine | {"heat_c": None, "power_w": None, "throttling": None}
     assert _machine_words(cool) == "\nenforced by umemc's enforcer alone"
+
+
+# amdgpu's gpu_metrics tables, packed field by field in the order and C alignment of the kernel's
+# drivers/gpu/drm/amd/include/kgd_pp_interface.h (little-endian; the header is structure_size, format_revision,
+# content_revision): the offsets come from the packing here, not from the reader's constants.
+def header(size: int, form: int, content: int) -> bytes:
+    return struct.pack("<HBB", size, form, content)
+
+
+def metrics_v1_3(umc: int) -> bytes:
+    """gpu_metrics_v1_3 (discrete GPUs): 6 temperatures, then gfx, umc and mm activity, ..."""
+    body = struct.pack("<6H", 45, 60, 50, 40, 41, 42) + struct.pack("<3H", 80, umc, 0) + struct.pack("<H", 150)
+    body += b"\0" * 2 + struct.pack("<QQ", 123, 456)  # padding to the u64 energy_accumulator, the timestamp
+    return header(4 + len(body) + 64, 1, 3) + body + b"\0" * 64  # the rest of the table (clocks, ...)
+
+
+def metrics_v1_0(umc: int) -> bytes:
+    """gpu_metrics_v1_0: the u64 timestamp first (4 bytes of padding before it), then the temperatures."""
+    body = (
+        b"\0" * 4 + struct.pack("<Q", 1) + struct.pack("<6H", 45, 60, 50, 40, 41, 42) + struct.pack("<3H", 80, umc, 0)
+    )
+    return header(4 + len(body) + 40, 1, 0) + body + b"\0" * 40
+
+
+def metrics_v1_5(umc: int) -> bytes:
+    """gpu_metrics_v1_5: hotspot, mem, vrsoc temperatures, the socket power, gfx and umc activity, ..."""
+    body = struct.pack("<3H", 70, 60, 50) + struct.pack("<H", 500) + struct.pack("<2H", 90, umc) + b"\0" * 80
+    return header(4 + len(body), 1, 5) + body
+
+
+def metrics_v3_0(reads: int, writes: int) -> bytes:
+    """gpu_metrics_v3_0 (the SMU 14 APUs): gfx and soc temperatures, 16 core temperatures, the skin temperature,
+    gfx and vcn activity, 8 IPU and 16 core activities, then the DRAM's reads and writes (MB/s), ..."""
+    body = struct.pack("<2H", 5500, 5200) + struct.pack("<16H", *range(16)) + struct.pack("<H", 4000)
+    body += struct.pack("<2H", 95, 0) + struct.pack("<8H", *[0] * 8) + struct.pack("<16H", *[50] * 16)
+    body += struct.pack("<2H", reads, writes) + struct.pack("<2H", 0, 0) + b"\0" * 4 + struct.pack("<Q", 7)
+    return header(4 + len(body) + 120, 3, 0) + body + b"\0" * 120
+
+
+def test_gpu_metrics_tables_say_the_memory_by_their_revision() -> None:
+    assert parse_gpu_metrics(metrics_v1_3(37)) == AmdMemory(0.37, None)
+    assert parse_gpu_metrics(metrics_v1_0(12)) == AmdMemory(0.12, None)
+    assert parse_gpu_metrics(metrics_v1_5(88)) == AmdMemory(0.88, None)
+    assert parse_gpu_metrics(metrics_v3_0(41000, 20440)) == AmdMemory(None, 61.44)
+    # not measured, a layout without it (format 2: the older APUs), a table cut short, an unknown revision
+    assert parse_gpu_metrics(metrics_v1_3(0xFFFF)) == AmdMemory(None, None)
+    assert parse_gpu_metrics(metrics_v3_0(0xFFFF, 10)) == AmdMemory(None, None)
+    assert parse_gpu_metrics(header(120, 2, 2) + b"\x01" * 116) == AmdMemory(None, None)
+    assert parse_gpu_metrics(metrics_v3_0(41000, 20440)[:90]) == AmdMemory(None, None)
+    assert parse_gpu_metrics(header(200, 3, 1) + b"\x01" * 196) == AmdMemory(None, None)
+    assert parse_gpu_metrics(b"\x01") == AmdMemory(None, None)
+
+
+def test_heat_reads_every_gpu_table_once(tmp_path: Path) -> None:
+    """/sys/class/drm/cardN/device is a link to the PCI device: card0 and its render node's alias are one GPU."""
+    drm = tmp_path / "drm"
+    for name, table in (("0000:c1:00.0", metrics_v3_0(41000, 20440)), ("0000:03:00.0", metrics_v1_3(37))):
+        device = tmp_path / "devices" / name
+        device.mkdir(parents=True)
+        (device / "gpu_metrics").write_bytes(table)
+    (drm).mkdir()
+    (drm / "card0").mkdir()
+    (drm / "card0" / "device").symlink_to(tmp_path / "devices" / "0000:c1:00.0")
+    (drm / "card1").mkdir()
+    (drm / "card1" / "device").symlink_to(tmp_path / "devices" / "0000:03:00.0")
+    (drm / "card2").mkdir()
+    (drm / "card2" / "device").symlink_to(tmp_path / "devices" / "0000:c1:00.0")  # the same GPU again
+    got = read("amd-apu", "linux", root=str(tmp_path / "no-hwmon"), drm=str(drm))
+    assert (got.memory_busy, got.memory_gbps, got.source) == (0.37, 61.44, "gpu_metrics")
+    assert read("amd-apu", "linux", root=str(tmp_path / "no-hwmon"), drm=str(tmp_path / "none")).source == "none"

@@ -257,6 +257,7 @@ class Enforcer:
             "throttling": h.throttling(self.plan.policy.throttle_above_c),
             "heat_source": h.source,
             "memory_busy": h.memory_busy,
+            "memory_gbps": h.memory_gbps,
         }
 
     def _box_and_own(self, now: float) -> int | None:

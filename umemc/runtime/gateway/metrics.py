@@ -217,8 +217,15 @@ def _heat(s: Scheduler) -> Iterator[Metric]:
     if status.memory_busy is not None:
         yield GaugeMetricFamily(
             "umemc_box_memory_busy_ratio",
-            "Share of the last sample period the memory bus was read or written (the busiest GPU's, nvidia-smi).",
+            "Share of the last sample period the memory bus was read or written (the busiest GPU's: nvidia-smi, "
+            "amdgpu's memory controller activity).",
             value=status.memory_busy,
+        )
+    if status.memory_gbps is not None:
+        yield GaugeMetricFamily(
+            "umemc_box_memory_bandwidth_bytes_per_second",
+            "The DRAM's read and write bandwidth the firmware reports (amdgpu APUs' gpu_metrics).",
+            value=status.memory_gbps * 1e9,
         )
     yield GaugeMetricFamily(
         "umemc_box_throttling",

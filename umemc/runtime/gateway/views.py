@@ -50,6 +50,7 @@ def _heat(s: Scheduler) -> dict[str, Any] | None:
         "throttling": e.throttling,
         "source": e.heat_source,
         "memory_busy": e.memory_busy,
+        "memory_gbps": e.memory_gbps,
     }
 
 

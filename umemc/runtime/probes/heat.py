@@ -15,6 +15,14 @@ generation budget (policy.max_generating) can be lowered while it throttles (pol
   measure it), `Active` or `Not Active` for each thermal slowdown (the driver's own word that it slows the GPU
   down for heat), and the share of the last sample period the memory was being read or written (%): the bus's
   activity.
+- amdgpu's `gpu_metrics` (/sys/class/drm/cardN/device/gpu_metrics, a binary table the driver refreshes from the
+  power firmware; its layouts are the kernel's drivers/gpu/drm/amd/include/kgd_pp_interface.h, little-endian, C
+  alignment): a header of `structure_size` (u16), `format_revision` and `content_revision` (u8 each), then a layout
+  that depends on both. The bus's share: the memory controller's activity (`average_umc_activity`, %) of the
+  discrete GPUs' format 1 (at byte 30 in content 0, 18 in 1-3, 14 in 4-5); the bandwidth: the DRAM's read and write
+  MB/s of the SMU 14 APUs' format 3.0 (`average_dram_reads` at byte 94, `average_dram_writes` at 96: after the
+  header, two temperatures, 16 core temperatures, the skin temperature, two activities, 8 IPU and 16 core
+  activities). Format 2 (the older APUs) has neither. 0xFFFF is the firmware's "not measured".
 - macOS reports no temperature without root; none is read there.
 
 `policy.throttle_above` (°C) makes any sensor at or above it count as throttling too, for chips that publish no
@@ -23,11 +31,17 @@ limit of their own."""
 from __future__ import annotations
 
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 from typing import NamedTuple
 
 HWMON = "/sys/class/hwmon"
+DRM = "/sys/class/drm"
+UNMEASURED = 0xFFFF
+# format_revision 1 (discrete GPUs): where average_umc_activity (%) sits, by content_revision
+UMC_ACTIVITY_AT = {0: 30, 1: 18, 2: 18, 3: 18, 4: 14, 5: 14}
+DRAM_AT = 94  # format 3.0: average_dram_reads, then average_dram_writes (MB/s)
 # hwmon drivers of the chips that share the memory bus: AMD's GPU and CPU (k10temp, or the out-of-tree zenpower),
 # Intel's CPU, and the SoC thermal drivers of ARM boards
 COMPUTE_CHIPS = frozenset({"amdgpu", "k10temp", "zenpower", "coretemp", "cpu_thermal", "soc_thermal"})
@@ -51,6 +65,7 @@ class Heat(NamedTuple):
     driver_throttling: bool  # a driver says it slows down for heat (NVIDIA's thermal slowdown)
     source: str  # hwmon | nvidia-smi | hwmon+nvidia-smi | none
     memory_busy: float | None = None  # the memory bus's activity, 0-1, where a driver reports it (the busiest GPU)
+    memory_gbps: float | None = None  # the DRAM's read + write bandwidth, GB/s, where the firmware reports it (APUs)
 
     @property
     def hottest(self) -> Sensor | None:
@@ -136,27 +151,82 @@ def nvidia() -> NvidiaReading | None:
     return parse_nvidia(done.stdout) if done.returncode == 0 else None
 
 
-def read(kind: str, platform: str, root: str = HWMON) -> Heat:
-    """The box's heat now: hwmon on Linux, nvidia-smi on an NVIDIA kind; nothing on macOS."""
+class AmdMemory(NamedTuple):
+    busy: float | None  # the memory controller's activity, 0-1 (discrete GPUs)
+    gbps: float | None  # the DRAM's read + write bandwidth, GB/s (the SMU 14 APUs)
+
+
+def parse_gpu_metrics(data: bytes) -> AmdMemory:
+    """What one gpu_metrics table says of the memory (nothing from a layout it does not carry it in, a table
+    shorter than its layout, or a field the firmware left unmeasured)."""
+    if len(data) < 4:
+        return AmdMemory(None, None)
+    size, form, content = struct.unpack_from("<HBB", data)
+    data = data[: max(4, min(size, len(data)))]
+    if form == 1 and content in UMC_ACTIVITY_AT and len(data) >= UMC_ACTIVITY_AT[content] + 2:
+        (umc,) = struct.unpack_from("<H", data, UMC_ACTIVITY_AT[content])
+        return AmdMemory(None if umc == UNMEASURED else min(umc, 100) / 100, None)
+    if form == 3 and content == 0 and len(data) >= DRAM_AT + 4:
+        reads, writes = struct.unpack_from("<HH", data, DRAM_AT)
+        if UNMEASURED in (reads, writes):
+            return AmdMemory(None, None)
+        return AmdMemory(None, (reads + writes) / 1000)
+    return AmdMemory(None, None)
+
+
+def amdgpu(root: str = DRM) -> AmdMemory | None:
+    """The memory figures of every amdgpu table (the busiest GPU's share, the bandwidths summed); None where no
+    GPU publishes one."""
+    seen: set[str] = set()
+    busy: float | None = None
+    gbps: float | None = None
+    found = False
+    for table in sorted(Path(root).glob("card*/device/gpu_metrics")):
+        try:
+            device = str(table.parent.resolve())
+            if device in seen:
+                continue
+            seen.add(device)
+            got = parse_gpu_metrics(table.read_bytes())
+        except OSError:
+            continue
+        found = True
+        if got.busy is not None:
+            busy = max(busy or 0.0, got.busy)
+        if got.gbps is not None:
+            gbps = (gbps or 0.0) + got.gbps
+    return AmdMemory(busy, gbps) if found else None
+
+
+def read(kind: str, platform: str, root: str = HWMON, drm: str = DRM) -> Heat:
+    """The box's heat now: hwmon and amdgpu's gpu_metrics on Linux, nvidia-smi on an NVIDIA kind; nothing on
+    macOS."""
     sensors: list[Sensor] = []
     watts: float | None = None
     slowing = False
     busy: float | None = None
+    gbps: float | None = None
     sources = []
     if platform.startswith("linux"):
         sensors, watts = hwmon(root)
         if sensors or watts is not None:
             sources.append("hwmon")
+        amd = amdgpu(drm)
+        if amd is not None and (amd.busy is not None or amd.gbps is not None):
+            busy, gbps = amd.busy, amd.gbps
+            sources.append("gpu_metrics")
     if kind in ("nvidia-unified", "nvidia-discrete"):
         got = nvidia()
         if got is not None:
             sensors += got.sensors
             if got.watts is not None:
                 watts = got.watts if watts is None else watts + got.watts
-            slowing, busy = got.slowing, got.memory_busy
+            slowing = got.slowing
+            if got.memory_busy is not None:
+                busy = max(busy or 0.0, got.memory_busy)
             sources.append("nvidia-smi")
     rounded = None if watts is None else round(watts, 2)
-    return Heat(tuple(sensors), rounded, slowing, "+".join(sources) or "none", busy)
+    return Heat(tuple(sensors), rounded, slowing, "+".join(sources) or "none", busy, gbps)
 
 
 def _read(path: Path) -> str | None:
