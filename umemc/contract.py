@@ -230,6 +230,8 @@ class WorkerStatus(Document):
     resident_bytes: int | None = None  # its process tree's resident memory, as `ps` shows it
     # its caching allocator's hold beyond what tensors use (reserved - allocated), where it reports one (torch)
     allocator_unused_bytes: int | None = None
+    # llama.cpp: what its process tree holds beyond the host buffers its log states and the plan's overhead
+    beyond_buffers_bytes: int | None = None
 
 
 class EnforcerStatus(Document):

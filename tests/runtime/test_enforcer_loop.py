@@ -263,3 +263,39 @@ def test_the_workers_allocator_cache_is_in_its_status(tmp_path: Path) -> None:
     assert unused() == 1 << 30
     says(3999)  # another process's
     assert unused() is None
+
+
+def test_a_llama_cpp_worker_holding_more_than_its_buffers_is_seen(tmp_path: Path) -> None:
+    """Once it has settled, a llama.cpp worker's host-side buffers as its own log states them (here a real
+    llama-server's load, tests/recorded/llama-server-vulkan/: CPU_Mapped 28.69 MiB of weights, Vulkan_Host
+    0.38 MiB of output and 4.26 MiB of compute; Vulkan0 is the device's) and the plan's overhead are what its
+    processes should hold: anything beyond is drift, in its status and, where it lasts, a defragment restart's."""
+    import json
+    import time
+
+    from umemc.runtime.enforcer.loop import DRIFT_SETTLE_S
+
+    recorded = Path(__file__).resolve().parents[1] / "recorded" / "llama-server-vulkan" / "load-smollm2.excerpt.log"
+    loop = Loop(tmp_path)
+    plan = loop.enforcer.plan
+    plan.models["w"] = plan.models["w"].model_copy(update={"reports_buffers": True})
+    overhead = plan.models["w"].estimate_parts.overhead_bytes
+    log = loop.enforcer.run_dir.log("w", "err")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(recorded.read_text())
+    host = round(28.69 * MiB) + round(0.38 * MiB) + round(4.26 * MiB)
+    loop.start(4001, host + overhead + 3 * MiB)
+    loop.enforcer.tick()
+    w = loop.enforcer.workers["w"]
+    now = time.time()
+    loop.enforcer.slow_tick(now)
+    assert w.beyond_buffers is None  # not settled: its buffers are not read yet
+    loop.enforcer.slow_tick(now + DRIFT_SETTLE_S + 1)
+    assert (w.buffers_expected, w.beyond_buffers) == (host + overhead, 3 * MiB)
+    loop.procs.held[4001] = host + overhead - MiB  # below: nothing beyond
+    loop.enforcer.slow_tick(now + DRIFT_SETTLE_S + 2)
+    assert w.beyond_buffers == 0
+    loop.procs.held[4001] = host + overhead + 7 * MiB
+    loop.enforcer.slow_tick(now + DRIFT_SETTLE_S + 3)
+    doc = json.loads(loop.enforcer.run_dir.status.read_text())
+    assert doc["models"]["w"]["beyond_buffers_bytes"] == 7 * MiB

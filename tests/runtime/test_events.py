@@ -86,6 +86,10 @@ def test_every_kind_reads_in_words() -> None:
          "KV of slot 0 restored: 412 tokens in 9.5 ms, about 1.3 s of prompt reading saved"),
         ("give_up", {"kills": "x"}, "left stopped: x hard-quota kills in a row"),
         ("estimate_drift", None, "estimate_drift"),
+        ("defragment", {"unused_bytes": 3 << 30, "held_s": 301},
+         "restarted at a quiet moment: its allocator held 3.0 GiB beyond its tensors for 301 s"),
+        ("defragment", {"unused_bytes": 3 << 30, "held_s": 301, "measure": "beyond_buffers"},
+         "restarted at a quiet moment: its process held 3.0 GiB beyond its buffers for 301 s"),
     ],
 )  # fmt: skip
 def test_an_event_in_words(kind: str, detail: Any, words: str) -> None:

@@ -116,6 +116,10 @@ def test_routes_by_model_and_alias(routing: Gateway) -> None:
     assert (status, body) == (200, {"text": "(simulated transcription by speech)"})
     status, _, body = routing.call("GET", "/models/chat/health")
     assert (status, body["status"], body["model"]) == (200, "ok", "chat")
+    # the pass-through's target reaches the worker as the client encoded it (the placeholder names what it got):
+    # an encoded space, line break and percent sign stay encoded
+    status, _, body = routing.call("GET", "/models/chat/a%20b/c%25d?x=%0A1&y=2")
+    assert (status, body["error"]["message"]) == (404, "no route /a%20b/c%25d?x=%0A1&y=2")
     status, _, body = routing.call("GET", "/v1/models")
     assert [m["id"] for m in body["data"]] == ["chat", "gpt-4o-mini", "embed", "speech"]
     assert body["data"][1]["root"] == "chat"

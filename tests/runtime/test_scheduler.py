@@ -625,11 +625,12 @@ def test_a_child_that_exits_within_supervisords_start_call_is_a_start_to_watch()
         Answers(10).ensure_started("x")  # BAD_NAME
 
 
-def test_a_worker_whose_allocator_stays_fragmented_is_restarted_at_a_quiet_moment(tmp_path: Path) -> None:
+@pytest.mark.parametrize("measure", ["allocator", "beyond_buffers"])
+def test_a_worker_whose_allocator_stays_fragmented_is_restarted_at_a_quiet_moment(tmp_path: Path, measure: str) -> None:
     """policy.restart_fragmented_above = 0.25: a hot worker whose allocator holds more than a quarter of its hard
-    quota beyond its tensors (the enforcer's figure) for FRAGMENTED_FOR_S, with no request for QUIET_S, is stopped
-    and restored in the next round; not before it has held that long, not while it serves, and not a stop that
-    counts as a restart."""
+    quota beyond its tensors (the enforcer's figure; a llama.cpp worker: what its processes hold beyond its
+    buffers) for FRAGMENTED_FOR_S, with no request for QUIET_S, is stopped and restored in the next round; not
+    before it has held that long, not while it serves, and not a stop that counts as a restart."""
     from umemc.contract import EnforcerStatus, WorkerStatus, dump
     from umemc.runtime.gateway.scheduler import FRAGMENTED_FOR_S, QUIET_S
 
@@ -638,9 +639,11 @@ def test_a_worker_whose_allocator_stays_fragmented_is_restarted_at_a_quiet_momen
     hard = sched.models["a"].plan.quota_hard_bytes
     seen: list[tuple[float, list[str], list[str]]] = []
 
+    figure = "allocator_unused_bytes" if measure == "allocator" else "beyond_buffers_bytes"
+
     def status(unused: int) -> None:
         w = WorkerStatus(pid=1000, rss_bytes=1, gpu_bytes=0, peak_bytes=1, restarts=0, started=0.0, last_event=None,
-                         given_up=False, drift=None, reserved_bytes=0, allocator_unused_bytes=unused)  # fmt: skip
+                         given_up=False, drift=None, reserved_bytes=0, **{figure: unused})  # fmt: skip
         doc = EnforcerStatus(time=time.time(), pid=1, pressure=0.1, events_error=None, events_moved_to=None,
                              models={"a": w})  # fmt: skip
         sched.run.status.write_text(dump(doc))
@@ -660,12 +663,13 @@ def test_a_worker_whose_allocator_stays_fragmented_is_restarted_at_a_quiet_momen
         await s.housekeeping_once(now=time.time() + QUIET_S + FRAGMENTED_FOR_S + 4)  # the restore round
         seen.append((t0, list(sv.stopped), list(sv.started)))
         kinds = [(e.kind, e.detail) for e in s.events.since(0) if e.kind in ("defragment", "restore")]
-        seen.append((0.0, [k for k, _ in kinds], [str(kinds[0][1]["unused_bytes"] == hard // 4 + 1)]))
+        detail = kinds[0][1]
+        seen.append((0.0, [k for k, _ in kinds], [str(detail["unused_bytes"] == hard // 4 + 1), detail["measure"]]))
 
     running(sched, body)
     assert [x[1:] for x in seen] == [
         ([], []),
         ([], []),
         (["a"], ["a"]),
-        (["defragment", "restore"], ["True"]),
+        (["defragment", "restore"], ["True", measure]),
     ]

@@ -126,8 +126,13 @@ SAID: dict[str, Callable[[dict[str, Any]], str]] = {
     f"counts on {_size(d.get('gpu_window_bytes'))}",
     "reaped": lambda d: f"supervisord (pid {d.get('supervisord_pid')}) died: its {len(d.get('pids') or [])} "
     "processes stopped",
-    "defragment": lambda d: f"restarted at a quiet moment: its allocator held {_size(d.get('unused_bytes'))} beyond "
-    f"its tensors for {d.get('held_s')} s",
+    "defragment": lambda d: "restarted at a quiet moment: "
+    + (
+        f"its process held {_size(d.get('unused_bytes'))} beyond its buffers"
+        if d.get("measure") == "beyond_buffers"
+        else f"its allocator held {_size(d.get('unused_bytes'))} beyond its tensors"
+    )
+    + f" for {d.get('held_s')} s",
     "defragment_failed": lambda d: "could not be restarted for its fragmentation: " + str(d.get("reason") or "?"),
     "throttle": lambda d: (
         f"the box throttles ({d.get('throttling')}): at most {d.get('max_generating')} generating at once"

@@ -138,9 +138,10 @@ class Policy(_Strict):
         None,
         gt=0,
         lt=1,
-        description="Share of a torch worker's hard quota: while its caching allocator has held more than this beyond "
-        "its tensors (fragmentation and cache, as umemc.worker reports it) for 5 minutes, the gateway restarts it at a "
-        "quiet moment (nothing in flight or queued, no request for a minute). Default: never.",
+        description="Share of a worker's hard quota: while a torch worker's caching allocator has held more than this "
+        "beyond its tensors (fragmentation and cache, as umemc.worker reports it), or a llama.cpp worker's processes "
+        "more than this beyond the buffers its log states and its overhead, for 5 minutes, the gateway restarts it at "
+        "a quiet moment (nothing in flight or queued, no request for a minute). Default: never.",
     )
     throttle_above: float | None = Field(
         None,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ...contract import ContractError, GatewayState, ModelDoc, read_optional, read_plan
-from ...lockfile import totals
+from ...lockfile import host_bytes, totals
 from ...names import OWN_PROGRAMS, PLAN_FILE
 from ..events import STOPS, EventLog
 from ..llamalog import metal_working_set, parse_buffers
@@ -455,7 +455,7 @@ class Enforcer:
         if w.drift is not None or now - w.running_since < DRIFT_SETTLE_S or not estimate:
             return
         m = self.plan.models[w.name]
-        detail = self._llama_log_drift(w.name, m) if m.reports_buffers else {}
+        detail = self._llama_log_drift(w, m) if m.reports_buffers else {}
         # what it holds as `ps` counts it (with a cgroup the charge misses a model file's pages cached before)
         over = (max(w.cpu_side, w.resident) + w.gpu_side) / estimate - 1
         if detail or over > rules.DRIFT:
@@ -472,7 +472,10 @@ class Enforcer:
         else:
             w.drift = over  # within 5%: checked, nothing to report
 
-    def _llama_log_drift(self, name: str, m: ModelDoc) -> dict[str, Any]:
+    def _llama_log_drift(self, w: Worker, m: ModelDoc) -> dict[str, Any]:
+        """llama.cpp's own buffers against the plan (estimate_drift's detail); its host-side buffers and the plan's
+        overhead become what its tree is expected to hold from now on (beyond: Worker.beyond_buffers)."""
+        name = w.name
         text = ""
         for suffix in ("err", "out"):
             log = self.run_dir.log(name, suffix)
@@ -481,9 +484,10 @@ class Enforcer:
                 text += f.read().decode(errors="replace")
         self._check_gpu_limit(name, text)
         parts = m.estimate_parts
-        return rules.buffers_drift(
-            totals(parse_buffers(text)), parts.weights_bytes + parts.kv_bytes + parts.compute_bytes
-        )
+        reported = parse_buffers(text)
+        if reported:
+            w.buffers_expected = host_bytes(reported) + parts.overhead_bytes
+        return rules.buffers_drift(totals(reported), parts.weights_bytes + parts.kv_bytes + parts.compute_bytes)
 
     def _check_gpu_limit(self, name: str, log: str) -> None:
         """Metal's working-set limit as llama.cpp reports it at start: below the plan's GPU window, allocations

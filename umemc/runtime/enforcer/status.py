@@ -57,6 +57,7 @@ def _worker(w: Worker) -> WorkerStatus:
         drift=None if w.drift is None else round(w.drift, 4),
         reserved_bytes=w.reserved,
         allocator_unused_bytes=w.allocator_unused,
+        beyond_buffers_bytes=w.beyond_buffers,
         leak_rate_bytes_per_s=None if w.pid is None else leak_rate(w.samples),
         allowance_bytes=w.allowance,
         swapped_bytes=w.swapped,

@@ -88,6 +88,9 @@ class Worker:
     kills: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     reserved: int = 0  # what the worker's own ledger (umemc.worker) reports
     allocator_unused: int | None = None  # its caching allocator's reserved - allocated, where it reports them
+    # llama.cpp: its host-side buffers as its own log states them (read once it settled) plus the plan's process
+    # overhead; what its tree holds beyond that is drift (fragmentation of the C heap, a leak)
+    buffers_expected: int | None = None
     allowance: int = 0  # live gateway leases that raise this worker's quotas (a ComfyUI workflow's models)
     last_active: float = 0.0
     last_cpu: int = -1
@@ -96,6 +99,11 @@ class Worker:
     @property
     def name(self) -> str:
         return self.quota.name
+
+    @property
+    def beyond_buffers(self) -> int | None:
+        """What its process tree holds beyond its buffers and overhead (llama.cpp, once known)."""
+        return None if self.buffers_expected is None or not self.pid else max(0, self.resident - self.buffers_expected)
 
     @property
     def usage(self) -> int:
@@ -132,6 +140,7 @@ class Worker:
         self.history.clear()
         self.raised.clear()
         self.drift, self.running_since, self.pending_exit = None, None, None
+        self.buffers_expected = None
 
     def began(self, pid: int, now: float) -> None:
         """A new process of its own is sampled from now on."""

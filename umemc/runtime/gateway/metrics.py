@@ -289,9 +289,16 @@ def _from_enforcer(s: Scheduler, proc: Processes) -> Iterator[Metric]:
         "What a torch worker's caching allocator holds beyond what its tensors use (fragmentation and cache).",
         labels=["model"],
     )
+    beyond = GaugeMetricFamily(
+        "umemc_model_beyond_buffers_bytes",
+        "What a llama.cpp worker's processes hold beyond the host buffers its log states and its overhead (drift).",
+        labels=["model"],
+    )
     st = s.sync.enforcer
     if st is not None:
         for name, w in st.models.items():
+            if w.beyond_buffers_bytes is not None:
+                beyond.add_metric([name], w.beyond_buffers_bytes)
             if w.drift is not None:
                 drift.add_metric([name], w.drift)
             if w.leak_rate_bytes_per_s is not None:
@@ -302,7 +309,7 @@ def _from_enforcer(s: Scheduler, proc: Processes) -> Iterator[Metric]:
         if enforcer:
             own.add_metric(["enforcer"], enforcer)
     own.add_metric(["gateway"], proc.memory(os.getpid()))
-    yield from (drift, leak, own, unused)
+    yield from (drift, leak, own, unused, beyond)
     yield from _trends(st)
 
 

@@ -757,7 +757,8 @@ class Scheduler:
 
     async def _restart_fragmented(self, now: float) -> None:
         """A worker whose caching allocator has held more than policy.restart_fragmented_above of its hard quota
-        beyond its tensors for FRAGMENTED_FOR_S (the enforcer's figure from the worker's own report) is restarted
+        beyond its tensors for FRAGMENTED_FOR_S (the enforcer's figure from the worker's own report; a llama.cpp
+        worker: what its processes hold beyond the buffers its log states and its overhead) is restarted
         at a quiet moment: ready, nothing in flight or queued, no request for QUIET_S. Its fragmentation goes with
         its process; a hot one comes back at once (as after an eviction), a cold one at its next request."""
         share = self.plan.policy.restart_fragmented_above
@@ -766,7 +767,10 @@ class Scheduler:
             return
         for m in self.models.values():
             live = status.models.get(m.name)
+            measure = "allocator" if live is None or live.allocator_unused_bytes is not None else "beyond_buffers"
             unused = None if live is None or not m.live else live.allocator_unused_bytes
+            if unused is None and live is not None and m.live:
+                unused = live.beyond_buffers_bytes  # llama.cpp: its heap's drift above its buffers
             if unused is None or unused <= share * m.plan.quota_hard_bytes:
                 self._fragmented_since.pop(m.name, None)
                 continue
@@ -776,7 +780,8 @@ class Scheduler:
             if now - since < FRAGMENTED_FOR_S or not quiet:
                 continue
             del self._fragmented_since[m.name]
-            detail = {"unused_bytes": unused, "hard_bytes": m.plan.quota_hard_bytes, "held_s": round(now - since)}
+            detail = {"unused_bytes": unused, "hard_bytes": m.plan.quota_hard_bytes, "held_s": round(now - since),
+                      "measure": measure}  # fmt: skip
             with contextlib.suppress(Refused):  # said in defragment_failed; tried again once it holds as long
                 await self.stop(m, "defragment", Evicted.STAY_DOWN, **detail)
                 m.evicted = m.plan.mode == "hot"  # restored at the next round, where it fits
