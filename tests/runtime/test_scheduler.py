@@ -632,7 +632,7 @@ def test_a_worker_whose_allocator_stays_fragmented_is_restarted_at_a_quiet_momen
     buffers) for FRAGMENTED_FOR_S, with no request for QUIET_S, is stopped and restored in the next round; not
     before it has held that long, not while it serves, and not a stop that counts as a restart."""
     from umemc.contract import EnforcerStatus, WorkerStatus, dump
-    from umemc.runtime.gateway.scheduler import FRAGMENTED_FOR_S, QUIET_S
+    from umemc.runtime.gateway.housekeeping import FRAGMENTED_FOR_S, QUIET_S
 
     sv = FakeSupervisor(running=("a",))
     sched = scheduler(tmp_path, model("a", 50) + "[policy]\nrestart_fragmented_above = 0.25\n", sv)

@@ -10,7 +10,8 @@ start: interleaved A B C A B C loads start each model once.
 
 The parts, each the one owner of its state: model.py (a model: its plan, lifecycle and the stack's view of it),
 slots.py (routes, slots, queues, drains), leases.py (the lease book, a ledger), sync.py (supervisord's and the
-enforcer's view, health, gateway.json), traffic.py (tokens, the HTTP side's). The slots ask the scheduler about
+enforcer's view, health, gateway.json), traffic.py (tokens, the HTTP side's), housekeeping.py (the half-second
+round: idle unloads, fragmented restarts, hot restores, expiries). The slots ask the scheduler about
 admission through core.Admission; the other parts are given what they use and a `kick`."""
 
 from __future__ import annotations
@@ -37,12 +38,13 @@ from . import figures, kvslots
 from .core import Admit, Evicted, Write
 from .generation import GenerationBudget
 from .history import Memory, Requests
+from .housekeeping import Housekeeping
 from .leases import LeaseBook
 from .lifecycle import Phase
 from .model import ANSWERING, CONNECT_ERRORS, Model, ProcState, Refused
 from .progress import load_step, log_size
 from .slots import Slots
-from .sync import POLL_S, StateSync
+from .sync import StateSync
 from .traffic import Traffic
 
 HEALTH_POLL_S = 0.1
@@ -63,10 +65,6 @@ EXITED_GRACE_S = 3.0  # supervisord restarts an exited autorestart program at on
 # how long a gated start waits for the processes of its victims (their KV slots saved, their stop), after which its
 # wrapper refuses to start the worker beside them; the gateway removes the gate long before, unless it died
 GATE_S = 600.0
-# a worker's allocator holding too much beyond its tensors (policy.restart_fragmented_above) is restarted once it
-# has for this long, and only after this long without a request
-FRAGMENTED_FOR_S = 300.0
-QUIET_S = 60.0
 
 __all__ = ["Admit", "Model", "Refused", "Scheduler"]
 
@@ -116,7 +114,7 @@ class Scheduler:
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._deferred: str | None = None  # the pressure victim waited for (one evict_deferred event)
-        self._fragmented_since: dict[str, float] = {}  # since when a worker's allocator holds too much unused
+        self.housekeeping = Housekeeping(self)  # the half-second round (housekeeping.py)
         self._background: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -178,7 +176,7 @@ class Scheduler:
         self._tasks = [asyncio.create_task(self._pump())]
         if background:
             self._tasks += [
-                asyncio.create_task(self._housekeeping()),
+                asyncio.create_task(self.housekeeping.run()),
                 asyncio.create_task(self.sync.health_watch(self.gw.health_interval_s)),
             ]
 
@@ -606,8 +604,9 @@ class Scheduler:
         )
 
     async def stop(self, m: Model, why: str, evicted: Evicted = Evicted.RESTORE, **detail: Any) -> None:
-        """Stop a worker (eviction, TTL unload). A hot worker evicted to admit another comes back when
-        it fits again (Evicted.RESTORE); one evicted for pressure stays down, or it would oscillate. A
+        """Stop a worker (eviction, TTL unload, a restart for fragmentation). A hot worker evicted to admit another
+        (or restarted) comes back when it fits again (Evicted.RESTORE); one evicted for pressure stays down, or it
+        would oscillate. A
         llama-server that was serving has its slots' KV saved first (umemc.runtime.gateway.kvslots)."""
         if m.state in ANSWERING and m.plan.kv_slots and m.port is not None:  # (already marked STOPPING)
             m.saved_slots = await kvslots.save(m.port, m.name, m.plan.kv_slots, self.events)
@@ -620,7 +619,7 @@ class Scheduler:
                 raise Refused(f"could not stop {m.name} to make room: {failed}", "stop_failed", 5)
             m.life.to(Phase.DOWN, why)
             self.sync.stopped(m)
-            m.evicted = why == "evict" and evicted is Evicted.RESTORE
+            m.evicted = why in ("evict", "defragment") and evicted is Evicted.RESTORE
             m.keep_alive_s = None  # a client's keep_alive lasts while the model runs
             self.events.add(why, m.name, by="gateway", usage_bytes=usage, priority=m.plan.priority, **detail)
             if self.metrics is not None:
@@ -705,31 +704,9 @@ class Scheduler:
             self.sync.write_state(time.time(), how=Write.DURABLE)  # the client is told its new expiry: keep it
         return lease
 
-    # -- housekeeping: polls, expiries, idle unloads, restores ------------------------------------
-    async def _housekeeping(self) -> None:
-        while True:
-            await asyncio.sleep(POLL_S)
-            try:
-                await self.housekeeping_once()
-            except CONNECT_ERRORS as exc:  # supervisord restarting or going down: next time
-                print(f"umemc-gateway: {exc}", file=sys.stderr, flush=True)
-            except Exception as exc:  # noqa: BLE001 - like the pump, it must outlive a bug in one round
-                print(f"umemc-gateway: housekeeping: {exc!r}", file=sys.stderr, flush=True)
-
+    # -- housekeeping (housekeeping.py) and what a client asks of a model's idle time -----------------
     async def housekeeping_once(self, now: float | None = None) -> None:
-        await self.sync.refresh()
-        now = time.time() if now is None else now
-        status = self.sync.enforcer
-        gpu = 0 if status is None else sum(w.gpu_bytes for w in status.models.values())
-        usage = {m.name: m.usage for m in self.models.values()}
-        self.memory.record(now, usage, gpu, self.sync.pressure, self.committed()[0])
-        for lease in self.book.expired(now):
-            self.release_lease(lease.id, "lease_expire")
-        await self._unload_idle(now)
-        await self._restart_fragmented(now)
-        await self._restore_hot()
-        self.sync.write_state(now)
-        self.keep_figures()
+        await self.housekeeping.once(now)
 
     def keep_alive(self, m: Model, seconds: float | None) -> None:
         """A client's keep_alive, as Ollama means it: how long the model stays loaded once idle (math.inf: until
@@ -743,60 +720,6 @@ class Scheduler:
         None: no limit."""
         limit = m.keep_alive_s if m.keep_alive_s is not None else m.plan.ttl_s if m.cold else None
         return None if limit is None or math.isinf(limit) else limit
-
-    async def _unload_idle(self, now: float) -> None:
-        for m in self.models.values():
-            limit, q = self.idle_limit(m), self.slots[m.name]
-            idle = m.ready and not q.busy and m.starting is None and not m.draining
-            if limit is not None and idle and now - q.last_used >= limit:
-                asked = {"reason": "keep_alive"} if m.keep_alive_s is not None else {}
-                with contextlib.suppress(Refused):  # recorded as ttl_unload_failed; tried again next round
-                    await self.stop(
-                        m, "ttl_unload", Evicted.STAY_DOWN, idle_s=round(now - q.last_used, 1), ttl_s=limit, **asked
-                    )
-
-    async def _restart_fragmented(self, now: float) -> None:
-        """A worker whose caching allocator has held more than policy.restart_fragmented_above of its hard quota
-        beyond its tensors for FRAGMENTED_FOR_S (the enforcer's figure from the worker's own report; a llama.cpp
-        worker: what its processes hold beyond the buffers its log states and its overhead) is restarted
-        at a quiet moment: ready, nothing in flight or queued, no request for QUIET_S. Its fragmentation goes with
-        its process; a hot one comes back at once (as after an eviction), a cold one at its next request."""
-        share = self.plan.policy.restart_fragmented_above
-        status = self.sync.enforcer
-        if share is None or status is None:
-            return
-        for m in self.models.values():
-            live = status.models.get(m.name)
-            measure = "allocator" if live is None or live.allocator_unused_bytes is not None else "beyond_buffers"
-            unused = None if live is None or not m.live else live.allocator_unused_bytes
-            if unused is None and live is not None and m.live:
-                unused = live.beyond_buffers_bytes  # llama.cpp: its heap's drift above its buffers
-            if unused is None or unused <= share * m.plan.quota_hard_bytes:
-                self._fragmented_since.pop(m.name, None)
-                continue
-            since = self._fragmented_since.setdefault(m.name, now)
-            q = self.slots[m.name]
-            quiet = m.ready and not q.busy and m.starting is None and not m.draining and now - q.last_used >= QUIET_S
-            if now - since < FRAGMENTED_FOR_S or not quiet:
-                continue
-            del self._fragmented_since[m.name]
-            detail = {"unused_bytes": unused, "hard_bytes": m.plan.quota_hard_bytes, "held_s": round(now - since),
-                      "measure": measure}  # fmt: skip
-            with contextlib.suppress(Refused):  # said in defragment_failed; tried again once it holds as long
-                await self.stop(m, "defragment", Evicted.STAY_DOWN, **detail)
-                m.evicted = m.plan.mode == "hot"  # restored at the next round, where it fits
-
-    async def _restore_hot(self) -> None:
-        """A hot worker the gateway evicted comes back once it fits without evicting anything."""
-        for m in self.models.values():
-            if m.plan.mode != "hot" or not m.evicted or m.live or self.slots[m.name].waiters or m.given_up:
-                continue
-            async with self.lock:
-                decision = self.decide_model(m)
-                if not decision.fits or decision.victims:
-                    continue
-                self.begin_start(m, decision)
-            self.events.add("restore", m.name, reason="hot worker evicted earlier fits again")
 
     # -- the enforcer's pressure, a person's actions -----------------------------------------------
     async def relieve_pressure(self, pressure: float) -> dict[str, Any]:
