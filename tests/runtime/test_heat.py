@@ -294,3 +294,26 @@ def test_heat_reads_every_gpu_table_once(tmp_path: Path) -> None:
     got = read("amd-apu", "linux", root=str(tmp_path / "no-hwmon"), drm=str(drm))
     assert (got.memory_busy, got.memory_gbps, got.source) == (0.37, 61.44, "gpu_metrics")
     assert read("amd-apu", "linux", root=str(tmp_path / "no-hwmon"), drm=str(tmp_path / "none")).source == "none"
+
+
+# `pmset -g therm` as macOS prints it, quoted from a Mac that limited its CPU (macOS 10.13, a question on
+# apple.stackexchange.com, "Where does the pmset CPU_Speed_Limit variable come from"), its spacing as quoted
+PMSET_LIMITED = """Note: No thermal warning level has been recorded
+Note: No performance warning level has been recorded
+2020-11-24 13:10:40 +0100 CPU Power notify
+    CPU_Scheduler_Limit     = 100
+    CPU_Available_CPUs  = 8
+    CPU_Speed_Limit     = 35
+"""
+PMSET_NOTHING = (
+    "Note: No thermal warning level has been recorded\nNote: No performance warning level has been recorded\n"
+)
+
+
+def test_macos_says_it_limits_the_cpu() -> None:
+    from umemc.runtime.probes.heat import parse_pmset
+
+    assert (parse_pmset(PMSET_LIMITED), parse_pmset(PMSET_NOTHING)) == (35, None)
+    limited = Heat((), None, False, "pmset", cpu_speed_limit=35)
+    assert limited.throttling() == "macOS limits the CPU to 35% of its speed (pmset -g therm)"
+    assert Heat((), None, False, "pmset", cpu_speed_limit=100).throttling() is None

@@ -23,13 +23,17 @@ generation budget (policy.max_generating) can be lowered while it throttles (pol
   MB/s of the SMU 14 APUs' format 3.0 (`average_dram_reads` at byte 94, `average_dram_writes` at 96: after the
   header, two temperatures, 16 core temperatures, the skin temperature, two activities, 8 IPU and 16 core
   activities). Format 2 (the older APUs) has neither. 0xFFFF is the firmware's "not measured".
-- macOS reports no temperature without root; none is read there.
+- macOS reports no temperature without root; its thermal state it does: `pmset -g therm` (no root) prints
+  `CPU_Speed_Limit = N` (%, under a "CPU Power notify" line) once macOS has limited the CPU for heat or power,
+  else only notes that no warning level has been recorded. A limit below 100 is macOS's own word that it slows
+  the machine down.
 
 `policy.throttle_above` (°C) makes any sensor at or above it count as throttling too, for chips that publish no
 limit of their own."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import struct
 import subprocess
@@ -66,6 +70,7 @@ class Heat(NamedTuple):
     source: str  # hwmon | nvidia-smi | hwmon+nvidia-smi | none
     memory_busy: float | None = None  # the memory bus's activity, 0-1, where a driver reports it (the busiest GPU)
     memory_gbps: float | None = None  # the DRAM's read + write bandwidth, GB/s, where the firmware reports it (APUs)
+    cpu_speed_limit: int | None = None  # macOS's limit on the CPU's speed, % (pmset -g therm), where it set one
 
     @property
     def hottest(self) -> Sensor | None:
@@ -76,6 +81,8 @@ class Heat(NamedTuple):
         or a sensor at or above the stack's `above` (°C)."""
         if self.driver_throttling:
             return "the GPU driver reports a thermal slowdown"
+        if self.cpu_speed_limit is not None and self.cpu_speed_limit < 100:
+            return f"macOS limits the CPU to {self.cpu_speed_limit}% of its speed (pmset -g therm)"
         for s in self.sensors:
             if s.limit is not None and s.celsius >= s.limit:
                 return f"{s.name} at {s.celsius:g} °C, its limit {s.limit:g} °C"
@@ -198,6 +205,26 @@ def amdgpu(root: str = DRM) -> AmdMemory | None:
     return AmdMemory(busy, gbps) if found else None
 
 
+PMSET = ["pmset", "-g", "therm"]
+_SPEED_LIMIT = re.compile(r"^\s*CPU_Speed_Limit\s*=\s*(\d+)\s*$", re.M)
+
+
+def parse_pmset(text: str) -> int | None:
+    """The CPU speed limit (%) `pmset -g therm` reports; None where it reports none."""
+    found = _SPEED_LIMIT.findall(text)
+    return int(found[-1]) if found else None
+
+
+def macos_speed_limit() -> int | None:
+    if shutil.which("pmset") is None:
+        return None
+    try:
+        done = subprocess.run(PMSET, capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_pmset(done.stdout) if done.returncode == 0 else None
+
+
 def read(kind: str, platform: str, root: str = HWMON, drm: str = DRM) -> Heat:
     """The box's heat now: hwmon and amdgpu's gpu_metrics on Linux, nvidia-smi on an NVIDIA kind; nothing on
     macOS."""
@@ -225,8 +252,11 @@ def read(kind: str, platform: str, root: str = HWMON, drm: str = DRM) -> Heat:
             if got.memory_busy is not None:
                 busy = max(busy or 0.0, got.memory_busy)
             sources.append("nvidia-smi")
+    limit = macos_speed_limit() if platform == "darwin" else None
+    if limit is not None:
+        sources.append("pmset")
     rounded = None if watts is None else round(watts, 2)
-    return Heat(tuple(sensors), rounded, slowing, "+".join(sources) or "none", busy, gbps)
+    return Heat(tuple(sensors), rounded, slowing, "+".join(sources) or "none", busy, gbps, limit)
 
 
 def _read(path: Path) -> str | None:
