@@ -317,3 +317,14 @@ def test_macos_says_it_limits_the_cpu() -> None:
     limited = Heat((), None, False, "pmset", cpu_speed_limit=35)
     assert limited.throttling() == "macOS limits the CPU to 35% of its speed (pmset -g therm)"
     assert Heat((), None, False, "pmset", cpu_speed_limit=100).throttling() is None
+
+
+def test_a_platform_tool_answers_only_when_it_succeeds(tmp_path: Path) -> None:
+    from umemc.runtime.probes.tools import answer
+
+    tool = tmp_path / "tool"
+    tool.write_text('#!/bin/sh\necho "CPU_Speed_Limit = 70"\nexit "$1"\n')
+    tool.chmod(0o755)
+    assert answer([str(tool), "0"]) == "CPU_Speed_Limit = 70\n"
+    assert answer([str(tool), "3"]) is None  # failed: what it printed is no answer
+    assert answer([str(tmp_path / "absent")]) is None

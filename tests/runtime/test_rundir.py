@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import stat
+import tempfile
 from pathlib import Path
 
 from umemc.runtime.rundir import SOCKET_MAX, RunDir
@@ -40,19 +41,25 @@ def bind(path: Path) -> None:
         os.unlink(f"{path}.4194304")
 
 
-def test_a_socket_path_that_leaves_no_room_for_supervisords_pid_suffix_moves(tmp_path: Path) -> None:
+def test_a_socket_path_that_leaves_no_room_for_supervisords_pid_suffix_moves() -> None:
     """A run dir whose socket path is 102 bytes fits sun_path (107) but not supervisord's SOCKET.PID (it said
     "AF_UNIX path too long" and did not start): such a socket moves too; one of 99 bytes stays."""
     tail = len("/run/state/supervisor.sock")
-    base = str(tmp_path) + "/"
-    for length, moves in ((102, True), (99, False)):
-        where = Path(base + "x" * (length - tail - len(base)))
-        run = RunDir(where / "run")
-        assert len(str(run.default_socket())) == length
-        sock = run.claim_socket()
-        try:
-            assert (sock != run.default_socket()) is moves
-            sock.parent.mkdir(parents=True, exist_ok=True)
-            bind(sock)
-        finally:
-            run.release_socket()
+    # a short base of its own: pytest's tmp_path grows with its run and worker numbers (pytest-115/popen-gw2/...)
+    # and left no room to make a 99-byte path under it
+    base = tempfile.mkdtemp(prefix="u", dir="/tmp") + "/"
+    try:
+        assert len(base) + tail < 99
+        for length, moves in ((102, True), (99, False)):
+            where = Path(base + "x" * (length - tail - len(base)))
+            run = RunDir(where / "run")
+            assert len(str(run.default_socket())) == length
+            sock = run.claim_socket()
+            try:
+                assert (sock != run.default_socket()) is moves
+                sock.parent.mkdir(parents=True, exist_ok=True)
+                bind(sock)
+            finally:
+                run.release_socket()
+    finally:
+        shutil.rmtree(base)

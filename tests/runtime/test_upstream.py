@@ -48,12 +48,7 @@ class Worker:
 
     async def request(self, reader: asyncio.StreamReader) -> bytes:
         """One whole request (head and Content-Length body), kept."""
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = 0
-        for line in head.split(b"\r\n"):
-            if line.lower().startswith(b"content-length:"):
-                length = int(line.split(b":", 1)[1])
-        whole = head + await reader.readexactly(length)
+        whole = await read_request(reader)
         self.requests.append(whole)
         return whole
 
@@ -66,6 +61,26 @@ def answer(body: bytes, extra: bytes = b"") -> bytes:
     )
 
 
+def keeps_answering(body: bytes, kept: list[bytes] | None = None) -> Handler:
+    """A worker that answers every request on its connection with `body`, keeping it open (and the requests)."""
+
+    async def keep(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            request = await read_request(reader)
+            if kept is not None:
+                kept.append(request)
+            writer.write(answer(body))
+
+    return keep
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    fields = [x for x in head.split(b"\r\n") if x.lower().startswith(b"content-length:")]
+    length = int(fields[0].split(b":", 1)[1]) if fields else 0
+    return head + await reader.readexactly(length)
+
+
 def run(coro: Coroutine[object, object, None]) -> None:
     asyncio.run(asyncio.wait_for(coro, 60))
 
@@ -76,12 +91,8 @@ async def nothing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
 
 def test_answers_on_one_kept_alive_connection_and_the_request_as_sent() -> None:
     async def main() -> None:
-        async def keep(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while True:
-                await w.request(reader)
-                writer.write(answer(b'{"ok": true}'))
-
-        async with Worker(keep) as w:
+        kept: list[bytes] = []
+        async with Worker(keeps_answering(b'{"ok": true}', kept)) as w:
             pool = Pool()
             for _ in range(3):
                 a = await pool.request("POST", w.port, "/v1/chat?x=1", {"Content-Type": "application/json"}, b"{}", 5)
@@ -89,7 +100,7 @@ def test_answers_on_one_kept_alive_connection_and_the_request_as_sent() -> None:
                 assert await a.read() == b'{"ok": true}'
                 a.release()
             assert w.connections == 1
-            assert w.requests[0] == (
+            assert kept[0] == (
                 b"POST /v1/chat?x=1 HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
                 b"Content-Length: 2\r\n\r\n{}" % w.port
             )
@@ -186,12 +197,7 @@ def test_a_pooled_connection_the_worker_closed_is_not_taken_again() -> None:
 
 def test_idle_connections_close_after_the_keep_alive() -> None:
     async def main() -> None:
-        async def keep(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while True:
-                await w.request(reader)
-                writer.write(answer(b"{}"))
-
-        async with Worker(keep) as w:
+        async with Worker(keeps_answering(b"{}")) as w:
             pool = Pool(keep_alive_s=0.2)
             a = await pool.request("GET", w.port, "/", {}, None, 5)
             await a.read()

@@ -55,7 +55,7 @@ def _progress(request: web.Request, m: Model, asked: str, body: bytes) -> Progre
     style = sched.gw.loading_progress
     if style == "off" or m.ready or not request.path.endswith("/completions") or not STREAMS.search(body):
         return None
-    return Progress(request, sched, m, asked, style, chat=request.path.endswith("/chat/completions"))
+    return Progress(request, sched.stage, m, asked, style, chat=request.path.endswith("/chat/completions"))
 
 
 PATH_SAFE = "/:@!$&'()*+,;="  # kept as they are (RFC 3986's sub-delims, ':', '@' and '/'); the rest encoded

@@ -10,14 +10,21 @@ import asyncio
 import contextlib
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .core import Evicted
 from .model import CONNECT_ERRORS, Refused
 from .sync import POLL_S
 
 if TYPE_CHECKING:
-    from .scheduler import Scheduler
+    from ...budget.policy import Decision, Lease
+    from ...contract import PlanDoc
+    from ..events import EventLog
+    from .history import Memory
+    from .leases import LeaseBook
+    from .model import Model
+    from .slots import Slots
+    from .sync import StateSync
 
 # a worker holding too much beyond its tensors or buffers (policy.restart_fragmented_above) is restarted once it has
 # for this long, and only after this long without a request
@@ -25,8 +32,29 @@ FRAGMENTED_FOR_S = 300.0
 QUIET_S = 60.0
 
 
+class Host(Protocol):
+    """What the round asks of the scheduler (the Scheduler is one; a test may give another)."""
+
+    plan: PlanDoc
+    models: dict[str, Model]
+    slots: Slots
+    lock: asyncio.Lock
+    events: EventLog
+    sync: StateSync
+    memory: Memory
+    book: LeaseBook
+
+    async def stop(self, m: Model, why: str, evicted: Evicted = ..., **detail: Any) -> None: ...
+    def decide_model(self, m: Model) -> Decision: ...
+    def begin_start(self, m: Model, decision: Decision) -> None: ...
+    def committed(self) -> tuple[int, int]: ...
+    def release_lease(self, lease_id: str, why: str = ...) -> Lease | None: ...
+    def idle_limit(self, m: Model) -> float | None: ...
+    def keep_figures(self, *, force: bool = False) -> None: ...
+
+
 class Housekeeping:
-    def __init__(self, sched: Scheduler):
+    def __init__(self, sched: Host):
         self.sched = sched
         self.fragmented_since: dict[str, float] = {}  # since when a worker holds too much beyond what it uses
 

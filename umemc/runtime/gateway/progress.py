@@ -19,6 +19,7 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,6 @@ from aiohttp import web
 
 if TYPE_CHECKING:
     from .model import Model, Refused
-    from .scheduler import Scheduler
 
 EVERY_S = 0.1  # how often the stage is looked at while waiting
 TAIL = 256 * 1024
@@ -64,8 +64,11 @@ def log_size(log: Path) -> int:
 class Progress:
     """One streamed request's wait, said as it goes (`run`, the slot's while_waiting), and the response it began."""
 
-    def __init__(self, request: web.Request, sched: Scheduler, m: Model, asked: str, style: str, *, chat: bool):
-        self.request, self.sched, self.m, self.asked = request, sched, m, asked
+    def __init__(
+        self, request: web.Request, stage: Callable[[Model], str], m: Model, asked: str, style: str, *, chat: bool
+    ):
+        """`stage` says what a model's start is doing now (the scheduler's word for it)."""
+        self.request, self.stage, self.m, self.asked = request, stage, m, asked
         self.reasoning = style == "reasoning" and chat  # a reasoning chunk is a chat chunk: completions get comments
         self.resp: web.StreamResponse | None = None
 
@@ -77,7 +80,7 @@ class Progress:
             self.resp = resp
         said = None
         while True:
-            stage = self.sched.stage(self.m)
+            stage = self.stage(self.m)
             if stage != said:
                 await resp.write(self.event(stage))
                 said = stage

@@ -34,11 +34,11 @@ limit of their own."""
 from __future__ import annotations
 
 import re
-import shutil
 import struct
-import subprocess
 from pathlib import Path
 from typing import NamedTuple
+
+from .tools import answer
 
 HWMON = "/sys/class/hwmon"
 DRM = "/sys/class/drm"
@@ -149,13 +149,8 @@ def parse_nvidia(text: str) -> NvidiaReading:
 
 
 def nvidia() -> NvidiaReading | None:
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        done = subprocess.run(NVIDIA_QUERY, capture_output=True, text=True, timeout=5, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse_nvidia(done.stdout) if done.returncode == 0 else None
+    text = answer(NVIDIA_QUERY)
+    return None if text is None else parse_nvidia(text)
 
 
 class AmdMemory(NamedTuple):
@@ -216,13 +211,8 @@ def parse_pmset(text: str) -> int | None:
 
 
 def macos_speed_limit() -> int | None:
-    if shutil.which("pmset") is None:
-        return None
-    try:
-        done = subprocess.run(PMSET, capture_output=True, text=True, timeout=5, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse_pmset(done.stdout) if done.returncode == 0 else None
+    text = answer(PMSET)
+    return None if text is None else parse_pmset(text)
 
 
 def read(kind: str, platform: str, root: str = HWMON, drm: str = DRM) -> Heat:

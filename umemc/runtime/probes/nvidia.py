@@ -15,9 +15,9 @@ could outgrow its quota unseen): the enforcer adds it to the worker's CPU side o
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from typing import Any
+
+from .tools import answer
 
 QUERY = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
 MiB = 1024 * 1024
@@ -41,13 +41,8 @@ def parse_compute_apps(text: str) -> dict[int, int | None]:
 
 def smi() -> dict[int, int | None] | None:
     """nvidia-smi's answer; None where it is not installed or does not answer."""
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        done = subprocess.run(QUERY, capture_output=True, text=True, timeout=5, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse_compute_apps(done.stdout) if done.returncode == 0 else None
+    text = answer(QUERY)
+    return None if text is None else parse_compute_apps(text)
 
 
 def nvml() -> dict[int, int | None] | None:
