@@ -321,3 +321,19 @@ def test_a_target_or_header_that_would_split_the_request_is_refused_before_a_byt
             assert w.connections == 0
 
     run(main())
+
+
+def test_an_interim_answer_is_skipped() -> None:
+    """A worker asked with Expect: 100-continue answers 100 Continue first; the answer is the one after it."""
+
+    async def main() -> None:
+        async def continues(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await w.request(reader)
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" + answer(b'{"ok": 1}'))
+            await reader.read()
+
+        async with Worker(continues) as w:
+            a = await Pool().request("POST", w.port, "/", {"Expect": "100-continue"}, b"{}", 5)
+            assert (a.status, await a.read()) == (200, b'{"ok": 1}')
+
+    run(main())

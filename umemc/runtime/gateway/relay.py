@@ -47,6 +47,7 @@ HOP_BY_HOP = frozenset(
         "upgrade",
         "host",
         "content-length",
+        "expect",  # the gateway has the whole body already: nothing to wait for a 100 Continue for
     )
 )
 

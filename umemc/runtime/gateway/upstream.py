@@ -16,7 +16,9 @@ this does too:
   slow side, not the worker), so a silence is caught after 1 to 1.25 times the limit;
 - an answer read slower than it comes pauses the worker's socket past HIGH_WATER bytes held (TCP's own flow
   control then slows the worker), and resumes it below LOW_WATER;
-- leaving an answer before its end (the client went away) closes its connection, so the worker stops generating.
+- leaving an answer before its end (the client went away) closes its connection, so the worker stops generating;
+- an interim answer (`100 Continue`, which a worker sends where the request said `Expect: 100-continue`) is
+  skipped: the answer is the one after it.
 
 What goes out is checked, not trusted: a request target or header with a control character or a space is refused
 (ValueError) before a byte is written, so no value can split the request."""
@@ -205,6 +207,9 @@ class _Conn(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # an interim answer (100 Continue): the real one follows
+            self.fields = []
+            return
         headers = CIMultiDictProxy(CIMultiDict(self.fields))
         self.fields = []
         length = headers.get("Content-Length")
