@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._common import placed
+
 if TYPE_CHECKING:
     from ...budget.plan import ModelPlan
     from . import Context
@@ -19,5 +21,4 @@ PINNED: tuple[str, ...] = ()
 
 
 def argv(m: ModelPlan, ctx: Context) -> list[str]:
-    port = str(m.model.port)
-    return [part.replace("{port}", port).replace("{host}", ctx.host) for part in (m.model.spec.command or [])]
+    return placed(m.model.spec.command or [], m.model.port, ctx.host)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._common import placed
+
 if TYPE_CHECKING:
     from ...budget.plan import ModelPlan
     from . import Context
@@ -21,6 +23,4 @@ PINNED: tuple[str, ...] = ()
 
 def argv(m: ModelPlan, ctx: Context) -> list[str]:
     spec = m.model.spec
-    port = str(m.model.port)
-    args = [a.replace("{port}", port).replace("{host}", ctx.host) for a in spec.args]
-    return [spec.bin or ctx.python, "-m", str(spec.module), *args]
+    return [spec.bin or ctx.python, "-m", str(spec.module), *placed(spec.args, m.model.port, ctx.host)]
