@@ -661,6 +661,7 @@ def test_a_worker_whose_allocator_stays_fragmented_is_restarted_at_a_quiet_momen
         seen.append((t0, list(sv.stopped), list(sv.started)))
         await s.housekeeping_once(now=time.time() + QUIET_S + FRAGMENTED_FOR_S + 3)  # quiet again, long enough
         await s.housekeeping_once(now=time.time() + QUIET_S + FRAGMENTED_FOR_S + 4)  # the restore round
+        await settled(s)  # the restore's start runs beside the round
         seen.append((t0, list(sv.stopped), list(sv.started)))
         kinds = [(e.kind, e.detail) for e in s.events.since(0) if e.kind in ("defragment", "restore")]
         detail = kinds[0][1]
