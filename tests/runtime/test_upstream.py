@@ -337,3 +337,40 @@ def test_an_interim_answer_is_skipped() -> None:
             assert (a.status, await a.read()) == (200, b'{"ok": 1}')
 
     run(main())
+
+
+def test_a_head_without_end_is_cut_at_its_limit() -> None:
+    """A worker that sends header fields without end is no answer: refused past HEAD_LIMIT, its connection closed."""
+
+    async def main() -> None:
+        async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await w.request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\n")
+            for i in range(10000):
+                writer.write(b"X-Field-%d: %s\r\n" % (i, b"v" * 100))
+                await writer.drain()
+
+        async with Worker(endless) as w:
+            with pytest.raises(PayloadError) as caught:
+                await Pool().request("GET", w.port, "/", {}, None, 5)
+            assert (
+                str(caught.value) == f"the worker's answer has more than {upstream.HEAD_LIMIT} bytes of header fields"
+            )
+            await w.gone.wait()
+
+    run(main())
+
+
+def test_an_answer_that_is_not_http_is_a_payload_error() -> None:
+    async def main() -> None:
+        async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await w.request(reader)
+            writer.write(b"SSH-2.0-OpenSSH_9.2\r\n\r\n")
+            await reader.read()
+
+        async with Worker(garbage) as w:
+            with pytest.raises(PayloadError, match="^the worker's answer is not HTTP: "):
+                await Pool().request("GET", w.port, "/", {}, None, 5)
+            await w.gone.wait()  # its connection closed
+
+    run(main())

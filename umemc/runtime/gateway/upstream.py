@@ -15,7 +15,7 @@ this does too:
   one timer per answer looks every quarter of the limit whether bytes came (or wait unread: then the client is the
   slow side, not the worker), so a silence is caught after 1 to 1.25 times the limit;
 - an answer read slower than it comes pauses the worker's socket past HIGH_WATER bytes held (TCP's own flow
-  control then slows the worker), and resumes it below LOW_WATER;
+  control then slows the worker), and resumes it once they are read;
 - leaving an answer before its end (the client went away) closes its connection, so the worker stops generating;
 - an interim answer (`100 Continue`, which a worker sends where the request said `Expect: 100-continue`) is
   skipped: the answer is the one after it.
@@ -38,7 +38,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 KEEP_ALIVE_S = 2.0
 CONNECT_S = 10.0
 HIGH_WATER = 256 * 1024
-LOW_WATER = 64 * 1024
+HEAD_LIMIT = 64 * 1024  # an answer's header fields, in all: a worker that sends more is broken
 _UNSAFE_TARGET = re.compile(r"[\x00-\x20\x7f]")  # a request target has no space or control character
 _UNSAFE_FIELD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # a header value may hold tabs, never a line break
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header name (RFC 9110's token)
@@ -172,6 +172,7 @@ class _Conn(asyncio.Protocol):
         self.head: asyncio.Future[Answer] | None = None
         self.answer: Answer | None = None
         self.fields: list[tuple[str, str]] = []
+        self.head_bytes = 0
         self.lost = False
         self.paused = False
         self.keep = False
@@ -186,7 +187,11 @@ class _Conn(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._broken(PayloadError(f"the worker's answer is not HTTP: {exc}"))
+            # a callback's own refusal arrives as the context of httptools' HttpParserCallbackError
+            cause = exc.__context__
+            self._broken(
+                cause if isinstance(cause, PayloadError) else PayloadError(f"the worker's answer is not HTTP: {exc}")
+            )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -203,15 +208,17 @@ class _Conn(asyncio.Protocol):
 
     # -- the parser's
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_bytes += len(name) + len(value)
+        if self.head_bytes > HEAD_LIMIT:
+            raise PayloadError(f"the worker's answer has more than {HEAD_LIMIT} bytes of header fields")
         self.fields.append((name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")))
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
+        fields, self.fields, self.head_bytes = self.fields, [], 0
         if 100 <= status < 200 and status != 101:  # an interim answer (100 Continue): the real one follows
-            self.fields = []
             return
-        headers = CIMultiDictProxy(CIMultiDict(self.fields))
-        self.fields = []
+        headers = CIMultiDictProxy(CIMultiDict(fields))
         length = headers.get("Content-Length")
         chunked = "chunked" in headers.get("Transfer-Encoding", "")
         answer = Answer(self, status, headers, int(length) if length is not None and length.isdigit() and not chunked
