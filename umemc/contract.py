@@ -372,6 +372,8 @@ class StatusModel(Document):
     enforced_by: str | None
     swapped_bytes: int | None
     resident_bytes: int | None = None  # its process tree's resident memory as `ps` shows it (the table's RSS)
+    # beyond what it uses: a torch allocator's cache beyond its tensors, a llama.cpp worker's memory beyond its buffers
+    held_beyond_bytes: int | None = None
 
 
 class StatusRehearsal(Document):

@@ -353,6 +353,7 @@ def test_observing_a_running_stack(stack, capsys) -> None:
         "enforced_by",
         "swapped_bytes",
         "resident_bytes",
+        "held_beyond_bytes",
     }
     assert (doc["stack"], doc["running"], w["mode"], w["priority"]) == ("top", True, "hot", 50)
 

@@ -632,6 +632,7 @@ def test_a_worker_whose_allocator_stays_fragmented_is_restarted_at_a_quiet_momen
     buffers) for FRAGMENTED_FOR_S, with no request for QUIET_S, is stopped and restored in the next round; not
     before it has held that long, not while it serves, and not a stop that counts as a restart."""
     from umemc.contract import EnforcerStatus, WorkerStatus, dump
+    from umemc.runtime.gateway import views
     from umemc.runtime.gateway.housekeeping import FRAGMENTED_FOR_S, QUIET_S
 
     sv = FakeSupervisor(running=("a",))
@@ -654,6 +655,7 @@ def test_a_worker_whose_allocator_stays_fragmented_is_restarted_at_a_quiet_momen
         await s.housekeeping_once(now=t0)
         status(hard // 4 + 1)
         await s.housekeeping_once(now=t0 + 1)  # over it from now on
+        assert views.status(s)["models"]["a"]["held_beyond_bytes"] == hard // 4 + 1  # shown as the enforcer saw it
         await s.housekeeping_once(now=t0 + FRAGMENTED_FOR_S)  # not yet as long
         seen.append((t0, list(sv.stopped), list(sv.started)))
         async with s.slots.slot(s.models["a"]):  # it serves: never restarted under a request

@@ -106,6 +106,12 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
             "_tokens_per_s": None if gm is None else gm.tokens_per_s,
             "_enforced_by": lv.enforced_by if same and lv else None,
             "_swapped": lv.swapped_bytes if same and lv else None,
+            # beyond what it uses: a torch allocator's cache, a llama.cpp worker's memory beyond its buffers
+            "_held_beyond": (
+                lv.allocator_unused_bytes if lv.allocator_unused_bytes is not None else lv.beyond_buffers_bytes
+            )
+            if same and lv
+            else None,
         }
     if out["_machine"] is not None:
         out["_machine"]["enforcement"] = _enforcement(out["models"].values(), plan, out["_machine"])
@@ -219,6 +225,7 @@ EXTRA_NAMES = {
     "_allowance": "allowance_bytes",
     "_last_said": "last_event_text",
     "_swapped": "swapped_bytes",
+    "_held_beyond": "held_beyond_bytes",
 }
 
 

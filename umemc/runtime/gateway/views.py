@@ -90,8 +90,18 @@ def _model(s: Scheduler, m: Model, now: float) -> dict[str, Any]:
             else None
         ),
         "last_cold_start_s": m.last_cold_start_s,
+        "held_beyond_bytes": held_beyond(s, m),
         **_start_now(s, m),
     }
+
+
+def held_beyond(s: Scheduler, m: Model) -> int | None:
+    """What the running worker holds beyond what it uses, as the enforcer last saw it: a torch allocator's cache
+    beyond its tensors, a llama.cpp worker's memory beyond its buffers (None: not running, or not known)."""
+    live = None if s.sync.enforcer is None or not m.live else s.sync.enforcer.models.get(m.name)
+    if live is None:
+        return None
+    return live.allocator_unused_bytes if live.allocator_unused_bytes is not None else live.beyond_buffers_bytes
 
 
 def _start_now(s: Scheduler, m: Model) -> dict[str, Any]:
