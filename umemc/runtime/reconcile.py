@@ -15,7 +15,7 @@ from ..budget.policy import Budget, Held, Lease, Need, decide
 from ..contract import ContractError, EnforcerStatus, GatewayState, ModelDoc, PlanDoc, parse, read_optional, read_plan
 from ..names import STANDBY
 from .rundir import ENFORCER, GATEWAY
-from .supervisor import ANSWERING, LIVE, ProcState
+from .supervisor import ANSWERING, LIVE, WAITED_S, ProcState
 
 if TYPE_CHECKING:
     from .control import Stack
@@ -58,7 +58,7 @@ def reconcile(stack: Stack, change: Change) -> tuple[list[str], dict[str, str]]:
     added, changed, removed = sup.call("supervisor.reloadConfig")[0]
     for name in removed + changed:
         with contextlib.suppress(xmlrpc.client.Fault):  # not running
-            sup.call("supervisor.stopProcessGroup", name, True)
+            sup.call("supervisor.stopProcessGroup", name, True, timeout=WAITED_S)
         sup.call("supervisor.removeProcessGroup", name)
     for name in changed + added:
         sup.call("supervisor.addProcessGroup", name)  # autostart: umemc's own programs start here

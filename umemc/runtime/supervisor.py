@@ -48,6 +48,9 @@ FAILED = frozenset({ProcState.FATAL, ProcState.EXITED, ProcState.BACKOFF})  # no
 ALREADY_STARTED = 60  # supervisor.xmlrpc.Faults.ALREADY_STARTED
 SPAWN_ERROR = 50  # supervisor.xmlrpc.Faults.SPAWN_ERROR
 NOT_RUNNING = 70  # supervisor.xmlrpc.Faults.NOT_RUNNING
+# a waited start or stop is answered once the program is up (its startsecs) or down (its stopwaitsecs, up to 30 s in
+# the config umemc writes, then SIGKILL): its call waits that long, not the plain calls' timeout
+WAITED_S = 60.0
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
@@ -77,13 +80,13 @@ class Supervisor:
     def __init__(self, socket_path: Path, timeout: float = 10.0):
         self.socket_path, self.timeout = socket_path, timeout
 
-    def _proxy(self) -> Any:
-        return xmlrpc.client.ServerProxy(
-            "http://localhost/RPC2", transport=_UnixTransport(str(self.socket_path), self.timeout)
-        )
+    def _proxy(self, timeout: float) -> Any:
+        transport = _UnixTransport(str(self.socket_path), timeout)
+        return xmlrpc.client.ServerProxy("http://localhost/RPC2", transport=transport)
 
-    def call(self, method: str, *args: Any) -> Any:
-        target = self._proxy()
+    def call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        """One XML-RPC call, answered within `timeout` seconds (default: the client's own)."""
+        target = self._proxy(self.timeout if timeout is None else timeout)
         for part in method.split("."):
             target = getattr(target, part)
         return target(*args)
@@ -98,7 +101,7 @@ class Supervisor:
         return {p["name"]: p for p in self.call("supervisor.getAllProcessInfo")}
 
     def start(self, name: str, *, wait: bool = False) -> None:
-        self.call("supervisor.startProcess", name, wait)
+        self.call("supervisor.startProcess", name, wait, **self._waited(wait))
 
     def ensure_started(self, name: str) -> None:
         """Start a program unless supervisord is already starting it (its autorestart after a crash won the
@@ -113,7 +116,11 @@ class Supervisor:
                 raise
 
     def stop(self, name: str, *, wait: bool = True) -> None:
-        self.call("supervisor.stopProcess", name, wait)
+        self.call("supervisor.stopProcess", name, wait, **self._waited(wait))
+
+    def _waited(self, wait: bool) -> dict[str, float]:
+        """A waited call's own timeout (WAITED_S); a call that does not wait keeps the client's."""
+        return {"timeout": max(self.timeout, WAITED_S)} if wait else {}
 
     def try_stop(self, name: str, *, wait: bool = True) -> str | None:
         """Stop a program and say what happened: None when it stopped, else why not ("not running",
