@@ -31,7 +31,7 @@ from .model import Model, Refused
 from .naming import StreamRenamer, renamed
 from .progress import Progress
 from .scheduler import Scheduler
-from .upstream import Answer, Disconnected, PayloadError, Pool, Unreachable
+from .upstream import Answer, PayloadError, Pool, Unreachable
 from .usage import StreamReader, Usage, read_usage
 
 HOP_BY_HOP = frozenset(
@@ -388,7 +388,7 @@ async def upstream(request: web.Request, m: Model, call: Call, headers: dict[str
     except Unreachable as exc:
         sched.sync.worker_lost(m, "not answering on its port")  # the next request waits for it
         raise Refused(f"worker {m.name} is not answering on port {m.port}: {exc}", "upstream_unreachable") from None
-    except (Disconnected, ConnectionError) as exc:
+    except ConnectionError as exc:  # Disconnected, or a PayloadError before the whole head
         # before any byte of an answer: the worker died under the request (a kill, a crash); supervisord
         # restarts it, and forward() sends the request again once it is back
         sched.sync.worker_lost(m, "closed the connection")
