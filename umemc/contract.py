@@ -167,6 +167,10 @@ class ModelDoc(Document):
     quant: str | None = None
     context: int | None = None
     serves: list[str] = []  # names it shares with other models: whichever is loaded answers (the gateway)
+    # a model split across nodes (llama.cpp RPC): on its main node, its helpers' RPC servers (HOST:PORT, in
+    # --rpc order); on a helper node, the RPC server holding a part is `part_of` that model (served by none)
+    rpc: list[str] = []
+    part_of: str | None = None
 
     @property
     def cold(self) -> bool:

@@ -17,7 +17,8 @@ from ..units import MiB, gib, mul_ceil, mul_floor, round_up
 from . import policy
 
 if TYPE_CHECKING:  # placed on several nodes only: single-node stacks do not import it
-    from .placement import Item, Placement
+    from .placement import Bin, Item, Placement
+    from .split import Split
 
 TIGHT = 0.10  # headroom below this share of the budget counts as a tight box
 
@@ -38,6 +39,8 @@ class ModelPlan(NamedTuple):
     quota_soft: int
     quota_hard: int
     gpu_quota_hard: int
+    split: Split | None = None  # a model split across nodes: its whole split (this plan is its main node's part)
+    part_of: str | None = None  # an RPC server holding a part of that split model (on a helper node)
 
     @property
     def hot(self) -> bool:
@@ -438,15 +441,24 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
     for m in loaded.stack.models:
         if m in placement.home and m not in placement.unplaced:
             by_node[placement.home[m]].append(m)
+    node_plans = {name: dict(mplans) for name, (_, mplans) in node_view.items()}
+    splits = _split_models(loaded, placement, bins, items, by_node, node_plans)
     nodes: dict[str, Plan] = {}
-    for name, (view, mplans) in node_view.items():
+    for name, (view, _) in node_view.items():
         here = by_node[name]
-        sub = replace(view, models={m: view.models[m] for m in here}, warnings=())
+        mplans = node_plans[name]
+        sub = replace(view, models={m: mplans[m].model for m in here}, warnings=())
+        if here and all(mplans[m].part_of for m in here):  # it serves nothing itself: no gateway of its own
+            gateway = view.stack.gateway.model_copy(update={"enabled": False})
+            sub = replace(sub, stack=view.stack.model_copy(update={"gateway": gateway}))
         nodes[name] = assemble(sub, {m: mplans[m] for m in here})
     models: dict[str, ModelPlan] = {}
     for item in items:
         home = placement.home.get(item.name)
-        if home is not None and item.name in nodes[home].models:
+        if item.name in splits:  # the whole model's figures; each node's plan has its part
+            whole = node_view[home or item.allowed[0]][1][item.name]
+            models[item.name] = whole._replace(split=splits[item.name])
+        elif home is not None and item.name in nodes[home].models:
             models[item.name] = nodes[home].models[item.name]
         else:  # a hot model that fits nowhere: its figures on the first node it may use
             models[item.name] = node_view[item.allowed[0]][1][item.name]
@@ -462,23 +474,24 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
         sum(gpu_budget) if gpu_budget else None,
     )
     hot = [m for m in models.values() if m.hot]
-    # a cold model's admission as the placement answers it on its home node: its memory and the node's GPU devices
-    # (a start that needs the node's only device stops its holder), one answer in the report, explain and the page
-    cold = {n: _placed_admission(placement.cold.get(n, {}), placement.home[n]) for n in models if not models[n].hot}
-    for name, node_plan in nodes.items():  # each node's report says the same
-        nodes[name] = replace(node_plan, cold_admission={n: cold[n] for n in node_plan.cold_admission if n in cold})
+    hot_total = sum(p.hot_total for p in nodes.values())  # a split model's parts on every node it spans
+    hot_gpu_total = sum(p.hot_gpu_total for p in nodes.values())
+    cold = _cold_admissions(placement, nodes, models, splits)
     said = dict.fromkeys(loaded.warnings)  # each warning once, in the order first said
     for p in nodes.values():
         said.update(dict.fromkeys(p.warnings))
     for name in placement.unplaced:
         said.update(dict.fromkeys(models[name].estimate.warnings))
     warnings = list(said)
+    del hot
     return Plan(
         *_of(loaded),
         capacity,
         models,
-        sum(m.quota_hard for m in hot),
-        sum(m.gpu_quota_hard for m in hot) if capacity.gpu_budget is not None else 0,
+        hot_total + sum(m.quota_hard for n, m in models.items() if m.hot and n in placement.unplaced),
+        hot_gpu_total + sum(m.gpu_quota_hard for n, m in models.items() if m.hot and n in placement.unplaced)
+        if capacity.gpu_budget is not None
+        else 0,
         cold,
         tuple(warnings),
         nodes=nodes,
@@ -488,3 +501,128 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
         node_devices={name: node.gpu_devices for name, node in loaded.nodes.items()},
         variants={i.name: {n: node_view[n][1][i.name] for n in i.allowed} for i in items if not i.hot},
     )
+
+
+def _cold_admissions(
+    placement: Placement, nodes: dict[str, Plan], models: dict[str, ModelPlan], splits: dict[str, Split]
+) -> dict[str, ColdAdmission]:
+    """Each cold model's admission as the placement answers it on its home node: its memory and the node's GPU
+    devices (a start that needs the node's only device stops its holder), one answer in the report, explain and
+    the page. Where a split's part took room after the placement answered, the node's own ledger answers. Each
+    node's plan is given the same answers."""
+    cold = {n: _placed_admission(placement.cold.get(n, {}), placement.home[n]) for n in models if not models[n].hot}
+    spanned = {p.node for sp in splits.values() for p in sp.parts}
+    for name in spanned:
+        for n, adm in nodes[name].cold_admission.items():
+            if n in cold and placement.home.get(n) == name:
+                cold[n] = adm
+    for name, node_plan in nodes.items():
+        nodes[name] = replace(node_plan, cold_admission={n: cold[n] for n in node_plan.cold_admission if n in cold})
+    return cold
+
+
+def _split_models(
+    loaded: LoadedStack,
+    placement: Placement,
+    bins: list[Bin],
+    items: list[Item],
+    by_node: dict[str, list[str]],
+    node_plans: dict[str, ModelPlans],
+) -> dict[str, Split]:
+    """Hot models with split = true that no one node holds: split by layers over the room the whole models leave
+    (umemc.budget.split). Each split's main node gets the model with its part's figures, each helper node an RPC
+    server program NAME-rpc with its part's; the placement says where."""
+    from ..estimate.gguf_file import NotGguf
+    from ..estimate.gguf_file import read as read_gguf
+    from .split import QuotaOf, Room, plan_split
+
+    out: dict[str, Split] = {}
+    wanted = [i for i in items if i.name in placement.unplaced and loaded.stack.models[i.name].split]
+    if not wanted:
+        return out
+    left = {b.name: b.budget for b in bins}
+    gpu_left = {b.name: b.gpu_budget for b in bins}
+    for node, names in by_node.items():
+        for n in names:
+            mp = node_plans[node][n]
+            if mp.hot:
+                left[node] -= mp.quota_hard
+                gpu = gpu_left[node]
+                gpu_left[node] = None if gpu is None else gpu - mp.gpu_quota_hard
+    ports = {n: loaded.nodes[n].rpc_port for n in loaded.nodes}
+    quota = QuotaOf(loaded.stack.policy.quota_headroom)
+    for item in wanted:
+        name, spec = item.name, loaded.stack.models[item.name]
+        at = ("models", name, "split")
+        whole = node_plans[item.allowed[0]][name]
+        if whole.model.model_path is None or not whole.model.model_present:
+            raise loaded.source.error(
+                at,
+                "a split is sized block by block from the model's GGUF header, and the file is not there",
+                "give model = a GGUF file that exists (`umemc pull` fetches one named by hf)",
+            )
+        try:
+            facts = read_gguf(whole.model.model_path)
+        except NotGguf as exc:
+            raise loaded.source.error(at, str(exc)) from None
+        rooms = [
+            Room(n, left[n], gpu_left[n], loaded.nodes[n].platform.kind, loaded.nodes[n].address, ports[n])
+            for n in item.allowed
+        ]
+        got = plan_split(
+            name, whole.estimate, facts, rooms, quota, context=spec.context, parallel=spec.parallel,
+            ubatch=spec.ubatch, kv_cache=spec.kv_cache, flash_attn=spec.flash_attn,
+            repack=any(f.name == "repacked copy" for f in whole.estimate.weights.parts),
+        )  # fmt: skip
+        if got is None:
+            placement.unplaced[name] += "; split across its nodes, it fits no more (the rooms left are too small)"
+            continue
+        out[name] = got
+        del placement.unplaced[name]
+        placement.home[name] = got.main
+        placement.why[name] = f"split by layers across {len(got.parts)} nodes (llama.cpp RPC): {got.said()}"
+        for part in got.parts:
+            plan = node_plans[part.node][name]
+            est = part.estimate
+            hard = quota(est.estimate_bytes)
+            gpu_hard = quota(est.gpu.bytes) if est.gpu.bytes else 0
+            left[part.node] -= hard
+            if gpu_left[part.node] is not None:
+                gpu_left[part.node] = (gpu_left[part.node] or 0) - gpu_hard
+            if part.endpoint is None:
+                node_plans[part.node][name] = ModelPlan(name, plan.model, est, est.estimate_bytes, hard, gpu_hard, got)
+                by_node[part.node].append(name)
+            else:
+                rpc = _rpc_part(loaded, plan.model, part.node, ports[part.node])
+                ports[part.node] += 1
+                node_plans[part.node][rpc.name] = ModelPlan(
+                    rpc.name, rpc, est, est.estimate_bytes, hard, gpu_hard, None, name
+                )
+                by_node[part.node].append(rpc.name)
+    return out
+
+
+def _rpc_part(loaded: LoadedStack, rm: ResolvedModel, node: str, port: int) -> ResolvedModel:
+    """The program that holds a split model's part on a helper node: llama.cpp's RPC server beside the model's
+    llama-server (`bin`'s directory) or on PATH, listening at the node's address."""
+    from .split import RPC_PROGRAM
+
+    name = f"{rm.name}-rpc"
+    if name in loaded.stack.models:
+        raise loaded.source.error(
+            ("models", rm.name, "split"),
+            f"its part on node {node} runs as a program named {name}, which is another model's name",
+            f"rename the model {name}",
+        )
+    binary = RPC_PROGRAM if rm.spec.bin is None else str(Path(rm.spec.bin).with_name(RPC_PROGRAM))
+    address = loaded.nodes[node].address
+    spec = rm.spec.model_copy(
+        update={
+            "runtime": "command",
+            "command": [binary, "--host", address, "--port", str(port)],
+            "model": None, "hf": None, "mmproj": None, "mmproj_hf": None, "args": [], "aliases": [],
+            "serves": [], "split": False, "port": port, "health": None, "kind": "other", "memory": None,
+            "node": node, "nodes": None, "chat_template": None, "ttl": None,
+        }
+    )  # fmt: skip
+    return ResolvedModel(name, spec, "command", None, None, False, None, False, False, 1, port)

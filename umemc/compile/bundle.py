@@ -139,6 +139,8 @@ def _program(plan: Plan, m: ModelPlan, ctx: Context, *, simulate: bool) -> Progr
     real = argv_for(m, ctx)
     argv = _placeholder(ctx, m, port) if simulate else real
     wrap = wrap_argv(plan, ctx.python, m.name, m.quota_hard, m.quota_soft, unset=True)
+    if m.split is not None and not simulate:  # its other parts' RPC servers answer before its llama-server starts
+        wrap += ("--helpers", ",".join(p.endpoint for p in m.split.helpers if p.endpoint is not None))
     cwd = None if simulate else _cwd(plan, m)
     return Program(
         m.name,
@@ -222,6 +224,10 @@ def worker_env(plan: Plan, m: ModelPlan, port: int | None, host: str = "127.0.0.
         env["GGML_CUDA_ENABLE_UNIFIED_MEMORY"] = "1"  # let CUDA buffers spill into the shared pool
     if spec.runtime in TORCH_FAMILY:
         env.update(_torch_allocator(plan, m))
+    if m.split is not None:
+        # once an RPC server of its other nodes is gone, llama.cpp aborts as it frees that server's buffers (any
+        # stop does): its abort would attach gdb for a backtrace, inside the worker's cgroup and over its quota
+        env["GGML_NO_BACKTRACE"] = "1"
     threads = _threads(plan)
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)

@@ -61,6 +61,13 @@ class GgufFacts(NamedTuple):
     chat_template: bool | None = None  # whether the file carries tokenizer.chat_template (None: not read)
     basename: str | None = None  # general.basename: the model's family as its publisher names it ("gemma-3")
     size_label: str | None = None  # general.size_label ("270M")
+    # by llama.cpp's layers (a split across nodes): each block's tensor bytes (blk.N.*) and what of it the CPU
+    # backend repacks, and the output layer's (output.weight, output_norm.*); the input layer has the rest. A file
+    # with no output.weight reuses its token embeddings there: `tied`
+    layer_bytes: tuple[int, ...] = ()
+    layer_repack: tuple[int, ...] = ()
+    output_bytes: int = 0
+    tied: bool = False
 
 
 def locked_header(facts: GgufFacts) -> LockedHeader:
@@ -136,7 +143,29 @@ def _read(name: str, size: int, mtime_ns: int, inode: int) -> GgufFacts:
         chat_template=bool(fields.get("tokenizer.chat_template")),
         basename=_text(fields.get("general.basename")),
         size_label=_text(fields.get("general.size_label")),
+        **_by_layer(header, skipped, int(fields.get(f"{arch}.block_count", 0) or 0)),
     )
+
+
+def _by_layer(header: Header, skipped: frozenset[str], n_layer: int) -> dict[str, Any]:
+    """Tensor bytes by llama.cpp's layer: blk.N.* is block N, output.* and output_norm.* the output layer (a file
+    without output.weight ties it to token_embd.weight, which llama.cpp then duplicates on the output's device)."""
+    blocks, repack = [0] * n_layer, [0] * n_layer
+    output, tied = 0, True
+    for t in header.tensors:
+        if t.name in skipped:
+            continue
+        if t.name.startswith("blk."):
+            i = int(t.name.split(".")[1])
+            if i < n_layer:
+                blocks[i] += t.n_bytes
+                repack[i] += t.n_bytes if is_repacked(t.name, t.type_name, t.shape) else 0
+        elif t.name.startswith(("output.", "output_norm.")):
+            output += t.n_bytes
+            tied = tied and t.name != "output.weight"
+    if tied:
+        output += next((t.n_bytes for t in header.tensors if t.name == "token_embd.weight"), 0)
+    return {"layer_bytes": tuple(blocks), "layer_repack": tuple(repack), "output_bytes": output, "tied": tied}
 
 
 def _text(value: object) -> str | None:

@@ -91,6 +91,28 @@ def swa_cells(shape: LlmShape, context: int, parallel: int, ubatch: int, *, swa_
     return parallel * pad(min(pad(context, CTX_PAD), shape.sliding_window + ubatch), CTX_PAD)
 
 
+def kv_by_layer(
+    shape: LlmShape, context: int, parallel: int, ubatch: int, kv_type: str, *, swa_full: bool, flash_attn: bool
+) -> list[int]:
+    """Each layer's KV cache in bytes (0 for a layer that keeps none): llama.cpp allocates it on the layer's
+    device (llama-kv-cache.cpp), so a model split by layers holds each layer's beside its weights."""
+    out = [0] * shape.n_layer
+    if not shape.causal:
+        return out
+    n_cells = cells(context, parallel)
+    gtype = KV_TYPES[kv_type]
+    n_swa_cells = swa_cells(shape, context, parallel, ubatch, swa_full=swa_full)
+    v_max = max(shape.n_head_kv) * shape.head_dim_v
+    for layer in range(shape.n_layer):
+        if not shape.has_kv(layer):
+            continue
+        n_kv = shape.n_head_kv[layer]
+        c = n_swa_cells if shape.swa_layers and shape.swa_layers[layer] else n_cells
+        v = 0 if shape.mla else row_bytes(gtype, shape.head_dim_v * n_kv if flash_attn else v_max)
+        out[layer] = (row_bytes(gtype, shape.head_dim_k * n_kv) + v) * c
+    return out
+
+
 def kv_figure(
     shape: LlmShape,
     context: int,
@@ -107,16 +129,10 @@ def kv_figure(
     if not shape.causal:
         return Figure("kv", 0, "encoder model: llama.cpp keeps no KV cache", {"arch": shape.arch})
     n_cells = cells(context, parallel)
-    gtype = KV_TYPES[kv_type]
     n_swa_cells = swa_cells(shape, context, parallel, ubatch, swa_full=swa_full)
-    total = 0
     layers = [i for i in range(shape.n_layer) if shape.has_kv(i)]
     v_max = max(shape.n_head_kv) * shape.head_dim_v
-    for layer in layers:
-        n_kv = shape.n_head_kv[layer]
-        c = n_swa_cells if shape.swa_layers and shape.swa_layers[layer] else n_cells
-        v = 0 if shape.mla else row_bytes(gtype, shape.head_dim_v * n_kv if flash_attn else v_max)
-        total += (row_bytes(gtype, shape.head_dim_k * n_kv) + v) * c
+    total = sum(kv_by_layer(shape, context, parallel, ubatch, kv_type, swa_full=swa_full, flash_attn=flash_attn))
     inputs: dict[str, object] = {
         "layers": f"{len(layers)} of {shape.n_layer}" if len(layers) != shape.n_layer else shape.n_layer,
         "kv heads": _heads(tuple(shape.n_head_kv[i] for i in layers) or (0,)),

@@ -28,7 +28,7 @@ KINDS: tuple[str, ...] = (
     "lease_grant", "lease_release", "lease_expire", "event_log_reset", "slot_save", "slot_restore",
     "slot_save_failed", "slot_restore_failed", "allowance", "action", "unload", "unload_failed",
     "swapping", "gpu_limit", "reaped", "plan_adopted", "page_cache_released",
-    "throttle", "defragment", "defragment_failed",
+    "throttle", "defragment", "defragment_failed", "helper_lost", "helpers_back",
 )  # fmt: skip
 MAX_ROWS = 100_000
 MAX_AGE_S = 30 * 24 * 3600
@@ -338,9 +338,15 @@ class EventLog:
             self.db = None
 
 
-STOPS = ("evict", "unload", "ttl_unload", "defragment")  # a stop someone decided (the gateway, a guard, a person)
+STOPS = (
+    "evict",
+    "unload",
+    "ttl_unload",
+    "defragment",
+    "helper_lost",
+)  # a stop someone decided (the gateway, a guard, a person)
 # the decisions whose process events (the enforcer's `start` and `exit`) read as them in `status`
-EXPLAINED_BY = {"start": ("cold_start", "restore"), "exit": STOPS}
+EXPLAINED_BY = {"start": ("cold_start", "restore", "helpers_back"), "exit": STOPS}
 
 
 def _inode(path: Path) -> int | None:

@@ -108,6 +108,10 @@ SAID: dict[str, Callable[[dict[str, Any]], str]] = {
     "unhealthy": lambda d: "unhealthy: " + str(d.get("reason") or "?"),
     "recovered": lambda d: "healthy again",
     "restore": lambda d: "restored: it fits again after its eviction",
+    "helper_lost": lambda d: "stopped: the RPC server holding its layers on another node went away ("
+    + ", ".join(d.get("endpoints") or ["?"])
+    + ")",
+    "helpers_back": lambda d: "started again: the RPC servers of its other nodes answer again",
     "lease_grant": lambda d: f"lease {d.get('id')} granted to {d.get('holder')} ({_size(d.get('bytes'))})",
     "lease_release": lambda d: f"lease {d.get('id')} of {d.get('holder')} released",
     "lease_expire": lambda d: f"lease {d.get('id')} of {d.get('holder')} expired",

@@ -2,7 +2,7 @@
 supervisord itself):
 
     python -m umemc.runtime.wrap --stack S --model M --hard N --soft N --cgroup auto|off --state DIR
-                                 [--unset VAR]... [--outlive-parent] -- ARGV…
+                                 [--unset VAR]... [--helpers HOST:PORT,...] [--outlive-parent] -- ARGV…
 
 Before anything allocates it
 - asks the kernel to SIGKILL it when its parent (supervisord) dies (PR_SET_PDEATHSIG): a `kill -9`
@@ -19,6 +19,8 @@ Before anything allocates it
   interpreter runs isolated, -I, so a PYTHONPATH or PYTHONHOME meant for the worker cannot change it);
 - waits at DIR/gates/M, where the gateway left one, until the processes of the models it evicts for M have
   exited (pass_gate): a cold start's wrapper starts while they stop;
+- a model split across nodes: waits until the RPC servers holding its other parts accept a connection
+  (--helpers, up to HELPERS_WAIT_S): its llama-server would otherwise exit at once where a node is still starting;
 then execs ARGV: the worker keeps this pid, so supervisord, the enforcer and the kernel see one process.
 
 A cold start waits for all of this, so it imports next to nothing (os, sys, and ctypes for the prctl): its
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
 
 CGROUP_CHOICES = ("auto", "off")
 VALUED = {"--stack": "stack", "--model": "model", "--hard": "hard", "--soft": "soft", "--cgroup": "cgroup",
-          "--state": "state", "--unset": "unset"}  # fmt: skip
+          "--state": "state", "--unset": "unset", "--helpers": "helpers"}  # fmt: skip
 NUMBERS = ("hard", "soft")  # argparse's type=int: a negative number is a value, not an option
 FLAGS = {"--outlive-parent": "outlive_parent", "--reaper": "reaper", "--daemon": "daemon"}
 
@@ -53,14 +55,15 @@ class Args:
     as much as the rest of the wrapper's imports together."""
 
     __slots__ = ("stack", "model", "hard", "soft", "state", "command", "cgroup", "unset", "outlive_parent", "reaper",
-                 "daemon")  # fmt: skip
+                 "daemon", "helpers")  # fmt: skip
 
     def __init__(self, stack: str, model: str, hard: int, soft: int, state: str, command: list[str],
                  cgroup: str = "auto", unset: tuple[str, ...] = (), *, outlive_parent: bool = False,
-                 reaper: bool = False, daemon: bool = False) -> None:  # fmt: skip
+                 reaper: bool = False, daemon: bool = False, helpers: str = "") -> None:  # fmt: skip
         self.stack, self.model, self.hard, self.soft, self.state = stack, model, hard, soft, state
         self.command, self.cgroup, self.unset = command, cgroup, unset
         self.outlive_parent, self.reaper, self.daemon = outlive_parent, reaper, daemon
+        self.helpers = helpers
 
     def _fields(self) -> tuple[object, ...]:
         return tuple(getattr(self, name) for name in self.__slots__)
@@ -86,6 +89,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cgroup", choices=CGROUP_CHOICES, default="auto")
     p.add_argument("--state", required=True)
     p.add_argument("--unset", action="append", default=[], metavar="VAR")
+    p.add_argument("--helpers", default="", metavar="HOST:PORT,...", help="RPC servers to wait for before the start")
     p.add_argument("--outlive-parent", action="store_true", help="no parent-death signal (supervisord itself)")
     p.add_argument(
         "--reaper",
@@ -147,7 +151,8 @@ def parse(argv: list[str]) -> Args:
     if not command:
         p.error("no command after --")
     return Args(ns.stack, ns.model, ns.hard, ns.soft, ns.state, command, ns.cgroup, tuple(ns.unset),
-                outlive_parent=ns.outlive_parent, reaper=ns.reaper, daemon=ns.daemon)  # fmt: skip
+                outlive_parent=ns.outlive_parent, reaper=ns.reaper, daemon=ns.daemon,
+                helpers=ns.helpers)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     # finds the run's processes by it where no cgroup can, and kills nothing that does not carry it
     os.environ[RUN_MARK] = run_mark(state)
     refusal = pass_gate(os.path.join(state, GATES_DIR, args.model))
+    if not refusal and args.helpers:
+        refusal = wait_helpers(args.helpers.split(","), HELPERS_WAIT_S)
     if refusal:
         print(f"umemc-wrap: not starting {args.model}: {refusal}", file=sys.stderr)
         return 1
@@ -308,6 +315,35 @@ def pass_gate(gate: str) -> str | None:
         if not kernel.wait_exit(pid, max(0.0, until - time.time())):
             return f"{name} (pid {pid}), which it evicts, was still running at its gate's deadline"
     return None
+
+
+HELPERS_WAIT_S = 60.0  # how long a split model's start waits for the RPC servers of its other nodes
+
+
+def wait_helpers(endpoints: list[str], within: float) -> str | None:
+    """Wait until every RPC server (HOST:PORT) accepts a connection, at most `within` seconds. None to go on; else
+    which ones did not. The connection is closed at once: an RPC server takes it as a client that left."""
+    import socket
+    import time
+
+    deadline = time.monotonic() + within
+    left = list(endpoints)
+    while True:
+        for endpoint in list(left):
+            host, _, port = endpoint.rpartition(":")
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
+            except (OSError, ValueError):
+                continue
+            left.remove(endpoint)
+        if not left:
+            return None
+        if time.monotonic() >= deadline:
+            return (
+                f"the RPC server{'s' if len(left) > 1 else ''} of its other nodes at {', '.join(left)} did not "
+                f"answer within {within:.0f} s: start the stack on those nodes (umemc up BUNDLE/nodes/NAME)"
+            )
+        time.sleep(0.2)
 
 
 if __name__ == "__main__":

@@ -90,6 +90,19 @@ class Node(Platform):
         "one device of the node's device plugin (NVIDIA time-slicing: GPUs x replicas). Default 1 on a GPU kind; "
         "not counted on apple and cpu.",
     )
+    address: str | None = Field(
+        None,
+        description="The address the other nodes reach this node at (an IP address or host name): where the "
+        "llama.cpp RPC servers holding its part of a split model listen. Default 127.0.0.1: every node on one "
+        "machine (a rehearsal). The RPC protocol has no authentication: use a private network.",
+    )
+    rpc_port: int = Field(
+        50052,
+        ge=1,
+        le=65535,
+        description="The first port of this node's llama.cpp RPC servers (one per split model it holds a part of, "
+        "in the stack's order).",
+    )
 
 
 class Policy(_Strict):
@@ -384,6 +397,12 @@ class ModelSpec(_Strict):
     health: str | None = Field(None, description="Health URL path; overrides the runtime's default.")
     node: str | None = Field(None, description="With [nodes]: the node this model must run on.")
     nodes: list[str] | None = Field(None, description="With [nodes]: the nodes this model may run on (default: any).")
+    split: bool = Field(
+        False,
+        description="With [nodes], llama-server, hot: where no one node holds the model, split it by layers across "
+        "its allowed nodes with llama.cpp's RPC backend: the node with the most room runs llama-server, each other "
+        "node an RPC server holding its layers (its own quota); the placement chooses the nodes and the layers.",
+    )
     image: str | None = Field(
         None, description="Container image for `build --target kubernetes` (default: the runtime's official image)."
     )

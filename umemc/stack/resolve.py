@@ -103,6 +103,8 @@ class ResolvedNode:
     labels: dict[str, str]
     gpu_devices: int | None = None  # pods that may hold its GPU at once (None: not counted)
     images: dict[str, str] = field(default_factory=dict)  # container image by runtime (--target kubernetes)
+    address: str = "127.0.0.1"  # where the other nodes reach it (its RPC servers listen there)
+    rpc_port: int = 50052  # the first port of its RPC servers
 
 
 def load_stack(
@@ -236,7 +238,14 @@ def _nodes(stack: Stack, doc: Document) -> dict[str, ResolvedNode]:
                     what="key",
                 )
         gpu = None if platform.kind == "apple" else devices
-        out[name] = ResolvedNode(name, platform, dict(node.labels), gpu, dict(node.images))
+        address = "127.0.0.1" if node.address is None else node.address
+        if not (_is_ip(address) or _HOSTNAME.fullmatch(address)):
+            raise src.error(
+                at + ("address",),
+                f"bad address {toml_repr(address)}: not an IP address or a host name",
+                'e.g. address = "10.0.0.2"',
+            )
+        out[name] = ResolvedNode(name, platform, dict(node.labels), gpu, dict(node.images), address, node.rpc_port)
     return out
 
 
@@ -259,9 +268,19 @@ def label_problem(key: str, value: str) -> str | None:
     return None
 
 
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _check_placement_keys(stack: Stack, src: Source, nodes: dict[str, ResolvedNode]) -> None:
     for name, spec in stack.models.items():
         at = ("models", name)
+        if spec.split:
+            _check_split(spec, src, at, nodes)
         if spec.node is not None and spec.nodes is not None:
             raise src.error(at + ("nodes",), "give node (a pin) or nodes (an allowed set), not both")
         wanted = [spec.node] if spec.node is not None else list(spec.nodes or [])
@@ -276,6 +295,28 @@ def _check_placement_keys(stack: Stack, src: Source, nodes: dict[str, ResolvedNo
                 hint = f"did you mean '{close[0]}'?" if close else f"one of {', '.join(nodes)}"
                 path = at + (key,) if spec.node is not None else at + (key, i)
                 raise src.error(path, f"no node {toml_repr(n)} in [nodes]", hint)
+
+
+def _check_split(spec: ModelSpec, src: Source, at: tuple[str, ...], nodes: dict[str, ResolvedNode]) -> None:
+    """split = true: llama.cpp's RPC backend splits a llama-server model by layers across nodes; the helpers' RPC
+    servers run for as long as the stack does, so the model is hot."""
+    if not nodes:
+        raise src.error(at + ("split",), "the stack has no [nodes]: there is nothing to split across", "remove it")
+    if spec.runtime != "llama-server":
+        raise src.error(
+            at + ("split",),
+            f'runtime = "{spec.runtime}" cannot be split: only llama-server runs llama.cpp\'s RPC backend',
+            'remove split, or use runtime = "llama-server"',
+        )
+    if spec.mode != "hot":
+        raise src.error(
+            at + ("split",),
+            "a split model is hot: its parts on the other nodes are held for as long as the stack runs",
+            'set mode = "hot", or remove split',
+        )
+    allowed = [spec.node] if spec.node is not None else list(spec.nodes or nodes)
+    if len(allowed) < 2:
+        raise src.error(at + ("split",), "it may run on one node only: a split needs two or more", "give nodes = [...]")
 
 
 _HOSTNAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}))*$")

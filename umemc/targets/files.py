@@ -137,6 +137,8 @@ def _model(b: Bundle, name: str) -> c.ModelDoc:
         arch=_fact(m, "arch"),
         quant=_fact(m, "file type") or m.model.quant,
         context=spec.context if spec.runtime in LLAMA_RUNTIMES else None,
+        rpc=[p.endpoint for p in m.split.helpers if p.endpoint is not None] if m.split is not None else [],
+        part_of=m.part_of,
     )
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..budget.plan import Capacity, ColdAdmission, Plan
 from ..units import gib, in_unit, unit_for
+
+if TYPE_CHECKING:
+    from ..budget.split import Split
 
 
 def budget_dict(plan: Plan) -> dict[str, Any]:
@@ -47,6 +50,9 @@ def budget_dict(plan: Plan) -> dict[str, Any]:
         assert plan.placement is not None
         for name, m in out["models"].items():
             m["node"] = plan.node_of(name) if name not in plan.placement.unplaced else None
+        for name, mp in plan.models.items():
+            if mp.split is not None:
+                out["models"][name]["split"] = split_dict(mp.split)
         out["nodes"] = {name: node_dict(p) for name, p in plan.nodes.items()}
         out["placement"] = {
             "hot": {n: plan.placement.home[n] for n, m in plan.models.items() if m.hot and n in plan.placement.home},
@@ -57,6 +63,26 @@ def budget_dict(plan: Plan) -> dict[str, Any]:
     return out
 
 
+def split_dict(split: Split) -> list[dict[str, Any]]:
+    """A split model's parts in llama.cpp's layer order: where each is, its blocks, its figures."""
+    return [
+        {
+            "node": p.node,
+            "first_block": p.first,
+            "blocks": p.blocks,
+            "token_embeddings": p.input,
+            "output_layer": p.output,
+            "estimate_bytes": p.estimate.estimate_bytes,
+            "rpc_endpoint": p.endpoint,
+        }
+        for p in split.parts
+    ]
+
+
+def split_text(split: Split) -> str:
+    return f"split by layers across {len(split.parts)} nodes (llama.cpp RPC): {split.said()}"
+
+
 def node_dict(p: Plan) -> dict[str, Any]:
     """One node of a stack with [nodes]: the same capacity and ledger fields as a single machine's."""
     cap, plat = p.capacity, p.platform
@@ -65,6 +91,8 @@ def node_dict(p: Plan) -> dict[str, Any]:
         "fits": p.fits,
         "capacity": capacity_dict(cap),
         "models": list(p.models),
+        # the RPC servers holding parts of models split across nodes: program -> the model
+        "parts_of": {n: m.part_of for n, m in p.models.items() if m.part_of is not None},
         "hot_total_bytes": p.hot_total,
         "hot_gpu_total_bytes": p.hot_gpu_total,
         "headroom_bytes": p.headroom,
@@ -108,6 +136,8 @@ def budget_markdown(plan: Plan) -> str:
         out = [f"### umemc: `{plan.name}` {verdict} on {len(plan.nodes)} nodes", ""]
         if plan.advice:
             out += ["**Why it does not fit:**", ""] + [f"- {a.strip()}" for a in plan.advice] + [""]
+        splits = [f"- `{m.name}`: {split_text(m.split)}" for m in plan.models.values() if m.split is not None]
+        out += [*splits, ""] if splits else []
         for name, node in plan.nodes.items():
             body = budget_markdown(replace(node, warnings=())).splitlines()[2:]  # its own heading dropped
             out += [f"#### node `{name}` {'✅' if node.fits else '❌'}", "", *body, ""]

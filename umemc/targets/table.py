@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple, TextIO
 
 from ..budget.plan import Plan
 from ..units import gib, in_unit, unit_for
-from .report import admission_text, ledger_lines
+from .report import admission_text, ledger_lines, split_text
 
 if TYPE_CHECKING:
     from rich.console import Console, Group
@@ -66,7 +66,7 @@ def budget_blocks(plan: Plan) -> list[Block]:
     ]
     if plan.nodes:
         title.append((f"  on {len(plan.nodes)} nodes", ""))
-        blocks: list[Block] = [Line(tuple(title)), *_advice(plan)]
+        blocks: list[Block] = [Line(tuple(title)), *_advice(plan), *_splits(plan)]
         if len(plan.nodes) > DETAILED_NODES:  # one row per node: 500 nodes' tables are read by no one
             return [*blocks, _node_rows(plan), _where_the_rest_is(), *_warnings(plan)]
         for name, node in plan.nodes.items():
@@ -178,6 +178,11 @@ def _cold(plan: Plan) -> list[Line]:
         style = "green" if a.fits_alongside_hot else ("yellow" if a.admissible else "red")
         lines.append(Line.of(f"  {name}: {admission_text(a)}", style))
     return lines
+
+
+def _splits(plan: Plan) -> list[Line]:
+    """Models split across nodes: which node holds which of their layers."""
+    return [Line.of(f"{m.name}: {split_text(m.split)}", "cyan") for m in plan.models.values() if m.split is not None]
 
 
 def _advice(plan: Plan) -> list[Line]:

@@ -119,6 +119,9 @@ def argv(m: ModelPlan, ctx: Context) -> list[str]:
         "-ngl",
         "0" if ctx.plan.platform.kind == "cpu" or spec.gpu is False else ALL_LAYERS,
     ]
+    if m.split is not None:  # llama.cpp's RPC servers on the other nodes hold the blocks after (or before) its own
+        split = m.split.args()
+        out = out[:-2] + split
     if d.load_mode:
         out += ["--load-mode", LOAD_MODE[(rm.mmap, spec.mlock)]]
     else:

@@ -24,6 +24,7 @@ from ..probes.host import Probes
 from ..rundir import RunDir
 from ..supervisor import ANSWERING, RPC_ERRORS, ProcState, Supervisor
 from . import rules
+from .helpers import HelperWatch, answering
 from .pressure import PressureGuard
 from .sampler import OffLoop, Sampler
 from .series import Series
@@ -86,6 +87,7 @@ class Enforcer:
         self._infos: dict[str, Any] = {}
         self._stop = False
         self._new_plan = False  # SIGHUP: the bundle's plan changed
+        self.helpers: dict[str, HelperWatch] = {}  # split models: the RPC servers of their other nodes
 
     def adopt(self) -> None:
         """The bundle's plan as it is now, taken on in place where only its models changed (PlanDoc.frame): an
@@ -214,6 +216,7 @@ class Enforcer:
         for w in self.workers.values():
             self._check_kernel(w)  # before _track: a kernel kill ends the process it counts
             self._track(w, self._infos.get(w.name), now)
+            self._check_helpers(w)
             if w.pid:
                 if w.cgroup is None:
                     self.sampler.attach_cgroup(w)
@@ -322,6 +325,34 @@ class Enforcer:
         else:
             self._event(w, "start", pid=pid)
         self.sampler.attach_cgroup(w)
+
+    def _check_helpers(self, w: Worker) -> None:
+        """A split model (umemc.runtime.enforcer.helpers): stopped when its llama-server loses the connection to an
+        RPC server of another node, started again once they all answer."""
+        m = self.plan.models.get(w.name)
+        if m is None or not m.rpc:
+            return
+        watch = self.helpers.get(w.name)
+        if watch is None or watch.endpoints != m.rpc:
+            watch = self.helpers[w.name] = HelperWatch(m.rpc)
+        if watch.lost:
+            if w.state in ANSWERING or not answering(m.rpc):
+                return  # someone started it (its wrapper waits for them), or they are still away
+            watch.lost = []
+            self._event(w, "helpers_back", endpoints=m.rpc)
+            self.supervisor.ensure_started(w.name)
+            return
+        if not w.pid:
+            return
+        gone = watch.gone(w.pid)
+        if gone:
+            watch.lost = gone
+            self._event(w, "helper_lost", endpoints=gone)
+            w.pending_exit = {"exitstatus": None, "cause": "stopped"}  # its exit is this stop, never a crash
+            why = self.supervisor.try_stop(w.name, wait=False)
+            if why is not None and why != "not running":
+                print(f"umemc-enforcer: {w.name} lost {', '.join(gone)} and was not stopped: {why}", file=sys.stderr,
+                      flush=True)  # fmt: skip
 
     def _stopped_on_purpose(self, w: Worker) -> bool:
         """Whether the worker's process ended by a stop recorded since it started (an eviction, an unload, an idle

@@ -73,7 +73,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
 async def list_models(request: web.Request) -> web.Response:
     sched = request.app[SCHED]
     data = []
-    for m in sched.models.values():
+    for m in sched.served():
         info = {
             "kind": m.kind,
             "status": m.status_word,

@@ -28,7 +28,7 @@ def status_value(m: Model) -> str:
 async def models(request: web.Request) -> web.Response:
     sched = request.app[SCHED]
     data = []
-    for m in sched.models.values():
+    for m in sched.served():
         status: dict[str, Any] = {"value": status_value(m)}
         if m.failure and not m.live:
             status |= {"failed": True, "reason": m.failure}

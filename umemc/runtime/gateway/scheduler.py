@@ -117,6 +117,10 @@ class Scheduler:
         self.housekeeping = Housekeeping(self)  # the half-second round (housekeeping.py)
         self._background: set[asyncio.Task[None]] = set()
 
+    def served(self) -> list[Model]:
+        """The models clients may ask for (a split model's RPC part on this node is none)."""
+        return [m for m in self.models.values() if m.plan.part_of is None]
+
     @classmethod
     def of_bundle(cls, bundle: Path) -> Scheduler:
         run = RunDir.of_bundle(bundle)

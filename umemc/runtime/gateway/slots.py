@@ -76,10 +76,12 @@ class Slots:
     def reroute(self, docs: dict[str, ModelDoc]) -> None:
         """The names (and aliases, and shared names) these models answer to; a queue for each new one (a removed
         model's stays until its requests in flight are through: nothing routes to it)."""
-        self.routes = {n: n for n in docs}
+        served = {n: m for n, m in docs.items() if m.part_of is None}  # a split model's part answers nobody
+        self.routes = {n: n for n in served}
         self.groups = {}
-        for n, m in docs.items():
+        for n in docs:
             self.queues.setdefault(n, Queue())
+        for n, m in served.items():
             self.routes.update({alias: n for alias in m.aliases})
             for shared in m.serves:
                 self.groups.setdefault(shared, []).append(n)

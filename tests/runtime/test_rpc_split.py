@@ -1,0 +1,127 @@
+"""One model split across machines with llama.cpp's RPC backend, for real on one machine: three "nodes" (a, b, c),
+each its own `umemc up --node` under its own supervisord, with room for about a third of SmolLM2-135M each. The plan
+splits it by blocks: node a runs llama-server with the token embeddings and the first blocks, b and c each a real
+ggml-rpc-server (built from the same vendored llama.cpp with -DGGML_RPC=ON) holding the blocks after, c the output
+layer too. Each part's buffers are checked against what llama-server itself reports for that device; SmolLM2 answers
+through node a's gateway; then c's RPC server is killed with kill -9: node a's enforcer stops the model and says
+why, c's supervisord starts its RPC server again, and the model loads again and answers."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import patience
+from tests.realmodels import LLAMA_SERVER, SMOLLM2, needs_llama_server, needs_models
+from tests.runtime.conftest import Running, bring_down, bring_up, free_port, live_sysctl_table
+
+RPC_SERVER = Path(LLAMA_SERVER).with_name("ggml-rpc-server")
+pytestmark = [
+    pytest.mark.slow,
+    needs_models,
+    *needs_llama_server,
+    pytest.mark.skipif(
+        not RPC_SERVER.is_file(),
+        reason=f"no {RPC_SERVER}: python3 dev.py setup-llama-server builds it (llama.cpp with -DGGML_RPC=ON)",
+    ),
+]
+ASK = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+MIB = 2**20
+# llama.cpp's own report of a device's buffers: `load_tensors: RPC0[127.0.0.1:PORT] model buffer size = 46.50 MiB`
+BUFFER = re.compile(r"(\S+) (model|KV|compute) buffer size =\s+([\d.]+) MiB")
+
+
+def stack_text(gateway: int, port_b: int, port_c: int) -> str:
+    # budgets: a (1024 - 920) MiB x 0.85 = 88.4 MiB, b and c (1024 - 900) x 0.85 = 105.4 MiB; SmolLM2 whole needs
+    # 174 MiB of hard quota: no node holds it, the three together do
+    def node(name: str, reserve: int, port: int | None = None) -> str:
+        return f'\n[nodes.{name}]\nkind = "cpu"\nmemory = "1GiB"\nos_reserve = "{reserve}MiB"\n' + (
+            f"rpc_port = {port}\n" if port else ""
+        )
+
+    return (
+        'version = 1\nname = "spread"\n'
+        + live_sysctl_table()
+        + f"[gateway]\nport = {gateway}\n"
+        + node("a", 920)
+        + node("b", 900, port_b)
+        + node("c", 900, port_c)
+        + f'\n[models.smol]\nruntime = "llama-server"\nbin = "{LLAMA_SERVER}"\nmodel = "{SMOLLM2}"\ncontext = 1024\n'
+        f"port = {free_port()}\nsplit = true\n"
+    )
+
+
+def ask(port: int) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=patience(120))
+    body = {"model": "smol", "messages": ASK, "max_tokens": 8, "temperature": 0}
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    answer = json.loads(conn.getresponse().read())
+    conn.close()
+    return str(answer["choices"][0]["message"]["content"])
+
+
+def reported(r: Running, name: str) -> dict[tuple[str, str], float]:
+    """(device, buffer kind) -> MiB, the last of each in the worker's log (its latest load)."""
+    out: dict[tuple[str, str], float] = {}
+    for path in (r.run_dir / "state" / "logs").glob(f"{name}.*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            m = BUFFER.search(line)
+            if m:
+                out[(m.group(1), m.group(2))] = float(m.group(3))
+    return out
+
+
+def part(r: Running, name: str) -> dict[str, Any]:
+    plan = json.loads((r.run_dir / "bundle" / "plan.json").read_text())
+    return dict(plan["models"][name])
+
+
+def test_a_model_split_across_three_nodes_serves_and_survives_losing_a_part(tmp_path: Path) -> None:
+    port_b, port_c, gateway = free_port(), free_port(), free_port()
+    text = stack_text(gateway, port_b, port_c)
+    runs: list[Running] = []
+    try:
+        for node in ("b", "c", "a"):  # the helpers first; a's wrapper would wait for them anyway
+            (tmp_path / node).mkdir()
+            runs.append(bring_up(tmp_path / node, text, "--node", node))
+        b, c, a = runs
+        main = part(a, "smol")
+        assert main["rpc"] == [f"127.0.0.1:{port_b}", f"127.0.0.1:{port_c}"]
+        assert "--rpc" in main["argv"] and main["argv"][main["argv"].index("--rpc") + 1] == ",".join(main["rpc"])
+        assert part(b, "smol-rpc")["part_of"] == "smol" and part(c, "smol-rpc")["part_of"] == "smol"
+        assert ask(gateway).strip().rstrip(".").endswith("Paris")
+
+        # each part's figures against llama.cpp's own report for its device (weights and KV: its formula is
+        # llama.cpp's, to the hundredth of a MiB it prints; a helper's compute buffer: the model's, an upper bound)
+        seen = reported(a, "smol")
+        for r, port in ((b, port_b), (c, port_c)):
+            mine = part(r, "smol-rpc")["estimate_parts"]
+            device = f"RPC0[127.0.0.1:{port}]"
+            assert round(mine["weights_bytes"] / MIB, 2) == seen[(device, "model")]
+            assert round(mine["kv_bytes"] / MIB, 2) == seen[(device, "KV")]
+            assert seen[(device, "compute")] <= mine["compute_bytes"] / MIB <= 1.25 * seen[(device, "compute")]
+        mine = main["estimate_parts"]
+        assert round(mine["weights_bytes"] / MIB, 2) == seen[("CPU_Mapped", "model")]
+        assert round(mine["kv_bytes"] / MIB, 2) == seen[("CPU", "KV")]
+
+        # node c's RPC server dies: a's enforcer stops the model, saying which part went
+        helper = c.status()["smol-rpc"]["pid"]
+        os.kill(helper, signal.SIGKILL)
+        lost = a.wait_for(lambda: a.events("helper_lost", "smol"), timeout=30, what="the helper's loss on node a")
+        assert lost[0]["detail"]["endpoints"] == [f"127.0.0.1:{port_c}"]  # type: ignore[index]
+        # c's supervisord starts its RPC server again; a's enforcer then starts the model, which loads its parts again
+        c.wait_for(lambda: c.status()["smol-rpc"]["pid"] not in (None, helper), timeout=30, what="c's new RPC server")
+        a.wait_for(lambda: a.events("helpers_back", "smol"), timeout=60, what="the model started again")
+        a.wait_for(lambda: a.status()["smol"]["state"] == "RUNNING", timeout=60, what="smol running again")
+        assert ask(gateway).strip().rstrip(".").endswith("Paris")
+        assert a.status()["smol"]["restarts"] == 0  # a stop with its cause, never a crash
+    finally:
+        for r in reversed(runs):
+            bring_down(r)

@@ -1,0 +1,135 @@
+"""A model split by layers across nodes (umemc.budget.split), on figures made by hand: ten blocks of 10 MiB of
+weights and 1 MiB of KV cache each (one KV head of 64 dims, f16, 4096 cells: (128 + 128) bytes x 4096), token
+embeddings and an output layer of 5 MiB each, a compute buffer of 2 MiB and a process of 3 MiB (an RPC server's:
+8 MiB). A part's hard quota is its estimate x 1.1 rounded up to a MiB. The stack-level rules (which stacks may split,
+and how a split is said) are at the end; tests/runtime/test_rpc_split.py runs one for real."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from umemc.budget.split import QuotaOf, Room, plan_split
+from umemc.catalog.archs import LlmShape
+from umemc.estimate.figures import Estimate, Figure
+from umemc.estimate.gguf_file import GgufFacts
+
+MiB = 2**20
+N = 10
+
+
+def facts() -> GgufFacts:
+    shape = LlmShape("llama", N, 64, 128, 1, (1,) * N, 64, 64, 320, 4096)
+    return GgufFacts(
+        path="hand.gguf", tensor_bytes=(10 * N + 5 + 5) * MiB, n_tensors=0, type_counts={}, file_type="F16",
+        shape=shape, general_arch="llama", layer_bytes=(10 * MiB,) * N, layer_repack=(0,) * N,
+        output_bytes=5 * MiB, tied=False,
+    )  # fmt: skip
+
+
+def whole() -> Estimate:
+    zero = Figure("gpu", 0, "")
+    return Estimate(
+        "big", "gguf", Figure("weights", 110 * MiB, ""), Figure("kv", N * MiB, ""), Figure("compute", 2 * MiB, ""),
+        Figure("overhead", 3 * MiB, ""), zero,
+    )  # fmt: skip
+
+
+def split(rooms: list[Room]):  # type: ignore[no-untyped-def]
+    return plan_split(
+        "big", whole(), facts(), rooms, QuotaOf(0.10), context=4096, parallel=1, ubatch=512, kv_cache="f16",
+        flash_attn=True, repack=False,
+    )  # fmt: skip
+
+
+def parts(s) -> list[tuple[str, str, int, int]]:  # type: ignore[no-untyped-def]
+    return [(p.node, p.holds, p.estimate.estimate_bytes // MiB, QuotaOf(0.10)(p.estimate.estimate_bytes) // MiB)
+            for p in s.parts]  # fmt: skip
+
+
+def test_a_cpu_main_node_holds_the_first_blocks_and_the_last_helper_the_output() -> None:
+    # a (the roomiest, 60 MiB): 5 + 2 + 3 fixed, 4 blocks of 11: 54 MiB, 59.4 -> 60 hard (5 blocks: 65 -> 72)
+    # one helper cannot hold the other 6 blocks (66 + 5 + 2 + 8 = 81 MiB); b (53): 2 + 8 fixed and 3 blocks: 43 MiB,
+    # 47.3 -> 48 hard (4: 54 -> 60); c the last 3 blocks and the output: 33 + 5 + 10 = 48 MiB, 52.8 -> 53 hard
+    rooms = [Room("a", 60 * MiB, None, "cpu", "10.0.0.1", 50052), Room("b", 53 * MiB, None, "cpu", "10.0.0.2", 50052),
+             Room("c", 53 * MiB, None, "cpu", "10.0.0.3", 50060)]  # fmt: skip
+    s = split(rooms)
+    assert s is not None and s.main == "a" and not s.gpu_main
+    assert parts(s) == [
+        ("a", "blocks 0-3, the token embeddings", 54, 60),
+        ("b", "blocks 4-6", 43, 48),
+        ("c", "blocks 7-9, the output layer", 48, 53),
+    ]
+    # llama.cpp offloads the last 7 of its 11 layers (10 blocks and the output) to the RPC servers, 3 and 4 of them
+    assert s.args() == ["--rpc", "10.0.0.2:50052,10.0.0.3:50060", "-ngl", "7", "--tensor-split", "3,4"]
+    assert [p.estimate.kv.bytes // MiB for p in s.parts] == [4, 3, 3]
+
+
+def test_a_gpu_main_node_holds_the_last_blocks_and_the_output_on_its_gpu() -> None:
+    # llama.cpp's devices: the RPC servers first, then the main node's GPU, which takes the last blocks and the output:
+    # a: 3 blocks + output + embeddings (on its CPU) + 2 + 3: 48 MiB, 53 hard (4 blocks: 59 -> 65 > 60); c (53) the
+    # 3 blocks before, 43 -> 48 hard; b the first 4, 44 + 10 = 54 MiB, 59.4 -> 60 hard
+    rooms = [
+        Room("a", 60 * MiB, 60 * MiB, "amd-apu", "10.0.0.1", 50052),
+        Room("b", 60 * MiB, None, "cpu", "10.0.0.2", 50052),
+        Room("c", 53 * MiB, None, "cpu", "10.0.0.3", 50052),
+    ]
+    s = split(rooms)  # fmt: skip
+    assert s is not None and s.main == "a" and s.gpu_main
+    assert parts(s) == [
+        ("b", "blocks 0-3", 54, 60),
+        ("c", "blocks 4-6", 43, 48),
+        ("a", "blocks 7-9, the token embeddings, the output layer", 48, 53),
+    ]
+    assert s.args() == ["--rpc", "10.0.0.2:50052,10.0.0.3:50052", "-ngl", "11", "--tensor-split", "4,3,4"]
+    # on its GPU: its blocks, their KV, the output and the compute buffer; the token embeddings stay on its CPU
+    assert s.main_part.estimate.gpu.bytes == (30 + 3 + 5 + 2) * MiB
+
+
+def test_no_split_where_the_nodes_together_are_too_small() -> None:
+    # the same as the first, with c 1 MiB short of its part's 53 MiB hard quota and b no larger
+    rooms = [Room("a", 60 * MiB, None, "cpu", "10.0.0.1", 1), Room("b", 52 * MiB, None, "cpu", "10.0.0.2", 1),
+             Room("c", 52 * MiB, None, "cpu", "10.0.0.3", 1)]  # fmt: skip
+    assert split(rooms) is None
+
+
+BAD = {
+    "no nodes": (
+        '[platform]\nkind = "cpu"\nmemory = "8GiB"\n[models.big]\nruntime = "llama-server"\narch = "llama-3-8b"\n'
+        "split = true\n",
+        "stack.toml:9:9: models.big.split: the stack has no [nodes]: there is nothing to split across\n"
+        "  hint: remove it",
+    ),
+    "another runtime": (
+        '[nodes.a]\nkind = "cpu"\nmemory = "8GiB"\n[nodes.b]\nkind = "cpu"\nmemory = "8GiB"\n[models.big]\n'
+        'runtime = "llama-cpp-python"\narch = "llama-3-8b"\nsplit = true\n',
+        'stack.toml:12:9: models.big.split: runtime = "llama-cpp-python" cannot be split: only llama-server runs '
+        'llama.cpp\'s RPC backend\n  hint: remove split, or use runtime = "llama-server"',
+    ),
+    "cold": (
+        '[nodes.a]\nkind = "cpu"\nmemory = "8GiB"\n[nodes.b]\nkind = "cpu"\nmemory = "8GiB"\n[models.big]\n'
+        'runtime = "llama-server"\narch = "llama-3-8b"\nmode = "cold"\nsplit = true\n',
+        "stack.toml:13:9: models.big.split: a split model is hot: its parts on the other nodes are held for as long "
+        'as the stack runs\n  hint: set mode = "hot", or remove split',
+    ),
+    "one node": (
+        '[nodes.a]\nkind = "cpu"\nmemory = "8GiB"\n[nodes.b]\nkind = "cpu"\nmemory = "8GiB"\n[models.big]\n'
+        'runtime = "llama-server"\narch = "llama-3-8b"\nnode = "a"\nsplit = true\n',
+        "stack.toml:13:9: models.big.split: it may run on one node only: a split needs two or more\n"
+        "  hint: give nodes = [...]",
+    ),
+    "bad address": (
+        '[nodes.a]\nkind = "cpu"\nmemory = "8GiB"\naddress = "10.0.0.1; rm -rf /"\n[nodes.b]\nkind = "cpu"\n'
+        'memory = "8GiB"\n[models.big]\nruntime = "llama-server"\narch = "llama-3-8b"\n',
+        'stack.toml:6:11: nodes.a.address: bad address "10.0.0.1; rm -rf /": not an IP address or a host name\n'
+        '  hint: e.g. address = "10.0.0.2"',
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_what_cannot_be_split_is_said_at_its_key(case: str, write_stack, run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    text, message = BAD[case]
+    write_stack('version = 1\nname = "spread"\n' + text)
+    assert run_cli("check", "stack.toml", cwd=tmp_path) == (2, "", message + "\n")
