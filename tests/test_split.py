@@ -133,3 +133,24 @@ def test_what_cannot_be_split_is_said_at_its_key(case: str, write_stack, run_cli
     text, message = BAD[case]
     write_stack('version = 1\nname = "spread"\n' + text)
     assert run_cli("check", "stack.toml", cwd=tmp_path) == (2, "", message + "\n")
+
+
+def test_the_kubernetes_target_refuses_a_split_at_its_key(write_stack, run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from tests.realmodels import SMOLLM2
+
+    if not SMOLLM2.is_file():
+        pytest.skip("the real tiny models are not in .venv/models: python3 dev.py setup-models")
+    write_stack(
+        'version = 1\nname = "spread"\n[nodes.a]\nkind = "cpu"\nmemory = "1GiB"\nos_reserve = "920MiB"\n'
+        '[nodes.b]\nkind = "cpu"\nmemory = "1GiB"\nos_reserve = "900MiB"\n[nodes.c]\nkind = "cpu"\nmemory = "1GiB"\n'
+        f'os_reserve = "900MiB"\n[models.smol]\nruntime = "llama-server"\nmodel = "{SMOLLM2}"\ncontext = 1024\n'
+        "split = true\n"
+    )
+    code, out, err = run_cli("build", "stack.toml", "--target", "kubernetes", "-o", "out", cwd=tmp_path)
+    assert (code, out) == (2, "")
+    assert err == (
+        "stack.toml:19:9: models.smol.split: a model split across nodes runs under umemc up (a bundle per node, "
+        "nodes/NAME): the Kubernetes target does not write its RPC servers yet (and llama.cpp's official images are "
+        "built without its RPC backend, -DGGML_RPC=ON)\n  hint: build --target bundle, or remove split\n"
+    )
+    assert not (tmp_path / "out").exists()

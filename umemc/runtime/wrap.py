@@ -341,7 +341,7 @@ def wait_helpers(endpoints: list[str], within: float) -> str | None:
         if time.monotonic() >= deadline:
             return (
                 f"the RPC server{'s' if len(left) > 1 else ''} of its other nodes at {', '.join(left)} did not "
-                f"answer within {within:.0f} s: start the stack on those nodes (umemc up BUNDLE/nodes/NAME)"
+                f"answer within {within:g} s: start the stack on those nodes (umemc up BUNDLE/nodes/NAME)"
             )
         time.sleep(0.2)
 

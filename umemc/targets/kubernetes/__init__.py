@@ -70,8 +70,9 @@ def render_items(plan: Plan) -> Iterator[tuple[str, str]]:
         if m.split is not None:
             raise plan.source.error(
                 ("models", m.name, "split"),
-                "a model split across nodes runs under umemc up (a bundle per node, nodes/NAME); the Kubernetes "
-                "target does not write its RPC servers yet",
+                "a model split across nodes runs under umemc up (a bundle per node, nodes/NAME): the Kubernetes "
+                "target does not write its RPC servers yet (and llama.cpp's official images are built without its "
+                "RPC backend, -DGGML_RPC=ON)",
                 "build --target bundle, or remove split",
             )
     _AFFINITY.clear()
