@@ -138,7 +138,15 @@ class Loop:
         self.enforcer._gone = True
 
     def events(self) -> list[tuple[str, dict[str, Any]]]:
-        return [(e.kind, e.detail) for e in self.log.since(0) if e.model == "w"]
+        """w's events but its changes of phase (states())."""
+        return [(e.kind, e.detail) for e in self.log.since(0) if e.model == "w" and e.kind != "state"]
+
+    def states(self) -> list[tuple[str, str, str | None]]:
+        return [
+            (e.detail["from"], e.detail["to"], e.detail["why"])
+            for e in self.log.since(0)
+            if e.kind == "state" and e.model == "w"
+        ]
 
 
 def test_a_worker_over_its_hard_quota_is_killed_at_the_tick_that_sees_it(tmp_path: Path) -> None:
@@ -152,6 +160,10 @@ def test_a_worker_over_its_hard_quota_is_killed_at_the_tick_that_sees_it(tmp_pat
     assert loop.kills == [(4001, [4001])]
     assert w.phase is Phase.KILLED and w.pid is None
     assert [k for k, _ in loop.events()] == ["start", "soft_limit", "hard_limit_kill", "exit"]
+    assert loop.states() == [
+        ("down", "up", "its process (pid 4001) is sampled"),
+        ("up", "killed", "over its hard quota"),
+    ]
     kill = dict(loop.events())["hard_limit_kill"]
     assert (kill["by"], kill["pid"], kill["usage_bytes"], kill["hard_bytes"]) == (
         "enforcer",

@@ -114,7 +114,21 @@ def running(sched: Scheduler, body: Callable[[Scheduler], Awaitable[None]]) -> N
 
 
 def kinds(sched: Scheduler) -> list[tuple[str, str | None]]:
-    return [(e.kind, e.model) for e in sched.events.since(0)]
+    """The decisions the log records (without the changes of phase they made: states())."""
+    return [(e.kind, e.model) for e in decisions(sched)]
+
+
+def decisions(sched: Scheduler) -> list[Any]:
+    return [e for e in sched.events.since(0) if e.kind != "state"]
+
+
+def states(sched: Scheduler, name: str) -> list[tuple[str, str, str | None]]:
+    """The model's changes of phase, as the log has them: (from, to, why)."""
+    return [
+        (e.detail["from"], e.detail["to"], e.detail["why"])
+        for e in sched.events.since(0)
+        if e.kind == "state" and e.model == name
+    ]
 
 
 async def settled(sched: Scheduler) -> None:
@@ -249,9 +263,12 @@ def test_a_cold_start_evicts_the_lower_priority_idle_model_only(tmp_path: Path) 
             pass
         assert (sv.stopped, sv.started) == (["lo"], ["hi"])
         assert kinds(s) == [("evict", "lo"), ("cold_start", "hi")]
-        evict = s.events.since(0)[0].detail
+        evict = decisions(s)[0].detail
         assert (evict["for_model"], evict["for_priority"], evict["by"]) == ("hi", 50, "gateway")
         assert s.models["lo"].evicted and s.models["lo"].status_word == "evicted"
+        # every change of phase announced itself, with its reason, as it was made
+        assert states(s, "hi") == [("down", "starting", None), ("starting", "ready", None)]
+        assert states(s, "lo")[-2:] == [("ready", "stopping", "evicted for hi"), ("stopping", "down", "evicted for hi")]
 
     running(sched, body)
 
@@ -271,7 +288,7 @@ def test_among_equal_priorities_the_cheapest_to_bring_back_gives_way(tmp_path: P
         async with s.slots.slot(s.models["new"]):
             pass
         assert (sv.stopped, sv.started) == (["quick"], ["new"])
-        evict = s.events.since(0)[0].detail
+        evict = decisions(s)[0].detail
         assert (evict["restore_s"], evict["restore_from"], evict["for_priority"]) == (0.3, "measured", 60)
         s.models["quick"].last_cold_start_s = None
         assert s.restore_cost(s.models["quick"]) == (1.0, "size")

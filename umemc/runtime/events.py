@@ -28,7 +28,7 @@ KINDS: tuple[str, ...] = (
     "lease_grant", "lease_release", "lease_expire", "event_log_reset", "slot_save", "slot_restore",
     "slot_save_failed", "slot_restore_failed", "allowance", "action", "unload", "unload_failed",
     "swapping", "gpu_limit", "reaped", "plan_adopted", "page_cache_released",
-    "throttle", "defragment", "defragment_failed", "helper_lost", "helpers_back",
+    "throttle", "defragment", "defragment_failed", "helper_lost", "helpers_back", "state",
 )  # fmt: skip
 MAX_ROWS = 100_000
 MAX_AGE_S = 30 * 24 * 3600
@@ -286,12 +286,14 @@ class EventLog:
         return int(rows[0][0]) if rows else 0
 
     def latest(self, after_id: int = 0, kind: str | None = None) -> dict[str, Event]:
-        """Each model's latest event after after_id (of `kind`, else of any kind but a stop's exit: the stop's
-        own event says why)."""
+        """Each model's latest event after after_id (of `kind`, else of any kind but a change of phase, which the
+        decision that made it says, and a stop's exit: the stop's own event says why)."""
         which = (
             "kind = ?"
             if kind is not None
-            else ("NOT (kind = 'exit' AND COALESCE(json_extract(detail, '$.cause'), '') = 'stopped')")
+            else (
+                "kind != 'state' AND NOT (kind = 'exit' AND COALESCE(json_extract(detail, '$.cause'), '') = 'stopped')"
+            )
         )
         rows = self._rows(
             "SELECT id, ts, model, kind, detail FROM events WHERE id IN (SELECT MAX(id) FROM events WHERE id > ? "

@@ -85,6 +85,9 @@ SAID: dict[str, Callable[[dict[str, Any]], str]] = {
     + ", ".join(f"{k}: {', '.join(d[k]) or '-'}" for k in ("added", "changed", "removed") if isinstance(d.get(k), list))
     + ")",
     "enforcer_start": lambda d: "enforcer started",
+    "state": lambda d: f"{d['from']} -> {d['to']}"
+    + (f": {d['why']}" if d.get("why") else "")
+    + (f" ({d['by']})" if d.get("by") else ""),
     "start": lambda d: "started" + (f" (pid {d['pid']})" if d.get("pid") else ""),
     "exit": _exit,
     "soft_limit": lambda d: f"over its soft quota ({_size(d.get('usage_bytes'))} of {_size(d.get('soft_bytes'))})",

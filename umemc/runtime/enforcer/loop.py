@@ -69,7 +69,7 @@ class Enforcer:
         self.guard = PressureGuard(self.plan, self.run_dir, self.supervisor, self.interval, self._event)
         self.status = StatusWriter(self.run_dir.status)
         window = self.plan.policy.leak_window_s
-        self.workers = {n: Worker(_quota(n, m), history=Series(window)) for n, m in self.plan.models.items()}
+        self.workers = {n: self._worker(n, m, window) for n, m in self.plan.models.items()}
         self.box = Series(window)  # the whole machine's used memory (usable - MemAvailable)
         self.own = Series(window)  # umemc's own processes: supervisord, the enforcer, the gateway
         self.run_start = self.events.last_id("up")
@@ -116,7 +116,7 @@ class Enforcer:
         for name in removed:
             del self.workers[name]
         for name in added:
-            self.workers[name] = Worker(_quota(name, plan.models[name]), history=Series(plan.policy.leak_window_s))
+            self.workers[name] = self._worker(name, plan.models[name], plan.policy.leak_window_s)
         for name in changed:
             self.workers[name].quota = _quota(name, plan.models[name])
         self.plan = self.guard.plan = plan
@@ -124,6 +124,14 @@ class Enforcer:
         self._gone = True  # supervisord's view at the next tick: what it started and stopped for the update
         self.events.add("plan_adopted", None, by="enforcer", added=added, changed=changed, removed=removed)
         self.slow_tick(time.time())  # its status says the new plan now
+
+    def _worker(self, name: str, m: ModelDoc, window: float) -> Worker:
+        """A worker whose every change of phase is written to the event log as it is made (a `state` event)."""
+
+        def announce(was: str, now: str, why: str | None) -> None:
+            self.events.add("state", name, by="enforcer", **{"from": was, "to": now}, why=why)
+
+        return Worker(_quota(name, m), announce=announce, history=Series(window))
 
     def reopen_log(self) -> None:
         """The event log as it is now (a standby that waited may hold a log since moved aside or replaced)."""
@@ -311,7 +319,7 @@ class Enforcer:
             self.sampler.procs.prune(set())
             w.lost()
             if w.phase is not Phase.GIVEN_UP:
-                w.to(Phase.DOWN)
+                w.to(Phase.DOWN, str(cause.get("cause") or "its process exited"))
         w.forget()
         if pid is None:
             return
@@ -399,7 +407,7 @@ class Enforcer:
         w.ended.append(pid)
         w.lost()
         if w.phase is not Phase.GIVEN_UP:
-            w.to(Phase.KILLED)
+            w.to(Phase.KILLED, "over its hard quota")
         self._maybe_give_up(w, now)
 
     def _check_kernel(self, w: Worker) -> None:
@@ -422,7 +430,7 @@ class Enforcer:
         w.oom_seen = kills
         w.pending_exit = rules.KERNEL_KILL  # its exit, when seen, was this kill (v1 may have killed a child only)
         if w.phase is Phase.UP:
-            w.to(Phase.OOM_KILLED)
+            w.to(Phase.OOM_KILLED, "the kernel killed in its cgroup (its hard quota)")
         self._maybe_give_up(w, now)
 
     def _maybe_give_up(self, w: Worker, now: float) -> None:
@@ -430,7 +438,7 @@ class Enforcer:
         kills = rules.give_up_due(w.kills, now, pol.kill_window_s, pol.max_kills)
         if kills is None or w.given_up:
             return
-        w.to(Phase.GIVEN_UP)
+        w.to(Phase.GIVEN_UP, f"{kills} hard-quota kills within {pol.kill_window_s:g} s")
         failed = self.supervisor.try_stop(w.name, wait=False)
         self._event(
             w,

@@ -10,6 +10,7 @@ explicit state machine for what the enforcer did with its process. supervisord's
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,9 @@ class Quota:
 class Worker:
     quota: Quota
     phase: Phase = Phase.DOWN
+    # hears every change of phase as it is made, (from, to, why): the enforcer writes it to the event log as a
+    # `state` event, so no path moves a worker silently
+    announce: Callable[[str, str, str | None], None] | None = field(default=None, repr=False, compare=False)
     state: ProcState = ProcState.UNKNOWN  # supervisord's
     raised: set[Finding] = field(default_factory=set)
     last_event: str | None = None
@@ -122,10 +126,12 @@ class Worker:
     def given_up(self) -> bool:
         return self.phase is Phase.GIVEN_UP
 
-    def to(self, phase: Phase) -> None:
+    def to(self, phase: Phase, why: str | None = None) -> None:
         if phase is not self.phase and phase not in TRANSITIONS[self.phase]:
             raise IllegalTransition(f"{self.name}: {self.phase.value} -> {phase.value}")
-        self.phase = phase
+        was, self.phase = self.phase, phase
+        if phase is not was and self.announce is not None:
+            self.announce(was.value, phase.value, why)
 
     def lost(self) -> None:
         """Its process is no longer sampled (an exit seen, or killed by the enforcer)."""
@@ -145,4 +151,4 @@ class Worker:
     def began(self, pid: int, now: float) -> None:
         """A new process of its own is sampled from now on."""
         self.pid, self.started, self.cgroup = pid, now, None
-        self.to(Phase.UP)
+        self.to(Phase.UP, f"its process (pid {pid}) is sampled")

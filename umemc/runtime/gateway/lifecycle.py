@@ -11,6 +11,7 @@ separate fact the scheduler reads; this is what the gateway does with the model.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from enum import Enum
 
 
@@ -38,16 +39,26 @@ class IllegalTransition(RuntimeError):
     """A bug: the scheduler tried a transition the table does not allow."""
 
 
+Announce = Callable[[str, str, "str | None"], None]  # (from, to, why) of a change of phase
+
+
 class Lifecycle:
-    def __init__(self) -> None:
+    """`announce` hears every change of phase as it is made (the scheduler writes it to the event log as a `state`
+    event): no path can move a model silently."""
+
+    def __init__(self, announce: Announce | None = None) -> None:
         self.phase = Phase.DOWN
         self.since = time.monotonic()  # when the scheduler last moved it (a supervisord poll asked
         self.why: str | None = None  # earlier than this is older news and is ignored)
+        self.announce = announce
 
     def to(self, phase: Phase, why: str | None = None) -> None:
         if phase is not self.phase and phase not in TRANSITIONS[self.phase]:
             raise IllegalTransition(f"{self.phase.value} -> {phase.value} ({why or 'no reason given'})")
+        was = self.phase
         self.phase, self.why, self.since = phase, why, time.monotonic()
+        if phase is not was and self.announce is not None:
+            self.announce(was.value, phase.value, why)
 
     @property
     def serving(self) -> bool:

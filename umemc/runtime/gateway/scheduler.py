@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ...budget.policy import Budget, Decision, Held, Lease, Need, attach, decide, pressure_victim
-from ...contract import ContractError, GatewayDoc, GatewayState, PlanDoc, read_optional, read_plan
+from ...contract import ContractError, GatewayDoc, GatewayState, ModelDoc, PlanDoc, read_optional, read_plan
 from ...names import PLAN_FILE
 from ...records import gate_text, write_atomic
 from .. import pagecache
@@ -40,7 +40,7 @@ from .generation import GenerationBudget
 from .history import Memory, Requests
 from .housekeeping import Housekeeping
 from .leases import LeaseBook
-from .lifecycle import Phase
+from .lifecycle import Lifecycle, Phase
 from .model import ANSWERING, CONNECT_ERRORS, Model, ProcState, Refused
 from .progress import load_step, log_size
 from .slots import Slots
@@ -81,6 +81,15 @@ def _remove_tree(path: Path) -> None:
             path.unlink(missing_ok=True)
 
 
+# a stop's event kind, as the reason of its change of phase
+STOPPED_FOR = {
+    "evict": "evicted",
+    "ttl_unload": "idle past its ttl",
+    "unload": "unloaded on request",
+    "defragment": "restarted for its fragmentation",
+}
+
+
 class Scheduler:
     def __init__(self, plan: PlanDoc, run: RunDir, supervisor: Supervisor, events: EventLog):
         if plan.gateway is None:
@@ -95,7 +104,7 @@ class Scheduler:
             load_below=plan.policy.load_below,
         )
         self.generation = GenerationBudget(plan.policy.max_generating, plan.policy.max_generating_throttled)
-        self.models = {n: Model(n, m) for n, m in plan.models.items()}
+        self.models = {n: self._model(n, m) for n, m in plan.models.items()}
         self.traffic = {n: Traffic() for n in plan.models}
         self.lock = asyncio.Lock()
         self.run_start = events.last_id("up")  # metrics count this run's events
@@ -116,6 +125,14 @@ class Scheduler:
         self._deferred: str | None = None  # the pressure victim waited for (one evict_deferred event)
         self.housekeeping = Housekeeping(self)  # the half-second round (housekeeping.py)
         self._background: set[asyncio.Task[None]] = set()
+
+    def _model(self, name: str, doc: ModelDoc) -> Model:
+        """A model whose every change of phase is written to the event log as it is made (a `state` event)."""
+
+        def announce(was: str, now: str, why: str | None) -> None:
+            self.events.add("state", name, by="gateway", **{"from": was, "to": now}, why=why)
+
+        return Model(name, doc, Lifecycle(announce))
 
     def served(self) -> list[Model]:
         """The models clients may ask for (a split model's RPC part on this node is none)."""
@@ -147,7 +164,7 @@ class Scheduler:
             if m.starting is not None:
                 m.starting.cancel()
         for name in added:
-            self.models[name] = Model(name, plan.models[name])
+            self.models[name] = self._model(name, plan.models[name])
             self.traffic.setdefault(name, Traffic())
         for name in changed:
             m = self.models[name]
@@ -614,14 +631,15 @@ class Scheduler:
         llama-server that was serving has its slots' KV saved first (umemc.runtime.gateway.kvslots)."""
         if m.state in ANSWERING and m.plan.kv_slots and m.port is not None:  # (already marked STOPPING)
             m.saved_slots = await kvslots.save(m.port, m.name, m.plan.kv_slots, self.events)
-        m.life.to(Phase.STOPPING, why)
+        # the reason it was marked STOPPING with (evicted for X), else the stop's own
+        m.life.to(Phase.STOPPING, m.life.why if m.life.phase is Phase.STOPPING else STOPPED_FOR.get(why, why))
         try:
             usage = m.usage
             failed = await asyncio.to_thread(self.supervisor.try_stop, m.name, wait=True)
             if failed is not None and failed != "not running":
                 self.events.add(f"{why}_failed", m.name, by="gateway", reason=failed, **detail)
                 raise Refused(f"could not stop {m.name} to make room: {failed}", "stop_failed", 5)
-            m.life.to(Phase.DOWN, why)
+            m.life.to(Phase.DOWN, m.life.why)
             self.sync.stopped(m)
             m.evicted = why in ("evict", "defragment") and evicted is Evicted.RESTORE
             m.keep_alive_s = None  # a client's keep_alive lasts while the model runs
