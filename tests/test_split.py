@@ -135,22 +135,78 @@ def test_what_cannot_be_split_is_said_at_its_key(case: str, write_stack, run_cli
     assert run_cli("check", "stack.toml", cwd=tmp_path) == (2, "", message + "\n")
 
 
-def test_the_kubernetes_target_refuses_a_split_at_its_key(write_stack, run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def _split_stack(extra: str = "") -> str:
     from tests.realmodels import SMOLLM2
 
     if not SMOLLM2.is_file():
         pytest.skip("the real tiny models are not in .venv/models: python3 dev.py setup-models")
-    write_stack(
+    return (
         'version = 1\nname = "spread"\n[nodes.a]\nkind = "cpu"\nmemory = "1GiB"\nos_reserve = "920MiB"\n'
-        '[nodes.b]\nkind = "cpu"\nmemory = "1GiB"\nos_reserve = "900MiB"\n[nodes.c]\nkind = "cpu"\nmemory = "1GiB"\n'
-        f'os_reserve = "900MiB"\n[models.smol]\nruntime = "llama-server"\nmodel = "{SMOLLM2}"\ncontext = 1024\n'
-        "split = true\n"
+        '[nodes.b]\nkind = "cpu"\nmemory = "1GiB"\nos_reserve = "900MiB"\nrpc_port = 50100\n[nodes.c]\nkind = "cpu"\n'
+        f'memory = "1GiB"\nos_reserve = "900MiB"\nrpc_port = 50200\n[models.smol]\nruntime = "llama-server"\n'
+        f'model = "{SMOLLM2}"\ncontext = 1024\nsplit = true\n{extra}'
     )
+
+
+def test_a_split_in_a_cluster_needs_an_image_with_the_rpc_backend(write_stack, run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    write_stack(_split_stack())
     code, out, err = run_cli("build", "stack.toml", "--target", "kubernetes", "-o", "out", cwd=tmp_path)
     assert (code, out) == (2, "")
     assert err == (
-        "stack.toml:19:9: models.smol.split: a model split across nodes runs under umemc up (a bundle per node, "
-        "nodes/NAME): the Kubernetes target does not write its RPC servers yet (and llama.cpp's official images are "
-        "built without its RPC backend, -DGGML_RPC=ON)\n  hint: build --target bundle, or remove split\n"
+        "stack.toml:21:9: models.smol.split: a split model's pods need llama.cpp built with its RPC backend "
+        "(-DGGML_RPC=ON), which the official images are not: no image is named for it on a, b, c\n"
+        '  hint: give image = "registry/llama.cpp:VERSION" (one built with -DGGML_RPC=ON), or the nodes\' '
+        "images.llama-server\n"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_a_split_in_a_cluster_is_an_rpc_server_per_helper_node_reached_by_its_service(
+    write_stack, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    import yaml
+
+    from tests.test_kubernetes import _strict_valid, docs, kustomize
+    from umemc.budget.plan import make_plan
+    from umemc.commands.build import build_kubernetes
+    from umemc.stack.resolve import load_stack
+
+    image = "registry.example/llama.cpp:server-rpc-b9426"
+    stack = write_stack(_split_stack(f'image = "{image}"\n'))
+    plan = make_plan(load_stack(stack))
+    out = tmp_path / "out"
+    build_kubernetes(plan, out)
+    found = docs(out)
+    _strict_valid(found)
+    by = {(d["kind"], d["metadata"]["name"]): d for _, d in found}
+    budget = json.loads((out / "budget.json").read_text())
+    parts = {p["node"]: p for p in budget["models"]["smol"]["split"]}
+    main = by[("Deployment", "smol")]["spec"]["template"]["spec"]["containers"][0]
+    assert main["args"][main["args"].index("--rpc") + 1] == "smol-rpc-b:50100,smol-rpc-c:50200"
+    assert main["resources"]["requests"]["memory"] == str(parts["a"]["estimate_bytes"])
+    for node, port in (("b", 50100), ("c", 50200)):
+        d = by[("Deployment", f"smol-rpc-{node}")]
+        pod = d["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        assert (c["image"], c["command"], c["args"]) == (
+            image,
+            ["/app/ggml-rpc-server"],
+            ["--host", "0.0.0.0", "--port", str(port)],
+        )
+        assert c["resources"]["requests"]["memory"] == str(parts[node]["estimate_bytes"])
+        terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert terms == [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]
+        assert by[("Service", f"smol-rpc-{node}")]["spec"]["ports"][0]["port"] == port
+        # llama.cpp's RPC has no authentication: only the model's own pods may reach its parts
+        policy = by[("NetworkPolicy", f"smol-rpc-{node}")]["spec"]
+        model_pods = {"app.kubernetes.io/name": "smol", "app.kubernetes.io/instance": "spread"}
+        assert policy["ingress"] == [
+            {"from": [{"podSelector": {"matchLabels": model_pods}}], "ports": [{"port": "rpc"}]}
+        ]
+    resources = yaml.safe_load((out / "kubernetes" / "kustomization.yaml").read_text())["resources"]
+    assert {"models/smol.yaml", "models/smol-rpc-b.yaml", "models/smol-rpc-c.yaml"} <= set(resources)
+    assert {("Deployment", f"smol-rpc-{n}") for n in "bc"} <= {
+        (d["kind"], d["metadata"]["name"]) for d in kustomize(out / "kubernetes")
+    }

@@ -134,7 +134,8 @@ def _targets(plan: Plan, name: str, m: ModelPlan, nodes: dict[str, Node], bundle
         home = plan.placement.home.get(name)
         if home is None or name in plan.placement.unplaced:
             return []
-        return [Target(_dns(name), (nodes[home],), m, bundles[home].programs[name])]
+        program = bundles[home].programs[name]  # its plan there: a split model's part on its main node
+        return [Target(_dns(name), (nodes[home],), program.plan, program)]
     admissible = list(plan.placement.cold.get(name, ())) or [plan.placement.home[name]]
     variant_of = _variant_keys(plan, nodes, m.model.spec.runtime)
     groups: dict[tuple[int, str | None], list[str]] = {}
