@@ -238,7 +238,7 @@ def test_the_runtime_is_composed_of_parts_that_own_their_state() -> None:
 GATEWAY_OWNERS = {
     "slots.py": {"in_flight", "waiters", "last_used", "drain_since", "drained", "latency_ewma"},
     "sync.py": {"state", "usage", "given_up", "restarts", "health_failures"},
-    "scheduler.py": {
+    "process.py": {
         "starting",
         "evicted",
         "failure",

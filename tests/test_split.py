@@ -10,13 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from umemc.budget.split import QuotaOf, Room, plan_split
+from umemc.budget.plan import hard_quota
+from umemc.budget.split import Room, plan_split
 from umemc.catalog.archs import LlmShape
 from umemc.estimate.figures import Estimate, Figure
 from umemc.estimate.gguf_file import GgufFacts
 
 MiB = 2**20
 N = 10
+
+
+def QUOTA(n: int) -> int:  # noqa: N802 - the stack's quota_headroom 0.1
+    return hard_quota(n, 0.10)
 
 
 def facts() -> GgufFacts:
@@ -38,13 +43,13 @@ def whole() -> Estimate:
 
 def split(rooms: list[Room]):  # type: ignore[no-untyped-def]
     return plan_split(
-        "big", whole(), facts(), rooms, QuotaOf(0.10), context=4096, parallel=1, ubatch=512, kv_cache="f16",
+        "big", whole(), facts(), rooms, QUOTA, context=4096, parallel=1, ubatch=512, kv_cache="f16",
         flash_attn=True, repack=False,
     )  # fmt: skip
 
 
 def parts(s) -> list[tuple[str, str, int, int]]:  # type: ignore[no-untyped-def]
-    return [(p.node, p.holds, p.estimate.estimate_bytes // MiB, QuotaOf(0.10)(p.estimate.estimate_bytes) // MiB)
+    return [(p.node, p.holds, p.estimate.estimate_bytes // MiB, hard_quota(p.estimate.estimate_bytes, 0.10) // MiB)
             for p in s.parts]  # fmt: skip
 
 

@@ -220,7 +220,7 @@ def test_a_starting_worker_is_asked_often_and_supervisord_seldom(tmp_path: Path)
     """While a cold worker starts, its health URL is asked every 2 ms in its first half second (then every 10 ms to
     its first second, then every HEALTH_POLL_S), supervisord's process table every HEALTH_POLL_S: asking supervisord
     (XML-RPC) every 10 ms kept a core busy while the worker was starting."""
-    from umemc.runtime.gateway.scheduler import HEALTH_POLL_S, poll_interval
+    from umemc.runtime.gateway.process import HEALTH_POLL_S, poll_interval
 
     assert [poll_interval(t) for t in (0.0, 0.49, 0.5, 0.99, 1.0, 60.0)] == [0.002, 0.002, 0.01, 0.01, 0.1, 0.1]
 

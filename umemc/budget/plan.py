@@ -534,7 +534,7 @@ def _split_models(
     server program NAME-rpc with its part's; the placement says where."""
     from ..estimate.gguf_file import NotGguf
     from ..estimate.gguf_file import read as read_gguf
-    from .split import QuotaOf, Room, plan_split
+    from .split import Room, plan_split
 
     out: dict[str, Split] = {}
     wanted = [i for i in items if i.name in placement.unplaced and loaded.stack.models[i.name].split]
@@ -550,7 +550,11 @@ def _split_models(
                 gpu = gpu_left[node]
                 gpu_left[node] = None if gpu is None else gpu - mp.gpu_quota_hard
     ports = {n: loaded.nodes[n].rpc_port for n in loaded.nodes}
-    quota = QuotaOf(loaded.stack.policy.quota_headroom)
+    headroom = loaded.stack.policy.quota_headroom
+
+    def quota(n: int) -> int:
+        return hard_quota(n, headroom)
+
     for item in wanted:
         name, spec = item.name, loaded.stack.models[item.name]
         at = ("models", name, "split")

@@ -25,7 +25,7 @@ its room holds, in order, finds a split whenever one exists (a later part only e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from ..estimate.figures import Estimate, Figure
@@ -38,6 +38,7 @@ from ..units import MiB
 # on CPU with the llama.cpp the tests build: 5.2 MiB resident before its first client
 RPC_SERVER_BASE = 8 * MiB
 RPC_PROGRAM = "ggml-rpc-server"  # the binary (llama.cpp's tools/rpc, built with -DGGML_RPC=ON)
+Quota = Callable[[int], int]  # a part's hard quota from its estimate (the stack's quota_headroom)
 
 
 class Room(NamedTuple):
@@ -104,7 +105,7 @@ def plan_split(
     whole: Estimate,
     facts: GgufFacts,
     rooms: Sequence[Room],
-    quota: QuotaOf,
+    quota: Quota,
     *,
     context: int,
     parallel: int,
@@ -133,18 +134,6 @@ def plan_split(
             if got is not None:
                 return Split(name, main.node, shape.n_layer, gpu_main, got)
     return None
-
-
-class QuotaOf:
-    """A part's hard quota from its estimate (the stack's quota_headroom)."""
-
-    def __init__(self, headroom: float):
-        from .plan import hard_quota
-
-        self.headroom, self._hard = headroom, hard_quota
-
-    def __call__(self, n: int) -> int:
-        return self._hard(n, self.headroom)
 
 
 def _state_by_layer(whole: Estimate, kv: list[int]) -> list[int]:
@@ -210,7 +199,7 @@ class _Costs:
         return Estimate(self.name, "split", w, kv, compute, overhead, gpu, None, facts, ())
 
 
-def _fill(order: list[Room], main: Room, layers: list[int], costs: _Costs, quota: QuotaOf) -> tuple[Part, ...] | None:
+def _fill(order: list[Room], main: Room, layers: list[int], costs: _Costs, quota: Quota) -> tuple[Part, ...] | None:
     """Fill the parts of ORDER (llama.cpp's layer order) with blocks, the main node's first: each takes as many as
     its room holds, from the front when the main node leads (its CPU), from the back when it ends the order (its
     GPU, with the output layer); the part filled last takes the rest. None where the rest does not fit it, or a
@@ -245,13 +234,13 @@ def _fill(order: list[Room], main: Room, layers: list[int], costs: _Costs, quota
     return tuple(parts)
 
 
-def _fits(room: Room, est: Estimate, quota: QuotaOf) -> bool:
+def _fits(room: Room, est: Estimate, quota: Quota) -> bool:
     gpu_need = quota(est.gpu.bytes) if est.gpu.bytes else 0
     return quota(est.estimate_bytes) <= room.ram and (room.gpu is None or gpu_need <= room.gpu)
 
 
 def _most(
-    room: Room, left: int, costs: _Costs, quota: QuotaOf, *, main: bool, output: bool, gpu_main: bool,
+    room: Room, left: int, costs: _Costs, quota: Quota, *, main: bool, output: bool, gpu_main: bool,
     from_front: bool, n: int,
 ) -> int:  # fmt: skip
     """How many of the LEFT blocks not yet given the part fits: the first of them (filling from the front) or the

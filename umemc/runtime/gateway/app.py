@@ -44,7 +44,9 @@ async def openai(request: web.Request) -> web.StreamResponse:
         "multipart/"
     ):  # Ollama's per-request keep_alive, on these routes too (parsed only when there)
         doc = strict_json(body)
-        request.app[SCHED].keep_alive(m, ollama.keep_alive_of(doc.get("keep_alive") if isinstance(doc, dict) else None))
+        request.app[SCHED].process.keep_alive(
+            m, ollama.keep_alive_of(doc.get("keep_alive") if isinstance(doc, dict) else None)
+        )
     call = Call(request.method, request.path_qs, body, asked)
     return await forward(request, m, call, progress=_progress(request, m, asked, body))
 
@@ -55,7 +57,7 @@ def _progress(request: web.Request, m: Model, asked: str, body: bytes) -> Progre
     style = sched.gw.loading_progress
     if style == "off" or m.ready or not request.path.endswith("/completions") or not STREAMS.search(body):
         return None
-    return Progress(request, sched.stage, m, asked, style, chat=request.path.endswith("/chat/completions"))
+    return Progress(request, sched.process.stage, m, asked, style, chat=request.path.endswith("/chat/completions"))
 
 
 PATH_SAFE = "/:@!$&'()*+,;="  # kept as they are (RFC 3986's sub-delims, ':', '@' and '/'); the rest encoded

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .core import Evicted
 from .model import CONNECT_ERRORS, Refused
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .history import Memory
     from .leases import LeaseBook
     from .model import Model
+    from .process import Process
     from .slots import Slots
     from .sync import StateSync
 
@@ -44,9 +45,9 @@ class Host(Protocol):
     memory: Memory
     book: LeaseBook
 
-    async def stop(self, m: Model, why: str, evicted: Evicted = ..., **detail: Any) -> None: ...
+    process: Process  # what starts and stops a model
+
     def decide_model(self, m: Model) -> Decision: ...
-    def begin_start(self, m: Model, decision: Decision) -> None: ...
     def committed(self) -> tuple[int, int]: ...
     def release_lease(self, lease_id: str, why: str = ...) -> Lease | None: ...
     def idle_limit(self, m: Model) -> float | None: ...
@@ -93,7 +94,7 @@ class Housekeeping:
             if limit is not None and idle and now - q.last_used >= limit:
                 asked = {"reason": "keep_alive"} if m.keep_alive_s is not None else {}
                 with contextlib.suppress(Refused):  # recorded as ttl_unload_failed; tried again next round
-                    await s.stop(
+                    await s.process.stop(
                         m, "ttl_unload", Evicted.STAY_DOWN, idle_s=round(now - q.last_used, 1), ttl_s=limit, **asked
                     )
 
@@ -127,7 +128,9 @@ class Housekeeping:
                       "measure": measure}  # fmt: skip
             with contextlib.suppress(Refused):  # said in defragment_failed; tried again once it holds as long
                 # a hot one is restored at the next round, where it fits
-                await s.stop(m, "defragment", Evicted.RESTORE if m.plan.mode == "hot" else Evicted.STAY_DOWN, **detail)
+                await s.process.stop(
+                    m, "defragment", Evicted.RESTORE if m.plan.mode == "hot" else Evicted.STAY_DOWN, **detail
+                )
 
     async def restore_hot(self) -> None:
         """A hot worker the gateway evicted comes back once it fits without evicting anything."""
@@ -139,5 +142,5 @@ class Housekeeping:
                 decision = s.decide_model(m)
                 if not decision.fits or decision.victims:
                     continue
-                s.begin_start(m, decision)
+                s.process.begin_start(m, decision)
             s.events.add("restore", m.name, reason="hot worker evicted earlier fits again")

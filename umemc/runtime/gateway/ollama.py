@@ -307,7 +307,7 @@ async def _load_or_unload(
         reason = "unload"
     else:
         await sched.load(m, admit_of(request))
-        sched.keep_alive(m, keep)
+        sched.process.keep_alive(m, keep)
         reason = "load"
     doc: dict[str, Any] = {"model": asked, "created_at": now_iso(), "done": True, "done_reason": reason}
     if field == "message":
@@ -322,7 +322,7 @@ async def _load_or_unload(
 async def _send(
     request: web.Request, m: Model, asked: str, keep: float | None, path: str, body: dict[str, Any], field: str
 ) -> web.StreamResponse:
-    request.app[SCHED].keep_alive(m, keep)  # keep_alive 0: housekeeping unloads it once this request is done
+    request.app[SCHED].process.keep_alive(m, keep)  # keep_alive 0: housekeeping unloads it once this request is done
     call = Call("POST", path, json.dumps(body).encode(), asked)
     relay = _Translate(field, time.monotonic(), stream=bool(body.get("stream")))
     return await forward(request, m, call, relay.run)

@@ -1,5 +1,5 @@
-"""The gateway's scheduler: the admission decisions (cold starts, leases, pressure, a person's start and stop) and
-the starts and stops they make; the parts it composes own the rest.
+"""The gateway's scheduler: the admission decisions (cold starts, leases, pressure, a person's start and stop); the
+starts and stops they decide are made by process.py, and the parts it composes own the rest.
 
 Everything runs on one event loop. A request for a ready model with a free slot and nobody queued
 takes the fast path (slots.py: no lock, no await). Everything else queues and wakes the pump, which makes
@@ -11,7 +11,8 @@ start: interleaved A B C A B C loads start each model once.
 The parts, each the one owner of its state: model.py (a model: its plan, lifecycle and the stack's view of it),
 slots.py (routes, slots, queues, drains), leases.py (the lease book, a ledger), sync.py (supervisord's and the
 enforcer's view, health, gateway.json), traffic.py (tokens, the HTTP side's), housekeeping.py (the half-second
-round: idle unloads, fragmented restarts, hot restores, expiries). The slots ask the scheduler about
+round: idle unloads, fragmented restarts, hot restores, expiries), process.py (a model's start, its stage in words, its
+stop, a client's keep_alive). The slots ask the scheduler about
 admission through core.Admission; the other parts are given what they use and a `kick`."""
 
 from __future__ import annotations
@@ -28,66 +29,26 @@ from typing import Any
 from ...budget.policy import Budget, Decision, Held, Lease, Need, attach, decide, pressure_victim
 from ...contract import ContractError, GatewayDoc, GatewayState, ModelDoc, PlanDoc, read_optional, read_plan
 from ...names import PLAN_FILE
-from ...records import gate_text, write_atomic
-from .. import pagecache
 from ..events import EventLog
-from ..members import same_process
 from ..rundir import RunDir
-from ..supervisor import STARTED, Supervisor
-from . import figures, kvslots
+from ..supervisor import Supervisor
+from . import figures
 from .core import Admit, Evicted, Write
 from .generation import GenerationBudget
 from .history import Memory, Requests
 from .housekeeping import Housekeeping
 from .leases import LeaseBook
 from .lifecycle import Lifecycle, Phase
-from .model import ANSWERING, CONNECT_ERRORS, Model, ProcState, Refused
-from .progress import load_step, log_size
+from .model import ANSWERING, CONNECT_ERRORS, Model, Refused
+from .process import Process
 from .slots import Slots
 from .sync import StateSync
 from .traffic import Traffic
 
-HEALTH_POLL_S = 0.1
-# a starting worker is asked every 2 ms in its first half second (a refused connection costs ~0.1 ms of the loop),
-# every 10 ms to the end of its first second, then every HEALTH_POLL_S (a model loading for minutes)
-FIRST_POLLS = ((0.5, 0.002), (1.0, 0.01))
-
-
-def poll_interval(waited: float) -> float:
-    """How long a start waits before it asks the worker again, after `waited` seconds."""
-    return next((every for until, every in FIRST_POLLS if waited < until), HEALTH_POLL_S)
-
-
 # What bringing back a model never started on demand is taken to cost: its size read at this rate (a page-cached
 # or NVMe read is faster, a cold disk slower); a measured start (the event log's cold_start) replaces it.
 ASSUMED_LOAD_BYTES_PER_S = 1 << 30
-EXITED_GRACE_S = 3.0  # supervisord restarts an exited autorestart program at once
-# how long a gated start waits for the processes of its victims (their KV slots saved, their stop), after which its
-# wrapper refuses to start the worker beside them; the gateway removes the gate long before, unless it died
-GATE_S = 600.0
-
 __all__ = ["Admit", "Model", "Refused", "Scheduler"]
-
-
-def _remove_tree(path: Path) -> None:
-    """Whatever is at `path` in umemc's own state dir goes, a directory with all it holds too (never followed: a
-    link is removed, not what it points to)."""
-    import shutil
-
-    with contextlib.suppress(OSError):
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
-
-
-# a stop's event kind, as the reason of its change of phase
-STOPPED_FOR = {
-    "evict": "evicted",
-    "ttl_unload": "idle past its ttl",
-    "unload": "unloaded on request",
-    "defragment": "restarted for its fragmentation",
-}
 
 
 class Scheduler:
@@ -108,9 +69,6 @@ class Scheduler:
         self.traffic = {n: Traffic() for n in plan.models}
         self.lock = asyncio.Lock()
         self.run_start = events.last_id("up")  # metrics count this run's events
-        for name, event in events.latest(self.run_start, "cold_start").items():  # a restarted gateway's
-            if name in self.models and isinstance(event.detail.get("seconds"), (int, float)):
-                self.models[name].last_cold_start_s = event.detail["seconds"]
         self.slots = Slots(self.models, plan.models, self.gw, self)
         self.book = LeaseBook()
         self.sync = StateSync(
@@ -124,6 +82,7 @@ class Scheduler:
         self._tasks: list[asyncio.Task[None]] = []
         self._deferred: str | None = None  # the pressure victim waited for (one evict_deferred event)
         self.housekeeping = Housekeeping(self)  # the half-second round (housekeeping.py)
+        self.process = Process(self)  # what makes a model ready and stops it (process.py)
         self._background: set[asyncio.Task[None]] = set()
 
     def _model(self, name: str, doc: ModelDoc) -> Model:
@@ -341,7 +300,7 @@ class Scheduler:
             return m.last_cold_start_s, "measured"
         return round(m.plan.estimate_bytes / ASSUMED_LOAD_BYTES_PER_S, 3), "size"
 
-    def _eviction_detail(self, victim: Model, priority: int) -> dict[str, Any]:
+    def eviction_detail(self, victim: Model, priority: int) -> dict[str, Any]:
         """Why this victim: its priority against the start's, and among equals what it costs to bring back."""
         seconds, source = self.restore_cost(victim)
         return {"for_priority": priority, "restore_s": seconds, "restore_from": source}
@@ -404,7 +363,7 @@ class Scheduler:
             if m.ready or m.starting is not None or m.evicting or not self.slots[m.name].waiters:
                 continue  # served, starting, or being stopped (it is started afresh once down)
             if m.live:  # supervisord runs it (a restart after a crash, or started outside the gateway)
-                self.begin_start(m, Decision(fits=True))
+                self.process.begin_start(m, Decision(fits=True))
                 continue
             decision = self.decide_model(m)
             if decision.fits:
@@ -417,239 +376,12 @@ class Scheduler:
             self.models[v].life.to(Phase.STOPPING, f"evicted for {m.name}")
         for v in decision.drain:
             self.drain(self.models[v], f"evicted for {m.name} once its requests are done")
-        self.begin_start(m, decision)
+        self.process.begin_start(m, decision)
 
     def drain(self, m: Model, why: str) -> None:
         """It serves the requests queued before now, takes none after."""
         m.life.to(Phase.DRAINING, why)
         self.slots.drain(m)
-
-    def begin_start(self, m: Model, decision: Decision) -> None:
-        m.life.to(Phase.STARTING)
-        m.draining_for, m.victims = decision.drain, decision.victims
-        m.log_mark = log_size(self.run.log(m.name))
-        m.starting = asyncio.create_task(self._start(m, decision))
-
-    def stage(self, m: Model) -> str:
-        """Where a start stands, in words (what a waiting streamed request is told): the victims it waits for,
-        the worker starting, its load as the runtime says it, ready."""
-        if m.ready:
-            return "ready"
-        draining = [v for v in m.draining_for if self.models[v].life.phase is Phase.DRAINING]
-        if draining:
-            return f"waiting for {', '.join(draining)} to finish their requests"
-        stopping = [v for v in m.victims if self.models[v].live]
-        if stopping:
-            return f"evicting {', '.join(stopping)} to make room"
-        if m.starting is None:
-            return "queued"
-        if m.state not in ANSWERING:
-            return "starting"
-        step = load_step(self.run.log(m.name), m.log_mark) or "starting"
-        weights = m.plan.estimate_parts.weights_bytes
-        if step == "loading weights" and weights and m.usage:  # the enforcer's figure: what of them is in memory
-            return f"loading weights: {min(m.usage, weights) / 2**20:.0f} of {weights / 2**20:.0f} MiB in memory"
-        return step
-
-    async def _start(self, m: Model, decision: Decision) -> None:
-        t0 = time.monotonic()
-        try:
-            if decision.drain and not await self.slots.wait_drained(decision.drain, self.gw.drain_timeout_s):
-                self.undrainable |= set(decision.drain)
-                self.events.add(
-                    "drain_timeout", m.name, victims=decision.drain, drain_timeout_s=self.gw.drain_timeout_s
-                )
-                return
-            await self._evict_and_start(m, decision.victims)
-            await self._release_cache(m, others=True)  # the victims' files, and every stopped model's
-            await self._wait_healthy(m)
-            await self._release_cache(m, others=False)  # its own, its weights in the GPU's buffers now
-            if m.saved_slots and m.port is not None:
-                prompt = self.traffic[m.name].prompt_speed
-                await kvslots.restore(m.port, m.name, m.saved_slots, self.events, prompt)
-                m.saved_slots = []
-            self._ready(m, decision, time.monotonic() - t0)
-        except Refused as exc:
-            m.failure = exc.message
-            private = {"detail": exc.private} if exc.private else {}
-            self.events.add("cold_start_failed", m.name, reason=exc.message, **private)
-            self.slots.fail_waiters(m, exc)
-        except CONNECT_ERRORS as exc:
-            m.failure = f"supervisord did not answer: {exc}"
-            self.slots.fail_waiters(m, Refused(f"model {m.name} could not start: {m.failure}", "start_failed", 5))
-        finally:
-            for v in decision.victims:  # a drain that timed out, a start abandoned: the victims serve on
-                victim = self.models[v]
-                if victim.life.phase in (Phase.DRAINING, Phase.STOPPING):
-                    victim.life.to(Phase.READY, "its eviction was abandoned")
-                self.slots.undrain(victim)
-            if m.life.phase is Phase.STARTING:
-                m.life.to(Phase.DOWN, m.failure or "the start was abandoned")
-            m.starting, m.draining_for, m.victims = None, [], []
-            self.slots.dispatch(m)
-            self.kick()
-
-    async def _release_cache(self, m: Model, *, others: bool) -> None:
-        """Where the GPU allocates from system memory through its driver (nvidia-unified), the cached pages of model
-        files nobody maps are released (umemc.runtime.pagecache): the kernel's reclaim would not give them to a CUDA
-        allocation in time. `others`: every model's files but this one's (before its load goes far); else this
-        one's. Said in a page_cache_released event where any were."""
-        if self.plan.platform.kind != "nvidia-unified":
-            return
-        files = pagecache.model_files(x.plan for x in self.models.values() if (x is not m) == others)
-        if not files:
-            return
-        freed = await asyncio.to_thread(pagecache.release, files)
-        if freed:
-            self.events.add(
-                "page_cache_released",
-                m.name,
-                bytes=freed,
-                files=[str(f) for f in files],
-                before="load" if others else "serving",
-            )
-
-    def _ready(self, m: Model, decision: Decision, seconds: float) -> None:
-        m.life.to(Phase.READY)
-        m.failure, m.evicted = None, False
-        self.slots.touch(m)
-        self.sync.mark_healthy(m)
-        m.cold_starts += 1
-        m.last_cold_start_s = round(seconds, 3)
-        waiting = self.slots[m.name].queued
-        self.events.add("cold_start", m.name, seconds=m.last_cold_start_s, evicted=decision.victims, waiting=waiting)
-        if self.metrics is not None:
-            self.metrics.cold_start(m.name, m.last_cold_start_s)
-
-    async def _evict_and_start(self, m: Model, victims: list[str]) -> None:
-        """Stop the victims and start the model. Where every victim's process is on record (the wrapper's
-        `pid starttime`, naming a live process: a record the wrapper could not rewrite names an older one), the
-        model starts while they stop, behind a gate (RunDir.gate): its exec wrapper starts,
-        enters its cgroup and waits for their processes to exit before the worker runs, so the memory is never
-        held twice and the wrapper's own start (~20-50 ms) is off the cold start's path. The gate goes once they
-        are stopped; when a stop fails, the model is stopped first (the gate stays if it cannot be)."""
-        stops = [
-            self.stop(
-                self.models[v], "evict", for_model=m.name, **self._eviction_detail(self.models[v], m.plan.priority)
-            )
-            for v in victims
-        ]
-        gate = self._open_gate(m, victims)
-        if gate is None:  # one after the other
-            await asyncio.gather(*stops)
-            await self._ensure_started(m)
-            return
-        results = await asyncio.gather(*stops, self._ensure_started(m), return_exceptions=True)
-        failed = next((r for r in results if isinstance(r, BaseException)), None)
-        if failed is not None:
-            if await asyncio.to_thread(self.supervisor.try_stop, m.name, wait=True) not in (None, "not running"):
-                raise failed  # it may still run: its wrapper must keep waiting at the gate
-            self.sync.stopped(m)
-        with contextlib.suppress(OSError):
-            gate.unlink(missing_ok=True)
-        if failed is not None:
-            raise failed
-
-    def _open_gate(self, m: Model, victims: list[str]) -> Path | None:
-        """The gate the model's start waits at, written; None where there is to be none: no victims, a victim's
-        record missing or naming a gone process, or a gate that cannot be written (a full disk). A gate a lost
-        gateway left goes then: it must not hold this start."""
-        gate = self.run.gate(m.name)
-        if gate.is_symlink() or (gate.exists() and not gate.is_file()):
-            _remove_tree(gate)  # a directory (or any non-file) there would keep the wrapper from ever passing
-        records = [self.run.record(v) for v in victims]
-        live = [r for r in records if r is not None and same_process(r)]
-        if victims and len(live) == len(victims):
-            try:
-                gate.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                write_atomic(gate, gate_text(time.time() + GATE_S, [(r.pid, r.start, r.name) for r in live]))
-                return gate
-            except OSError:
-                pass
-        with contextlib.suppress(OSError):
-            gate.unlink(missing_ok=True)
-        return None
-
-    async def _processes(self) -> dict[str, dict[str, Any]]:
-        return await asyncio.to_thread(self.supervisor.processes)
-
-    async def _ensure_started(self, m: Model) -> None:
-        """Start it unless supervisord already runs it; one being stopped is started once it is down."""
-        deadline = time.monotonic() + 60
-        while m.state is ProcState.STOPPING and time.monotonic() < deadline:
-            await asyncio.sleep(HEALTH_POLL_S)
-            self.sync.observe(m, (await self._processes()).get(m.name))
-        if m.state not in STARTED:
-            # spawns now (STARTING on return), or supervisord's own restart after a crash already does
-            await asyncio.to_thread(self.supervisor.ensure_started, m.name)
-            self.sync.observe(m, {"statename": ProcState.STARTING})
-
-    async def _wait_healthy(self, m: Model) -> None:
-        """Until supervisord runs it and its health URL answers. The worker is asked often in its first second (a
-        small worker answers within tens of ms; a fixed 100 ms poll was most of its cold start: a refused
-        connection costs next to nothing), then every HEALTH_POLL_S (a model loading for a minute); supervisord,
-        whose answer is a process table over XML-RPC, every HEALTH_POLL_S throughout (asked every 10 ms it kept a
-        core of a 2-core machine busy while the wrapper and the worker were starting)."""
-        began = time.monotonic()
-        deadline = began + self.gw.start_timeout_s
-        exited_since: float | None = None
-        state, asked = m.state, -HEALTH_POLL_S
-        while time.monotonic() < deadline:
-            if time.monotonic() - asked >= HEALTH_POLL_S or state not in ANSWERING:
-                info = (await self._processes()).get(m.name, {})
-                state, asked = self.sync.observe(m, info), time.monotonic()
-                # EXITED is where a crashed worker waits for supervisord's autorestart (a moment): not a failure
-                # unless it stays there
-                exited_since = (exited_since or time.monotonic()) if state is ProcState.EXITED else None
-                lingering = exited_since is not None and time.monotonic() - exited_since > EXITED_GRACE_S
-                # BACKOFF after "Exited too quickly" is supervisord retrying (startretries): wait for it; another
-                # spawn error (a missing command) does not heal
-                retrying = "Exited too quickly" in str(info.get("spawnerr") or "")
-                failed = (
-                    state in (ProcState.FATAL, ProcState.STOPPED, ProcState.UNKNOWN)
-                    or lingering
-                    or (state is ProcState.BACKOFF and bool(info.get("spawnerr")) and not retrying)
-                )
-                if failed:  # supervisord's spawn error may name paths: the event log has it, the client not
-                    raise Refused(
-                        f"worker {m.name} failed to start: it is {state}; `umemc logs {m.name}` shows why",
-                        "start_failed",
-                        10,
-                        private=f"{info.get('spawnerr') or ''} (log: {self.run.log(m.name)})".lstrip(),
-                    )
-            if state in ANSWERING and self.sync.probe is not None and await self.sync.probe(m):
-                return
-            await asyncio.sleep(poll_interval(time.monotonic() - began))
-        raise Refused(
-            f"worker {m.name} did not become healthy within {self.gw.start_timeout_s:g} s", "start_timeout", 10
-        )
-
-    async def stop(self, m: Model, why: str, evicted: Evicted = Evicted.RESTORE, **detail: Any) -> None:
-        """Stop a worker (eviction, TTL unload, a restart for fragmentation). A hot worker evicted to admit another
-        (or restarted) comes back when it fits again (Evicted.RESTORE); one evicted for pressure stays down, or it
-        would oscillate. A
-        llama-server that was serving has its slots' KV saved first (umemc.runtime.gateway.kvslots)."""
-        if m.state in ANSWERING and m.plan.kv_slots and m.port is not None:  # (already marked STOPPING)
-            m.saved_slots = await kvslots.save(m.port, m.name, m.plan.kv_slots, self.events)
-        # the reason it was marked STOPPING with (evicted for X), else the stop's own
-        m.life.to(Phase.STOPPING, m.life.why if m.life.phase is Phase.STOPPING else STOPPED_FOR.get(why, why))
-        try:
-            usage = m.usage
-            failed = await asyncio.to_thread(self.supervisor.try_stop, m.name, wait=True)
-            if failed is not None and failed != "not running":
-                self.events.add(f"{why}_failed", m.name, by="gateway", reason=failed, **detail)
-                raise Refused(f"could not stop {m.name} to make room: {failed}", "stop_failed", 5)
-            m.life.to(Phase.DOWN, m.life.why)
-            self.sync.stopped(m)
-            m.evicted = why in ("evict", "defragment") and evicted is Evicted.RESTORE
-            m.keep_alive_s = None  # a client's keep_alive lasts while the model runs
-            self.events.add(why, m.name, by="gateway", usage_bytes=usage, priority=m.plan.priority, **detail)
-            if self.metrics is not None:
-                self.metrics.eviction(m.name, why)
-        finally:
-            if m.life.phase is Phase.STOPPING:  # the stop failed: it still runs
-                m.life.to(Phase.READY, "the stop failed")
-            self.kick()  # requests that arrived for it meanwhile start it again
 
     # -- leases: from the request to the ledger, one way ------------------------------------------
     async def grant_lease(
@@ -687,12 +419,12 @@ class Scheduler:
         try:
             await asyncio.gather(
                 *(
-                    self.stop(
+                    self.process.stop(
                         self.models[v],
                         "evict",
                         for_lease=lease.id,
                         holder=holder,
-                        **self._eviction_detail(self.models[v], priority),
+                        **self.eviction_detail(self.models[v], priority),
                     )  # fmt: skip
                     for v in decision.evict
                 )
@@ -730,13 +462,6 @@ class Scheduler:
     async def housekeeping_once(self, now: float | None = None) -> None:
         await self.housekeeping.once(now)
 
-    def keep_alive(self, m: Model, seconds: float | None) -> None:
-        """A client's keep_alive, as Ollama means it: how long the model stays loaded once idle (math.inf: until
-        evicted, 0: unloaded as soon as it is idle); None leaves what was asked before. It holds until the model
-        stops. It never shields a model: admission, priority and pressure treat it as before."""
-        if seconds is not None:
-            m.keep_alive_s = seconds
-
     def idle_limit(self, m: Model) -> float | None:
         """How long the model may stay idle before it is unloaded: a client's keep_alive, else a cold model's ttl;
         None: no limit."""
@@ -751,7 +476,7 @@ class Scheduler:
         take a higher priority instead. The stop runs in the background: the enforcer never waits."""
         pol = self.plan.policy
         try:  # a fresh view first: a worker the enforcer stopped a moment ago (a give-up) is no victim
-            infos: dict[str, dict[str, Any]] | None = await self._processes()
+            infos: dict[str, dict[str, Any]] | None = await self.process.processes()
         except CONNECT_ERRORS:
             infos = None  # supervisord did not answer: the last poll's view
         async with self.lock:
@@ -780,7 +505,7 @@ class Scheduler:
             "evict_above": pol.evict_above,
             "load_below": pol.load_below,
         }
-        task = asyncio.create_task(self.stop(m, "evict", Evicted.STAY_DOWN, **detail))
+        task = asyncio.create_task(self.process.stop(m, "evict", Evicted.STAY_DOWN, **detail))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return {"action": "evicting", "model": m.name}
@@ -795,7 +520,7 @@ class Scheduler:
             if not decision.fits:
                 raise Refused(f"model {m.name} cannot start now: {decision.reason(self.need_for(m))}", "not_admissible")
             self.events.add("action", m.name, action="start", evicts=decision.victims)
-            m.evicted = False
+            self.process.asked(m)
             self.launch(m, decision)
         return f"starting {m.name}" + (f", evicting {', '.join(decision.victims)}" if decision.victims else "")
 
@@ -829,5 +554,5 @@ class Scheduler:
                     "not stopped",
                     "busy",
                 )
-        await self.stop(m, "unload", Evicted.STAY_DOWN)
+        await self.process.stop(m, "unload", Evicted.STAY_DOWN)
         return f"stopped {m.name}"

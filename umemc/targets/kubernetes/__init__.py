@@ -45,6 +45,7 @@ from .common import (
     _priority_class,
     _targets,
     _unique,
+    rpc_name,
 )
 from .gateway import _gateway, _network_policies, _secrets_readme
 from .keda import _keda
@@ -98,7 +99,7 @@ def render_items(plan: Plan) -> Iterator[tuple[str, str]]:
             rpc.check_images(plan, m, nodes)
             for part in m.split.helpers:
                 helper = bundles[part.node].programs[f"{name}-rpc"].plan
-                resources.append(f"models/{rpc.rpc_name(name, part.node)}.yaml")
+                resources.append(f"models/{rpc_name(name, part.node)}.yaml")
                 yield resources[-1], header + dump_all(rpc.part_objects(plan, m, part, nodes[part.node], helper))
         port = targets[0].program.port
         if port is not None and m.model.spec.runtime in OPENAI_RUNTIMES:

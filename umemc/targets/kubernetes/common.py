@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ...budget.plan import ModelPlan, Plan
+from ...budget.split import Part, Split
 from ...chars import kube_name
 from ...compile.bundle import Bundle, Program, compile_bundle
 from ...errors import UsageError
@@ -244,3 +245,23 @@ def _node_affinity(nodes: tuple[Node, ...]) -> dict[str, Any]:
             for labels in selectors
         ]
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+
+
+def rpc_name(model: str, node: str) -> str:
+    """The Deployment and Service of a model's part on a node: MODEL-rpc-NODE, or cut to fit a DNS label with a
+    short hash of the whole (a Service name is a DNS label)."""
+    name = f"{_dns(model)}-rpc-{_dns(node)}"
+    if DNS_LABEL.fullmatch(name):
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[:54].rstrip('-')}-{digest}"
+
+
+def rpc_endpoints(split: Split) -> str:
+    """The --rpc value in a cluster: each helper's Service, in the split's order."""
+    return ",".join(f"{rpc_name(split.model, p.node)}:{rpc_port(p)}" for p in split.helpers)
+
+
+def rpc_port(p: Part) -> int:
+    assert p.endpoint is not None
+    return int(p.endpoint.rpartition(":")[2])

@@ -9,37 +9,16 @@ beside llama-server (`bin`'s directory, else /app as in llama.cpp's images)."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import PurePosixPath
 from typing import Any
 
 from ...budget.plan import ModelPlan, Plan
-from ...budget.split import RPC_PROGRAM, Part, Split
+from ...budget.split import RPC_PROGRAM, Part
 from ...catalog.runtimes import GPU_RESOURCE, holds_gpu_device
-from .common import DNS_LABEL, Node, _affinity, _dns, _labels, _pc_name
+from .common import Node, _affinity, _dns, _labels, _pc_name, rpc_name, rpc_port
 from .workloads import _image, _pod_security, _version_label
 
 IMAGE_DIR = "/app"  # where llama.cpp's images keep their programs
-
-
-def rpc_name(model: str, node: str) -> str:
-    """The Deployment and Service of a model's part on a node: MODEL-rpc-NODE, or cut to fit a DNS label with a
-    short hash of the whole (a Service name is a DNS label)."""
-    name = f"{_dns(model)}-rpc-{_dns(node)}"
-    if DNS_LABEL.fullmatch(name):
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-    return f"{name[:54].rstrip('-')}-{digest}"
-
-
-def endpoints(split: Split) -> str:
-    """The --rpc value in a cluster: each helper's Service, in the split's order."""
-    return ",".join(f"{rpc_name(split.model, p.node)}:{_port(p)}" for p in split.helpers)
-
-
-def _port(p: Part) -> int:
-    assert p.endpoint is not None
-    return int(p.endpoint.rpartition(":")[2])
 
 
 def check_images(plan: Plan, m: ModelPlan, nodes: dict[str, Node]) -> None:
@@ -59,7 +38,7 @@ def check_images(plan: Plan, m: ModelPlan, nodes: dict[str, Node]) -> None:
 
 def part_objects(plan: Plan, m: ModelPlan, part: Part, node: Node, helper: ModelPlan) -> list[dict[str, Any]]:
     """One helper node's part: its Deployment, Service and NetworkPolicy."""
-    ns, name, port = _dns(plan.name), rpc_name(m.name, part.node), _port(part)
+    ns, name, port = _dns(plan.name), rpc_name(m.name, part.node), rpc_port(part)
     image = _image(plan, m, node)
     labels = _labels(ns, name, "rpc", _version_label(image)) | {"umemc.io/part-of": _dns(m.name)}
     select = {"app.kubernetes.io/name": name, "app.kubernetes.io/instance": ns}

@@ -34,6 +34,7 @@ from .common import (
     _labels,
     _pc_name,
     _prefix,
+    rpc_endpoints,
 )
 
 
@@ -160,9 +161,7 @@ def _deployment(
         env_from.append({"secretRef": {"name": f"{name}-secret", "optional": False}})
     argv = [a.replace(STATE_PLACEHOLDER, POD_STATE) for a in t.program.argv]
     if m.split is not None:  # its helpers by their Services (the nodes' addresses are umemc up's)
-        from .rpc import endpoints
-
-        argv[argv.index("--rpc") + 1] = endpoints(m.split)
+        argv[argv.index("--rpc") + 1] = rpc_endpoints(m.split)
     if _prefix(m):
         argv += ["--api-prefix", _prefix(m)]
     container: dict[str, Any] = {"name": name, "image": image}
