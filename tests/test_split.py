@@ -215,3 +215,31 @@ def test_a_split_in_a_cluster_is_an_rpc_server_per_helper_node_reached_by_its_se
     assert {("Deployment", f"smol-rpc-{n}") for n in "bc"} <= {
         (d["kind"], d["metadata"]["name"]) for d in kustomize(out / "kubernetes")
     }
+
+
+def test_a_helper_node_without_the_rpc_server_is_refused_before_anything_starts(  # type: ignore[no-untyped-def]
+    write_stack, run_cli, tmp_path: Path
+) -> None:
+    import shutil
+
+    from tests.realmodels import LLAMA_SERVER
+
+    alone = tmp_path / "bin"
+    alone.mkdir()
+    if not Path(LLAMA_SERVER).is_file():
+        pytest.skip(f"no llama-server at {LLAMA_SERVER}: python3 dev.py setup-llama-server")
+    shutil.copy(LLAMA_SERVER, alone / "llama-server")
+    write_stack(_split_stack(f'bin = "{alone / "llama-server"}"\n'))
+    code, out, _ = run_cli("up", "stack.toml", "--node", "b", "--run-dir", str(tmp_path / "run"), "--skip", "sysctl",
+                           cwd=tmp_path)  # fmt: skip
+    assert code == 1
+    assert (
+        f"    FAIL  executables: models.smol.split: the RPC server of its part on this node: "
+        f"{alone / 'ggml-rpc-server'} not found\n"
+    ) in out
+    fix = (
+        ": build llama.cpp with its RPC backend (cmake -DGGML_RPC=ON): ggml-rpc-server goes beside llama-server (the "
+        "model's bin), else on PATH\n"
+    )
+    assert fix in out
+    assert not (tmp_path / "run" / "state" / "supervisor.sock").exists()

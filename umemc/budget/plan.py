@@ -629,4 +629,7 @@ def _rpc_part(loaded: LoadedStack, rm: ResolvedModel, node: str, port: int) -> R
             "node": node, "nodes": None, "chat_template": None, "ttl": None,
         }
     )  # fmt: skip
-    return ResolvedModel(name, spec, "command", None, None, False, None, False, False, 1, port)
+    return ResolvedModel(
+        name, spec, family="command", quant=None, model_path=None, model_present=False, mmproj_path=None,
+        mmproj_present=False, mmap=False, max_concurrency=1, port=port,
+    )  # fmt: skip

@@ -354,7 +354,13 @@ class Preflight:
         for name, m in self.plan.models.items():
             problem = _comfyui_checkout(m) if m.runtime == "comfyui" else None
             problem = problem or check_executable(m)
-            if problem:
+            if problem and m.part_of is not None:  # an RPC server holding a part of a split model
+                self._failed(
+                    "executables",
+                    f"models.{m.part_of}.split: the RPC server of its part on this node: {problem}",
+                    (RPC_INSTALL,),
+                )
+            elif problem:
                 failing.setdefault((m.runtime, problem), []).append(name)
         for (runtime, problem), names in failing.items():
             models = ", ".join(f"models.{n}" for n in names)
@@ -487,6 +493,10 @@ def apu_carveout(root: Path) -> int | None:
 
 
 # how to get each runtime (the first line of its fix)
+RPC_INSTALL = (
+    "build llama.cpp with its RPC backend (cmake -DGGML_RPC=ON): ggml-rpc-server goes beside llama-server (the "
+    "model's bin), else on PATH"
+)
 INSTALL = {
     "llama-server": "install llama.cpp's llama-server (a release of github.com/ggml-org/llama.cpp, or your "
     "distribution's package) and put it on PATH, or set each model's bin to it",
