@@ -71,6 +71,25 @@ def test_a_cpu_main_node_holds_the_first_blocks_and_the_last_helper_the_output()
     assert [p.estimate.kv.bytes // MiB for p in s.parts] == [4, 3, 3]
 
 
+def test_llama_cpps_compute_buffer_per_device_replaces_the_models_where_it_was_asked() -> None:
+    # the first test's rooms, with llama.cpp's dry run (helpers up) saying b's device needs 1 MiB of compute and the
+    # main node 1.5 MiB: b holds 3 blocks at 33 + 1 + 8 = 42 MiB (46.2 -> 47 hard), a 5 + 44 + 1.5 + 3 = 53.5 MiB;
+    # c, not asked, keeps the model's 2 MiB
+    rooms = [Room("a", 60 * MiB, None, "cpu", "10.0.0.1", 50052), Room("b", 53 * MiB, None, "cpu", "10.0.0.2", 50052),
+             Room("c", 53 * MiB, None, "cpu", "10.0.0.3", 50060)]  # fmt: skip
+    s = plan_split(
+        "big", whole(), facts(), rooms, QUOTA, context=4096, parallel=1, ubatch=512, kv_cache="f16", flash_attn=True,
+        repack=False, measured={"10.0.0.2:50052": MiB, "main": 3 * MiB // 2},
+    )  # fmt: skip
+    assert s is not None
+    assert [(p.node, p.estimate.compute.bytes, p.estimate.estimate_bytes) for p in s.parts] == [
+        ("a", 3 * MiB // 2, 53 * MiB + MiB // 2),
+        ("b", MiB, 42 * MiB),
+        ("c", 2 * MiB, 48 * MiB),
+    ]
+    assert s.parts[1].estimate.compute.formula.startswith("llama.cpp's dry run with the RPC servers")
+
+
 def test_a_gpu_main_node_holds_the_last_blocks_and_the_output_on_its_gpu() -> None:
     # llama.cpp's devices: the RPC servers first, then the main node's GPU, which takes the last blocks and the output:
     # a: 3 blocks + output + embeddings (on its CPU) + 2 + 3: 48 MiB, 53 hard (4 blocks: 59 -> 65 > 60); c (53) the

@@ -120,6 +120,9 @@ class LockEntry(Document):
     flags: dict[str, Any] = {}
     measured: Measured | None = None
     dry_run: DryRun | None = None
+    # a model split across nodes: llama.cpp's dry run on its main node with the RPC servers of its helpers up
+    # (their compute buffers per device; flags also name the endpoints it reached)
+    split_dry_run: DryRun | None = None
 
 
 class CalibrationDoc(Document):

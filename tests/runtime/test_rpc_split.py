@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import patience
 from tests.realmodels import LLAMA_SERVER, SMOLLM2, needs_llama_server, needs_models
 from tests.runtime.conftest import Running, bring_down, bring_up, free_port, live_sysctl_table
+from umemc.cli import main as main_cli
 
 RPC_SERVER = Path(LLAMA_SERVER).with_name("ggml-rpc-server")
 pytestmark = [
@@ -35,7 +36,7 @@ pytestmark = [
 ASK = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 MIB = 2**20
 # llama.cpp's own report of a device's buffers: `load_tensors: RPC0[127.0.0.1:PORT] model buffer size = 46.50 MiB`
-BUFFER = re.compile(r"(\S+) (model|KV|compute) buffer size =\s+([\d.]+) MiB")
+BUFFER = re.compile(r"(\S+)\s+(model|KV|compute|output) buffer size =\s+([\d.]+) MiB")
 
 
 def stack_text(gateway: int, port_b: int, port_c: int) -> str:
@@ -88,28 +89,43 @@ def test_a_model_split_across_three_nodes_serves_and_survives_losing_a_part(tmp_
     text = stack_text(gateway, port_b, port_c)
     runs: list[Running] = []
     try:
-        for node in ("b", "c", "a"):  # the helpers first; a's wrapper would wait for them anyway
+        for node in ("b", "c"):  # the helpers first (a's wrapper would wait for them anyway)
             (tmp_path / node).mkdir()
             runs.append(bring_up(tmp_path / node, text, "--node", node))
-        b, c, a = runs
+        b, c = runs
+        # with the helpers up and idle, llama.cpp's own fit pass sizes the split (its compute buffer per device),
+        # recorded beside the stack; `up` again gives the helpers the new figures (their quotas changed: supervisord
+        # restarts their programs), and node a is built with them
+        stack = tmp_path / "b" / "stack.toml"
+        assert main_cli(["check", str(stack), "--measure"]) == 0
+        assert "split_dry_run" in json.loads((tmp_path / "b" / "stack.calibration.json").read_text())["models"]["smol"]
+        for r, node in ((b, "b"), (c, "c")):
+            assert main_cli(["up", str(stack), "--node", node, "--run-dir", str(r.run_dir)]) == 0
+        (tmp_path / "a").mkdir()
+        (tmp_path / "a" / "stack.calibration.json").write_bytes(
+            (tmp_path / "b" / "stack.calibration.json").read_bytes()
+        )
+        runs.append(bring_up(tmp_path / "a", text, "--node", "a"))
+        a = runs[-1]
         main = part(a, "smol")
         assert main["rpc"] == [f"127.0.0.1:{port_b}", f"127.0.0.1:{port_c}"]
         assert "--rpc" in main["argv"] and main["argv"][main["argv"].index("--rpc") + 1] == ",".join(main["rpc"])
         assert part(b, "smol-rpc")["part_of"] == "smol" and part(c, "smol-rpc")["part_of"] == "smol"
         assert ask(gateway).strip().rstrip(".").endswith("Paris")
 
-        # each part's figures against llama.cpp's own report for its device (weights and KV: its formula is
-        # llama.cpp's, to the hundredth of a MiB it prints; a helper's compute buffer: the model's, an upper bound)
+        # each part's figures against llama.cpp's own report for its device as it loaded (weights and KV: its
+        # formula is llama.cpp's, to the hundredth of a MiB it prints; compute: its own fit pass, asked above)
         seen = reported(a, "smol")
         for r, port in ((b, port_b), (c, port_c)):
             mine = part(r, "smol-rpc")["estimate_parts"]
             device = f"RPC0[127.0.0.1:{port}]"
             assert round(mine["weights_bytes"] / MIB, 2) == seen[(device, "model")]
             assert round(mine["kv_bytes"] / MIB, 2) == seen[(device, "KV")]
-            assert seen[(device, "compute")] <= mine["compute_bytes"] / MIB <= 1.25 * seen[(device, "compute")]
+            assert round(mine["compute_bytes"] / MIB, 2) == seen[(device, "compute")]
         mine = main["estimate_parts"]
         assert round(mine["weights_bytes"] / MIB, 2) == seen[("CPU_Mapped", "model")]
         assert round(mine["kv_bytes"] / MIB, 2) == seen[("CPU", "KV")]
+        assert round(mine["compute_bytes"] / MIB, 2) == round(seen[("CPU", "compute")] + seen[("CPU", "output")], 2)
 
         # node c's RPC server dies: a's enforcer stops the model, saying which part went
         helper = c.status()["smol-rpc"]["pid"]

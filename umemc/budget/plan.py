@@ -577,6 +577,7 @@ def _split_models(
             name, whole.estimate, facts, rooms, quota, context=spec.context, parallel=spec.parallel,
             ubatch=spec.ubatch, kv_cache=spec.kv_cache, flash_attn=spec.flash_attn,
             repack=any(f.name == "repacked copy" for f in whole.estimate.weights.parts),
+            measured=_split_measured(loaded, whole.model),
         )  # fmt: skip
         if got is None:
             placement.unplaced[name] += "; split across its nodes, it fits no more (the rooms left are too small)"
@@ -603,6 +604,27 @@ def _split_models(
                     rpc.name, rpc, est, est.estimate_bytes, hard, gpu_hard, None, name
                 )
                 by_node[part.node].append(rpc.name)
+    return out
+
+
+def _split_measured(loaded: LoadedStack, rm: ResolvedModel) -> dict[str, int]:
+    """The compute buffers per device of llama.cpp's dry run of this split (the lock's split_dry_run, `umemc check
+    --measure` with the helpers up): by the helper's endpoint, and "main" for the main node's own (its compute and
+    output buffers); nothing where none is recorded for this file and these settings."""
+    from .. import lockfile
+    from ..estimate import keys
+
+    entry = loaded.calibration.get(rm.name)
+    run = None if entry is None else entry.split_dry_run
+    if run is None or rm.model_path is None or not rm.model_present:
+        return {}
+    wanted = keys.dry_run(loaded, rm) | {"file": lockfile.identity(rm.model_path).model_dump(mode="json")}
+    if {k: v for k, v in run.flags.items() if k != "rpc"} != wanted:
+        return {}
+    out: dict[str, int] = {}
+    for device, sizes in run.buffers.items():
+        key = device[device.index("[") + 1 : -1] if device.endswith("]") and "[" in device else "main"
+        out[key] = out.get(key, 0) + sizes.get("compute", 0) + (sizes.get("output", 0) if key == "main" else 0)
     return out
 
 

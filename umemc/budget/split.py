@@ -113,16 +113,19 @@ def plan_split(
     kv_cache: str,
     flash_attn: bool,
     repack: bool,
+    measured: dict[str, int] | None = None,
 ) -> Split | None:
     """The split of model NAME over the nodes of ROOMS (its allowed nodes, in the stack's order), or None where
-    none holds it. `quota` turns a part's estimate into its hard quota (what the node's room is counted in)."""
+    none holds it. `quota` turns a part's estimate into its hard quota (what the node's room is counted in).
+    `measured`: compute buffers llama.cpp's dry run gave with the helpers up (by endpoint, and "main"), which
+    replace the model's figure for those parts."""
     shape = facts.shape
     assert shape is not None
     kv = kv_by_layer(shape, context, parallel, ubatch, kv_cache, swa_full=False, flash_attn=flash_attn)
     state = _state_by_layer(whole, kv)
     layers = [facts.layer_bytes[i] + kv[i] + state[i] for i in range(shape.n_layer)]
     input_bytes = facts.tensor_bytes - sum(facts.layer_bytes) - (0 if facts.tied else facts.output_bytes)
-    costs = _Costs(name, whole, facts, kv, state, input_bytes, repack=repack)
+    costs = _Costs(name, whole, facts, kv, state, input_bytes, repack=repack, measured=measured or {})
     ranked = sorted(rooms, key=lambda r: -r.ram)
     for main in ranked:
         others = [r for r in ranked if r is not main]
@@ -159,9 +162,10 @@ class _Costs:
         input_bytes: int,
         *,
         repack: bool,
+        measured: dict[str, int],
     ):
         self.name, self.whole, self.facts, self.kv, self.state = name, whole, facts, kv, state
-        self.input_bytes, self.repack = input_bytes, repack
+        self.input_bytes, self.repack, self.measured = input_bytes, repack, measured
 
     def estimate(self, room: Room, first: int, count: int, *, main: bool, output: bool, gpu_main: bool) -> Estimate:
         f, n = self.facts, len(self.kv)
@@ -179,11 +183,13 @@ class _Costs:
         w = Figure.total("weights", weights)
         kv_bytes = sum(self.kv[i] + self.state[i] for i in span)
         kv = Figure("kv", kv_bytes, f"the KV cache of its {count} of {n} layers (allocated on the layer's device)")
-        compute = Figure(
-            "compute",
-            self.whole.compute.bytes,
-            "one compute buffer per device: the model's, which its widest layer sets",
-        )
+        key = "main" if main else f"{room.address}:{room.port}"
+        if key in self.measured:
+            how = "llama.cpp's dry run with the RPC servers of its other nodes up: this device's compute buffer"
+            compute = Figure("compute", self.measured[key], how + (" and the output buffer" if main else ""))
+        else:
+            how = "one compute buffer per device: the model's, which its widest layer sets"
+            compute = Figure("compute", self.whole.compute.bytes, how)
         if main:
             overhead = self.whole.overhead
         else:

@@ -43,8 +43,10 @@ def ask_llama_cpp(loaded: LoadedStack, plan: Plan, measure: Measure, only: list[
     from ..estimate.gguf_file import read as read_gguf
 
     out = Asked(dict(loaded.calibration))
-    if measure is Measure.READ or plan.nodes:  # several nodes: each asks its own llama.cpp (`--node`)
+    if measure is Measure.READ:
         return out
+    if plan.nodes:  # several nodes: a split model's main node asks with its helpers up, the others use the hand model
+        return _ask_splits(loaded, plan, measure, out, only)
     chosen = [
         m
         for m in loaded.models.values()
@@ -80,6 +82,57 @@ def ask_llama_cpp(loaded: LoadedStack, plan: Plan, measure: Measure, only: list[
             update={"file": lockfile.identity(file), "header": locked_header(facts), "dry_run": answer}
         )
         out.asked.append(m.name)
+    return out
+
+
+def _ask_splits(loaded: LoadedStack, plan: Plan, measure: Measure, out: Asked, only: list[str] | None) -> Asked:
+    """A model split across nodes, asked with the RPC servers of its helpers up and idle: llama.cpp's dry run on
+    the main node's argv (--rpc and the split), whose compute buffer per device sizes each part (the hand model's
+    figure is an upper bound for a helper). Recorded as the lock entry's split_dry_run; asked only where every
+    helper answers (an RPC server serves one client: a running model's helpers are busy)."""
+    from .. import lockfile
+    from ..compile.bundle import compile_bundle
+    from ..compile.launchers import dry_run_args
+    from ..errors import RuntimeFailure
+    from ..estimate import keys
+    from ..estimate.dryrun import bound, find_tool, run
+    from ..estimate.gguf_file import read as read_gguf
+    from ..runtime.enforcer.helpers import answering
+
+    for name, whole in plan.models.items():
+        split = whole.split
+        if split is None or (only and name not in only):
+            continue
+        endpoints = [p.endpoint for p in split.helpers if p.endpoint is not None]
+        rm = plan.nodes[split.main].models[name].model
+        assert rm.model_path is not None
+        file = lockfile.identity(rm.model_path).model_dump(mode="json")
+        flags = keys.dry_run(loaded, rm) | {"rpc": ",".join(endpoints), "file": file}
+        entry = out.entries.get(name)
+        if measure is Measure.MISSING and entry is not None and entry.split_dry_run is not None:
+            if entry.split_dry_run.flags == flags:
+                continue
+        if not answering(endpoints):
+            out.not_asked.append(
+                f"{name}: llama.cpp not asked for its split: the RPC servers of its other nodes do not answer "
+                f"({', '.join(endpoints)}); `umemc up` those nodes first"
+            )
+            continue
+        tool = find_tool("llama-server", rm.spec.bin)
+        if isinstance(tool, str):
+            out.not_asked.append(f"{name}: llama.cpp not asked for its split: {tool}")
+            continue
+        main = plan.nodes[split.main]
+        args = dry_run_args(main.models[name], list(compile_bundle(main).programs[name].argv))
+        assert args is not None
+        facts = read_gguf(rm.model_path)
+        try:
+            answer = run(tool, args, flags, bound(max(0, rm.model_path.stat().st_size - facts.tensor_bytes)))
+        except RuntimeFailure as exc:
+            out.failed.append(f"{name}: llama.cpp could not size its split: {exc}")
+            continue
+        out.entries[name] = (entry or lockfile.LockEntry()).model_copy(update={"split_dry_run": answer})
+        out.asked.append(name)
     return out
 
 
@@ -121,6 +174,12 @@ def report(asked: Asked, plan: Plan, *, loud: bool) -> None:
     """One line per model to stderr: what llama.cpp answered, where it failed, and (loud: the user asked for
     a dry run) where no llama.cpp was found."""
     for name in asked.asked:
+        split = asked.entries[name].split_dry_run
+        if plan.models[name].split is not None and split is not None:
+            computes = ", ".join(f"{d} {_gib(b['compute'])}" for d, b in split.buffers.items() if "compute" in b)
+            print(f"llama.cpp sized the split of {name} ({split.tool} {split.build}, {split.seconds:.2f} s) with its "
+                  f"RPC servers up: compute {computes}", file=sys.stderr)  # fmt: skip
+            continue
         run = asked.entries[name].dry_run
         assert run is not None
         est = plan.models[name].estimate

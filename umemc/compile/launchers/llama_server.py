@@ -195,7 +195,7 @@ MEMORY_FLAGS = {
     "--tensor-split": 1, "-ts": 1, "--split-mode": 1, "-sm": 1, "--main-gpu": 1, "-mg": 1, "--device": 1,
     "-dev": 1, "--no-op-offload": 0, "--ctx-size": 1, "--parallel": 1, "--ubatch-size": 1, "--batch-size": 1,
     "--flash-attn": 1, "--cache-type-k": 1, "--cache-type-v": 1, "--n-gpu-layers": 1, "--gpu-layers": 1,
-    "--rope-scaling": 1, "--rope-scale": 1, "--yarn-orig-ctx": 1, "--embeddings": 0, "--pooling": 1,
+    "--rope-scaling": 1, "--rope-scale": 1, "--yarn-orig-ctx": 1, "--embeddings": 0, "--pooling": 1, "--rpc": 1,
 }  # fmt: skip
 
 
