@@ -84,7 +84,9 @@ def part(r: Running, name: str) -> dict[str, Any]:
     return dict(plan["models"][name])
 
 
-def test_a_model_split_across_three_nodes_serves_and_survives_losing_a_part(tmp_path: Path) -> None:
+def test_a_model_split_across_three_nodes_serves_and_survives_losing_a_part(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     port_b, port_c, gateway = free_port(), free_port(), free_port()
     text = stack_text(gateway, port_b, port_c)
     runs: list[Running] = []
@@ -138,6 +140,23 @@ def test_a_model_split_across_three_nodes_serves_and_survives_losing_a_part(tmp_
         a.wait_for(lambda: a.status()["smol"]["state"] == "RUNNING", timeout=60, what="smol running again")
         assert ask(gateway).strip().rstrip(".").endswith("Paris")
         assert a.status()["smol"]["restarts"] == 0  # a stop with its cause, never a crash
+
+        # the record is input: a forged one (every compute buffer 1 byte) is not used, and check says so
+        forged = tmp_path / "forged"
+        forged.mkdir()
+        (forged / "stack.toml").write_text(text)
+        lock = json.loads((tmp_path / "b" / "stack.calibration.json").read_text())
+        for sizes in lock["models"]["smol"]["split_dry_run"]["buffers"].values():
+            sizes.update({k: 1 for k in ("compute", "output") if k in sizes})
+        (forged / "stack.calibration.json").write_text(json.dumps(lock))
+        capsys.readouterr()
+        assert main_cli(["build", str(forged / "stack.toml"), "-o", str(forged / "out"), "--no-measure"]) == 0
+        said = "".join(capsys.readouterr())
+        compute = json.loads((forged / "out" / "nodes" / "b" / "plan.json").read_text())["models"]["smol-rpc"]
+        # the model's own figure again, not the forged byte (and no less than what llama.cpp really allocated)
+        assert compute["estimate_parts"]["compute_bytes"] >= seen[(f"RPC0[127.0.0.1:{port_b}]", "compute")] * MIB
+        assert "llama.cpp's recorded compute buffer for the RPC server at 127.0.0.1:" in said
+        assert "is below half of what the model's own shape needs" in said
     finally:
         for r in reversed(runs):
             bring_down(r)

@@ -55,6 +55,14 @@ def test_a_helper_is_lost_only_after_the_model_reached_them_all() -> None:
     assert watch.gone(200, []) == [] and not watch.joined
 
 
+def test_a_loss_that_happened_before_the_enforcer_looked_is_a_loss() -> None:
+    """A standby enforcer takes over while c's server is already gone: llama-server's socket to it is in CLOSE_WAIT
+    at the first look, which reached both (the model had loaded): c is lost."""
+    b, c = "10.0.0.2:50052", "10.0.0.3:50053"
+    watch = HelperWatch([b, c], resolve=lambda host: {host})
+    assert watch.gone(100, [("10.0.0.2", 50052, "ESTABLISHED"), ("10.0.0.3", 50053, "CLOSE_WAIT")]) == [c]
+
+
 def test_a_helper_named_by_host_is_matched_by_its_addresses() -> None:
     watch = HelperWatch(["halo-b.lan:50052"], resolve=lambda host: {"192.168.1.7", "fd00::7"})
     assert watch.gone(1, [("fd00::7", 50052, "ESTABLISHED")]) == [] and watch.joined

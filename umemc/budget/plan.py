@@ -17,6 +17,7 @@ from ..units import MiB, gib, mul_ceil, mul_floor, round_up
 from . import policy
 
 if TYPE_CHECKING:  # placed on several nodes only: single-node stacks do not import it
+    from ..estimate.gguf_file import GgufFacts
     from .placement import Bin, Item, Placement
     from .split import Split
 
@@ -442,7 +443,8 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
         if m in placement.home and m not in placement.unplaced:
             by_node[placement.home[m]].append(m)
     node_plans = {name: dict(mplans) for name, (_, mplans) in node_view.items()}
-    splits = _split_models(loaded, placement, bins, items, by_node, node_plans)
+    split_warnings: list[str] = []
+    splits = _split_models(loaded, placement, bins, items, by_node, node_plans, split_warnings)
     nodes: dict[str, Plan] = {}
     for name, (view, _) in node_view.items():
         here = by_node[name]
@@ -477,7 +479,7 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
     hot_total = sum(p.hot_total for p in nodes.values())  # a split model's parts on every node it spans
     hot_gpu_total = sum(p.hot_gpu_total for p in nodes.values())
     cold = _cold_admissions(placement, nodes, models, splits)
-    said = dict.fromkeys(loaded.warnings)  # each warning once, in the order first said
+    said = dict.fromkeys([*loaded.warnings, *split_warnings])  # each warning once, in the order first said
     for p in nodes.values():
         said.update(dict.fromkeys(p.warnings))
     for name in placement.unplaced:
@@ -528,6 +530,7 @@ def _split_models(
     items: list[Item],
     by_node: dict[str, list[str]],
     node_plans: dict[str, ModelPlans],
+    warnings: list[str],
 ) -> dict[str, Split]:
     """Hot models with split = true that no one node holds: split by layers over the room the whole models leave
     (umemc.budget.split). Each split's main node gets the model with its part's figures, each helper node an RPC
@@ -577,7 +580,7 @@ def _split_models(
             name, whole.estimate, facts, rooms, quota, context=spec.context, parallel=spec.parallel,
             ubatch=spec.ubatch, kv_cache=spec.kv_cache, flash_attn=spec.flash_attn,
             repack=any(f.name == "repacked copy" for f in whole.estimate.weights.parts),
-            measured=_split_measured(loaded, whole.model),
+            measured=_split_measured(loaded, whole.model, facts, warnings),
         )  # fmt: skip
         if got is None:
             placement.unplaced[name] += "; split across its nodes, it fits no more (the rooms left are too small)"
@@ -607,25 +610,44 @@ def _split_models(
     return out
 
 
-def _split_measured(loaded: LoadedStack, rm: ResolvedModel) -> dict[str, int]:
+def _split_measured(loaded: LoadedStack, rm: ResolvedModel, facts: GgufFacts, warnings: list[str]) -> dict[str, int]:
     """The compute buffers per device of llama.cpp's dry run of this split (the lock's split_dry_run, `umemc check
     --measure` with the helpers up): by the helper's endpoint, and "main" for the main node's own (its compute and
-    output buffers); nothing where none is recorded for this file and these settings."""
+    output buffers); nothing where none is recorded for this file and these settings. A recorded figure below half
+    of the hand model's compute (the bound a whole model's dry run is held to) is not used: the lock is input, and
+    a forged one must not make a part fit."""
     from .. import lockfile
     from ..estimate import keys
+    from ..estimate.llm import compute_figure
 
     entry = loaded.calibration.get(rm.name)
     run = None if entry is None else entry.split_dry_run
-    if run is None or rm.model_path is None or not rm.model_present:
+    if run is None or rm.model_path is None or not rm.model_present or facts.shape is None:
         return {}
     wanted = keys.dry_run(loaded, rm) | {"file": lockfile.identity(rm.model_path).model_dump(mode="json")}
     if {k: v for k, v in run.flags.items() if k != "rpc"} != wanted:
         return {}
+    spec = rm.spec
+    hand = compute_figure(
+        facts.shape, spec.context, spec.parallel, spec.ubatch, flash_attn=spec.flash_attn, kv_type=spec.kv_cache,
+        outputs=spec.parallel if facts.shape.causal else None,
+    ).bytes  # fmt: skip
     out: dict[str, int] = {}
     for device, sizes in run.buffers.items():
         key = device[device.index("[") + 1 : -1] if device.endswith("]") and "[" in device else "main"
         out[key] = out.get(key, 0) + sizes.get("compute", 0) + (sizes.get("output", 0) if key == "main" else 0)
-    return out
+    low = {k: v for k, v in out.items() if v < hand // 2}
+    for key, value in low.items():
+        where = "its main node" if key == "main" else f"the RPC server at {key}"
+        warnings.append(
+            loaded.source.warning(
+                ("models", rm.name, "split"),
+                f"{lockfile.path_for(loaded.path).name}: llama.cpp's recorded compute buffer for {where} "
+                f"({value} bytes) is below half of what the model's own shape needs ({hand} bytes): not used (a "
+                "stale or forged record); `umemc check --measure` asks again",
+            )
+        )
+    return {k: v for k, v in out.items() if k not in low}
 
 
 def _rpc_part(loaded: LoadedStack, rm: ResolvedModel, node: str, port: int) -> ResolvedModel:

@@ -32,18 +32,20 @@ class HelperWatch:
         self._ips: dict[str, tuple[set[str], int]] = {}
 
     def gone(self, pid: int, connections: list[tuple[str, int, str]] | None = None) -> list[str]:
-        """The endpoints this process had a connection to and has no established one to now; [] while it has them
-        all, or has not yet reached them all (loading). `connections`: (remote ip, remote port, status), this
-        process's own TCP connections unless given."""
+        """The endpoints this process reached and has no established connection to now; [] while it has them all,
+        or has not yet reached them all (loading). `connections`: (remote ip, remote port, status), this process's
+        own TCP connections unless given."""
         if pid != self.pid:
             self.pid, self.joined = pid, False
         conns = _connections(pid) if connections is None else connections
         live = {(ip, port) for ip, port, status in conns if status == ESTABLISHED}
-        up = [e for e in self.endpoints if self._reached(e, live)]
-        if len(up) == len(self.endpoints):
-            self.joined = True
+        # reached once, in any state: a process already running when this enforcer took over (a restart, the
+        # standby) may hold a connection its helper closed since: that is a loss too
+        seen = {(ip, port) for ip, port, _ in conns}
+        self.joined = self.joined or all(self._reached(e, seen) for e in self.endpoints)
+        if not self.joined:
             return []
-        return [e for e in self.endpoints if e not in up] if self.joined else []
+        return [e for e in self.endpoints if not self._reached(e, live)]
 
     def _reached(self, endpoint: str, live: set[tuple[str, int]]) -> bool:
         if endpoint not in self._ips:
