@@ -262,3 +262,12 @@ def test_a_helper_node_without_the_rpc_server_is_refused_before_anything_starts(
     )
     assert fix in out
     assert not (tmp_path / "run" / "state" / "supervisor.sock").exists()
+
+
+def test_a_split_models_own_warnings_are_said(write_stack, run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Its whole figures are in no node's plan (each has its part): what its estimate warns of is said all the same."""
+    write_stack(_split_stack('quant = "Q8_0"\n'))
+    code, out, err = run_cli("check", "stack.toml", cwd=tmp_path)
+    assert code == 0
+    said = 'stack.toml:22:9: models.smol.quant: quant = "Q8_0" but the file is Q4_1; the estimate uses the file'
+    assert f"warning: {said}\n" in out + err

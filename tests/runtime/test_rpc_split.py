@@ -100,7 +100,8 @@ def test_a_model_split_across_three_nodes_serves_and_survives_losing_a_part(
         # restarts their programs), and node a is built with them
         stack = tmp_path / "b" / "stack.toml"
         assert main_cli(["check", str(stack), "--measure"]) == 0
-        assert "split_dry_run" in json.loads((tmp_path / "b" / "stack.calibration.json").read_text())["models"]["smol"]
+        entry = json.loads((tmp_path / "b" / "stack.calibration.json").read_text())["models"]["smol"]
+        assert entry["split_dry_run"] is not None and entry["file"] is not None  # recorded for this very file
         for r, node in ((b, "b"), (c, "c")):
             assert main_cli(["up", str(stack), "--node", node, "--run-dir", str(r.run_dir)]) == 0
         (tmp_path / "a").mkdir()

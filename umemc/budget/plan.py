@@ -482,7 +482,7 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
     said = dict.fromkeys([*loaded.warnings, *split_warnings])  # each warning once, in the order first said
     for p in nodes.values():
         said.update(dict.fromkeys(p.warnings))
-    for name in placement.unplaced:
+    for name in [*placement.unplaced, *splits]:  # their figures are in no node's plan whole: their warnings here
         said.update(dict.fromkeys(models[name].estimate.warnings))
     warnings = list(said)
     del hot

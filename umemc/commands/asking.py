@@ -106,8 +106,10 @@ def _ask_splits(loaded: LoadedStack, plan: Plan, measure: Measure, out: Asked, o
         endpoints = [p.endpoint for p in split.helpers if p.endpoint is not None]
         rm = plan.nodes[split.main].models[name].model
         assert rm.model_path is not None
-        file = lockfile.identity(rm.model_path).model_dump(mode="json")
-        flags = keys.dry_run(loaded, rm) | {"rpc": ",".join(endpoints), "file": file}
+        flags = keys.dry_run(loaded, rm) | {
+            "rpc": ",".join(endpoints),
+            "file": lockfile.identity(rm.model_path).model_dump(mode="json"),
+        }
         entry = out.entries.get(name)
         if measure is Measure.MISSING and entry is not None and entry.split_dry_run is not None:
             if entry.split_dry_run.flags == flags:
@@ -131,7 +133,10 @@ def _ask_splits(loaded: LoadedStack, plan: Plan, measure: Measure, out: Asked, o
         except RuntimeFailure as exc:
             out.failed.append(f"{name}: llama.cpp could not size its split: {exc}")
             continue
-        out.entries[name] = (entry or lockfile.LockEntry()).model_copy(update={"split_dry_run": answer})
+        now = lockfile.identity(rm.model_path)
+        # an entry of another file is stale whole (its other records too): this file's starts afresh
+        base = entry if entry is not None and entry.file == now else lockfile.LockEntry(file=now)
+        out.entries[name] = base.model_copy(update={"split_dry_run": answer})
         out.asked.append(name)
     return out
 
