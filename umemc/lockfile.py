@@ -79,7 +79,7 @@ class DryRun(Document):
     `buffers` holds what its log states to 0.01 MiB ({buffer: {kv, rs, compute, output}}, and `model: 0` for
     each buffer the weights would go to: a no_alloc load logs their sizes as 0.00 MiB); `table` its memory
     breakdown in whole MiB ({buffer type or device: {model, context, compute}}; llama-fit-params only). The
-    estimator turns them into figures (umemc.estimate.llama)."""
+    estimator turns them into figures (umemc.estimate.recorded)."""
 
     tool: str  # "llama-fit-params" | "llama-cpp-python"
     build: str  # the llama.cpp that answered, as it names itself

@@ -22,7 +22,7 @@ memory breakdown per buffer type in whole MiB (common_memory_breakdown_print), t
 
 A no_alloc load logs the weights' and the KV cache's buffers as 0.00 MiB (nothing was allocated); the KV
 figure comes from the cache's own `size =` line and the weights from the breakdown table (and the GGUF
-header, which is exact): umemc.estimate.llama combines them. This module runs the tool and parses what it
+header, which is exact): umemc.estimate.recorded combines them. This module runs the tool and parses what it
 says; it never reads a stack.
 """
 
