@@ -91,7 +91,24 @@ def test_a_model_split_across_three_nodes_serves_and_survives_losing_a_part(
     text = stack_text(gateway, port_b, port_c)
     runs: list[Running] = []
     try:
-        for node in ("b", "c"):  # the helpers first (a's wrapper would wait for them anyway)
+        # node a before its helpers: refused at once, saying which RPC servers do not answer
+        (tmp_path / "early").mkdir()
+        (tmp_path / "early" / "stack.toml").write_text(text)
+        capsys.readouterr()
+        early = [
+            "up",
+            str(tmp_path / "early" / "stack.toml"),
+            "--node",
+            "a",
+            "--run-dir",
+            str(tmp_path / "early" / "run"),
+        ]
+        assert main_cli(early) == 1
+        assert (
+            f"    FAIL  helpers: models.smol.split: the RPC servers of its other nodes do not answer "
+            f"(127.0.0.1:{port_b}, 127.0.0.1:{port_c})\n"
+        ) in capsys.readouterr().out
+        for node in ("b", "c"):  # the helpers first
             (tmp_path / node).mkdir()
             runs.append(bring_up(tmp_path / node, text, "--node", node))
         b, c = runs

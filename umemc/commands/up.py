@@ -77,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default=[],
         metavar="CHECK",
         help="start despite a failed preflight check, named as the preflight names it (sysctl, memlock, swap, "
-        "cgroups, ports, …; repeat it for more, or `all`)",
+        "cgroups, ports, helpers, …; repeat it for more, or `all`)",
     )
     p.add_argument("--force", action="store_true", help="the same as --skip all")
     p.add_argument("--node", metavar="NAME", help="a stack with [nodes]: run the models placed on this node")

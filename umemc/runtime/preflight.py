@@ -60,6 +60,7 @@ class Preflight:
             self._cgroups()
         if not self.simulate:
             self._files_and_executables()
+            self._helpers(running)
         self._ports(running)
         self._slots_disk()
         self._gateway_token()
@@ -393,6 +394,25 @@ class Preflight:
                 ("free disk space there, or give --run-dir a larger disk",),
                 advisory=True,
             )
+
+    def _helpers(self, running: Collection[str]) -> None:
+        """A model split across nodes loads its layers into the RPC servers of its other nodes: they must answer
+        before it starts (its exec wrapper would wait a minute at each of supervisord's tries)."""
+        from .enforcer.helpers import answering
+
+        for name, m in self.plan.models.items():
+            if not m.rpc or name in running:
+                continue
+            away = [e for e in m.rpc if not answering([e], timeout=1.0)]
+            if away:
+                self._failed(
+                    "helpers",
+                    f"models.{name}.split: the RPC servers of its other nodes do not answer ({', '.join(away)})",
+                    ("start the stack on those nodes first (umemc up STACK --node NAME there), or start anyway "
+                     "with --skip helpers: the model waits for them",),
+                )  # fmt: skip
+            else:
+                self._passed("helpers", f"models.{name}: the RPC servers of its other nodes answer")
 
     def _ports(self, running: Collection[str]) -> None:
         ports = {m.port: f"models.{n}" for n, m in self.plan.models.items() if m.port is not None and n not in running}
