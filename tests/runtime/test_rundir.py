@@ -63,3 +63,16 @@ def test_a_socket_path_that_leaves_no_room_for_supervisords_pid_suffix_moves() -
                 run.release_socket()
     finally:
         shutil.rmtree(base)
+
+
+def test_down_leaves_no_half_written_record(tmp_path: Path) -> None:
+    """An exec wrapper killed between writing its record's temporary and renaming it (a `down` under load) leaves
+    `.NAME.tmp`: the sweep that ends every run removes it with the records of what is gone."""
+    from umemc.runtime.members import RunMembers
+
+    run = RunDir(tmp_path / "run")
+    run.pids.mkdir(parents=True)
+    (run.pids / ".comfy.tmp").write_text("12")
+    (run.pids / "gone").write_text("999999999 1\n")
+    RunMembers(run, "spread").sweep()
+    assert sorted(p.name for p in run.pids.iterdir()) == []

@@ -109,10 +109,11 @@ class RunMembers:
         for record in self.run.records():
             if record.name not in left:
                 self.run.forget(record.name)
-        with contextlib.suppress(OSError):
-            for path in self.run.cgroups.iterdir():
-                if path.name not in left:
-                    path.unlink()
+        for folder in (self.run.cgroups, self.run.pids):  # a wrapper killed mid-write leaves `.NAME.tmp` there
+            with contextlib.suppress(OSError):
+                for path in folder.iterdir():
+                    if path.name not in left and (folder == self.run.cgroups or path.name.endswith(".tmp")):
+                        path.unlink()
         killed = sorted({p for pids in before.values() for p in pids})
         return killed, left
 

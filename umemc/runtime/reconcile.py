@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..budget.policy import Budget, Held, Lease, Need, decide
 from ..contract import ContractError, EnforcerStatus, GatewayState, ModelDoc, PlanDoc, parse, read_optional, read_plan
+from ..errors import RuntimeFailure
 from ..names import STANDBY
 from .rundir import ENFORCER, GATEWAY
 from .supervisor import ANSWERING, LIVE, WAITED_S, ProcState
@@ -69,7 +70,11 @@ def reconcile(stack: Stack, change: Change) -> tuple[list[str], dict[str, str]]:
             continue
         state = ProcState.of(infos[own])
         if state is ProcState.BACKOFF or (change is Change.ALL and state in ANSWERING):
-            sup.stop(own, wait=True)  # a program failing to start retries with what it read: start it afresh
+            # a program failing to start retries with what it read: start it afresh (one that ended since
+            # supervisord answered, a loaded machine's race, is not running: nothing to stop)
+            failed = sup.try_stop(own, wait=True)
+            if failed not in (None, "not running"):
+                raise RuntimeFailure(f"{own} could not be restarted on the new plan: {failed}")
             state = ProcState.STOPPED
         elif change is Change.MODELS and state in ANSWERING:
             with contextlib.suppress(xmlrpc.client.Fault):  # it ended meanwhile: supervisord starts it on the plan
