@@ -44,7 +44,7 @@ def whole() -> Estimate:
 def split(rooms: list[Room]):  # type: ignore[no-untyped-def]
     return plan_split(
         "big", whole(), facts(), rooms, QUOTA, context=4096, parallel=1, ubatch=512, kv_cache="f16",
-        flash_attn=True, repack=False,
+        flash_attn=True,
     )  # fmt: skip
 
 
@@ -79,7 +79,7 @@ def test_llama_cpps_compute_buffer_per_device_replaces_the_models_where_it_was_a
              Room("c", 53 * MiB, None, "cpu", "10.0.0.3", 50060)]  # fmt: skip
     s = plan_split(
         "big", whole(), facts(), rooms, QUOTA, context=4096, parallel=1, ubatch=512, kv_cache="f16", flash_attn=True,
-        repack=False, measured={"10.0.0.2:50052": MiB, "main": 3 * MiB // 2},
+        measured={"10.0.0.2:50052": MiB, "main": 3 * MiB // 2},
     )  # fmt: skip
     assert s is not None
     assert [(p.node, p.estimate.compute.bytes, p.estimate.estimate_bytes) for p in s.parts] == [
@@ -109,6 +109,28 @@ def test_a_gpu_main_node_holds_the_last_blocks_and_the_output_on_its_gpu() -> No
     assert s.args() == ["--rpc", "10.0.0.2:50052,10.0.0.3:50052", "-ngl", "11", "--tensor-split", "4,3,4"]
     # on its GPU: its blocks, their KV, the output and the compute buffer; the token embeddings stay on its CPU
     assert s.main_part.estimate.gpu.bytes == (30 + 3 + 5 + 2) * MiB
+
+
+def test_the_main_part_is_sized_as_its_own_nodes_kind_estimates_the_model() -> None:
+    """The main node is a GPU node whose estimate of the model carries 5 MiB of process and driver context (the
+    first allowed node's, a CPU's, 3 MiB): its part holds 3 blocks, the output and the embeddings at 30 + 3 + 5 + 5 +
+    2 + 5 = 50 MiB (55 hard)."""
+    rooms = [
+        Room("a", 60 * MiB, 60 * MiB, "amd-apu", "10.0.0.1", 50052),
+        Room("b", 60 * MiB, None, "cpu", "10.0.0.2", 50052),
+        Room("c", 53 * MiB, None, "cpu", "10.0.0.3", 50052),
+    ]
+    gpu = whole()
+    on_a = Estimate(gpu.name, gpu.source, gpu.weights, gpu.kv, gpu.compute, Figure("overhead", 5 * MiB, ""), gpu.gpu)
+    s = plan_split(
+        "big", whole(), facts(), rooms, QUOTA, context=4096, parallel=1, ubatch=512, kv_cache="f16", flash_attn=True,
+        on_node={"a": on_a, "b": whole(), "c": whole()},
+    )  # fmt: skip
+    assert s is not None
+    assert (s.main_part.holds, s.main_part.estimate.estimate_bytes) == (
+        "blocks 7-9, the token embeddings, the output layer",
+        50 * MiB,
+    )
 
 
 def test_no_split_where_the_nodes_together_are_too_small() -> None:

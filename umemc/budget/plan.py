@@ -579,7 +579,7 @@ def _split_models(
         got = plan_split(
             name, whole.estimate, facts, rooms, quota, context=spec.context, parallel=spec.parallel,
             ubatch=spec.ubatch, kv_cache=spec.kv_cache, flash_attn=spec.flash_attn,
-            repack=any(f.name == "repacked copy" for f in whole.estimate.weights.parts),
+            on_node={n: node_plans[n][name].estimate for n in item.allowed},
             measured=_split_measured(loaded, whole.model, facts, warnings),
         )  # fmt: skip
         if got is None:

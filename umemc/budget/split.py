@@ -25,7 +25,7 @@ its room holds, in order, finds a split whenever one exists (a later part only e
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from ..estimate.figures import Estimate, Figure
@@ -112,20 +112,21 @@ def plan_split(
     ubatch: int,
     kv_cache: str,
     flash_attn: bool,
-    repack: bool,
+    on_node: Mapping[str, Estimate] | None = None,
     measured: dict[str, int] | None = None,
 ) -> Split | None:
     """The split of model NAME over the nodes of ROOMS (its allowed nodes, in the stack's order), or None where
     none holds it. `quota` turns a part's estimate into its hard quota (what the node's room is counted in).
-    `measured`: compute buffers llama.cpp's dry run gave with the helpers up (by endpoint, and "main"), which
-    replace the model's figure for those parts."""
+    `on_node`: the model as each node's kind estimates it (its process overhead, GPU context, compute and whether
+    the CPU repacks; default: `whole` everywhere). `measured`: compute buffers llama.cpp's dry run gave with the
+    helpers up (by endpoint, and "main"), which replace the model's figure for those parts."""
     shape = facts.shape
     assert shape is not None
     kv = kv_by_layer(shape, context, parallel, ubatch, kv_cache, swa_full=False, flash_attn=flash_attn)
     state = _state_by_layer(whole, kv)
     layers = [facts.layer_bytes[i] + kv[i] + state[i] for i in range(shape.n_layer)]
     input_bytes = facts.tensor_bytes - sum(facts.layer_bytes) - (0 if facts.tied else facts.output_bytes)
-    costs = _Costs(name, whole, facts, kv, state, input_bytes, repack=repack, measured=measured or {})
+    costs = _Costs(name, whole, facts, kv, state, input_bytes, on_node=on_node or {}, measured=measured or {})
     ranked = sorted(rooms, key=lambda r: -r.ram)
     for main in ranked:
         others = [r for r in ranked if r is not main]
@@ -161,14 +162,15 @@ class _Costs:
         state: list[int],
         input_bytes: int,
         *,
-        repack: bool,
+        on_node: Mapping[str, Estimate],
         measured: dict[str, int],
     ):
         self.name, self.whole, self.facts, self.kv, self.state = name, whole, facts, kv, state
-        self.input_bytes, self.repack, self.measured = input_bytes, repack, measured
+        self.input_bytes, self.on_node, self.measured = input_bytes, on_node, measured
 
     def estimate(self, room: Room, first: int, count: int, *, main: bool, output: bool, gpu_main: bool) -> Estimate:
         f, n = self.facts, len(self.kv)
+        mine = self.on_node.get(room.node, self.whole)  # the model as this node's kind estimates it
         span = range(first, first + count)
         weights = [Figure("blocks", sum(f.layer_bytes[i] for i in span), "tensor bytes of its blocks (GGUF header)")]
         if main:
@@ -176,7 +178,8 @@ class _Costs:
         if output:
             how = "output.weight and output_norm" if not f.tied else "the token embeddings again (tied: copied here)"
             weights.append(Figure("output layer", f.output_bytes, how))
-        if main and not gpu_main and self.repack:  # its blocks stay on its CPU, which repacks some of them
+        repack = any(x.name == "repacked copy" for x in mine.weights.parts)
+        if main and not gpu_main and repack:  # its blocks stay on its CPU, which repacks some of them
             weights.append(
                 Figure("repacked copy", sum(f.layer_repack[i] for i in span), "CPU_REPACK buffer of its blocks")
             )
@@ -189,9 +192,9 @@ class _Costs:
             compute = Figure("compute", self.measured[key], how + (" and the output buffer" if main else ""))
         else:
             how = "one compute buffer per device: the model's, which its widest layer sets"
-            compute = Figure("compute", self.whole.compute.bytes, how)
+            compute = Figure("compute", mine.compute.bytes, how)
         if main:
-            overhead = self.whole.overhead
+            overhead = mine.overhead
         else:
             base = Figure("process", RPC_SERVER_BASE, f"{RPC_PROGRAM} resident beyond its buffers")
             ctx = GPU_CONTEXT[room.kind]
