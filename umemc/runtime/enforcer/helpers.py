@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import psutil
+
+if TYPE_CHECKING:
+    from .sampler import OffLoop
 
 ESTABLISHED = psutil.CONN_ESTABLISHED
 
@@ -29,6 +33,7 @@ class HelperWatch:
         self.pid: int | None = None
         self.joined = False  # every connection was seen established by this process (its load reached them all)
         self.lost: list[str] = []  # the endpoints it lost (the model is stopped until they answer again)
+        self.back: OffLoop[bool] | None = None  # while lost: whether they all answer again, asked off the loop
         self._ips: dict[str, tuple[set[str], int]] = {}
 
     def gone(self, pid: int, connections: list[tuple[str, int, str]] | None = None) -> list[str]:

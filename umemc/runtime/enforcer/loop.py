@@ -39,6 +39,7 @@ ESCAPED_EVERY_S = 5.0  # without a cgroup: look for processes that left a worker
 POLL_EVERY_S = 5.0  # supervisord's process list, also fetched whenever supervisord's children change
 DRIFT_SETTLE_S = 5.0  # after supervisord calls it RUNNING (itself 5 s after the start)
 HEAT_EVERY_S = 2.0  # temperatures and power (hwmon files; nvidia-smi is a process of its own)
+HELPERS_EVERY_S = 1.0  # a split model stopped for a lost helper: how often its helpers are asked if they are back
 LOG_TAIL = 512 * 1024  # of a llama.cpp worker's logs, for its buffer report
 
 
@@ -344,9 +345,11 @@ class Enforcer:
         if watch is None or watch.endpoints != m.rpc:
             watch = self.helpers[w.name] = HelperWatch(m.rpc)
         if watch.lost:
-            if w.state in ANSWERING or not answering(m.rpc):
+            if watch.back is None:  # asked off the loop: a helper box gone dark makes a connect wait its timeout
+                watch.back = OffLoop(lambda: answering(m.rpc), HELPERS_EVERY_S, False, "helpers")
+            if w.state in ANSWERING or not watch.back.poll(time.time()):
                 return  # someone started it (its wrapper waits for them), or they are still away
-            watch.lost = []
+            watch.lost, watch.back = [], None
             self._event(w, "helpers_back", endpoints=m.rpc)
             self.supervisor.ensure_started(w.name)
             return
