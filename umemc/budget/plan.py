@@ -475,7 +475,6 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
         sum(c.budget for c in caps),
         sum(gpu_budget) if gpu_budget else None,
     )
-    hot = [m for m in models.values() if m.hot]
     hot_total = sum(p.hot_total for p in nodes.values())  # a split model's parts on every node it spans
     hot_gpu_total = sum(p.hot_gpu_total for p in nodes.values())
     cold = _cold_admissions(placement, nodes, models, splits)
@@ -485,7 +484,6 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
     for name in [*placement.unplaced, *splits]:  # their figures are in no node's plan whole: their warnings here
         said.update(dict.fromkeys(models[name].estimate.warnings))
     warnings = list(said)
-    del hot
     return Plan(
         *_of(loaded),
         capacity,

@@ -398,12 +398,12 @@ class Preflight:
     def _helpers(self, running: Collection[str]) -> None:
         """A model split across nodes loads its layers into the RPC servers of its other nodes: they must answer
         before it starts (its exec wrapper would wait a minute at each of supervisord's tries)."""
-        from .enforcer.helpers import answering
+        from .wrap import silent
 
         for name, m in self.plan.models.items():
             if not m.rpc or name in running:
                 continue
-            away = [e for e in m.rpc if not answering([e], timeout=1.0)]
+            away = silent(m.rpc, 1.0)
             if away:
                 self._failed(
                     "helpers",

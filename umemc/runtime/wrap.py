@@ -320,22 +320,35 @@ def pass_gate(gate: str) -> str | None:
 HELPERS_WAIT_S = 60.0  # how long a split model's start waits for the RPC servers of its other nodes
 
 
+def endpoint_parts(endpoint: str) -> tuple[str, int]:
+    """HOST:PORT (an IPv6 address in brackets or bare) as (host, port)."""
+    host, _, port = endpoint.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def silent(endpoints: list[str], timeout: float) -> list[str]:
+    """The endpoints (HOST:PORT) that do not accept a connection now. Each connection is closed at once: an RPC
+    server takes it as a client that left."""
+    import socket
+
+    out = []
+    for endpoint in endpoints:
+        try:
+            socket.create_connection(endpoint_parts(endpoint), timeout=timeout).close()
+        except (OSError, ValueError):
+            out.append(endpoint)
+    return out
+
+
 def wait_helpers(endpoints: list[str], within: float) -> str | None:
     """Wait until every RPC server (HOST:PORT) accepts a connection, at most `within` seconds. None to go on; else
-    which ones did not. The connection is closed at once: an RPC server takes it as a client that left."""
-    import socket
+    which ones did not."""
     import time
 
     deadline = time.monotonic() + within
     left = list(endpoints)
     while True:
-        for endpoint in list(left):
-            host, _, port = endpoint.rpartition(":")
-            try:
-                socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
-            except (OSError, ValueError):
-                continue
-            left.remove(endpoint)
+        left = silent(left, 1.0)
         if not left:
             return None
         if time.monotonic() >= deadline:

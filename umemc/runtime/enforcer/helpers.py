@@ -13,15 +13,12 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from ..wrap import endpoint_parts, silent
+
 if TYPE_CHECKING:
     from .sampler import OffLoop
 
 ESTABLISHED = psutil.CONN_ESTABLISHED
-
-
-def _split(endpoint: str) -> tuple[str, int]:
-    host, _, port = endpoint.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 class HelperWatch:
@@ -54,7 +51,7 @@ class HelperWatch:
 
     def _reached(self, endpoint: str, live: set[tuple[str, int]]) -> bool:
         if endpoint not in self._ips:
-            host, port = _split(endpoint)
+            host, port = endpoint_parts(endpoint)
             self._ips[endpoint] = (self.resolve(host), port)
         ips, port = self._ips[endpoint]
         return any((ip, port) in live for ip in ips)
@@ -76,12 +73,5 @@ def _connections(pid: int) -> list[tuple[str, int, str]]:
 
 
 def answering(endpoints: list[str], timeout: float = 0.2) -> bool:
-    """Whether every RPC server accepts a connection now (closed at once: the server takes it as a client that
-    left)."""
-    for endpoint in endpoints:
-        host, port = _split(endpoint)
-        try:
-            socket.create_connection((host, port), timeout=timeout).close()
-        except OSError:
-            return False
-    return True
+    """Whether every RPC server accepts a connection now."""
+    return not silent(endpoints, timeout)

@@ -212,6 +212,12 @@ def _gateway_class(ns: str, prios: list[int]) -> dict[str, Any]:
     return _priority_class(ns, value, f"umemc-{ns}-gateway", f"umemc stack {ns}: the router, above every model")
 
 
+def container_security(*, read_only: bool) -> dict[str, Any]:
+    """A container's security context: no privilege escalation, no capabilities; a read-only root where the program
+    writes nothing outside its volumes."""
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": read_only, "capabilities": {"drop": ["ALL"]}}
+
+
 def _pc_name(ns: str, priority: int) -> str:
     return f"umemc-{ns}-p{priority}"
 

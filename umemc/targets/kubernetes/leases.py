@@ -12,7 +12,7 @@ from ...budget.placement import Need as PlaceNeed
 from ...budget.plan import Plan, held_on_paper, policy_budget
 from ...catalog.runtimes import GPU_RESOURCE, holds_gpu_device
 from ...errors import UsageError
-from .common import _affinity, _dns, _labels, _nodes, _pc_name, _priority_class
+from .common import _affinity, _dns, _labels, _nodes, _pc_name, _priority_class, container_security
 from .workloads import _pod_security
 
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"  # Kubernetes' own do-nothing image: a pod that only reserves
@@ -52,11 +52,7 @@ def lease_pod(plan: Plan, ask: LeaseAsk) -> list[dict[str, Any]]:
         "name": "hold",
         "image": PAUSE_IMAGE,
         "resources": {"requests": {**resources, "cpu": "1m"}, "limits": resources},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": container_security(read_only=True),
     }
     labels = _labels(ns, ask.holder, "lease") | {"umemc.io/lease": _dns(ask.name)}
     pod: dict[str, Any] = {

@@ -15,7 +15,7 @@ from typing import Any
 from ...budget.plan import ModelPlan, Plan
 from ...budget.split import RPC_PROGRAM, Part
 from ...catalog.runtimes import GPU_RESOURCE, holds_gpu_device
-from .common import Node, _affinity, _dns, _labels, _pc_name, rpc_name, rpc_port
+from .common import Node, _affinity, _dns, _labels, _pc_name, container_security, rpc_name, rpc_port
 from .workloads import _image, _pod_security, _version_label
 
 IMAGE_DIR = "/app"  # where llama.cpp's images keep their programs
@@ -63,11 +63,7 @@ def part_objects(plan: Plan, m: ModelPlan, part: Part, node: Node, helper: Model
         "resources": {"requests": requests, "limits": limits},
         "readinessProbe": {**check, "periodSeconds": 5, "failureThreshold": 2},
         "livenessProbe": {**check, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": container_security(read_only=True),
     }
     pod: dict[str, Any] = {"priorityClassName": _pc_name(ns, m.priority), "securityContext": _pod_security(kind)}
     affinity = _affinity((node,), plan)

@@ -34,6 +34,7 @@ from .common import (
     _labels,
     _pc_name,
     _prefix,
+    container_security,
     rpc_endpoints,
 )
 
@@ -184,11 +185,7 @@ def _deployment(
         requests[GPU_RESOURCE[kind]] = 1
     container["resources"] = {"requests": requests, "limits": limits}
     container |= _probes(t.plan, t.program, _prefix(m))
-    container["securityContext"] = {
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": spec.runtime in READ_ONLY_ROOT,
-        "capabilities": {"drop": ["ALL"]},
-    }
+    container["securityContext"] = container_security(read_only=spec.runtime in READ_ONLY_ROOT)
     mounts, volumes = _volumes(t.plan, storage)
     container["volumeMounts"] = mounts
     pod: dict[str, Any] = {"priorityClassName": _pc_name(ns, m.priority), "securityContext": _pod_security(kind)}
