@@ -11,6 +11,8 @@ lines and compares them with `umemc check`'s figures for the same stack.
     python bench/accuracy.py --archs    # only the small models of each 2026 architecture family (~2 min)
     python bench/accuracy.py --new      # architectures umemc was not tuned to, at full size: the estimate vs
                                         # llama.cpp's dry run (check --measure) vs llama-server's own load
+    python bench/accuracy.py --sweep    # one architecture's shape varied key by key: the estimate's compute
+                                        # buffer vs llama.cpp's dry run (~3 min)
     UMEMC_LLAMA_PYTHON=/path/to/python python bench/accuracy.py
 
 Goals: weights and KV within 1%, compute within 25%, weights+KV+compute within 5%.
@@ -171,6 +173,12 @@ def main() -> int:
             text = tiny_archs(py, Path(d))
         print(text)
         write_section("Estimate accuracy vs llama.cpp, 2026 architecture families (bench/accuracy.py)", text)
+        return 0
+    if "--sweep" in sys.argv:
+        with tempfile.TemporaryDirectory() as d:
+            text = sweeps(py, Path(d))
+        print(text)
+        write_section("Compute buffer by shape: the estimate vs llama.cpp's dry run (bench/accuracy.py --sweep)", text)
         return 0
     if "--new" in sys.argv:
         with tempfile.TemporaryDirectory() as d:
@@ -451,6 +459,68 @@ def new_archs(py: str, tmp: Path) -> str:
         "",
         "peer KV: clanker-gguf's KV line (as in the preset table), against the load's KV + state.",
     ]
+    return "\n".join(lines)
+
+
+# (architecture, keys changed from its published shape, context, flash attention): what the sweep varies
+SWEEPS: tuple[tuple[str, dict[str, int], int, bool], ...] = (
+    # Gated attention (the query-gate projection) without flash attention: query width and n_embd apart
+    *(
+        ("qwen3-next-80b-a3b", {"block_count": 8, **keys}, 8192, False)
+        for keys in (
+            {},
+            {"attention.head_count": 8},
+            {"attention.head_count": 32},
+            {"embedding_length": 4096},
+            {"embedding_length": 1024},
+            {"attention.key_length": 128, "attention.value_length": 128},
+        )
+    ),
+    # Routed experts: the compute buffer against the expert width (n_ff_exp x n_expert_used) is not monotonic
+    *(
+        # (minimax-m2 sizes its expert tensors by feed_forward_length: both keys change)
+        (
+            "minimax-m2",
+            {"block_count": 2, "feed_forward_length": ff, "expert_feed_forward_length": ff, "expert_used_count": k},
+            8192,
+            True,
+        )
+        for ff, k in ((384, 8), (768, 8), (1536, 8), (3072, 8), (6144, 8), (1536, 4), (3072, 4), (768, 16))
+    ),
+)
+
+
+def sweeps(py: str, tmp: Path) -> str:
+    """For each row of SWEEPS a sparse GGUF of the changed shape, umemc's own estimate and llama.cpp's dry run
+    (check --measure) of it: the compute buffer (with the output buffer) each says, in MiB, and the estimate's
+    error. The dry run equals llama-server's load on every row of the --new table, so no load is run here."""
+    import dataclasses
+
+    from umemc.testing.archspecs import FULL
+    from umemc.testing.discover import discover, write_discovered
+
+    server = llama_server()
+    lines = [
+        f"llama.cpp: {server} ({_server_version(server)}); ubatch 512, f16 cache, one sequence. MiB of compute "
+        "buffer + output buffer: the estimate / the dry run (error).",
+        "",
+        "| model | changed keys | ctx | fa | the estimate's peak | compute + output |",
+        "|---|---|---:|---|---|---:|",
+    ]
+    for name, keys, ctx, fa in SWEEPS:
+        spec = dataclasses.replace(FULL[name], keys={**FULL[name].keys, **keys})
+        path = write_discovered(tmp / f"{name}.gguf", spec, discover(spec, tmp, py), "Q4_K_M")
+        stack = tmp / f"{name}.toml"
+        stack.write_text(_new_stack(server, path, ctx, fa, "f16", 1))
+        hand, dry, _ = _three_ways(stack)
+        a, b = hand.compute.bytes, dry.compute.bytes
+        peak = hand.compute.parts[0].formula.rpartition("[= ")[2].rstrip("]")
+        changed = ", ".join(f"{k} {v}" for k, v in keys.items())
+        lines.append(
+            f"| {name} | {changed} | {ctx} | {'on' if fa else 'off'} | {peak} | "
+            f"{a / MiB:.2f} / {b / MiB:.2f} ({(a - b) / b * 100:+.2f}%) |"
+        )
+        print(lines[-1], flush=True)
     return "\n".join(lines)
 
 

@@ -57,6 +57,10 @@ def parts(e: Any) -> list[tuple[str, int]]:
     return [(p.name, p.bytes) for p in e.kv.parts] or [(e.kv.name, e.kv.bytes)]
 
 
+def attention(e: Any) -> Any:
+    return next(p for p in e.compute.parts[0].parts if p.name == "attention")
+
+
 def test_falcon_h1_keeps_a_kv_cache_and_a_state_on_every_layer(tmp_path: Path) -> None:
     # falcon-h1: attention and a Mamba-2 mixer side by side in all 4 layers (filter_attn and filter_recr both true)
     e = estimate(tmp_path, "falcon-h1", base(4) | MAMBA2)
@@ -82,6 +86,20 @@ def test_qwen3_next_attends_every_fourth_layer(tmp_path: Path) -> None:
     assert parts(estimate(tmp_path, "qwen3next", listed)) == [
         ("kv cache", 4 * 8192 * KV_PER_CELL), ("recurrent state", 4 * state)
     ]  # fmt: skip
+
+
+def test_qwen3_next_attention_holds_its_query_gate_projection(tmp_path: Path) -> None:
+    # qwen3next projects query and gate in one tensor of 2 x heads x head dim and applies the gate after the
+    # attention, so without flash attention the layer holds, beside the KQ scores (n_kv 8192 x 8 heads per token)
+    # and n_embd 512: 6 query widths (8 x 64 = 512) and K and V (2 x 64 each); llama-style attention holds
+    # 5 x n_embd + 2 x n_embd_kv (bench/RESULTS.md, the sweep checks both against llama.cpp's dry run)
+    keys = base(8) | {"ssm.conv_kernel": 4, "ssm.inner_size": 256, "ssm.state_size": 32, "ssm.group_count": 4,
+                      "ssm.time_step_rank": 8, "full_attention_interval": 4}  # fmt: skip
+    per_token = 4 * 512  # f32 x n_ubatch 512
+    gated = attention(estimate(tmp_path, "qwen3next", keys, fa=False))
+    assert gated.bytes == (8192 * 8 + 512 + 6 * 512 + 2 * 128) * per_token == 142_082_048
+    plain = attention(estimate(tmp_path, "llama", base(8), fa=False))
+    assert plain.bytes == (8192 * 8 + 5 * 512 + 2 * 128) * per_token == 139_984_896
 
 
 def test_nemotron_h_layers_are_mamba_attention_or_mlp(tmp_path: Path) -> None:

@@ -326,6 +326,16 @@ def attention_figure(shape: LlmShape, n_kv: int, n_ub: int, *, flash_attn: bool)
             "(5 x n_embd + 2 x n_embd_kv + n_embd flash-attention output) x n_ubatch x 4",
             {"n_embd_kv": e_kv},
         )
+    if shape.arch in GATED_QUERY_ARCHS:
+        q = shape.n_head * shape.head_dim_k
+        return Figure(
+            "attention",
+            (scores + e + 6 * q + 2 * e_kv) * n_ub * F32,
+            "KQ scores n_kv x n_ubatch x heads x 4 (softmax in place) + (n_embd + 6 x query width + 2 x n_embd_kv) "
+            "x n_ubatch x 4: the joint query-gate projection (2 x query width) is held for its gate through the "
+            "attention",
+            {"heads": shape.n_head, "query width": q, "n_embd_kv": e_kv},
+        )
     return Figure(
         "attention",
         (scores + 5 * e + 2 * e_kv) * n_ub * F32,
@@ -377,6 +387,13 @@ def ffn_figure(shape: LlmShape, n_ub: int) -> Figure:
 # n_embd-wide activations an MoE layer keeps beyond its experts' outputs, measured where the cause is not
 # known (llama.cpp's dry run under llama-server, bench/accuracy.py): gpt-oss (biases and clamped swiglu),
 # deepseek2 (latent attention's output beside the experts)
+# Architectures whose attention projects the query and an output gate in one tensor (Qwen3-Next, Qwen3.5:
+# build_qkv with 2 x head width, the gate a view of it, applied after the attention): the projection, twice the
+# query width, stays alive through the scores. Without flash attention the layer's peak was measured with
+# llama.cpp's dry run of qwen3next over query widths 2048-8192 and n_embd 1024-4096 (bench/accuracy.py --sweep):
+# n_embd + 6 query widths + 2 n_embd_kv beside the scores, to 2 MiB; the live set alone is n_embd + 3 query
+# widths (the projection, the normed query, the scores' product), the rest is where ggml-alloc places them.
+GATED_QUERY_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe", "qwen4exp"})
 MOE_EXTRA_BY_ARCH = {"gpt-oss": 2, "deepseek2": 3}
 DELTA_CHUNK = 64  # build_delta_net_chunking: tokens per chunk (16 for Kimi's KDA)
 # n_embd-wide activations a mixer layer keeps beside its own tensors, measured where the graph keeps more than
