@@ -11,6 +11,8 @@ lines and compares them with `umemc check`'s figures for the same stack.
     python bench/accuracy.py --archs    # only the small models of each 2026 architecture family (~2 min)
     python bench/accuracy.py --new      # architectures umemc was not tuned to, at full size: the estimate vs
                                         # llama.cpp's dry run (check --measure) vs llama-server's own load
+    python bench/accuracy.py --record-graphs  # llama-server's compute buffer for the shapes of
+                                        # tests/recorded/reserve-buffers.json (the allocator replay's check)
     python bench/accuracy.py --sweep    # one architecture's shape varied key by key: the estimate's compute
                                         # buffer vs llama.cpp's dry run (~3 min)
     UMEMC_LLAMA_PYTHON=/path/to/python python bench/accuracy.py
@@ -174,6 +176,10 @@ def main() -> int:
         print(text)
         write_section("Estimate accuracy vs llama.cpp, 2026 architecture families (bench/accuracy.py)", text)
         return 0
+    if "--record-graphs" in sys.argv:
+        with tempfile.TemporaryDirectory() as d:
+            record_graphs(py, Path(d))
+        return 0
     if "--sweep" in sys.argv:
         with tempfile.TemporaryDirectory() as d:
             text = sweeps(py, Path(d))
@@ -275,6 +281,8 @@ def mparams():
 def cparams():
     c = cdef()
     c.n_seq_max = par  # llama-server -np: one KV stream per sequence
+    if par > 1:  # and, as llama-server does (server_output_limits), one row of logits per sequence
+        c.n_outputs_max = par
     return c
 import llama_cpp.llama
 for mod in (llama_cpp.llama_cpp, llama_cpp.llama.llama_cpp):
@@ -488,6 +496,101 @@ SWEEPS: tuple[tuple[str, dict[str, int], int, bool], ...] = (
         for ff, k in ((384, 8), (768, 8), (1536, 8), (3072, 8), (6144, 8), (1536, 4), (3072, 4), (768, 16))
     ),
 )
+
+
+RESERVE_FIXTURE = ROOT / "tests" / "recorded" / "reserve-buffers.json"
+_LLAMA3 = {"embedding_length": 4096, "feed_forward_length": 14336, "attention.head_count": 32,
+           "attention.head_count_kv": 8, "rope.freq_base": 5e5}  # fmt: skip
+_Q8 = ("-ctk", "q8_0", "-ctv", "q8_0")
+_LLAMA70 = {**_LLAMA3, "embedding_length": 8192, "feed_forward_length": 28672, "attention.head_count": 64}
+_QWEN3 = {"attention.head_count_kv": 8, "attention.key_length": 128, "attention.value_length": 128,
+          "rope.freq_base": 1e6}  # fmt: skip
+# (name, architecture, GGUF keys, vocabulary, llama-server's memory flags): published shapes, three layers (the
+# replay's first two and last; a full-depth file reserves the same buffer)
+RESERVE_SHAPES: tuple[tuple[str, str, dict[str, object], int, tuple[str, ...]], ...] = (
+    ("llama-3-8b", "llama", _LLAMA3, 128256, ("-c", "8192", "-fa", "on", "-np", "1")),
+    ("llama-3-8b", "llama", _LLAMA3, 128256, ("-c", "8192", "-fa", "off", "-np", "1")),
+    ("llama-3-8b", "llama", _LLAMA3, 128256, ("-c", "16384", "-fa", "on", "-np", "4")),
+    ("llama-3-8b", "llama", _LLAMA3, 128256, ("-c", "32768", "-fa", "on", "-np", "1", *_Q8)),
+    ("llama-3-70b", "llama", _LLAMA70, 128256, ("-c", "16384", "-fa", "on", "-np", "2")),
+    ("llama-3-70b", "llama", _LLAMA70, 128256, ("-c", "16384", "-fa", "on", "-np", "2", *_Q8)),
+    ("llama-3-70b", "llama", _LLAMA70, 128256, ("-c", "32768", "-fa", "off", "-np", "1")),
+    ("mixtral-8x7b", "llama", {**_LLAMA3, "expert_count": 8, "expert_used_count": 2}, 32000,
+     ("-c", "8192", "-fa", "on", "-np", "1")),
+    ("mixtral-8x7b", "llama", {**_LLAMA3, "expert_count": 8, "expert_used_count": 2}, 32000,
+     ("-c", "4096", "-fa", "off", "-np", "1")),
+    ("qwen3-32b", "qwen3", {**_QWEN3, "embedding_length": 5120, "feed_forward_length": 25600,
+                            "attention.head_count": 64}, 151936, ("-c", "8192", "-fa", "on", "-np", "1")),
+    ("qwen3-32b", "qwen3", {**_QWEN3, "embedding_length": 5120, "feed_forward_length": 25600,
+                            "attention.head_count": 64}, 151936, ("-c", "8192", "-fa", "off", "-np", "2")),
+    ("qwen3-30b-a3b", "qwen3moe", {**_QWEN3, "embedding_length": 2048, "feed_forward_length": 6144,
+                                   "attention.head_count": 32, "attention.head_count_kv": 4, "expert_count": 128,
+                                   "expert_used_count": 8, "expert_feed_forward_length": 768}, 151936,
+     ("-c", "8192", "-fa", "on", "-np", "1")),
+    ("qwen3-30b-a3b", "qwen3moe", {**_QWEN3, "embedding_length": 2048, "feed_forward_length": 6144,
+                                   "attention.head_count": 32, "attention.head_count_kv": 4, "expert_count": 128,
+                                   "expert_used_count": 8, "expert_feed_forward_length": 768}, 151936,
+     ("-c", "8192", "-fa", "off", "-np", "4")),
+    ("qwen2-72b", "qwen2", {"embedding_length": 8192, "feed_forward_length": 29568, "attention.head_count": 64,
+                            "attention.head_count_kv": 8, "rope.freq_base": 1e6}, 152064,
+     ("-c", "8192", "-fa", "on", "-np", "1")),
+    ("seed-oss-36b", "seed_oss", {**_QWEN3, "embedding_length": 5120, "feed_forward_length": 27648,
+                                  "attention.head_count": 80}, 155136, ("-c", "8192", "-fa", "off", "-np", "1")),
+    ("minimax-m2", "minimax-m2", {"embedding_length": 3072, "feed_forward_length": 1536,
+                                  "attention.head_count": 48, "attention.head_count_kv": 8,
+                                  "attention.key_length": 128, "attention.value_length": 128,
+                                  "rope.dimension_count": 64, "expert_count": 256, "expert_used_count": 8,
+                                  "expert_feed_forward_length": 1536, "expert_gating_func": 2}, 200064,
+     ("-c", "8192", "-fa", "on", "-np", "1")),
+)  # fmt: skip
+
+
+def record_graphs(py: str, tmp: Path) -> None:
+    """llama-server's own `CPU compute buffer size` for each shape of RESERVE_SHAPES (a sparse GGUF, its fit
+    pass, stopped by pid once it listens), written to RESERVE_FIXTURE for tests/estimate/test_allocator.py."""
+    import json
+    import time
+
+    from umemc.testing.discover import ArchSpec, discover, write_discovered
+
+    server = llama_server()
+    rows = []
+    for name, arch, keys, n_vocab, flags in RESERVE_SHAPES:
+        all_keys = {"context_length": 32768, "block_count": 3, "attention.layer_norm_rms_epsilon": 1e-6, **keys}
+        optional = ("output.weight", "blk.N.exp_probs_b.bias", "blk.N.ffn_gate_exps.weight", "blk.N.attn_q.bias",
+                    "blk.N.attn_k.bias", "blk.N.attn_v.bias")  # fmt: skip
+        spec = ArchSpec(name, arch, all_keys, n_vocab, "bench/accuracy.py RESERVE_SHAPES", optional=optional)
+        path = write_discovered(tmp / f"{name}.gguf", spec, discover(spec, tmp, py), "Q4_K_M")
+        log = tmp / "reserve.log"
+        with log.open("w") as out:
+            argv = [
+                server,
+                "-m",
+                str(path),
+                "--no-repack",
+                "-v",
+                "-t",
+                "2",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                *flags,
+            ]
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+            try:
+                while proc.poll() is None and "compute buffer size" not in log.read_text(errors="replace"):
+                    time.sleep(0.05)
+            finally:
+                proc.kill()
+                proc.wait()
+        found = re.findall(r"CPU compute buffer size = +([\d.]+) MiB", log.read_text(errors="replace"))
+        if not found:
+            raise RuntimeError(f"llama-server printed no compute buffer for {name} {flags}: {log.read_text()[-800:]}")
+        rows.append({"name": name, "arch": arch, "keys": all_keys, "n_vocab": n_vocab, "flags": list(flags),
+                     "compute_mib": float(found[0])})  # fmt: skip
+        print(rows[-1]["name"], " ".join(flags), found[0], flush=True)
+    RESERVE_FIXTURE.write_text(json.dumps({"llama-server": _server_version(server), "rows": rows}, indent=1) + "\n")
 
 
 def sweeps(py: str, tmp: Path) -> str:

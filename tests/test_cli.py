@@ -135,13 +135,14 @@ def test_explain_shows_formulas_and_inputs(run_cli) -> None:
     )
     assert "      cells: parallel 2 x pad256(context 8192) = 16384" in lines
     assert (
-        "  quota hard = estimate x (1 + quota_headroom 0.1), rounded up to a MiB = 50747932672 bytes "
-        "(47.26 GiB)" in lines
-    )  # estimate 46134020096 = weights 42512531456 + KV 2852126720 + overhead 516677632 + compute 252684288: the
+        "  quota hard = estimate x (1 + quota_headroom 0.1), rounded up to a MiB = 50730106880 bytes "
+        "(47.25 GiB)" in lines
+    )  # estimate 46117337120 = weights 42512531456 + KV 2852126720 + overhead 516677632 + compute 236001312: the
     # overhead llama-server's process (24 MiB and 96 bytes for each of 128256 tokens: 37478400) and the GPU
-    # context (457 MiB); the compute the kq_mask 8192 x 512 x 2 and the FFN (3 x 28672 + 4 x 8192) x 512 x 4
-    # (llama-server reserves 2 rows of logits, one per sequence, far below), + the output buffer 128256 x 2 x 4;
-    # x 1.1 -> 48397 MiB
+    # context (457 MiB); the compute the buffer llama-server reserves for Llama-3-70B with -c 16384 -np 2 and a
+    # q8_0 cache (224.09 MiB as it prints it: tests/recorded/reserve-buffers.json; 234975264 bytes), + the output
+    # buffer 128256 x 2 x 4; x 1.1 -> 48381 MiB
+    assert "    compute buffer = 224.09 MiB (234975264 bytes)" in lines
 
 
 def test_explain_unknown_model(run_cli) -> None:

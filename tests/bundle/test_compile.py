@@ -231,8 +231,10 @@ arch = "sdxl"
         "UMEMC_MODEL": "chat",
         # llama-3-8b's estimate (the budget row): its weights, KV and compute, and llama-server's process of 24 MiB
         # and 96 bytes for each of its 128,256 tokens (37,478,400 bytes; the figure was a flat 150 MiB, which made
-        # it 6212596736); hard = 6092788736 x 1.1 = 6702067609.6, up to a MiB: 6392 MiB
-        "UMEMC_QUOTA_SOFT_BYTES": "6092788736",
+        # it 6212596736); its compute is the buffer llama-server reserves for Llama-3-8B at 8K (124.01 MiB as it
+        # prints it, tests/recorded/reserve-buffers.json: 12,320 bytes above the formula it replaced, which made
+        # 6092788736); hard = 6092801056 x 1.1 = 6702081161.6, up to a MiB: 6392 MiB
+        "UMEMC_QUOTA_SOFT_BYTES": "6092801056",
         "UMEMC_QUOTA_HARD_BYTES": "6702497792",
         "UMEMC_PORT": "10001",
         "UMEMC_HOST": "127.0.0.1",  # the address to bind under supervisord

@@ -8,6 +8,7 @@ from functools import cache
 
 from ..catalog.archs import LlmPreset, LlmShape, VisionShape
 from ..catalog.quant import KV_TYPES, loaded, preset_mix, row_bytes, tensor_bytes
+from . import graphs
 from .figures import Figure
 
 CTX_PAD = 256  # llama.cpp pads n_ctx (KV cells) to a multiple of 256
@@ -242,6 +243,18 @@ def compute_figure(
         "n_kv x pad64(n_ubatch) x (2 bytes with flash attention, else 4), per mask",
         masks,
     )
+    if graphs.supported(shape):
+        rotated = kv_type not in ("f16", "f32", "bf16")
+        replayed = graphs.reserve_buffer(shape, n_kv, n_ub, n_out, mask_bytes, flash_attn=flash_attn, rotated=rotated)
+        graph = Figure(
+            "compute buffer",
+            replayed,
+            f"ggml-alloc's placement replayed on llama.cpp's reserve graph ({shape.arch}: n_ubatch tokens against "
+            "the whole cache, the output rows' logits)",
+            {"n_ubatch": n_ub, "flash_attn": flash_attn, "outputs": n_out},
+            parts=(mask,),
+        )
+        return Figure.total("compute", [graph, _output_figure(shape, parallel, embed_seqs)])
     attn = attention_figure(shape, n_kv, n_ub, flash_attn=flash_attn)
     ffn = ffn_figure(shape, n_ub)
     width = shape.n_vocab if shape.causal else 0
@@ -282,20 +295,23 @@ def compute_figure(
         {"n_ubatch": n_ub, "flash_attn": flash_attn},
         parts=(mask, *([resident] if resident else []), attn, ffn, *([mamba] if mamba else []), end),
     )
+    return Figure.total("compute", [graph, _output_figure(shape, parallel, embed_seqs)])
+
+
+def _output_figure(shape: LlmShape, parallel: int, embed_seqs: int) -> Figure:
     if shape.causal:
-        output = Figure(
+        return Figure(
             "output buffer", shape.n_vocab * parallel * F32, "n_vocab x n_seq x 4 (llama.cpp output_reserve)",
             {"n_seq": parallel},
         )  # fmt: skip
-    else:  # embedding mode: logits and embeddings are both reserved, for every sequence the context can hold
-        seqs = embed_seqs or parallel
-        output = Figure(
-            "output buffer",
-            (shape.n_vocab + shape.n_embd) * seqs * F32,
-            "(n_vocab + n_embd) x n_seq_max x 4 (llama.cpp output_reserve keeps logits beside the embeddings)",
-            {"n_seq_max": seqs},
-        )
-    return Figure.total("compute", [graph, output])
+    # embedding mode: logits and embeddings are both reserved, for every sequence the context can hold
+    seqs = embed_seqs or parallel
+    return Figure(
+        "output buffer",
+        (shape.n_vocab + shape.n_embd) * seqs * F32,
+        "(n_vocab + n_embd) x n_seq_max x 4 (llama.cpp output_reserve keeps logits beside the embeddings)",
+        {"n_seq_max": seqs},
+    )
 
 
 def attention_figure(shape: LlmShape, n_kv: int, n_ub: int, *, flash_attn: bool) -> Figure:

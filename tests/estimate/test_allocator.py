@@ -1,0 +1,101 @@
+"""The compute buffer as ggml-alloc places it (umemc/estimate/allocator.py, graphs.py).
+
+The allocator's rules are checked on small graphs whose placement is worked out by hand below; the replay of
+llama.cpp's reserve graph is checked against llama-server's own `CPU compute buffer size` for published shapes
+(tests/recorded/reserve-buffers.json, recorded by `python bench/accuracy.py --record-graphs` from the llama.cpp
+umemc builds: a sparse GGUF of three layers of each shape, its fit pass), which prints two decimals of MiB."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from umemc.budget.plan import make_plan
+from umemc.estimate.allocator import Tensor, buffer_size
+from umemc.stack.resolve import load_stack
+from umemc.testing.discover import ArchSpec, write_discovered
+
+RECORDED = json.loads((Path(__file__).parents[1] / "recorded" / "reserve-buffers.json").read_text())
+MiB = 1 << 20
+
+
+def test_a_freed_block_is_reused_by_the_best_fit_not_the_first() -> None:
+    # a (128) k1 (32) b (64) k2 (32) lie end to end at 0, 128, 160, 224; u (32, the last user of a and b) goes
+    # to the end, 256, and frees a and b: holes of 128 at 0 and 64 at 160. x (64) takes the 64 hole (the best
+    # fit, not the first); k1's freeing after x joins the 0 hole: 160 bytes at 0, where y (128) goes, leaving 32
+    # at 128; k2's freeing after y leaves 32 at 224: z (32) fits both and takes the later one. The buffer never
+    # grows past u's end: 288 bytes.
+    a, k1, b, k2 = Tensor(128), Tensor(32), Tensor(64), Tensor(32)
+    u = Tensor(32, (a, b))
+    x = Tensor(64, (k1,))
+    y = Tensor(128, (k2,))
+    z = Tensor(32, (x, y, u))
+    assert buffer_size([], [a, k1, b, k2, u, x, y, z]) == 288
+    assert (u.offset, x.offset, y.offset, z.offset) == (256, 160, 0, 224)
+
+
+def test_an_op_writes_in_place_into_its_last_users_memory() -> None:
+    # x (1024) -> y = scale(x) in place -> z = mul(y, w) in place: one block of 1024, then the output beside it
+    x = Tensor(1024)
+    y = Tensor(1024, (x,), inplace=True)
+    z = Tensor(1024, (y,), inplace=True)
+    out = Tensor(256, (z,))
+    assert buffer_size([], [x, y, z, out]) == 1024 + 256
+    # the same graph where x has a second user: y cannot overwrite it
+    x2 = Tensor(1024)
+    y2 = Tensor(1024, (x2,), inplace=True)
+    keep = Tensor(32, (x2, y2))
+    assert buffer_size([], [x2, y2, keep]) == 1024 + 1024 + 32
+
+
+def test_a_view_is_never_written_over_and_frees_what_it_views_at_its_last_use() -> None:
+    # rope(reshape(q)) cannot be done in place (the view is not the allocator's own), so q and its rope are
+    # both alive; after the rope, q is freed through its view, and the next 1024 takes q's place at 0
+    q = Tensor(1024)
+    r = Tensor(1024, (q,), view_of=q)
+    rope = Tensor(1024, (r,), inplace=True)
+    after = Tensor(1024, (rope,))
+    assert buffer_size([], [q, r, rope, after]) == 2048
+    assert (rope.offset, after.offset) == (1024, 0)
+
+
+def test_inputs_are_placed_first_and_outputs_are_never_freed() -> None:
+    leaf = Tensor(64)
+    logits = Tensor(512, (leaf,))
+    logits.output = True
+    later = Tensor(512, (logits,))
+    assert buffer_size([leaf], [logits, later]) == 64 + 512 + 512
+    assert (leaf.offset, logits.offset, later.offset) == (0, 64, 576)
+
+
+def _stack_flags(flags: list[str]) -> dict[str, Any]:
+    given = dict(zip(flags[::2], flags[1::2], strict=True))
+    return {
+        "context": int(given["-c"]) // int(given["-np"]),
+        "parallel": int(given["-np"]),
+        "flash_attn": given["-fa"] == "on",
+        "kv_cache": given.get("-ctk", "f16"),
+    }
+
+
+@pytest.mark.parametrize("row", RECORDED["rows"], ids=lambda r: f"{r['name']} {' '.join(r['flags'])}")
+def test_the_replay_reserves_what_llama_server_reserves(row: dict[str, Any], tmp_path: Path) -> None:
+    keys = row["keys"]
+    spec = ArchSpec(row["name"], row["arch"], keys, row["n_vocab"], "a test")
+    write_discovered(
+        tmp_path / "m.gguf", spec, {"token_embd.weight": (keys["embedding_length"], row["n_vocab"])}, "F32"
+    )
+    flags = _stack_flags(row["flags"])
+    (tmp_path / "stack.toml").write_text(
+        'version = 1\nname = "t"\n[platform]\nkind = "cpu"\nmemory = "512GiB"\n[models.m]\n'
+        f'runtime = "llama-server"\nmodel = "m.gguf"\ncontext = {flags["context"]}\nparallel = {flags["parallel"]}\n'
+        f'flash_attn = {str(flags["flash_attn"]).lower()}\nkv_cache = "{flags["kv_cache"]}"\nmmap = false\n'
+    )
+    compute = make_plan(load_stack(tmp_path / "stack.toml")).models["m"].estimate.compute
+    graph = compute.parts[0]
+    assert graph.formula.startswith("ggml-alloc's placement replayed on llama.cpp's reserve graph")
+    # llama-server prints MiB with two decimals
+    assert abs(graph.bytes / MiB - row["compute_mib"]) <= 0.005, (graph.bytes / MiB, row["compute_mib"])
