@@ -168,37 +168,27 @@ def served(tmp: Path) -> str:
     return "\n".join(lines)
 
 
+# One section alone: (flag, the function that makes it, its title in RESULTS.md; None: it writes no section)
+SECTIONS = (
+    ("--archs", "tiny_archs", "Estimate accuracy vs llama.cpp, 2026 architecture families (bench/accuracy.py)"),
+    ("--record-graphs", "record_graphs", None),
+    ("--sweep", "sweeps", "Compute buffer by shape: the estimate vs llama.cpp's dry run (bench/accuracy.py --sweep)"),
+    ("--new", "new_archs", "Architectures umemc was not tuned to: estimate, dry run, load (bench/accuracy.py)"),
+    ("--full", "full_scale", "Estimate accuracy at full size, preset path (bench/accuracy.py)"),
+)
+
+
 def main() -> int:
     py = llama_python()
-    if "--archs" in sys.argv:
+    for flag, function, title in SECTIONS:
+        if flag not in sys.argv:
+            continue
         with tempfile.TemporaryDirectory() as d:
-            text = tiny_archs(py, Path(d))
-        print(text)
-        write_section("Estimate accuracy vs llama.cpp, 2026 architecture families (bench/accuracy.py)", text)
-        return 0
-    if "--record-graphs" in sys.argv:
-        with tempfile.TemporaryDirectory() as d:
-            record_graphs(py, Path(d))
-        return 0
-    if "--sweep" in sys.argv:
-        with tempfile.TemporaryDirectory() as d:
-            text = sweeps(py, Path(d))
-        print(text)
-        write_section("Compute buffer by shape: the estimate vs llama.cpp's dry run (bench/accuracy.py --sweep)", text)
-        return 0
-    if "--new" in sys.argv:
-        with tempfile.TemporaryDirectory() as d:
-            text = new_archs(py, Path(d))
-        print(text)
-        if not [a for a in sys.argv[2:] if not a.startswith("-")]:
-            write_section("Architectures umemc was not tuned to: estimate, dry run, load (bench/accuracy.py)", text)
-        return 0
-    if "--full" in sys.argv:
-        with tempfile.TemporaryDirectory() as d:
-            text = full_scale(py, Path(d))
-        print(text)
-        if not [a for a in sys.argv[2:] if not a.startswith("-")]:  # a subset is printed, not recorded
-            write_section("Estimate accuracy at full size, preset path (bench/accuracy.py)", text)
+            text = globals()[function](py, Path(d))
+        if title is not None:
+            print(text)
+            if not [a for a in sys.argv[2:] if not a.startswith("-")]:  # a subset is printed, not recorded
+                write_section(title, text)
         return 0
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as d:
@@ -546,8 +536,8 @@ RESERVE_SHAPES: tuple[tuple[str, str, dict[str, object], int, tuple[str, ...]], 
 
 
 def record_graphs(py: str, tmp: Path) -> None:
-    """llama-server's own `CPU compute buffer size` for each shape of RESERVE_SHAPES (a sparse GGUF, its fit
-    pass, stopped by pid once it listens), written to RESERVE_FIXTURE for tests/estimate/test_allocator.py."""
+    """llama-server's own `CPU compute buffer size` for each shape of RESERVE_SHAPES (a sparse GGUF, its load
+    stopped by pid at the first such line), written to RESERVE_FIXTURE for tests/estimate/test_allocator.py."""
     import json
     import time
 

@@ -29,7 +29,7 @@ def _aligned(n: int) -> int:
     return -(-n // ALIGNMENT) * ALIGNMENT
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Tensor:
     """One tensor of a graph, of `size` bytes (a view's are its viewed tensor's; it is never placed itself)."""
 
