@@ -492,6 +492,10 @@ RESERVE_FIXTURE = ROOT / "tests" / "recorded" / "reserve-buffers.json"
 _LLAMA3 = {"embedding_length": 4096, "feed_forward_length": 14336, "attention.head_count": 32,
            "attention.head_count_kv": 8, "rope.freq_base": 5e5}  # fmt: skip
 _Q8 = ("-ctk", "q8_0", "-ctv", "q8_0")
+# LFM2-1.2B's widths, four layers: short convolution, attention, short convolution twice
+_LFM2 = {"block_count": 4, "embedding_length": 2048, "feed_forward_length": 8192, "attention.head_count": 32,
+         "attention.head_count_kv": [0, 8, 0, 0], "attention.key_length": 64, "attention.value_length": 64,
+         "rope.freq_base": 1e6, "shortconv.l_cache": 3}  # fmt: skip
 _LLAMA70 = {**_LLAMA3, "embedding_length": 8192, "feed_forward_length": 28672, "attention.head_count": 64}
 _QWEN3 = {"attention.head_count_kv": 8, "attention.key_length": 128, "attention.value_length": 128,
           "rope.freq_base": 1e6}  # fmt: skip
@@ -526,6 +530,14 @@ RESERVE_SHAPES: tuple[tuple[str, str, dict[str, object], int, tuple[str, ...]], 
      ("-c", "8192", "-fa", "on", "-np", "1")),
     ("seed-oss-36b", "seed_oss", {**_QWEN3, "embedding_length": 5120, "feed_forward_length": 27648,
                                   "attention.head_count": 80}, 155136, ("-c", "8192", "-fa", "off", "-np", "1")),
+    *(
+        ("lfm2-1.2b", "lfm2", _LFM2, 65536, flags)
+        for flags in (
+            ("-c", "8192", "-fa", "on", "-np", "1"),
+            ("-c", "16384", "-fa", "off", "-np", "4"),
+            ("-c", "32768", "-fa", "on", "-np", "1", *_Q8),
+        )
+    ),
     ("minimax-m2", "minimax-m2", {"embedding_length": 3072, "feed_forward_length": 1536,
                                   "attention.head_count": 48, "attention.head_count_kv": 8,
                                   "attention.key_length": 128, "attention.value_length": 128,

@@ -18,6 +18,9 @@ against its `compute buffer size`, bench/accuracy.py --sweep):
   experts, their weighting in place, the sum of their outputs);
 - the final norm and the logits (a graph output: never freed).
 
+LFM2's short-convolution layers (_ShortConvGraph) differ in what they hold and in the order llama.cpp's explicit
+expansions put their ops in.
+
 Every layer is replayed: where the free blocks a layer leaves differ from the previous one's (they may
 alternate), a shortened graph would place the logits elsewhere. A graph of a hundred layers is a few thousand
 tensors; the result is cached per shape and setting.
@@ -25,8 +28,9 @@ tensors; the result is cached per shape and setting.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 from umemc.catalog.archs import LlmShape
 
@@ -42,6 +46,7 @@ class Recipe:
     qk_norm: str = ""  # "": none; "flat": on the whole projection (in place); "heads": per head, on a view
     gating: str = "softmax"  # the router: "softmax" (probabilities) or "sigmoid" (with a selection bias)
     norm_weights: bool = True  # the chosen experts' weights are divided by their sum
+    residual_first: bool = False  # the residual add takes the layer's input first (written in place into it)
 
 
 # Architectures whose reserve graph is written out here, each checked against llama.cpp's dry run.
@@ -52,21 +57,24 @@ RECIPES: dict[str, Recipe] = {
     "qwen3moe": Recipe(qk_norm="heads"),
     "seed_oss": Recipe(),
     "minimax-m2": Recipe(qk_norm="flat", gating="sigmoid"),
+    # LFM2: short-convolution layers between attention layers (src/models/lfm2.cpp), dense FFN
+    "lfm2": Recipe(qk_norm="heads", residual_first=True),
 }
 
 
 def supported(shape: LlmShape) -> bool:
     """The shapes this graph describes: a plain causal decoder of a listed architecture."""
+    recurrent = any(shape.recurrent_layers)
     return (
         shape.arch in RECIPES
         and shape.causal
         and not any(shape.swa_layers)
-        and not any(shape.recurrent_layers)
+        and (not recurrent or (shape.arch == "lfm2" and shape.recurrent_kind == "shortconv" and not shape.n_expert))
         and not shape.mla
         and not shape.n_ff_shexp
         and not shape.n_layer_dense_lead
         and not shape.resident_width
-        and all(shape.has_kv(i) for i in range(shape.n_layer_main))
+        and all(shape.has_kv(i) or recurrent for i in range(shape.n_layer_main))
     )
 
 
@@ -77,7 +85,7 @@ def reserve_buffer(
     """Bytes of llama.cpp's compute buffer (without the output buffer) for this shape's reserve graph. `rotated`:
     a quantized cache, into which llama.cpp writes K and V turned by a Hadamard matrix (llama-kv-cache.cpp
     attn_rot_k / attn_rot_v, where the head size is a multiple of 64)."""
-    graph = _Graph(shape, n_ubatch, flash_attn=flash_attn)
+    graph = (_ShortConvGraph if shape.recurrent_kind == "shortconv" else _Graph)(shape, n_ubatch, flash_attn=flash_attn)
     graph.build(n_kv, outputs, mask_bytes, rotated=rotated)
     return buffer_size(graph.leaves, graph.nodes)
 
@@ -88,6 +96,23 @@ def _rotation(head: int, *, widest: bool) -> int:
     while widest and head % (side * 2) == 0:
         side *= 2
     return side
+
+
+@dataclass
+class _Inputs:
+    """The graph's inputs (llama.cpp's llm_graph_input_*), in the order the graph first reaches them."""
+
+    tokens: Tensor
+    embd: Tensor  # the embeddings input: allocated, unused when tokens are given
+    pos: Tensor
+    turns: tuple[Tensor | None, Tensor | None]  # a quantized cache's Hadamard matrices for K and V
+    k_idxs: Tensor
+    v_idxs: Tensor
+    mask: Tensor
+    out_ids: Tensor
+
+    def attention(self) -> list[Tensor]:
+        return [self.pos, *(t for t in self.turns if t), self.k_idxs, self.v_idxs, self.mask]
 
 
 class _Graph:
@@ -121,22 +146,27 @@ class _Graph:
         """llama_mul_mat_hadamard: x reshaped, multiplied by the rotation, reshaped back (nothing without one)."""
         return self.view(self.op(x.size, by, self.view(x))) if by is not None else x
 
+    def inputs(self, n_out: int, mask_bytes: int, *, rotated: bool) -> _Inputs:
+        shape, n_ub = self.shape, self.n_ub
+        turns = tuple(
+            Tensor(_rotation(head, widest=widest) ** 2 * F32) if rotated and head % 64 == 0 else None
+            for head, widest in ((shape.head_dim_k, True), (shape.head_dim_v, False))
+        )
+        v_rows = 1 if self.flash_attn else max(shape.n_head_kv) * shape.head_dim_v  # a transposed V: one per row
+        return _Inputs(
+            Tensor(n_ub * I32), Tensor(shape.n_embd * n_ub * F32), Tensor(n_ub * I32), (turns[0], turns[1]),
+            Tensor(n_ub * I64), Tensor(n_ub * v_rows * I64), Tensor(mask_bytes), Tensor(n_out * I32),
+        )  # fmt: skip
+
     def build(self, n_kv: int, n_out: int, mask_bytes: int, *, rotated: bool) -> None:
         shape, n_ub = self.shape, self.n_ub
         e = shape.n_embd
-        tokens, embd_in, pos = Tensor(n_ub * I32), Tensor(e * n_ub * F32), Tensor(n_ub * I32)
-        heads = (shape.head_dim_k, shape.head_dim_v)
-        turns = [
-            Tensor(_rotation(head, widest=widest) ** 2 * F32) if rotated and head % 64 == 0 else None
-            for head, widest in zip(heads, (True, False), strict=True)
-        ]
-        v_rows = 1 if self.flash_attn else max(shape.n_head_kv) * shape.head_dim_v  # a transposed V: one per row
-        k_idxs, v_idxs = Tensor(n_ub * I64), Tensor(n_ub * v_rows * I64)
-        mask, out_ids = Tensor(mask_bytes), Tensor(n_out * I32)
-        self.leaves = [tokens, embd_in, pos, *(t for t in turns if t), k_idxs, v_idxs, mask, out_ids]
+        inputs = self.inputs(n_out, mask_bytes, rotated=rotated)
+        self.leaves = [inputs.tokens, inputs.embd, *inputs.attention(), inputs.out_ids]
+        tokens, out_ids = inputs.tokens, inputs.out_ids
         x = self.op(e * n_ub * F32, self.weight, tokens)  # the token embeddings' rows
         for layer in range(shape.n_layer_main):
-            out = self.attention(x, pos, turns, (k_idxs, v_idxs, mask), n_kv)
+            out = self.op(e * n_ub * F32, self.weight, self.attend(self.norm(x), inputs, n_kv))
             residual, rows = x, n_ub
             if layer == shape.n_layer_main - 1:  # only the output rows go on
                 rows = n_out
@@ -158,30 +188,26 @@ class _Graph:
             x = self.norm(x)
         return x
 
-    def attention(
-        self, x: Tensor, pos: Tensor, turns: list[Tensor | None], inputs: tuple[Tensor, Tensor, Tensor], n_kv: int
-    ) -> Tensor:
+    def attend(self, h: Tensor, inputs: _Inputs, n_kv: int) -> Tensor:
+        """The attention of a normed input, up to its output projection: Q, V, K, the cache writes, attention."""
         shape, n_ub = self.shape, self.n_ub
-        (k_turn, v_turn), (k_idxs, v_idxs, mask) = turns, inputs
+        k_turn, v_turn = inputs.turns
         kv_heads = max(shape.n_head_kv)
-        h = self.norm(x)
         q = self.projection(h, shape.n_head * shape.head_dim_k, normed=True)
-        q = self.turn(self.op(q.size, q, pos, inplace=True), k_turn)  # RoPE: a new tensor when q is a view
+        q = self.turn(self.op(q.size, q, inputs.pos, inplace=True), k_turn)  # RoPE: a new tensor when q is a view
         v = self.turn(self.view(self.op(kv_heads * shape.head_dim_v * n_ub * F32, self.weight, h)), v_turn)
         k = self.projection(h, kv_heads * shape.head_dim_k, normed=True)
-        k = self.turn(self.op(k.size, k, pos, inplace=True), k_turn)
-        self.cache_view(self.view(k), k_idxs)  # the cache writes (set_rows: views of the cache)
-        self.cache_view(self.view(v), v_idxs)
+        k = self.turn(self.op(k.size, k, inputs.pos, inplace=True), k_turn)
+        self.cache_view(self.view(k), inputs.k_idxs)  # the cache writes (set_rows: views of the cache)
+        self.cache_view(self.view(v), inputs.v_idxs)
         width = shape.n_head * shape.head_dim_v
         if self.flash_attn:
-            fa = self.op(width * n_ub * F32, self.view(q), self.cache_view(), self.cache_view(), mask)
-            attn = self.turn(self.view(fa), v_turn)
-        else:
-            scores = self.op(n_kv * shape.n_head * n_ub * F32, self.cache_view(), self.view(q))
-            probs = self.op(scores.size, scores, mask, inplace=True)  # soft-max with the mask, in place
-            kqv = self.op(width * n_ub * F32, self.cache_view(), probs)
-            attn = self.op(kqv.size, self.view(kqv))  # the permuted product made contiguous
-        return self.op(shape.n_embd * n_ub * F32, self.weight, attn)
+            fa = self.op(width * n_ub * F32, self.view(q), self.cache_view(), self.cache_view(), inputs.mask)
+            return self.turn(self.view(fa), v_turn)
+        scores = self.op(n_kv * shape.n_head * n_ub * F32, self.cache_view(), self.view(q))
+        probs = self.op(scores.size, scores, inputs.mask, inplace=True)  # soft-max with the mask, in place
+        kqv = self.op(width * n_ub * F32, self.cache_view(), probs)
+        return self.op(kqv.size, self.view(kqv))  # the permuted product made contiguous
 
     def dense(self, h: Tensor, rows: int) -> Tensor:
         n_ff = self.shape.n_ff
@@ -212,3 +238,76 @@ class _Graph:
         for part in parts[2:]:
             total = self.op(e * rows * F32, total, part, inplace=True)
         return total
+
+
+class _ShortConvGraph(_Graph):
+    """LFM2's graph (src/models/lfm2.cpp): attention layers and short-convolution layers, each followed by a dense
+    FFN, the residual added into the layer's input. The order is the one llama.cpp's explicit expansions give:
+    a convolution layer first reads its recurrent state (build_rs: the state's rows, a view of the cache cleared in
+    place, the extra states' copy) and writes the new one from the concatenation of that state with the layer's
+    gated input -- which pulls in everything before it, the previous layer's output projection and FFN included --
+    while its own convolution, output projection and FFN wait for the next layer's first expansion; an attention
+    layer's expansions end with the attention itself."""
+
+    def build(self, n_kv: int, n_out: int, mask_bytes: int, *, rotated: bool) -> None:
+        shape, n_ub = self.shape, self.n_ub
+        e = shape.n_embd
+        seqs = max(1, min(n_out, n_ub))  # the reserve ubatch's sequences: one output row each
+        inputs = self.inputs(n_out, mask_bytes, rotated=rotated)
+        s_copy = Tensor(seqs * I32)  # which recurrent state each sequence reads
+        first_recurrent = shape.recurrent_layers.index(True)
+        first_attention = next(i for i in range(shape.n_layer_main) if shape.has_kv(i))
+        attention = inputs.attention()
+        reached = [s_copy, *attention] if first_recurrent < first_attention else [*attention, s_copy]
+        self.leaves = [inputs.tokens, inputs.embd, *reached, inputs.out_ids]
+        tokens, out_ids = inputs.tokens, inputs.out_ids
+        x = self.op(e * n_ub * F32, self.weight, tokens)
+        pending: Callable[[], Tensor] | None = None  # the previous layer's rest, made at this layer's first expansion
+        for layer in range(shape.n_layer_main):
+            if shape.recurrent_layers[layer]:
+                state = self.op(shape.n_embd_r * seqs * F32, self.cache_view(), self.view(s_copy))
+                self.cache_view(self.op(0, self.cache_view(), self.view(s_copy)))  # the extra states: none
+            x = pending() if pending else x
+            h = self.norm(x)
+            if shape.recurrent_layers[layer]:
+                mixed = self.shortconv(h, state, seqs)
+            else:
+                attn = self.attend(h, inputs, n_kv)
+                mixed = partial(self.op, e * n_ub * F32, self.weight, attn)  # its output projection, made later
+            pending = self.rest(layer, x, mixed, out_ids, n_out)
+        x = pending() if pending else x
+        logits = self.op(shape.n_vocab * n_out * F32, self.weight, self.norm(x))
+        logits.output = True
+
+    def shortconv(self, h: Tensor, state: Tensor, seqs: int) -> Callable[[], Tensor]:
+        """The in-projection (b, c, x), b x x, its concatenation after the state and the state's write; returns
+        what the convolution does once the next layer asks for it."""
+        shape, n_ub, e = self.shape, self.n_ub, self.shape.n_embd
+        bcx = self.op(3 * e * n_ub * F32, self.weight, h)
+        b, c, x = self.view(bcx), self.view(bcx), self.view(bcx)
+        bx = self.view(self.op(e * n_ub * F32, b, x))  # transposed
+        joined = self.op((shape.n_embd_r * seqs + e * n_ub) * F32, self.view(state), bx)
+        self.cache_view(self.view(joined))  # the new state's write
+
+        def convolve() -> Tensor:
+            conv = self.op(e * n_ub * F32, joined, self.weight)
+            return self.op(e * n_ub * F32, self.weight, self.op(e * n_ub * F32, c, conv, inplace=True))
+
+        return convolve
+
+    def rest(
+        self, layer: int, x: Tensor, mixed: Callable[[], Tensor], out_ids: Tensor, n_out: int
+    ) -> Callable[[], Tensor]:
+        """The layer's output, its residual (into the layer's input), the FFN and its residual: the next layer's
+        input."""
+        e, n_ub = self.shape.n_embd, self.n_ub
+
+        def finish() -> Tensor:
+            out, residual, rows = mixed(), x, n_ub
+            if layer == self.shape.n_layer_main - 1:
+                rows = n_out
+                out, residual = self.op(e * rows * F32, out, out_ids), self.op(e * rows * F32, x, out_ids)
+            y = self.op(e * rows * F32, residual, out, inplace=True)
+            return self.op(e * rows * F32, y, self.dense(self.norm(y), rows), inplace=True)
+
+        return finish
