@@ -99,3 +99,46 @@ def test_the_replay_reserves_what_llama_server_reserves(row: dict[str, Any], tmp
     assert graph.formula.startswith("ggml-alloc's placement replayed on llama.cpp's reserve graph")
     # llama-server prints MiB with two decimals
     assert abs(graph.bytes / MiB - row["compute_mib"]) <= 0.005, (graph.bytes / MiB, row["compute_mib"])
+
+
+def test_a_few_layers_place_the_tensors_as_the_whole_depth_does() -> None:
+    # the replay of four or five layers (the depth's parity) against the replay of every layer, the reference:
+    # each preset the replay knows and random shapes, flash attention on and off, several sequences and ubatches
+    import random
+
+    from umemc.catalog.archs import LLM_PRESETS, LlmShape
+    from umemc.estimate import graphs
+
+    rng = random.Random(7)
+    shapes = [p.shape for p in LLM_PRESETS.values() if graphs.supported(p.shape)]
+    for _ in range(120):
+        arch = rng.choice(["llama", "qwen3", "qwen3moe", "minimax-m2", "qwen2"])
+        depth = rng.randint(6, 40)
+        experts = {
+            "n_expert": rng.choice([8, 128]),
+            "n_expert_used": rng.choice([1, 2, 8]),
+            "n_ff_exp": rng.choice([256, 1536]),
+        }
+        shapes.append(
+            LlmShape(
+                arch,
+                depth,
+                rng.choice([512, 2048, 3072, 5120]),
+                rng.choice([1024, 14336]),
+                rng.choice([8, 24, 48]),
+                (rng.choice([1, 4, 8]),) * depth,
+                rng.choice([64, 128]),
+                128,
+                rng.choice([1000, 151936]),
+                8192,
+                **(experts if arch in ("qwen3moe", "minimax-m2") else {}),
+            )  # fmt: skip
+        )
+    assert len(shapes) > 120
+    for shape in shapes:
+        fa = rng.random() < 0.7
+        ctx, ubatch, seqs = rng.choice([512, 8192]), rng.choice([256, 512]), rng.choice([1, 4])
+        args = (shape, ctx, ubatch, seqs, ctx * ubatch * (2 if fa else 4))
+        rotated = fa and rng.random() < 0.3
+        short = graphs.reserve_buffer(*args, flash_attn=fa, rotated=rotated)
+        assert short == graphs.reserve_buffer(*args, flash_attn=fa, rotated=rotated, whole_depth=True), shape

@@ -21,9 +21,8 @@ against its `compute buffer size`, bench/accuracy.py --sweep):
 LFM2's short-convolution layers (_ShortConvGraph) differ in what they hold and in the order llama.cpp's explicit
 expansions put their ops in.
 
-Every layer is replayed: where the free blocks a layer leaves differ from the previous one's (they may
-alternate), a shortened graph would place the logits elsewhere. A graph of a hundred layers is a few thousand
-tensors; the result is cached per shape and setting.
+A model whose layers are all alike is replayed over four or five of them (reserve_buffer says why); the
+result is cached per shape and setting.
 """
 
 from __future__ import annotations
@@ -80,12 +79,29 @@ def supported(shape: LlmShape) -> bool:
 
 @lru_cache(maxsize=256)
 def reserve_buffer(
-    shape: LlmShape, n_kv: int, n_ubatch: int, outputs: int, mask_bytes: int, *, flash_attn: bool, rotated: bool
+    shape: LlmShape,
+    n_kv: int,
+    n_ubatch: int,
+    outputs: int,
+    mask_bytes: int,
+    *,
+    flash_attn: bool,
+    rotated: bool,
+    whole_depth: bool = False,
 ) -> int:
     """Bytes of llama.cpp's compute buffer (without the output buffer) for this shape's reserve graph. `rotated`:
     a quantized cache, into which llama.cpp writes K and V turned by a Hadamard matrix (llama-kv-cache.cpp
-    attn_rot_k / attn_rot_v, where the head size is a multiple of 64)."""
-    graph = (_ShortConvGraph if shape.recurrent_kind == "shortconv" else _Graph)(shape, n_ubatch, flash_attn=flash_attn)
+    attn_rot_k / attn_rot_v, where the head size is a multiple of 64). Where every layer is alike, the free blocks
+    a layer leaves repeat every two layers after the first few, so four or five layers (as many as the model's
+    depth is, modulo two; the last with the output rows) place every tensor as the whole depth does: checked
+    against `whole_depth` on every preset and hundreds of random shapes (tests/estimate/test_allocator.py)."""
+    if shape.recurrent_kind == "shortconv":  # layers of two kinds, in the model's own pattern: all of them
+        graph: _Graph = _ShortConvGraph(shape, n_ubatch, flash_attn=flash_attn)
+    else:
+        depth = shape.n_layer_main
+        if not whole_depth and depth > 5:
+            depth = 4 + (depth - 4) % 2
+        graph = _Graph(shape, n_ubatch, flash_attn=flash_attn, depth=depth)
     graph.build(n_kv, outputs, mask_bytes, rotated=rotated)
     return buffer_size(graph.leaves, graph.nodes)
 
@@ -118,8 +134,9 @@ class _Inputs:
 class _Graph:
     """The reserve graph's inputs (`leaves`) and ops (`nodes`), in the order llama.cpp's graph holds them."""
 
-    def __init__(self, shape: LlmShape, n_ubatch: int, *, flash_attn: bool) -> None:
+    def __init__(self, shape: LlmShape, n_ubatch: int, *, flash_attn: bool, depth: int = 0) -> None:
         self.shape, self.recipe, self.n_ub, self.flash_attn = shape, RECIPES[shape.arch], n_ubatch, flash_attn
+        self.depth = depth or shape.n_layer_main  # the layers replayed
         self.leaves: list[Tensor] = []
         self.nodes: list[Tensor] = []
         self.weight = Tensor(0, external=True)  # every weight: in the model's buffer
@@ -165,10 +182,10 @@ class _Graph:
         self.leaves = [inputs.tokens, inputs.embd, *inputs.attention(), inputs.out_ids]
         tokens, out_ids = inputs.tokens, inputs.out_ids
         x = self.op(e * n_ub * F32, self.weight, tokens)  # the token embeddings' rows
-        for layer in range(shape.n_layer_main):
+        for layer in range(self.depth):
             out = self.op(e * n_ub * F32, self.weight, self.attend(self.norm(x), inputs, n_kv))
             residual, rows = x, n_ub
-            if layer == shape.n_layer_main - 1:  # only the output rows go on
+            if layer == self.depth - 1:  # only the output rows go on
                 rows = n_out
                 out, residual = self.op(e * rows * F32, out, out_ids), self.op(e * rows * F32, x, out_ids)
             ffn_in = self.op(e * rows * F32, out, residual, inplace=True)
