@@ -271,6 +271,29 @@ def test_corrupt_gguf_header(tmp_path: Path, run_cli) -> None:
     assert err.count("\n") == 1
 
 
+def test_gguf_claiming_a_billion_layers_is_refused_not_sized(tmp_path: Path, run_cli) -> None:
+    # a header's block count sizes every per-layer table: a lying file (a download, a Hub repository) must not make
+    # umemc build a billion-entry one (it ran out of memory); it is an unreadable header, at the model's key
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(tmp_path / "huge.gguf"), "llama")
+    for key, value in (("block_count", 1_000_000_000), ("embedding_length", 256), ("attention.head_count", 4)):
+        w.add_uint32(f"llama.{key}", value)
+    w.add_tensor("token_embd.weight", np.zeros((100, 256), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    (tmp_path / "stack.toml").write_text(BASE + '\n[models.chat]\nruntime = "llama-server"\nmodel = "huge.gguf"\n')
+    assert run_cli("check", "stack.toml", cwd=tmp_path) == (
+        2,
+        "",
+        "stack.toml:10:9: models.chat.model: cannot read the GGUF header: llama.block_count is 1000000000: not a "
+        "layer count umemc can size (1 to 4096)\n",
+    )
+
+
 def test_missing_stack_file(tmp_path: Path, run_cli) -> None:
     assert run_cli("check", "nope.toml", cwd=tmp_path) == (2, "", "nope.toml: no such file\n")
 

@@ -116,6 +116,7 @@ def read(path: Path) -> GgufFacts:
 def _read(name: str, size: int, mtime_ns: int, inode: int) -> GgufFacts:
     try:
         header = _with_parts(Path(name), read_header(Path(name)))
+        _check_depth(header.fields)
     except (HeaderError, OSError) as exc:
         raise NotGguf(f"cannot read the GGUF header: {exc}") from None
     fields = {k: v for k, v in header.fields.items() if not k.startswith("tokenizer.ggml.")}
@@ -145,6 +146,20 @@ def _read(name: str, size: int, mtime_ns: int, inode: int) -> GgufFacts:
         size_label=_text(fields.get("general.size_label")),
         **_by_layer(header, skipped, int(fields.get(f"{arch}.block_count", 0) or 0)),
     )
+
+
+MAX_LAYERS = 4096  # published models have at most a few hundred; every per-layer figure loops over them
+
+
+def _check_depth(fields: dict[str, Any]) -> None:
+    """A header is a file's claim, and a file may lie (a download, a Hub repository): a block count no model has
+    would make every per-layer table that large. Refused as an unreadable header, not sized."""
+    arch = str(fields.get("general.architecture", ""))
+    value = fields.get(f"{arch}.block_count")
+    if value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_LAYERS:
+        raise HeaderError(f"{arch}.block_count is {value!r}: not a layer count umemc can size (1 to {MAX_LAYERS})")
 
 
 def _by_layer(header: Header, skipped: frozenset[str], n_layer: int) -> dict[str, Any]:
