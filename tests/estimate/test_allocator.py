@@ -142,3 +142,17 @@ def test_a_few_layers_place_the_tensors_as_the_whole_depth_does() -> None:
         rotated = fa and rng.random() < 0.3
         short = graphs.reserve_buffer(*args, flash_attn=fa, rotated=rotated)
         assert short == graphs.reserve_buffer(*args, flash_attn=fa, rotated=rotated, whole_depth=True), shape
+
+
+def test_a_file_claiming_more_experts_than_llama_cpp_loads_is_not_replayed() -> None:
+    # the replay holds one view per chosen expert: a header's claim of a billion (llama.cpp loads at most 1024,
+    # LLAMA_MAX_EXPERTS) falls back to the formula, which does not count them one by one
+    from umemc.catalog.archs import LlmShape
+    from umemc.estimate import graphs
+
+    plain = LlmShape(
+        "qwen3moe", 4, 512, 1024, 8, (2,) * 4, 64, 64, 1000, 8192, n_expert=128, n_expert_used=8, n_ff_exp=64
+    )
+    assert graphs.supported(plain)
+    assert not graphs.supported(plain._replace(n_expert=2_000_000_000, n_expert_used=1_000_000_000))
+    assert not graphs.supported(plain._replace(n_expert_used=256))  # more chosen than there are

@@ -36,6 +36,7 @@ from umemc.catalog.archs import LlmShape
 from .allocator import Tensor, buffer_size
 
 F32, I32, I64 = 4, 4, 8
+MAX_EXPERTS = 1024  # llama.cpp's LLAMA_MAX_EXPERTS (src/llama-hparams.h)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ def supported(shape: LlmShape) -> bool:
         and shape.causal
         and not any(shape.swa_layers)
         and (not recurrent or (shape.arch == "lfm2" and shape.recurrent_kind == "shortconv" and not shape.n_expert))
+        and shape.n_expert_used <= shape.n_expert <= MAX_EXPERTS  # what llama.cpp loads (a file may claim more)
         and not shape.mla
         and not shape.n_ff_shexp
         and not shape.n_layer_dense_lead
