@@ -206,6 +206,32 @@ def test_a_recorded_header_that_cannot_be_the_files_is_not_used(
     )
 
 
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"n_layer": 10**9}, "its shape has 1000000000 layers (a header gives 1 to 4096)"),
+        ({"n_head_kv": [2] * 3}, "its shape's n_head_kv has 3 entries for 2 layers"),
+        ({"n_embd": "256"}, "its shape's n_embd is '256'"),
+        ({"bogus": 1}, "its shape has keys no header gives: bogus"),
+    ],
+)
+def test_a_recorded_shape_no_header_could_give_is_not_used(tmp_path: Path, run_cli, change: dict, why: str) -> None:
+    # a record whose shape claims a billion layers would have every per-layer table built that large; one with a
+    # key or a value no header gives crashed the estimate: each is refused as the record, not sized
+    from umemc.estimate.gguf_file import read as read_gguf
+
+    path = stack(tmp_path)
+    shape = read_gguf(tmp_path / "tiny.gguf").shape
+    assert shape is not None
+    locked_without_file(path, shape={**shape._asdict(), **change})
+    code, out, err = run_cli("check", str(path))
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-2] == (
+        f"{path}:9:9: models.chat.model: file not found: {tmp_path / 'tiny.gguf'}; stack.calibration.json: "
+        f"the header recorded for tiny.gguf is not used: {why} (a stale or forged record)"
+    )
+
+
 def test_a_forged_kv_cache_below_what_the_header_needs_never_makes_it_fit(tmp_path: Path, run_cli) -> None:
     """The weights as the header holds them, but no KV cache: refused, said, and the estimate stands. tiny.gguf's
     cache at context 1024: K and V of 2 layers x 1024 positions x 2 KV heads x 64 dims, f16: 1,048,576 bytes."""

@@ -70,6 +70,31 @@ class GgufFacts(NamedTuple):
     tied: bool = False
 
 
+def _locked_shape(recorded: dict[str, Any]) -> LlmShape:
+    unknown = sorted(set(recorded) - set(LlmShape._fields))
+    if unknown:
+        raise ValueError(f"its shape has keys no header gives: {', '.join(unknown)}")
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items()}
+    try:
+        shape = LlmShape(**fields)
+    except TypeError as exc:
+        raise ValueError(f"its shape is incomplete: {exc}") from None
+    defaults = LlmShape._field_defaults
+    for name, value in shape._asdict().items():
+        want = type(defaults.get(name, 0 if name != "arch" else ""))
+        items = value if isinstance(value, tuple) else (value,)
+        if name in ("arch", "recurrent_kind", "unmodelled"):
+            continue
+        if not all(isinstance(x, int) and (want is not bool or isinstance(x, bool)) and x >= 0 for x in items):
+            raise ValueError(f"its shape's {name} is {value!r}")
+    if not 0 < shape.n_layer <= MAX_LAYERS:
+        raise ValueError(f"its shape has {shape.n_layer} layers (a header gives 1 to {MAX_LAYERS})")
+    for name in ("n_head_kv", "swa_layers", "recurrent_layers", "kv_layers"):
+        if getattr(shape, name) and len(getattr(shape, name)) != shape.n_layer:
+            raise ValueError(f"its shape's {name} has {len(getattr(shape, name))} entries for {shape.n_layer} layers")
+    return shape
+
+
 def locked_header(facts: GgufFacts) -> LockedHeader:
     """What the lock records of a file's header, enough to estimate without the file."""
     return LockedHeader(
@@ -85,10 +110,9 @@ def locked_header(facts: GgufFacts) -> LockedHeader:
 
 
 def facts_from_lock(h: LockedHeader, path: str) -> GgufFacts:
-    shape = None
-    if h.shape is not None:
-        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in h.shape.items()}
-        shape = LlmShape(**fields)
+    """The facts a calibration file recorded of a header. That file is input (it may sit in a shared repository):
+    a shape that no header could give raises ValueError, saying why."""
+    shape = None if h.shape is None else _locked_shape(h.shape)
     return GgufFacts(
         path=path,
         tensor_bytes=h.tensor_bytes,

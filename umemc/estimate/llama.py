@@ -119,9 +119,14 @@ def _facts(
     if m.model_present:
         return _read(loaded, m.model_path, ("models", m.name, "model")), "gguf"
     if entry is not None and entry.header is not None:
-        facts = facts_from_lock(entry.header, str(m.model_path))
         name = path_for(loaded.path).name
-        wrong = implausible_header(facts, entry.file.size if entry.file is not None else None)
+        wrong: str | None
+        try:
+            facts = facts_from_lock(entry.header, str(m.model_path))
+        except ValueError as exc:
+            wrong = str(exc)
+        else:
+            wrong = implausible_header(facts, entry.file.size if entry.file is not None else None)
         if wrong is not None:
             said = (
                 f"{name}: the header recorded for {m.model_path.name if m.model_path else 'its file'} is not used: "
