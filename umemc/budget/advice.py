@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import NamedTuple
 
-from ..catalog.quant import FILE_TYPE_BITS
+from ..catalog.quant import FILE_TYPE_BITS, quantized_kv
 from ..catalog.runtimes import LLAMA_RUNTIMES
 from ..estimate.estimator import estimate_model
 from ..stack.resolve import LoadedStack
@@ -97,7 +97,7 @@ def _changes(loaded: LoadedStack, plan: Plan) -> list[Change]:
         if any(p.name == "repacked copy" for p in m.estimate.weights.parts):
             out += _try(loaded, m, "mmap = false (no second copy of the repacked weights)", {"mmap": False}, 0)
         if spec.memory is None and spec.runtime in LLAMA_RUNTIMES and m.estimate.kv.bytes:
-            if spec.kv_cache in ("f16", "f32", "bf16"):
+            if not quantized_kv(spec.kv_cache):
                 fa = "" if spec.flash_attn else " with flash_attn = true"
                 out += _try(loaded, m, f'kv_cache = "q8_0"{fa}', {"kv_cache": "q8_0", "flash_attn": True}, 0)
             context = spec.context // 2
@@ -158,7 +158,7 @@ def _combined(loaded: LoadedStack, plan: Plan, m: ModelPlan, over: int, gpu_over
     quants: list[str | None] = [None]
     if m.estimate.source == "arch":
         quants += list(lower_quants(m))
-    kvs: list[str | None] = [None] + (["q8_0"] if spec.kv_cache in ("f16", "f32", "bf16") else [])
+    kvs: list[str | None] = [None] + (["q8_0"] if not quantized_kv(spec.kv_cache) else [])
     contexts: list[int | None] = [None]
     half = spec.context // 2
     while half >= MIN_CONTEXT:

@@ -175,6 +175,14 @@ KV_TYPES: dict[str, str] = {
     "iq4_nl": "IQ4_NL",
 }
 
+FLOAT_KV_TYPES = frozenset({"f32", "f16", "bf16"})  # the rest are quantized (ggml_is_quantized)
+
+
+def quantized_kv(kv_type: str) -> bool:
+    """A quantized KV cache: llama.cpp needs flash attention for its V, and writes it turned by a Hadamard matrix."""
+    return kv_type not in FLOAT_KV_TYPES
+
+
 # torch dtypes -> bytes per parameter.
 TORCH_DTYPES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
 

@@ -45,7 +45,6 @@ class Recipe:
 
     qk_norm: str = ""  # "": none; "flat": on the whole projection (in place); "heads": per head, on a view
     gating: str = "softmax"  # the router: "softmax" (probabilities) or "sigmoid" (with a selection bias)
-    norm_weights: bool = True  # the chosen experts' weights are divided by their sum
     residual_first: bool = False  # the residual add takes the layer's input first (written in place into it)
 
 
@@ -243,10 +242,9 @@ class _Graph:
             chosen = self.op(n_exp * rows * F32, probs, self.weight, inplace=True)
         top_k = self.view(self.op(n_exp * rows * I32, chosen))  # argsort, its first k
         weights = self.op(k * rows * F32, self.view(probs), top_k)
-        if recipe.norm_weights:  # divided by their sum (clamped in place)
-            by_row = self.view(weights)
-            total = self.op(rows * F32, self.op(rows * F32, by_row), inplace=True)
-            weights = self.op(k * rows * F32, by_row, total, inplace=True)
+        by_row = self.view(weights)  # the chosen experts' weights divided by their sum (clamped in place)
+        total = self.op(rows * F32, self.op(rows * F32, by_row), inplace=True)
+        weights = self.op(k * rows * F32, by_row, total, inplace=True)
         weights, hv = self.view(weights), self.view(h)
         gate = self.op(f * k * rows * F32, self.weight, hv, top_k)
         up = self.op(f * k * rows * F32, self.weight, hv, top_k)

@@ -6,7 +6,7 @@ from functools import cache
 from pathlib import Path
 
 from ..catalog.archs import LLM_PRESETS, LlmPreset, LlmShape, VisionShape
-from ..catalog.quant import FILE_TYPE_BITS, REPACK_ISA, is_repacked, loaded, preset_mix, tensor_bytes
+from ..catalog.quant import FILE_TYPE_BITS, REPACK_ISA, is_repacked, loaded, preset_mix, quantized_kv, tensor_bytes
 from ..catalog.runtimes import FULL_SWA_CACHE, NO_REPACK_FLAGS
 from ..hub.ref import SPLIT
 from ..lockfile import LockEntry, path_for
@@ -313,7 +313,7 @@ def _warnings(loaded: LoadedStack, m: ResolvedModel, shape: LlmShape, ftype: str
     want = _WANTS.get(family)
     if want and FILE_TYPE_BITS.get(ftype, 99) < FILE_TYPE_BITS[want[0]]:
         out.append(src.warning(at + ("quant",), f"{family} model quantized to {ftype}: {want[1]}; consider {want[0]}"))
-    if spec.kv_cache not in ("f16", "f32", "bf16") and not spec.flash_attn:
+    if quantized_kv(spec.kv_cache) and not spec.flash_attn:
         out.append(
             src.warning(
                 at + ("kv_cache",),

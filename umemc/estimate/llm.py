@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import cache
 
 from ..catalog.archs import LlmPreset, LlmShape, VisionShape
-from ..catalog.quant import KV_TYPES, loaded, preset_mix, row_bytes, tensor_bytes
+from ..catalog.quant import KV_TYPES, loaded, preset_mix, quantized_kv, row_bytes, tensor_bytes
 from . import graphs
 from .figures import Figure
 
@@ -243,9 +243,9 @@ def compute_figure(
         "n_kv x pad64(n_ubatch) x (2 bytes with flash attention, else 4), per mask",
         masks,
     )
+    quantized = quantized_kv(kv_type)
     if graphs.supported(shape):
-        rotated = kv_type not in ("f16", "f32", "bf16")
-        replayed = graphs.reserve_buffer(shape, n_kv, n_ub, n_out, mask_bytes, flash_attn=flash_attn, rotated=rotated)
+        replayed = graphs.reserve_buffer(shape, n_kv, n_ub, n_out, mask_bytes, flash_attn=flash_attn, rotated=quantized)
         graph = Figure(
             "compute buffer",
             replayed,
@@ -258,7 +258,6 @@ def compute_figure(
     attn = attention_figure(shape, n_kv, n_ub, flash_attn=flash_attn)
     ffn = ffn_figure(shape, n_ub)
     width = shape.n_vocab if shape.causal else 0
-    quantized = kv_type not in ("f16", "f32", "bf16")
     if shape.arch in LOGITS_BELOW_BY_ARCH:
         below = LOGITS_BELOW_BY_ARCH[shape.arch][quantized]
     else:
