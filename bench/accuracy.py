@@ -501,6 +501,9 @@ _QWEN3 = {"attention.head_count_kv": 8, "attention.key_length": 128, "attention.
           "rope.freq_base": 1e6}  # fmt: skip
 # (name, architecture, GGUF keys, vocabulary, llama-server's memory flags): published shapes, three layers (the
 # replay's first two and last; a full-depth file reserves the same buffer)
+_LLAMA4 = {"embedding_length": 5120, "feed_forward_length": 16384, "attention.head_count": 40,
+           "attention.head_count_kv": 8, "rope.dimension_count": 128, "rope.freq_base": 5e5, "expert_count": 16,
+           "expert_used_count": 1, "expert_feed_forward_length": 8192, "interleave_moe_layer_step": 1}  # fmt: skip
 RESERVE_SHAPES: tuple[tuple[str, str, dict[str, object], int, tuple[str, ...]], ...] = (
     ("llama-3-8b", "llama", _LLAMA3, 128256, ("-c", "8192", "-fa", "on", "-np", "1")),
     ("llama-3-8b", "llama", _LLAMA3, 128256, ("-c", "8192", "-fa", "off", "-np", "1")),
@@ -544,6 +547,18 @@ RESERVE_SHAPES: tuple[tuple[str, str, dict[str, object], int, tuple[str, ...]], 
                                   "rope.dimension_count": 64, "expert_count": 256, "expert_used_count": 8,
                                   "expert_feed_forward_length": 1536, "expert_gating_func": 2}, 200064,
      ("-c", "8192", "-fa", "on", "-np", "1")),
+    # Llama 4: four layers (three chunked, one without RoPE); Scout's experts every layer, Maverick's every other
+    *(
+        ("llama-4-scout", "llama4", {**_LLAMA4, "block_count": 4}, 202048, flags)
+        for flags in (
+            ("-c", "8192", "-fa", "on", "-np", "1"),
+            ("-c", "32768", "-fa", "on", "-np", "4"),
+            ("-c", "16384", "-fa", "off", "-np", "1"),
+            ("-c", "32768", "-fa", "on", "-np", "1", *_Q8),
+        )
+    ),
+    ("llama-4-maverick", "llama4", {**_LLAMA4, "block_count": 4, "expert_count": 128, "interleave_moe_layer_step": 2},
+     202048, ("-c", "8192", "-fa", "on", "-np", "2")),
 )  # fmt: skip
 
 

@@ -134,14 +134,38 @@ def test_a_few_layers_place_the_tensors_as_the_whole_depth_does() -> None:
                 **(experts if arch in ("qwen3moe", "minimax-m2") else {}),
             )  # fmt: skip
         )
-    assert len(shapes) > 120
+    for _ in range(40):  # Llama 4: chunked attention on three layers of four (or none), experts every layer or two
+        depth, windowed = rng.randint(9, 48), rng.random() < 0.8
+        shapes.append(
+            LlmShape(
+                "llama4",
+                depth,
+                rng.choice([1024, 5120]),
+                rng.choice([3072, 16384]),
+                rng.choice([16, 40]),
+                (8,) * depth,
+                128,
+                128,
+                202048,
+                8192,
+                sliding_window=8192 if windowed else 0,
+                swa_layers=tuple(i % 4 < 3 for i in range(depth)) if windowed else (),
+                n_expert=rng.choice([16, 128]),
+                n_expert_used=rng.choice([1, 2]),
+                n_ff_exp=8192,
+                n_ff_shexp=8192,
+                moe_every=rng.choice([1, 2]),
+            )  # fmt: skip
+        )
+    assert len(shapes) > 160
     for shape in shapes:
         fa = rng.random() < 0.7
         ctx, ubatch, seqs = rng.choice([512, 8192]), rng.choice([256, 512]), rng.choice([1, 4])
-        args = (shape, ctx, ubatch, seqs, ctx * ubatch * (2 if fa else 4))
+        args = (shape, ctx, ubatch, seqs, ubatch * (2 if fa else 4))
         rotated = fa and rng.random() < 0.3
-        short = graphs.reserve_buffer(*args, flash_attn=fa, rotated=rotated)
-        assert short == graphs.reserve_buffer(*args, flash_attn=fa, rotated=rotated, whole_depth=True), shape
+        window = {"n_kv_swa": rng.choice([ctx, 8704])} if shape.sliding_window else {}
+        short = graphs.reserve_buffer(*args, flash_attn=fa, rotated=rotated, **window)
+        assert short == graphs.reserve_buffer(*args, flash_attn=fa, rotated=rotated, whole_depth=True, **window), shape
 
 
 def test_a_file_claiming_more_experts_than_llama_cpp_loads_is_not_replayed() -> None:

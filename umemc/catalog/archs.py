@@ -36,6 +36,7 @@ class LlmShape(NamedTuple):
     n_ff_exp: int = 0  # one expert's FFN width
     n_ff_shexp: int = 0  # the shared experts' FFN width, all of them together (0: none)
     n_layer_dense_lead: int = 0
+    moe_every: int = 1  # after the dense lead, every Nth layer has experts (interleave_moe_layer_step; 0: none)
     # Multi-head latent attention (deepseek2): the cache keeps one latent K row per token (kv_lora_rank +
     # rope dims, head_dim_k with one KV head) and no V: llama.cpp reads V as a view of K.
     mla: bool = False
@@ -74,7 +75,8 @@ class LlmShape(NamedTuple):
         return not (self.recurrent_layers and self.recurrent_layers[layer])
 
     def is_moe(self, layer: int) -> bool:
-        return self.n_expert > 0 and layer >= self.n_layer_dense_lead
+        every = self.moe_every
+        return self.n_expert > 0 and layer >= self.n_layer_dense_lead and every > 0 and (layer + 1) % every == 0
 
 
 class VisionShape(NamedTuple):

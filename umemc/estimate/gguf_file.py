@@ -278,7 +278,7 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
     hd_k = int(key("attention.key_length", n_embd // n_head))
     hd_v = int(key("attention.value_length", n_embd // n_head))
     swa, swa_layers, unmodelled = _windows(key, arch, n_layer)
-    moe = _experts(key, n_layer, tensors)
+    moe = _experts(key, arch, n_layer, tensors)
     n_ff = _per_layer(key("feed_forward_length", 4 * n_embd), n_layer)
     recurrent = _recurrent(key, arch, n_head_kv, n_ff, n_layer - int(key("nextn_predict_layers", 0) or 0))
     if arch not in KNOWN_ARCHS and arch not in LAYERS_KNOWN:
@@ -328,8 +328,9 @@ def _windows(key: Any, arch: str, n_layer: int) -> tuple[int, tuple[bool, ...], 
     return swa, tuple(i % n < n - 1 for i in range(n_layer)), ()
 
 
-def _experts(key: Any, n_layer: int, tensors: dict[str, tuple[int, ...]]) -> dict[str, Any]:
-    """Routed and shared experts from the header keys, else from the expert tensors' shapes."""
+def _experts(key: Any, arch: str, n_layer: int, tensors: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+    """Routed and shared experts from the header keys, else from the expert tensors' shapes (Llama 4's one shared
+    expert is as wide as a routed one: src/models/llama4.cpp)."""
     n_expert = int(key("expert_count", 0) or 0)
     if not n_expert:
         return {}
@@ -341,12 +342,15 @@ def _experts(key: Any, n_layer: int, tensors: dict[str, tuple[int, ...]]) -> dic
     )
     if not n_ff_shexp and shexp is not None:
         n_ff_shexp = shexp[1]
+    if not n_ff_shexp and arch == "llama4":
+        n_ff_shexp = n_ff_exp
     return {
         "n_expert": n_expert,
         "n_expert_used": int(key("expert_used_count", 0) or 0),
         "n_ff_exp": n_ff_exp or _max(key("feed_forward_length", 0)),
         "n_ff_shexp": n_ff_shexp,
         "n_layer_dense_lead": min(n_layer, int(key("leading_dense_block_count", 0) or 0)),
+        "moe_every": max(0, int(key("interleave_moe_layer_step", 1))),
     }
 
 

@@ -58,21 +58,27 @@ RECIPES: dict[str, Recipe] = {
     "minimax-m2": Recipe(qk_norm="flat", gating="sigmoid"),
     # LFM2: short-convolution layers between attention layers (src/models/lfm2.cpp), dense FFN
     "lfm2": Recipe(qk_norm="heads", residual_first=True),
+    # Llama 4: chunked attention on three layers of four, the fourth without RoPE; routed and shared experts
+    # (src/models/llama4.cpp; _Llama4Graph)
+    "llama4": Recipe(gating="sigmoid"),
 }
 
 
 def supported(shape: LlmShape) -> bool:
     """The shapes this graph describes: a plain causal decoder of a listed architecture."""
     recurrent = any(shape.recurrent_layers)
+    llama4 = shape.arch == "llama4"  # its chunked attention and its shared expert are written out (_Llama4Graph)
     return (
         shape.arch in RECIPES
         and shape.causal
-        and not any(shape.swa_layers)
+        and (not any(shape.swa_layers) or llama4)
         and (not recurrent or (shape.arch == "lfm2" and shape.recurrent_kind == "shortconv" and not shape.n_expert))
         and shape.n_expert_used <= shape.n_expert <= MAX_EXPERTS  # what llama.cpp loads (a file may claim more)
+        and (shape.n_expert_used > 0 or not llama4)
         and not shape.mla
-        and not shape.n_ff_shexp
+        and (not shape.n_ff_shexp or llama4)
         and not shape.n_layer_dense_lead
+        and (shape.moe_every == 1 or llama4)
         and not shape.resident_width
         and all(shape.has_kv(i) or recurrent for i in range(shape.n_layer_main))
     )
@@ -84,27 +90,46 @@ def reserve_buffer(
     n_kv: int,
     n_ubatch: int,
     outputs: int,
-    mask_bytes: int,
+    mask_row: int,
     *,
     flash_attn: bool,
     rotated: bool,
+    n_kv_swa: int = 0,
     whole_depth: bool = False,
 ) -> int:
-    """Bytes of llama.cpp's compute buffer (without the output buffer) for this shape's reserve graph. `rotated`:
-    a quantized cache, into which llama.cpp writes K and V turned by a Hadamard matrix (llama-kv-cache.cpp
+    """Bytes of llama.cpp's compute buffer (without the output buffer) for this shape's reserve graph: `n_kv` cells
+    a stream (`n_kv_swa` in a sliding-window layer's cache), a mask of `mask_row` bytes a cell. `rotated`: a
+    quantized cache, into which llama.cpp writes K and V turned by a Hadamard matrix (llama-kv-cache.cpp
     attn_rot_k / attn_rot_v, where the head size is a multiple of 64). Where every layer is alike, the free blocks
     a layer leaves repeat every two layers after the first few, so four or five layers (as many as the model's
-    depth is, modulo two; the last with the output rows) place every tensor as the whole depth does: checked
-    against `whole_depth` on every preset and hundreds of random shapes (tests/estimate/test_allocator.py)."""
+    depth is, modulo two; the last with the output rows) place every tensor as the whole depth does; Llama 4's
+    layers repeat every four, so eight to eleven of its last layers are replayed. Checked against `whole_depth` on
+    every preset and hundreds of random shapes (tests/estimate/test_allocator.py)."""
+    caches = _Caches(n_kv, n_kv_swa or n_kv, mask_row)
     if shape.recurrent_kind == "shortconv":  # layers of two kinds, in the model's own pattern: all of them
         graph: _Graph = _ShortConvGraph(shape, n_ubatch, flash_attn=flash_attn)
+    elif shape.arch == "llama4":
+        depth = shape.n_layer_main
+        if not whole_depth and depth > 11:
+            depth = 8 + (depth - 8) % 4
+        graph = _Llama4Graph(shape, n_ubatch, flash_attn=flash_attn, depth=depth)
     else:
         depth = shape.n_layer_main
         if not whole_depth and depth > 5:
             depth = 4 + (depth - 4) % 2
         graph = _Graph(shape, n_ubatch, flash_attn=flash_attn, depth=depth)
-    graph.build(n_kv, outputs, mask_bytes, rotated=rotated)
+    graph.build(caches, outputs, rotated=rotated)
     return buffer_size(graph.leaves, graph.nodes)
+
+
+@dataclass(frozen=True)
+class _Caches:
+    """The cells a stream of each KV cache holds (a sliding-window layer's own, where there is one), and the bytes
+    a cell takes in an attention mask (the reserve batch's rows, f16 with flash attention, else f32)."""
+
+    n_kv: int
+    n_kv_swa: int
+    mask_row: int
 
 
 def _rotation(head: int, *, widest: bool) -> int:
@@ -116,20 +141,32 @@ def _rotation(head: int, *, widest: bool) -> int:
 
 
 @dataclass
+class _Kv:
+    """One KV cache's inputs: a quantized cache's Hadamard matrices for K and V, the K and V cells' indices, the
+    attention mask; and the cells a stream holds."""
+
+    turns: tuple[Tensor | None, Tensor | None]
+    k_idxs: Tensor
+    v_idxs: Tensor
+    mask: Tensor
+    n_kv: int
+
+    def leaves(self) -> list[Tensor]:
+        return [*(t for t in self.turns if t), self.k_idxs, self.v_idxs, self.mask]
+
+
+@dataclass
 class _Inputs:
     """The graph's inputs (llama.cpp's llm_graph_input_*), in the order the graph first reaches them."""
 
     tokens: Tensor
     embd: Tensor  # the embeddings input: allocated, unused when tokens are given
     pos: Tensor
-    turns: tuple[Tensor | None, Tensor | None]  # a quantized cache's Hadamard matrices for K and V
-    k_idxs: Tensor
-    v_idxs: Tensor
-    mask: Tensor
+    kv: _Kv
     out_ids: Tensor
 
     def attention(self) -> list[Tensor]:
-        return [self.pos, *(t for t in self.turns if t), self.k_idxs, self.v_idxs, self.mask]
+        return [self.pos, *self.kv.leaves()]
 
 
 class _Graph:
@@ -164,27 +201,32 @@ class _Graph:
         """llama_mul_mat_hadamard: x reshaped, multiplied by the rotation, reshaped back (nothing without one)."""
         return self.view(self.op(x.size, by, self.view(x))) if by is not None else x
 
-    def inputs(self, n_out: int, mask_bytes: int, *, rotated: bool) -> _Inputs:
+    def kv(self, n_kv: int, mask_row: int, *, rotated: bool) -> _Kv:
+        """A KV cache's inputs."""
         shape, n_ub = self.shape, self.n_ub
         turns = tuple(
             Tensor(_rotation(head, widest=widest) ** 2 * F32) if rotated and head % 64 == 0 else None
             for head, widest in ((shape.head_dim_k, True), (shape.head_dim_v, False))
         )
         v_rows = 1 if self.flash_attn else max(shape.n_head_kv) * shape.head_dim_v  # a transposed V: one per row
+        return _Kv((turns[0], turns[1]), Tensor(n_ub * I64), Tensor(n_ub * v_rows * I64), Tensor(n_kv * mask_row), n_kv)
+
+    def inputs(self, n_out: int, caches: _Caches, *, rotated: bool) -> _Inputs:
+        shape, n_ub = self.shape, self.n_ub
         return _Inputs(
-            Tensor(n_ub * I32), Tensor(shape.n_embd * n_ub * F32), Tensor(n_ub * I32), (turns[0], turns[1]),
-            Tensor(n_ub * I64), Tensor(n_ub * v_rows * I64), Tensor(mask_bytes), Tensor(n_out * I32),
+            Tensor(n_ub * I32), Tensor(shape.n_embd * n_ub * F32), Tensor(n_ub * I32),
+            self.kv(caches.n_kv, caches.mask_row, rotated=rotated), Tensor(n_out * I32),
         )  # fmt: skip
 
-    def build(self, n_kv: int, n_out: int, mask_bytes: int, *, rotated: bool) -> None:
+    def build(self, caches: _Caches, n_out: int, *, rotated: bool) -> None:
         shape, n_ub = self.shape, self.n_ub
         e = shape.n_embd
-        inputs = self.inputs(n_out, mask_bytes, rotated=rotated)
+        inputs = self.inputs(n_out, caches, rotated=rotated)
         self.leaves = [inputs.tokens, inputs.embd, *inputs.attention(), inputs.out_ids]
         tokens, out_ids = inputs.tokens, inputs.out_ids
         x = self.op(e * n_ub * F32, self.weight, tokens)  # the token embeddings' rows
         for layer in range(self.depth):
-            out = self.op(e * n_ub * F32, self.weight, self.attend(self.norm(x), inputs, n_kv))
+            out = self.op(e * n_ub * F32, self.weight, self.attend(self.norm(x), inputs))
             residual, rows = x, n_ub
             if layer == self.depth - 1:  # only the output rows go on
                 rows = n_out
@@ -206,29 +248,35 @@ class _Graph:
             x = self.norm(x)
         return x
 
-    def attend(self, h: Tensor, inputs: _Inputs, n_kv: int) -> Tensor:
+    def attend(self, h: Tensor, inputs: _Inputs) -> Tensor:
         """The attention of a normed input, up to its output projection: Q, V, K, the cache writes, attention."""
-        shape, n_ub = self.shape, self.n_ub
-        k_turn, v_turn = inputs.turns
+        shape, n_ub, kv = self.shape, self.n_ub, inputs.kv
+        k_turn, v_turn = kv.turns
         kv_heads = max(shape.n_head_kv)
         q = self.projection(h, shape.n_head * shape.head_dim_k, normed=True)
         q = self.turn(self.op(q.size, q, inputs.pos, inplace=True), k_turn)  # RoPE: a new tensor when q is a view
         v = self.turn(self.view(self.op(kv_heads * shape.head_dim_v * n_ub * F32, self.weight, h)), v_turn)
         k = self.projection(h, kv_heads * shape.head_dim_k, normed=True)
         k = self.turn(self.op(k.size, k, inputs.pos, inplace=True), k_turn)
-        self.cache_view(self.view(k), inputs.k_idxs)  # the cache writes (set_rows: views of the cache)
-        self.cache_view(self.view(v), inputs.v_idxs)
+        return self.stored_and_attended(q, k, v, kv)
+
+    def stored_and_attended(self, q: Tensor, k: Tensor, v: Tensor, kv: _Kv) -> Tensor:
+        """K and V written into the cache (set_rows: views of it), the attention of Q over the cache."""
+        shape, n_ub = self.shape, self.n_ub
+        self.cache_view(self.view(k), kv.k_idxs)
+        self.cache_view(self.view(v), kv.v_idxs)
         width = shape.n_head * shape.head_dim_v
         if self.flash_attn:
-            fa = self.op(width * n_ub * F32, self.view(q), self.cache_view(), self.cache_view(), inputs.mask)
-            return self.turn(self.view(fa), v_turn)
-        scores = self.op(n_kv * shape.n_head * n_ub * F32, self.cache_view(), self.view(q))
-        probs = self.op(scores.size, scores, inputs.mask, inplace=True)  # soft-max with the mask, in place
+            fa = self.op(width * n_ub * F32, self.view(q), self.cache_view(), self.cache_view(), kv.mask)
+            return self.turn(self.view(fa), kv.turns[1])
+        scores = self.op(kv.n_kv * shape.n_head * n_ub * F32, self.cache_view(), self.view(q))
+        probs = self.op(scores.size, scores, kv.mask, inplace=True)  # soft-max with the mask, in place
         kqv = self.op(width * n_ub * F32, self.cache_view(), probs)
         return self.op(kqv.size, self.view(kqv))  # the permuted product made contiguous
 
-    def dense(self, h: Tensor, rows: int) -> Tensor:
-        n_ff = self.shape.n_ff
+    def dense(self, h: Tensor, rows: int, width: int = 0) -> Tensor:
+        """build_ffn: gate, up, SwiGLU, down (`width`: the FFN's, else the model's n_ff)."""
+        n_ff = width or self.shape.n_ff
         gate, up = self.op(n_ff * rows * F32, self.weight, h), self.op(n_ff * rows * F32, self.weight, h)
         return self.op(self.shape.n_embd * rows * F32, self.weight, self.op(n_ff * rows * F32, gate, up))
 
@@ -249,9 +297,13 @@ class _Graph:
         gate = self.op(f * k * rows * F32, self.weight, hv, top_k)
         up = self.op(f * k * rows * F32, self.weight, hv, top_k)
         down = self.op(e * k * rows * F32, self.weight, self.op(f * k * rows * F32, gate, up), top_k)
-        weighted = self.op(down.size, down, weights, inplace=True)
-        parts = [self.view(weighted) for _ in range(k)]
-        total = self.op(e * rows * F32, *parts[:2], inplace=True)  # one expert: a contiguous copy
+        return self.summed(self.op(down.size, down, weights, inplace=True), rows)
+
+    def summed(self, experts: Tensor, rows: int) -> Tensor:
+        """The chosen experts' outputs (views of one tensor) added up; one expert's: a contiguous copy."""
+        e = self.shape.n_embd
+        parts = [self.view(experts) for _ in range(self.shape.n_expert_used)]
+        total = self.op(e * rows * F32, *parts[:2], inplace=True)
         for part in parts[2:]:
             total = self.op(e * rows * F32, total, part, inplace=True)
         return total
@@ -266,11 +318,11 @@ class _ShortConvGraph(_Graph):
     while its own convolution, output projection and FFN wait for the next layer's first expansion; an attention
     layer's expansions end with the attention itself."""
 
-    def build(self, n_kv: int, n_out: int, mask_bytes: int, *, rotated: bool) -> None:
+    def build(self, caches: _Caches, n_out: int, *, rotated: bool) -> None:
         shape, n_ub = self.shape, self.n_ub
         e = shape.n_embd
         seqs = max(1, min(n_out, n_ub))  # the reserve ubatch's sequences: one output row each
-        inputs = self.inputs(n_out, mask_bytes, rotated=rotated)
+        inputs = self.inputs(n_out, caches, rotated=rotated)
         s_copy = Tensor(seqs * I32)  # which recurrent state each sequence reads
         first_recurrent = shape.recurrent_layers.index(True)
         first_attention = next(i for i in range(shape.n_layer_main) if shape.has_kv(i))
@@ -289,7 +341,7 @@ class _ShortConvGraph(_Graph):
             if shape.recurrent_layers[layer]:
                 mixed = self.shortconv(h, state, seqs)
             else:
-                attn = self.attend(h, inputs, n_kv)
+                attn = self.attend(h, inputs)
                 mixed = partial(self.op, e * n_ub * F32, self.weight, attn)  # its output projection, made later
             pending = self.rest(layer, x, mixed, out_ids, n_out)
         x = pending() if pending else x
@@ -328,3 +380,90 @@ class _ShortConvGraph(_Graph):
             return self.op(e * rows * F32, y, self.dense(self.norm(y), rows), inplace=True)
 
         return finish
+
+
+class _Llama4Graph(_Graph):
+    """Llama 4's graph (src/models/llama4.cpp). Three layers of four attend in chunks (8192 tokens) to their own,
+    smaller cache (llama-kv-cache-iswa.cpp: its own cell indices and mask); the fourth attends to the whole cache
+    without RoPE, its queries scaled by a per-token input instead (temperature tuning). Q, K and V are made in
+    that order, each RoPE'd layer's Q and K normed without a weight (not for the 128-expert model); a quantized
+    cache turns them after all three. Experts: the router's logits, their sigmoid, the top k chosen on the
+    logits, the chosen weights applied to the input before the experts (weight_before_ffn), and a shared expert as
+    wide as a routed one beside them, the two added. Without a window (a file's sliding_window = 0) one cache,
+    and only the last layer goes without RoPE."""
+
+    def build(self, caches: _Caches, n_out: int, *, rotated: bool) -> None:
+        shape, n_ub = self.shape, self.n_ub
+        e = shape.n_embd
+        chunked = any(shape.swa_layers)
+        no_rope_every = 4 if chunked else shape.n_layer  # llama_hparams n_no_rope_layer_step
+        base = self.kv(caches.n_kv, caches.mask_row, rotated=rotated)
+        window = self.kv(caches.n_kv_swa, caches.mask_row, rotated=rotated) if chunked else base
+        tokens, embd, pos = Tensor(n_ub * I32), Tensor(e * n_ub * F32), Tensor(n_ub * I32)
+        scale, out_ids = Tensor(n_ub * F32), Tensor(n_out * I32)
+        inputs = {id(t) for t in (pos, scale, out_ids, *base.leaves(), *window.leaves())}
+        # the model's last layers: as many as replayed, their places in the pattern the model's own
+        last = shape.n_layer_main
+        x = self.op(e * n_ub * F32, self.weight, tokens)
+        for layer in range(last - self.depth, last):
+            kv = window if chunked and shape.swa_layers[layer] else base
+            roped = (layer + 1) % no_rope_every != 0
+            attended = self.attend4(self.norm(x), kv, pos if roped else scale, roped=roped)
+            attn = self.op(e * n_ub * F32, self.weight, attended)
+            residual, rows = x, n_ub
+            if layer == last - 1:  # only the output rows go on
+                rows = n_out
+                attn, residual = self.op(e * rows * F32, attn, out_ids), self.op(e * rows * F32, x, out_ids)
+            ffn_in = self.op(e * rows * F32, attn, residual, inplace=True)
+            h = self.norm(ffn_in)
+            if shape.is_moe(layer):
+                ffn = self.op(e * rows * F32, self.moe4(h, rows), self.dense(h, rows, shape.n_ff_shexp), inplace=True)
+            else:
+                ffn = self.dense(h, rows)
+            x = self.op(e * rows * F32, ffn, ffn_in, inplace=True)
+        logits = self.op(shape.n_vocab * n_out * F32, self.weight, self.norm(x))
+        logits.output = True
+        # the inputs in the order the graph first reaches them (its nodes are in that order)
+        reached: list[Tensor] = []
+        for node in self.nodes:
+            for src in node.sources:
+                if id(src) in inputs and src not in reached:
+                    reached.append(src)
+        self.leaves = [tokens, embd, *reached]
+
+    def attend4(self, h: Tensor, kv: _Kv, by: Tensor, *, roped: bool) -> Tensor:
+        """Q, K, V; RoPE'd (`by`: the positions), else Q scaled (`by`: the scale input); the norms, the turns, the
+        cache writes, the attention."""
+        shape, n_ub = self.shape, self.n_ub
+        kv_heads = max(shape.n_head_kv)
+        normed = roped and shape.n_expert != 128  # llama_hparams use_kq_norm: not for the 128-expert model
+        k_turn, v_turn = kv.turns
+        # each is made whole, its turn included, before the next: the graph reaches them one by one (build_attn)
+        q = self.view(self.op(shape.n_head * shape.head_dim_k * n_ub * F32, self.weight, h))
+        q = self.op(q.size, q, by, inplace=True)  # RoPE, or the scale's MUL: a new tensor (q is a view)
+        if normed:
+            q = self.op(q.size, q, inplace=True)
+        q = self.turn(q, k_turn)
+        k = self.view(self.op(kv_heads * shape.head_dim_k * n_ub * F32, self.weight, h))
+        if roped:
+            k = self.op(k.size, k, by, inplace=True)
+            if normed:
+                k = self.op(k.size, k, inplace=True)
+        k = self.turn(k, k_turn)
+        v = self.turn(self.view(self.op(kv_heads * shape.head_dim_v * n_ub * F32, self.weight, h)), v_turn)
+        return self.stored_and_attended(q, k, v, kv)
+
+    def moe4(self, h: Tensor, rows: int) -> Tensor:
+        """build_moe_ffn for Llama 4: sigmoid gating, the top k of the logits, the weights before the experts."""
+        shape = self.shape
+        k, n_exp, e, f = shape.n_expert_used, shape.n_expert, shape.n_embd, shape.n_ff_exp
+        logits = self.op(n_exp * rows * F32, self.weight, h)
+        probs = self.op(n_exp * rows * F32, logits, inplace=True)  # the sigmoid: a new tensor (logits has 2 users)
+        top_k = self.view(self.op(n_exp * rows * I32, logits))  # argsort, its first k
+        weights = self.op(k * rows * F32, self.view(probs), top_k)
+        repeated = self.op(e * k * rows * F32, self.view(h))  # the input once per chosen expert
+        weighted = self.op(repeated.size, repeated, weights, inplace=True)
+        gate = self.op(f * k * rows * F32, self.weight, weighted, top_k)
+        up = self.op(f * k * rows * F32, self.weight, weighted, top_k)
+        down = self.op(e * k * rows * F32, self.weight, self.op(f * k * rows * F32, gate, up), top_k)
+        return self.summed(down, rows)

@@ -232,7 +232,7 @@ def compute_figure(
     e = shape.n_embd
     mask_row = streams * pad(-(-n_ub // streams), KQ_MASK_PAD) * (2 if flash_attn else F32)
     masks: dict[str, object] = {"n_kv": n_kv} if streams == 1 else {"n_kv per stream": n_kv, "streams": streams}
-    mask_bytes = n_kv * mask_row
+    mask_bytes, n_swa = n_kv * mask_row, 0
     if shape.causal and shape.sliding_window and any(shape.swa_layers):
         n_swa = swa_cells(shape, context, 1, ubatch, swa_full=swa_full)  # the sliding-window layers' own mask
         masks["n_kv (sliding window)"] = n_swa
@@ -245,7 +245,9 @@ def compute_figure(
     )
     quantized = quantized_kv(kv_type)
     if graphs.supported(shape):
-        replayed = graphs.reserve_buffer(shape, n_kv, n_ub, n_out, mask_bytes, flash_attn=flash_attn, rotated=quantized)
+        replayed = graphs.reserve_buffer(
+            shape, n_kv, n_ub, n_out, mask_row, flash_attn=flash_attn, rotated=quantized, n_kv_swa=n_swa
+        )
         graph = Figure(
             "compute buffer",
             replayed,
