@@ -294,6 +294,50 @@ def test_gguf_claiming_a_billion_layers_is_refused_not_sized(tmp_path: Path, run
     )
 
 
+@pytest.mark.parametrize(
+    ("strings", "tensor", "said"),
+    [
+        (  # a count read for the shape: the key is named
+            {"interleave_moe_layer_step": "abc"},
+            "blk.0.attn_q.weight",
+            "llama4.interleave_moe_layer_step is 'abc': not a number",
+        ),
+        ({"embedding_length": "wide"}, "blk.0.attn_q.weight", "llama4.embedding_length is 'wide': not a number"),
+        (  # read beside the shape (which layers llama.cpp skips)
+            {"nextn_predict_layers": "abc"},
+            "blk.0.attn_q.weight",
+            "it holds a value no model file has (invalid literal for int() with base 10: 'abc')",
+        ),
+        ({}, "blk.x.attn_q.weight", "it holds a value no model file has (invalid literal for int() with base 10: 'x')"),
+    ],
+)
+def test_gguf_header_values_of_the_wrong_type_are_an_unreadable_header(
+    tmp_path: Path, run_cli, strings: dict[str, str], tensor: str, said: str
+) -> None:
+    # a header is a file's claim (a download, a Hub repository): a string where llama.cpp reads a count, or a block
+    # tensor whose number is no number, is refused at the model's key like any unreadable header, not an internal
+    # error
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(tmp_path / "odd.gguf"), "llama4")
+    numbers = {"block_count": 4, "embedding_length": 256, "attention.head_count": 4, "expert_count": 4}
+    for key, value in (numbers | {"expert_used_count": 1, "expert_feed_forward_length": 128}).items():
+        if key not in strings:
+            w.add_uint32(f"llama4.{key}", value)
+    for key, text in strings.items():
+        w.add_string(f"llama4.{key}", text)
+    w.add_tensor("token_embd.weight", np.zeros((100, 256), dtype=np.float32))
+    w.add_tensor(tensor, np.zeros((256, 256), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    (tmp_path / "stack.toml").write_text(BASE + '\n[models.chat]\nruntime = "llama-server"\nmodel = "odd.gguf"\n')
+    expected = f"stack.toml:10:9: models.chat.model: cannot read the GGUF header: {said}\n"
+    assert run_cli("check", "stack.toml", cwd=tmp_path) == (2, "", expected)
+
+
 def test_missing_stack_file(tmp_path: Path, run_cli) -> None:
     assert run_cli("check", "nope.toml", cwd=tmp_path) == (2, "", "nope.toml: no such file\n")
 

@@ -143,6 +143,13 @@ def _read(name: str, size: int, mtime_ns: int, inode: int) -> GgufFacts:
         _check_depth(header.fields)
     except (HeaderError, OSError) as exc:
         raise NotGguf(f"cannot read the GGUF header: {exc}") from None
+    try:
+        return _facts(name, header)
+    except (TypeError, ValueError, OverflowError, IndexError) as exc:  # a lying file: a value no model file has
+        raise NotGguf(f"cannot read the GGUF header: it holds a value no model file has ({exc})") from None
+
+
+def _facts(name: str, header: Header) -> GgufFacts:
     fields = {k: v for k, v in header.fields.items() if not k.startswith("tokenizer.ggml.")}
     counts: dict[str, int] = {}
     for t in header.tensors:
@@ -158,7 +165,7 @@ def _read(name: str, size: int, mtime_ns: int, inode: int) -> GgufFacts:
         n_tensors=len(header.tensors),
         type_counts=dict(sorted(counts.items())),
         file_type=FILE_TYPE_IDS.get(int(ftype)) if ftype is not None else None,
-        shape=_shape(fields, arch, vocab, tensors) if f"{arch}.block_count" in fields else None,
+        shape=_checked_shape(fields, arch, vocab, tensors) if f"{arch}.block_count" in fields else None,
         general_arch=arch,
         vision=_vision(fields),
         repack_bytes=sum(
@@ -268,8 +275,23 @@ def _vocab_size(header: Header, fields: dict[str, Any], arch: str) -> int:
     return 0
 
 
-def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[int, ...]]) -> LlmShape:
+def _checked_shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[int, ...]]) -> LlmShape:
+    """The header's shape; a key whose value is of a type no llama.cpp file has there (a string where a count is
+    read: a lying file) is an unreadable header, not an internal error."""
+    read: list[str] = []
+    try:
+        return _shape(f, arch, vocab, tensors, read)
+    except (TypeError, ValueError, OverflowError):
+        name = read[-1] if read else None  # each figure is converted as soon as its key is read
+        value = f.get(name) if name else None
+        if name and not (isinstance(value, (int, float)) and not isinstance(value, bool)):
+            raise NotGguf(f"cannot read the GGUF header: {name} is {value!r}: not a number") from None
+        raise NotGguf(f"cannot read the GGUF header: the {arch} keys hold a value of a type no file has") from None
+
+
+def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[int, ...]], read: list[str]) -> LlmShape:
     def key(name: str, default: Any = None) -> Any:
+        read.append(f"{arch}.{name}")
         return f.get(f"{arch}.{name}", default)
 
     n_layer, n_embd, n_head = int(key("block_count")), int(key("embedding_length")), int(key("attention.head_count"))
