@@ -60,7 +60,7 @@ RECIPES: dict[str, Recipe] = {
     "lfm2": Recipe(qk_norm="heads", residual_first=True),
     # Llama 4: chunked attention on three layers of four, the fourth without RoPE; routed and shared experts
     # (src/models/llama4.cpp; _Llama4Graph)
-    "llama4": Recipe(gating="sigmoid"),
+    "llama4": Recipe(),  # its own attention and experts: _Llama4Graph
 }
 
 
@@ -219,24 +219,32 @@ class _Graph:
         )  # fmt: skip
 
     def build(self, caches: _Caches, n_out: int, *, rotated: bool) -> None:
-        shape, n_ub = self.shape, self.n_ub
-        e = shape.n_embd
         inputs = self.inputs(n_out, caches, rotated=rotated)
         self.leaves = [inputs.tokens, inputs.embd, *inputs.attention(), inputs.out_ids]
-        tokens, out_ids = inputs.tokens, inputs.out_ids
-        x = self.op(e * n_ub * F32, self.weight, tokens)  # the token embeddings' rows
-        for layer in range(self.depth):
-            out = self.op(e * n_ub * F32, self.weight, self.attend(self.norm(x), inputs))
+        self.layers(inputs, n_out)
+
+    def layers(self, inputs: _Inputs, n_out: int) -> None:
+        """The token embeddings' rows, the replayed layers (the model's last `depth`, each at its own index), the
+        logits."""
+        shape, n_ub = self.shape, self.n_ub
+        e, last, out_ids = shape.n_embd, shape.n_layer_main, inputs.out_ids
+        x = self.op(e * n_ub * F32, self.weight, inputs.tokens)
+        for layer in range(last - self.depth, last):
+            out = self.op(e * n_ub * F32, self.weight, self.attend_layer(layer, self.norm(x), inputs))
             residual, rows = x, n_ub
-            if layer == self.depth - 1:  # only the output rows go on
+            if layer == last - 1:  # only the output rows go on
                 rows = n_out
                 out, residual = self.op(e * rows * F32, out, out_ids), self.op(e * rows * F32, x, out_ids)
             ffn_in = self.op(e * rows * F32, out, residual, inplace=True)
-            h = self.norm(ffn_in)
-            ffn = self.moe(h, rows) if shape.n_expert else self.dense(h, rows)
-            x = self.op(e * rows * F32, ffn, ffn_in, inplace=True)
+            x = self.op(e * rows * F32, self.ffn(layer, self.norm(ffn_in), rows), ffn_in, inplace=True)
         logits = self.op(shape.n_vocab * n_out * F32, self.weight, self.norm(x))
         logits.output = True
+
+    def attend_layer(self, layer: int, h: Tensor, inputs: _Inputs) -> Tensor:
+        return self.attend(h, inputs)
+
+    def ffn(self, layer: int, h: Tensor, rows: int) -> Tensor:
+        return self.moe(h, rows) if self.shape.n_expert else self.dense(h, rows)
 
     def projection(self, h: Tensor, width: int, normed: bool) -> Tensor:
         """Q or K: the projection, its norm where the architecture has one, the reshape to heads."""
@@ -394,42 +402,30 @@ class _Llama4Graph(_Graph):
 
     def build(self, caches: _Caches, n_out: int, *, rotated: bool) -> None:
         shape, n_ub = self.shape, self.n_ub
-        e = shape.n_embd
-        chunked = any(shape.swa_layers)
-        no_rope_every = 4 if chunked else shape.n_layer  # llama_hparams n_no_rope_layer_step
-        base = self.kv(caches.n_kv, caches.mask_row, rotated=rotated)
-        window = self.kv(caches.n_kv_swa, caches.mask_row, rotated=rotated) if chunked else base
-        tokens, embd, pos = Tensor(n_ub * I32), Tensor(e * n_ub * F32), Tensor(n_ub * I32)
-        scale, out_ids = Tensor(n_ub * F32), Tensor(n_out * I32)
-        inputs = {id(t) for t in (pos, scale, out_ids, *base.leaves(), *window.leaves())}
-        # the model's last layers: as many as replayed, their places in the pattern the model's own
-        last = shape.n_layer_main
-        x = self.op(e * n_ub * F32, self.weight, tokens)
-        for layer in range(last - self.depth, last):
-            kv = window if chunked and shape.swa_layers[layer] else base
-            roped = (layer + 1) % no_rope_every != 0
-            attended = self.attend4(self.norm(x), kv, pos if roped else scale, roped=roped)
-            attn = self.op(e * n_ub * F32, self.weight, attended)
-            residual, rows = x, n_ub
-            if layer == last - 1:  # only the output rows go on
-                rows = n_out
-                attn, residual = self.op(e * rows * F32, attn, out_ids), self.op(e * rows * F32, x, out_ids)
-            ffn_in = self.op(e * rows * F32, attn, residual, inplace=True)
-            h = self.norm(ffn_in)
-            if shape.is_moe(layer):
-                ffn = self.op(e * rows * F32, self.moe4(h, rows), self.dense(h, rows, shape.n_ff_shexp), inplace=True)
-            else:
-                ffn = self.dense(h, rows)
-            x = self.op(e * rows * F32, ffn, ffn_in, inplace=True)
-        logits = self.op(shape.n_vocab * n_out * F32, self.weight, self.norm(x))
-        logits.output = True
+        self.chunked = any(shape.swa_layers)
+        self.no_rope_every = 4 if self.chunked else shape.n_layer  # llama_hparams n_no_rope_layer_step
+        inputs = self.inputs(n_out, caches, rotated=rotated)
+        self.window = self.kv(caches.n_kv_swa, caches.mask_row, rotated=rotated) if self.chunked else inputs.kv
+        self.scale = Tensor(n_ub * F32)
+        self.layers(inputs, n_out)
         # the inputs in the order the graph first reaches them (its nodes are in that order)
+        known = {id(t) for t in (*inputs.attention(), self.scale, *self.window.leaves(), inputs.out_ids)}
         reached: list[Tensor] = []
-        for node in self.nodes:
-            for src in node.sources:
-                if id(src) in inputs and src not in reached:
-                    reached.append(src)
-        self.leaves = [tokens, embd, *reached]
+        for src in (src for node in self.nodes for src in node.sources):
+            if id(src) in known and src not in reached:
+                reached.append(src)
+        self.leaves = [inputs.tokens, inputs.embd, *reached]
+
+    def attend_layer(self, layer: int, h: Tensor, inputs: _Inputs) -> Tensor:
+        kv = self.window if self.chunked and self.shape.swa_layers[layer] else inputs.kv
+        roped = (layer + 1) % self.no_rope_every != 0
+        return self.attend4(h, kv, inputs.pos if roped else self.scale, roped=roped)
+
+    def ffn(self, layer: int, h: Tensor, rows: int) -> Tensor:
+        if not self.shape.is_moe(layer):
+            return self.dense(h, rows)
+        routed = self.moe4(h, rows)  # first: the graph reaches the routed experts before the shared one
+        return self.op(self.shape.n_embd * rows * F32, routed, self.dense(h, rows, self.shape.n_ff_shexp), inplace=True)
 
     def attend4(self, h: Tensor, kv: _Kv, by: Tensor, *, roped: bool) -> Tensor:
         """Q, K, V; RoPE'd (`by`: the positions), else Q scaled (`by`: the scale input); the norms, the turns, the
