@@ -504,6 +504,11 @@ _QWEN3 = {"attention.head_count_kv": 8, "attention.key_length": 128, "attention.
 _LLAMA4 = {"embedding_length": 5120, "feed_forward_length": 16384, "attention.head_count": 40,
            "attention.head_count_kv": 8, "rope.dimension_count": 128, "rope.freq_base": 5e5, "expert_count": 16,
            "expert_used_count": 1, "expert_feed_forward_length": 8192, "interleave_moe_layer_step": 1}  # fmt: skip
+_GLM45 = {"block_count": 3, "embedding_length": 4096, "feed_forward_length": 10944, "attention.head_count": 96,
+          "attention.head_count_kv": 8, "attention.key_length": 128, "attention.value_length": 128,
+          "rope.dimension_count": 64, "rope.freq_base": 1e6, "expert_count": 128, "expert_used_count": 8,
+          "expert_feed_forward_length": 1408, "expert_shared_count": 1, "leading_dense_block_count": 1,
+          "expert_weights_norm": True, "expert_weights_scale": 1.0}  # fmt: skip
 RESERVE_SHAPES: tuple[tuple[str, str, dict[str, object], int, tuple[str, ...]], ...] = (
     ("llama-3-8b", "llama", _LLAMA3, 128256, ("-c", "8192", "-fa", "on", "-np", "1")),
     ("llama-3-8b", "llama", _LLAMA3, 128256, ("-c", "8192", "-fa", "off", "-np", "1")),
@@ -559,7 +564,16 @@ RESERVE_SHAPES: tuple[tuple[str, str, dict[str, object], int, tuple[str, ...]], 
     ),
     ("llama-4-maverick", "llama4", {**_LLAMA4, "block_count": 4, "expert_count": 128, "interleave_moe_layer_step": 2},
      202048, ("-c", "8192", "-fa", "on", "-np", "2")),
+    # GLM-4.5-Air: a dense first layer, then 128 experts (8 used, weights normalised) and a shared one; GLM-4.5: three
+    # dense layers, 160 experts, weights scaled by 2.5, per-head Q/K norms (_RESERVE_TENSORS)
+    ("glm-4.5-air", "glm4moe", _GLM45, 151552, ("-c", "8192", "-fa", "on", "-np", "1")),
+    ("glm-4.5-air", "glm4moe", _GLM45, 151552, ("-c", "16384", "-fa", "off", "-np", "2")),
+    ("glm-4.5", "glm4moe", {**_GLM45, "block_count": 5, "embedding_length": 5120, "feed_forward_length": 12288,
+                            "expert_count": 160, "expert_feed_forward_length": 1536, "leading_dense_block_count": 3,
+                            "expert_weights_scale": 2.5}, 151552, ("-c", "32768", "-fa", "on", "-np", "4", *_Q8)),
 )  # fmt: skip
+# tensors a row's file has beyond what llama.cpp requires (optional ones it uses where they are)
+_RESERVE_TENSORS = {"glm-4.5": ("blk.N.attn_q_norm.weight", "blk.N.attn_k_norm.weight")}
 
 
 def record_graphs(py: str, tmp: Path) -> None:
@@ -574,10 +588,14 @@ def record_graphs(py: str, tmp: Path) -> None:
     rows = []
     for name, arch, keys, n_vocab, flags in RESERVE_SHAPES:
         all_keys = {"context_length": 32768, "block_count": 3, "attention.layer_norm_rms_epsilon": 1e-6, **keys}
+        extra = _RESERVE_TENSORS.get(name, ())
         optional = ("output.weight", "blk.N.exp_probs_b.bias", "blk.N.ffn_gate_exps.weight", "blk.N.attn_q.bias",
-                    "blk.N.attn_k.bias", "blk.N.attn_v.bias")  # fmt: skip
+                    "blk.N.attn_k.bias", "blk.N.attn_v.bias", *extra)  # fmt: skip
         spec = ArchSpec(name, arch, all_keys, n_vocab, "bench/accuracy.py RESERVE_SHAPES", optional=optional)
-        path = write_discovered(tmp / f"{name}.gguf", spec, discover(spec, tmp, py), "Q4_K_M")
+        tensors = discover(spec, tmp, py)
+        path = write_discovered(tmp / f"{name}.gguf", spec, tensors, "Q4_K_M")
+        kinds = {pattern.removeprefix("blk.N.") for pattern in extra}
+        kept = {t: list(ne) for t, ne in tensors.items() if t.split(".", 2)[-1] in kinds}
         log = tmp / "reserve.log"
         with log.open("w") as out:
             argv = [
@@ -605,7 +623,7 @@ def record_graphs(py: str, tmp: Path) -> None:
         if not found:
             raise RuntimeError(f"llama-server printed no compute buffer for {name} {flags}: {log.read_text()[-800:]}")
         rows.append({"name": name, "arch": arch, "keys": all_keys, "n_vocab": n_vocab, "flags": list(flags),
-                     "compute_mib": float(found[0])})  # fmt: skip
+                     "compute_mib": float(found[0]), **({"tensors": kept} if kept else {})})  # fmt: skip
         print(rows[-1]["name"], " ".join(flags), found[0], flush=True)
     RESERVE_FIXTURE.write_text(json.dumps({"llama-server": _server_version(server), "rows": rows}, indent=1) + "\n")
 

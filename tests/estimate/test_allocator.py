@@ -85,8 +85,9 @@ def _stack_flags(flags: list[str]) -> dict[str, Any]:
 def test_the_replay_reserves_what_llama_server_reserves(row: dict[str, Any], tmp_path: Path) -> None:
     keys = row["keys"]
     spec = ArchSpec(row["name"], row["arch"], keys, row["n_vocab"], "a test")
+    tensors = {name: tuple(ne) for name, ne in row.get("tensors", {}).items()}  # where the graph reads them
     write_discovered(
-        tmp_path / "m.gguf", spec, {"token_embd.weight": (keys["embedding_length"], row["n_vocab"])}, "F32"
+        tmp_path / "m.gguf", spec, {"token_embd.weight": (keys["embedding_length"], row["n_vocab"]), **tensors}, "F32"
     )
     flags = _stack_flags(row["flags"])
     (tmp_path / "stack.toml").write_text(
@@ -157,7 +158,32 @@ def test_a_few_layers_place_the_tensors_as_the_whole_depth_does() -> None:
                 moe_every=rng.choice([1, 2]),
             )  # fmt: skip
         )
-    assert len(shapes) > 160
+    for _ in range(40):  # GLM-4.5: dense lead layers, experts with a shared one, the weights' norm and scale
+        depth = rng.randint(6, 48)
+        shapes.append(
+            LlmShape(
+                "glm4moe",
+                depth,
+                rng.choice([1024, 4096, 5120]),
+                rng.choice([3072, 10944]),
+                rng.choice([16, 96]),
+                (8,) * depth,
+                128,
+                128,
+                151552,
+                8192,
+                n_expert=rng.choice([16, 128, 160]),
+                n_expert_used=rng.choice([1, 4, 8]),
+                n_ff_exp=rng.choice([256, 1408]),
+                n_ff_shexp=rng.choice([0, 1408]),
+                n_layer_dense_lead=rng.choice([0, 1, 3]),
+                n_layer_nextn=rng.choice([0, 1]),
+                qk_norm=rng.random() < 0.5,
+                expert_weights_norm=rng.random() < 0.7,
+                expert_weights_scale=rng.choice([0.0, 1.0, 2.5]),
+            )  # fmt: skip
+        )
+    assert len(shapes) > 200
     for shape in shapes:
         fa = rng.random() < 0.7
         ctx, ubatch, seqs = rng.choice([512, 8192]), rng.choice([256, 512]), rng.choice([1, 4])

@@ -212,6 +212,8 @@ def test_a_recorded_header_that_cannot_be_the_files_is_not_used(
         ({"n_layer": 10**9}, "its shape has 1000000000 layers (a header gives 1 to 4096)"),
         ({"n_head_kv": [2] * 3}, "its shape's n_head_kv has 3 entries for 2 layers"),
         ({"n_embd": "256"}, "its shape's n_embd is '256'"),
+        ({"expert_weights_scale": -2.5}, "its shape's expert_weights_scale is -2.5"),
+        ({"expert_weights_scale": float("inf")}, "its shape's expert_weights_scale is inf"),
         ({"bogus": 1}, "its shape has keys no header gives: bogus"),
     ],
 )

@@ -55,6 +55,11 @@ class LlmShape(NamedTuple):
     recurrent_kind: str = "mamba"  # the mixer whose state recurrent_layers keep (umemc.estimate.llm)
     resident_width: int = 0  # floats per token alive through every layer beside the residual (gemma3n's altup)
     unmodelled: tuple[str, ...] = ()  # what of an unknown architecture the generic rules cannot see
+    qk_norm: bool = False  # the file has per-head Q/K norms (attn_q_norm; optional in glm4moe)
+    # The chosen experts' weights divided by their sum and scaled (expert_weights_norm / _scale: llama.cpp reads
+    # them for glm4moe, deepseek2 and a few more; others normalise or not by architecture)
+    expert_weights_norm: bool = False
+    expert_weights_scale: float = 0.0
 
     @property
     def n_gqa(self) -> int:
@@ -338,7 +343,10 @@ class TorchPreset:
     extra: dict[str, int] = field(default_factory=dict)
 
 
-_SHAPE_KEYS = ("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp", "n_layer_dense_lead", "n_layer_nextn")
+_SHAPE_KEYS = (
+    "n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp", "n_layer_dense_lead", "n_layer_nextn",
+    "expert_weights_norm", "expert_weights_scale",
+)  # fmt: skip
 
 
 def llm_preset(
@@ -363,6 +371,8 @@ def llm_preset(
     hd = head_dim or embd // heads
     swa_layers = tuple(swa_pattern > 0 and i % swa_pattern < swa_pattern - 1 for i in range(layers))
     extra: dict[str, object] = {k: kw.pop(k) for k in _SHAPE_KEYS if k in kw}
+    if kw.get("qk_norm"):
+        extra["qk_norm"] = True
     hd_k = hd_v = hd
     n_kv: tuple[int, ...] = (kv_heads,) * layers
     mla = kw.get("mla")
@@ -642,6 +652,8 @@ LLM_PRESETS: dict[str, LlmPreset] = {
             n_ff_shexp=1408,
             n_layer_dense_lead=1,
             n_layer_nextn=1,
+            expert_weights_norm=True,  # norm_topk_prob
+            expert_weights_scale=1.0,  # routed_scaling_factor
             family="llm",
             qkv_bias=True,
             post_attn_norm=True,

@@ -3,6 +3,7 @@ exists: `umemc check` on presets never pays for them."""
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -84,6 +85,10 @@ def _locked_shape(recorded: dict[str, Any]) -> LlmShape:
         want = type(defaults.get(name, 0 if name != "arch" else ""))
         items = value if isinstance(value, tuple) else (value,)
         if name in ("arch", "recurrent_kind", "unmodelled"):
+            continue
+        if name == "expert_weights_scale":  # the one real number: a finite factor
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ValueError(f"its shape's {name} is {value!r}")
             continue
         if not all(isinstance(x, int) and (want is not bool or isinstance(x, bool)) and x >= 0 for x in items):
             raise ValueError(f"its shape's {name} is {value!r}")
@@ -324,6 +329,7 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
         head_dim_v_mla=int(key("attention.value_length_mla", 0) or 0),
         n_layer_nextn=int(key("nextn_predict_layers", 0) or 0),
         unmodelled=unmodelled,
+        qk_norm=any(name.endswith(".attn_q_norm.weight") for name in tensors),
         **moe,
         **recurrent,
     )
@@ -373,6 +379,8 @@ def _experts(key: Any, arch: str, n_layer: int, tensors: dict[str, tuple[int, ..
         "n_ff_shexp": n_ff_shexp,
         "n_layer_dense_lead": min(n_layer, int(key("leading_dense_block_count", 0) or 0)),
         "moe_every": max(0, int(key("interleave_moe_layer_step", 1))),
+        "expert_weights_norm": bool(key("expert_weights_norm", False)),
+        "expert_weights_scale": float(key("expert_weights_scale", 0.0) or 0.0),
     }
 
 

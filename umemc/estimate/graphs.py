@@ -14,8 +14,9 @@ against its `compute buffer size`, bench/accuracy.py --sweep):
   or per head on its reshaped view, which cannot be done in place), RoPE, the cache writes, attention (flash:
   one op; else the KQ scores, their soft-max in place, KQV, its permuted copy), the output projection, the
   residual; on the last layer only the output rows go on; then the FFN: gate, up, SwiGLU, down; or the routed
-  experts (router logits, gating, top-k, the weights' normalisation, gate/up/SwiGLU/down of the chosen
-  experts, their weighting in place, the sum of their outputs);
+  experts (router logits, gating, top-k, the weights' normalisation and scale, gate/up/SwiGLU/down of the
+  chosen experts, their weighting in place, the sum of their outputs), then a shared expert's dense FFN where
+  there is one, added; the first layers dense where the model leads with some (GLM-4.5);
 - the final norm and the logits (a graph output: never freed).
 
 LFM2's short-convolution layers (_ShortConvGraph) differ in what they hold and in the order llama.cpp's explicit
@@ -46,6 +47,10 @@ class Recipe:
     qk_norm: str = ""  # "": none; "flat": on the whole projection (in place); "heads": per head, on a view
     gating: str = "softmax"  # the router: "softmax" (probabilities) or "sigmoid" (with a selection bias)
     residual_first: bool = False  # the residual add takes the layer's input first (written in place into it)
+    qk_norm_optional: bool = False  # the Q/K norms are there only where the file has them (LlmShape.qk_norm)
+    # the chosen experts' weights: normalised and scaled as the header says (else always normalised, unscaled)
+    header_expert_weights: bool = False
+    shared_expert: bool = False  # a shared expert (a dense FFN of n_ff_shexp) beside the routed ones, added
 
 
 # Architectures whose reserve graph is written out here, each checked against llama.cpp's dry run.
@@ -60,7 +65,12 @@ RECIPES: dict[str, Recipe] = {
     "lfm2": Recipe(qk_norm="heads", residual_first=True),
     # Llama 4: chunked attention on three layers of four, the fourth without RoPE; routed and shared experts
     # (src/models/llama4.cpp; _Llama4Graph)
-    "llama4": Recipe(),  # its own attention and experts: _Llama4Graph
+    "llama4": Recipe(shared_expert=True),  # its own attention and experts: _Llama4Graph
+    # GLM-4.5: dense lead layers, sigmoid routing with a selection bias, one shared expert; per-head Q/K norms in
+    # the 355B model only (src/models/glm4-moe.cpp)
+    "glm4moe": Recipe(
+        qk_norm="heads", qk_norm_optional=True, gating="sigmoid", header_expert_weights=True, shared_expert=True
+    ),
 }
 
 
@@ -76,8 +86,8 @@ def supported(shape: LlmShape) -> bool:
         and shape.n_expert_used <= shape.n_expert <= MAX_EXPERTS  # what llama.cpp loads (a file may claim more)
         and (shape.n_expert_used > 0 or not llama4)
         and not shape.mla
-        and (not shape.n_ff_shexp or llama4)
-        and not shape.n_layer_dense_lead
+        and (not shape.n_ff_shexp or RECIPES[shape.arch].shared_expert)
+        and (not shape.n_layer_dense_lead or shape.arch == "glm4moe")
         and (shape.moe_every == 1 or llama4)
         and not shape.resident_width
         and all(shape.has_kv(i) or recurrent for i in range(shape.n_layer_main))
@@ -103,21 +113,22 @@ def reserve_buffer(
     attn_rot_k / attn_rot_v, where the head size is a multiple of 64). Where every layer is alike, the free blocks
     a layer leaves repeat every two layers after the first few, so four or five layers (as many as the model's
     depth is, modulo two; the last with the output rows) place every tensor as the whole depth does; Llama 4's
-    layers repeat every four, so eight to eleven of its last layers are replayed. Checked against `whole_depth` on
-    every preset and hundreds of random shapes (tests/estimate/test_allocator.py)."""
+    layers repeat every four, so eight to eleven of its last layers are replayed. Dense lead layers (GLM-4.5) are
+    all replayed before them. Checked against `whole_depth` on every preset and hundreds of random shapes
+    (tests/estimate/test_allocator.py)."""
     caches = _Caches(n_kv, n_kv_swa or n_kv, mask_row)
+    last = shape.n_layer_main
+    lead = min(shape.n_layer_dense_lead, last) if shape.n_expert else 0  # the dense lead layers: all replayed
+    tail, period = last - lead, 4 if shape.arch == "llama4" else 2  # the rest: alike, `period` by `period`
+    if not whole_depth and tail > 3 * period - 1:
+        tail = 2 * period + (tail - 2 * period) % period
+    replayed = (*range(lead), *range(last - tail, last))
     if shape.recurrent_kind == "shortconv":  # layers of two kinds, in the model's own pattern: all of them
         graph: _Graph = _ShortConvGraph(shape, n_ubatch, flash_attn=flash_attn)
     elif shape.arch == "llama4":
-        depth = shape.n_layer_main
-        if not whole_depth and depth > 11:
-            depth = 8 + (depth - 8) % 4
-        graph = _Llama4Graph(shape, n_ubatch, flash_attn=flash_attn, depth=depth)
+        graph = _Llama4Graph(shape, n_ubatch, flash_attn=flash_attn, replayed=replayed)
     else:
-        depth = shape.n_layer_main
-        if not whole_depth and depth > 5:
-            depth = 4 + (depth - 4) % 2
-        graph = _Graph(shape, n_ubatch, flash_attn=flash_attn, depth=depth)
+        graph = _Graph(shape, n_ubatch, flash_attn=flash_attn, replayed=replayed)
     graph.build(caches, outputs, rotated=rotated)
     return buffer_size(graph.leaves, graph.nodes)
 
@@ -172,9 +183,9 @@ class _Inputs:
 class _Graph:
     """The reserve graph's inputs (`leaves`) and ops (`nodes`), in the order llama.cpp's graph holds them."""
 
-    def __init__(self, shape: LlmShape, n_ubatch: int, *, flash_attn: bool, depth: int = 0) -> None:
+    def __init__(self, shape: LlmShape, n_ubatch: int, *, flash_attn: bool, replayed: tuple[int, ...] = ()) -> None:
         self.shape, self.recipe, self.n_ub, self.flash_attn = shape, RECIPES[shape.arch], n_ubatch, flash_attn
-        self.depth = depth or shape.n_layer_main  # the layers replayed
+        self.replayed = replayed or tuple(range(shape.n_layer_main))  # the layers replayed, by index
         self.leaves: list[Tensor] = []
         self.nodes: list[Tensor] = []
         self.weight = Tensor(0, external=True)  # every weight: in the model's buffer
@@ -224,12 +235,12 @@ class _Graph:
         self.layers(inputs, n_out)
 
     def layers(self, inputs: _Inputs, n_out: int) -> None:
-        """The token embeddings' rows, the replayed layers (the model's last `depth`, each at its own index), the
-        logits."""
+        """The token embeddings' rows, the replayed layers (each at its own index; the model's last among them),
+        the logits."""
         shape, n_ub = self.shape, self.n_ub
         e, last, out_ids = shape.n_embd, shape.n_layer_main, inputs.out_ids
         x = self.op(e * n_ub * F32, self.weight, inputs.tokens)
-        for layer in range(last - self.depth, last):
+        for layer in self.replayed:
             out = self.op(e * n_ub * F32, self.weight, self.attend_layer(layer, self.norm(x), inputs))
             residual, rows = x, n_ub
             if layer == last - 1:  # only the output rows go on
@@ -244,7 +255,14 @@ class _Graph:
         return self.attend(h, inputs)
 
     def ffn(self, layer: int, h: Tensor, rows: int) -> Tensor:
-        return self.moe(h, rows) if self.shape.n_expert else self.dense(h, rows)
+        """The layer's dense FFN, or its routed experts (reached first) and the shared expert beside them, added."""
+        shape = self.shape
+        if not shape.is_moe(layer):
+            return self.dense(h, rows)
+        routed = self.moe(h, rows)
+        if not shape.n_ff_shexp:
+            return routed
+        return self.op(shape.n_embd * rows * F32, routed, self.dense(h, rows, shape.n_ff_shexp), inplace=True)
 
     def projection(self, h: Tensor, width: int, normed: bool) -> Tensor:
         """Q or K: the projection, its norm where the architecture has one, the reshape to heads."""
@@ -252,7 +270,7 @@ class _Graph:
         if normed and self.recipe.qk_norm == "flat":
             x = self.norm(x)
         x = self.view(x)
-        if normed and self.recipe.qk_norm == "heads":
+        if normed and self.recipe.qk_norm == "heads" and (self.shape.qk_norm or not self.recipe.qk_norm_optional):
             x = self.norm(x)
         return x
 
@@ -298,10 +316,14 @@ class _Graph:
             chosen = self.op(n_exp * rows * F32, probs, self.weight, inplace=True)
         top_k = self.view(self.op(n_exp * rows * I32, chosen))  # argsort, its first k
         weights = self.op(k * rows * F32, self.view(probs), top_k)
-        by_row = self.view(weights)  # the chosen experts' weights divided by their sum (clamped in place)
-        total = self.op(rows * F32, self.op(rows * F32, by_row), inplace=True)
-        weights = self.op(k * rows * F32, by_row, total, inplace=True)
-        weights, hv = self.view(weights), self.view(h)
+        by_header = recipe.header_expert_weights
+        if shape.expert_weights_norm or not by_header:
+            by_row = self.view(weights)  # the chosen experts' weights divided by their sum (clamped in place)
+            total = self.op(rows * F32, self.op(rows * F32, by_row), inplace=True)
+            weights = self.view(self.op(k * rows * F32, by_row, total, inplace=True))
+        if by_header and shape.expert_weights_scale not in (0.0, 1.0):
+            weights = self.op(k * rows * F32, weights, inplace=True)
+        hv = self.view(h)
         gate = self.op(f * k * rows * F32, self.weight, hv, top_k)
         up = self.op(f * k * rows * F32, self.weight, hv, top_k)
         down = self.op(e * k * rows * F32, self.weight, self.op(f * k * rows * F32, gate, up), top_k)
@@ -421,12 +443,6 @@ class _Llama4Graph(_Graph):
         roped = (layer + 1) % self.no_rope_every != 0
         return self.attend4(h, kv, inputs.pos if roped else self.scale, roped=roped)
 
-    def ffn(self, layer: int, h: Tensor, rows: int) -> Tensor:
-        if not self.shape.is_moe(layer):
-            return self.dense(h, rows)
-        routed = self.moe4(h, rows)  # first: the graph reaches the routed experts before the shared one
-        return self.op(self.shape.n_embd * rows * F32, routed, self.dense(h, rows, self.shape.n_ff_shexp), inplace=True)
-
     def attend4(self, h: Tensor, kv: _Kv, by: Tensor, *, roped: bool) -> Tensor:
         """Q, K, V; RoPE'd (`by`: the positions), else Q scaled (`by`: the scale input); the norms, the turns, the
         cache writes, the attention."""
@@ -449,7 +465,7 @@ class _Llama4Graph(_Graph):
         v = self.turn(self.view(self.op(kv_heads * shape.head_dim_v * n_ub * F32, self.weight, h)), v_turn)
         return self.stored_and_attended(q, k, v, kv)
 
-    def moe4(self, h: Tensor, rows: int) -> Tensor:
+    def moe(self, h: Tensor, rows: int) -> Tensor:
         """build_moe_ffn for Llama 4: sigmoid gating, the top k of the logits, the weights before the experts."""
         shape = self.shape
         k, n_exp, e, f = shape.n_expert_used, shape.n_expert, shape.n_embd, shape.n_ff_exp

@@ -96,6 +96,10 @@ def _hyperparameters(w: Any, preset: LlmPreset) -> None:
             w.add_expert_shared_feed_forward_length(s.n_ff_shexp)
         if s.n_layer_dense_lead:
             w.add_leading_dense_block_count(s.n_layer_dense_lead)
+        if s.expert_weights_norm:
+            w.add_expert_weights_norm(True)
+        if s.expert_weights_scale:
+            w.add_expert_weights_scale(s.expert_weights_scale)
     if a == "llama4":
         w.add_uint32(f"{a}.interleave_moe_layer_step", 1)
     if s.n_layer_nextn:

@@ -31,8 +31,8 @@ TINY: dict[str, LlmPreset] = {
         llm_preset(
             "tiny-glm4moe", "glm4moe", layers=5, embd=512, ff=1024, heads=8, kv_heads=2, head_dim=64,
             vocab=2048, ctx=4096, n_expert=16, n_expert_used=4, n_ff_exp=256, n_ff_shexp=256,
-            n_layer_dense_lead=1, n_layer_nextn=1, family="llm", qkv_bias=True, post_attn_norm=True,
-            exp_probs_b=True, source=_SRC,
+            n_layer_dense_lead=1, n_layer_nextn=1, expert_weights_norm=True, expert_weights_scale=1.0,
+            family="llm", qkv_bias=True, post_attn_norm=True, exp_probs_b=True, source=_SRC,
         ),
         llm_preset(
             "tiny-llama4", "llama4", layers=4, embd=512, ff=1024, heads=8, kv_heads=2, head_dim=64,
