@@ -509,6 +509,15 @@ _GLM45 = {"block_count": 3, "embedding_length": 4096, "feed_forward_length": 109
           "rope.dimension_count": 64, "rope.freq_base": 1e6, "expert_count": 128, "expert_used_count": 8,
           "expert_feed_forward_length": 1408, "expert_shared_count": 1, "leading_dense_block_count": 1,
           "expert_weights_norm": True, "expert_weights_scale": 1.0}  # fmt: skip
+_GPT_OSS = {"block_count": 4, "embedding_length": 2880, "feed_forward_length": 2880, "attention.head_count": 64,
+            "attention.head_count_kv": 8, "attention.key_length": 64, "attention.value_length": 64,
+            "rope.dimension_count": 64, "rope.freq_base": 150000.0, "attention.sliding_window": 128,
+            "expert_count": 32, "expert_used_count": 4, "expert_feed_forward_length": 2880}  # fmt: skip
+_GRANITE_H = {"block_count": 5, "embedding_length": 4096, "feed_forward_length": 768, "attention.head_count": 32,
+              "attention.head_count_kv": [0, 0, 8, 0, 0], "attention.key_length": 128, "attention.value_length": 128,
+              "ssm.conv_kernel": 4, "ssm.inner_size": 8192, "ssm.state_size": 128, "ssm.time_step_rank": 128,
+              "ssm.group_count": 1, "expert_count": 72, "expert_used_count": 10, "expert_feed_forward_length": 768,
+              "expert_shared_feed_forward_length": 8192, "rope.scaling.finetuned": False}  # fmt: skip
 RESERVE_SHAPES: tuple[tuple[str, str, dict[str, object], int, tuple[str, ...]], ...] = (
     ("llama-3-8b", "llama", _LLAMA3, 128256, ("-c", "8192", "-fa", "on", "-np", "1")),
     ("llama-3-8b", "llama", _LLAMA3, 128256, ("-c", "8192", "-fa", "off", "-np", "1")),
@@ -571,6 +580,29 @@ RESERVE_SHAPES: tuple[tuple[str, str, dict[str, object], int, tuple[str, ...]], 
     ("glm-4.5", "glm4moe", {**_GLM45, "block_count": 5, "embedding_length": 5120, "feed_forward_length": 12288,
                             "expert_count": 160, "expert_feed_forward_length": 1536, "leading_dense_block_count": 3,
                             "expert_weights_scale": 2.5}, 151552, ("-c", "32768", "-fa", "on", "-np", "4", *_Q8)),
+    # gpt-oss-20b: a 128-token window on every other layer, sinks, 32 experts (4 used); -120b: 128 experts
+    *(
+        ("gpt-oss-20b", "gpt-oss", _GPT_OSS, 201088, flags)
+        for flags in (
+            ("-c", "8192", "-fa", "on", "-np", "1"),
+            ("-c", "16384", "-fa", "off", "-np", "2"),
+            ("-c", "32768", "-fa", "on", "-np", "4", *_Q8),
+        )
+    ),
+    ("gpt-oss-120b", "gpt-oss", {**_GPT_OSS, "block_count": 5, "expert_count": 128}, 201088,
+     ("-c", "32768", "-fa", "on", "-np", "1")),
+    # Granite 4.0 H Small: Mamba-2 layers around an attention layer without RoPE, 72 experts (10 used) and a shared
+    # one on every layer; then the same with RoPE (as a Bamba-style file has it)
+    *(
+        ("granite-4.0-h-small", "granitehybrid", _GRANITE_H, 100352, flags)
+        for flags in (
+            ("-c", "8192", "-fa", "on", "-np", "1"),
+            ("-c", "8192", "-fa", "on", "-np", "4"),
+            ("-c", "16384", "-fa", "off", "-np", "1"),
+        )
+    ),
+    ("granite-4.0-h-small", "granitehybrid", {**_GRANITE_H, "rope.scaling.finetuned": True}, 100352,
+     ("-c", "32768", "-fa", "on", "-np", "2", *_Q8)),
 )  # fmt: skip
 # tensors a row's file has beyond what llama.cpp requires (optional ones it uses where they are)
 _RESERVE_TENSORS = {"glm-4.5": ("blk.N.attn_q_norm.weight", "blk.N.attn_k_norm.weight")}
@@ -590,7 +622,7 @@ def record_graphs(py: str, tmp: Path) -> None:
         all_keys = {"context_length": 32768, "block_count": 3, "attention.layer_norm_rms_epsilon": 1e-6, **keys}
         extra = _RESERVE_TENSORS.get(name, ())
         optional = ("output.weight", "blk.N.exp_probs_b.bias", "blk.N.ffn_gate_exps.weight", "blk.N.attn_q.bias",
-                    "blk.N.attn_k.bias", "blk.N.attn_v.bias", *extra)  # fmt: skip
+                    "blk.N.attn_k.bias", "blk.N.attn_v.bias", "blk.N.ssm_conv1d.bias", *extra)  # fmt: skip
         spec = ArchSpec(name, arch, all_keys, n_vocab, "bench/accuracy.py RESERVE_SHAPES", optional=optional)
         tensors = discover(spec, tmp, py)
         path = write_discovered(tmp / f"{name}.gguf", spec, tensors, "Q4_K_M")

@@ -183,7 +183,28 @@ def test_a_few_layers_place_the_tensors_as_the_whole_depth_does() -> None:
                 expert_weights_scale=rng.choice([0.0, 1.0, 2.5]),
             )  # fmt: skip
         )
-    assert len(shapes) > 200
+    for _ in range(30):  # gpt-oss: a window on every other layer, the output rows taken after the last layer
+        depth = rng.randint(6, 36)
+        shapes.append(
+            LlmShape(
+                "gpt-oss",
+                depth,
+                rng.choice([512, 2880]),
+                2880,
+                rng.choice([8, 64]),
+                (8,) * depth,
+                64,
+                64,
+                201088,
+                131072,
+                sliding_window=128,
+                swa_layers=tuple(i % 2 == 0 for i in range(depth)),
+                n_expert=rng.choice([32, 128]),
+                n_expert_used=rng.choice([2, 4]),
+                n_ff_exp=rng.choice([512, 2880]),
+            )  # fmt: skip
+        )
+    assert len(shapes) > 230
     for shape in shapes:
         fa = rng.random() < 0.7
         ctx, ubatch, seqs = rng.choice([512, 8192]), rng.choice([256, 512]), rng.choice([1, 4])

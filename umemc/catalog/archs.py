@@ -60,6 +60,7 @@ class LlmShape(NamedTuple):
     # them for glm4moe, deepseek2 and a few more; others normalise or not by architecture)
     expert_weights_norm: bool = False
     expert_weights_scale: float = 0.0
+    no_rope: bool = False  # attention without RoPE (Granite: rope.scaling.finetuned = false, as for Granite 4.0 H)
 
     @property
     def n_gqa(self) -> int:
@@ -345,7 +346,7 @@ class TorchPreset:
 
 _SHAPE_KEYS = (
     "n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp", "n_layer_dense_lead", "n_layer_nextn",
-    "expert_weights_norm", "expert_weights_scale",
+    "expert_weights_norm", "expert_weights_scale", "no_rope",
 )  # fmt: skip
 
 
@@ -742,6 +743,7 @@ LLM_PRESETS: dict[str, LlmPreset] = {
             family="llm",
             tied_embeddings=True,
             ssm=SsmShape(d_conv=4, d_inner=8192, d_state=128, n_group=1, n_head=128),
+            no_rope=True,  # position_embedding_type "nope"
             source=_HF + "ibm-granite/granite-4.0-h-small/blob/main/config.json",
         ),
         llm_preset(

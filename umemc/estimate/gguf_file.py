@@ -330,9 +330,14 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
         n_layer_nextn=int(key("nextn_predict_layers", 0) or 0),
         unmodelled=unmodelled,
         qk_norm=any(name.endswith(".attn_q_norm.weight") for name in tensors),
+        # Granite reads rope.scaling.finetuned as its switch for RoPE (src/models/granite*.cpp); Granite 4.0 H: off
+        no_rope=arch in _ROPE_SWITCH and key("rope.scaling.finetuned", True) is False,
         **moe,
         **recurrent,
     )
+
+
+_ROPE_SWITCH = frozenset({"granite", "granitemoe", "granitehybrid"})
 
 
 def _windows(key: Any, arch: str, n_layer: int) -> tuple[int, tuple[bool, ...], tuple[str, ...]]:

@@ -19,7 +19,8 @@ against its `compute buffer size`, bench/accuracy.py --sweep):
   there is one, added; the first layers dense where the model leads with some (GLM-4.5);
 - the final norm and the logits (a graph output: never freed).
 
-LFM2's short-convolution layers (_ShortConvGraph) differ in what they hold and in the order llama.cpp's explicit
+Sliding-window layers (Llama 4, gpt-oss) attend to a cache of their own (its own indices and mask). LFM2's
+short-convolution layers (_ShortConvGraph) differ in what they hold and in the order llama.cpp's explicit
 expansions put their ops in.
 
 A model whose layers are all alike is replayed over four or five of them (reserve_buffer says why); the
@@ -45,12 +46,20 @@ class Recipe:
     """What an architecture's graph does beyond the common decoder layer (src/models/<arch>.cpp)."""
 
     qk_norm: str = ""  # "": none; "flat": on the whole projection (in place); "heads": per head, on a view
-    gating: str = "softmax"  # the router: "softmax" (probabilities) or "sigmoid" (with a selection bias)
+    # the router: "softmax" (probabilities), "sigmoid" (with a selection bias), "softmax_weight" (the top k taken
+    # on the logits, a soft-max over the chosen ones' weights)
+    gating: str = "softmax"
     residual_first: bool = False  # the residual add takes the layer's input first (written in place into it)
     qk_norm_optional: bool = False  # the Q/K norms are there only where the file has them (LlmShape.qk_norm)
-    # the chosen experts' weights: normalised and scaled as the header says (else always normalised, unscaled)
-    header_expert_weights: bool = False
+    # the chosen experts' weights: "normalised" (divided by their sum), "header" (normalised and scaled as
+    # expert_weights_norm / _scale say), "plain" (neither)
+    expert_weights: str = "normalised"
     shared_expert: bool = False  # a shared expert (a dense FFN of n_ff_shexp) beside the routed ones, added
+    windows: bool = False  # sliding-window layers attend to a cache of their own (llama-kv-cache-iswa.cpp)
+    k_before_v: bool = False  # the graph reaches K before V (else V, then K)
+    # every layer runs all the tokens; the output rows are taken after the last, whose whole output is kept as a
+    # graph output (llm_graph_result t_h_nextn: never freed)
+    rows_at_end: bool = False
 
 
 # Architectures whose reserve graph is written out here, each checked against llama.cpp's dry run.
@@ -65,12 +74,19 @@ RECIPES: dict[str, Recipe] = {
     "lfm2": Recipe(qk_norm="heads", residual_first=True),
     # Llama 4: chunked attention on three layers of four, the fourth without RoPE; routed and shared experts
     # (src/models/llama4.cpp; _Llama4Graph)
-    "llama4": Recipe(shared_expert=True),  # its own attention and experts: _Llama4Graph
+    "llama4": Recipe(shared_expert=True, windows=True),  # its own attention and experts: _Llama4Graph
     # GLM-4.5: dense lead layers, sigmoid routing with a selection bias, one shared expert; per-head Q/K norms in
     # the 355B model only (src/models/glm4-moe.cpp)
     "glm4moe": Recipe(
-        qk_norm="heads", qk_norm_optional=True, gating="sigmoid", header_expert_weights=True, shared_expert=True
+        qk_norm="heads", qk_norm_optional=True, gating="sigmoid", expert_weights="header", shared_expert=True
     ),
+    # gpt-oss: a 128-token window on every other layer, attention sinks (an input of the attention, no op of
+    # their own), biases everywhere (added in place), the top 4 of the router's logits soft-maxed
+    # (src/models/openai-moe.cpp)
+    "gpt-oss": Recipe(gating="softmax_weight", expert_weights="plain", windows=True, k_before_v=True, rows_at_end=True),
+    # Granite 4.0 H: Mamba-2 layers between a few attention layers (without RoPE where the file says so), routed
+    # experts and a shared one on every layer (src/models/granite-hybrid.cpp; _Mamba2Graph)
+    "granitehybrid": Recipe(shared_expert=True),
 }
 
 
@@ -81,8 +97,8 @@ def supported(shape: LlmShape) -> bool:
     return (
         shape.arch in RECIPES
         and shape.causal
-        and (not any(shape.swa_layers) or llama4)
-        and (not recurrent or (shape.arch == "lfm2" and shape.recurrent_kind == "shortconv" and not shape.n_expert))
+        and (not any(shape.swa_layers) or RECIPES[shape.arch].windows)
+        and (not recurrent or _recurrent_replayed(shape))
         and shape.n_expert_used <= shape.n_expert <= MAX_EXPERTS  # what llama.cpp loads (a file may claim more)
         and (shape.n_expert_used > 0 or not llama4)
         and not shape.mla
@@ -92,6 +108,17 @@ def supported(shape: LlmShape) -> bool:
         and not shape.resident_width
         and all(shape.has_kv(i) or recurrent for i in range(shape.n_layer_main))
     )
+
+
+def _recurrent_replayed(shape: LlmShape) -> bool:
+    """The hybrids whose recurrent layers are written out: LFM2's short convolutions (dense FFN), Granite 4.0 H's
+    Mamba-2 mixers."""
+    if shape.arch == "lfm2":
+        return shape.recurrent_kind == "shortconv" and not shape.n_expert
+    if shape.arch == "granitehybrid" and len(shape.ssm_dims) == 5:
+        d_conv, d_inner, d_state, n_group, n_head = shape.ssm_dims
+        return min(shape.ssm_dims) > 0 and d_inner % n_head == 0 and d_inner % n_group == 0
+    return False
 
 
 @lru_cache(maxsize=256)
@@ -105,10 +132,12 @@ def reserve_buffer(
     flash_attn: bool,
     rotated: bool,
     n_kv_swa: int = 0,
+    n_seqs: int = 1,
     whole_depth: bool = False,
 ) -> int:
     """Bytes of llama.cpp's compute buffer (without the output buffer) for this shape's reserve graph: `n_kv` cells
-    a stream (`n_kv_swa` in a sliding-window layer's cache), a mask of `mask_row` bytes a cell. `rotated`: a
+    a stream (`n_kv_swa` in a sliding-window layer's cache), a mask of `mask_row` bytes a cell, `n_seqs` sequences in
+    the reserve batch (a recurrent layer reads and writes a state for each). `rotated`: a
     quantized cache, into which llama.cpp writes K and V turned by a Hadamard matrix (llama-kv-cache.cpp
     attn_rot_k / attn_rot_v, where the head size is a multiple of 64). Where every layer is alike, the free blocks
     a layer leaves repeat every two layers after the first few, so four or five layers (as many as the model's
@@ -116,7 +145,7 @@ def reserve_buffer(
     layers repeat every four, so eight to eleven of its last layers are replayed. Dense lead layers (GLM-4.5) are
     all replayed before them. Checked against `whole_depth` on every preset and hundreds of random shapes
     (tests/estimate/test_allocator.py)."""
-    caches = _Caches(n_kv, n_kv_swa or n_kv, mask_row)
+    caches = _Caches(n_kv, n_kv_swa or n_kv, mask_row, max(1, min(n_seqs, n_ubatch)))
     last = shape.n_layer_main
     lead = min(shape.n_layer_dense_lead, last) if shape.n_expert else 0  # the dense lead layers: all replayed
     tail, period = last - lead, 4 if shape.arch == "llama4" else 2  # the rest: alike, `period` by `period`
@@ -125,6 +154,8 @@ def reserve_buffer(
     replayed = (*range(lead), *range(last - tail, last))
     if shape.recurrent_kind == "shortconv":  # layers of two kinds, in the model's own pattern: all of them
         graph: _Graph = _ShortConvGraph(shape, n_ubatch, flash_attn=flash_attn)
+    elif shape.arch == "granitehybrid":
+        graph = _Mamba2Graph(shape, n_ubatch, flash_attn=flash_attn)
     elif shape.arch == "llama4":
         graph = _Llama4Graph(shape, n_ubatch, flash_attn=flash_attn, replayed=replayed)
     else:
@@ -135,12 +166,14 @@ def reserve_buffer(
 
 @dataclass(frozen=True)
 class _Caches:
-    """The cells a stream of each KV cache holds (a sliding-window layer's own, where there is one), and the bytes
-    a cell takes in an attention mask (the reserve batch's rows, f16 with flash attention, else f32)."""
+    """The cells a stream of each KV cache holds (a sliding-window layer's own, where there is one), the bytes a
+    cell takes in an attention mask (the reserve batch's rows, f16 with flash attention, else f32), and the reserve
+    batch's sequences."""
 
     n_kv: int
     n_kv_swa: int
     mask_row: int
+    seqs: int = 1  # the reserve batch's sequences (llama.cpp: n_seq_max): one recurrent state each
 
 
 def _rotation(head: int, *, widest: bool) -> int:
@@ -186,6 +219,7 @@ class _Graph:
     def __init__(self, shape: LlmShape, n_ubatch: int, *, flash_attn: bool, replayed: tuple[int, ...] = ()) -> None:
         self.shape, self.recipe, self.n_ub, self.flash_attn = shape, RECIPES[shape.arch], n_ubatch, flash_attn
         self.replayed = replayed or tuple(range(shape.n_layer_main))  # the layers replayed, by index
+        self.extra_inputs: list[Tensor] = []  # inputs an architecture adds (Llama 4's attention scale)
         self.leaves: list[Tensor] = []
         self.nodes: list[Tensor] = []
         self.weight = Tensor(0, external=True)  # every weight: in the model's buffer
@@ -230,9 +264,18 @@ class _Graph:
         )  # fmt: skip
 
     def build(self, caches: _Caches, n_out: int, *, rotated: bool) -> None:
+        """The inputs (a sliding-window cache's own where layers slide), the layers; then the inputs in the order
+        the graph first reaches them (the token ids and the embeddings input first)."""
         inputs = self.inputs(n_out, caches, rotated=rotated)
-        self.leaves = [inputs.tokens, inputs.embd, *inputs.attention(), inputs.out_ids]
+        windowed = any(self.shape.swa_layers)
+        self.window = self.kv(caches.n_kv_swa, caches.mask_row, rotated=rotated) if windowed else inputs.kv
         self.layers(inputs, n_out)
+        known = {id(t) for t in (*inputs.attention(), *self.extra_inputs, *self.window.leaves(), inputs.out_ids)}
+        reached: list[Tensor] = []
+        for src in (src for node in self.nodes for src in node.sources):
+            if id(src) in known and src not in reached:
+                reached.append(src)
+        self.leaves = [inputs.tokens, inputs.embd, *reached]
 
     def layers(self, inputs: _Inputs, n_out: int) -> None:
         """The token embeddings' rows, the replayed layers (each at its own index; the model's last among them),
@@ -243,16 +286,23 @@ class _Graph:
         for layer in self.replayed:
             out = self.op(e * n_ub * F32, self.weight, self.attend_layer(layer, self.norm(x), inputs))
             residual, rows = x, n_ub
-            if layer == last - 1:  # only the output rows go on
+            if layer == last - 1 and not self.recipe.rows_at_end:  # only the output rows go on
                 rows = n_out
                 out, residual = self.op(e * rows * F32, out, out_ids), self.op(e * rows * F32, x, out_ids)
             ffn_in = self.op(e * rows * F32, out, residual, inplace=True)
             x = self.op(e * rows * F32, self.ffn(layer, self.norm(ffn_in), rows), ffn_in, inplace=True)
+        if self.recipe.rows_at_end:  # the last layer's output for every token is a graph output (t_h_nextn)
+            x.output = True
+            x = self.op(e * n_out * F32, x, out_ids)
         logits = self.op(shape.n_vocab * n_out * F32, self.weight, self.norm(x))
         logits.output = True
 
     def attend_layer(self, layer: int, h: Tensor, inputs: _Inputs) -> Tensor:
-        return self.attend(h, inputs)
+        return self.attend(h, inputs.pos, self.cache_of(layer, inputs))
+
+    def cache_of(self, layer: int, inputs: _Inputs) -> _Kv:
+        """The cache a layer attends to: the window's on a sliding-window layer, else the whole one."""
+        return self.window if self.shape.swa_layers and self.shape.swa_layers[layer] else inputs.kv
 
     def ffn(self, layer: int, h: Tensor, rows: int) -> Tensor:
         """The layer's dense FFN, or its routed experts (reached first) and the shared expert beside them, added."""
@@ -274,16 +324,30 @@ class _Graph:
             x = self.norm(x)
         return x
 
-    def attend(self, h: Tensor, inputs: _Inputs) -> Tensor:
-        """The attention of a normed input, up to its output projection: Q, V, K, the cache writes, attention."""
-        shape, n_ub, kv = self.shape, self.n_ub, inputs.kv
+    def attend(self, h: Tensor, pos: Tensor, kv: _Kv) -> Tensor:
+        """The attention of a normed input, up to its output projection: Q, V, K (or Q, K, V), the cache writes,
+        attention."""
+        shape, n_ub = self.shape, self.n_ub
         k_turn, v_turn = kv.turns
         kv_heads = max(shape.n_head_kv)
         q = self.projection(h, shape.n_head * shape.head_dim_k, normed=True)
-        q = self.turn(self.op(q.size, q, inputs.pos, inplace=True), k_turn)  # RoPE: a new tensor when q is a view
-        v = self.turn(self.view(self.op(kv_heads * shape.head_dim_v * n_ub * F32, self.weight, h)), v_turn)
-        k = self.projection(h, kv_heads * shape.head_dim_k, normed=True)
-        k = self.turn(self.op(k.size, k, inputs.pos, inplace=True), k_turn)
+        if not shape.no_rope:
+            q = self.op(q.size, q, pos, inplace=True)  # RoPE: a new tensor when q is a view
+        q = self.turn(q, k_turn)
+
+        def make_k() -> Tensor:
+            k = self.projection(h, kv_heads * shape.head_dim_k, normed=True)
+            return self.turn(k if shape.no_rope else self.op(k.size, k, pos, inplace=True), k_turn)
+
+        def make_v() -> Tensor:
+            return self.turn(self.view(self.op(kv_heads * shape.head_dim_v * n_ub * F32, self.weight, h)), v_turn)
+
+        if self.recipe.k_before_v:
+            k = make_k()
+            v = make_v()
+        else:
+            v = make_v()
+            k = make_k()
         return self.stored_and_attended(q, k, v, kv)
 
     def stored_and_attended(self, q: Tensor, k: Tensor, v: Tensor, kv: _Kv) -> Tensor:
@@ -316,8 +380,10 @@ class _Graph:
             chosen = self.op(n_exp * rows * F32, probs, self.weight, inplace=True)
         top_k = self.view(self.op(n_exp * rows * I32, chosen))  # argsort, its first k
         weights = self.op(k * rows * F32, self.view(probs), top_k)
-        by_header = recipe.header_expert_weights
-        if shape.expert_weights_norm or not by_header:
+        if recipe.gating == "softmax_weight":  # a soft-max over the chosen ones (of a view: a new tensor)
+            weights = self.view(self.op(k * rows * F32, self.view(weights)))
+        by_header = recipe.expert_weights == "header"
+        if (by_header and shape.expert_weights_norm) or recipe.expert_weights == "normalised":
             by_row = self.view(weights)  # the chosen experts' weights divided by their sum (clamped in place)
             total = self.op(rows * F32, self.op(rows * F32, by_row), inplace=True)
             weights = self.view(self.op(k * rows * F32, by_row, total, inplace=True))
@@ -351,7 +417,7 @@ class _ShortConvGraph(_Graph):
     def build(self, caches: _Caches, n_out: int, *, rotated: bool) -> None:
         shape, n_ub = self.shape, self.n_ub
         e = shape.n_embd
-        seqs = max(1, min(n_out, n_ub))  # the reserve ubatch's sequences: one output row each
+        seqs = caches.seqs
         inputs = self.inputs(n_out, caches, rotated=rotated)
         s_copy = Tensor(seqs * I32)  # which recurrent state each sequence reads
         first_recurrent = shape.recurrent_layers.index(True)
@@ -371,7 +437,7 @@ class _ShortConvGraph(_Graph):
             if shape.recurrent_layers[layer]:
                 mixed = self.shortconv(h, state, seqs)
             else:
-                attn = self.attend(h, inputs)
+                attn = self.attend(h, inputs.pos, inputs.kv)
                 mixed = partial(self.op, e * n_ub * F32, self.weight, attn)  # its output projection, made later
             pending = self.rest(layer, x, mixed, out_ids, n_out)
         x = pending() if pending else x
@@ -423,23 +489,13 @@ class _Llama4Graph(_Graph):
     and only the last layer goes without RoPE."""
 
     def build(self, caches: _Caches, n_out: int, *, rotated: bool) -> None:
-        shape, n_ub = self.shape, self.n_ub
-        self.chunked = any(shape.swa_layers)
-        self.no_rope_every = 4 if self.chunked else shape.n_layer  # llama_hparams n_no_rope_layer_step
-        inputs = self.inputs(n_out, caches, rotated=rotated)
-        self.window = self.kv(caches.n_kv_swa, caches.mask_row, rotated=rotated) if self.chunked else inputs.kv
-        self.scale = Tensor(n_ub * F32)
-        self.layers(inputs, n_out)
-        # the inputs in the order the graph first reaches them (its nodes are in that order)
-        known = {id(t) for t in (*inputs.attention(), self.scale, *self.window.leaves(), inputs.out_ids)}
-        reached: list[Tensor] = []
-        for src in (src for node in self.nodes for src in node.sources):
-            if id(src) in known and src not in reached:
-                reached.append(src)
-        self.leaves = [inputs.tokens, inputs.embd, *reached]
+        self.no_rope_every = 4 if any(self.shape.swa_layers) else self.shape.n_layer  # n_no_rope_layer_step
+        self.scale = Tensor(self.n_ub * F32)
+        self.extra_inputs.append(self.scale)
+        super().build(caches, n_out, rotated=rotated)
 
     def attend_layer(self, layer: int, h: Tensor, inputs: _Inputs) -> Tensor:
-        kv = self.window if self.chunked and self.shape.swa_layers[layer] else inputs.kv
+        kv = self.cache_of(layer, inputs)
         roped = (layer + 1) % self.no_rope_every != 0
         return self.attend4(h, kv, inputs.pos if roped else self.scale, roped=roped)
 
@@ -479,3 +535,92 @@ class _Llama4Graph(_Graph):
         up = self.op(f * k * rows * F32, self.weight, weighted, top_k)
         down = self.op(e * k * rows * F32, self.weight, self.op(f * k * rows * F32, gate, up), top_k)
         return self.summed(down, rows)
+
+
+class _Mamba2Graph(_Graph):
+    """Granite 4.0 H's graph (src/models/granite-hybrid.cpp, mamba-base.cpp build_mamba2_layer): Mamba-2 layers
+    and attention layers, each followed by routed experts and a shared expert (or a dense FFN). The order is the
+    one llama.cpp's explicit expansions give: a Mamba-2 layer first reads its convolution state (build_rs: the
+    state's rows, the extra states' copy), which comes before the previous layer's shared expert and residual;
+    its convolution state's write pulls in its norm and in-projection, its SSM state's write the convolution
+    and the scan; the routed experts are expanded early (build_moe_ffn), the shared expert when the next layer
+    asks for the layer's output."""
+
+    def build(self, caches: _Caches, n_out: int, *, rotated: bool) -> None:
+        self.seqs = caches.seqs
+        self.s_copy = Tensor(self.seqs * I32)  # which recurrent state each sequence reads
+        self.extra_inputs.append(self.s_copy)
+        super().build(caches, n_out, rotated=rotated)
+
+    def layers(self, inputs: _Inputs, n_out: int) -> None:
+        shape, n_ub = self.shape, self.n_ub
+        e, last, out_ids = shape.n_embd, shape.n_layer_main, inputs.out_ids
+        x = self.op(e * n_ub * F32, self.weight, inputs.tokens)
+        tail: Callable[[], Tensor] | None = None  # the previous layer's shared expert and residual
+        for layer in range(last):
+            state = self.conv_state() if shape.recurrent_layers[layer] else None
+            x = tail() if tail else x
+            h = self.norm(x)
+            mixed = self.attend(h, inputs.pos, inputs.kv) if state is None else self.mamba2(h, state)
+            out, residual, rows = self.op(e * n_ub * F32, self.weight, mixed), x, n_ub
+            if layer == last - 1:  # only the output rows go on
+                rows = n_out
+                out, residual = self.op(e * rows * F32, out, out_ids), self.op(e * rows * F32, x, out_ids)
+            ffn_in = self.op(e * rows * F32, out, residual, inplace=True)
+            tail = self.ffn_tail(layer, ffn_in, rows)
+        x = tail() if tail else x
+        logits = self.op(shape.n_vocab * n_out * F32, self.weight, self.norm(x))
+        logits.output = True
+
+    def ffn_tail(self, layer: int, ffn_in: Tensor, rows: int) -> Callable[[], Tensor]:
+        """The routed experts now (build_moe_ffn expands them); the shared expert (or the dense FFN) and the
+        residual once the next layer asks for them."""
+        shape, e = self.shape, self.shape.n_embd
+        h = self.norm(ffn_in)
+        routed = self.moe(h, rows) if shape.is_moe(layer) else None
+
+        def finish() -> Tensor:
+            if routed is None:
+                out = self.dense(h, rows)
+            elif shape.n_ff_shexp:
+                out = self.op(e * rows * F32, routed, self.dense(h, rows, shape.n_ff_shexp), inplace=True)
+            else:
+                out = routed
+            return self.op(e * rows * F32, out, ffn_in, inplace=True)
+
+        return finish
+
+    def conv_state(self) -> Tensor:
+        """build_rs: the convolution state's rows for the ubatch's sequences (a view of the cache cleared in place
+        first), the extra states' copy (none)."""
+        state = self.op(self.shape.n_embd_r * self.seqs * F32, self.cache_view(), self.view(self.s_copy))
+        self.cache_view(self.op(0, self.cache_view(), self.view(self.s_copy)))
+        return state
+
+    def mamba2(self, h: Tensor, state: Tensor) -> Tensor:
+        """The in-projection (z, xBC, dt), the convolution over the state and xBC, its write into the cache, the
+        scan (its output: y, then the new SSM state, written into the cache), y + x D gated by z, the grouped
+        RMS norm: the out-projection's input."""
+        d_conv, d_inner, d_state, n_group, n_head = self.shape.ssm_dims
+        n_ub, seqs = self.n_ub, self.seqs
+        channels = d_inner + 2 * n_group * d_state
+        zxbcdt = self.op((2 * d_inner + 2 * n_group * d_state + n_head) * n_ub * F32, self.weight, h)
+        conv_x = self.op((d_conv - 1 + n_ub // seqs) * channels * seqs * F32, self.view(state), self.view(zxbcdt))
+        self.cache_view(self.view(conv_x))  # the last d_conv - 1 columns: the new convolution state
+        xbc = self.op(channels * n_ub * F32, conv_x, self.weight)  # ssm_conv
+        xbc = self.op(xbc.size, xbc, self.weight, inplace=True)  # + bias
+        xbc = self.op(xbc.size, xbc, inplace=True)  # silu
+        dt = self.op(n_head * n_ub * F32, self.view(zxbcdt))  # cont
+        dt = self.op(dt.size, dt, self.weight, inplace=True)  # + bias
+        scan = self.op(
+            (d_inner * n_ub + d_state * d_inner * seqs) * F32,
+            self.cache_view(), self.view(xbc), dt, self.weight, self.view(xbc), self.view(xbc), self.view(self.s_copy),
+        )  # fmt: skip
+        self.cache_view(self.op(0, self.cache_view(), self.view(self.s_copy)))  # the extra states' copy: none
+        self.cache_view(self.view(scan))  # the new SSM state's write
+        z = self.op(d_inner * n_ub * F32, self.view(zxbcdt))  # cont
+        xd = self.op(d_inner * n_ub * F32, self.view(xbc), self.weight)
+        y = self.op(xd.size, self.view(scan), xd, inplace=True)
+        y = self.op(y.size, z, y)  # swiglu
+        y = self.op(y.size, self.op(y.size, self.view(y)), self.weight, inplace=True)  # the grouped norm
+        return self.view(y)

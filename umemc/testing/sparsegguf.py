@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..catalog.archs import LlmPreset
+from ..catalog.archs import LlmPreset, LlmShape
 from ..catalog.quant import preset_mix, tensor_bytes
 from .tinygguf import add_vocabulary
 
@@ -59,6 +59,24 @@ def write_sparse_gguf(path: Path, preset: LlmPreset, ftype: str) -> tuple[Path, 
     return path, {name: t for name, _, t in mix}
 
 
+def _expert_keys(w: Any, s: LlmShape) -> None:
+    """The mixture-of-experts keys (a shared expert's width as a count of routed ones where the converter writes
+    it so: deepseek2, glm4moe)."""
+    w.add_expert_count(s.n_expert)
+    w.add_expert_used_count(s.n_expert_used)
+    w.add_expert_feed_forward_length(s.n_ff_exp)
+    if s.arch in ("deepseek2", "glm4moe"):
+        w.add_expert_shared_count(s.n_ff_shexp // s.n_ff_exp)
+    elif s.n_ff_shexp:
+        w.add_expert_shared_feed_forward_length(s.n_ff_shexp)
+    if s.n_layer_dense_lead:
+        w.add_leading_dense_block_count(s.n_layer_dense_lead)
+    if s.expert_weights_norm:
+        w.add_expert_weights_norm(True)
+    if s.expert_weights_scale:
+        w.add_expert_weights_scale(s.expert_weights_scale)
+
+
 def _hyperparameters(w: Any, preset: LlmPreset) -> None:
     """The keys llama.cpp's loader reads for the preset's architecture (src/models/<arch>.cpp), named as the
     converter (convert_hf_to_gguf.py) writes them."""
@@ -87,19 +105,9 @@ def _hyperparameters(w: Any, preset: LlmPreset) -> None:
     if s.sliding_window:
         w.add_sliding_window(s.sliding_window)
     if s.n_expert:
-        w.add_expert_count(s.n_expert)
-        w.add_expert_used_count(s.n_expert_used)
-        w.add_expert_feed_forward_length(s.n_ff_exp)
-        if a in ("deepseek2", "glm4moe"):
-            w.add_expert_shared_count(s.n_ff_shexp // s.n_ff_exp)
-        elif s.n_ff_shexp:
-            w.add_expert_shared_feed_forward_length(s.n_ff_shexp)
-        if s.n_layer_dense_lead:
-            w.add_leading_dense_block_count(s.n_layer_dense_lead)
-        if s.expert_weights_norm:
-            w.add_expert_weights_norm(True)
-        if s.expert_weights_scale:
-            w.add_expert_weights_scale(s.expert_weights_scale)
+        _expert_keys(w, s)
+    if s.no_rope:
+        w.add_rope_scaling_finetuned(False)
     if a == "llama4":
         w.add_uint32(f"{a}.interleave_moe_layer_step", 1)
     if s.n_layer_nextn:
