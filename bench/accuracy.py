@@ -518,6 +518,18 @@ _GRANITE_H = {"block_count": 5, "embedding_length": 4096, "feed_forward_length":
               "ssm.conv_kernel": 4, "ssm.inner_size": 8192, "ssm.state_size": 128, "ssm.time_step_rank": 128,
               "ssm.group_count": 1, "expert_count": 72, "expert_used_count": 10, "expert_feed_forward_length": 768,
               "expert_shared_feed_forward_length": 8192, "rope.scaling.finetuned": False}  # fmt: skip
+_DEEPSEEK_LITE = {"block_count": 27, "embedding_length": 2048, "feed_forward_length": 10944, "attention.head_count": 16,
+                  "attention.head_count_kv": 1, "attention.key_length": 576, "attention.value_length": 512,
+                  "attention.key_length_mla": 192, "attention.value_length_mla": 128, "attention.kv_lora_rank": 512,
+                  "rope.dimension_count": 64, "expert_count": 64, "expert_used_count": 6,
+                  "expert_feed_forward_length": 1408, "expert_shared_count": 2,
+                  "leading_dense_block_count": 1}  # fmt: skip
+_KIMI_K2 = {**_DEEPSEEK_LITE, "block_count": 4, "embedding_length": 7168, "feed_forward_length": 18432,
+            "attention.head_count": 64, "attention.q_lora_rank": 1536, "expert_count": 384, "expert_used_count": 8,
+            "expert_feed_forward_length": 2048, "expert_shared_count": 1, "expert_weights_norm": True,
+            "expert_weights_scale": 2.827, "expert_gating_func": 2, "expert_group_count": 1,
+            "expert_group_used_count": 1}  # fmt: skip
+_F32 = ("-ctk", "f32", "-ctv", "f32")
 RESERVE_SHAPES: tuple[tuple[str, str, dict[str, object], int, tuple[str, ...]], ...] = (
     ("llama-3-8b", "llama", _LLAMA3, 128256, ("-c", "8192", "-fa", "on", "-np", "1")),
     ("llama-3-8b", "llama", _LLAMA3, 128256, ("-c", "8192", "-fa", "off", "-np", "1")),
@@ -603,9 +615,30 @@ RESERVE_SHAPES: tuple[tuple[str, str, dict[str, object], int, tuple[str, ...]], 
     ),
     ("granite-4.0-h-small", "granitehybrid", {**_GRANITE_H, "rope.scaling.finetuned": True}, 100352,
      ("-c", "32768", "-fa", "on", "-np", "2", *_Q8)),
+    # DeepSeek-V2-Lite (at its 27 layers: llama.cpp knows a Lite model, without a Q LoRA, by its depth): latent
+    # attention without a Q LoRA, a dense first layer, 64 experts (6 used, soft-max, not
+    # normalised) and two shared; then Kimi K2's widths: a Q LoRA, 384 experts under a sigmoid with a selection bias,
+    # normalised and scaled; an f32 cache, which flash attention reads cast to f16
+    *(
+        ("deepseek-v2-lite", "deepseek2", _DEEPSEEK_LITE, 102400, flags)
+        for flags in (
+            ("-c", "8192", "-fa", "on", "-np", "1"),
+            ("-c", "16384", "-fa", "off", "-np", "2"),
+            ("-c", "32768", "-fa", "on", "-np", "4", *_Q8),
+        )
+    ),
+    *(
+        ("kimi-k2", "deepseek2", _KIMI_K2, 163840, flags)
+        for flags in (("-c", "8192", "-fa", "on", "-np", "1"), ("-c", "8192", "-fa", "on", "-np", "1", *_F32))
+    ),
+    ("gpt-oss-20b", "gpt-oss", _GPT_OSS, 201088, ("-c", "8192", "-fa", "on", "-np", "2", *_F32)),
 )  # fmt: skip
 # tensors a row's file has beyond what llama.cpp requires (optional ones it uses where they are)
-_RESERVE_TENSORS = {"glm-4.5": ("blk.N.attn_q_norm.weight", "blk.N.attn_k_norm.weight")}
+_RESERVE_TENSORS = {
+    "glm-4.5": ("blk.N.attn_q_norm.weight", "blk.N.attn_k_norm.weight"),
+    "kimi-k2": ("blk.N.exp_probs_b.bias",),  # the header reader sees the selection bias by its tensors
+}
+_RESERVE_WITHOUT = {"deepseek-v2-lite": "blk.N.exp_probs_b.bias"}  # an optional tensor the model has not
 
 
 def record_graphs(py: str, tmp: Path) -> None:
@@ -623,6 +656,7 @@ def record_graphs(py: str, tmp: Path) -> None:
         extra = _RESERVE_TENSORS.get(name, ())
         optional = ("output.weight", "blk.N.exp_probs_b.bias", "blk.N.ffn_gate_exps.weight", "blk.N.attn_q.bias",
                     "blk.N.attn_k.bias", "blk.N.attn_v.bias", "blk.N.ssm_conv1d.bias", *extra)  # fmt: skip
+        optional = tuple(t for t in optional if t != _RESERVE_WITHOUT.get(name))
         spec = ArchSpec(name, arch, all_keys, n_vocab, "bench/accuracy.py RESERVE_SHAPES", optional=optional)
         tensors = discover(spec, tmp, py)
         path = write_discovered(tmp / f"{name}.gguf", spec, tensors, "Q4_K_M")

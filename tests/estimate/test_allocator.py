@@ -204,7 +204,37 @@ def test_a_few_layers_place_the_tensors_as_the_whole_depth_does() -> None:
                 n_ff_exp=rng.choice([512, 2880]),
             )  # fmt: skip
         )
-    assert len(shapes) > 230
+    for _ in range(30):  # DeepSeek's latent attention: with and without a Q LoRA, dense lead layers, shared experts
+        depth = rng.randint(6, 40)
+        kv_lora, rope = rng.choice([256, 512]), 64
+        shapes.append(
+            LlmShape(
+                "deepseek2",
+                depth,
+                rng.choice([2048, 7168]),
+                rng.choice([10944, 18432]),
+                rng.choice([16, 64]),
+                (1,) * depth,
+                kv_lora + rope,
+                kv_lora,
+                163840,
+                131072,
+                n_expert=rng.choice([64, 384]),
+                n_expert_used=rng.choice([6, 8]),
+                n_ff_exp=rng.choice([1408, 2048]),
+                n_ff_shexp=rng.choice([1408, 2816]),
+                n_layer_dense_lead=rng.choice([1, 3]),
+                n_layer_nextn=rng.choice([0, 1]),
+                mla=True,
+                head_dim_v_mla=128,
+                mla_dims=(rng.choice([0, 1536]), kv_lora, rope, 192),
+                expert_gating=rng.choice([0, 1, 2]),
+                expert_bias=rng.random() < 0.5,
+                expert_weights_norm=rng.random() < 0.5,
+                expert_weights_scale=rng.choice([0.0, 2.5]),
+            )  # fmt: skip
+        )
+    assert len(shapes) > 260
     for shape in shapes:
         fa = rng.random() < 0.7
         ctx, ubatch, seqs = rng.choice([512, 8192]), rng.choice([256, 512]), rng.choice([1, 4])
@@ -227,3 +257,46 @@ def test_a_file_claiming_more_experts_than_llama_cpp_loads_is_not_replayed() -> 
     assert graphs.supported(plain)
     assert not graphs.supported(plain._replace(n_expert=2_000_000_000, n_expert_used=1_000_000_000))
     assert not graphs.supported(plain._replace(n_expert_used=256))  # more chosen than there are
+
+
+def test_what_the_deepseek_graph_does_not_write_out_is_not_replayed() -> None:
+    # DeepSeek V3's expert groups, a query temperature input, a router llama.cpp names but the graph does not write
+    # out, and a file from before latent attention: each falls back to the formula
+    from umemc.catalog.archs import LLM_PRESETS
+    from umemc.estimate import graphs
+
+    lite = LLM_PRESETS["deepseek-v2-lite"].shape
+    assert graphs.supported(lite)
+    assert not graphs.supported(lite._replace(expert_groups=8))
+    assert not graphs.supported(lite._replace(attn_temp_scale=True))
+    assert not graphs.supported(lite._replace(expert_gating=4))  # sqrt(softplus)
+    assert not graphs.supported(lite._replace(mla=False, mla_dims=()))
+
+
+def test_the_header_says_how_deepseek_routes_and_projects(tmp_path: Path) -> None:
+    # DeepSeek V3's header (its keys as the converter writes them): read, and the groups keep it off the replay
+    from umemc.estimate import graphs
+    from umemc.estimate.gguf_file import read as read_gguf
+
+    keys = {"context_length": 163840, "block_count": 61, "embedding_length": 7168, "feed_forward_length": 18432,
+            "attention.head_count": 128, "attention.head_count_kv": 1, "attention.key_length": 576,
+            "attention.value_length": 512, "attention.key_length_mla": 192, "attention.value_length_mla": 128,
+            "attention.kv_lora_rank": 512, "attention.q_lora_rank": 1536, "rope.dimension_count": 64,
+            "expert_count": 256, "expert_used_count": 8, "expert_feed_forward_length": 2048,
+            "expert_shared_count": 1, "leading_dense_block_count": 3, "expert_weights_norm": True,
+            "expert_weights_scale": 2.5, "expert_gating_func": 2, "expert_group_count": 8,
+            "expert_group_used_count": 4, "nextn_predict_layers": 1}  # fmt: skip
+    spec = ArchSpec("deepseek-v3", "deepseek2", keys, 129280, "a test")
+    bias = {f"blk.{i}.exp_probs_b.bias": (256,) for i in range(3, 61)}
+    write_discovered(tmp_path / "m.gguf", spec, {"token_embd.weight": (7168, 129280), **bias}, "F32")
+    shape = read_gguf(tmp_path / "m.gguf").shape
+    assert shape is not None
+    assert (shape.mla_dims, shape.expert_gating, shape.expert_groups, shape.expert_bias) == (
+        (1536, 512, 64, 192),
+        2,
+        8,
+        True,
+    )
+    assert (shape.expert_weights_norm, shape.expert_weights_scale, shape.head_dim_v_mla) == (True, 2.5, 128)
+    assert not graphs.supported(shape)
+    assert graphs.supported(shape._replace(expert_groups=1))  # Kimi K2's router: one group

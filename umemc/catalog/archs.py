@@ -61,6 +61,14 @@ class LlmShape(NamedTuple):
     expert_weights_norm: bool = False
     expert_weights_scale: float = 0.0
     no_rope: bool = False  # attention without RoPE (Granite: rope.scaling.finetuned = false, as for Granite 4.0 H)
+    # MLA's projections (q_lora_rank, 0 without a Q LoRA; kv_lora_rank; the RoPE'd dims; key_length_mla)
+    mla_dims: tuple[int, ...] = ()
+    # the router as the header says, where llama.cpp reads it (deepseek2): llama_expert_gating_func_type (0: the
+    # file says nothing), expert groups (DeepSeek V3 picks experts from the best groups), a selection bias tensor
+    expert_gating: int = 0
+    expert_groups: int = 0
+    expert_bias: bool = False
+    attn_temp_scale: bool = False  # queries scaled by a per-token input (attention.temperature_scale)
 
     @property
     def n_gqa(self) -> int:
@@ -379,7 +387,8 @@ def llm_preset(
     mla = kw.get("mla")
     if isinstance(mla, MlaShape):  # the GGUF's view: one latent KV head of kv_lora_rank + rope, no V
         hd_k, hd_v, n_kv = mla.kv_lora_rank + mla.qk_rope, mla.kv_lora_rank, (1,) * layers
-        extra.update(mla=True, head_dim_v_mla=mla.v_head)
+        dims = (mla.q_lora_rank, mla.kv_lora_rank, mla.qk_rope, mla.qk_nope + mla.qk_rope)
+        extra.update(mla=True, head_dim_v_mla=mla.v_head, mla_dims=dims)
     ssm = kw.get("ssm")
     if isinstance(ssm, SsmShape):
         recurrent = tuple(i not in attention_layers for i in range(layers))

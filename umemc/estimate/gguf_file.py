@@ -332,12 +332,25 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
         qk_norm=any(name.endswith(".attn_q_norm.weight") for name in tensors),
         # Granite reads rope.scaling.finetuned as its switch for RoPE (src/models/granite*.cpp); Granite 4.0 H: off
         no_rope=arch in _ROPE_SWITCH and key("rope.scaling.finetuned", True) is False,
+        mla_dims=_mla_dims(key, tensors),
+        attn_temp_scale=bool(key("attention.temperature_scale", 0)),
         **moe,
         **recurrent,
     )
 
 
 _ROPE_SWITCH = frozenset({"granite", "granitemoe", "granitehybrid"})
+
+
+def _mla_dims(key: Any, tensors: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
+    """MLA's projections (src/models/deepseek2.cpp): the Q LoRA's rank (0 where the file projects Q directly, as
+    the Lite models do), the KV LoRA's, the RoPE'd dims, the key length."""
+    k_mla = key("attention.key_length_mla")
+    if k_mla is None:
+        return ()
+    direct = any(name.endswith(".attn_q.weight") for name in tensors)
+    q_lora = 0 if direct else int(key("attention.q_lora_rank", 0) or 0)
+    return (q_lora, int(key("attention.kv_lora_rank", 0) or 0), int(key("rope.dimension_count", 0) or 0), int(k_mla))
 
 
 def _windows(key: Any, arch: str, n_layer: int) -> tuple[int, tuple[bool, ...], tuple[str, ...]]:
@@ -386,6 +399,9 @@ def _experts(key: Any, arch: str, n_layer: int, tensors: dict[str, tuple[int, ..
         "moe_every": max(0, int(key("interleave_moe_layer_step", 1))),
         "expert_weights_norm": bool(key("expert_weights_norm", False)),
         "expert_weights_scale": float(key("expert_weights_scale", 0.0) or 0.0),
+        "expert_gating": int(key("expert_gating_func", 0) or 0),
+        "expert_groups": int(key("expert_group_count", 0) or 0),
+        "expert_bias": any(name.endswith(".exp_probs_b.bias") for name in tensors),
     }
 
 

@@ -47,7 +47,8 @@ class Recipe:
 
     qk_norm: str = ""  # "": none; "flat": on the whole projection (in place); "heads": per head, on a view
     # the router: "softmax" (probabilities), "sigmoid" (with a selection bias), "softmax_weight" (the top k taken
-    # on the logits, a soft-max over the chosen ones' weights)
+    # on the logits, a soft-max over the chosen ones' weights), "header" (expert_gating_func; a selection bias
+    # where the file has exp_probs_b tensors)
     gating: str = "softmax"
     residual_first: bool = False  # the residual add takes the layer's input first (written in place into it)
     qk_norm_optional: bool = False  # the Q/K norms are there only where the file has them (LlmShape.qk_norm)
@@ -87,7 +88,22 @@ RECIPES: dict[str, Recipe] = {
     # Granite 4.0 H: Mamba-2 layers between a few attention layers (without RoPE where the file says so), routed
     # experts and a shared one on every layer (src/models/granite-hybrid.cpp; _Mamba2Graph)
     "granitehybrid": Recipe(shared_expert=True),
+    # DeepSeek V2 / V3 and their kin: multi-head latent attention (Q absorbed into the latent, one K row a token, V
+    # read from K and projected after the attention), dense lead layers, the router and the weights as the header
+    # says, shared experts (src/models/deepseek2.cpp; _Graph.attend_mla)
+    "deepseek2": Recipe(gating="header", expert_weights="header", shared_expert=True),
 }
+_GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}  # llama_expert_gating_func_type
+
+
+def _gating(shape: LlmShape) -> str:
+    """The router's gating: the recipe's, else the header's (deepseek2: soft-max where the file says nothing, but
+    for GLM 4.7 Lite's shape, sigmoid), "" where the graph does not know it."""
+    recipe = RECIPES[shape.arch]
+    if recipe.gating != "header":
+        return recipe.gating
+    code = shape.expert_gating or (2 if shape.n_layer_main in (47, 48) and shape.n_vocab == 154880 else 1)
+    return _GATING.get(code, "")
 
 
 def supported(shape: LlmShape) -> bool:
@@ -101,9 +117,13 @@ def supported(shape: LlmShape) -> bool:
         and (not recurrent or _recurrent_replayed(shape))
         and shape.n_expert_used <= shape.n_expert <= MAX_EXPERTS  # what llama.cpp loads (a file may claim more)
         and (shape.n_expert_used > 0 or not llama4)
-        and not shape.mla
+        and (not shape.mla or (shape.arch == "deepseek2" and len(shape.mla_dims) == 4 and min(shape.mla_dims[1:]) > 0))
+        and (shape.mla or shape.arch != "deepseek2")  # a file from before MLA (attn_kv_b): not written out
+        and (not shape.n_expert or bool(_gating(shape)))
+        and shape.expert_groups <= 1  # DeepSeek V3's group selection: not written out
+        and not shape.attn_temp_scale
         and (not shape.n_ff_shexp or RECIPES[shape.arch].shared_expert)
-        and (not shape.n_layer_dense_lead or shape.arch == "glm4moe")
+        and (not shape.n_layer_dense_lead or shape.arch in ("glm4moe", "deepseek2"))
         and (shape.moe_every == 1 or llama4)
         and not shape.resident_width
         and all(shape.has_kv(i) or recurrent for i in range(shape.n_layer_main))
@@ -133,11 +153,13 @@ def reserve_buffer(
     rotated: bool,
     n_kv_swa: int = 0,
     n_seqs: int = 1,
+    kv_bytes: int = 2,
     whole_depth: bool = False,
 ) -> int:
     """Bytes of llama.cpp's compute buffer (without the output buffer) for this shape's reserve graph: `n_kv` cells
     a stream (`n_kv_swa` in a sliding-window layer's cache), a mask of `mask_row` bytes a cell, `n_seqs` sequences in
-    the reserve batch (a recurrent layer reads and writes a state for each). `rotated`: a
+    the reserve batch (a recurrent layer reads and writes a state for each), `kv_bytes` an element of an unquantized
+    cache (MLA copies V out of it without flash attention). `rotated`: a
     quantized cache, into which llama.cpp writes K and V turned by a Hadamard matrix (llama-kv-cache.cpp
     attn_rot_k / attn_rot_v, where the head size is a multiple of 64). Where every layer is alike, the free blocks
     a layer leaves repeat every two layers after the first few, so four or five layers (as many as the model's
@@ -145,7 +167,7 @@ def reserve_buffer(
     layers repeat every four, so eight to eleven of its last layers are replayed. Dense lead layers (GLM-4.5) are
     all replayed before them. Checked against `whole_depth` on every preset and hundreds of random shapes
     (tests/estimate/test_allocator.py)."""
-    caches = _Caches(n_kv, n_kv_swa or n_kv, mask_row, max(1, min(n_seqs, n_ubatch)))
+    caches = _Caches(n_kv, n_kv_swa or n_kv, mask_row, max(1, min(n_seqs, n_ubatch)), kv_bytes)
     last = shape.n_layer_main
     lead = min(shape.n_layer_dense_lead, last) if shape.n_expert else 0  # the dense lead layers: all replayed
     tail, period = last - lead, 4 if shape.arch == "llama4" else 2  # the rest: alike, `period` by `period`
@@ -174,6 +196,7 @@ class _Caches:
     n_kv_swa: int
     mask_row: int
     seqs: int = 1  # the reserve batch's sequences (llama.cpp: n_seq_max): one recurrent state each
+    kv_bytes: int = 2  # an element of an unquantized cache (f16, bf16: 2; f32: 4)
 
 
 def _rotation(head: int, *, widest: bool) -> int:
@@ -266,6 +289,7 @@ class _Graph:
     def build(self, caches: _Caches, n_out: int, *, rotated: bool) -> None:
         """The inputs (a sliding-window cache's own where layers slide), the layers; then the inputs in the order
         the graph first reaches them (the token ids and the embeddings input first)."""
+        self.caches = caches
         inputs = self.inputs(n_out, caches, rotated=rotated)
         windowed = any(self.shape.swa_layers)
         self.window = self.kv(caches.n_kv_swa, caches.mask_row, rotated=rotated) if windowed else inputs.kv
@@ -298,7 +322,44 @@ class _Graph:
         logits.output = True
 
     def attend_layer(self, layer: int, h: Tensor, inputs: _Inputs) -> Tensor:
+        if self.shape.mla:
+            return self.attend_mla(h, inputs.pos, inputs.kv)
         return self.attend(h, inputs.pos, self.cache_of(layer, inputs))
+
+    def attend_mla(self, h: Tensor, pos: Tensor, kv: _Kv) -> Tensor:
+        """Multi-head latent attention with the absorption (deepseek2.cpp, is_mla): Q (through its LoRA and norm
+        where there is one), its no-RoPE part multiplied into the latent space, its RoPE part turned, the two
+        joined; the compressed KV row, its latent part normed, its RoPE part turned, the two joined and written
+        into the cache (K only: V is a view of it); the attention, whose output (latent wide) V's projection
+        brings to the value heads, made contiguous for the output projection."""
+        shape, n_ub = self.shape, self.n_ub
+        q_lora, kv_lora, rope, k_mla = shape.mla_dims
+        heads, v_mla = shape.n_head, shape.head_dim_v_mla
+        if q_lora:
+            q_a = self.op(q_lora * n_ub * F32, self.weight, h)
+            h_q = self.op(q_a.size, self.op(q_a.size, q_a, inplace=True), self.weight, inplace=True)
+        else:
+            h_q = h
+        q = self.view(self.op(heads * k_mla * n_ub * F32, self.weight, h_q))
+        absorbed = self.op(kv_lora * heads * n_ub * F32, self.weight, self.view(q))
+        q_pe = self.op(rope * heads * n_ub * F32, self.view(q), pos, inplace=True)  # of a view: a new tensor
+        q_cat = self.op((kv_lora + rope) * heads * n_ub * F32, self.view(absorbed), q_pe)
+        kv_pe = self.op((kv_lora + rope) * n_ub * F32, self.weight, h)
+        kv_c = self.op(kv_lora * n_ub * F32, self.view(kv_pe), inplace=True)  # the norm, of a view
+        kv_c = self.op(kv_c.size, kv_c, self.weight, inplace=True)
+        k_pe = self.op(rope * n_ub * F32, self.view(kv_pe), pos, inplace=True)
+        k_cat = self.op((kv_lora + rope) * n_ub * F32, self.view(kv_c), k_pe)
+        self.cache_view(self.view(k_cat), kv.k_idxs)
+        if self.flash_attn:  # V: the cache's latent part, read as a view of K
+            k_all, v_all = self.cached(kv, kv_lora + rope), self.cached(kv, kv_lora)
+            latent = self.op(kv_lora * heads * n_ub * F32, self.view(q_cat), k_all, v_all, kv.mask)
+        else:
+            v = self.op(kv_lora * kv.n_kv * self.caches.seqs * self.caches.kv_bytes, self.cache_view())  # cont
+            scores = self.op(kv.n_kv * heads * n_ub * F32, self.cache_view(), self.view(q_cat))
+            probs = self.op(scores.size, scores, kv.mask, inplace=True)
+            latent = self.op(kv_lora * heads * n_ub * F32, v, probs)
+        out = self.op(v_mla * heads * n_ub * F32, self.weight, self.view(latent))
+        return self.view(self.op(out.size, self.view(out)))  # the permuted product made contiguous
 
     def cache_of(self, layer: int, inputs: _Inputs) -> _Kv:
         """The cache a layer attends to: the window's on a sliding-window layer, else the whole one."""
@@ -357,12 +418,21 @@ class _Graph:
         self.cache_view(self.view(v), kv.v_idxs)
         width = shape.n_head * shape.head_dim_v
         if self.flash_attn:
-            fa = self.op(width * n_ub * F32, self.view(q), self.cache_view(), self.cache_view(), kv.mask)
+            kv_heads = max(shape.n_head_kv)
+            k_all, v_all = self.cached(kv, kv_heads * shape.head_dim_k), self.cached(kv, kv_heads * shape.head_dim_v)
+            fa = self.op(width * n_ub * F32, self.view(q), k_all, v_all, kv.mask)
             return self.turn(self.view(fa), kv.turns[1])
         scores = self.op(kv.n_kv * shape.n_head * n_ub * F32, self.cache_view(), self.view(q))
         probs = self.op(scores.size, scores, kv.mask, inplace=True)  # soft-max with the mask, in place
         kqv = self.op(width * n_ub * F32, self.cache_view(), probs)
         return self.op(kqv.size, self.view(kqv))  # the permuted product made contiguous
+
+    def cached(self, kv: _Kv, row: int) -> Tensor:
+        """K or V as flash attention reads it: a view of the cache, cast to f16 from an f32 cache (build_attn_mha)
+        -- every stream's cells, `row` floats a cell."""
+        if self.caches.kv_bytes != 4:
+            return self.cache_view()
+        return self.op(row * kv.n_kv * self.caches.seqs * 2, self.cache_view())
 
     def dense(self, h: Tensor, rows: int, width: int = 0) -> Tensor:
         """build_ffn: gate, up, SwiGLU, down (`width`: the FFN's, else the model's n_ff)."""
@@ -374,13 +444,15 @@ class _Graph:
         """llama-graph.cpp build_moe_ffn for a SwiGLU expert FFN with separate gate and up projections."""
         shape, recipe = self.shape, self.recipe
         k, n_exp, e, f = shape.n_expert_used, shape.n_expert, shape.n_embd, shape.n_ff_exp
+        gating = _gating(shape)
         probs = self.op(n_exp * rows * F32, self.op(n_exp * rows * F32, self.weight, h), inplace=True)
         chosen = probs
-        if recipe.gating == "sigmoid":  # with the selection bias, added beside the probabilities
+        # the selection bias, added beside the probabilities: sigmoid routers' (or the file's, by the header)
+        if shape.expert_bias if recipe.gating == "header" else gating == "sigmoid":
             chosen = self.op(n_exp * rows * F32, probs, self.weight, inplace=True)
         top_k = self.view(self.op(n_exp * rows * I32, chosen))  # argsort, its first k
         weights = self.op(k * rows * F32, self.view(probs), top_k)
-        if recipe.gating == "softmax_weight":  # a soft-max over the chosen ones (of a view: a new tensor)
+        if gating == "softmax_weight":  # a soft-max over the chosen ones (of a view: a new tensor)
             weights = self.view(self.op(k * rows * F32, self.view(weights)))
         by_header = recipe.expert_weights == "header"
         if (by_header and shape.expert_weights_norm) or recipe.expert_weights == "normalised":
@@ -417,7 +489,7 @@ class _ShortConvGraph(_Graph):
     def build(self, caches: _Caches, n_out: int, *, rotated: bool) -> None:
         shape, n_ub = self.shape, self.n_ub
         e = shape.n_embd
-        seqs = caches.seqs
+        seqs, self.caches = caches.seqs, caches
         inputs = self.inputs(n_out, caches, rotated=rotated)
         s_copy = Tensor(seqs * I32)  # which recurrent state each sequence reads
         first_recurrent = shape.recurrent_layers.index(True)

@@ -246,7 +246,16 @@ def compute_figure(
     quantized = quantized_kv(kv_type)
     if graphs.supported(shape):
         replayed = graphs.reserve_buffer(
-            shape, n_kv, n_ub, n_out, mask_row, flash_attn=flash_attn, rotated=quantized, n_kv_swa=n_swa, n_seqs=streams
+            shape,
+            n_kv,
+            n_ub,
+            n_out,
+            mask_row,
+            flash_attn=flash_attn,
+            rotated=quantized,
+            n_kv_swa=n_swa,
+            n_seqs=streams,
+            kv_bytes=4 if kv_type == "f32" else 2,
         )
         graph = Figure(
             "compute buffer",
