@@ -530,6 +530,12 @@ _KIMI_K2 = {**_DEEPSEEK_LITE, "block_count": 4, "embedding_length": 7168, "feed_
             "expert_weights_scale": 2.827, "expert_gating_func": 2, "expert_group_count": 1,
             "expert_group_used_count": 1}  # fmt: skip
 _F32 = ("-ctk", "f32", "-ctv", "f32")
+_QWEN3_NEXT = {"block_count": 8, "embedding_length": 2048, "feed_forward_length": 5120, "attention.head_count": 16,
+               "attention.head_count_kv": 2, "attention.key_length": 256, "attention.value_length": 256,
+               "rope.dimension_count": 64, "rope.freq_base": 1e7, "expert_count": 512, "expert_used_count": 10,
+               "expert_feed_forward_length": 512, "expert_shared_feed_forward_length": 512, "ssm.conv_kernel": 4,
+               "ssm.state_size": 128, "ssm.group_count": 16, "ssm.time_step_rank": 32, "ssm.inner_size": 4096,
+               "full_attention_interval": 4}  # fmt: skip
 RESERVE_SHAPES: tuple[tuple[str, str, dict[str, object], int, tuple[str, ...]], ...] = (
     ("llama-3-8b", "llama", _LLAMA3, 128256, ("-c", "8192", "-fa", "on", "-np", "1")),
     ("llama-3-8b", "llama", _LLAMA3, 128256, ("-c", "8192", "-fa", "off", "-np", "1")),
@@ -632,11 +638,24 @@ RESERVE_SHAPES: tuple[tuple[str, str, dict[str, object], int, tuple[str, ...]], 
         for flags in (("-c", "8192", "-fa", "on", "-np", "1"), ("-c", "8192", "-fa", "on", "-np", "1", *_F32))
     ),
     ("gpt-oss-20b", "gpt-oss", _GPT_OSS, 201088, ("-c", "8192", "-fa", "on", "-np", "2", *_F32)),
+    # Qwen3-Next: eight layers (two with gated attention), as the converter lays them out (attn_qkv and attn_gate on
+    # the DeltaNet layers, attn_q/k/v on the attention layers); then its attention layers' Q, K, V in one tensor too
+    *(
+        ("qwen3-next", "qwen3next", _QWEN3_NEXT, 151936, flags)
+        for flags in (
+            ("-c", "8192", "-fa", "on", "-np", "1"),
+            ("-c", "16384", "-fa", "off", "-np", "2"),
+            ("-c", "32768", "-fa", "on", "-np", "4", *_Q8),
+        )
+    ),
+    ("qwen3-next-fused", "qwen3next", _QWEN3_NEXT, 151936, ("-c", "8192", "-fa", "off", "-np", "1")),
 )  # fmt: skip
 # tensors a row's file has beyond what llama.cpp requires (optional ones it uses where they are)
 _RESERVE_TENSORS = {
     "glm-4.5": ("blk.N.attn_q_norm.weight", "blk.N.attn_k_norm.weight"),
     "kimi-k2": ("blk.N.exp_probs_b.bias",),  # the header reader sees the selection bias by its tensors
+    "qwen3-next": tuple(f"blk.{i}.attn_qkv.weight" for i in range(8) if i % 4 != 3),  # the DeltaNet layers'
+    "qwen3-next-fused": ("blk.N.attn_qkv.weight",),
 }
 _RESERVE_WITHOUT = {"deepseek-v2-lite": "blk.N.exp_probs_b.bias"}  # an optional tensor the model has not
 
@@ -655,12 +674,13 @@ def record_graphs(py: str, tmp: Path) -> None:
         all_keys = {"context_length": 32768, "block_count": 3, "attention.layer_norm_rms_epsilon": 1e-6, **keys}
         extra = _RESERVE_TENSORS.get(name, ())
         optional = ("output.weight", "blk.N.exp_probs_b.bias", "blk.N.ffn_gate_exps.weight", "blk.N.attn_q.bias",
-                    "blk.N.attn_k.bias", "blk.N.attn_v.bias", "blk.N.ssm_conv1d.bias", *extra)  # fmt: skip
+                    "blk.N.attn_k.bias", "blk.N.attn_v.bias", "blk.N.ssm_conv1d.bias", "blk.N.attn_gate.weight",
+                    *extra)  # fmt: skip
         optional = tuple(t for t in optional if t != _RESERVE_WITHOUT.get(name))
         spec = ArchSpec(name, arch, all_keys, n_vocab, "bench/accuracy.py RESERVE_SHAPES", optional=optional)
         tensors = discover(spec, tmp, py)
         path = write_discovered(tmp / f"{name}.gguf", spec, tensors, "Q4_K_M")
-        kinds = {pattern.removeprefix("blk.N.") for pattern in extra}
+        kinds = {pattern.split(".", 2)[-1] for pattern in extra}  # blk.N.x or blk.3.x: x
         kept = {t: list(ne) for t, ne in tensors.items() if t.split(".", 2)[-1] in kinds}
         log = tmp / "reserve.log"
         with log.open("w") as out:

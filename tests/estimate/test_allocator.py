@@ -300,3 +300,24 @@ def test_the_header_says_how_deepseek_routes_and_projects(tmp_path: Path) -> Non
     assert (shape.expert_weights_norm, shape.expert_weights_scale, shape.head_dim_v_mla) == (True, 2.5, 128)
     assert not graphs.supported(shape)
     assert graphs.supported(shape._replace(expert_groups=1))  # Kimi K2's router: one group
+
+
+def test_a_qwen3_next_file_laid_out_otherwise_is_not_replayed() -> None:
+    # the DeltaNet graph is written for the converter's layout (q/k/v in one attn_qkv, z in attn_gate, on every
+    # DeltaNet layer); an older file projecting all four in ssm_in, or experts whose gate and up are one tensor,
+    # keep the formula
+    from umemc.catalog.archs import LlmShape
+    from umemc.estimate import graphs
+
+    layers = 8
+    recurrent = tuple(i % 4 != 3 for i in range(layers))
+    shape = LlmShape(
+        "qwen3next", layers, 2048, 5120, 16, tuple(0 if r else 2 for r in recurrent), 256, 256, 151936, 262144,
+        n_expert=512, n_expert_used=10, n_ff_exp=512, n_ff_shexp=512, recurrent_layers=recurrent,
+        kv_layers=tuple(not r for r in recurrent), n_embd_r=3 * 8192, n_embd_s=128 * 128 * 32,
+        ssm_dims=(4, 4096, 128, 16, 32), recurrent_kind="deltanet", qkv_fused=recurrent,
+    )  # fmt: skip
+    assert graphs.supported(shape)
+    assert not graphs.supported(shape._replace(qkv_fused=()))  # the legacy ssm_in projection
+    assert not graphs.supported(shape._replace(experts_gate_up=True))
+    assert not graphs.supported(shape._replace(n_ff_shexp=0))

@@ -69,6 +69,8 @@ class LlmShape(NamedTuple):
     expert_groups: int = 0
     expert_bias: bool = False
     attn_temp_scale: bool = False  # queries scaled by a per-token input (attention.temperature_scale)
+    qkv_fused: tuple[bool, ...] = ()  # per layer: Q, K and V in one projection (attn_qkv); empty: none is
+    experts_gate_up: bool = False  # the experts' gate and up projections in one tensor (ffn_gate_up_exps)
 
     @property
     def n_gqa(self) -> int:

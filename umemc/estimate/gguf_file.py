@@ -94,7 +94,7 @@ def _locked_shape(recorded: dict[str, Any]) -> LlmShape:
             raise ValueError(f"its shape's {name} is {value!r}")
     if not 0 < shape.n_layer <= MAX_LAYERS:
         raise ValueError(f"its shape has {shape.n_layer} layers (a header gives 1 to {MAX_LAYERS})")
-    for name in ("n_head_kv", "swa_layers", "recurrent_layers", "kv_layers"):
+    for name in ("n_head_kv", "swa_layers", "recurrent_layers", "kv_layers", "qkv_fused"):
         if getattr(shape, name) and len(getattr(shape, name)) != shape.n_layer:
             raise ValueError(f"its shape's {name} has {len(getattr(shape, name))} entries for {shape.n_layer} layers")
     return shape
@@ -333,6 +333,8 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
         # Granite reads rope.scaling.finetuned as its switch for RoPE (src/models/granite*.cpp); Granite 4.0 H: off
         no_rope=arch in _ROPE_SWITCH and key("rope.scaling.finetuned", True) is False,
         mla_dims=_mla_dims(key, tensors),
+        qkv_fused=_fused(tensors, n_layer),
+        experts_gate_up=any(name.endswith(".ffn_gate_up_exps.weight") for name in tensors),
         attn_temp_scale=bool(key("attention.temperature_scale", 0)),
         **moe,
         **recurrent,
@@ -340,6 +342,12 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
 
 
 _ROPE_SWITCH = frozenset({"granite", "granitemoe", "granitehybrid"})
+
+
+def _fused(tensors: dict[str, tuple[int, ...]], n_layer: int) -> tuple[bool, ...]:
+    """Which layers project Q, K and V in one tensor (attn_qkv); empty where none does."""
+    fused = tuple(f"blk.{i}.attn_qkv.weight" in tensors for i in range(n_layer))
+    return fused if any(fused) else ()
 
 
 def _mla_dims(key: Any, tensors: dict[str, tuple[int, ...]]) -> tuple[int, ...]:

@@ -92,6 +92,9 @@ RECIPES: dict[str, Recipe] = {
     # read from K and projected after the attention), dense lead layers, the router and the weights as the header
     # says, shared experts (src/models/deepseek2.cpp; _Graph.attend_mla)
     "deepseek2": Recipe(gating="header", expert_weights="header", shared_expert=True),
+    # Qwen3-Next: gated DeltaNet layers, every fourth layer gated attention (Q/K normed per head), routed experts
+    # and a gated shared expert (src/models/qwen3next.cpp; _DeltaNetGraph)
+    "qwen3next": Recipe(qk_norm="heads", shared_expert=True),
 }
 _GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}  # llama_expert_gating_func_type
 
@@ -122,6 +125,7 @@ def supported(shape: LlmShape) -> bool:
         and (not shape.n_expert or bool(_gating(shape)))
         and shape.expert_groups <= 1  # DeepSeek V3's group selection: not written out
         and not shape.attn_temp_scale
+        and not shape.experts_gate_up  # the experts' gate and up in one product: not written out
         and (not shape.n_ff_shexp or RECIPES[shape.arch].shared_expert)
         and (not shape.n_layer_dense_lead or shape.arch in ("glm4moe", "deepseek2"))
         and (shape.moe_every == 1 or llama4)
@@ -135,6 +139,15 @@ def _recurrent_replayed(shape: LlmShape) -> bool:
     Mamba-2 mixers."""
     if shape.arch == "lfm2":
         return shape.recurrent_kind == "shortconv" and not shape.n_expert
+    if shape.arch == "qwen3next" and len(shape.ssm_dims) == 5:  # the converter's fused q/k/v and z projections
+        d_conv, d_inner, d_state, n_k, n_v = shape.ssm_dims
+        fused = len(shape.qkv_fused) >= shape.n_layer_main and all(
+            shape.qkv_fused[i] for i in range(shape.n_layer_main) if shape.recurrent_layers[i]
+        )
+        return (
+            fused and min(shape.ssm_dims) > 0 and n_v % n_k == 0 and d_inner % n_v == 0 and shape.n_expert > 0
+            and bool(shape.n_ff_shexp) and shape.head_dim_k == shape.head_dim_v
+        )  # fmt: skip
     if shape.arch == "granitehybrid" and len(shape.ssm_dims) == 5:
         d_conv, d_inner, d_state, n_group, n_head = shape.ssm_dims
         return min(shape.ssm_dims) > 0 and d_inner % n_head == 0 and d_inner % n_group == 0
@@ -178,6 +191,8 @@ def reserve_buffer(
         graph: _Graph = _ShortConvGraph(shape, n_ubatch, flash_attn=flash_attn)
     elif shape.arch == "granitehybrid":
         graph = _Mamba2Graph(shape, n_ubatch, flash_attn=flash_attn)
+    elif shape.arch == "qwen3next":
+        graph = _DeltaNetGraph(shape, n_ubatch, flash_attn=flash_attn)
     elif shape.arch == "llama4":
         graph = _Llama4Graph(shape, n_ubatch, flash_attn=flash_attn, replayed=replayed)
     else:
@@ -696,3 +711,119 @@ class _Mamba2Graph(_Graph):
         y = self.op(y.size, z, y)  # swiglu
         y = self.op(y.size, self.op(y.size, self.view(y)), self.weight, inplace=True)  # the grouped norm
         return self.view(y)
+
+
+class _DeltaNetGraph(_Graph):
+    """Qwen3-Next's graph (src/models/qwen3next.cpp, the gated delta net of delta-net-base.cpp): gated DeltaNet
+    layers between gated attention layers, routed experts and a sigmoid-gated shared expert after each. Each
+    layer's norm is expanded first; a DeltaNet layer then reads its convolution state, projects q, k, v in one
+    product, joins it after the state (writing the new state), reads its SSM state, convolves, norms q and k (L2:
+    an RMS norm and a scale) and repeats them to the value heads, computes the decay (softplus) and beta
+    (sigmoid) from one small product, runs the delta rule (the output, then the new state, written into the
+    cache), norms the output gated by silu(z), and projects it out. An attention layer's Q projection carries a
+    gate, applied (sigmoid) to the attention's output. Every token goes through the last layer; the final norm's
+    output is a graph output (t_h_nextn), its output rows the logits' input."""
+
+    def build(self, caches: _Caches, n_out: int, *, rotated: bool) -> None:
+        self.s_copy = Tensor(caches.seqs * I32)  # which recurrent state each sequence reads
+        self.extra_inputs.append(self.s_copy)
+        super().build(caches, n_out, rotated=rotated)
+
+    def layers(self, inputs: _Inputs, n_out: int) -> None:
+        shape, n_ub, e = self.shape, self.n_ub, self.shape.n_embd
+        x = self.op(e * n_ub * F32, self.weight, inputs.tokens)
+        for layer in range(shape.n_layer_main):
+            h = self.norm(x)
+            if shape.recurrent_layers[layer]:
+                mixed = self.delta_net(h)
+            else:
+                mixed = self.gated_attention(h, inputs, fused=bool(shape.qkv_fused and shape.qkv_fused[layer]))
+            ffn_in = self.op(e * n_ub * F32, mixed, x, inplace=True)  # into x where `mixed` is a view
+            x = self.op(e * n_ub * F32, self.ffn(layer, self.norm(ffn_in), n_ub), ffn_in, inplace=True)
+        hidden = self.norm(x)
+        hidden.output = True
+        logits = self.op(shape.n_vocab * n_out * F32, self.weight, self.op(e * n_out * F32, hidden, inputs.out_ids))
+        logits.output = True
+
+    def ffn(self, layer: int, h: Tensor, rows: int) -> Tensor:
+        """The routed experts, then the shared expert scaled by sigmoid(its gate), the two added."""
+        e = self.shape.n_embd
+        routed = self.moe(h, rows)
+        shared = self.dense(h, rows, self.shape.n_ff_shexp)
+        gate = self.op(rows * F32, self.op(rows * F32, self.weight, h), inplace=True)
+        return self.op(e * rows * F32, routed, self.op(shared.size, shared, gate, inplace=True), inplace=True)
+
+    def state_rows(self, size: int) -> Tensor:
+        """build_rs: a state's rows for the batch's sequences (the cache cleared in place first), the extra
+        states' copy (none)."""
+        rows = self.op(size * self.caches.seqs * F32, self.cache_view(), self.view(self.s_copy))
+        self.cache_view(self.op(0, self.cache_view(), self.view(self.s_copy)))
+        return rows
+
+    def delta_net(self, h: Tensor) -> Tensor:
+        shape, n_ub, seqs = self.shape, self.n_ub, self.caches.seqs
+        d_conv, d_inner, d_state, n_k, n_v = shape.ssm_dims
+        head_v, channels = d_inner // n_v, d_inner + 2 * n_k * d_state
+        conv_state = self.state_rows(shape.n_embd_r)
+        qkv = self.op(channels * n_ub * F32, self.weight, h)
+        conv_in = self.op((d_conv - 1 + n_ub // seqs) * channels * seqs * F32, self.view(conv_state), self.view(qkv))
+        self.cache_view(self.view(conv_in))  # the new convolution state
+        state = self.state_rows(shape.n_embd_s)
+        conv = self.op(channels * n_ub * F32, conv_in, self.weight)  # ssm_conv
+        conv = self.op(conv.size, conv, inplace=True)  # silu
+        q, k = (self.l2_normed(conv, d_state * n_k, d_state * n_v) for _ in range(2))
+        ba = self.op(2 * n_v * n_ub * F32, self.weight, h)
+        decay = self.op(n_v * n_ub * F32, self.view(ba))  # a: cont, + dt bias, softplus, x A: in place
+        for _ in range(3):
+            decay = self.op(decay.size, decay, self.weight, inplace=True)
+        beta = self.op(n_v * n_ub * F32, self.view(ba))  # b: cont, sigmoid in place
+        beta = self.op(beta.size, beta, inplace=True)
+        out = self.op(
+            (d_inner * n_ub + head_v * head_v * n_v * seqs) * F32,
+            q, k, self.view(conv), self.view(decay), self.view(beta), self.view(state),
+        )  # fmt: skip
+        self.cache_view(self.view(out))  # the new SSM state
+        normed = self.op(d_inner * n_ub * F32, self.view(out))  # rms norm of the output (a view)
+        normed = self.op(normed.size, normed, self.weight, inplace=True)
+        z = self.op(d_inner * n_ub * F32, self.weight, h)
+        gated = self.op(normed.size, normed, self.op(z.size, self.view(z)), inplace=True)  # x silu(z)
+        return self.view(self.op(shape.n_embd * n_ub * F32, self.weight, self.view(gated)))
+
+    def l2_normed(self, conv: Tensor, width: int, repeated: int) -> Tensor:
+        """q or k out of the convolution: an RMS norm (of a view: a new tensor) and a scale in place, repeated
+        to the value heads where they are more (a view of it otherwise)."""
+        x = self.op(width * self.n_ub * F32, self.view(conv))
+        x = self.op(x.size, x, inplace=True)
+        if repeated != width:
+            return self.view(self.op(repeated * self.n_ub * F32, self.view(x)))
+        return self.view(x)
+
+    def gated_attention(self, h: Tensor, inputs: _Inputs, *, fused: bool) -> Tensor:
+        """Q with its gate (one projection, or the Q part of attn_qkv made contiguous), Q normed per head and
+        RoPE'd, V, K normed and RoPE'd (each turned under a quantized cache), the attention, the gate's sigmoid
+        (a contiguous copy of its half of Q) applied, the output projection."""
+        shape, n_ub, kv = self.shape, self.n_ub, inputs.kv
+        k_turn, v_turn = kv.turns
+        q_width, kv_width = shape.n_head * shape.head_dim_k, max(shape.n_head_kv) * shape.head_dim_k
+        if fused:
+            qkv = self.op((2 * q_width + 2 * kv_width) * n_ub * F32, self.weight, h)
+            q_full = self.op(2 * q_width * n_ub * F32, self.view(qkv))
+
+            def made(width: int) -> Tensor:
+                return self.op(width * n_ub * F32, self.view(qkv))
+        else:
+            q_full = self.op(2 * q_width * n_ub * F32, self.weight, h)
+
+            def made(width: int) -> Tensor:
+                return self.op(width * n_ub * F32, self.weight, h)
+
+        q = self.op(q_width * n_ub * F32, self.view(q_full), inplace=True)  # its Q half normed: a new tensor
+        q = self.op(q.size, q, self.weight, inplace=True)
+        q = self.turn(self.op(q.size, q, inputs.pos, inplace=True), k_turn)
+        v = self.turn(self.view(made(kv_width)), v_turn)
+        k = self.norm(self.view(made(kv_width)))
+        k = self.turn(self.op(k.size, k, inputs.pos, inplace=True), k_turn)
+        attn = self.stored_and_attended(q, k, v, kv)
+        gate = self.op(q_width * n_ub * F32, self.view(q_full))  # cont
+        gate = self.op(gate.size, gate, inplace=True)  # sigmoid
+        return self.op(self.shape.n_embd * n_ub * F32, self.weight, self.op(gate.size, attn, gate, inplace=True))

@@ -40,8 +40,13 @@ FULL: dict[str, ArchSpec] = {
                 "ssm.inner_size": 4096, "full_attention_interval": 4,
             },
             151936, "Qwen/Qwen3-Next-80B-A3B-Instruct",
-            # the DeltaNet layers' fused q/k/v and gate projections (the graph needs one of the loader's spellings)
-            optional=("output.weight", "blk.N.attn_qkv.weight", "blk.N.attn_gate.weight"),
+            # the DeltaNet layers' fused q/k/v and gate projections, the attention layers' separate q, k, v: the
+            # converter's layout (the graph needs one of the loader's spellings)
+            optional=(
+                "output.weight",
+                "blk.N.attn_gate.weight",
+                *(f"blk.{i}.attn_qkv.weight" for i in range(48) if i % 4 != 3),
+            ),
         ),
         ArchSpec(
             "falcon-h1-34b", "falcon-h1",
