@@ -3,7 +3,9 @@ always `umemc down` it afterwards, checking that no process and no cgroup is lef
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import socket
 import sys
 import time
@@ -44,10 +46,35 @@ def start_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
 
 
+def _port_range() -> range:
+    """Ports this test process hands out: below the kernel's ephemeral range (where a server binding port 0, another
+    test's llama-server or client, gets its port), a share of its own for each xdist worker."""
+    low = 20000
+    try:
+        low = min(low, int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]) - 4000)
+    except (OSError, ValueError, IndexError):
+        pass
+    workers, me = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    share = 4000 // max(1, workers)
+    start = low + share * int(me.removeprefix("gw") or 0) % 4000
+    return range(start, start + share)
+
+
+_PORTS = itertools.cycle(_port_range())
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free now, and one this process has not handed out lately: a cold model's port is only bound when it
+    starts, seconds later, so a port taken from the kernel's ephemeral range (bind to 0) could meanwhile be given
+    to any other test's server."""
+    for port in itertools.islice(_PORTS, 4000):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def worker(

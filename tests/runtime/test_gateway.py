@@ -744,6 +744,42 @@ def test_a_worker_that_cannot_start_is_said_once_supervisord_gives_up(stack: Any
     )
 
 
+def test_a_cold_models_port_taken_by_another_program_is_refused_not_relayed_to(stack: Any) -> None:
+    """A cold model's port is free when `up` checks it, not reserved: another program may listen there before the
+    model starts (CI saw another test's llama-server answer for a placeholder). Its health answer is not the
+    worker's: the request is refused with why, never relayed to the stranger; once the port is free again, the
+    model starts and answers."""
+    import subprocess
+    import sys
+
+    from umemc.runtime.waits import healthy
+
+    port = free_port()
+    text = stack_text("gw-stranger", "", slots=2) + (
+        f'\n[models.x]\nruntime = "command"\ncommand = ["true"]\nmemory = "64MiB"\nport = {port}\nmode = "cold"\n'
+    )
+    gw = Gateway(stack(text, "--simulate"))
+    stranger = subprocess.Popen(
+        [sys.executable, "-m", "umemc.runtime.placeholder", "--model", "stranger", "--bytes", "0", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        gw.run.wait_for(lambda: healthy(port, "/health"), what="the stranger listening")
+        status, _, body = gw.complete("x")
+        assert (status, body["error"]["code"]) == (503, "start_failed")
+        assert body["error"]["message"] == (
+            f"worker x could not listen on its port {port}: another program answers there; stop it (ss -ltnp) or "
+            "give the model another port"
+        )
+        assert [(n, d["reason"]) for n, _, d in gw.kinds("cold_start_failed")] == [("x", body["error"]["message"])]
+    finally:
+        stranger.kill()
+        stranger.wait()
+    status, _, body = gw.complete("x")
+    assert (status, body["choices"][0]["text"]) == (200, "(simulated reply from x)")
+
+
 def test_max_generating_caps_generations_across_models_by_priority_then_fifo(stack: Any) -> None:
     """policy.max_generating = 1: one generation in flight across the stack; while c generates, b (priority 50)
     and then a (priority 90) wait; a goes first, then b, whatever their arrival order. Visible in

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import psutil
+
 from ...records import gate_text, write_atomic
 from .. import pagecache
 from ..members import same_process
@@ -298,10 +300,25 @@ class Process:
                         private=f"{info.get('spawnerr') or ''} (log: {self.owner.run.log(m.name)})".lstrip(),
                     )
             if state in ANSWERING and self.owner.sync.probe is not None and await self.owner.sync.probe(m):
+                await self._own_answer(m, info)
                 return
             await asyncio.sleep(poll_interval(time.monotonic() - began))
         raise Refused(
             f"worker {m.name} did not become healthy within {self.owner.gw.start_timeout_s:g} s", "start_timeout", 10
+        )
+
+    async def _own_answer(self, m: Model, info: dict[str, Any]) -> None:
+        """The health answer came from the worker: its process (or one it started) listens on its port. A port
+        taken by another program between `up` and this start (a cold model's port is free when `up` checks it,
+        not reserved) would otherwise have the gateway relay this model's requests to a stranger."""
+        pid, port = info.get("pid"), m.port
+        if not pid or port is None or await asyncio.to_thread(listens_on, int(pid), port) is not False:
+            return
+        raise Refused(
+            f"worker {m.name} could not listen on its port {port}: another program answers there; stop it "
+            "(ss -ltnp) or give the model another port",
+            "start_failed",
+            10,
         )
 
     async def stop(self, m: Model, why: str, evicted: Evicted = Evicted.RESTORE, **detail: Any) -> None:
@@ -337,3 +354,17 @@ class Process:
         stops. It never shields a model: admission, priority and pressure treat it as before."""
         if seconds is not None:
             m.keep_alive_s = seconds
+
+
+def listens_on(pid: int, port: int) -> bool | None:
+    """Whether the process `pid` or one of its descendants listens on TCP `port`; None where it cannot be told
+    (the process gone, its sockets not ours to read)."""
+    try:
+        root = psutil.Process(pid)
+        for proc in (root, *root.children(recursive=True)):
+            sockets = proc.net_connections(kind="inet") if hasattr(proc, "net_connections") else proc.connections()
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in sockets):
+                return True
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    return False
