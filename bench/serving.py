@@ -136,8 +136,10 @@ def main() -> int:
         "",
         "The bare relay (bench/bare_relay.py: aiohttp's server and client, nothing of the gateway's work) is the "
         "floor of any Python relay. With the hog, llama-server's two threads, the clients and the hogs share 2 "
-        "cores and the row swings by 2x from run to run (0.73x to 4.4x gateway/direct seen): it shows no "
-        "collapse, not a ratio.",
+        "cores: the first token stays near direct, but a relayed stream's tokens/s collapses (0.03x to 0.1x direct "
+        "seen, the bare relay as much as the gateway, either the slower in a run: each relayed token waits for a "
+        "time slice behind the hogs and llama-server's spinning threads), a limit of any relay process on an "
+        "oversubscribed box.",
         "",
         "| load | tokens/s direct | bare relay | gateway | gateway ratio | first token direct | bare relay | gateway "
         "| gateway added |",
