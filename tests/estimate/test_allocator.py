@@ -1,4 +1,4 @@
-"""The compute buffer as ggml-alloc places it (umemc/estimate/allocator.py, graphs.py).
+"""The compute buffer as ggml-alloc places it (umemc/estimate/allocator.py, graphs/).
 
 The allocator's rules are checked on small graphs whose placement is worked out by hand below; the replay of
 llama.cpp's reserve graph is checked against llama-server's own `CPU compute buffer size` for published shapes

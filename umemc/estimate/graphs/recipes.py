@@ -1,0 +1,76 @@
+"""What each architecture's reserve graph does beyond the common decoder layer (src/models/<arch>.cpp), and
+its router's gating."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from umemc.catalog.archs import LlmShape
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What an architecture's graph does beyond the common decoder layer (src/models/<arch>.cpp)."""
+
+    qk_norm: str = ""  # "": none; "flat": on the whole projection (in place); "heads": per head, on a view
+    # the router: "softmax" (probabilities), "sigmoid" (with a selection bias), "softmax_weight" (the top k taken
+    # on the logits, a soft-max over the chosen ones' weights), "header" (expert_gating_func; a selection bias
+    # where the file has exp_probs_b tensors)
+    gating: str = "softmax"
+    residual_first: bool = False  # the residual add takes the layer's input first (written in place into it)
+    qk_norm_optional: bool = False  # the Q/K norms are there only where the file has them (LlmShape.qk_norm)
+    # the chosen experts' weights: "normalised" (divided by their sum), "header" (normalised and scaled as
+    # expert_weights_norm / _scale say), "plain" (neither)
+    expert_weights: str = "normalised"
+    shared_expert: bool = False  # a shared expert (a dense FFN of n_ff_shexp) beside the routed ones, added
+    windows: bool = False  # sliding-window layers attend to a cache of their own (llama-kv-cache-iswa.cpp)
+    k_before_v: bool = False  # the graph reaches K before V (else V, then K)
+    # every layer runs all the tokens; the output rows are taken after the last, whose whole output is kept as a
+    # graph output (llm_graph_result t_h_nextn: never freed)
+    rows_at_end: bool = False
+
+
+# Architectures whose reserve graph is written out here, each checked against llama.cpp's dry run.
+RECIPES: dict[str, Recipe] = {
+    "llama": Recipe(),  # Llama, Mistral, Mixtral (its experts: soft-max, normalised weights)
+    "qwen2": Recipe(),  # its q/k/v biases are added in place
+    "qwen3": Recipe(qk_norm="heads"),
+    "qwen3moe": Recipe(qk_norm="heads"),
+    "seed_oss": Recipe(),
+    "minimax-m2": Recipe(qk_norm="flat", gating="sigmoid"),
+    # LFM2: short-convolution layers between attention layers (src/models/lfm2.cpp), dense FFN
+    "lfm2": Recipe(qk_norm="heads", residual_first=True),
+    # Llama 4: chunked attention on three layers of four, the fourth without RoPE; routed and shared experts
+    # (src/models/llama4.cpp; Llama4Graph)
+    "llama4": Recipe(shared_expert=True, windows=True),  # its own attention and experts: Llama4Graph
+    # GLM-4.5: dense lead layers, sigmoid routing with a selection bias, one shared expert; per-head Q/K norms in
+    # the 355B model only (src/models/glm4-moe.cpp)
+    "glm4moe": Recipe(
+        qk_norm="heads", qk_norm_optional=True, gating="sigmoid", expert_weights="header", shared_expert=True
+    ),
+    # gpt-oss: a 128-token window on every other layer, attention sinks (an input of the attention, no op of
+    # their own), biases everywhere (added in place), the top 4 of the router's logits soft-maxed
+    # (src/models/openai-moe.cpp)
+    "gpt-oss": Recipe(gating="softmax_weight", expert_weights="plain", windows=True, k_before_v=True, rows_at_end=True),
+    # Granite 4.0 H: Mamba-2 layers between a few attention layers (without RoPE where the file says so), routed
+    # experts and a shared one on every layer (src/models/granite-hybrid.cpp; Mamba2Graph)
+    "granitehybrid": Recipe(shared_expert=True),
+    # DeepSeek V2 / V3 and their kin: multi-head latent attention (Q absorbed into the latent, one K row a token, V
+    # read from K and projected after the attention), dense lead layers, the router and the weights as the header
+    # says, shared experts (src/models/deepseek2.cpp; Graph.attend_mla)
+    "deepseek2": Recipe(gating="header", expert_weights="header", shared_expert=True),
+    # Qwen3-Next: gated DeltaNet layers, every fourth layer gated attention (Q/K normed per head), routed experts
+    # and a gated shared expert (src/models/qwen3next.cpp; DeltaNetGraph)
+    "qwen3next": Recipe(qk_norm="heads", shared_expert=True),
+}
+GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}  # llama_expert_gating_func_type
+
+
+def gating(shape: LlmShape) -> str:
+    """The router's gating: the recipe's, else the header's (deepseek2: soft-max where the file says nothing, but
+    for GLM 4.7 Lite's shape, sigmoid), "" where the graph does not know it."""
+    recipe = RECIPES[shape.arch]
+    if recipe.gating != "header":
+        return recipe.gating
+    code = shape.expert_gating or (2 if shape.n_layer_main in (47, 48) and shape.n_vocab == 154880 else 1)
+    return GATING.get(code, "")
