@@ -48,24 +48,26 @@ MAX_EXPERTS = 1024  # llama.cpp's LLAMA_MAX_EXPERTS (src/llama-hparams.h)
 
 
 def supported(shape: LlmShape) -> bool:
-    """The shapes this graph describes: a plain causal decoder of a listed architecture."""
+    """The shapes this graph describes: a causal decoder of a listed architecture, as its recipe writes it."""
+    recipe = RECIPES.get(shape.arch)
+    if recipe is None:
+        return False
     recurrent = any(shape.recurrent_layers)
     llama4 = shape.arch == "llama4"  # its chunked attention and its shared expert are written out (Llama4Graph)
     return (
-        shape.arch in RECIPES
-        and shape.causal
-        and (not any(shape.swa_layers) or RECIPES[shape.arch].windows)
+        shape.causal
+        and (not any(shape.swa_layers) or recipe.windows)
         and (not recurrent or _recurrent_replayed(shape))
         and shape.n_expert_used <= shape.n_expert <= MAX_EXPERTS  # what llama.cpp loads (a file may claim more)
         and (shape.n_expert_used > 0 or not llama4)
-        and (not shape.mla or (shape.arch == "deepseek2" and len(shape.mla_dims) == 4 and min(shape.mla_dims[1:]) > 0))
-        and (shape.mla or shape.arch != "deepseek2")  # a file from before MLA (attn_kv_b): not written out
+        and shape.mla == recipe.mla  # deepseek2 from before latent attention (attn_kv_b): not written out
+        and (not shape.mla or (len(shape.mla_dims) == 4 and min(shape.mla_dims[1:]) > 0))
         and (not shape.n_expert or bool(gating(shape)))
         and shape.expert_groups <= 1  # DeepSeek V3's group selection: not written out
         and not shape.attn_temp_scale
         and not shape.experts_gate_up  # the experts' gate and up in one product: not written out
-        and (not shape.n_ff_shexp or RECIPES[shape.arch].shared_expert)
-        and (not shape.n_layer_dense_lead or shape.arch in ("glm4moe", "deepseek2"))
+        and (not shape.n_ff_shexp or recipe.shared_expert)
+        and (not shape.n_layer_dense_lead or recipe.dense_lead)
         and (shape.moe_every == 1 or llama4)
         and not shape.resident_width
         and all(shape.has_kv(i) or recurrent for i in range(shape.n_layer_main))

@@ -23,6 +23,8 @@ class Recipe:
     # expert_weights_norm / _scale say), "plain" (neither)
     expert_weights: str = "normalised"
     shared_expert: bool = False  # a shared expert (a dense FFN of n_ff_shexp) beside the routed ones, added
+    dense_lead: bool = False  # the first leading_dense_block_count layers run a dense FFN
+    mla: bool = False  # multi-head latent attention (Graph.attend_mla), the only attention of the recipe
     windows: bool = False  # sliding-window layers attend to a cache of their own (llama-kv-cache-iswa.cpp)
     k_before_v: bool = False  # the graph reaches K before V (else V, then K)
     # every layer runs all the tokens; the output rows are taken after the last, whose whole output is kept as a
@@ -46,7 +48,12 @@ RECIPES: dict[str, Recipe] = {
     # GLM-4.5: dense lead layers, sigmoid routing with a selection bias, one shared expert; per-head Q/K norms in
     # the 355B model only (src/models/glm4-moe.cpp)
     "glm4moe": Recipe(
-        qk_norm="heads", qk_norm_optional=True, gating="sigmoid", expert_weights="header", shared_expert=True
+        qk_norm="heads",
+        qk_norm_optional=True,
+        gating="sigmoid",
+        expert_weights="header",
+        shared_expert=True,
+        dense_lead=True,
     ),
     # gpt-oss: a 128-token window on every other layer, attention sinks (an input of the attention, no op of
     # their own), biases everywhere (added in place), the top 4 of the router's logits soft-maxed
@@ -58,7 +65,7 @@ RECIPES: dict[str, Recipe] = {
     # DeepSeek V2 / V3 and their kin: multi-head latent attention (Q absorbed into the latent, one K row a token, V
     # read from K and projected after the attention), dense lead layers, the router and the weights as the header
     # says, shared experts (src/models/deepseek2.cpp; Graph.attend_mla)
-    "deepseek2": Recipe(gating="header", expert_weights="header", shared_expert=True),
+    "deepseek2": Recipe(gating="header", expert_weights="header", shared_expert=True, dense_lead=True, mla=True),
     # Qwen3-Next: gated DeltaNet layers, every fourth layer gated attention (Q/K normed per head), routed experts
     # and a gated shared expert (src/models/qwen3next.cpp; DeltaNetGraph)
     "qwen3next": Recipe(qk_norm="heads", shared_expert=True),
