@@ -780,6 +780,20 @@ def test_a_cold_models_port_taken_by_another_program_is_refused_not_relayed_to(s
     assert (status, body["choices"][0]["text"]) == (200, "(simulated reply from x)")
 
 
+def test_a_worker_whose_server_left_its_process_tree_is_still_its_own(stack: Any) -> None:
+    """The port check above must not refuse a worker whose server double-forked away from supervisord's process (a
+    daemon): it carries the run's mark for its model, so it is the worker's own, and it answers."""
+    from tests.runtime.conftest import worker
+
+    text = stack_text("gw-daemon", "", slots=2) + worker(
+        "x", "daemonizing.py", "{port}", "x", memory="64MiB", mode="cold", port=free_port()
+    )
+    gw = Gateway(stack(text))
+    status, _, body = gw.complete("x")
+    assert (status, body["choices"][0]["text"]) == (200, "(simulated reply from x)")
+    assert not gw.kinds("cold_start_failed")
+
+
 def test_max_generating_caps_generations_across_models_by_priority_then_fifo(stack: Any) -> None:
     """policy.max_generating = 1: one generation in flight across the stack; while c generates, b (priority 50)
     and then a (priority 90) wait; a goes first, then b, whatever their arrival order. Visible in

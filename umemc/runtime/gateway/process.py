@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
+from ...names import RUN_MARK, run_mark
 from ...records import gate_text, write_atomic
 from .. import pagecache
 from ..members import same_process
+from ..probes.host import processes
 from ..supervisor import STARTED
 from . import kvslots
 from .core import Evicted
@@ -312,7 +314,10 @@ class Process:
         taken by another program between `up` and this start (a cold model's port is free when `up` checks it,
         not reserved) would otherwise have the gateway relay this model's requests to a stranger."""
         pid, port = info.get("pid"), m.port
-        if not pid or port is None or await asyncio.to_thread(listens_on, int(pid), port) is not False:
+        if not pid or port is None:
+            return
+        mark = run_mark(self.owner.run.state)
+        if await asyncio.to_thread(listens_on, int(pid), port, mark=mark, model=m.name) is not False:
             return
         raise Refused(
             f"worker {m.name} could not listen on its port {port}: another program answers there; stop it "
@@ -356,15 +361,27 @@ class Process:
             m.keep_alive_s = seconds
 
 
-def listens_on(pid: int, port: int) -> bool | None:
-    """Whether the process `pid` or one of its descendants listens on TCP `port`; None where it cannot be told
-    (the process gone, its sockets not ours to read)."""
+def listens_on(pid: int, port: int, *, mark: str, model: str) -> bool | None:
+    """Whether the model's worker listens on TCP `port`: the process `pid` or one of its descendants, or a process
+    that left the tree (a double-forked daemon) but carries the run's mark for this model (UMEMC_RUN, UMEMC_MODEL,
+    set by the exec wrapper and inherited). None where it cannot be told (the process gone, sockets not ours to
+    read)."""
+
+    def listening(c: Any) -> bool:
+        return bool(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port)
+
     try:
         root = psutil.Process(pid)
         for proc in (root, *root.children(recursive=True)):
             sockets = proc.net_connections(kind="inet") if hasattr(proc, "net_connections") else proc.connections()
-            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in sockets):
+            if any(listening(c) for c in sockets):
                 return True
+        holders = {c.pid for c in psutil.net_connections(kind="inet") if listening(c) and c.pid}
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
+    procs = processes()
+    for holder in holders:
+        env = procs.run_environ(holder)
+        if env.get(RUN_MARK) == mark and env.get("UMEMC_MODEL") == model:
+            return True
     return False
