@@ -11,7 +11,29 @@ from ..allocator import Tensor
 from .decoder import F32, I32, Caches, Graph, Inputs
 
 
-class ShortConvGraph(Graph):
+class RecurrentGraph(Graph):
+    """A graph with recurrent layers: one more input, which state each of the reserve batch's sequences reads
+    (llm_graph_input_rs s_copy), and build_rs's reads of a layer's state."""
+
+    def build(self, caches: Caches, n_out: int, *, rotated: bool) -> None:
+        self.s_copy = Tensor(caches.seqs * I32)
+        self.extra_inputs.append(self.s_copy)
+        super().build(caches, n_out, rotated=rotated)
+
+    def state_rows(self, size: int) -> Tensor:
+        """build_rs: a state's rows for the batch's sequences (a view of the cache cleared in place first), then the
+        extra states' copy."""
+        rows = self.op(size * self.caches.seqs * F32, self.cache_view(), self.view(self.s_copy))
+        self.extra_states()
+        return rows
+
+    def extra_states(self) -> None:
+        """The states of the cells beyond the batch's sequences copied over: none in the reserve batch (a tensor of
+        no bytes, and its copy into the cache)."""
+        self.cache_view(self.op(0, self.cache_view(), self.view(self.s_copy)))
+
+
+class ShortConvGraph(RecurrentGraph):
     """LFM2's graph (src/models/lfm2.cpp): attention layers and short-convolution layers, each followed by a dense
     FFN, the residual added into the layer's input. The order is the one llama.cpp's explicit expansions give:
     a convolution layer first reads its recurrent state (build_rs: the state's rows, a view of the cache cleared in
@@ -20,24 +42,14 @@ class ShortConvGraph(Graph):
     while its own convolution, output projection and FFN wait for the next layer's first expansion; an attention
     layer's expansions end with the attention itself."""
 
-    def build(self, caches: Caches, n_out: int, *, rotated: bool) -> None:
-        shape, n_ub = self.shape, self.n_ub
-        e = shape.n_embd
-        seqs, self.caches = caches.seqs, caches
-        inputs = self.inputs(n_out, caches, rotated=rotated)
-        s_copy = Tensor(seqs * I32)  # which recurrent state each sequence reads
-        first_recurrent = shape.recurrent_layers.index(True)
-        first_attention = next(i for i in range(shape.n_layer_main) if shape.has_kv(i))
-        attention = inputs.attention()
-        reached = [s_copy, *attention] if first_recurrent < first_attention else [*attention, s_copy]
-        self.leaves = [inputs.tokens, inputs.embd, *reached, inputs.out_ids]
-        tokens, out_ids = inputs.tokens, inputs.out_ids
-        x = self.op(e * n_ub * F32, self.weight, tokens)
+    def layers(self, inputs: Inputs, n_out: int) -> None:
+        shape, n_ub, seqs = self.shape, self.n_ub, self.caches.seqs
+        e, out_ids = shape.n_embd, inputs.out_ids
+        x = self.op(e * n_ub * F32, self.weight, inputs.tokens)
         pending: Callable[[], Tensor] | None = None  # the previous layer's rest, made at this layer's first expansion
         for layer in range(shape.n_layer_main):
             if shape.recurrent_layers[layer]:
-                state = self.op(shape.n_embd_r * seqs * F32, self.cache_view(), self.view(s_copy))
-                self.cache_view(self.op(0, self.cache_view(), self.view(s_copy)))  # the extra states: none
+                state = self.state_rows(shape.n_embd_r)
             x = pending() if pending else x
             h = self.norm(x)
             if shape.recurrent_layers[layer]:
@@ -84,7 +96,7 @@ class ShortConvGraph(Graph):
         return finish
 
 
-class Mamba2Graph(Graph):
+class Mamba2Graph(RecurrentGraph):
     """Granite 4.0 H's graph (src/models/granite-hybrid.cpp, mamba-base.cpp build_mamba2_layer): Mamba-2 layers
     and attention layers, each followed by routed experts and a shared expert (or a dense FFN). The order is the
     one llama.cpp's explicit expansions give: a Mamba-2 layer first reads its convolution state (build_rs: the
@@ -93,19 +105,13 @@ class Mamba2Graph(Graph):
     and the scan; the routed experts are expanded early (build_moe_ffn), the shared expert when the next layer
     asks for the layer's output."""
 
-    def build(self, caches: Caches, n_out: int, *, rotated: bool) -> None:
-        self.seqs = caches.seqs
-        self.s_copy = Tensor(self.seqs * I32)  # which recurrent state each sequence reads
-        self.extra_inputs.append(self.s_copy)
-        super().build(caches, n_out, rotated=rotated)
-
     def layers(self, inputs: Inputs, n_out: int) -> None:
         shape, n_ub = self.shape, self.n_ub
         e, last, out_ids = shape.n_embd, shape.n_layer_main, inputs.out_ids
         x = self.op(e * n_ub * F32, self.weight, inputs.tokens)
         tail: Callable[[], Tensor] | None = None  # the previous layer's shared expert and residual
         for layer in range(last):
-            state = self.conv_state() if shape.recurrent_layers[layer] else None
+            state = self.state_rows(shape.n_embd_r) if shape.recurrent_layers[layer] else None
             x = tail() if tail else x
             h = self.norm(x)
             mixed = self.attend(h, inputs.pos, inputs.kv) if state is None else self.mamba2(h, state)
@@ -137,19 +143,12 @@ class Mamba2Graph(Graph):
 
         return finish
 
-    def conv_state(self) -> Tensor:
-        """build_rs: the convolution state's rows for the ubatch's sequences (a view of the cache cleared in place
-        first), the extra states' copy (none)."""
-        state = self.op(self.shape.n_embd_r * self.seqs * F32, self.cache_view(), self.view(self.s_copy))
-        self.cache_view(self.op(0, self.cache_view(), self.view(self.s_copy)))
-        return state
-
     def mamba2(self, h: Tensor, state: Tensor) -> Tensor:
         """The in-projection (z, xBC, dt), the convolution over the state and xBC, its write into the cache, the
         scan (its output: y, then the new SSM state, written into the cache), y + x D gated by z, the grouped
         RMS norm: the out-projection's input."""
         d_conv, d_inner, d_state, n_group, n_head = self.shape.ssm_dims
-        n_ub, seqs = self.n_ub, self.seqs
+        n_ub, seqs = self.n_ub, self.caches.seqs
         channels = d_inner + 2 * n_group * d_state
         zxbcdt = self.op((2 * d_inner + 2 * n_group * d_state + n_head) * n_ub * F32, self.weight, h)
         conv_x = self.op((d_conv - 1 + n_ub // seqs) * channels * seqs * F32, self.view(state), self.view(zxbcdt))
@@ -163,7 +162,7 @@ class Mamba2Graph(Graph):
             (d_inner * n_ub + d_state * d_inner * seqs) * F32,
             self.cache_view(), self.view(xbc), dt, self.weight, self.view(xbc), self.view(xbc), self.view(self.s_copy),
         )  # fmt: skip
-        self.cache_view(self.op(0, self.cache_view(), self.view(self.s_copy)))  # the extra states' copy: none
+        self.extra_states()
         self.cache_view(self.view(scan))  # the new SSM state's write
         z = self.op(d_inner * n_ub * F32, self.view(zxbcdt))  # cont
         xd = self.op(d_inner * n_ub * F32, self.view(xbc), self.weight)
@@ -173,7 +172,7 @@ class Mamba2Graph(Graph):
         return self.view(y)
 
 
-class DeltaNetGraph(Graph):
+class DeltaNetGraph(RecurrentGraph):
     """Qwen3-Next's graph (src/models/qwen3next.cpp, the gated delta net of delta-net-base.cpp): gated DeltaNet
     layers between gated attention layers, routed experts and a sigmoid-gated shared expert after each. Each
     layer's norm is expanded first; a DeltaNet layer then reads its convolution state, projects q, k, v in one
@@ -183,11 +182,6 @@ class DeltaNetGraph(Graph):
     cache), norms the output gated by silu(z), and projects it out. An attention layer's Q projection carries a
     gate, applied (sigmoid) to the attention's output. Every token goes through the last layer; the final norm's
     output is a graph output (t_h_nextn), its output rows the logits' input."""
-
-    def build(self, caches: Caches, n_out: int, *, rotated: bool) -> None:
-        self.s_copy = Tensor(caches.seqs * I32)  # which recurrent state each sequence reads
-        self.extra_inputs.append(self.s_copy)
-        super().build(caches, n_out, rotated=rotated)
 
     def layers(self, inputs: Inputs, n_out: int) -> None:
         shape, n_ub, e = self.shape, self.n_ub, self.shape.n_embd
@@ -212,13 +206,6 @@ class DeltaNetGraph(Graph):
         shared = self.dense(h, rows, self.shape.n_ff_shexp)
         gate = self.op(rows * F32, self.op(rows * F32, self.weight, h), inplace=True)
         return self.op(e * rows * F32, routed, self.op(shared.size, shared, gate, inplace=True), inplace=True)
-
-    def state_rows(self, size: int) -> Tensor:
-        """build_rs: a state's rows for the batch's sequences (the cache cleared in place first), the extra
-        states' copy (none)."""
-        rows = self.op(size * self.caches.seqs * F32, self.cache_view(), self.view(self.s_copy))
-        self.cache_view(self.op(0, self.cache_view(), self.view(self.s_copy)))
-        return rows
 
     def delta_net(self, h: Tensor) -> Tensor:
         shape, n_ub, seqs = self.shape, self.n_ub, self.caches.seqs
