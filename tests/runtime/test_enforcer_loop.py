@@ -119,8 +119,9 @@ class FakeSupervisor:
 class Loop:
     """An enforcer of the stack above over the fakes; `kills` are the trees it killed."""
 
-    def __init__(self, tmp_path: Path, policy: str = "") -> None:
-        (tmp_path / "stack.toml").write_text(STACK.format(policy=policy))
+    def __init__(self, tmp_path: Path, policy: str = "", kernel: str = "off") -> None:
+        stack = STACK.format(policy=policy).replace('kernel_enforcement = "off"', f'kernel_enforcement = "{kernel}"')
+        (tmp_path / "stack.toml").write_text(stack)
         bundle = tmp_path / "run" / "bundle"
         build(make_plan(load_stack(tmp_path / "stack.toml")), bundle, files_later=True)
         (tmp_path / "run" / "state").mkdir(parents=True)
@@ -203,6 +204,91 @@ def test_max_kills_in_the_window_leave_it_stopped(tmp_path: Path) -> None:
     kinds = [k for k, _ in loop.events()]
     assert kinds.count("give_up") == 1 and kinds[-1] == "give_up"
     assert dict(loop.events())["give_up"]["kills"] == 2
+
+
+class V1Group:
+    """The worker's cgroup v1 group as the kernel shows it (Documentation/admin-guide/cgroup-v1/memory.rst:
+    `memory.oom_control` holds `oom_kill_disable`, `under_oom` and, since Linux 4.13, `oom_kill N`;
+    `memory.usage_in_bytes` the charge), and the wrapper's record of where it placed a run (`version path pid`)."""
+
+    def __init__(self, tmp_path: Path, record: Path) -> None:
+        self.path, self.record, self.killed = tmp_path / "cg" / "umemc-loop-r1" / "w", record, 0
+        self.path.mkdir(parents=True)
+        self.charge(0)
+        self.count()
+
+    def placed(self, pid: int, charge: int) -> None:
+        self.record.parent.mkdir(parents=True, exist_ok=True)
+        self.record.write_text(f"1 {self.path} {pid}\n")
+        self.charge(charge)
+
+    def charge(self, charge: int) -> None:
+        (self.path / "memory.usage_in_bytes").write_text(f"{charge}\n")
+
+    def oom_kill(self) -> None:
+        """The kernel killed the run in the group: its count goes up, its charge is freed."""
+        self.killed += 1
+        self.count()
+        self.charge(0)
+
+    def count(self) -> None:
+        (self.path / "memory.oom_control").write_text(f"oom_kill_disable 0\nunder_oom 0\noom_kill {self.killed}\n")
+
+
+def test_a_run_the_kernel_killed_before_its_first_sample_is_a_kill(tmp_path: Path) -> None:
+    """On a busy box supervisord can restart a leaker and the kernel kill it again (its group's limit) before the
+    enforcer ever samples that run: it is still one kill towards max_kills (2 here), so the give-up stops the worker
+    in its back-off, before a third run. (The enforcer once read the group only through a sampled process and took
+    the group's count as seen when it attached to the next run: the kill was lost, a third run started.)"""
+    loop = Loop(tmp_path, kernel="auto")
+    group = V1Group(tmp_path, loop.enforcer.run_dir.cgroups / "w")
+    loop.start(4001, 50 * MiB)
+    group.placed(4001, 40 * MiB)
+    loop.enforcer.tick()
+    w = loop.enforcer.workers["w"]
+    assert (w.pid, w.usage) == (4001, 40 * MiB)  # sampled by its group's charge
+    # the kernel kills the first run; supervisord backs off
+    group.oom_kill()
+    del loop.procs.held[4001]
+    loop.sv.table["w"] |= {"statename": "BACKOFF", "pid": 0}
+    loop.enforcer._gone = True
+    loop.enforcer.tick()
+    # the second run: placed, killed, supervisord backing off again, all between two ticks
+    group.placed(4002, 0)
+    group.oom_kill()
+    loop.enforcer._gone = True
+    loop.enforcer.tick()
+    kills = [d for k, d in loop.events() if k == "hard_limit_kill"]
+    assert kills == [
+        {"by": "kernel", "pid": 4001, "oom_kills": 1, "hard_bytes": 110 * MiB, "cgroup": str(group.path)},
+        {"by": "kernel", "pid": 4002, "oom_kills": 1, "hard_bytes": 110 * MiB, "cgroup": str(group.path)},
+    ]
+    assert [d for k, d in loop.events() if k == "exit"] == [
+        {"pid": 4001, "state": "BACKOFF", "exitstatus": None, "signal": "SIGKILL",
+         "cause": "hard quota (kernel, cgroup OOM)", "peak_bytes": 40 * MiB},
+    ]  # fmt: skip
+    assert loop.sv.stops == [("w", False)] and w.phase is Phase.GIVEN_UP
+    give_up = [d for k, d in loop.events() if k == "give_up"]
+    assert give_up == [{"reason": "2 hard-limit kills within 600 s: left stopped", "kills": 2}]
+
+
+def test_an_enforcer_taking_over_says_only_the_kernels_later_kills(tmp_path: Path) -> None:
+    """A restarted enforcer (or the standby taking over) finds kills already counted in a worker's group: the one
+    before it said them. Only a kill after it took over is news."""
+    loop = Loop(tmp_path, kernel="auto")
+    group = V1Group(tmp_path, loop.enforcer.run_dir.cgroups / "w")
+    group.placed(4001, 50 * MiB)
+    group.oom_kill()  # before this enforcer
+    loop.start(4002, 50 * MiB)
+    group.placed(4002, 50 * MiB)
+    loop.enforcer.count_ooms_from_now()
+    loop.enforcer.tick()
+    assert [k for k, _ in loop.events()] == ["start"]
+    group.oom_kill()
+    loop.enforcer._gone = True
+    loop.enforcer.tick()
+    kills = [d for k, d in loop.events() if k == "hard_limit_kill"]
+    assert [(d["pid"], d["oom_kills"]) for d in kills] == [(4002, 1)]
 
 
 def test_a_stop_someone_asked_for_is_no_restart(tmp_path: Path) -> None:

@@ -145,6 +145,7 @@ class Enforcer:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGHUP, self.on_hup)
         self.events.add("enforcer_start", None, pid=os.getpid(), interval_s=self.interval)
+        self.count_ooms_from_now()
         next_tick = time.monotonic()
         while not self._stop:
             try:
@@ -159,6 +160,12 @@ class Enforcer:
             if time.monotonic() > next_tick + self.interval:
                 next_tick = time.monotonic()  # fell behind: skip, never burst
         self.events.close()
+
+    def count_ooms_from_now(self) -> None:
+        """The kernel's kills already counted in the workers' groups when this enforcer takes over (a restarted
+        enforcer, the standby) were said by the one before it: only later ones are news."""
+        for w in self.workers.values():
+            self.sampler.find_oom_group(w, from_now=True)
 
     def _on_term(self, *_: Any) -> None:
         self._stop = True
@@ -414,24 +421,33 @@ class Enforcer:
         self._maybe_give_up(w, now)
 
     def _check_kernel(self, w: Worker) -> None:
-        if w.cgroup is None or w.pid is None:
+        """The kernel's OOM kills in the worker's group since the last look. Read from the group its runs are placed
+        in, whether or not a process of its own is sampled now: a run killed before its first sample (a fast
+        leak on a busy box) is still a kill, counted towards the give-up before supervisord starts another."""
+        if w.oom_group is None and self.plan.policy.kernel_enforcement == "auto":
+            self.sampler.find_oom_group(w)
+        if w.oom_group is None:
             return
-        kills = w.cgroup.oom_kills()
+        kills = w.oom_group.oom_kills()
+        if kills < w.oom_seen:  # the group was made anew: its count started again
+            w.oom_seen = 0
         if kills <= w.oom_seen:
             return
         now = time.time()
         w.kills.extend([now] * (kills - w.oom_seen))
+        placed = self.sampler.placed(w) if w.pid is None else None  # a run never sampled: the last one placed
         self._event(
             w,
             "hard_limit_kill",
             by="kernel",
-            pid=w.pid,
+            pid=w.pid if placed is None else placed.pid,
             oom_kills=kills - w.oom_seen,
             hard_bytes=w.hard,
-            cgroup=str(w.cgroup.path),
+            cgroup=str(w.oom_group.path),
         )
         w.oom_seen = kills
-        w.pending_exit = rules.KERNEL_KILL  # its exit, when seen, was this kill (v1 may have killed a child only)
+        if w.pid is not None:
+            w.pending_exit = rules.KERNEL_KILL  # its exit, when seen, was this kill (v1 may have killed a child only)
         if w.phase is Phase.UP:
             w.to(Phase.OOM_KILLED, "the kernel killed in its cgroup (its hard quota)")
         self._maybe_give_up(w, now)

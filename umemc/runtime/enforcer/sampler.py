@@ -104,15 +104,35 @@ class Sampler:
     def attach_cgroup(self, w: Worker) -> None:
         """The exec wrapper records `version path pid` once it has placed the worker; until then
         (a few ms after start) the worker is sampled by RSS."""
-        try:
-            rec = CgroupRecord.parse((self.run_dir.cgroups / w.name).read_text())
-        except (OSError, ValueError):
+        rec = self.placed(w)
+        if rec is None or rec.pid != w.pid:
             return
-        if rec.pid == w.pid:
-            w.cgroup = Cgroup(rec.version, rec.path)
-            w.oom_seen = w.cgroup.oom_kills()
-            if w.allowance:  # the wrapper set the plan's limit: a lease has raised it since
-                self.apply_limits(w)
+        w.cgroup = Cgroup(rec.version, rec.path)
+        self.count_ooms_in(w, w.cgroup)
+        if w.allowance:  # the wrapper set the plan's limit: a lease has raised it since
+            self.apply_limits(w)
+
+    def placed(self, w: Worker) -> CgroupRecord | None:
+        """Where the wrapper last placed the worker (None before any run was, or without kernel enforcement)."""
+        try:
+            return CgroupRecord.parse((self.run_dir.cgroups / w.name).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def find_oom_group(self, w: Worker, *, from_now: bool = False) -> None:
+        """The group the wrapper last placed the worker in, as the one whose OOM kills are its (count_ooms_in)."""
+        rec = self.placed(w)
+        if rec is not None:
+            self.count_ooms_in(w, Cgroup(rec.version, rec.path), from_now=from_now)
+
+    @staticmethod
+    def count_ooms_in(w: Worker, group: Cgroup, *, from_now: bool = False) -> None:
+        """The group whose OOM kills are the worker's from now on. A group new to the enforcer was made after it
+        started (each of its kills is news) unless `from_now` (the enforcer started beside a running stack: what
+        the group counted before was said by the enforcer before it)."""
+        if w.oom_group == group:
+            return
+        w.oom_group, w.oom_seen = group, group.oom_kills() if from_now else 0
 
     def apply_limits(self, w: Worker) -> None:
         """The kernel's limit of the worker's cgroup to its quotas in force (the plan's plus its leases)."""

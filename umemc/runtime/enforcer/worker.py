@@ -5,6 +5,7 @@ explicit state machine for what the enforcer did with its process. supervisord's
     DOWN ──start──▶ UP ──over hard quota──▶ KILLED ──restarted──▶ UP
                      │ └─kernel OOM in its group─▶ OOM_KILLED ──exit──▶ DOWN
                      └─exit──▶ DOWN                    (either kill, max_kills times in kill_window) ──▶ GIVEN_UP
+    (a run the kernel killed before it was ever sampled counts too: DOWN ──max_kills──▶ GIVEN_UP)
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class Phase(Enum):
 
 
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
-    Phase.DOWN: frozenset({Phase.UP}),
+    Phase.DOWN: frozenset({Phase.UP, Phase.GIVEN_UP}),
     Phase.UP: frozenset({Phase.DOWN, Phase.KILLED, Phase.OOM_KILLED}),
     Phase.KILLED: frozenset({Phase.UP, Phase.DOWN, Phase.GIVEN_UP}),
     Phase.OOM_KILLED: frozenset({Phase.DOWN, Phase.UP, Phase.KILLED, Phase.GIVEN_UP}),
@@ -75,7 +76,10 @@ class Worker:
     pids: list[int] = field(default_factory=list)
     escaped: list[tuple[int, int]] = field(default_factory=list)  # (pid, start) of processes that left its tree
     ended: deque[int] = field(default_factory=lambda: deque(maxlen=8))  # pids killed and recorded as exited
-    cgroup: Cgroup | None = None
+    cgroup: Cgroup | None = None  # the group its current process was placed in (it is sampled by its charge)
+    # the group its runs are placed in, kept across its restarts: the kernel's count of OOM kills there is
+    # cumulative, and a run killed before the enforcer saw its process is still one kill (oom_seen: those said)
+    oom_group: Cgroup | None = None
     oom_seen: int = 0
     started: float = 0.0
     restarts: int = -1
