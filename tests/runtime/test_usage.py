@@ -85,6 +85,15 @@ def test_an_answer_without_figures_says_none() -> None:
     assert Usage().per_second(1.0) is None
 
 
+def test_a_count_is_digits_and_the_last_one_says() -> None:
+    """A token count with a sign is no count (the one before it stands); a rate keeps its sign, fraction and exponent;
+    an answer that says a figure twice (a stream's chunks) is read by its last saying."""
+    data = b'{"usage": {"prompt_tokens": 4}} {"usage": {"prompt_tokens": -2, "completion_tokens": 7}}'
+    assert read_usage(data) == Usage(4, 7, None, "usage")
+    data = b'{"timings": {"predicted_n": 8, "predicted_per_second": 1.25e2, "prompt_n": 3, "cache_n": 2}}'
+    assert read_usage(data) == Usage(5, 8, 125.0, "timings")
+
+
 def test_the_access_log_rotates_and_never_fails_a_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from umemc.runtime.gateway.access import AccessLog
 
@@ -103,3 +112,61 @@ def test_the_access_log_rotates_and_never_fails_a_request(tmp_path: Path, capsys
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"umemc-gateway: access log {tmp_path}/blocked/access.log: ")
     assert err[0].endswith("(requests are served; not logged)")
+
+
+def test_the_access_log_writes_the_lines_of_the_moment_together(tmp_path: Path) -> None:
+    """Under a running loop the lines wait for the flush (FLUSH_S later, in one go); the gateway's end writes those
+    still waiting; past MAX_PENDING waiting lines they are written at once."""
+    import asyncio
+
+    from umemc.runtime.gateway import access
+
+    path = tmp_path / "access.log"
+
+    async def run() -> list[list[int]]:
+        log = access.AccessLog(path)
+        seen = []
+        log.write({"n": 0})
+        log.write({"n": 1})
+        seen.append([json.loads(x)["n"] for x in path.read_text().splitlines()] if path.exists() else [])
+        flushed = asyncio.Event()
+        asyncio.get_running_loop().call_later(access.FLUSH_S, flushed.set)  # scheduled after the log's own flush
+        await flushed.wait()
+        seen.append([json.loads(x)["n"] for x in path.read_text().splitlines()])
+        for n in range(2, 2 + access.MAX_PENDING):
+            log.write({"n": n})
+        seen.append([json.loads(x)["n"] for x in path.read_text().splitlines()])
+        log.write({"n": "last"})
+        log.close()
+        seen.append([json.loads(x)["n"] for x in path.read_text().splitlines()][-2:])
+        return seen
+
+    before, after, full, end = asyncio.run(run())
+    assert (before, after) == ([], [0, 1])
+    assert full == list(range(2 + access.MAX_PENDING))
+    assert end == [access.MAX_PENDING + 1, "last"]
+
+
+def test_metrics_keep_requests_until_a_scrape_or_fold_at() -> None:
+    """The request path keeps each answer; the series have them after a fold (every scrape folds first), and never
+    more than FOLD_AT wait."""
+    from types import SimpleNamespace
+
+    from umemc.runtime.gateway import metrics
+
+    m = metrics.Metrics(SimpleNamespace(models={"m": None}, generation=SimpleNamespace(capacity=None)))  # type: ignore[arg-type]
+
+    def answered() -> tuple[float, float, float]:
+        samples = {s.name: s.value for fam in m.requests.collect() for s in fam.samples if s.name.endswith("_total")}
+        tokens = {s.labels["direction"]: s.value for fam in m.tokens.collect() for s in fam.samples
+                  if s.name.endswith("_total")}  # fmt: skip
+        return samples.get("umemc_requests_total", 0.0), tokens.get("in", 0.0), tokens.get("out", 0.0)
+
+    for _ in range(metrics.FOLD_AT - 1):
+        m.request("m", 200, 0.01, Usage(2, 3))
+    assert answered() == (0, 0, 0)
+    m.request("m", 200, 0.01, Usage(2, 3))  # the FOLD_AT-th
+    assert answered() == (metrics.FOLD_AT, 2 * metrics.FOLD_AT, 3 * metrics.FOLD_AT)
+    m.request("m", 200, 0.01, Usage(2, 3))
+    m.fold()
+    assert answered() == (metrics.FOLD_AT + 1, 2 * metrics.FOLD_AT + 2, 3 * metrics.FOLD_AT + 3)

@@ -22,6 +22,9 @@ RETRY_S = 10.0
 FLUSH_S = 0.1
 
 
+MAX_PENDING = 4096  # lines kept for the next flush at most: past it they are written at once
+
+
 class AccessLog:
     def __init__(self, path: Path, max_bytes: int = MAX_BYTES):
         self.path, self.max_bytes = path, max_bytes
@@ -30,35 +33,39 @@ class AccessLog:
         self.failed: str | None = None
         self.next_try = 0.0
         self.flushing: asyncio.TimerHandle | None = None
+        self.pending: list[tuple[float, dict[str, Any]]] = []
 
     def write(self, entry: dict[str, Any]) -> None:
-        """One request's line; on disk within FLUSH_S (lines written together go in one write: a request's path
-        makes no system call for its log line)."""
-        now = time.time()
-        line = json.dumps({"time": datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds"), **entry})
-        try:
-            f = self._open(now)
-            if f is None:
-                return
-            f.write(line + "\n")
-            self.size += len(line) + 1
-        except OSError as exc:
-            self._failed(exc, now)
-            return
-        if self.flushing is None:
+        """One request's line, on disk within FLUSH_S: the lines of the moment are formatted and written together
+        (a request's path only keeps its entry; one at a time, the formatting cost each request several times as
+        much between the network's work)."""
+        self.pending.append((time.time(), entry))
+        if len(self.pending) >= MAX_PENDING:
+            self.flush()
+        elif self.flushing is None:
             try:
                 self.flushing = asyncio.get_running_loop().call_later(FLUSH_S, self.flush)
             except RuntimeError:  # no event loop (a test of the log alone): at once
                 self.flush()
 
     def flush(self) -> None:
-        self.flushing = None
-        if self.file is None:
-            return
+        if self.flushing is not None:
+            self.flushing.cancel()
+            self.flushing = None
+        pending, self.pending = self.pending, []
+        now = time.time()
         try:
-            self.file.flush()
+            for t, entry in pending:
+                f = self._open(now)
+                if f is None:
+                    return
+                line = json.dumps({"time": datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds"), **entry})
+                f.write(line + "\n")
+                self.size += len(line) + 1
+            if self.file is not None:
+                self.file.flush()
         except OSError as exc:
-            self._failed(exc, time.time())
+            self._failed(exc, now)
 
     def _open(self, now: float) -> IO[str] | None:
         if self.file is not None and self.size < self.max_bytes:
@@ -80,12 +87,14 @@ class AccessLog:
         if str(exc) != self.failed:
             print(f"umemc-gateway: access log {self.path}: {exc} (requests are served; not logged)", file=sys.stderr)
         self.failed, self.next_try = str(exc), now + RETRY_S
-        self.close()
+        self._drop()
 
     def close(self) -> None:
-        if self.flushing is not None:
-            self.flushing.cancel()
-            self.flushing = None
+        """The lines still kept written, then the file closed (the gateway's end)."""
+        self.flush()
+        self._drop()
+
+    def _drop(self) -> None:
         if self.file is not None:
             try:
                 self.file.close()

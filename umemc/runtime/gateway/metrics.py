@@ -1,6 +1,6 @@
-"""/metrics in the Prometheus text format (prometheus-client): counters and histograms the request
-path updates, plus live gauges read from the scheduler at scrape time (a custom collector, so a
-scrape always shows the current state and nothing accumulates between scrapes)."""
+"""/metrics in the Prometheus text format (prometheus-client): counters and histograms of the requests (kept by the
+request path, folded into the series at each scrape), plus live gauges read from the scheduler at scrape time (a
+custom collector, so a scrape always shows the current state and nothing accumulates between scrapes)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 START_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 STATES = tuple(ProcState)
+FOLD_AT = 1024  # requests kept before they are folded into the series (a scrape folds them at once)
 
 
 class Metrics:
@@ -78,6 +79,8 @@ class Metrics:
         r.register(_Live(sched))
         self._latency = {name: self.latency.labels(name) for name in sched.models}
         self._children: dict[tuple[Any, ...], Any] = {}
+        self._answers: list[tuple[str, int, float, Usage | None]] = []  # kept until the next fold
+        self._waits: list[tuple[Histogram, str, float]] = []
         self.sched_has_budget = sched.generation.capacity is not None
 
     def adopt(self, models: dict[str, Any]) -> None:
@@ -97,22 +100,39 @@ class Metrics:
         return child
 
     def request(self, model: str, code: int, seconds: float, usage: Usage | None = None) -> None:
-        self._child(self.requests, model, str(code)).inc()
-        child = self._latency.get(model)
-        if child is not None:
-            child.observe(seconds)
-        if usage is not None and child is not None:
-            if usage.tokens_in:
-                self._child(self.tokens, model, "in").inc(usage.tokens_in)
-            if usage.tokens_out:
-                self._child(self.tokens, model, "out").inc(usage.tokens_out)
+        """A request answered: kept, and folded into the series with the others at the next scrape (or once FOLD_AT
+        are kept). One at a time, prometheus-client's locked updates cost each request several times as much."""
+        self._answers.append((model, code, seconds, usage))
+        if len(self._answers) >= FOLD_AT:
+            self.fold()
 
     def queue_wait(self, model: str, seconds: float) -> None:
-        self._child(self.queue_wait_seconds, model).observe(seconds)
+        self._waits.append((self.queue_wait_seconds, model, seconds))
+        if len(self._waits) >= FOLD_AT:
+            self.fold()
 
     def generation_wait(self, model: str, seconds: float) -> None:
         if self.sched_has_budget:
-            self._child(self.generation_wait_seconds, model).observe(seconds)
+            self._waits.append((self.generation_wait_seconds, model, seconds))
+            if len(self._waits) >= FOLD_AT:
+                self.fold()
+
+    def fold(self) -> None:
+        """The requests kept since the last fold into their series."""
+        answers, self._answers = self._answers, []
+        waits, self._waits = self._waits, []
+        for model, code, seconds, usage in answers:
+            self._child(self.requests, model, str(code)).inc()
+            child = self._latency.get(model)
+            if child is not None:
+                child.observe(seconds)
+            if usage is not None and child is not None:
+                if usage.tokens_in:
+                    self._child(self.tokens, model, "in").inc(usage.tokens_in)
+                if usage.tokens_out:
+                    self._child(self.tokens, model, "out").inc(usage.tokens_out)
+        for metric, model, seconds in waits:
+            self._child(metric, model).observe(seconds)
 
     def cold_start(self, model: str, seconds: float) -> None:
         self.cold_starts.labels(model).inc()
@@ -122,6 +142,7 @@ class Metrics:
         self.evictions.labels(model, reason).inc()
 
     def render(self) -> bytes:
+        self.fold()
         return generate_latest(self.registry)
 
 

@@ -10,18 +10,17 @@ Each figure says where it came from."""
 
 from __future__ import annotations
 
-import functools
 import re
 from collections import deque
 from dataclasses import dataclass
 
-_INT = rb'"%s"\s*:\s*(\d+)'
-_NUM = rb'"%s"\s*:\s*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)'
-PROMPT = re.compile(_INT % b"prompt_tokens")
-COMPLETION = re.compile(_INT % b"completion_tokens")
-PROMPT_N, CACHE_N, PREDICTED_N = (re.compile(_INT % k) for k in (b"prompt_n", b"cache_n", b"predicted_n"))
-PER_SECOND = re.compile(_NUM % b"predicted_per_second")
-PROMPT_PER_SECOND = re.compile(_NUM % b"prompt_per_second")
+# every figure an answer may say, in one pass over its bytes: the key, then its number as sign, digits and the rest
+# (a count is digits alone: a count with a sign is no count; a rate takes its sign, fraction and exponent)
+FIGURES = re.compile(
+    rb'"(prompt_tokens|completion_tokens|prompt_n|cache_n|predicted_n|predicted_per_second|prompt_per_second)"'
+    rb"\s*:\s*(-?)(\d+)((?:\.\d+)?(?:[eE][-+]?\d+)?)"
+)
+RATES = frozenset((b"predicted_per_second", b"prompt_per_second"))
 # a streamed chunk with text in it: "delta": {"content": "x" ...} (or {"role": ..., "content": "x"})
 DELTA = re.compile(rb'"delta"\s*:\s*\{[^{}]*?"content"\s*:\s*"(?!")')
 TAIL = 16 * 1024  # usage and timings are in the last object of an answer or the last chunks of a stream
@@ -46,28 +45,24 @@ class Usage:
         return self.tokens_out / upstream_s if upstream_s > 0 else None
 
 
-@functools.cache
-def _key(pattern: re.Pattern[bytes]) -> bytes:
-    """The JSON key a figure's pattern begins with (`"prompt_tokens"`), read once."""
-    return pattern.pattern[: pattern.pattern.index(b'"', 1) + 1]
-
-
-def _last(pattern: re.Pattern[bytes], data: bytes) -> bytes | None:
-    if _key(pattern) not in data:  # its key is nowhere: no search
-        return None
-    found = None
-    for found in pattern.finditer(data):  # noqa: B007 - the last one is wanted
-        pass
-    return None if found is None else found.group(1)
+def _figures(data: bytes) -> dict[bytes, bytes]:
+    """Each figure's last value in `data` (a later answer object or chunk says the final one)."""
+    last: dict[bytes, bytes] = {}
+    for key, sign, digits, rest in FIGURES.findall(data):
+        if key in RATES:
+            last[key] = sign + digits + rest
+        elif not sign:
+            last[key] = digits
+    return last
 
 
 def read_usage(data: bytes, chunks: int = 0) -> Usage:
     """The usage an answer (or a stream's last bytes) carries; `chunks`: a stream's chunks with content."""
-    text = data if len(data) <= WHOLE else data[-TAIL:]
-    prompt, completion = _last(PROMPT, text), _last(COMPLETION, text)
-    predicted, rate = _last(PREDICTED_N, text), _last(PER_SECOND, text)
+    found = _figures(data if len(data) <= WHOLE else data[-TAIL:])
+    prompt, completion = found.get(b"prompt_tokens"), found.get(b"completion_tokens")
+    predicted, rate = found.get(b"predicted_n"), found.get(b"predicted_per_second")
     speed = float(rate) if rate is not None and predicted is not None else None
-    reading = _last(PROMPT_PER_SECOND, text)
+    reading = found.get(b"prompt_per_second")
     prompt_speed = float(reading) if reading is not None else None
     if completion is not None or prompt is not None:
         out = None if completion is None else int(completion)
@@ -75,7 +70,7 @@ def read_usage(data: bytes, chunks: int = 0) -> Usage:
             speed = None  # timings of another count: not this answer's
         return Usage(None if prompt is None else int(prompt), out, speed, "usage", prompt_speed)
     if predicted is not None:
-        processed, cached = _last(PROMPT_N, text), _last(CACHE_N, text)
+        processed, cached = found.get(b"prompt_n"), found.get(b"cache_n")
         tokens_in = None if processed is None else int(processed) + int(cached or 0)
         return Usage(tokens_in, int(predicted), speed, "timings", prompt_speed)
     if chunks:
