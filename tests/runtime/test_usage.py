@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -118,6 +119,8 @@ def test_the_access_log_writes_the_lines_of_the_moment_together(tmp_path: Path) 
     """Under a running loop the lines wait for the flush (FLUSH_S later, in one go); the gateway's end writes those
     still waiting; past MAX_PENDING waiting lines they are written at once."""
     import asyncio
+    import time
+    from datetime import datetime, timedelta
 
     from umemc.runtime.gateway import access
 
@@ -126,13 +129,18 @@ def test_the_access_log_writes_the_lines_of_the_moment_together(tmp_path: Path) 
     async def run() -> list[list[int]]:
         log = access.AccessLog(path)
         seen = []
+        before = time.time()
         log.write({"n": 0})
         log.write({"n": 1})
+        after = time.time()
         seen.append([json.loads(x)["n"] for x in path.read_text().splitlines()] if path.exists() else [])
         flushed = asyncio.Event()
         asyncio.get_running_loop().call_later(access.FLUSH_S, flushed.set)  # scheduled after the log's own flush
         await flushed.wait()
         seen.append([json.loads(x)["n"] for x in path.read_text().splitlines()])
+        for line in path.read_text().splitlines():  # each line says when it was answered, to the millisecond, in UTC
+            stamp = datetime.fromisoformat(json.loads(line)["time"])
+            assert stamp.utcoffset() == timedelta(0) and before - 0.001 <= stamp.timestamp() <= after
         for n in range(2, 2 + access.MAX_PENDING):
             log.write({"n": n})
         seen.append([json.loads(x)["n"] for x in path.read_text().splitlines()])
@@ -147,26 +155,48 @@ def test_the_access_log_writes_the_lines_of_the_moment_together(tmp_path: Path) 
     assert end == [access.MAX_PENDING + 1, "last"]
 
 
-def test_metrics_keep_requests_until_a_scrape_or_fold_at() -> None:
-    """The request path keeps each answer; the series have them after a fold (every scrape folds first), and never
-    more than FOLD_AT wait."""
-    from types import SimpleNamespace
+def test_the_requests_figures_read_as_prometheus_clients_own_series() -> None:
+    """The request path keeps its figures in plain numbers; what a scrape shows of them is what prometheus-client's
+    own Counter and Histogram show for the same requests (every bucket, count and sum; the library's _created
+    samples aside)."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
 
     from umemc.runtime.gateway import metrics
 
-    m = metrics.Metrics(SimpleNamespace(models={"m": None}, generation=SimpleNamespace(capacity=None)))  # type: ignore[arg-type]
+    stack = SimpleNamespace(models={"m": None, "quiet": None}, generation=SimpleNamespace(capacity=None))
+    kept = metrics.Metrics(stack)  # type: ignore[arg-type]
+    ours = CollectorRegistry()
+    ours.register(kept.answers)  # its series of the requests alone (the live gauges need a running gateway)
+    theirs = CollectorRegistry()
+    requests = Counter("umemc_requests", "", ["model", "code"], registry=theirs)
+    latency = Histogram(
+        "umemc_request_duration_seconds", "", ["model"], buckets=metrics.LATENCY_BUCKETS, registry=theirs
+    )
+    tokens = Counter("umemc_tokens", "", ["model", "direction"], registry=theirs)
+    latency.labels("quiet")  # a model of the stack shows its (empty) series before its first request
+    # at a bound (0.01: in its bucket), between, past the last bound
+    for code, seconds, usage in ((200, 0.01, Usage(2, 3)), (200, 0.3, Usage(1, None)), (503, 700.0, None)):
+        kept.request("m", code, seconds, usage)
+        requests.labels("m", str(code)).inc()
+        latency.labels("m").observe(seconds)
+        for direction, n in (("in", usage and usage.tokens_in), ("out", usage and usage.tokens_out)):
+            if n:
+                tokens.labels("m", direction).inc(n)
+    kept.request("nobody", 404, 0.001)
+    requests.labels("nobody", "404").inc()
 
-    def answered() -> tuple[float, float, float]:
-        samples = {s.name: s.value for fam in m.requests.collect() for s in fam.samples if s.name.endswith("_total")}
-        tokens = {s.labels["direction"]: s.value for fam in m.tokens.collect() for s in fam.samples
-                  if s.name.endswith("_total")}  # fmt: skip
-        return samples.get("umemc_requests_total", 0.0), tokens.get("in", 0.0), tokens.get("out", 0.0)
+    def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = generate_latest(registry).decode()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+            if not s.name.endswith("_created") and not s.name.startswith(("umemc_queue", "umemc_generation"))
+        }
 
-    for _ in range(metrics.FOLD_AT - 1):
-        m.request("m", 200, 0.01, Usage(2, 3))
-    assert answered() == (0, 0, 0)
-    m.request("m", 200, 0.01, Usage(2, 3))  # the FOLD_AT-th
-    assert answered() == (metrics.FOLD_AT, 2 * metrics.FOLD_AT, 3 * metrics.FOLD_AT)
-    m.request("m", 200, 0.01, Usage(2, 3))
-    m.fold()
-    assert answered() == (metrics.FOLD_AT + 1, 2 * metrics.FOLD_AT + 2, 3 * metrics.FOLD_AT + 3)
+    got = samples(ours)
+    assert got == samples(theirs)
+    assert got[("umemc_request_duration_seconds_bucket", (("le", "0.01"), ("model", "m")))] == 1
+    assert got[("umemc_request_duration_seconds_count", (("model", "quiet"),))] == 0
+    assert got[("umemc_tokens_total", (("direction", "in"), ("model", "m")))] == 3

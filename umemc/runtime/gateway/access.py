@@ -54,12 +54,17 @@ class AccessLog:
             self.flushing = None
         pending, self.pending = self.pending, []
         now = time.time()
+        second, stamp = -1, ""
         try:
             for t, entry in pending:
                 f = self._open(now)
                 if f is None:
                     return
-                line = json.dumps({"time": datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds"), **entry})
+                if int(t) != second:  # the lines of a flush share their second: formatted once
+                    second = int(t)
+                    stamp = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+                # as datetime's isoformat(timespec="milliseconds") writes it: 2026-12-05T09:30:01.123+00:00
+                line = json.dumps({"time": f"{stamp}.{int((t - second) * 1000):03d}+00:00", **entry})
                 f.write(line + "\n")
                 self.size += len(line) + 1
             if self.file is not None:

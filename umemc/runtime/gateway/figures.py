@@ -42,7 +42,7 @@ def save(
             }
             for n, t in traffic.items()
         },  # fmt: skip
-        "answered": [list(a.__dict__.values()) for a in answered.items],
+        "answered": [list(a) for a in answered.items],
         "memory": [[p[0], p[1], p[2], p[3], p[4]] for p in memory.points],
     }
     try:

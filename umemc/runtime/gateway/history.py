@@ -11,8 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 STEP_S = 2.0
 WINDOW_S = 3600.0
@@ -46,8 +45,10 @@ class Memory:
         }
 
 
-@dataclass(frozen=True)
-class Answered:
+class Answered(NamedTuple):
+    """One request answered (made for every request: a tuple, not a frozen dataclass, whose fields are set one by
+    one through object.__setattr__)."""
+
     t: float
     model: str
     status: int

@@ -1,16 +1,19 @@
-"""/metrics in the Prometheus text format (prometheus-client): counters and histograms of the requests (kept by the
-request path, folded into the series at each scrape), plus live gauges read from the scheduler at scrape time (a
-custom collector, so a scrape always shows the current state and nothing accumulates between scrapes)."""
+"""/metrics in the Prometheus text format (prometheus-client): counters and histograms of the requests (kept in plain
+numbers by the request path, handed over at each scrape), of cold starts and evictions, plus live gauges read from
+the scheduler at scrape time (custom collectors, so a scrape always shows the current state)."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from ..probes.host import Processes, processes
 from ..supervisor import ProcState
@@ -23,23 +26,12 @@ if TYPE_CHECKING:
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 START_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 STATES = tuple(ProcState)
-FOLD_AT = 1024  # requests kept before they are folded into the series (a scrape folds them at once)
 
 
 class Metrics:
     def __init__(self, sched: Scheduler):
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter(
-            "umemc_requests", "Requests answered, by model and HTTP status.", ["model", "code"], registry=r
-        )
-        self.latency = Histogram(
-            "umemc_request_duration_seconds",
-            "Time from request to the end of the response, queueing and cold starts included.",
-            ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
         self.cold_starts = Counter(
             "umemc_cold_starts", "Workers started on demand by the gateway.", ["model"], registry=r
         )
@@ -56,83 +48,36 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
-        self.queue_wait_seconds = Histogram(
-            "umemc_queue_wait_seconds",
-            "Time a request waited for a slot of its model (a cold start included), apart from its latency.",
-            ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.generation_wait_seconds = Histogram(
-            "umemc_generation_wait_seconds",
-            "Time a request waited for the stack's generation budget (policy.max_generating), apart from its latency.",
-            ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.tokens = Counter(
-            "umemc_tokens",
-            "Tokens the workers' answers said they read (in) and generated (out).",
-            ["model", "direction"],
-            registry=r,
-        )
+        self.answers = Answers(sched.models)
+        r.register(self.answers)
         r.register(_Live(sched))
-        self._latency = {name: self.latency.labels(name) for name in sched.models}
-        self._children: dict[tuple[Any, ...], Any] = {}
-        self._answers: list[tuple[str, int, float, Usage | None]] = []  # kept until the next fold
-        self._waits: list[tuple[Histogram, str, float]] = []
         self.sched_has_budget = sched.generation.capacity is not None
 
     def adopt(self, models: dict[str, Any]) -> None:
         """The latency series of models added to a running gateway (a removed model's series stay: counters only
         grow)."""
         for name in models:
-            if name not in self._latency:
-                self._latency[name] = self.latency.labels(name)
-
-    def _child(self, metric: Any, *labels: str) -> Any:
-        """The metric's series for these labels, looked up once (labels() takes a lock and builds a key each call:
-        a share of every request's cost)."""
-        key = (id(metric), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
+            self.answers.latency.series(name)
 
     def request(self, model: str, code: int, seconds: float, usage: Usage | None = None) -> None:
-        """A request answered: kept, and folded into the series with the others at the next scrape (or once FOLD_AT
-        are kept). One at a time, prometheus-client's locked updates cost each request several times as much."""
-        self._answers.append((model, code, seconds, usage))
-        if len(self._answers) >= FOLD_AT:
-            self.fold()
+        a = self.answers
+        key = (model, str(code))
+        a.requests[key] = a.requests.get(key, 0) + 1
+        if model not in a.latency.by_model:  # a request for no model of the stack's: counted, not timed
+            return
+        a.latency.observe(model, seconds)
+        if usage is not None:
+            if usage.tokens_in:
+                a.tokens[(model, "in")] = a.tokens.get((model, "in"), 0) + usage.tokens_in
+            if usage.tokens_out:
+                a.tokens[(model, "out")] = a.tokens.get((model, "out"), 0) + usage.tokens_out
 
     def queue_wait(self, model: str, seconds: float) -> None:
-        self._waits.append((self.queue_wait_seconds, model, seconds))
-        if len(self._waits) >= FOLD_AT:
-            self.fold()
+        self.answers.queue_wait.observe(model, seconds)
 
     def generation_wait(self, model: str, seconds: float) -> None:
         if self.sched_has_budget:
-            self._waits.append((self.generation_wait_seconds, model, seconds))
-            if len(self._waits) >= FOLD_AT:
-                self.fold()
-
-    def fold(self) -> None:
-        """The requests kept since the last fold into their series."""
-        answers, self._answers = self._answers, []
-        waits, self._waits = self._waits, []
-        for model, code, seconds, usage in answers:
-            self._child(self.requests, model, str(code)).inc()
-            child = self._latency.get(model)
-            if child is not None:
-                child.observe(seconds)
-            if usage is not None and child is not None:
-                if usage.tokens_in:
-                    self._child(self.tokens, model, "in").inc(usage.tokens_in)
-                if usage.tokens_out:
-                    self._child(self.tokens, model, "out").inc(usage.tokens_out)
-        for metric, model, seconds in waits:
-            self._child(metric, model).observe(seconds)
+            self.answers.generation_wait.observe(model, seconds)
 
     def cold_start(self, model: str, seconds: float) -> None:
         self.cold_starts.labels(model).inc()
@@ -142,8 +87,78 @@ class Metrics:
         self.evictions.labels(model, reason).inc()
 
     def render(self) -> bytes:
-        self.fold()
         return generate_latest(self.registry)
+
+
+class Buckets:
+    """A histogram by model in plain numbers: each series its count per bucket (a value goes in the first bucket
+    whose bound it does not exceed, Prometheus's `le`; the last is +Inf) and its sum."""
+
+    def __init__(self, bounds: tuple[float, ...]):
+        self.bounds = bounds
+        self.les = [floatToGoString(b) for b in bounds]  # type: ignore[no-untyped-call]  # as the library writes them
+        self.by_model: dict[str, list[float]] = {}  # counts per bucket, then the sum
+
+    def series(self, model: str) -> list[float]:
+        counts = self.by_model.get(model)
+        if counts is None:
+            counts = self.by_model[model] = [0] * (len(self.bounds) + 2)
+        return counts
+
+    def observe(self, model: str, seconds: float) -> None:
+        counts = self.series(model)
+        counts[bisect.bisect_left(self.bounds, seconds)] += 1
+        counts[-1] += seconds
+
+    def family(self, name: str, doc: str) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(name, doc, labels=["model"])
+        for model, counts in self.by_model.items():
+            cumulative = list(itertools.accumulate(counts[:-1]))
+            buckets = list(zip(self.les, cumulative, strict=False))
+            family.add_metric([model], buckets + [("+Inf", cumulative[-1])], counts[-1])
+        return family
+
+
+class Answers(Collector):
+    """The requests' figures, kept by the request path in plain numbers (a dict update, a bucket's count: on every
+    request prometheus-client's locked series cost several times the rest of the accounting) and handed to the
+    registry at each scrape."""
+
+    def __init__(self, models: dict[str, Any]):
+        self.requests: dict[tuple[str, str], int] = {}  # (model, code)
+        self.tokens: dict[tuple[str, str], int] = {}  # (model, in|out)
+        self.latency = Buckets(LATENCY_BUCKETS)
+        self.queue_wait = Buckets(LATENCY_BUCKETS)
+        self.generation_wait = Buckets(LATENCY_BUCKETS)
+        for name in models:
+            self.latency.series(name)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily("umemc_requests", "Requests answered, by model and HTTP status.",
+                                       labels=["model", "code"])  # fmt: skip
+        for labels, n in self.requests.items():
+            requests.add_metric(list(labels), n)
+        yield requests
+        yield self.latency.family(
+            "umemc_request_duration_seconds",
+            "Time from request to the end of the response, queueing and cold starts included.",
+        )
+        yield self.queue_wait.family(
+            "umemc_queue_wait_seconds",
+            "Time a request waited for a slot of its model (a cold start included), apart from its latency.",
+        )
+        yield self.generation_wait.family(
+            "umemc_generation_wait_seconds",
+            "Time a request waited for the stack's generation budget (policy.max_generating), apart from its latency.",
+        )
+        tokens = CounterMetricFamily("umemc_tokens", "Tokens the workers' answers said they read (in) and generated "
+                                     "(out).", labels=["model", "direction"])  # fmt: skip
+        for labels, n in self.tokens.items():
+            tokens.add_metric(list(labels), n)
+        yield tokens
 
 
 class _Live(Collector):

@@ -17,8 +17,8 @@ import email.policy
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from aiohttp import web
 
@@ -32,7 +32,7 @@ from .naming import StreamRenamer, renamed
 from .progress import Progress
 from .scheduler import Scheduler
 from .upstream import Answer, PayloadError, Pool, Unreachable
-from .usage import StreamReader, Usage, read_usage
+from .usage import NO_USAGE, StreamReader, Usage, read_usage
 
 HOP_BY_HOP = frozenset(
     (
@@ -202,7 +202,7 @@ def depth(doc: Any) -> int:
     return deepest
 
 
-@dataclass
+@dataclass(slots=True)
 class Seen:
     """What one request went through, for the access log and the token counts."""
 
@@ -210,11 +210,11 @@ class Seen:
     generation_wait_s: float = 0.0
     upstream_s: float = 0.0
     stream: bool = False
-    usage: Usage = field(default_factory=Usage)
+    usage: Usage = NO_USAGE
     speed: float | None = None  # tokens out per second of a 2xx answer that said its tokens
     refusal: str | None = None
     begun: web.StreamResponse | None = None  # the event stream its wait's progress began (the answer goes on in it)
-    head: bytearray = field(default_factory=bytearray)  # the answer's first bytes, for gateway.capture
+    head: bytes = b""  # the answer's first bytes, for gateway.capture
     head_limit: int = 0
 
     def keep(self, data: bytes) -> None:
@@ -224,8 +224,7 @@ class Seen:
             self.head += data[:room]
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(NamedTuple):
     """What is asked of the worker: the request's method, path and body, and the model's name as the client asked
     for it (its answers say that name)."""
 

@@ -9,7 +9,7 @@ import contextlib
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,35 @@ async def _beside(main: Coroutine[Any, Any, None], side: Callable[[], Awaitable[
     task.result()
 
 
+class Slot:
+    """One request's hold on a slot of its model (Slots.slot): a plain object, not a generator (it is made for every
+    request)."""
+
+    __slots__ = ("slots", "m", "admit", "while_waiting", "start")
+
+    def __init__(
+        self, slots: Slots, m: Model, admit: Admit, while_waiting: Callable[[], Awaitable[None]] | None
+    ) -> None:
+        self.slots, self.m, self.admit, self.while_waiting = slots, m, admit, while_waiting
+        self.start = 0.0
+
+    async def __aenter__(self) -> float:
+        slots, m = self.slots, self.m
+        asked = time.monotonic()
+        if self.while_waiting is None or (m.ready and not slots.queues[m.name].waiters):
+            await slots.acquire(m, self.admit)
+        else:
+            await _beside(slots.acquire(m, self.admit), self.while_waiting)
+        self.start = time.monotonic()
+        slots.admission.waited(m.name, self.start - asked)
+        return self.start - asked
+
+    async def __aexit__(self, *exc: object) -> None:
+        q = self.slots.queues[self.m.name]
+        q.latency_ewma = 0.8 * q.latency_ewma + 0.2 * (time.monotonic() - self.start)
+        self.slots.release(self.m)
+
+
 class Slots:
     """Owns the routes (names and aliases) and every model's Queue."""
 
@@ -102,27 +131,14 @@ class Slots:
         """It became ready: its idle time counts from now."""
         self.queues[m.name].last_used = time.time()
 
-    @contextlib.asynccontextmanager
-    async def slot(
+    def slot(
         self, m: Model, admit: Admit = Admit.QUEUE, while_waiting: Callable[[], Awaitable[None]] | None = None
-    ) -> AsyncIterator[float]:
+    ) -> Slot:
         """Hold one of the model's max_concurrency slots while the request runs; yields the seconds it waited for
         it (a cold start included). Admit.REFUSE_NOW: a model that cannot be admitted is refused at once instead
         of queued. `while_waiting` runs beside a wait that lasts past WAIT_GRACE_S (a streamed request's progress),
         and is cancelled once the slot is granted or refused."""
-        asked = time.monotonic()
-        if while_waiting is None or (m.ready and not self.queues[m.name].waiters):
-            await self.acquire(m, admit)
-        else:
-            await _beside(self.acquire(m, admit), while_waiting)
-        start = time.monotonic()
-        self.admission.waited(m.name, start - asked)
-        try:
-            yield start - asked
-        finally:
-            q = self.queues[m.name]
-            q.latency_ewma = 0.8 * q.latency_ewma + 0.2 * (time.monotonic() - start)
-            self.release(m)
+        return Slot(self, m, admit, while_waiting)
 
     async def acquire(self, m: Model, admit: Admit = Admit.QUEUE) -> None:
         q = self.queues[m.name]

@@ -291,12 +291,16 @@ class Pool:
         as long). A connection taken from the pool that turns out closed is `Disconnected`: the caller asks again."""
         head = _request_head(method, self.host, port, target, headers, body)
         conn = await self._take(port)
+        waiting = conn.send(head, body, head_only=method == "HEAD")
+        # a timer on the head's future (asyncio.timeout's bookkeeping cost each request more than the rest of this)
+        late = conn.loop.call_later(timeout, _too_late, waiting, timeout)
         try:
-            async with asyncio.timeout(timeout):
-                answer = await conn.send(head, body, head_only=method == "HEAD")
+            answer = await waiting
         except BaseException:  # the head never came whole, or the caller went away: the worker's work stops
             conn.close()
             raise
+        finally:
+            late.cancel()
         answer.watch(timeout)
         return answer
 
@@ -351,6 +355,11 @@ class Pool:
             for conn in idle:
                 conn.close()
         self.idle.clear()
+
+
+def _too_late(head: asyncio.Future[Answer], timeout: float) -> None:
+    if not head.done():
+        head.set_exception(TimeoutError(f"no answer within {timeout:g} s"))
 
 
 def _request_head(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from dataclasses import dataclass
+from typing import NamedTuple
 
 # every figure an answer may say, in one pass over its bytes: the key, then its number as sign, digits and the rest
 # (a count is digits alone: a count with a sign is no count; a rate takes its sign, fraction and exponent)
@@ -27,8 +27,9 @@ TAIL = 16 * 1024  # usage and timings are in the last object of an answer or the
 WHOLE = 256 * 1024  # a body up to this is searched whole (usage may come first in some servers' JSON)
 
 
-@dataclass(frozen=True)
-class Usage:
+class Usage(NamedTuple):
+    """What an answer said of its tokens (made for every answer: a tuple, not a frozen dataclass)."""
+
     tokens_in: int | None = None
     tokens_out: int | None = None
     worker_speed: float | None = None  # the worker's own tokens/s of generation (llama-server's timings)
@@ -75,7 +76,10 @@ def read_usage(data: bytes, chunks: int = 0) -> Usage:
         return Usage(tokens_in, int(predicted), speed, "timings", prompt_speed)
     if chunks:
         return Usage(None, chunks, None, "chunks")
-    return Usage()
+    return NO_USAGE
+
+
+NO_USAGE = Usage()
 
 
 class StreamReader:
