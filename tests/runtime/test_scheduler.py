@@ -693,3 +693,41 @@ def test_a_worker_whose_allocator_stays_fragmented_is_restarted_at_a_quiet_momen
         (["a"], ["a"]),
         (["defragment", "restore"], ["True", measure]),
     ]
+
+
+def test_the_enforcers_status_is_parsed_once_a_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each round reads the enforcer's status file; it is parsed only when its bytes changed (the enforcer rewrites
+    it every second, the round comes every half second), however soon after the last change it is rewritten in
+    place; a corrupt one reads as none until it is written again; a stale one (STATUS_FRESH_S) as none."""
+    from umemc.contract import EnforcerStatus, dump
+    from umemc.runtime.gateway import sync as sync_module
+
+    sv = FakeSupervisor(running=("a",))
+    sched = scheduler(tmp_path, model("a", 50), sv)
+    parsed: list[float] = []
+    real_parse = sync_module.parse
+
+    def counted(kind: Any, text: bytes, where: Any) -> Any:
+        doc = real_parse(kind, text, where)
+        parsed.append(doc.pressure)
+        return doc
+
+    monkeypatch.setattr(sync_module, "parse", counted)
+
+    def status(pressure: float, at: float | None = None) -> None:
+        doc = EnforcerStatus(time=time.time() if at is None else at, pid=1, pressure=pressure, events_error=None,
+                             events_moved_to=None, models={})  # fmt: skip
+        sched.run.status.write_text(dump(doc))
+
+    seen: list[float | None] = []
+
+    async def body(s: Scheduler) -> None:
+        for step in (lambda: status(0.25), lambda: None, lambda: status(0.5), lambda: None,
+                     lambda: sched.run.status.write_text("{"), lambda: status(0.75, at=time.time() - 60)):  # fmt: skip
+            step()
+            await s.sync.refresh()
+            seen.append(s.sync.pressure)
+
+    running(sched, body)
+    assert seen == [0.25, 0.25, 0.5, 0.5, None, None]
+    assert parsed == [0.25, 0.5, 0.75]

@@ -110,8 +110,11 @@ def _accepted_type(request: web.Request) -> bool:
     """JSON (multipart for uploads to workers). No Content-Type at all only on the OpenAI routes and the
     passthrough (clients that post JSON without saying so; a browser sends a typeless body only with an Origin,
     refused): umemc's own API, which grants memory and evicts, takes JSON that says it is JSON."""
-    if "Content-Type" not in request.headers:
+    raw = request.headers.get("Content-Type")
+    if raw is None:
         return _typeless_allowed(request.path)
+    if raw == "application/json":  # what nearly every client sends: nothing to parse
+        return True
     ctype = request.content_type.lower()
     if ctype == "application/json" or (ctype.startswith("application/") and ctype.endswith("+json")):
         return True

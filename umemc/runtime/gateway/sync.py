@@ -7,13 +7,14 @@ UNHEALTHY, one that is gone DOWN)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ...contract import EnforcerStatus, GatewayModel, GatewayState, GenerationDoc, dump, read_optional
+from ...contract import ContractError, EnforcerStatus, GatewayModel, GatewayState, GenerationDoc, dump, parse
 from ...records import write_atomic
 from ..events import EventLog
 from ..rundir import RunDir
@@ -51,6 +52,8 @@ class StateSync:
         self.closing = False
         self.supervisord_pid: int | None = None
         self.enforcer: EnforcerStatus | None = None  # its latest fresh status file
+        self._status_text: bytes | None = None  # the status file last parsed, and what it said
+        self._status_doc: EnforcerStatus | None = None
         self.pressure: float | None = None
         self.published: tuple[Any, ...] | None = None  # what gateway.json says (its time aside)
         self.state_error: str | None = None
@@ -145,7 +148,19 @@ class StateSync:
         return moved
 
     def _enforcer_status(self) -> EnforcerStatus | None:
-        doc = read_optional(EnforcerStatus, self.run.status)
+        """The enforcer's status as its file says, while fresh. The file is parsed again only when its bytes changed
+        (the enforcer rewrites it every second, the round comes twice as often; the parse is most of the read)."""
+        try:
+            text = self.run.status.read_bytes()
+        except OSError:
+            text = None
+        if text != self._status_text:
+            doc = None
+            if text is not None:
+                with contextlib.suppress(ContractError):  # corrupt: as if missing, until it is written again
+                    doc = parse(EnforcerStatus, text, self.run.status)
+            self._status_text, self._status_doc = text, doc
+        doc = self._status_doc
         return doc if doc is not None and time.time() - doc.time < STATUS_FRESH_S else None
 
     # -- what is published --------------------------------------------------------------------------
