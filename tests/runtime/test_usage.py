@@ -200,3 +200,67 @@ def test_the_requests_figures_read_as_prometheus_clients_own_series() -> None:
     assert got[("umemc_request_duration_seconds_bucket", (("le", "0.01"), ("model", "m")))] == 1
     assert got[("umemc_request_duration_seconds_count", (("model", "quiet"),))] == 0
     assert got[("umemc_tokens_total", (("direction", "in"), ("model", "m")))] == 3
+
+
+def test_the_ledger_keeps_requests_until_they_settle_in_order(tmp_path: Path) -> None:
+    """Under a running loop an answered request is only kept; SETTLE_S later (or when a reader settles first) it is in
+    the history, the metrics and the access log, in the order the requests ended."""
+    import asyncio
+    from datetime import datetime
+
+    from umemc.runtime.gateway import ledger as ledger_module
+    from umemc.runtime.gateway import metrics
+    from umemc.runtime.gateway.access import AccessLog
+    from umemc.runtime.gateway.history import Requests
+
+    stack = SimpleNamespace(models={"m": None}, generation=SimpleNamespace(capacity=None))
+    kept = metrics.Metrics(stack)  # type: ignore[arg-type]
+    history, log = Requests(), AccessLog(tmp_path / "access.log")
+    book = ledger_module.Ledger(history)
+    book.attach(kept, log)
+    ends = [1796400000.25, 1796400000.5]
+    entries = [
+        ledger_module.Entry(
+            ends[0],
+            "m",
+            "POST",
+            "/v1/chat/completions",
+            200,
+            0.123456,
+            0.0,
+            0.0,
+            Usage(3, 5, 99.0, "timings", 250.0),
+            99.0,
+            True,
+            None,
+        ),  # fmt: skip
+        ledger_module.Entry(
+            ends[1], "m", "POST", "/v1/embeddings", 503, 2.5, 1.25, 0.5, Usage(), None, False, "queue_timeout"
+        ),  # fmt: skip
+    ]
+
+    async def run() -> tuple[int, int]:
+        for e in entries:
+            book.add(e)
+        before = len(history.items), kept.answers.requests.get(("m", "200"), 0)
+        settled = asyncio.Event()
+        asyncio.get_running_loop().call_later(ledger_module.SETTLE_S, settled.set)
+        await settled.wait()
+        return before
+
+    assert asyncio.run(run()) == (0, 0)
+    assert [(a.t, a.status, a.tokens_out, a.tokens_per_s, a.prompt_per_s) for a in history.items] == [
+        (ends[0], 200, 5, 99.0, 250.0),
+        (ends[1], 503, None, None, None),
+    ]
+    assert kept.answers.requests == {("m", "200"): 1, ("m", "503"): 1}
+    lines = [json.loads(x) for x in (tmp_path / "access.log").read_text().splitlines()]
+    assert [datetime.fromisoformat(x.pop("time")).timestamp() for x in lines] == ends
+    assert lines == [
+        {"model": "m", "method": "POST", "path": "/v1/chat/completions", "status": 200, "queue_wait_s": 0.0,
+         "latency_s": 0.1235, "tokens_in": 3, "tokens_out": 5, "tokens_per_s": 99.0, "tokens_from": "timings",
+         "stream": True},
+        {"model": "m", "method": "POST", "path": "/v1/embeddings", "status": 503, "queue_wait_s": 1.25,
+         "latency_s": 2.5, "tokens_in": None, "tokens_out": None, "tokens_per_s": None, "tokens_from": None,
+         "stream": False, "generation_wait_s": 0.5, "error": "queue_timeout"},
+    ]  # fmt: skip

@@ -35,11 +35,10 @@ class AccessLog:
         self.flushing: asyncio.TimerHandle | None = None
         self.pending: list[tuple[float, dict[str, Any]]] = []
 
-    def write(self, entry: dict[str, Any]) -> None:
-        """One request's line, on disk within FLUSH_S: the lines of the moment are formatted and written together
-        (a request's path only keeps its entry; one at a time, the formatting cost each request several times as
-        much between the network's work)."""
-        self.pending.append((time.time(), entry))
+    def write(self, entry: dict[str, Any], at: float | None = None) -> None:
+        """One request's line (`at`: when it was answered, else now), on disk within FLUSH_S: the lines of the moment
+        are formatted and written together."""
+        self.pending.append((time.time() if at is None else at, entry))
         if len(self.pending) >= MAX_PENDING:
             self.flush()
         elif self.flushing is None:

@@ -157,6 +157,7 @@ def make_app(sched: Scheduler, token: str | None) -> web.Application:
     app[SCHED] = sched
     app[METRICS] = sched.metrics = Metrics(sched)
     app[ACCESS] = AccessLog(sched.run.access_log)
+    sched.ledger.attach(sched.metrics, app[ACCESS])
     app[CAPTURES] = Captures(gw.capture, gw.capture_bytes)
     if token:
         app["token"] = token

@@ -48,6 +48,7 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        self.sched = sched
         self.answers = Answers(sched.models)
         r.register(self.answers)
         r.register(_Live(sched))
@@ -87,6 +88,7 @@ class Metrics:
         self.evictions.labels(model, reason).inc()
 
     def render(self) -> bytes:
+        self.sched.ledger.settle()  # every request that ended before the scrape is in it
         return generate_latest(self.registry)
 
 

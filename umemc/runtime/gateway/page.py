@@ -58,6 +58,7 @@ def _event(e: Any) -> dict[str, Any]:
 
 
 def _history(sched: Scheduler, minutes: float) -> dict[str, Any]:
+    sched.ledger.settle()  # the requests that ended before the page asked
     now = time.time()
     return {
         "memory": sched.memory.since(now - minutes * 60),

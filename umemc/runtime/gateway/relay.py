@@ -11,12 +11,11 @@ so the worker stops generating."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import email.parser
 import email.policy
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -25,7 +24,7 @@ from aiohttp import web
 from .access import AccessLog
 from .capture import Captures
 from .core import Admit
-from .history import Answered
+from .ledger import Entry
 from .metrics import Metrics
 from .model import Model, Refused
 from .naming import StreamRenamer, renamed
@@ -281,41 +280,10 @@ async def forward(
 
 
 def _account(app: web.Application, request: web.Request, m: Model, code: int, latency: float, seen: Seen) -> None:
-    """The request's figures into /metrics, the page's history and one access log line."""
-    usage = seen.usage
+    """The request's figures, kept for /metrics, the page's history and one access log line (ledger.py)."""
     speed = seen.speed if 200 <= code < 300 else None
-    app[METRICS].request(m.name, code, latency, usage)
-    app[SCHED].answered.add(
-        Answered(
-            time.time(),
-            m.name,
-            code,
-            latency,
-            seen.queue_wait_s,
-            usage.tokens_in,
-            usage.tokens_out,
-            speed,
-            usage.prompt_speed,
-        )  # fmt: skip
-    )
-    entry: dict[str, Any] = {
-        "model": m.name,
-        "method": request.method,
-        "path": request.path,
-        "status": code,
-        "queue_wait_s": round(seen.queue_wait_s, 4),
-        "latency_s": round(latency, 4),
-        "tokens_in": usage.tokens_in,
-        "tokens_out": usage.tokens_out,
-        "tokens_per_s": None if speed is None else round(speed, 2),
-        "tokens_from": usage.source,
-        "stream": seen.stream,
-    }
-    if seen.generation_wait_s:
-        entry["generation_wait_s"] = round(seen.generation_wait_s, 4)
-    if seen.refusal is not None:
-        entry["error"] = seen.refusal
-    app[ACCESS].write(entry)
+    app[SCHED].ledger.add(Entry(time.time(), m.name, request.method, request.path, code, latency, seen.queue_wait_s,
+                                seen.generation_wait_s, seen.usage, speed, seen.stream, seen.refusal))  # fmt: skip
 
 
 async def _go_on(
@@ -373,39 +341,48 @@ def _names_model(content_type: str) -> bool:
     return "json" in content_type or "event-stream" in content_type
 
 
-@contextlib.asynccontextmanager
-async def upstream(request: web.Request, m: Model, call: Call, headers: dict[str, str]) -> AsyncIterator[Answer]:
+def upstream(request: web.Request, m: Model, call: Call, headers: dict[str, str]) -> Upstream:
     """The worker's answer to `call`; a worker that cannot be reached, drops the connection before answering or
     stays silent past gateway.upstream_timeout is a refusal (forward() sends the request again, once, where the
     worker went away before any byte of an answer). A silence in the body's middle ends its read with a
     TimeoutError (upstream.Answer.watch)."""
-    sched = request.app[SCHED]
-    waited = sched.gw.upstream_timeout_s
-    assert m.port is not None
-    try:
-        up = await _ask(request.app[POOL], call, m.port, headers, waited)
-    except Unreachable as exc:
-        sched.sync.worker_lost(m, "not answering on its port")  # the next request waits for it
-        raise Refused(f"worker {m.name} is not answering on port {m.port}: {exc}", "upstream_unreachable") from None
-    except ConnectionError as exc:  # Disconnected, or a PayloadError before the whole head
-        # before any byte of an answer: the worker died under the request (a kill, a crash); supervisord
-        # restarts it, and forward() sends the request again once it is back
-        sched.sync.worker_lost(m, "closed the connection")
-        raise Refused(f"worker {m.name} closed the connection: {exc}", "upstream_disconnected") from None
-    except TimeoutError:
-        raise _silent(sched, m) from None
-    except ValueError as exc:  # a target or header that would split the request: never sent
-        raise Refused(f"request not sent to worker {m.name}: {exc}", "bad_request") from None
-    try:
-        yield up
-    except TimeoutError:  # a whole answer's body fell silent (a stream's end is its reader's business)
-        up.close()
-        raise _silent(sched, m) from None
-    except BaseException:  # the client went away, or a failure: the worker's connection closes (it stops)
-        up.close()
-        raise
-    else:
-        up.release()  # back to the pool where the answer was read to its end, else closed
+    return Upstream(request, m, call, headers)
+
+
+class Upstream:
+    """upstream()'s context: an object, not a generator (one is made for every request)."""
+
+    __slots__ = ("request", "m", "call", "headers", "up")
+
+    def __init__(self, request: web.Request, m: Model, call: Call, headers: dict[str, str]) -> None:
+        self.request, self.m, self.call, self.headers = request, m, call, headers
+
+    async def __aenter__(self) -> Answer:
+        sched, m = self.request.app[SCHED], self.m
+        assert m.port is not None
+        try:
+            self.up = await _ask(self.request.app[POOL], self.call, m.port, self.headers, sched.gw.upstream_timeout_s)
+        except Unreachable as exc:
+            sched.sync.worker_lost(m, "not answering on its port")  # the next request waits for it
+            raise Refused(f"worker {m.name} is not answering on port {m.port}: {exc}", "upstream_unreachable") from None
+        except ConnectionError as exc:  # Disconnected, or a PayloadError before the whole head
+            # before any byte of an answer: the worker died under the request (a kill, a crash); supervisord
+            # restarts it, and forward() sends the request again once it is back
+            sched.sync.worker_lost(m, "closed the connection")
+            raise Refused(f"worker {m.name} closed the connection: {exc}", "upstream_disconnected") from None
+        except TimeoutError:
+            raise _silent(sched, m) from None
+        except ValueError as exc:  # a target or header that would split the request: never sent
+            raise Refused(f"request not sent to worker {m.name}: {exc}", "bad_request") from None
+        return self.up
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if kind is None:
+            self.up.release()  # back to the pool where the answer was read to its end, else closed
+            return
+        self.up.close()  # the client went away, or a failure: the worker's connection closes (it stops)
+        if issubclass(kind, TimeoutError):  # a whole answer's body fell silent (a stream's end is its reader's)
+            raise _silent(self.request.app[SCHED], self.m) from None
 
 
 async def _ask(pool: Pool, call: Call, port: int, headers: dict[str, str], waited: float) -> Answer:

@@ -38,6 +38,7 @@ from .generation import GenerationBudget
 from .history import Memory, Requests
 from .housekeeping import Housekeeping
 from .leases import LeaseBook
+from .ledger import Ledger
 from .lifecycle import Lifecycle, Phase
 from .model import ANSWERING, CONNECT_ERRORS, Model, Refused
 from .process import Process
@@ -76,6 +77,7 @@ class Scheduler:
         )
         self.memory = Memory()  # what the status page draws (history.py)
         self.answered = Requests()
+        self.ledger = Ledger(self.answered)  # answered requests kept, settled together (ledger.py)
         self.metrics: Any = None  # the HTTP side's metrics: cold starts, evictions, waits (optional)
         self.undrainable: set[str] = set()  # victims whose drain timed out: not drained again until idle
         self._kick = asyncio.Event()
@@ -183,6 +185,7 @@ class Scheduler:
         self.events.close()
 
     def _figures_mark(self) -> tuple[int, int, float]:
+        self.ledger.settle()
         last = self.answered.items[-1].t if self.answered.items else 0.0
         return len(self.answered.items), len(self.memory.points), last
 
