@@ -233,10 +233,22 @@ def test_the_ledger_keeps_requests_until_they_settle_in_order(tmp_path: Path) ->
             99.0,
             True,
             None,
-        ),  # fmt: skip
+        ),
         ledger_module.Entry(
-            ends[1], "m", "POST", "/v1/embeddings", 503, 2.5, 1.25, 0.5, Usage(), None, False, "queue_timeout"
-        ),  # fmt: skip
+            ends[1],
+            "m",
+            "POST",
+            "/v1/embeddings",
+            503,
+            2.5,
+            1.25,
+            0.5,
+            Usage(),
+            None,
+            False,
+            "queue_timeout",
+            granted=False,
+        ),
     ]
 
     async def run() -> tuple[int, int]:
@@ -254,6 +266,9 @@ def test_the_ledger_keeps_requests_until_they_settle_in_order(tmp_path: Path) ->
         (ends[1], 503, None, None, None),
     ]
     assert kept.answers.requests == {("m", "200"): 1, ("m", "503"): 1}
+    # only a request that held a slot says how long it waited for one (the refused one never had one)
+    waits = kept.answers.queue_wait.by_model["m"]
+    assert (waits[0], sum(waits[:-1]), waits[-1]) == (1, 1, 0.0)
     lines = [json.loads(x) for x in (tmp_path / "access.log").read_text().splitlines()]
     assert [datetime.fromisoformat(x.pop("time")).timestamp() for x in lines] == ends
     assert lines == [

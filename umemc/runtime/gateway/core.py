@@ -45,6 +45,4 @@ class Admission(Protocol):
 
     def idle(self, m: Model) -> None: ...  # nothing in flight or queued any more: it may be drained again
 
-    def waited(self, model: str, seconds: float) -> None: ...  # how long a request waited for its slot
-
     def choose(self, names: list[str]) -> Model: ...  # which of interchangeable models serves a shared name now

@@ -37,6 +37,7 @@ class Entry(NamedTuple):
     speed: float | None  # tokens out per second of a 2xx answer that said its tokens
     stream: bool
     refusal: str | None
+    granted: bool = True  # it held a slot: its waits for one and for the generation budget are figures
 
     def line(self) -> dict[str, Any]:
         """Its access log line (the log adds the time): never a body, a header or a query string."""
@@ -96,6 +97,9 @@ class Ledger:
             usage = e.usage
             if metrics is not None:
                 metrics.request(e.model, e.status, e.latency_s, usage)
+                if e.granted:
+                    metrics.queue_wait(e.model, e.queue_wait_s)
+                    metrics.generation_wait(e.model, e.generation_wait_s)
             self.answered.add(Answered(e.t, e.model, e.status, e.latency_s, e.queue_wait_s, usage.tokens_in,
                                        usage.tokens_out, e.speed, usage.prompt_speed))  # fmt: skip
             if access is not None:

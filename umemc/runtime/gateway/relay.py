@@ -206,6 +206,7 @@ class Seen:
     """What one request went through, for the access log and the token counts."""
 
     queue_wait_s: float = 0.0
+    granted: bool = False  # it held a slot (its waits are in the queue and generation wait series)
     generation_wait_s: float = 0.0
     upstream_s: float = 0.0
     stream: bool = False
@@ -254,10 +255,10 @@ async def forward(
                 waiting = None if progress is None else progress.run
                 async with sched.slots.slot(m, admit_of(request), waiting) as queued:
                     seen.queue_wait_s += queued
+                    seen.granted = True
                     seen.begun = None if progress is None else progress.resp
                     # the stack's generation budget (policy.max_generating): highest priority first, then FIFO
                     async with sched.generation.hold(m.plan.generation_weight, m.plan.priority) as waited:
-                        app[METRICS].generation_wait(m.name, waited)
                         seen.generation_wait_s += waited
                         resp = await (relay or pass_through)(request, m, call, seen)
                 break
@@ -283,7 +284,8 @@ def _account(app: web.Application, request: web.Request, m: Model, code: int, la
     """The request's figures, kept for /metrics, the page's history and one access log line (ledger.py)."""
     speed = seen.speed if 200 <= code < 300 else None
     app[SCHED].ledger.add(Entry(time.time(), m.name, request.method, request.path, code, latency, seen.queue_wait_s,
-                                seen.generation_wait_s, seen.usage, speed, seen.stream, seen.refusal))  # fmt: skip
+                                seen.generation_wait_s, seen.usage, speed, seen.stream, seen.refusal,
+                                seen.granted))  # fmt: skip
 
 
 async def _go_on(

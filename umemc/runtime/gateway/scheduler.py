@@ -207,10 +207,6 @@ class Scheduler:
         if any(q.waiters for q in self.slots.queues.values()):
             self.kick()  # an idle model may be what a waiting cold start needs
 
-    def waited(self, model: str, seconds: float) -> None:
-        if self.metrics is not None:
-            self.metrics.queue_wait(model, seconds)
-
     def choose(self, names: list[str]) -> Model:
         """Which of interchangeable models answers a request for their shared name: a ready one (the least busy),
         else one already starting, else the cheapest to start: admitted without evicting anything, then admitted

@@ -83,7 +83,6 @@ class Slot:
         else:
             await _beside(slots.acquire(m, self.admit), self.while_waiting)
         self.start = time.monotonic()
-        slots.admission.waited(m.name, self.start - asked)
         return self.start - asked
 
     async def __aexit__(self, *exc: object) -> None:
