@@ -100,10 +100,10 @@ def test_answers_on_one_kept_alive_connection_and_the_request_as_sent() -> None:
                 assert await a.read() == b'{"ok": true}'
                 a.release()
             assert w.connections == 1
-            assert kept[0] == (
+            assert kept == [  # the same each time (its header line checked once, then kept)
                 b"POST /v1/chat?x=1 HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
                 b"Content-Length: 2\r\n\r\n{}" % w.port
-            )
+            ] * 3
             pool.close()
             await w.gone.wait()
             assert w.closed == 1
@@ -315,9 +315,10 @@ def test_a_target_or_header_that_would_split_the_request_is_refused_before_a_byt
 ) -> None:
     async def main() -> None:
         async with Worker(nothing) as w:
-            with pytest.raises(ValueError) as caught:
-                await Pool().request("GET", w.port, target, headers, None, 5)
-            assert str(caught.value) == said
+            for _ in range(2):  # refused every time (a header line that passed once is kept: never one that did not)
+                with pytest.raises(ValueError) as caught:
+                    await Pool().request("GET", w.port, target, headers, None, 5)
+                assert str(caught.value) == said
             assert w.connections == 0
 
     run(main())
