@@ -17,16 +17,28 @@ KEY_VALUE = re.compile(rb'("(?:model|model_path)"\s*:\s*)"(?:[^"\\]|\\.)*"')
 
 def renamed(data: bytes, name: str) -> bytes:
     """`data` (a whole JSON answer, or whole lines of an event stream) with every model field saying `name`."""
-    return _rename(data, _template(name))
+    return _rename(data, _value(name))
 
 
-def _template(name: str) -> bytes:
-    """The substitution that puts `name` (as a JSON string) after the key: backslashes doubled for re.sub."""
-    return rb"\g<1>" + json.dumps(name).encode().replace(b"\\", b"\\\\")
+def _value(name: str) -> bytes:
+    """`name` as the JSON string that goes after the key."""
+    return json.dumps(name).encode()
 
 
-def _rename(data: bytes, template: bytes) -> bytes:
-    return KEY_VALUE.sub(template, data) if b'"model' in data else data
+def _rename(data: bytes, value: bytes) -> bytes:
+    """Each match's key kept, its value replaced, the rest as it was (joined once: re.sub with a template expands
+    the template in Python at every match)."""
+    if b'"model' not in data:
+        return data
+    out: list[bytes] = []
+    last = 0
+    for found in KEY_VALUE.finditer(data):
+        out += (data[last : found.end(1)], value)
+        last = found.end()
+    if not out:
+        return data
+    out.append(data[last:])
+    return b"".join(out)
 
 
 class StreamRenamer:
@@ -35,20 +47,20 @@ class StreamRenamer:
     where the pattern cannot see it."""
 
     def __init__(self, name: str):
-        self.template, self.carry = _template(name), b""
+        self.value, self.carry = _value(name), b""
 
     def feed(self, chunk: bytes) -> bytes:
         data = self.carry + chunk if self.carry else chunk
         cut = data.rfind(b"\n") + 1
         if cut == len(data):  # the usual piece: whole events
             self.carry = b""
-            return _rename(data, self.template)
+            return _rename(data, self.value)
         self.carry = data[cut:]
-        return _rename(data[:cut], self.template) if cut else b""
+        return _rename(data[:cut], self.value) if cut else b""
 
     def rest(self) -> bytes:
         data, self.carry = self.carry, b""
-        return _rename(data, self.template)
+        return _rename(data, self.value)
 
 
 def error_message(data: bytes, limit: int = 500) -> str:

@@ -322,11 +322,13 @@ async def _stream_into(
     seen.stream = True
     reader = StreamReader()
     try:
-        async for chunk in up.iter_any():
+        keep = seen.head_limit > 0  # gateway.capture
+        while chunk := await up.chunk():  # (not iter_any: an async generator is one more frame a chunk)
             piece = chunk if names is None else names.feed(chunk)  # renamed: whole lines
             if piece:
                 reader.feed(piece)
-                seen.keep(piece)
+                if keep:
+                    seen.keep(piece)
                 await resp.write(piece)
         if names is not None and (tail := names.rest()):
             reader.feed(tail)
