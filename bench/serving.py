@@ -136,10 +136,9 @@ def main() -> int:
         "",
         "The bare relay (bench/bare_relay.py: aiohttp's server and client, nothing of the gateway's work) is the "
         "floor of any Python relay. With the hog, llama-server's two threads, the clients and the hogs share 2 "
-        "cores: the first token stays near direct, but a relayed stream's tokens/s collapses (0.03x to 0.1x direct "
-        "seen, the bare relay as much as the gateway, either the slower in a run: each relayed token waits for a "
-        "time slice behind the hogs and llama-server's spinning threads), a limit of any relay process on an "
-        "oversubscribed box.",
+        "cores and the tokens/s of every path swings from run to run (direct 3 to 35 tokens/s seen; a relayed "
+        "stream 0.03x to 1.07x of direct, the bare relay as much as the gateway: each relayed token waits for a "
+        "time slice behind the hogs and llama-server's spinning threads); the first token is the figure that holds.",
         "",
         "| load | tokens/s direct | bare relay | gateway | gateway ratio | first token direct | bare relay | gateway "
         "| gateway added |",
