@@ -100,10 +100,14 @@ def test_answers_on_one_kept_alive_connection_and_the_request_as_sent() -> None:
                 assert await a.read() == b'{"ok": true}'
                 a.release()
             assert w.connections == 1
-            assert kept == [  # the same each time (its header line checked once, then kept)
-                b"POST /v1/chat?x=1 HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
-                b"Content-Length: 2\r\n\r\n{}" % w.port
-            ] * 3
+            assert (
+                kept
+                == [  # the same each time (its header line checked once, then kept)
+                    b"POST /v1/chat?x=1 HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 2\r\n\r\n{}" % w.port
+                ]
+                * 3
+            )
             pool.close()
             await w.gone.wait()
             assert w.closed == 1
