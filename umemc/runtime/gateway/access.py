@@ -8,7 +8,6 @@ rotation check."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -17,11 +16,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+from .batch import Batch
+
 MAX_BYTES = 16 * 1024 * 1024
 RETRY_S = 10.0
 FLUSH_S = 0.1
-
-
 MAX_PENDING = 4096  # lines kept for the next flush at most: past it they are written at once
 
 
@@ -32,26 +31,18 @@ class AccessLog:
         self.size = 0
         self.failed: str | None = None
         self.next_try = 0.0
-        self.flushing: asyncio.TimerHandle | None = None
-        self.pending: list[tuple[float, dict[str, Any]]] = []
+        self.lines: Batch[tuple[float, dict[str, Any]]] = Batch(FLUSH_S, self._write, MAX_PENDING)
 
     def write(self, entry: dict[str, Any], at: float | None = None) -> None:
         """One request's line (`at`: when it was answered, else now), on disk within FLUSH_S: the lines of the moment
-        are formatted and written together."""
-        self.pending.append((time.time() if at is None else at, entry))
-        if len(self.pending) >= MAX_PENDING:
-            self.flush()
-        elif self.flushing is None:
-            try:
-                self.flushing = asyncio.get_running_loop().call_later(FLUSH_S, self.flush)
-            except RuntimeError:  # no event loop (a test of the log alone): at once
-                self.flush()
+        are formatted and written together (batch.py)."""
+        self.lines.add((time.time() if at is None else at, entry))
 
     def flush(self) -> None:
-        if self.flushing is not None:
-            self.flushing.cancel()
-            self.flushing = None
-        pending, self.pending = self.pending, []
+        """The lines kept so far, written now."""
+        self.lines.run()
+
+    def _write(self, pending: list[tuple[float, dict[str, Any]]]) -> None:
         now = time.time()
         second, stamp = -1, ""
         try:

@@ -9,9 +9,9 @@ bench/gateway.py, the CPU a request against a bare relay)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .batch import Batch
 from .history import Answered, Requests
 from .usage import Usage
 
@@ -70,26 +70,19 @@ class Ledger:
         self.answered = answered
         self.metrics: Metrics | None = None
         self.access: AccessLog | None = None
-        self.pending: list[Entry] = []
-        self.settling: asyncio.TimerHandle | None = None
+        self.pending: Batch[Entry] = Batch(SETTLE_S, self._settle)
 
     def attach(self, metrics: Metrics, access: AccessLog) -> None:
         self.metrics, self.access = metrics, access
 
     def add(self, entry: Entry) -> None:
-        self.pending.append(entry)
-        if self.settling is None:
-            try:
-                self.settling = asyncio.get_running_loop().call_later(SETTLE_S, self.settle)
-            except RuntimeError:  # no event loop (a test of the ledger alone): at once
-                self.settle()
+        self.pending.add(entry)
 
     def settle(self) -> None:
         """Every request kept so far into its figures, in order."""
-        if self.settling is not None:
-            self.settling.cancel()
-            self.settling = None
-        pending, self.pending = self.pending, []
+        self.pending.run()
+
+    def _settle(self, pending: list[Entry]) -> None:
         if not pending:
             return
         metrics, access = self.metrics, self.access
