@@ -9,7 +9,7 @@ bench/gateway.py, the CPU a request against a bare relay)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .batch import Batch
 from .history import Answered, Requests
@@ -17,7 +17,15 @@ from .usage import Usage
 
 if TYPE_CHECKING:
     from .access import AccessLog
-    from .metrics import Metrics
+
+
+class Series(Protocol):
+    """What the ledger hands to the requests' /metrics series (metrics.Metrics is one)."""
+
+    def request(self, model: str, code: int, seconds: float, usage: Usage | None = None) -> None: ...
+    def queue_wait(self, model: str, seconds: float) -> None: ...
+    def generation_wait(self, model: str, seconds: float) -> None: ...
+
 
 SETTLE_S = 0.1
 
@@ -68,11 +76,11 @@ class Ledger:
 
     def __init__(self, answered: Requests):
         self.answered = answered
-        self.metrics: Metrics | None = None
+        self.metrics: Series | None = None
         self.access: AccessLog | None = None
         self.pending: Batch[Entry] = Batch(SETTLE_S, self._settle)
 
-    def attach(self, metrics: Metrics, access: AccessLog) -> None:
+    def attach(self, metrics: Series, access: AccessLog) -> None:
         self.metrics, self.access = metrics, access
 
     def add(self, entry: Entry) -> None:
