@@ -353,7 +353,7 @@ class Enforcer:
             watch = self.helpers[w.name] = HelperWatch(m.rpc)
         if watch.lost:
             if watch.back is None:  # asked off the loop: a helper box gone dark makes a connect wait its timeout
-                watch.back = OffLoop(lambda: answering(m.rpc), HELPERS_EVERY_S, False, "helpers")
+                watch.back = OffLoop(lambda: answering(m.rpc), HELPERS_EVERY_S, initial=False, name="helpers")
             if w.state in ANSWERING or not watch.back.poll(time.time()):
                 return  # someone started it (its wrapper waits for them), or they are still away
             watch.lost, watch.back = [], None

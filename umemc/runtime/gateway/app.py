@@ -35,6 +35,8 @@ from .relay import (
 from .scheduler import Scheduler
 from .upstream import Pool
 
+HOT_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")  # most requests of most clients
+
 
 async def openai(request: web.Request) -> web.StreamResponse:
     body = await read_body(request)
@@ -162,6 +164,8 @@ def make_app(sched: Scheduler, token: str | None) -> web.Application:
     if token:
         app["token"] = token
     app.router.add_get("/v1/models", list_models)
+    for path in HOT_PATHS:  # found by the router's path index, before the pattern below is tried
+        app.router.add_post(path, openai)
     app.router.add_post("/v1/{tail:.+}", openai)
     app.router.add_route("*", "/models/{name}/{tail:.*}", passthrough)
     app.router.add_get("/umemc/health", health)

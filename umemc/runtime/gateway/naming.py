@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 
 KEY_VALUE = re.compile(rb'("(?:model|model_path)"\s*:\s*)"(?:[^"\\]|\\.)*"')
 
@@ -20,6 +21,7 @@ def renamed(data: bytes, name: str) -> bytes:
     return _rename(data, _value(name))
 
 
+@lru_cache(maxsize=256)  # a stack's names and aliases: one encoding each, not one a request
 def _value(name: str) -> bytes:
     """`name` as the JSON string that goes after the key."""
     return json.dumps(name).encode()
