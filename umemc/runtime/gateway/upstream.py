@@ -30,6 +30,7 @@ import collections
 import os
 import re
 from collections.abc import AsyncIterator, Mapping
+from functools import lru_cache
 from typing import cast
 
 import httptools
@@ -362,18 +363,13 @@ def _too_late(head: asyncio.Future[Answer], timeout: float) -> None:
         head.set_exception(TimeoutError(f"no answer within {timeout:g} s"))
 
 
-# a client sends the same header fields request after request: each is checked once, its line kept (a bounded cache)
-_FIELD_LINES: dict[tuple[str, str], str] = {}
-FIELD_LINES_KEPT = 1024
-
-
+# a client sends the same header fields request after request: each is checked once, its line kept (a bounded
+# cache; a field that fails raises, and a raise is never kept)
+@lru_cache(maxsize=1024)
 def _field_line(name: str, value: str) -> str:
     if not _TOKEN.fullmatch(name) or _UNSAFE_FIELD.search(value):
         raise ValueError(f"header {name!r} has a character HTTP does not allow there")
-    if len(_FIELD_LINES) >= FIELD_LINES_KEPT:
-        _FIELD_LINES.clear()
-    line = _FIELD_LINES[(name, value)] = f"{name}: {value}\r\n"
-    return line
+    return f"{name}: {value}\r\n"
 
 
 def _request_head(
@@ -384,11 +380,8 @@ def _request_head(
     if not target.startswith("/") or _UNSAFE_TARGET.search(target):
         raise ValueError(f"request target has a space or a control character: {target!r}")
     lines = [f"{method} {target} HTTP/1.1\r\nHost: {host}:{port}\r\n"]
-    for field in headers.items():
-        line = _FIELD_LINES.get(field)
-        if line is None:
-            line = _field_line(*field)
-        lines.append(line)
+    for name, value in headers.items():
+        lines.append(_field_line(name, value))
     if body or method in ("POST", "PUT", "PATCH"):
         lines.append(f"Content-Length: {len(body) if body else 0}\r\n")
     lines.append("\r\n")
