@@ -227,6 +227,8 @@ def test_an_event_log_damaged_under_its_writers_is_moved_aside_while_they_run(st
         lambda: [p for p in state.glob("events.db.corrupt-*") if not p.name.endswith(("-wal", "-shm"))],
         what="the damaged log moved aside",
     )
+    # the enforcer moves the file, opens a new log, then says the reset in it: the move alone is seen first
+    r.wait_for(lambda: r.events("event_log_reset"), what="the reset said in the new log")
     assert record(r.run_dir, "umemc-enforcer") == enforcer  # no writer restarted for it
     capsys.readouterr()
     code, out, err = run_cli("events", "--json", "--run-dir", str(r.run_dir))
