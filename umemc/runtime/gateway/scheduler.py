@@ -77,6 +77,7 @@ class Scheduler:
         )
         self.memory = Memory()  # what the status page draws (history.py)
         self.answered = Requests()
+        self.figures = figures.Saver()  # the page's figures kept for the next gateway (figures.py)
         self.ledger = Ledger(self.answered)  # answered requests kept, settled together (ledger.py)
         self.metrics: Any = None  # the HTTP side's metrics: cold starts, evictions, waits (optional)
         self.undrainable: set[str] = set()  # victims whose drain timed out: not drained again until idle
@@ -195,7 +196,8 @@ class Scheduler:
         mark = self._figures_mark()
         if mark == self._figures_seen or not (force or figures.due(self._figures_at)):
             return
-        figures.save(self.run.gateway_figures, self.sync.supervisord_pid, self.traffic, self.answered, self.memory)
+        self.figures.save(self.run.gateway_figures, self.sync.supervisord_pid, self.traffic, self.answered,
+                          self.memory)  # fmt: skip
         self._figures_seen, self._figures_at = mark, time.monotonic()
 
     def kick(self) -> None:
