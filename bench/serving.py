@@ -116,7 +116,7 @@ def main() -> int:
                 one(ports[side])
             rows = []
             for clients in (1, 4):
-                r = compare(ports, clients, args.rounds, 2 if clients == 1 else 1)
+                r = compare(ports, clients, args.rounds, 4 // clients)  # 4 requests a side each round
                 rows.append((f"{clients} client(s)", r))
             hogs = hog()
             try:
@@ -131,8 +131,9 @@ def main() -> int:
             umemc(["down", "--run-dir", run])
     lines = [
         f"A real llama-server (SmolLM2-135M-Instruct Q4_1, -np 4) under `umemc up`, streamed chat completions of "
-        f"{TOKENS} tokens, {args.rounds} alternating rounds per row, medians; {os.cpu_count()} cores shared by the "
-        "clients, the gateway and the worker.",
+        f"{TOKENS} tokens, {args.rounds} alternating rounds per row of 4 requests a side (one client asking 4 times "
+        f"or 4 at once; the hog row one), medians; {os.cpu_count()} cores shared by the clients, the gateway and the "
+        "worker.",
         "",
         "The bare relay (bench/bare_relay.py: aiohttp's server and client, nothing of the gateway's work) is the "
         "floor of any Python relay. With the hog, llama-server's two threads, the clients and the hogs share 2 "
