@@ -264,6 +264,8 @@ def test_an_answer_read_slower_than_it_comes_pauses_the_worker() -> None:
             assert len(got) == total and got[:piece] == b"\0" * piece and got[-1] == (total // piece - 1) % 256
             await sent.wait()
 
+    run(main())
+
 
 def test_leaving_an_answer_closes_its_connection() -> None:
     async def main() -> None:
@@ -377,5 +379,122 @@ def test_an_answer_that_is_not_http_is_a_payload_error() -> None:
             with pytest.raises(PayloadError, match="^the worker's answer is not HTTP: "):
                 await Pool().request("GET", w.port, "/", {}, None, 5)
             await w.gone.wait()  # its connection closed
+
+    run(main())
+
+
+def test_a_piped_answer_reaches_its_sink_as_it_comes_and_its_connection_is_reused() -> None:
+    async def main() -> None:
+        go_on = asyncio.Event()
+
+        async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                await w.request(reader)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n")
+                writer.write(b"Transfer-Encoding: chunked\r\n\r\n7\r\ndata: 1\r\n")
+                await go_on.wait()  # the first piece reaches the sink before the second is sent
+                writer.write(b"7\r\ndata: 2\r\n0\r\n\r\n")
+
+        async with Worker(stream) as w:
+            pool = Pool()
+            got: list[bytes] = []
+            came = asyncio.Event()
+
+            def sink(piece: bytes) -> bool:
+                got.append(piece)
+                came.set()
+                return True
+
+            for _ in range(2):
+                go_on.clear()
+                came.clear()
+                got.clear()
+                a = await pool.request("GET", w.port, "/s", {}, None, 5)
+                piping = asyncio.ensure_future(a.pipe(sink))
+                await came.wait()
+                assert got == [b"data: 1"]
+                go_on.set()
+                assert await piping is False  # the end
+                assert got == [b"data: 1", b"data: 2"]
+                a.release()
+            assert w.connections == 1
+            pool.close()
+
+    run(main())
+
+
+def test_a_sink_whose_client_is_full_stops_the_pipe_and_what_comes_meanwhile_waits_for_the_next() -> None:
+    async def main() -> None:
+        go_on, sent = asyncio.Event(), asyncio.Event()
+
+        async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await w.request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n")
+            await go_on.wait()
+            writer.write(b"1\r\nb\r\n")
+            await writer.drain()
+            writer.write(b"1\r\nc\r\n0\r\n\r\n")
+            await writer.drain()
+            sent.set()
+            await reader.read()
+
+        async with Worker(stream) as w:
+            got: list[bytes] = []
+            a = await Pool().request("GET", w.port, "/", {}, None, 5)
+            assert await a.pipe(lambda piece: got.append(piece) or False) is True  # full after "a"
+            go_on.set()
+            await sent.wait()
+            assert await a.pipe(lambda piece: got.append(piece) or True) is False
+            assert got[0] == b"a" and b"".join(got[1:]) == b"bc"  # held while nothing piped, or piped as they came
+
+    run(main())
+
+
+def test_what_a_sink_raises_ends_the_pipe_and_closes_the_connection() -> None:
+    async def main() -> None:
+        async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await w.request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            while True:
+                writer.write(b"1\r\nx\r\n")
+                await writer.drain()
+                await asyncio.sleep(0.01)
+
+        def gone(piece: bytes) -> bool:
+            raise ConnectionResetError("the client went away")
+
+        async with Worker(endless) as w:
+            pool = Pool()
+            a = await pool.request("GET", w.port, "/", {}, None, 5)
+            with pytest.raises(ConnectionResetError, match=r"^the client went away$"):
+                await a.pipe(gone)
+            a.release()  # a failed answer's connection is closed, never pooled
+            await w.gone.wait()  # the worker's write failed: it stops generating
+            assert pool.idle == {}
+
+    run(main())
+
+
+def test_a_piped_answer_that_falls_silent_or_is_cut_raises() -> None:
+    async def main() -> None:
+        release = asyncio.Event()
+
+        async def bad(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            request = await w.request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\n0123456789")
+            if b"/silent" in request:
+                await release.wait()
+
+        async with Worker(bad) as w:
+            pool = Pool()
+            got: list[bytes] = []
+            a = await pool.request("GET", w.port, "/silent", {}, None, 0.2)
+            with pytest.raises(TimeoutError, match=r"^no byte of the answer for 0.2 s$"):
+                await a.pipe(lambda piece: got.append(piece) or True)
+            assert got == [b"0123456789"]
+            release.set()
+            b = await pool.request("GET", w.port, "/cut", {}, None, 5)
+            with pytest.raises(PayloadError):
+                await b.pipe(lambda piece: True)
 
     run(main())

@@ -15,7 +15,7 @@ from aiohttp import web
 from . import leasing, ollama, page, router, views
 from .access import AccessLog
 from .capture import Captures
-from .door import allowed_hosts, front_door
+from .door import allowed_hosts, guarded
 from .metrics import Metrics
 from .model import Model, Refused
 from .progress import STREAMS, Progress
@@ -25,6 +25,7 @@ from .relay import (
     METRICS,
     POOL,
     SCHED,
+    TOKEN,
     Call,
     forward,
     json_object,
@@ -152,31 +153,32 @@ async def pressure(request: web.Request) -> web.Response:
     return web.json_response(await request.app[SCHED].relieve_pressure(float(value)))
 
 
+ROUTES = (
+    web.get("/v1/models", list_models),
+    *(web.post(path, openai) for path in HOT_PATHS),  # found by the router's path index, before the pattern below
+    web.post("/v1/{tail:.+}", openai),
+    web.route("*", "/models/{name}/{tail:.*}", passthrough),
+    web.get("/umemc/health", health),
+    web.get("/umemc/status", status),
+    web.get("/umemc/can-load/{model}", can_load),
+    web.post("/umemc/pressure", pressure),
+    web.get("/metrics", metrics),
+)
+
+
 def make_app(sched: Scheduler, token: str | None) -> web.Application:
     gw = sched.gw
-    door = front_door(allowed_hosts(gw.host, gw.port), token)
-    app = web.Application(client_max_size=gw.max_body_bytes, middlewares=[door])
+    app = web.Application(client_max_size=gw.max_body_bytes)
     app[SCHED] = sched
     app[METRICS] = sched.metrics = Metrics(sched)
     app[ACCESS] = AccessLog(sched.run.access_log)
     sched.ledger.attach(sched.metrics, app[ACCESS])
     app[CAPTURES] = Captures(gw.capture, gw.capture_bytes)
     if token:
-        app["token"] = token
-    app.router.add_get("/v1/models", list_models)
-    for path in HOT_PATHS:  # found by the router's path index, before the pattern below is tried
-        app.router.add_post(path, openai)
-    app.router.add_post("/v1/{tail:.+}", openai)
-    app.router.add_route("*", "/models/{name}/{tail:.*}", passthrough)
-    app.router.add_get("/umemc/health", health)
-    app.router.add_get("/umemc/status", status)
-    app.router.add_get("/umemc/can-load/{model}", can_load)
-    app.router.add_post("/umemc/pressure", pressure)
-    app.router.add_get("/metrics", metrics)
-    page.add_routes(app)
-    leasing.add_routes(app)
-    ollama.add_routes(app)
-    router.add_routes(app)
+        app[TOKEN] = token
+    # every route behind the door, each surface's in its table (the one place routes are added)
+    app.router.add_routes(guarded(ROUTES + page.ROUTES + leasing.ROUTES + ollama.ROUTES + router.ROUTES,
+                                  allowed_hosts(gw.host, gw.port), token))  # fmt: skip
     app.cleanup_ctx.append(_lifetime)
     return app
 

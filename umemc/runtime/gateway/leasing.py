@@ -149,8 +149,9 @@ async def lease_extend(request: web.Request) -> web.Response:
     return web.json_response({"lease": lease_json(lease)})
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/umemc/leases", leases_list)
-    app.router.add_post("/umemc/leases", lease_create)
-    app.router.add_delete("/umemc/leases/{id}", lease_delete)
-    app.router.add_post("/umemc/leases/{id}/extend", lease_extend)
+ROUTES = (
+    web.get("/umemc/leases", leases_list),
+    web.post("/umemc/leases", lease_create),
+    web.delete("/umemc/leases/{id}", lease_delete),
+    web.post("/umemc/leases/{id}/extend", lease_extend),
+)

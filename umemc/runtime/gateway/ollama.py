@@ -459,12 +459,13 @@ class _SseLines:
         return [line[5:].strip() for line in lines if line.startswith(b"data:")]
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/api/version", version)
-    app.router.add_get("/api/tags", tags)
-    app.router.add_get("/api/ps", ps)
-    app.router.add_post("/api/show", show)
-    app.router.add_post("/api/chat", chat)
-    app.router.add_post("/api/generate", generate)
-    app.router.add_post("/api/embed", embed)
-    app.router.add_post("/api/embeddings", embeddings)
+ROUTES = (
+    web.get("/api/version", version),
+    web.get("/api/tags", tags),
+    web.get("/api/ps", ps),
+    web.post("/api/show", show),
+    web.post("/api/chat", chat),
+    web.post("/api/generate", generate),
+    web.post("/api/embed", embed),
+    web.post("/api/embeddings", embeddings),
+)

@@ -125,10 +125,11 @@ async def log_tail(request: web.Request) -> web.Response:
     return web.Response(text="\n".join(text.splitlines()[-lines:]) + "\n", content_type="text/plain")
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/ui", ui_page)
-    app.router.add_get("/umemc/events", events_list)
-    app.router.add_get("/umemc/logs/{model}", log_tail)
-    app.router.add_get("/umemc/history", history)
-    app.router.add_get("/umemc/captures", captures)
-    app.router.add_post("/umemc/models/{name}/{action}", model_action)
+ROUTES = (
+    web.get("/ui", ui_page),
+    web.get("/umemc/events", events_list),
+    web.get("/umemc/logs/{model}", log_tail),
+    web.get("/umemc/history", history),
+    web.get("/umemc/captures", captures),
+    web.post("/umemc/models/{name}/{action}", model_action),
+)

@@ -66,6 +66,7 @@ METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 POOL: web.AppKey[Pool] = web.AppKey("pool", Pool)
 ACCESS: web.AppKey[AccessLog] = web.AppKey("access", AccessLog)
 CAPTURES: web.AppKey[Captures] = web.AppKey("captures", Captures)
+TOKEN: web.AppKey[str] = web.AppKey("token", str)  # the gateway's own token (a client's is never passed on)
 
 
 def error(status: int, message: str, code: str, retry_after: int | None = None) -> web.Response:
@@ -321,15 +322,18 @@ async def _stream_into(
     One side going away, or the worker falling silent, ends it: leaving closes the upstream connection."""
     seen.stream = True
     reader = StreamReader()
+    keep = seen.head_limit > 0  # gateway.capture
+
+    def each(chunk: bytes) -> bytes:
+        piece = chunk if names is None else names.feed(chunk)  # renamed: whole lines
+        if piece:
+            reader.feed(piece)
+            if keep:
+                seen.keep(piece)
+        return piece
+
     try:
-        keep = seen.head_limit > 0  # gateway.capture
-        while chunk := await up.chunk():  # (not iter_any: an async generator is one more frame a chunk)
-            piece = chunk if names is None else names.feed(chunk)  # renamed: whole lines
-            if piece:
-                reader.feed(piece)
-                if keep:
-                    seen.keep(piece)
-                await resp.write(piece)
+        await pipe(request, resp, up, each)
         if names is not None and (tail := names.rest()):
             reader.feed(tail)
             seen.keep(tail)
@@ -338,6 +342,40 @@ async def _stream_into(
     except STREAM_ENDS as exc:
         stream_ended(request, m, exc)
     answered(request, m, seen, up.status, began, reader.usage())
+
+
+async def pipe(request: web.Request, resp: web.StreamResponse, up: Answer, each: Callable[[bytes], bytes]) -> None:
+    """The worker's answer into the begun response `resp` as it comes, each piece as `each` makes it, from the worker
+    connection's own callback (a streamed token wakes no task); a client slower than the worker holds it back (its
+    connection drained, the worker's paused: upstream.HIGH_WATER). The answer's end is the caller's to write."""
+    write = _client_writer(request, resp)
+
+    def sink(chunk: bytes) -> bool:
+        piece = each(chunk)
+        return write(piece) if piece else True
+
+    while await up.pipe(sink):  # the client takes no more for now: on once it has drained
+        await request.writer.drain()
+
+
+def _client_writer(request: web.Request, resp: web.StreamResponse) -> Callable[[bytes], bool]:
+    """A function that writes a piece of a begun answer straight to the client's connection, in the framing aiohttp
+    chose for it (chunked for HTTP/1.1, the bare bytes for HTTP/1.0), from the worker connection's own callback (a
+    streamed token wakes no task: aiohttp's `write` is a coroutine); it answers False once the connection holds more
+    unsent than its high-water mark (then aiohttp's writer drains it). The answer's end goes through aiohttp."""
+    transport = request.transport
+    if transport is None:
+        raise ConnectionResetError("the client went away")
+    high = transport.get_write_buffer_limits()[1]
+    chunked = resp.headers.get("Transfer-Encoding") == "chunked"
+
+    def write(piece: bytes) -> bool:
+        if transport.is_closing():
+            raise ConnectionResetError("the client went away")
+        transport.write(b"%x\r\n%b\r\n" % (len(piece), piece) if chunked else piece)
+        return transport.get_write_buffer_size() <= high
+
+    return write
 
 
 def _names_model(content_type: str) -> bool:
@@ -436,7 +474,7 @@ STREAM_ENDS = (ConnectionResetError, PayloadError, TimeoutError)
 
 async def pass_through(request: web.Request, m: Model, call: Call, seen: Seen) -> web.StreamResponse:
     """The worker's answer as it gives it (its headers less the hop-by-hop ones), its model fields renamed."""
-    token = request.app.get("token")
+    token = request.app.get(TOKEN)
     headers = {
         k: v
         for k, v in request.headers.items()

@@ -66,7 +66,8 @@ async def unload(request: web.Request) -> web.Response:
     return web.json_response({"success": True})
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/models", models)
-    app.router.add_post("/models/load", load)
-    app.router.add_post("/models/unload", unload)
+ROUTES = (
+    web.get("/models", models),
+    web.post("/models/load", load),
+    web.post("/models/unload", unload),
+)

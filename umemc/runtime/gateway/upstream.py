@@ -29,7 +29,7 @@ import asyncio
 import collections
 import os
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from functools import lru_cache
 from typing import cast
 
@@ -58,8 +58,9 @@ class PayloadError(ConnectionError):
 
 
 class Answer:
-    """A worker's answer: its status and headers at once, its body read whole (`read`) or as it comes
-    (`iter_any`). `release` gives its connection back once the body was read to its end; `close` drops it."""
+    """A worker's answer: its status and headers at once, its body read whole (`read`), as it comes (`chunk`,
+    `iter_any`) or handed on as it comes (`pipe`). `release` gives its connection back once the body was read to its
+    end; `close` drops it."""
 
     def __init__(self, conn: _Conn, status: int, headers: CIMultiDictProxy[str], content_length: int | None):
         self.status, self.headers, self.content_length = status, headers, content_length
@@ -71,12 +72,26 @@ class Answer:
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._watch: asyncio.TimerHandle | None = None
+        self._sink: Callable[[bytes], bool] | None = None  # where the body goes as it comes (pipe)
+        self._full = False  # the sink said its client takes no more for now
 
     # -- fed by the connection
     def _feed(self, data: bytes) -> None:
+        self._received += len(data)
+        sink = self._sink
+        if sink is not None:  # piped: the piece goes on from this callback, no task woken for it
+            try:
+                if sink(data):
+                    return
+            except Exception as exc:  # noqa: BLE001 - never into the parser: the piping task raises it (a client gone)
+                self._sink = None
+                self._fail(exc)
+                return
+            self._sink, self._full = None, True  # the client takes no more for now: the piping task waits for it
+            self._wake()
+            return
         self._chunks.append(data)
         self._held += len(data)
-        self._received += len(data)
         if self._held > HIGH_WATER:
             self._conn.pause()
         self._wake()
@@ -132,6 +147,30 @@ class Answer:
                 return b""
             self._waiter = self._conn.loop.create_future()
             await self._waiter
+        return self._take()
+
+    async def pipe(self, sink: Callable[[bytes], bool]) -> bool:
+        """The body into `sink` as it comes, from the connection's own callback (no task wakes for a piece, as one
+        does for each `chunk`): until its end (False), or until `sink` answers False, its client taking no more for
+        now (True: let the client drain, then pipe again). `sink` takes every piece it is given; what it raises,
+        and the answer's own failures, are raised here."""
+        while True:
+            if self._chunks and not sink(self._take()):  # what came while nothing piped
+                return True
+            if self._error is not None:
+                raise self._error
+            if self._done:
+                return False
+            self._sink, self._full = sink, False
+            self._waiter = self._conn.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._sink = None
+            if self._full:
+                return True
+
+    def _take(self) -> bytes:
         data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
         self._chunks.clear()
         self._held = 0
