@@ -34,6 +34,7 @@ from .relay import (
     answered,
     forward,
     json_object,
+    pipe,
     stream_ended,
     upstream,
 )
@@ -354,15 +355,17 @@ class _Translate:
             seen.stream = True
             reader, lines = StreamReader(), _SseLines()
             state: dict[str, Any] = {}
+
+            def each(chunk: bytes) -> bytes:  # whole events of the worker's stream, each as an NDJSON line
+                events = lines.feed(chunk)
+                for event in events:
+                    reader.feed(event)
+                out = b"".join(self.piece(call.asked, event, state) for event in events)
+                seen.keep(out)
+                return out
+
             try:
-                async for chunk in up.iter_any():
-                    events = lines.feed(chunk)
-                    for event in events:
-                        reader.feed(event)
-                    out = b"".join(self.piece(call.asked, event, state) for event in events)
-                    if out:
-                        seen.keep(out)
-                        await resp.write(out)
+                await pipe(request, resp, up, each)
                 answered(request, m, seen, up.status, asked_at, reader.usage())
                 last = self.last(call.asked, state, seen)
                 seen.keep(last)

@@ -29,7 +29,7 @@ import asyncio
 import collections
 import os
 import re
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import cast
 
@@ -58,9 +58,9 @@ class PayloadError(ConnectionError):
 
 
 class Answer:
-    """A worker's answer: its status and headers at once, its body read whole (`read`), as it comes (`chunk`,
-    `iter_any`) or handed on as it comes (`pipe`). `release` gives its connection back once the body was read to its
-    end; `close` drops it."""
+    """A worker's answer: its status and headers at once, its body read whole (`read`), as it comes (`chunk`) or
+    handed on as it comes (`pipe`). `release` gives its connection back once the body was read to its end; `close`
+    drops it."""
 
     def __init__(self, conn: _Conn, status: int, headers: CIMultiDictProxy[str], content_length: int | None):
         self.status, self.headers, self.content_length = status, headers, content_length
@@ -176,10 +176,6 @@ class Answer:
         self._held = 0
         self._conn.resume()
         return data
-
-    async def iter_any(self) -> AsyncIterator[bytes]:
-        while data := await self.chunk():
-            yield data
 
     async def read(self) -> bytes:
         parts = []
