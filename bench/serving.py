@@ -5,7 +5,8 @@ gateway in the same run, rounds alternating, medians:
 1. generation speed (tokens/s each client sees: completion tokens over the time from its request to the stream's
    end) at 1 and 4 concurrent clients, streamed chat completions of 64 tokens;
 2. time to the first token (the first content chunk), at 1 client, on an idle machine and with a CPU hog busy on
-   every core (one `while True` interpreter per core, started and stopped by this script, by pid).
+   every core (one `while True` interpreter per core, started and stopped by this script, by pid; answers of 16
+   tokens there, so a round can ask 4 times a side as the others do).
 
     python bench/serving.py [--rounds 5]
 
@@ -34,6 +35,7 @@ from tests.runtime.conftest import free_port, live_sysctl_table
 
 PY = sys.executable
 TOKENS = 64
+HOG_TOKENS = 16  # the hog row's figure is the first token: shorter answers, four times the samples
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
 
 
@@ -46,15 +48,15 @@ def stack_text(gateway: int, worker: int) -> str:
     )
 
 
-def one(port: int) -> tuple[float, float]:
+def one(port: int, tokens: int = TOKENS) -> tuple[float, float]:
     """(seconds to the first content chunk, tokens per second over the whole stream) of one streamed chat."""
-    body = {"model": "smollm2", "messages": PROMPT, "max_tokens": TOKENS, "temperature": 0, "stream": True}
+    body = {"model": "smollm2", "messages": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True}
     body |= {"stream_options": {"include_usage": True}, "ignore_eos": True}
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     t0 = time.perf_counter()
     conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
     resp = conn.getresponse()
-    first, tokens, buf = None, 0, b""
+    first, said, buf = None, 0, b""
     while chunk := resp.read1(65536):
         buf += chunk
         *events, buf = buf.split(b"\n\n")
@@ -65,28 +67,30 @@ def one(port: int) -> tuple[float, float]:
             if first is None and any((c.get("delta") or {}).get("content") for c in doc.get("choices") or []):
                 first = time.perf_counter() - t0
             if doc.get("usage"):
-                tokens = doc["usage"]["completion_tokens"]
+                said = doc["usage"]["completion_tokens"]
     total = time.perf_counter() - t0
     conn.close()
-    assert first is not None and tokens, "no tokens streamed"
-    return first, tokens / total
+    assert first is not None and said, "no tokens streamed"
+    return first, said / total
 
 
-def round_of(port: int, clients: int, per_client: int) -> tuple[float, float]:
+def round_of(port: int, clients: int, per_client: int, tokens: int = TOKENS) -> tuple[float, float]:
     """Median first-token seconds and median tokens/s per client over clients x per_client requests."""
     with ThreadPoolExecutor(clients) as pool:
-        results = list(pool.map(lambda _: one(port), range(clients * per_client)))
+        results = list(pool.map(lambda _: one(port, tokens), range(clients * per_client)))
     return statistics.median(r[0] for r in results), statistics.median(r[1] for r in results)
 
 
 SIDES = ("direct", "relay", "gateway")
 
 
-def compare(ports: dict[str, int], clients: int, rounds: int, per_client: int) -> dict[str, tuple[float, float]]:
+def compare(
+    ports: dict[str, int], clients: int, rounds: int, per_client: int, tokens: int = TOKENS
+) -> dict[str, tuple[float, float]]:
     got: dict[str, list[tuple[float, float]]] = {side: [] for side in SIDES}
     for r in range(rounds):
         for side in SIDES if r % 2 == 0 else SIDES[::-1]:
-            got[side].append(round_of(ports[side], clients, per_client))
+            got[side].append(round_of(ports[side], clients, per_client, tokens))
     return {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for k, v in got.items()}
 
 
@@ -120,7 +124,7 @@ def main() -> int:
                 rows.append((f"{clients} client(s)", r))
             hogs = hog()
             try:
-                rows.append(("1 client, CPU hog on every core", compare(ports, 1, args.rounds, 1)))
+                rows.append(("1 client, CPU hog on every core", compare(ports, 1, args.rounds, 4, HOG_TOKENS)))
             finally:
                 for h in hogs:
                     h.kill()
@@ -131,9 +135,9 @@ def main() -> int:
             umemc(["down", "--run-dir", run])
     lines = [
         f"A real llama-server (SmolLM2-135M-Instruct Q4_1, -np 4) under `umemc up`, streamed chat completions of "
-        f"{TOKENS} tokens, {args.rounds} alternating rounds per row of 4 requests a side (one client asking 4 times "
-        f"or 4 at once; the hog row one), medians; {os.cpu_count()} cores shared by the clients, the gateway and the "
-        "worker.",
+        f"{TOKENS} tokens ({HOG_TOKENS} in the hog row), {args.rounds} alternating rounds per row of 4 requests a side "
+        f"(one client asking 4 times or 4 at once), medians; {os.cpu_count()} cores shared by the clients, the "
+        "gateway and the worker.",
         "",
         "The bare relay (bench/bare_relay.py: aiohttp's server and client, nothing of the gateway's work) is the "
         "floor of any Python relay. With the hog, llama-server's two threads, the clients and the hogs share 2 "
