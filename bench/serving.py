@@ -1,14 +1,20 @@
 """Speed as a user of the gateway feels it, with a real model: a real llama-server serving the real SmolLM2-135M
-(`python3 dev.py setup-models`, `setup-llama-server`) under `umemc up`, asked straight on its port and through the
-gateway in the same run, rounds alternating, medians:
+(`python3 dev.py setup-models`, `setup-llama-server`) under `umemc up`, asked straight on its port, through a bare
+relay and through the gateway in the same run:
 
 1. generation speed (tokens/s each client sees: completion tokens over the time from its request to the stream's
    end) at 1 and 4 concurrent clients, streamed chat completions of 64 tokens;
 2. time to the first token (the first content chunk), at 1 client, on an idle machine and with a CPU hog busy on
-   every core (one `while True` interpreter per core, started and stopped by this script, by pid; answers of 16
-   tokens there, so a round can ask 4 times a side as the others do).
+   every core (one `while True` interpreter per core, started and stopped by this script, by pid; answers of 2
+   tokens there; the row stops after --hog-seconds, as llama.cpp's threads can slow to a token every few seconds
+   on every path while they share the cores with the hog).
 
-    python bench/serving.py [--rounds 5]
+Measured in sets: one measurement a side (1 request, or 4 at once), the three sides back to back, their order
+rotating through all six orders. A ratio or a difference is taken within each set and the median of the sets is
+given with its interquartile range: the machine's drift from set to set (the hog's share of the cores, the page
+cache, a neighbour) moves all three sides of a set alike, and cancels there.
+
+    python bench/serving.py [--sets 96] [--hog-seconds 300]
 
 Ratios are gateway / direct. The machine is shared by the clients, the gateway and the worker (2 cores here).
 """
@@ -17,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -26,6 +34,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -35,7 +44,7 @@ from tests.runtime.conftest import free_port, live_sysctl_table
 
 PY = sys.executable
 TOKENS = 64
-HOG_TOKENS = 16  # the hog row's figure is the first token: shorter answers, four times the samples
+HOG_TOKENS = 2  # the hog row's figure is the first token: the shortest answers, the most sets in its time
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
 
 
@@ -74,24 +83,50 @@ def one(port: int, tokens: int = TOKENS) -> tuple[float, float]:
     return first, said / total
 
 
-def round_of(port: int, clients: int, per_client: int, tokens: int = TOKENS) -> tuple[float, float]:
-    """Median first-token seconds and median tokens/s per client over clients x per_client requests."""
+def round_of(port: int, clients: int, tokens: int) -> tuple[float, float]:
+    """Median first-token seconds and median tokens/s per client of `clients` requests at once."""
     with ThreadPoolExecutor(clients) as pool:
-        results = list(pool.map(lambda _: one(port, tokens), range(clients * per_client)))
+        results = list(pool.map(lambda _: one(port, tokens), range(clients)))
     return statistics.median(r[0] for r in results), statistics.median(r[1] for r in results)
 
 
 SIDES = ("direct", "relay", "gateway")
+ORDERS = list(itertools.permutations(SIDES))
 
 
-def compare(
-    ports: dict[str, int], clients: int, rounds: int, per_client: int, tokens: int = TOKENS
-) -> dict[str, tuple[float, float]]:
-    got: dict[str, list[tuple[float, float]]] = {side: [] for side in SIDES}
-    for r in range(rounds):
-        for side in SIDES if r % 2 == 0 else SIDES[::-1]:
-            got[side].append(round_of(ports[side], clients, per_client, tokens))
-    return {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for k, v in got.items()}
+class Row(NamedTuple):
+    sets: int
+    first: dict[str, float]  # each side's median seconds to the first token
+    speed: dict[str, float]  # each side's median tokens/s
+    ratio: dict[str, tuple[float, float, float]]  # a relayed side's tokens/s over direct's, in its set: q1, median, q3
+    added: dict[str, tuple[float, float, float]]  # its first token minus direct's, in its set, seconds: q1, median, q3
+    slower: dict[str, float]  # its first token over direct's, in its set: the median
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    q1, q2, q3 = statistics.quantiles(values, n=4)
+    return q1, q2, q3
+
+
+def compare(ports: dict[str, int], clients: int, sets: int, tokens: int = TOKENS, within: float = 1e9) -> Row:
+    """`sets` sets, or as many as begin within `within` seconds (at least one)."""
+    got: list[dict[str, tuple[float, float]]] = []
+    end = time.monotonic() + within
+    for s in range(sets):
+        if got and time.monotonic() > end:
+            break
+        got.append({side: round_of(ports[side], clients, tokens) for side in ORDERS[s % len(ORDERS)]})
+        print(f"{clients} client(s), set {s + 1}/{sets}: " + ", ".join(
+            f"{side} {first * 1000:.1f} ms {speed:.1f} t/s" for side, (first, speed) in got[-1].items()
+        ), file=sys.stderr, flush=True)  # fmt: skip
+    return Row(
+        len(got),
+        {side: statistics.median(g[side][0] for g in got) for side in SIDES},
+        {side: statistics.median(g[side][1] for g in got) for side in SIDES},
+        {side: quartiles([g[side][1] / g["direct"][1] for g in got]) for side in SIDES[1:]},
+        {side: quartiles([g[side][0] - g["direct"][0] for g in got]) for side in SIDES[1:]},
+        {side: statistics.median(g[side][0] / g["direct"][0] for g in got) for side in SIDES[1:]},
+    )
 
 
 def hog() -> list[subprocess.Popen[bytes]]:
@@ -100,8 +135,10 @@ def hog() -> list[subprocess.Popen[bytes]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--sets", type=int, default=96, help="sets at 1 client, half at 4 (a multiple of 12)")
+    ap.add_argument("--hog-seconds", type=float, default=300, help="the hog row's time (it stops at --sets)")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's TERM still takes the stack down
     if not (SMOLLM2.is_file() and Path(LLAMA_SERVER).is_file()):
         sys.exit("needs the real model and llama-server: python3 dev.py setup-models setup-llama-server")
     from umemc.cli import main as umemc
@@ -120,11 +157,14 @@ def main() -> int:
                 one(ports[side])
             rows = []
             for clients in (1, 4):
-                r = compare(ports, clients, args.rounds, 4 // clients)  # 4 requests a side each round
-                rows.append((f"{clients} client(s)", r))
+                rows.append(
+                    (f"{clients} client(s)", compare(ports, clients, args.sets if clients == 1 else args.sets // 2))
+                )
             hogs = hog()
             try:
-                rows.append(("1 client, CPU hog on every core", compare(ports, 1, args.rounds, 4, HOG_TOKENS)))
+                rows.append(
+                    ("1 client, CPU hog on every core", compare(ports, 1, args.sets, HOG_TOKENS, args.hog_seconds))
+                )
             finally:
                 for h in hogs:
                     h.kill()
@@ -135,25 +175,36 @@ def main() -> int:
             umemc(["down", "--run-dir", run])
     lines = [
         f"A real llama-server (SmolLM2-135M-Instruct Q4_1, -np 4) under `umemc up`, streamed chat completions of "
-        f"{TOKENS} tokens ({HOG_TOKENS} in the hog row), {args.rounds} alternating rounds per row of 4 requests a side "
-        f"(one client asking 4 times or 4 at once), medians; {os.cpu_count()} cores shared by the clients, the "
-        "gateway and the worker.",
+        f"{TOKENS} tokens ({HOG_TOKENS} in the hog row), in sets: one measurement a side (1 request, or 4 at once) "
+        "back to back, the sides' order rotating through all six orders; "
+        f"{os.cpu_count()} cores shared by the clients, the gateway and the worker. Each side's figure is the median "
+        "of its sets; a ratio or an added time is taken within each set (the drift between sets cancels) and given "
+        "as the median of the sets [interquartile range].",
         "",
         "The bare relay (bench/bare_relay.py: aiohttp's server and client, nothing of the gateway's work) is the "
         "floor of any Python relay. With the hog, llama-server's two threads, the clients and the hogs share 2 "
-        "cores and the tokens/s of every path swings from run to run (direct 3 to 35 tokens/s seen; a relayed "
-        "stream 0.03x to 1.07x of direct, the bare relay as much as the gateway: each relayed token waits for a "
-        "time slice behind the hogs and llama-server's spinning threads); the first token is the figure that holds.",
+        "cores: llama.cpp's two threads meet at a barrier many times a token, and one of them waiting for a time "
+        "slice behind a hog holds both, on every path alike (a token took seconds in some runs, in others tens of "
+        "milliseconds); every relayed token also waits for a time slice of its own. The first token is the figure "
+        "that holds there; the row stops after a time rather than a count of sets.",
         "",
-        "| load | tokens/s direct | bare relay | gateway | gateway ratio | first token direct | bare relay | gateway "
-        "| gateway added |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| load | sets | tokens/s direct / bare relay / gateway | gateway ratio | bare relay ratio "
+        "| first token direct / bare relay / gateway | gateway added | bare relay added |",
+        "|---|---:|---|---|---|---|---|---|",
     ]
+
+    def ratio(q: tuple[float, float, float]) -> str:
+        return f"{q[1]:.3f}x [{q[0]:.3f}-{q[2]:.3f}]"
+
+    def added(q: tuple[float, float, float], times: float) -> str:
+        return f"{q[1] * 1000:+.1f} ms [{q[0] * 1000:+.1f} to {q[2] * 1000:+.1f}], {times:.2f}x"
+
     for name, r in rows:
-        (fd, sd), (fr, sr), (fg, sg) = r["direct"], r["relay"], r["gateway"]
+        speeds = " / ".join(f"{r.speed[side]:.1f}" for side in SIDES)
+        firsts = " / ".join(f"{r.first[side] * 1000:.1f}" for side in SIDES)
         lines.append(
-            f"| {name} | {sd:.1f} | {sr:.1f} | {sg:.1f} | {sg / sd:.3f}x | {fd * 1000:.1f} ms | {fr * 1000:.1f} ms | "
-            f"{fg * 1000:.1f} ms | {(fg - fd) * 1000:+.1f} ms ({fg / fd:.2f}x) |"
+            f"| {name} | {r.sets} | {speeds} | {ratio(r.ratio['gateway'])} | {ratio(r.ratio['relay'])} | {firsts} ms "
+            f"| {added(r.added['gateway'], r.slower['gateway'])} | {added(r.added['relay'], r.slower['relay'])} |"
         )
     text = "\n".join(lines)
     print(text)
