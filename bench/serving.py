@@ -104,6 +104,9 @@ class Row(NamedTuple):
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """The first quartile, the median and the third (one value alone is all three)."""
+    if len(values) < 2:
+        return values[0], values[0], values[0]
     q1, q2, q3 = statistics.quantiles(values, n=4)
     return q1, q2, q3
 
