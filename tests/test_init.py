@@ -98,12 +98,14 @@ def test_memory_rounds_to_the_installed_ram() -> None:
 def test_init_comments_show_the_real_os_reserve_default() -> None:
     from umemc.commands.init import platform_table
 
-    # a 24 GiB box (MemTotal 24_000_000 kB rounds to 23 GiB): the default reserve is memory / 8
+    # a 24 GB box: MemTotal 24_000_000 kB = 23437.5 MiB is what the OS sees, written as such (never rounded up to
+    # the installed RAM); the default reserve is memory / 8 = 2929 MiB = 2.86 GiB
     table = platform_table(None, Machine("cpu", 24_000_000 * 1024, "no unified-memory GPU found"))
-    assert '# os_reserve = "2.875GiB"  # the default (min(8 GiB, memory / 8))' in table
+    assert 'memory = "23437MiB"        # /proc/meminfo MemTotal 24576000000 bytes: what the OS sees' in table
+    assert '# os_reserve = "2.86GiB"  # the default (min(8 GiB, memory / 8))' in table
     # 128 GiB: the 8 GiB cap
     table = platform_table(None, Machine("cpu", 128 * 2**30, "no unified-memory GPU found"))
-    assert '# os_reserve = "8GiB"  # the default (min(8 GiB, memory / 8))' in table
+    assert '# os_reserve = "8.00GiB"  # the default (min(8 GiB, memory / 8))' in table
 
 
 def test_a_bios_carve_out_is_counted_as_what_it_is(tmp_path: Path, run_cli) -> None:
@@ -129,19 +131,20 @@ def test_a_bios_carve_out_is_counted_as_what_it_is(tmp_path: Path, run_cli) -> N
     out = tmp_path / "stack.toml"
     out.write_text(TEMPLATE.format(file=out.name, name="carved", platform=platform_table(None, m)))
     text = out.read_text()
-    assert 'kind = "amd-apu"' in text and 'memory = "128GiB"' in text and 'uma_carveout = "96GiB"' in text
-    assert 'gpu_window = "16GiB"' in text  # the driver's default GTT: half of the 32 GiB the carve-out leaves
+    # what the OS sees (31 GiB) and the carve-out (96 GiB) beside it: 127 GiB = 130048 MiB, never rounded up
+    assert 'kind = "amd-apu"' in text and 'memory = "130048MiB"' in text and 'uma_carveout = "96GiB"' in text
+    assert 'gpu_window = "15.50GiB"' in text  # the driver's default GTT: half of the 31 GiB the carve-out leaves
     line = [x.startswith("uma_carveout") for x in text.splitlines()].index(True) + 1
     code, out_json, err = run_cli("check", str(out), "--format", "json")
     assert code == 0
     assert [x for x in err.splitlines() if "uma_carveout" in x] == [
-        f"warning: {out}:{line}:16: platform.uma_carveout: the BIOS reserves 96.0 GiB of the 128.0 GiB for the GPU "
-        "(its UMA frame buffer): the OS sees 32.0 GiB, and the models' CPU side has 24.0 GiB of it. With the "
+        f"warning: {out}:{line}:16: platform.uma_carveout: the BIOS reserves 96.0 GiB of the 127.0 GiB for the GPU "
+        "(its UMA frame buffer): the OS sees 31.0 GiB, and the models' CPU side has 23.0 GiB of it. With the "
         "smallest frame buffer (BIOS setup: UMA Frame Buffer Size, or iGPU Memory Size, = 512M) the GPU maps system "
         "memory through its GTT instead (ttm.pages_limit, which `umemc apply` sets) and every GiB serves either side"
     ]
     cap = __import__("json").loads(out_json)["capacity"]
-    assert cap["gpu_window_bytes"] == 96 * GiB + 16 * GiB  # the VRAM and the GTT window
+    assert cap["gpu_window_bytes"] == 96 * GiB + 31 * GiB // 2  # the VRAM and the GTT window
 
 
 def test_init_scaffolds_the_models_it_finds(tmp_path: Path, run_cli, monkeypatch) -> None:

@@ -432,7 +432,7 @@ priority = 30
     }
     assert (env["halo"]["OMP_NUM_THREADS"], env["halo8"]["OMP_NUM_THREADS"]) == ("16", "8")  # no hot model: 1
     assert "HSA_ENABLE_SDMA" in env["halo"] and "HSA_ENABLE_SDMA" not in env["spark"]  # each node's own knobs
-    assert env["spark"]["GGML_CUDA_ENABLE_UNIFIED_MEMORY"] == "1"
+    assert "GGML_CUDA_ENABLE_UNIFIED_MEMORY" not in env["spark"]  # managed memory may escape the quota's figure
     terms = found["side-halo"]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
     terms = terms["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms == [{"matchExpressions": [{"key": "umemc.io/node", "operator": "In", "values": ["halo", "halo2"]}]}]

@@ -236,6 +236,9 @@ class WorkerStatus(Document):
     allocator_unused_bytes: int | None = None
     # llama.cpp: what its process tree holds beyond the host buffers its log states and the plan's overhead
     beyond_buffers_bytes: int | None = None
+    # NVIDIA: whether the driver gives a per-process GPU figure for its processes (False: gpu_bytes is not the truth,
+    # e.g. nvidia-smi inside a container, or a Jetson); None where GPU memory is read otherwise
+    gpu_visible: bool | None = None
 
 
 class EnforcerStatus(Document):
@@ -268,6 +271,11 @@ class EnforcerStatus(Document):
     heat_source: str | None = None
     memory_busy: float | None = None  # the memory bus's activity, 0-1, where a driver reports it (nvidia-smi, amdgpu)
     memory_gbps: float | None = None  # the DRAM's read + write GB/s, where the firmware reports it (amdgpu APUs)
+    # the kernel's memory pressure (/proc/pressure/memory, 0-1 of wall time over the last 10 s): some task stalled on
+    # memory, every task did; None where the kernel has no PSI
+    psi_some: float | None = None
+    psi_full: float | None = None
+    thermal_state: str | None = None  # macOS's thermal pressure (nominal, fair, serious, critical)
 
 
 class GatewayModel(Document):

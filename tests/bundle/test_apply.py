@@ -23,7 +23,8 @@ def test_dry_run_changes_nothing(tmp_path: Path, run_cli) -> None:
         "would run: sysctl --system  # load them",
         "would install kernel/amd/umemc-ttm.conf -> /etc/modprobe.d/umemc-ttm.conf (mode 644)  # GTT limit as a "
         "ttm module option",
-        "note: not changed automatically: add `ttm.pages_limit=31457280` to the kernel command line and reboot "
+        "note: not changed automatically: add `ttm.pages_limit=31457280 amdttm.pages_limit=31457280` to the kernel "
+        "command line and reboot "
         "(kernel/README.md shows the GRUB commands)",
         "would install systemd/umemc-strix-halo-5.service -> /etc/systemd/system/umemc-strix-halo-5.service "
         "(mode 644)  # run the stack at boot",
@@ -39,7 +40,9 @@ def test_staging_root_installs_files_and_runs_nothing(tmp_path: Path, run_cli) -
     assert code == 0
     assert "skipped (--root): sysctl --system  # load them" in out.splitlines()
     assert (root / "etc/sysctl.d/90-umemc.conf").read_text() == (bundle / "sysctl/90-umemc.conf").read_text()
-    assert (root / "etc/modprobe.d/umemc-ttm.conf").read_text().endswith("options ttm pages_limit=31457280\n")
+    assert (root / "etc/modprobe.d/umemc-ttm.conf").read_text().endswith(
+        "options ttm pages_limit=31457280\noptions amdttm pages_limit=31457280\n"
+    )
     unit = (root / "etc/systemd/system/umemc-strix-halo-5.service").read_text()
     assert f'ExecStart={sys.executable} -m umemc up --foreground --run-dir "/srv/umemc run" {bundle}\n' in unit
     assert "@" not in unit.replace("network-online.target", "")

@@ -256,7 +256,8 @@ arch = "sdxl"
     assert dict(apple.programs["img"].env)["PYTORCH_MPS_LOW_WATERMARK_RATIO"] == "0.0877"
     assert "HSA_ENABLE_SDMA" not in dict(apple.programs["chat"].env)
     spark = bundle(write_stack, 'preset = "dgx-spark-128"', models)
-    assert dict(spark.programs["chat"].env)["GGML_CUDA_ENABLE_UNIFIED_MEMORY"] == "1"
+    # not set on GB10: managed memory may be missing from the per-process figure the quota reads (docs/PLATFORMS.md)
+    assert "GGML_CUDA_ENABLE_UNIFIED_MEMORY" not in dict(spark.programs["chat"].env)
     assert dict(spark.programs["img"].env)["PYTORCH_CUDA_ALLOC_CONF"].startswith("expandable_segments:True")
 
 

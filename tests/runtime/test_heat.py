@@ -177,15 +177,18 @@ def test_the_page_and_metrics_show_the_heat(tmp_path: Path) -> None:
         doc = EnforcerStatus(time=time.time(), pid=1, pressure=0.1, events_error=None, events_moved_to=None,
                              models={}, heat_c=91.0, heat_sensor="amdgpu edge", power_w=45.12,
                              throttling="amdgpu edge at 91 °C (throttle_above 90 °C)", heat_source="hwmon",
-                             memory_busy=0.37, memory_gbps=61.44)  # fmt: skip
+                             memory_busy=0.37, memory_gbps=61.44, psi_some=0.125, psi_full=0.03)  # fmt: skip
         s.run.status.write_text(dump(doc))
         await s.sync.refresh()
         found["hot"] = (views.status(s)["heat"], samples(s))
+        found["psi"] = views.status(s)["psi"]
         s.run.status.write_text(dump(doc.model_copy(update={"heat_c": None, "power_w": None, "throttling": None,
                                                              "heat_source": "none", "memory_busy": None,
-                                                             "memory_gbps": None})))  # fmt: skip
+                                                             "memory_gbps": None, "psi_some": None,
+                                                             "psi_full": None})))  # fmt: skip
         await s.sync.refresh()
         found["none"] = (views.status(s)["heat"], samples(s))
+        found["no psi"] = views.status(s)["psi"]
 
     running(sched, body)
     assert found["hot"] == (
@@ -197,8 +200,11 @@ def test_the_page_and_metrics_show_the_heat(tmp_path: Path) -> None:
             "source": "hwmon",
             "memory_busy": 0.37,
             "memory_gbps": 61.44,
+            "thermal_state": None,
         },
         {
+            ("umemc_box_memory_stall_ratio", (("tasks", "some"),)): 0.125,
+            ("umemc_box_memory_stall_ratio", (("tasks", "full"),)): 0.03,
             ("umemc_box_temperature_celsius", (("sensor", "amdgpu edge"),)): 91.0,
             ("umemc_box_power_watts", ()): 45.12,
             ("umemc_box_memory_busy_ratio", ()): 0.37,
@@ -207,6 +213,7 @@ def test_the_page_and_metrics_show_the_heat(tmp_path: Path) -> None:
         },
     )
     assert found["none"] == (None, {})
+    assert (found["psi"], found["no psi"]) == ({"some": 0.125, "full": 0.03}, None)
 
 
 def test_umemc_status_says_the_heat() -> None:

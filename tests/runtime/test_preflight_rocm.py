@@ -4,7 +4,10 @@
   amdkfd driver prints them: key, space, decimal value);
 - amdgpu's debugfs /sys/kernel/debug/dri/N/amdgpu_firmware_info ("MES feature version: 1, firmware version:
   0x00000083", the line the reporters of ROCm/legacy-rocm-build#5724 quote);
-- module parameters /sys/module/ttm/parameters/pages_limit and /sys/module/amdgpu/parameters/gttsize (integers).
+- module parameters /sys/module/ttm/parameters/pages_limit and /sys/module/amdgpu/parameters/gttsize (integers);
+- amdgpu's sysfs /sys/class/drm/card1/device/{vendor,device,mem_info_vram_total,mem_info_gtt_total} (hex ids and
+  bytes: `mem_info_gtt_total 103079215104` for `ttm.pages_limit=25165824` on a 128 GB Strix Halo,
+  noamsto/nix-amd-ai#42).
 """
 
 from __future__ import annotations
@@ -32,11 +35,18 @@ PAGES = 120 * 262144  # the preset's 120 GiB window in 4 KiB pages
 
 
 def tree(root: Path, kernel: str = "6.16.3-061603-generic", mes: int | None = 0x84, gfx: int = 110501,
-         cmdline: str = "BOOT_IMAGE=/vmlinuz ro quiet", gttsize: int = -1, pages: int = PAGES) -> Path:  # fmt: skip
+         cmdline: str = "BOOT_IMAGE=/vmlinuz ro quiet", gttsize: int = -1, pages: int = PAGES,
+         gtt: int | None = None, module: str = "ttm") -> Path:  # fmt: skip
+    """`gtt`: the GTT amdgpu sized when it loaded (default: what `pages` gives); `module`: ttm, or amdgpu-dkms's
+    amdttm."""
     files = {
+        "sys/class/drm/card1/device/vendor": "0x1002\n",
+        "sys/class/drm/card1/device/device": "0x1586\n",
+        "sys/class/drm/card1/device/mem_info_vram_total": f"{512 << 20}\n",
+        "sys/class/drm/card1/device/mem_info_gtt_total": f"{pages * 4096 if gtt is None else gtt}\n",
         "proc/sys/kernel/osrelease": kernel + "\n",
         "proc/cmdline": cmdline + "\n",
-        "sys/module/ttm/parameters/pages_limit": f"{pages}\n",
+        f"sys/module/{module}/parameters/pages_limit": f"{pages}\n",
         "sys/module/amdgpu/parameters/gttsize": f"{gttsize}\n",
         "sys/class/kfd/kfd/topology/nodes/0/properties": "cpu_cores_count 32\nsimd_count 0\ngfx_target_version 0\n",
         "sys/class/kfd/kfd/topology/nodes/1/properties": (
@@ -70,7 +80,7 @@ def findings(tmp_path: Path, root: Path, env: str = "") -> dict[str, list[tuple[
 def test_a_good_strix_halo_passes(tmp_path: Path) -> None:
     got = findings(tmp_path, tree(tmp_path / "root"))
     assert got == {
-        "gpu window": [(True, f"ttm.pages_limit = {PAGES} (120.0 GiB)", (), False)],
+        "gpu window": [(True, "amdgpu's GTT is 120.0 GiB (card1): the plan needs 120.0 GiB", (), False)],
         "kernel": [(True, "kernel 6.16", (), False)],
         "firmware": [(True, "MES firmware 0x00000084", (), False)],
         "gfx target": [(True, "GPU gfx1151", (), False)],
@@ -149,7 +159,8 @@ def test_kernels_with_known_gfx1151_reports_are_warned(tmp_path: Path, kernel: s
 
 
 def test_gfx_override_and_deprecated_gtt_and_a_wrong_window(tmp_path: Path) -> None:
-    root = tree(tmp_path / "root", gttsize=65536, pages=512 * 262144 // 4)
+    # the parameter asks for 120 GiB, but amdgpu loaded before it was written: its default GTT, half of RAM, is in force
+    root = tree(tmp_path / "root", gttsize=65536, gtt=62 << 30)
     got = findings(tmp_path, root, env='[models.chat.env]\nHSA_OVERRIDE_GFX_VERSION = "11.0.0"\n')
     assert got["gfx target"] == [
         (True, "GPU gfx1151", (), False),
@@ -167,7 +178,27 @@ def test_gfx_override_and_deprecated_gtt_and_a_wrong_window(tmp_path: Path) -> N
         ("remove amdgpu.gttsize from the kernel command line and modprobe.d; see kernel/README.md",),
         True,
     )
-    assert got["gpu window"][0][:2] == (False, "ttm.pages_limit gives 128.0 GiB, the plan needs 120.0 GiB")
+    assert got["gpu window"][0][:3] == (
+        False,
+        "amdgpu's GTT is 62.0 GiB (card1 mem_info_gtt_total), the plan needs 120.0 GiB (ttm.pages_limit already asks "
+        "for 120.0 GiB: it takes effect at the next boot)",
+        (
+            got["gpu window"][0][2][0],  # sudo umemc apply BUNDLE (the bundle's path)
+            "(it writes the ttm option to modprobe.d; add ttm.pages_limit=31457280 to the kernel command line too: "
+            "kernel/README.md), then reboot: amdgpu sizes its GTT once, when it loads",
+        ),
+    )
+    assert got["gpu window"][0][2][0].endswith(f"apply {tmp_path / 'bundle'}")
+
+
+def test_a_larger_gtt_holds_a_smaller_plan_and_amdttm_is_known(tmp_path: Path) -> None:
+    """The widely used 124 GiB setting holds the preset's 120 GiB plan; amdgpu-dkms's amdttm is the module read."""
+    got = findings(tmp_path, tree(tmp_path / "root", pages=124 * 262144, module="amdttm"))
+    assert got["gpu window"] == [(True, "amdgpu's GTT is 124.0 GiB (card1): the plan needs 120.0 GiB", (), False)]
+    short = findings(tmp_path, tree(tmp_path / "short", pages=96 * 262144, module="amdttm"))
+    assert short["gpu window"][0][1] == "amdgpu's GTT is 96.0 GiB (card1 mem_info_gtt_total), the plan needs 120.0 GiB"
+    fix = "(it writes the amdttm option to modprobe.d; add amdttm.pages_limit=31457280 to the kernel command line"
+    assert short["gpu window"][0][2][1].startswith(fix)
 
 
 def test_a_runtime_built_for_another_gpu_is_refused(tmp_path: Path) -> None:

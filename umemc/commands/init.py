@@ -1,26 +1,23 @@
 """`umemc init [-o FILE] [--platform PRESET] [--force]`: write a commented stack to start from, for the
 named platform preset or for this machine as detected (a preset when one matches, else kind + memory).
 
-Detection reads what the kernel already exposes, never a vendor tool: /proc/meminfo (MemTotal), the
-amdgpu GTT size in /sys/class/drm/card*/device/mem_info_gtt_total (an AMD GPU with a small VRAM
-carve-out is an APU), /proc/device-tree/model or /sys/class/dmi/id/product_name and
-/etc/nv_tegra_release (Jetson, DGX Spark), and on
-macOS `sysctl -n hw.memsize` and the CPU brand (Apple silicon)."""
+Detection is `umemc doctor`'s (umemc.runtime.probes.machine): MemTotal, amdgpu's sysfs (an AMD GPU with a small
+VRAM carve-out is an APU), the NVIDIA driver (a GPU without memory of its own is a GB10), Jetson's release file,
+and on macOS hw.memsize and the CPU brand. The memory written is what the OS sees, never rounded up."""
 
 from __future__ import annotations
 
 import argparse
 import re
-import subprocess
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import UsageError
+from ..runtime.probes.machine import Machine, detect
 from ..stack.models import NAME_PATTERN
 from ..stack.presets import PLATFORM_PRESETS
-from ..units import GiB, gib
+from ..units import GiB, MiB, gib
 
 if TYPE_CHECKING:
     from ..lockfile import LockEntry
@@ -48,70 +45,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-@dataclass(frozen=True)
-class Machine:
-    kind: str
-    memory: int  # the installed RAM as far as it can be seen (MemTotal, plus a BIOS carve-out)
-    why: str  # what the detection saw, for the comment
-    carveout: int = 0  # an AMD APU's BIOS carve-out (UMA frame buffer) beyond the 512 MB minimum
-
-
-def detect(root: Path = Path("/"), host_os: str = sys.platform) -> Machine:
-    if host_os == "darwin":
-        return _detect_mac()
-    mem = _meminfo_total(root / "proc/meminfo")
-    model = (
-        (_read(root / "proc/device-tree/model") or _read(root / "sys/class/dmi/id/product_name")).rstrip("\0").strip()
-    )
-    if (root / "etc/nv_tegra_release").exists() or "jetson" in model.lower():
-        return Machine("nvidia-unified", mem, f"Jetson ({model or '/etc/nv_tegra_release'})")
-    if "gb10" in model.lower() or "dgx spark" in model.lower():
-        return Machine("nvidia-unified", mem, f"NVIDIA GB10 ({model})")
-    from ..runtime.probes.drm import amd_apu_cards
-
-    for card, vram in amd_apu_cards(root):
-        if vram <= CARVEOUT_MIN:  # the BIOS's minimum: nearly all RAM is the OS's, the GPU maps it through GTT
-            return Machine("amd-apu", mem, f"AMD APU ({card}, {gib(vram)} GiB carve-out)")
-        # a large UMA frame buffer: RAM the OS never sees (MemTotal is what is left), counted as what it is
-        return Machine("amd-apu", mem + vram, f"AMD APU ({card}) with a {gib(vram)} GiB BIOS carve-out", vram)
-    return Machine("cpu", mem, "no unified-memory GPU found")
-
-
-CARVEOUT_MIN = 1 << 30  # the 512 MB minimum frame buffer (and the driver's rounding) is no carve-out
-
-
-def _detect_mac() -> Machine:
-    def sysctl(key: str) -> str:
-        out = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=5, check=False)
-        return out.stdout.strip()
-
-    brand = sysctl("machdep.cpu.brand_string")
-    memory = int(sysctl("hw.memsize") or 0)
-    return Machine("apple" if "Apple" in brand else "cpu", memory, brand or "macOS")
-
-
-def _meminfo_total(path: Path) -> int:
-    for line in _read(path).splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) * 1024  # kB
-    raise UsageError(f"cannot read MemTotal from {path}: name a platform with --platform")
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
-
-
 def preset_for(m: Machine) -> str | None:
-    """The preset of this kind whose memory is the machine's RAM rounded to a whole GiB (MemTotal is a
-    little less than the installed RAM: the kernel keeps some). None for a machine with a carve-out (the
+    """The preset of this kind for a machine of this memory (MemTotal is a little less than the installed RAM: the
+    kernel keeps some; a preset of what the OS sees matches within 1%). None for a machine with a carve-out (the
     presets assume the minimum frame buffer)."""
     if m.carveout:
         return None
     for name, p in PLATFORM_PRESETS.items():
-        if p.kind == m.kind and m.memory <= p.memory and m.memory >= p.memory * 0.9:
+        if p.kind == m.kind and m.memory <= p.memory * 1.01 and m.memory >= p.memory * 0.9:
             return name
     return None
 
@@ -120,37 +61,43 @@ def platform_table(preset: str | None, m: Machine | None) -> str:
     if preset is not None:
         p = PLATFORM_PRESETS[preset]
         window = f"{gib(p.gpu_window)} GiB" if p.gpu_window is not None else "none"
-        return (
+        table = (
             f"[platform]\n"
             f'preset = "{preset}"  # {p.note}\n'
             f'# it means: kind = "{p.kind}", memory = "{gib(p.memory)}GiB", os_reserve = "{gib(p.os_reserve)}GiB", '
             f"GPU window {window}; any of them may be overridden here\n"
         )
+        if m is not None and m.memory < p.memory - (64 << 20):  # the OS here sees less than the preset says
+            table += (
+                f'memory = "{m.memory >> 20}MiB"  # what the OS sees here ({m.memory_source}): the budget '
+                "never gives out memory the OS does not have\n"
+            )
+        return table
     assert m is not None
     from ..stack.presets import default_os_reserve
 
-    # the RAM the kernel keeps is not in MemTotal: round to the installed size (a carved box: up to 8 GiB,
-    # what the carve-out and the kernel's share hide together)
-    whole = -(-m.memory // (8 * GiB)) * 8 if m.carveout else round(m.memory / GiB)
-    reserve = default_os_reserve(whole * GiB)
+    # what the OS sees (MemTotal), never rounded up to the installed RAM: memory the kernel keeps for itself is no
+    # model's; a carved box counts its carve-out beside it (the GPU has it, the OS never does)
+    whole = m.memory >> 20  # MiB, rounded down
+    reserve = default_os_reserve(whole * MiB)
     carve = ""
     if m.carveout:
-        gtt = (whole * GiB - m.carveout) // 2 // GiB  # the driver's default GTT: half of what the OS sees
+        gtt = (m.memory - m.carveout) / 2 / GiB  # the driver's default GTT: half of what the OS sees
         carve = (
             f'uma_carveout = "{round(m.carveout / GiB)}GiB"     # the BIOS\'s UMA frame buffer '
             "(mem_info_vram_total): RAM the OS never sees.\n"
             "# The GPU gets it as VRAM, plus its GTT window below; the OS and the models' CPU side get the rest.\n"
             "# Better: set UMA Frame Buffer Size (or iGPU Memory Size) to 512M in the BIOS setup, remove this "
             "line,\n# and let the GPU map system memory through its GTT (ttm.pages_limit, set by `umemc apply`).\n"
-            f'gpu_window = "{gtt}GiB"       # the GTT: amdgpu\'s default, half of the memory the OS sees\n'
+            f'gpu_window = "{gtt:.2f}GiB"       # the GTT: amdgpu\'s default, half of the memory the OS sees\n'
         )
     return (
         f"[platform]\n"
         f'kind = "{m.kind}"            # detected: {m.why}\n'
-        f'memory = "{whole}GiB"           # MemTotal {m.memory - m.carveout} bytes'
+        f'memory = "{whole}MiB"        # {m.memory_source} {m.memory - m.carveout} bytes'
         + (" + the carve-out" if m.carveout else "")
-        + ", rounded to the installed RAM\n"
-        f'# os_reserve = "{reserve / GiB:g}GiB"  # the default (min(8 GiB, memory / 8)): kept for the OS and '
+        + ": what the OS sees\n"
+        f'# os_reserve = "{reserve / GiB:.2f}GiB"  # the default (min(8 GiB, memory / 8)): kept for the OS and '
         "everything outside the stack\n"
         + carve
         + (

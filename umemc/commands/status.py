@@ -132,6 +132,9 @@ def _machine(live: Any) -> dict[str, Any]:
         "heat_sensor": live.heat_sensor,
         "power_w": live.power_w,
         "throttling": live.throttling,
+        "psi_some": live.psi_some,
+        "psi_full": live.psi_full,
+        "thermal_state": live.thermal_state,
     }
 
 
@@ -309,6 +312,9 @@ def table(status: dict[str, Any]) -> Any:
     return t
 
 
+PSI_WARN = 0.10  # a tenth of the time some task waited on memory: reclaim is stalling the box
+
+
 def _machine_words(machine: dict[str, Any] | None) -> str:
     if not machine:
         return ""
@@ -319,6 +325,10 @@ def _machine_words(machine: dict[str, Any] | None) -> str:
     if grown and grown > 0:
         out += f", [yellow]swap +{gib(grown)}[/]"
     out += _heat_words(machine)
+    if machine.get("psi_some") is not None:
+        some, full = machine["psi_some"], machine.get("psi_full") or 0.0
+        stalled = f"memory stalls {some:.0%} (all tasks {full:.0%}) of the last 10 s"
+        out += f", [yellow]{stalled}[/]" if some >= PSI_WARN else f", {stalled}"
     return out + f"\nenforced by {machine['enforcement']}"
 
 

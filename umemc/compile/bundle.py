@@ -220,8 +220,10 @@ def worker_env(plan: Plan, m: ModelPlan, port: int | None, host: str = "127.0.0.
         env["HSA_ENABLE_SDMA"] = "1" if plan.stack.policy.hsa_enable_sdma else "0"
         env["HIP_VISIBLE_DEVICES"] = "0"
         env["ROCR_VISIBLE_DEVICES"] = "0"
-    if p.kind == "nvidia-unified" and spec.runtime in ("llama-server", "llama-cpp-python"):
-        env["GGML_CUDA_ENABLE_UNIFIED_MEMORY"] = "1"  # let CUDA buffers spill into the shared pool
+    # nvidia-unified (GB10, Jetson) gets no GGML_CUDA_ENABLE_UNIFIED_MEMORY: plain cudaMalloc already allocates from
+    # the one shared pool there, and the variable's cudaMallocManaged memory is what NVML's per-process figure may
+    # leave out (gpuopenanalytics/pynvml#63) while CUDA memory is not in RSS either (ray-project/ray#66335): the
+    # quota could see neither. A model that wants it sets it in its env (docs/PLATFORMS.md).
     if spec.runtime in TORCH_FAMILY:
         env.update(_torch_allocator(plan, m))
     if m.split is not None:

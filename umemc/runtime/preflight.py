@@ -12,7 +12,6 @@ import shlex
 import shutil
 import socket
 import subprocess
-import sys
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 from ..contract import ModelDoc, PlanDoc
 from ..units import gib
 from .findings import Finding, umemc_command
+from .probes import hostroot
 from .probes.darwin import CommandSysctl, Sysctl, default_wired_limit
 from .probes.host import Box, probes
 from .rundir import GATEWAY, RunDir
@@ -31,9 +31,10 @@ class Preflight:
     bundle: Path
     plan: PlanDoc
     simulate: bool = False
-    proc_sys: str = "/proc/sys"
-    host_os: str = sys.platform
-    root: Path = Path("/")  # where /sys and /proc are read for the GPU checks (fixture trees in tests)
+    # where the machine is read: this one, or the recorded one UMEMC_HOST_ROOT names (fixture trees in tests)
+    proc_sys: str = field(default_factory=lambda: str(hostroot.path("/proc/sys")))
+    host_os: str = field(default_factory=hostroot.host_os)
+    root: Path = field(default_factory=hostroot.root)
     box: Box | None = None  # the machine's memory and swap (default: this host's probes)
     sysctl: Sysctl | None = None  # macOS's variables (default: the `sysctl` command)
     vm_volume: str = "/System/Volumes/VM"  # where macOS keeps its swap files
@@ -218,32 +219,43 @@ class Preflight:
         )
 
     def _amd_window(self, want: int) -> None:
-        pages = want // 4096
-        try:
-            live = int((self.root / "sys/module/ttm/parameters/pages_limit").read_text()) * 4096
-        except (OSError, ValueError):
+        """The GTT amdgpu sized when it loaded (mem_info_gtt_total: the window in force) against the plan's window:
+        at least as large passes (a 124 GiB GTT holds a 120 GiB plan). The ttm parameter is read only to say what
+        the next boot brings: amdgpu reads it once, so a write at run time moves nothing."""
+        from .probes.machine import gtt_total, ttm_limit
+
+        pages = -(-want // 4096)
+        found, limit = gtt_total(self.root), ttm_limit(self.root)
+        if found is None:
             self._failed(
                 "gpu window",
-                "no ttm module parameters: the amdgpu driver is not loaded",
-                ("sudo modprobe amdgpu",),
+                "no GTT from amdgpu (mem_info_gtt_total): the amdgpu driver is not loaded",
+                ("sudo modprobe amdgpu   # or see why it did not load: sudo dmesg | grep -i amdgpu",),
                 host=True,
             )
             return
-        if live == want:
-            self._passed("gpu window", f"ttm.pages_limit = {pages} ({gib(want)} GiB)", host=True)
-        else:
-            self._failed(
-                "gpu window",
-                f"ttm.pages_limit gives {gib(live)} GiB, the plan needs {gib(want)} GiB",
-                (
-                    self._apply,
-                    f"(it writes the ttm option to modprobe.d; add ttm.pages_limit={pages} to the kernel command "
-                    "line too: kernel/README.md)",
-                    f"or now, until the next boot: echo {pages} | sudo tee /sys/module/ttm/parameters/pages_limit",
-                ),
-                host=True,
-                reboot=True,
+        card, live = found
+        if live >= want:
+            self._passed("gpu window", f"amdgpu's GTT is {gib(live)} GiB ({card}): the plan needs {gib(want)} GiB",
+                         host=True)  # fmt: skip
+            return
+        module = limit.module if limit is not None else "ttm"
+        pending = ""
+        if limit is not None and limit.bytes >= want:
+            pending = (
+                f" ({module}.pages_limit already asks for {gib(limit.bytes)} GiB: it takes effect at the next boot)"
             )
+        self._failed(
+            "gpu window",
+            f"amdgpu's GTT is {gib(live)} GiB ({card} mem_info_gtt_total), the plan needs {gib(want)} GiB{pending}",
+            (
+                self._apply,
+                f"(it writes the {module} option to modprobe.d; add {module}.pages_limit={pages} to the kernel command "
+                "line too: kernel/README.md), then reboot: amdgpu sizes its GTT once, when it loads",
+            ),
+            host=True,
+            reboot=True,
+        )
 
     def _rocm(self) -> None:
         """Strix Halo: kernel, MES firmware, gfx target vs a ROCm build, the devices a Vulkan build sees (umemc.runtime
@@ -255,20 +267,25 @@ class Preflight:
         self.findings += check(self.root, llama, env, self.plan.platform.gpu_window_bytes)
 
     def _apple_window(self, want: int) -> None:
-        """The GPU's wired limit in force (iogpu.wired_limit_mb; 0 is macOS's default, about 3/4 of RAM) against the
-        stack's GPU window: a smaller limit makes Metal refuse allocations the budget allows."""
+        """The GPU's wired limit in force against the stack's GPU window: iogpu.wired_limit_mb where it is set, else
+        macOS's default (Metal's recommendedMaxWorkingSetSize where Metal answers, else the table of measured Macs).
+        A smaller limit makes Metal refuse allocations the budget allows."""
+        from .probes.machine import metal_working_set
+
         sysctl = self.sysctl or CommandSysctl()
         mb, memsize = _int(sysctl.get("iogpu.wired_limit_mb")), _int(sysctl.get("hw.memsize"))
-        default = default_wired_limit(memsize) if memsize else None
+        metal = metal_working_set() if not mb else None
+        default = metal or (default_wired_limit(memsize) if memsize else None)
         in_force = (mb << 20) if mb else default
+        whose = "Metal's recommendedMaxWorkingSetSize" if metal else "macOS's default GPU wired limit"
         if mb:
             said = f"iogpu.wired_limit_mb = {mb}"
         else:
-            said = f"iogpu.wired_limit_mb = 0: macOS's default GPU wired limit (about {gib(default or 0)} GiB)"
-        fix = f"sudo sysctl iogpu.wired_limit_mb={want >> 20}"
+            said = f"iogpu.wired_limit_mb = 0: {whose} (about {gib(default or 0)} GiB)"
+        fix = f"sudo sysctl iogpu.wired_limit_mb={-(-want >> 20)}"
         if mb is None:
             said = "this macOS has no iogpu.wired_limit_mb (it came with macOS 14)" + (
-                f": its default limit is about {gib(default)} GiB" if default else ""
+                f": {whose} is about {gib(default)} GiB" if default else ""
             )
             fix = "update to macOS 14 or later, or make the stack's gpu_window fit the default limit"
         if in_force is not None and in_force >= want:

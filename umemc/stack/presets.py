@@ -20,6 +20,11 @@ class PlatformPreset(NamedTuple):
     cpu_cores: int
 
 
+# What the OS of a machine sees (MemTotal), where it is less than the installed RAM by more than the kernel's own
+# share: a preset budgets that, since the rest is never the OS's to give (sources in the presets' comments).
+SPARK_MEMTOTAL = 127600748 * 1024
+ORIN_64_MEMTOTAL = 62841 * MiB
+
 PLATFORM_PRESETS: dict[str, PlatformPreset] = {
     # AMD Ryzen AI Max+ 395 with 128 GB LPDDR5X; BIOS carve-out (UMA frame buffer) at its 512 MB
     # minimum, so nearly all RAM is system memory and the GPU maps it through GTT. The GPU window
@@ -65,25 +70,28 @@ PLATFORM_PRESETS: dict[str, PlatformPreset] = {
         note="GTT limit via ttm.pages_limit=14680064 (56 GiB)",
         cpu_cores=16,
     ),
-    # NVIDIA GB10 (DGX Spark), 128 GB LPDDR5x shared by CPU and GPU. NVML reports no separate
-    # memory ("Not Supported"): the GPU can allocate whatever the OS has available, so the window
-    # is everything outside the OS reserve.
+    # NVIDIA GB10 (DGX Spark), 128 GB LPDDR5x shared by CPU and GPU. The OS sees 121.69 GiB of it
+    # (MemTotal 127600748 kB: XuehaiPan/nvitop#208): the rest is the firmware's and the GPU's own, so
+    # the preset budgets what the OS sees (a preset of 128 GiB left the OS 1.7 GiB, not its 8). NVML
+    # reports no separate memory ("Not Supported"): the GPU allocates whatever the OS has, so the
+    # window is everything outside the OS reserve.
     "dgx-spark-128": PlatformPreset(
         kind="nvidia-unified",
-        memory=128 * GiB,
+        memory=SPARK_MEMTOTAL,
         os_reserve=8 * GiB,
-        gpu_window=120 * GiB,
-        note="no separate GPU ceiling: MemAvailable + SwapFree",
+        gpu_window=SPARK_MEMTOTAL - 8 * GiB,
+        note="the 121.69 GiB the OS sees of 128 GB; no separate GPU ceiling: MemAvailable + SwapFree",
         cpu_cores=20,
     ),  # 10 X925 + 10 A725
-    # Jetson AGX Orin 64 GB: nvmap allocates from system RAM (NvMapMemUsed in /proc/meminfo);
-    # JetPack's desktop, carve-outs and CUDA take about 4 GiB.
+    # Jetson AGX Orin 64 GB: the OS sees 62841 MiB (61.4 GiB: tegrastats' `RAM …/62841MB` on
+    # JetPack 6); nvmap allocates from that RAM (NvMapMemUsed in /proc/meminfo); JetPack's desktop
+    # and CUDA take about 4 GiB.
     "jetson-orin-64": PlatformPreset(
         kind="nvidia-unified",
-        memory=64 * GiB,
+        memory=ORIN_64_MEMTOTAL,
         os_reserve=4 * GiB,
-        gpu_window=60 * GiB,
-        note="nvmap shares system RAM (NvMapMemUsed/NvMapMemFree)",
+        gpu_window=ORIN_64_MEMTOTAL - 4 * GiB,
+        note="the 61.4 GiB the OS sees of 64 GB; nvmap shares system RAM (NvMapMemUsed/NvMapMemFree)",
         cpu_cores=12,
     ),  # 12 A78AE
 }
@@ -102,16 +110,47 @@ def default_os_reserve(memory: int) -> int:
     return min(8 * GiB, memory // 8)
 
 
+class AppleDefault(NamedTuple):
+    bytes: int
+    measured: bool  # Macs of this memory were measured to give it; else the nearest measured rule, an estimate
+    source: str
+
+
+# macOS's default GPU wired limit (iogpu.wired_limit_mb = 0; Metal's recommendedMaxWorkingSetSize) as measured Macs
+# report it, by installed memory (GiB): 2/3 of RAM at 16 and 32 GiB (10922.67 and 21845.34 MiB:
+# abetlen/llama-cpp-python#687, ollama/ollama#434, ggml-org/llama.cpp#2011), 3/4 at 96 GiB (73728 MiB:
+# ggml-org/llama.cpp#3213), and 107.52 GiB at 128 GiB on two Macs of different chips (antirez/ds4#893; 0.84 of RAM,
+# not 3/4). Between measured sizes the rule of the next larger measured Mac (of the largest, above 128 GiB) is an
+# estimate, said as one: 3/4 of RAM from 33 to 96 GiB is also what macOS's older rule gave.
+APPLE_MEASURED: dict[int, tuple[int, int, str]] = {
+    16: (2, 3, "abetlen/llama-cpp-python#687"),
+    32: (2, 3, "ollama/ollama#434, ggml-org/llama.cpp#2011"),
+    96: (3, 4, "ggml-org/llama.cpp#3213"),
+    128: (21, 25, "antirez/ds4#893"),
+}
+
+
+def apple_default_window(memory: int) -> AppleDefault:
+    """macOS's default GPU wired limit for a Mac of `memory` bytes: measured where Macs of that size were, else by
+    the rule of the next larger measured size (of the largest above it) as an estimate."""
+    gib = memory / GiB
+    size = min((s for s in APPLE_MEASURED if s >= gib - 0.5), default=max(APPLE_MEASURED))
+    num, den, source = APPLE_MEASURED[size]
+    measured = abs(gib - size) < 0.5
+    how = source if measured else f"the rule measured at {size} GiB ({source}), not measured at this size"
+    return AppleDefault(memory * num // den, measured, how)
+
+
 def default_gpu_window(kind: str, memory: int, os_reserve: int) -> int | None:
     """The GPU window of a machine whose stack does not give one (None: it must be given).
 
     apple: macOS's stock GPU working-set limit (Metal's recommendedMaxWorkingSetSize, what
-    iogpu.wired_limit_mb = 0 means): about 3/4 of RAM above 32 GiB, 2/3 below.
+    iogpu.wired_limit_mb = 0 means): apple_default_window's table of measured Macs.
     amd-apu: everything outside the OS reserve (the bundle's ttm.pages_limit sets exactly that).
     nvidia-unified: the GPU allocates whatever the OS has available.
     nvidia-discrete: the card's VRAM, which nothing else tells."""
     if kind == "apple":
-        return memory * 3 // 4 if memory > 32 * GiB else memory * 2 // 3
+        return apple_default_window(memory).bytes
     if kind in ("amd-apu", "nvidia-unified"):
         return memory - os_reserve
     return None

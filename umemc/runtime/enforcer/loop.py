@@ -18,7 +18,7 @@ from ...lockfile import host_bytes, totals
 from ...names import OWN_PROGRAMS, PLAN_FILE
 from ..events import STOPS, EventLog
 from ..llamalog import metal_working_set, parse_buffers
-from ..probes import heat
+from ..probes import heat, machine
 from ..probes.heat import Heat
 from ..probes.host import Probes
 from ..rundir import RunDir
@@ -253,15 +253,25 @@ class Enforcer:
     def _machine(self) -> dict[str, Any]:
         """The machine's facts for the status: how it is sampled and enforced, its swap, the OS's pressure level."""
         swap = self.sampler.last_swap
-        return {
-            "platform": self.sampler.host.platform,
-            "memory_figure": self.sampler.procs.memory_figure,
-            "swap_used_bytes": None if swap is None else swap.used,
-            "swap_grown_bytes": None if swap is None or self.swap_base is None else swap.used - self.swap_base,
-            "pressure_level": self.sampler.box.level(),
-            "gpu_limit_bytes": self.gpu_limit,
-            "plan_sha256": self.plan_digest,
-        } | self._heat()
+        return (
+            {
+                "platform": self.sampler.host.platform,
+                "memory_figure": self.sampler.procs.memory_figure,
+                "swap_used_bytes": None if swap is None else swap.used,
+                "swap_grown_bytes": None if swap is None or self.swap_base is None else swap.used - self.swap_base,
+                "pressure_level": self.sampler.box.level(),
+                "gpu_limit_bytes": self.gpu_limit,
+                "plan_sha256": self.plan_digest,
+            }
+            | self._heat()
+            | self._psi()
+        )
+
+    @staticmethod
+    def _psi() -> dict[str, Any]:
+        """The kernel's memory pressure (PSI): one small read a status write."""
+        psi = machine.psi()
+        return {} if psi is None else {"psi_some": psi.some10, "psi_full": psi.full10}
 
     def _heat(self) -> dict[str, Any]:
         """The hottest sensor, the power draw, and why the box throttles (the stack's throttle_above counted)."""
@@ -277,6 +287,7 @@ class Enforcer:
             "heat_source": h.source,
             "memory_busy": h.memory_busy,
             "memory_gbps": h.memory_gbps,
+            "thermal_state": h.thermal_state,
         }
 
     def _box_and_own(self, now: float) -> int | None:

@@ -35,6 +35,7 @@ class OffLoop(Generic[T]):
         self.read, self.every_s, self.value, self.name = read, every_s, initial, name
         self._last = -math.inf
         self._thread: threading.Thread | None = None
+        self.answered = False  # a read has answered (value is no longer `initial`)
 
     def poll(self, now: float) -> T:
         if self._thread is not None and not self._thread.is_alive():
@@ -54,6 +55,7 @@ class OffLoop(Generic[T]):
     def _run(self) -> None:
         try:
             self.value = self.read()
+            self.answered = True
         except Exception as exc:  # noqa: BLE001 - a read that fails keeps the last answer; the loop goes on
             print(f"umemc-enforcer: {self.name}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
@@ -94,6 +96,8 @@ class Sampler:
     def record(self, w: Worker, cpu_side: int) -> None:
         """A sample: the CPU side just read (kept-open preads) and the GPU side."""
         w.cpu_side, w.gpu_side = cpu_side, self.gpu(w.pids)
+        if self.kind in NVIDIA_KINDS and self.nvidia_reads.answered:
+            w.gpu_visible = any(p in self.nvidia_reads.value for p in w.pids)
         w.peak = max(w.peak, w.usage)
 
     def refresh_nvidia(self, now: float) -> None:

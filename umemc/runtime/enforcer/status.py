@@ -61,5 +61,6 @@ def _worker(w: Worker) -> WorkerStatus:
         leak_rate_bytes_per_s=None if w.pid is None else leak_rate(w.samples),
         allowance_bytes=w.allowance,
         swapped_bytes=w.swapped,
+        gpu_visible=w.gpu_visible if w.pid else None,
         enforced_by=None if w.pid is None else ("enforcer" if w.cgroup is None else f"cgroup v{w.cgroup.version}"),
     )

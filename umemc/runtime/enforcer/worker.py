@@ -89,6 +89,7 @@ class Worker:
     cpu_side: int = 0  # what its quota is held to: its cgroup's charge where it has one, else its tree's resident
     resident: int = 0  # its tree's resident memory as `ps` shows it (1 Hz); with a cgroup, the charge can be less
     gpu_side: int = 0
+    gpu_visible: bool | None = None  # NVIDIA: the driver gave a figure for one of its processes (None: not NVIDIA)
     peak: int = 0
     swapped: int | None = None  # what of its tree is in swap, where the platform tells per process (Linux)
     samples: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=120))  # 1 Hz: the recent rate

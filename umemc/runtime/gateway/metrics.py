@@ -242,7 +242,18 @@ class _Live(Collector):
 def _heat(s: Scheduler) -> Iterator[Metric]:
     """The box's heat as the enforcer last read it (umemc.runtime.probes.heat): only what the platform reports."""
     status = s.sync.enforcer
-    if status is None or status.heat_source in (None, "none"):
+    if status is None:
+        return
+    if status.psi_some is not None:
+        psi = GaugeMetricFamily(
+            "umemc_box_memory_stall_ratio",
+            "Share of the last 10 s in which some task (or every task: full) stalled on memory (the kernel's PSI).",
+            labels=["tasks"],
+        )
+        psi.add_metric(["some"], status.psi_some)
+        psi.add_metric(["full"], status.psi_full or 0.0)
+        yield psi
+    if status.heat_source in (None, "none"):
         return
     if status.heat_c is not None:
         temp = GaugeMetricFamily(

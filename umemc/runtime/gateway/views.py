@@ -32,6 +32,7 @@ def status(s: Scheduler) -> dict[str, Any]:
         "pressure": s.sync.pressure,
         "generation": s.generation.status(),
         "heat": _heat(s),
+        "psi": _psi(s),
         "models": {m.name: _model(s, m, now) for m in s.models.values()},
         "groups": groups(s),
         "leases": [lease_json(x) for x in s.book.leases.values()],
@@ -51,7 +52,16 @@ def _heat(s: Scheduler) -> dict[str, Any] | None:
         "source": e.heat_source,
         "memory_busy": e.memory_busy,
         "memory_gbps": e.memory_gbps,
+        "thermal_state": e.thermal_state,
     }
+
+
+def _psi(s: Scheduler) -> dict[str, float] | None:
+    """The kernel's memory pressure as the enforcer last read it (PSI, shares of the last 10 s); None without."""
+    e = s.sync.enforcer
+    if e is None or e.psi_some is None:
+        return None
+    return {"some": e.psi_some, "full": e.psi_full or 0.0}
 
 
 def _model(s: Scheduler, m: Model, now: float) -> dict[str, Any]:

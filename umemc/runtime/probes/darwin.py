@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import re
 import struct
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -79,11 +78,10 @@ class CommandSysctl:
     """`sysctl NAME` itself (a few ms: for preflight, not the sampling loop)."""
 
     def get(self, name: str) -> str | None:
-        try:
-            done = subprocess.run(["sysctl", name], capture_output=True, text=True, timeout=5, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return parse_sysctl(done.stdout).get(name) if done.returncode == 0 else None
+        from .tools import answer
+
+        said = answer(["sysctl", name])
+        return None if said is None else parse_sysctl(said).get(name)
 
 
 class LibcSysctl:  # pragma: no cover - macOS only
@@ -301,6 +299,66 @@ class DarwinBox:
 
 
 def default_wired_limit(memsize: int) -> int:
-    """What iogpu.wired_limit_mb = 0 gives (Metal's recommendedMaxWorkingSetSize): about 3/4 of RAM above 32 GiB,
-    2/3 below (the rule umemc.stack.presets.default_gpu_window budgets with)."""
-    return memsize * 3 // 4 if memsize > 32 << 30 else memsize * 2 // 3
+    """What iogpu.wired_limit_mb = 0 gives (Metal's recommendedMaxWorkingSetSize) where Metal cannot be asked: the
+    table of measured Macs umemc.stack.presets.default_gpu_window budgets with too."""
+    from ...stack.presets import apple_default_window
+
+    return apple_default_window(memsize).bytes
+
+
+# -- asking Metal and Foundation (ctypes into the Objective-C runtime; macOS only) ------------------------------
+
+THERMAL_STATES = {0: "nominal", 1: "fair", 2: "serious", 3: "critical"}  # NSProcessInfoThermalState
+
+
+def _objc_send(restype: object) -> Callable[..., object]:  # pragma: no cover - macOS only
+    import ctypes
+    import ctypes.util
+
+    objc = ctypes.CDLL(ctypes.util.find_library("objc"))
+    address = ctypes.cast(objc.objc_msgSend, ctypes.c_void_p).value
+    return ctypes.CFUNCTYPE(restype, ctypes.c_void_p, ctypes.c_void_p)(address)  # type: ignore[arg-type]
+
+
+def _selector(name: bytes) -> int:  # pragma: no cover - macOS only
+    import ctypes
+    import ctypes.util
+
+    objc = ctypes.CDLL(ctypes.util.find_library("objc"))
+    objc.sel_registerName.restype = ctypes.c_void_p
+    return int(objc.sel_registerName(name))
+
+
+def metal_recommended_max_working_set() -> int | None:  # pragma: no cover - macOS only
+    """[MTLCreateSystemDefaultDevice() recommendedMaxWorkingSetSize]: the bytes the GPU may wire now (it follows
+    iogpu.wired_limit_mb where that is set: antirez/ds4#893). None where Metal gives no device."""
+    import ctypes
+
+    try:
+        metal = ctypes.CDLL("/System/Library/Frameworks/Metal.framework/Metal")
+        metal.MTLCreateSystemDefaultDevice.restype = ctypes.c_void_p
+        device = metal.MTLCreateSystemDefaultDevice()
+        if not device:
+            return None
+        size = _objc_send(ctypes.c_uint64)(device, _selector(b"recommendedMaxWorkingSetSize"))
+    except (OSError, AttributeError):
+        return None
+    return int(size) if isinstance(size, int) and size > 0 else None
+
+
+def thermal_state() -> str | None:  # pragma: no cover - macOS only
+    """[[NSProcessInfo processInfo] thermalState]: macOS's thermal pressure (nominal, fair, serious, critical),
+    readable without root. On Apple silicon `pmset -g therm` reports no speed limit at all (exelban/stats#749,
+    macmade/Hot#80): this is the level macOS throttles by."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL("/System/Library/Frameworks/Foundation.framework/Foundation")
+        objc = ctypes.CDLL(ctypes.util.find_library("objc"))
+        objc.objc_getClass.restype = ctypes.c_void_p
+        info = _objc_send(ctypes.c_void_p)(objc.objc_getClass(b"NSProcessInfo"), _selector(b"processInfo"))
+        state = _objc_send(ctypes.c_long)(info, _selector(b"thermalState"))
+    except (OSError, AttributeError):
+        return None
+    return THERMAL_STATES.get(state) if isinstance(state, int) else None
