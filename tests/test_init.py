@@ -102,10 +102,10 @@ def test_init_comments_show_the_real_os_reserve_default() -> None:
     # the installed RAM); the default reserve is memory / 8 = 2929 MiB = 2.86 GiB
     table = platform_table(None, Machine("cpu", 24_000_000 * 1024, "no unified-memory GPU found"))
     assert 'memory = "23437MiB"        # /proc/meminfo MemTotal 24576000000 bytes: what the OS sees' in table
-    assert '# os_reserve = "2.86GiB"  # the default (min(8 GiB, memory / 8))' in table
+    assert '# os_reserve = "2929MiB"  # the default (min(8 GiB, memory / 8))' in table
     # 128 GiB: the 8 GiB cap
     table = platform_table(None, Machine("cpu", 128 * 2**30, "no unified-memory GPU found"))
-    assert '# os_reserve = "8.00GiB"  # the default (min(8 GiB, memory / 8))' in table
+    assert '# os_reserve = "8192MiB"  # the default (min(8 GiB, memory / 8))' in table
 
 
 def test_a_bios_carve_out_is_counted_as_what_it_is(tmp_path: Path, run_cli) -> None:
@@ -133,7 +133,7 @@ def test_a_bios_carve_out_is_counted_as_what_it_is(tmp_path: Path, run_cli) -> N
     text = out.read_text()
     # what the OS sees (31 GiB) and the carve-out (96 GiB) beside it: 127 GiB = 130048 MiB, never rounded up
     assert 'kind = "amd-apu"' in text and 'memory = "130048MiB"' in text and 'uma_carveout = "96GiB"' in text
-    assert 'gpu_window = "15.50GiB"' in text  # the driver's default GTT: half of the 31 GiB the carve-out leaves
+    assert 'gpu_window = "15872MiB"' in text  # the driver's default GTT: half of the 31 GiB the carve-out leaves
     line = [x.startswith("uma_carveout") for x in text.splitlines()].index(True) + 1
     code, out_json, err = run_cli("check", str(out), "--format", "json")
     assert code == 0

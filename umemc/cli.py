@@ -16,7 +16,7 @@ from .errors import UmemcError, UsageError
 # are most of a short command's time)
 COMMANDS = (
     "init", "pull", "check", "build", "explain", "calibrate", "up", "down", "ps", "status", "events", "logs", "chat",
-    "apply",
+    "apply", "doctor",
     "lease-pod", "schema",
 )  # fmt: skip
 

@@ -40,8 +40,10 @@ def test_staging_root_installs_files_and_runs_nothing(tmp_path: Path, run_cli) -
     assert code == 0
     assert "skipped (--root): sysctl --system  # load them" in out.splitlines()
     assert (root / "etc/sysctl.d/90-umemc.conf").read_text() == (bundle / "sysctl/90-umemc.conf").read_text()
-    assert (root / "etc/modprobe.d/umemc-ttm.conf").read_text().endswith(
-        "options ttm pages_limit=31457280\noptions amdttm pages_limit=31457280\n"
+    assert (
+        (root / "etc/modprobe.d/umemc-ttm.conf")
+        .read_text()
+        .endswith("options ttm pages_limit=31457280\noptions amdttm pages_limit=31457280\n")
     )
     unit = (root / "etc/systemd/system/umemc-strix-halo-5.service").read_text()
     assert f'ExecStart={sys.executable} -m umemc up --foreground --run-dir "/srv/umemc run" {bundle}\n' in unit

@@ -82,14 +82,18 @@ def platform_table(preset: str | None, m: Machine | None) -> str:
     reserve = default_os_reserve(whole * MiB)
     carve = ""
     if m.carveout:
-        gtt = (m.memory - m.carveout) / 2 / GiB  # the driver's default GTT: half of what the OS sees
+        from ..runtime.probes.machine import gtt_total
+
+        live = gtt_total()  # the GTT in force where the driver says it, else its default: half of what the OS sees
+        gtt = live[1] if live is not None else (m.memory - m.carveout) // 2
         carve = (
             f'uma_carveout = "{round(m.carveout / GiB)}GiB"     # the BIOS\'s UMA frame buffer '
             "(mem_info_vram_total): RAM the OS never sees.\n"
             "# The GPU gets it as VRAM, plus its GTT window below; the OS and the models' CPU side get the rest.\n"
             "# Better: set UMA Frame Buffer Size (or iGPU Memory Size) to 512M in the BIOS setup, remove this "
             "line,\n# and let the GPU map system memory through its GTT (ttm.pages_limit, set by `umemc apply`).\n"
-            f'gpu_window = "{gtt:.2f}GiB"       # the GTT: amdgpu\'s default, half of the memory the OS sees\n'
+            f'gpu_window = "{gtt >> 20}MiB"       # the GTT: '
+            + ("amdgpu's in force (mem_info_gtt_total)\n" if live else "amdgpu's default, half of what the OS sees\n")
         )
     return (
         f"[platform]\n"
@@ -97,7 +101,7 @@ def platform_table(preset: str | None, m: Machine | None) -> str:
         f'memory = "{whole}MiB"        # {m.memory_source} {m.memory - m.carveout} bytes'
         + (" + the carve-out" if m.carveout else "")
         + ": what the OS sees\n"
-        f'# os_reserve = "{reserve / GiB:.2f}GiB"  # the default (min(8 GiB, memory / 8)): kept for the OS and '
+        f'# os_reserve = "{reserve >> 20}MiB"  # the default (min(8 GiB, memory / 8)): kept for the OS and '
         "everything outside the stack\n"
         + carve
         + (

@@ -67,6 +67,21 @@ class Preflight:
         self._gateway_token()
         return self.findings
 
+    def machine(self) -> list[Finding]:
+        """The checks of the machine itself, for `umemc doctor`: its OS, VM tunables, memlock, GPU window, ROCm,
+        swap and cgroups against the plan; nothing of the stack's files, ports or running workers."""
+        self.findings = []
+        if self._host():
+            self._sysctl()
+            self._memlock()
+        if self._host_matches():
+            self._gpu_window()
+            if self.plan.platform.kind == "amd-apu":
+                self._rocm()
+            self._swap()
+            self._cgroups()
+        return self.findings
+
     def blocking(self, skip: Collection[str] = ()) -> list[Finding]:
         """The problems that refuse the start: neither advisory nor skipped by name (`up --skip CHECK`; "all").
         A rehearsal (--simulate) judges the host as the real run does, but for the hardware its placeholders do

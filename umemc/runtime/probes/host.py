@@ -73,8 +73,12 @@ class LinuxBox:
 
     available_name = "MemAvailable"
 
-    def __init__(self, kind: str = "cpu", meminfo: str = "/proc/meminfo", drm_root: str = "/sys/class/drm"):
-        self.kind, self.meminfo, self.drm_root = kind, meminfo, drm_root
+    def __init__(self, kind: str = "cpu", meminfo: str | None = None, drm_root: str | None = None):
+        from . import hostroot  # the machine's files, or a recorded machine's (UMEMC_HOST_ROOT)
+
+        self.kind = kind
+        self.meminfo = meminfo or str(hostroot.path("/proc/meminfo"))
+        self.drm_root = drm_root or str(hostroot.path("/sys/class/drm"))
         self._fd: int | None = None
 
     def _data(self) -> bytes:
@@ -103,6 +107,8 @@ class LinuxBox:
         return 0.0
 
     def gpu_share(self) -> float:
+        # Jetson's NvMapMemUsed is no share of a window (NvMapMemFree is nvmap's small free pool, not the room
+        # left): the GPU's memory there is the OS's, held by MemAvailable; `umemc doctor` reports the figure
         return gtt_used_share(self.drm_root) if self.kind == "amd-apu" else 0.0
 
     def close(self) -> None:
@@ -168,6 +174,10 @@ def probes(
 ) -> Probes:
     """The probes of this host (or of the set UMEMC_PROBES names) for a stack of platform `kind`."""
     choice = env.get("UMEMC_PROBES") or ("linux" if platform.startswith("linux") else platform)
+    from . import hostroot
+
+    if hostroot.recorded() is not None and hostroot.host_os() == "darwin" and not env.get("UMEMC_PROBES"):
+        return recorded_mac(kind, gpu_window, evict_above)
     if choice != "linux":
         site_packages()
     if ":" in choice:
@@ -186,6 +196,19 @@ def probes(
     from .psproc import PsutilProcesses
 
     return Probes(PsutilProcesses(), PsutilBox(), choice, cgroups=choice.startswith("linux"))
+
+
+def recorded_mac(kind: str, gpu_window: int | None, evict_above: float) -> Probes:
+    """A recorded Mac (UMEMC_HOST_ROOT): its box read through its recorded `sysctl` and `vm_stat`; the processes are
+    this machine's (the workers umemc starts run here)."""
+    from .darwin import CommandSysctl, DarwinBox, parse_vm_stat, vm_figures
+    from .tools import answer
+
+    def vm() -> object:
+        return vm_figures(parse_vm_stat(answer(["vm_stat"]) or ""))
+
+    box = DarwinBox(CommandSysctl(), vm, gpu_window, evict_above)  # type: ignore[arg-type]
+    return Probes(processes(), box, "darwin", cgroups=False)
 
 
 @cache
