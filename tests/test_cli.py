@@ -296,7 +296,7 @@ def test_a_command_imports_only_itself(tmp_path: Path) -> None:
         x.split()[0] for x in done.stdout.split("COMMAND\n", 1)[1].splitlines() if x.startswith("    ") and x[4] != " "
     ]
     assert listed == ["init", "pull", "check", "build", "explain", "calibrate", "up", "down", "ps", "status", "top",
-                      "events", "logs", "chat", "apply", "lease-pod", "schema"]  # fmt: skip
+                      "events", "logs", "chat", "apply", "doctor", "lease-pod", "schema"]  # fmt: skip
 
 
 def test_the_collector_is_off_while_a_command_imports_and_on_for_its_work(tmp_path: Path, run_cli) -> None:

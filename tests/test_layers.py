@@ -80,6 +80,7 @@ ALLOWED_BELOW = {
     "umemc.records",
     "umemc.chars",
     "umemc.units",
+    "umemc.platforms",
     "umemc.budget",
     "umemc.compile",
 }
@@ -100,6 +101,7 @@ LAYERS = {
     "names.py": ("umemc.",),
     "document.py": ("umemc.contract", "umemc.lockfile", "umemc.budget.policy", *COMPILE_SIDE, "umemc.runtime"),
     "chars.py": ("umemc.",),
+    "platforms.py": (*COMPILE_SIDE, "umemc.runtime", "umemc.catalog", "umemc.commands"),
     "contract.py": (*COMPILE_SIDE, "umemc.runtime", "umemc.lockfile", "umemc.catalog"),
     "lockfile.py": (*COMPILE_SIDE, "umemc.runtime", "umemc.catalog"),
     # llama.cpp's dry run: the estimator checks a recorded answer with it, the commands run it
@@ -142,7 +144,7 @@ def test_the_package_reads_as_its_pipeline() -> None:
     loose = {p.stem for p in PKG.glob("*.py")}
     assert loose == {
         "__init__", "__main__", "cache", "chars", "cli", "contract", "document", "errors", "helptext", "lockfile",
-        "names", "records", "units", "worker", "write",
+        "names", "platforms", "records", "units", "worker", "write",
     }  # fmt: skip
     for stage in ("budget", "compile"):
         init = PKG / stage / "__init__.py"

@@ -386,6 +386,7 @@ class StatusModel(Document):
     resident_bytes: int | None = None  # its process tree's resident memory as `ps` shows it (the table's RSS)
     # beyond what it uses: a torch allocator's cache beyond its tensors, a llama.cpp worker's memory beyond its buffers
     held_beyond_bytes: int | None = None
+    gpu_visible: bool | None = None  # NVIDIA: False where the driver lists none of its processes (docs/PLATFORMS.md)
 
 
 class StatusRehearsal(Document):
@@ -404,6 +405,9 @@ class StatusMachine(Document):
     heat_sensor: str | None = None
     power_w: float | None = None
     throttling: str | None = None  # why the box throttles for heat now; null: it does not
+    psi_some: float | None = None  # the kernel's memory pressure (PSI), shares of the last 10 s; null without PSI
+    psi_full: float | None = None
+    thermal_state: str | None = None  # macOS's thermal pressure
 
 
 class StatusDoc(Document):

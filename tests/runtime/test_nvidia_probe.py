@@ -134,6 +134,42 @@ def test_the_workers_cuda_memory_counts_against_its_quota(
         assert w.gpu_side == 1536 * MiB
         assert rss > 0 and abs(w.cpu_side - rss) < 4 * MiB  # read a moment apart
         assert w.usage == w.cpu_side + 1536 * MiB
+        assert w.gpu_visible is True
+        # the driver stops listing it (a container's PID namespace, a Jetson): its GPU figure is said not visible
+        (tmp_path / "bin" / "output.txt").write_text("1, 512\n")
+        sampler.refresh_nvidia(now=1010.0)
+        sampler.nvidia_reads.wait()
+        sampler.refresh(w, now=1010.0)
+        assert (w.gpu_side, w.gpu_visible) == (0, False)
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_before_the_driver_answered_visibility_is_not_judged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stack = tmp_path / "s.toml"
+    stack.write_text(SPARK.format(platform='preset = "dgx-spark-128"'))
+    bundle = tmp_path / "run" / "bundle"
+    build(make_plan(load_stack(stack)), bundle, files_later=True)
+    sampler = Sampler(read(PlanDoc, bundle / "plan.json"), RunDir.of_bundle(bundle))
+    w = Worker(Quota("cuda", hard=3 << 30, soft=2 << 30, priority=50, estimate=2 << 30), pid=os.getpid())
+    sampler.refresh(w, now=1000.0)
+    assert (sampler.nvidia_reads.answered, w.gpu_visible) == (False, None)
+
+
+def test_status_says_a_gpu_figure_it_cannot_see() -> None:
+    """`umemc status`'s table: a worker whose processes the driver does not list shows "not visible", not 0 B."""
+    from rich.console import Console
+
+    from umemc.commands.status import table
+
+    def row(visible: bool | None) -> dict[str, Any]:
+        return {"state": "RUNNING", "pid": 42, "rss_bytes": 512 * MiB, "gpu_bytes": 0, "quota_soft_bytes": 2 << 30,
+                "quota_hard_bytes": 3 << 30, "restarts": 0, "_uptime_s": 10.0, "_last_event": None,
+                "_resident_bytes": None, "_reserved": 0, "_gpu_visible": visible}  # fmt: skip
+
+    status = {"stack": "spark", "running": True, "models": {"seen": row(True), "unseen": row(False)}}
+    console = Console(width=200, record=True)
+    console.print(table(status))
+    lines = {x.split()[0]: x for x in console.export_text().splitlines() if x.split()[:1] in (["seen"], ["unseen"])}
+    assert "not visible" in lines["unseen"] and "not visible" not in lines["seen"]

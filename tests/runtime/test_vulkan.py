@@ -198,3 +198,29 @@ def test_a_real_vulkan_build_is_recognized_and_its_dry_run_read(monkeypatch: pyt
     got = totals(run.buffers)
     assert (got["kv"], got["compute"], got["output"]) == (real["kv"], real["compute"], real["output"])
     assert run.table["Vulkan0"] == {"model": 92 * MiB, "context": 90 * MiB, "compute": 13 * MiB}
+
+
+def test_an_older_llama_cpp_s_log_still_states_its_weights() -> None:
+    """llama.cpp builds of 2024 print weights without the word `model` (`llm_load_tensors: CUDA0 buffer size`) and
+    their context under llama_new_context_with_model: the drift check must see those weights. Lines as published
+    from such builds (a CUDA load with an RPC part, and a reload)."""
+    log = (
+        "llama_model_loader: loaded meta data with 19 key-value pairs and 291 tensors\n"
+        "llm_load_tensors: offloaded 33/33 layers to GPU\n"
+        "llm_load_tensors:      CUDA0 buffer size =  9999.00 MiB\n"
+        "llama_model_loader: loaded meta data with 19 key-value pairs and 291 tensors\n"  # the model loaded again
+        "llm_load_tensors: offloaded 81/81 layers to GPU\n"
+        "llm_load_tensors: RPC[192.168.62.35:50052] buffer size = 19142.56 MiB\n"
+        "llm_load_tensors:        CPU buffer size =   563.65 MiB\n"
+        "llm_load_tensors:      CUDA0 buffer size = 18764.46 MiB\n"
+        "llama_new_context_with_model: n_ctx      = 2048\n"
+        "llama_kv_cache_init:      CUDA0 KV buffer size =  1350.00 MiB\n"
+        "llama_new_context_with_model:  CUDA_Host  output buffer size =     0.98 MiB\n"
+        "llama_new_context_with_model:      CUDA0 compute buffer size =  1104.00 MiB\n"
+    )
+    assert load_buffers(log) == {
+        "RPC[192.168.62.35:50052]": {"model": round(19142.56 * MiB)},
+        "CPU": {"model": round(563.65 * MiB)},
+        "CUDA0": {"model": round(18764.46 * MiB), "kv": 1350 * MiB, "compute": 1104 * MiB},
+        "CUDA_Host": {"output": round(0.98 * MiB)},
+    }

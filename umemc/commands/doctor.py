@@ -144,6 +144,7 @@ def _findings(stack: Path | None, m: Any) -> tuple[list[dict[str, Any]], str]:
     from ..budget.plan import make_plan
     from ..commands.build import build
     from ..contract import PlanDoc, read
+    from ..names import PLAN_FILE
     from ..runtime.preflight import Preflight
     from ..stack.resolve import load_stack
 
@@ -152,10 +153,10 @@ def _findings(stack: Path | None, m: Any) -> tuple[list[dict[str, Any]], str]:
         if path is None:
             path = Path(tmp) / "machine.toml"
             path.write_text(_machine_stack(m))
-        bundle = Path(tmp) / "bundle"
-        build(make_plan(load_stack(path)), bundle, files_later=True)
-        found = Preflight(bundle, read(PlanDoc, bundle / "plan.json")).machine()
-        here = str(bundle.resolve())
+        judged = Path(tmp) / "judged"
+        build(make_plan(load_stack(path)), judged, files_later=True)
+        found = Preflight(judged, read(PlanDoc, judged / PLAN_FILE)).machine()
+        here = str(judged.resolve())
     against = str(stack) if stack else "the stack `umemc init` would write for this machine"
     # the bundle judged against was a temporary one: a fix names the bundle `umemc build` writes instead
     return [

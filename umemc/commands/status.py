@@ -106,6 +106,9 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
             "_tokens_per_s": None if gm is None else gm.tokens_per_s,
             "_enforced_by": lv.enforced_by if same and lv else None,
             "_swapped": lv.swapped_bytes if same and lv else None,
+            # NVIDIA: False where the driver lists none of its processes while the plan puts memory on the GPU (a
+            # container's PID namespace, a Jetson): its gpu_bytes is then not the truth (docs/PLATFORMS.md)
+            "_gpu_visible": (lv.gpu_visible if m is None or m.gpu_bytes else None) if same and lv else None,
             # beyond what it uses: a torch allocator's cache, a llama.cpp worker's memory beyond its buffers
             "_held_beyond": (
                 lv.allocator_unused_bytes if lv.allocator_unused_bytes is not None else lv.beyond_buffers_bytes
@@ -299,7 +302,7 @@ def table(status: dict[str, Any]) -> Any:
             f"[{color}]{state}[/]",
             str(m["pid"] or "-"),
             in_unit(m["rss_bytes"] if m.get("_resident_bytes") is None else m["_resident_bytes"], size),
-            in_unit(m["gpu_bytes"], size),
+            "not visible" if m.get("_gpu_visible") is False else in_unit(m["gpu_bytes"], size),
             in_unit(m["_reserved"], size) if m["_reserved"] else "-",
             f"[{style}]{share:.0%}[/]" if style else f"{share:.0%}",
             in_unit(m["quota_hard_bytes"], size),

@@ -9,12 +9,14 @@ import re
 
 from ..lockfile import BufferReport
 
-_BUFFER = re.compile(r"(\S+)\s+(model|KV|RS|compute|output) buffer size =\s+([\d.]+) MiB")
+# llama.cpp builds before mid-2025 print a model's weights as `llm_load_tensors:      CUDA0 buffer size = N MiB` (no
+# kind: llama.cpp's llm_load_tensors of those builds), their context as `llama_new_context_with_model:`
+_BUFFER = re.compile(r"(\S+)\s+(?:(model|KV|RS|compute|output) )?buffer size =\s+([\d.]+) MiB")
 # A model (re)load and a context (re)creation start their reports afresh (llama-model.cpp load_tensors,
 # llama-context.cpp's constructor); inside one report, a model with sliding-window layers logs two KV caches
 # (llama-kv-cache-iswa.cpp: the full-size and the windowed one), a hybrid a KV cache and a recurrent state.
-_MODEL_LOAD = "load_tensors: loading model tensors"
-_NEW_CONTEXT = "llama_context: constructing llama_context"
+_MODEL_LOAD = ("load_tensors: loading model tensors", "llama_model_loader: loaded meta data")
+_NEW_CONTEXT = re.compile(r"llama_context: constructing llama_context|llama_new_context_with_model: n_ctx\s+=")
 _SUMMED = ("kv", "rs", "model")
 MiB = 1024 * 1024
 
@@ -26,14 +28,14 @@ def parse_buffers(log: str) -> BufferReport:
     model: BufferReport = {}
     context: BufferReport = {}
     for line in log.splitlines():
-        if _MODEL_LOAD in line:
+        if any(mark in line for mark in _MODEL_LOAD):
             model = {}
-        elif _NEW_CONTEXT in line:
+        elif _NEW_CONTEXT.search(line):
             context = {}
         m = _BUFFER.search(line)
         if m is None:
             continue
-        device, kind, size = m.group(1), m.group(2).lower(), round(float(m.group(3)) * MiB)
+        device, kind, size = m.group(1), (m.group(2) or "model").lower(), round(float(m.group(3)) * MiB)
         slot = (model if kind == "model" else context).setdefault(device, {})
         slot[kind] = slot.get(kind, 0) + size if kind in _SUMMED else size
     out: BufferReport = {}

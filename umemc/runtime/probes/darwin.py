@@ -300,8 +300,8 @@ class DarwinBox:
 
 def default_wired_limit(memsize: int) -> int:
     """What iogpu.wired_limit_mb = 0 gives (Metal's recommendedMaxWorkingSetSize) where Metal cannot be asked: the
-    table of measured Macs umemc.stack.presets.default_gpu_window budgets with too."""
-    from ...stack.presets import apple_default_window
+    table of measured Macs (umemc.platforms) the presets budget with too."""
+    from ...platforms import apple_default_window
 
     return apple_default_window(memsize).bytes
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from ...stack.presets import apple_default_window
+from ...platforms import apple_default_window
 from ...units import gib
 from . import hostroot
 from .tools import answer
