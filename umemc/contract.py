@@ -20,6 +20,7 @@ from typing import Any, Literal, NamedTuple
 
 from .budget.policy import Lease
 from .document import ContractError, Doc, Document, dump, parse, read, read_optional
+from .records import read_file
 
 __all__ = ["CgroupRecord", "ContractError", "Doc", "Document", "PidRecord", "dump", "parse", "read", "read_optional"]
 
@@ -208,7 +209,7 @@ def read_plan(path: Path) -> tuple[PlanDoc, str]:
     """The plan and its digest (the SHA-256 of its bytes, read once): the gateway and the enforcer say in their
     state files which plan they run, and `umemc up` on a running stack waits for them to say the new one."""
     try:
-        text = path.read_bytes()
+        text = read_file(path)
     except OSError as exc:
         raise ContractError(f"{path}: cannot read: {exc.strerror}") from None
     return parse(PlanDoc, text, path), hashlib.sha256(text).hexdigest()

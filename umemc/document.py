@@ -54,10 +54,12 @@ def parse(kind: type[Doc], text: str | bytes, where: str | Path) -> Doc:
 
 
 def read(kind: type[Doc], path: Path) -> Doc:
+    from .records import read_file
+
     try:
-        text = path.read_bytes()
+        text = read_file(path)
     except OSError as exc:
-        raise ContractError(f"{path}: cannot read: {exc.strerror}") from None
+        raise ContractError(f"{path}: cannot read: {exc.strerror or exc}") from None
     return parse(kind, text, path)
 
 

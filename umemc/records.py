@@ -7,6 +7,34 @@ from __future__ import annotations
 
 import os
 
+STATE_LIMIT = 64 << 20  # no state file umemc writes comes near it: a larger one is not one of them
+
+
+def read_file(path: str | os.PathLike[str], limit: int = STATE_LIMIT) -> bytes:
+    """A state file's bytes, read so that nothing found in a run dir can hang or sink the reader: opened without
+    blocking (a FIFO standing where a file should be would block open(2) for good) and without following a link
+    at its name, refused unless it is a regular file, and read up to `limit` bytes (OSError past it)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if (os.fstat(fd).st_mode & 0o170000) != 0o100000:  # S_IFMT, S_IFREG
+            raise OSError(f"{os.fspath(path)}: not a regular file")
+        chunks, size = [], 0
+        while size <= limit:
+            piece = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not piece:
+                break
+            chunks.append(piece)
+            size += len(piece)
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise OSError(f"{os.fspath(path)}: larger than {limit} bytes")
+    return b"".join(chunks)
+
+
+def read_text(path: str | os.PathLike[str], limit: int = STATE_LIMIT) -> str:
+    return read_file(path, limit).decode("utf-8", "replace")
+
 
 def write_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o600, *, durable: bool = False) -> None:
     """Replace a small state file in one step (a reader sees the old or the new, never half), with

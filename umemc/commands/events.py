@@ -82,9 +82,11 @@ def _check_filters(args: argparse.Namespace, run_dir: RunDir) -> None:
 def _plan_models(run_dir: RunDir) -> list[str] | None:
     """The stack's model names from the run's plan; None when the plan cannot be read (filter as asked)."""
     try:
-        doc = json.loads(run_dir.plan.read_text())
+        from ..records import read_text
+
+        doc = json.loads(read_text(run_dir.plan))
         return list(doc["models"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..contract import CgroupRecord, PidRecord
 from ..names import RUN_MARK
+from ..records import read_text
 from .cgroups import Cgroup, run_backends
 from .probes.host import alive, marked_processes, processes, start_time
 from .rundir import RunDir, run_mark
@@ -82,7 +83,7 @@ class RunMembers:
         with contextlib.suppress(OSError):
             for record in folder.iterdir():
                 with contextlib.suppress(OSError, ValueError, IndexError):
-                    rec = CgroupRecord.parse(record.read_text())
+                    rec = CgroupRecord.parse(read_text(record))
                     if rec.path.is_dir() and ours in rec.path.parts:
                         groups.setdefault(rec.path, Cgroup(rec.version, rec.path))
         return list(groups.values())

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
-from ..records import write_atomic
+from ..records import read_file, write_atomic
 
 MAX_RECORD_BYTES = 64 * 1024
 
@@ -97,14 +96,9 @@ def _scan() -> list[tuple[Path, RunRecord | str]]:
 
 def _read(path: Path) -> RunRecord | str:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return f"{path}: not a file"
-            data = f.read(MAX_RECORD_BYTES + 1)
-        doc = json.loads(data) if len(data) <= MAX_RECORD_BYTES else None
-    except (OSError, ValueError) as exc:
-        return f"{path}: unreadable ({exc})"
+        doc = json.loads(read_file(path, MAX_RECORD_BYTES))
+    except (OSError, ValueError, RecursionError) as exc:
+        return f"{path}: unreadable ({'it nests too deep' if isinstance(exc, RecursionError) else exc})"
     fields = ("name", "run_dir", "stack_file", "gateway")
     if not isinstance(doc, dict) or not isinstance(doc.get("name"), str) or not isinstance(doc.get("run_dir"), str):
         return f"{path}: not a umemc run record"

@@ -21,7 +21,7 @@ from ..names import ENFORCER as ENFORCER
 from ..names import GATEWAY as GATEWAY
 from ..names import SUPERVISORD as SUPERVISORD
 from ..names import run_mark as run_mark
-from ..records import write_atomic
+from ..records import read_text, write_atomic
 
 if TYPE_CHECKING:
     from ..contract import PidRecord
@@ -174,7 +174,7 @@ class RunDir(NamedTuple):
         """The one derivation of the running stack's socket: the private directory recorded for a deep
         run dir (claim_socket), else RUN/state/supervisor.sock. umemc up gives it to supervisord."""
         with contextlib.suppress(OSError):
-            recorded = self.socket_record.read_text().strip()
+            recorded = read_text(self.socket_record).strip()
             if recorded:
                 return Path(recorded)
         return self.default_socket()
@@ -201,7 +201,7 @@ class RunDir(NamedTuple):
             return self.default_socket()
         record = self.socket_record
         if record.exists():
-            path = Path(record.read_text().strip())
+            path = Path(read_text(record).strip())
             if path.parent.is_dir() and path.parent.stat().st_uid == os.getuid():
                 return path
         import tempfile  # here: the exec wrapper before every worker reads this module, and never this
@@ -217,7 +217,7 @@ class RunDir(NamedTuple):
         and its record."""
         record = self.socket_record
         try:
-            sock = Path(record.read_text().strip())
+            sock = Path(read_text(record).strip())
         except OSError:
             return
         with contextlib.suppress(OSError):
@@ -231,7 +231,7 @@ class RunDir(NamedTuple):
         """The pid file's pid when that process still runs (the file may be stale, or deleted: callers
         ask the socket first)."""
         try:
-            pid = int(self.pidfile.read_text().strip())
+            pid = int(read_text(self.pidfile).strip())
         except (OSError, ValueError):
             return None
         try:
@@ -254,7 +254,7 @@ class RunDir(NamedTuple):
         from ..contract import PidRecord
 
         try:
-            return PidRecord.parse(name, (self.pids / name).read_text())
+            return PidRecord.parse(name, read_text(self.pids / name))
         except (OSError, ValueError, IndexError):
             return None
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from ...budget.policy import Held, pressure_victim
 from ...contract import PlanDoc
+from ...records import read_text
 from ..rundir import RunDir
 from ..supervisor import ProcState, Supervisor
 from .worker import Worker
@@ -119,7 +120,7 @@ class PressureGuard:
         host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(gw.host, gw.host)
         headers = {"Content-Type": "application/json"}
         if gw.token_env:
-            headers["Authorization"] = f"Bearer {self.run_dir.token_file.read_text()}"
+            headers["Authorization"] = f"Bearer {read_text(self.run_dir.token_file)}"
         conn = http.client.HTTPConnection(host, gw.port, timeout=GATEWAY_TIMEOUT_S)
         try:
             conn.request("POST", "/umemc/pressure", body=json.dumps({"pressure": pressure}), headers=headers)

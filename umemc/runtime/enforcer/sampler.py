@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from ...contract import CgroupRecord, PlanDoc, WorkerReport, read_optional
+from ...records import read_text
 from ..cgroups import Cgroup
 from ..probes import nvidia
 from ..probes.drm import DrmProbe
@@ -119,7 +120,7 @@ class Sampler:
     def placed(self, w: Worker) -> CgroupRecord | None:
         """Where the wrapper last placed the worker (None before any run was, or without kernel enforcement)."""
         try:
-            return CgroupRecord.parse((self.run_dir.cgroups / w.name).read_text())
+            return CgroupRecord.parse(read_text(self.run_dir.cgroups / w.name))
         except (OSError, ValueError):
             return None
 

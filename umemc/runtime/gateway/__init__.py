@@ -52,10 +52,11 @@ def main(argv: list[str] | None = None) -> int:
 def read_token(bundle: Path, name: str) -> str:
     """The token `umemc up` wrote to RUN/state/secrets (0600); the variable itself only when supervisord
     was started by hand with it in its environment."""
+    from ...records import read_text
     from ..rundir import RunDir
 
     try:
-        return RunDir.of_bundle(bundle).token_file.read_text()
+        return read_text(RunDir.of_bundle(bundle).token_file)
     except OSError:
         return os.environ.get(name, "")
 

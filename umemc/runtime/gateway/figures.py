@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import stat
 import sys
 import time
 from collections import deque
 from pathlib import Path
 from typing import Any
 
-from ...records import write_atomic
+from ...records import read_file, write_atomic
 from .history import Answered, Memory, Requests
 from .traffic import Traffic
 
@@ -90,18 +88,10 @@ def load(
 ) -> bool:
     """The figures an earlier gateway of this run kept, into these (models no longer in the stack dropped); False
     where there were none to take (another run's, or none, or malformed: said)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+    if not path.exists() and not path.is_symlink():
         return False
     try:
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise ValueError("not a file")
-            raw = f.read(MAX_BYTES + 1)
-        if len(raw) > MAX_BYTES:
-            raise ValueError(f"larger than {MAX_BYTES} bytes")
-        doc = json.loads(raw)
+        doc = json.loads(read_file(path, MAX_BYTES))
         if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != 1:
             raise ValueError("not a umemc gateway figures file")
         if doc.get("supervisord_pid") != supervisord_pid:
@@ -110,8 +100,9 @@ def load(
         kept = {n: Traffic() for n in traffic}
         rows, points = Requests(), Memory(memory.step_s)
         taken = _traffic(doc["traffic"], kept), _answered(doc["answered"], rows), _memory(doc["memory"], points)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"umemc-gateway: its kept figures in {path} are not used: {exc}", file=sys.stderr, flush=True)
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # whatever its damage: not used
+        why = "it nests too deep" if isinstance(exc, RecursionError) else exc
+        print(f"umemc-gateway: its kept figures in {path} are not used: {why}", file=sys.stderr, flush=True)
         return False
     for name, t in kept.items():
         traffic[name].tokens_in, traffic[name].tokens_out = t.tokens_in, t.tokens_out

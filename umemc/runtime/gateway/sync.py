@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ...contract import ContractError, EnforcerStatus, GatewayModel, GatewayState, GenerationDoc, dump, parse
-from ...records import write_atomic
+from ...records import read_file, write_atomic
 from ..events import EventLog
 from ..rundir import RunDir
 from ..supervisor import Supervisor
@@ -151,7 +151,7 @@ class StateSync:
         """The enforcer's status as its file says, while fresh. The file is parsed again only when its bytes changed
         (the enforcer rewrites it every second, the round comes twice as often; the parse is most of the read)."""
         try:
-            text = self.run.status.read_bytes()
+            text = read_file(self.run.status)
         except OSError:
             text = None
         if text != self._status_text:
