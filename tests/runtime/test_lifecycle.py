@@ -354,7 +354,9 @@ def test_observing_a_running_stack(stack, capsys) -> None:
         "swapped_bytes",
         "resident_bytes",
         "held_beyond_bytes",
+        "gpu_visible",
     }
+    assert w["gpu_visible"] is None  # a cpu stack: no NVIDIA figure to see or miss
     assert (doc["stack"], doc["running"], w["mode"], w["priority"]) == ("top", True, "hot", 50)
 
 

@@ -44,6 +44,7 @@ from .usage import StreamReader, Usage, read_usage
 VERSION = "0.12.0"  # the Ollama API release whose routes and fields this module serves
 NDJSON = "application/x-ndjson"
 FOREVER = "2318-11-24T00:00:00Z"  # what Ollama says as the expiry of a model kept loaded until evicted
+KEEP_ALIVE_MAX_S = (2**63 - 1) // 10**9  # Ollama's keep_alive is a Go time.Duration: at most 2^63-1 ns, ~292 years
 # Ollama's options -> the OpenAI (llama-server) request fields that mean the same
 OPTIONS = {
     "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed",
@@ -71,6 +72,12 @@ def keep_alive_of(raw: Any) -> float | None:
         return math.inf
     if not math.isfinite(value):
         raise Refused(f"keep_alive must be finite (got {raw!r})", "invalid_json")
+    if value > KEEP_ALIVE_MAX_S:  # past it no expiry can be said (a date past year 9999): one client's 500 for all
+        raise Refused(
+            f"keep_alive must be at most {KEEP_ALIVE_MAX_S} s (Ollama's longest duration; -1 keeps the model loaded "
+            f"until it is evicted; got {raw!r})",
+            "invalid_json",
+        )
     return value
 
 
