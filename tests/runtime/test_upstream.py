@@ -53,6 +53,9 @@ class Worker:
         return whole
 
 
+LIMIT = 1 << 20  # what these tests read whole at most
+
+
 def answer(body: bytes, extra: bytes = b"") -> bytes:
     return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s" % (
         extra,
@@ -107,7 +110,7 @@ def test_answers_on_one_kept_alive_connection_and_the_request_as_sent() -> None:
             for _ in range(3):
                 a = await pool.request("POST", w.port, "/v1/chat?x=1", {"Content-Type": "application/json"}, b"{}", 5)
                 assert (a.status, a.content_length, a.headers["content-type"]) == (200, 12, "application/json")
-                assert await a.read() == b'{"ok": true}'
+                assert await a.read(LIMIT) == b'{"ok": true}'
                 a.release()
             assert w.connections == 1
             assert (
@@ -154,7 +157,7 @@ def test_a_chunked_stream_comes_as_it_is_sent_read_or_piped_and_its_connection_i
                 assert a.content_length is None
                 assert await a.chunk() == b"data: 1"
                 go_on.set()
-                assert await a.read() == b"data: 2"
+                assert await a.read(LIMIT) == b"data: 2"
                 a.release()
             for _ in range(2):  # piped: each piece to the sink from the connection's callback
                 go_on.clear()
@@ -201,7 +204,7 @@ def test_a_connection_closed_before_the_answer_is_disconnected_and_a_cut_body_a_
         async with Worker(cut) as w:
             a = await Pool().request("GET", w.port, "/", {}, None, 5)
             with pytest.raises(PayloadError, match="^the worker closed the connection in the middle of an answer$"):
-                await a.read()
+                await a.read(LIMIT)
             b = await Pool().request("GET", w.port, "/", {}, None, 5)  # the same, piped
             with pytest.raises(PayloadError, match="^the worker closed the connection in the middle of an answer$"):
                 await b.pipe(lambda piece: True)
@@ -219,14 +222,14 @@ def test_a_pooled_connection_the_worker_closed_is_not_taken_again() -> None:
         async with Worker(once) as w:
             pool = Pool()
             a = await pool.request("GET", w.port, "/", {}, None, 5)
-            await a.read()
+            await a.read(LIMIT)
             a.release()
             await w.gone.wait()
             await asyncio.sleep(0)  # the close reaches the client's protocol in the same loop turn or the next
             while pool.idle.get(w.port):
                 await asyncio.sleep(0.01)
             b = await pool.request("GET", w.port, "/", {}, None, 5)
-            assert await b.read() == b"{}"
+            assert await b.read(LIMIT) == b"{}"
             assert w.connections == 2
 
     run(main())
@@ -237,7 +240,7 @@ def test_idle_connections_close_after_the_keep_alive() -> None:
         async with Worker(keeps_answering(b"{}")) as w:
             pool = Pool(keep_alive_s=0.2)
             a = await pool.request("GET", w.port, "/", {}, None, 5)
-            await a.read()
+            await a.read(LIMIT)
             a.release()
             assert len(pool.idle[w.port]) == 1
             await w.gone.wait()  # the sweep closed it: the worker saw its end
@@ -264,7 +267,7 @@ def test_a_silent_worker_times_out_at_the_head_and_in_the_body_but_unread_bytes_
                 await pool.request("GET", w.port, "/head", {}, None, 0.2)
             a = await pool.request("GET", w.port, "/body", {}, None, 0.2)
             with pytest.raises(TimeoutError, match=r"^no byte of the answer for 0.2 s$"):
-                await a.read()
+                await a.read(LIMIT)
             piped: list[bytes] = []
             c = await pool.request("GET", w.port, "/body", {}, None, 0.2)
             with pytest.raises(TimeoutError, match=r"^no byte of the answer for 0.2 s$"):
@@ -272,7 +275,7 @@ def test_a_silent_worker_times_out_at_the_head_and_in_the_body_but_unread_bytes_
             assert piped == [b"0123456789"]
             b = await pool.request("GET", w.port, "/unread", {}, None, 0.2)
             await asyncio.sleep(0.6)  # three limits with every byte there and unread: the client is the slow side
-            assert await b.read() == b"x" * 10
+            assert await b.read(LIMIT) == b"x" * 10
             release.set()
 
     run(main())
@@ -298,7 +301,7 @@ def test_an_answer_read_slower_than_it_comes_pauses_the_worker() -> None:
                 await asyncio.sleep(0.01)
             assert upstream.HIGH_WATER < a._held < upstream.HIGH_WATER + piece  # held: bounded, not 64 MiB
             assert not sent.is_set()  # the worker waits on the paused socket
-            got = await a.read()
+            got = await a.read(total)
             assert len(got) == total and got[:piece] == b"\0" * piece and got[-1] == (total // piece - 1) % 256
             await sent.wait()
 
@@ -328,7 +331,7 @@ def test_a_head_answer_has_no_body_and_its_connection_is_not_reused() -> None:
         async with Worker(head) as w:
             pool = Pool()
             a = await pool.request("HEAD", w.port, "/", {}, None, 5)
-            assert (a.status, a.content_length, await a.read()) == (200, 50, b"")
+            assert (a.status, a.content_length, await a.read(LIMIT)) == (200, 50, b"")
             a.release()
             await w.gone.wait()
             assert pool.idle == {}
@@ -371,7 +374,7 @@ def test_an_interim_answer_is_skipped() -> None:
 
         async with Worker(continues) as w:
             a = await Pool().request("POST", w.port, "/", {"Expect": "100-continue"}, b"{}", 5)
-            assert (a.status, await a.read()) == (200, b'{"ok": 1}')
+            assert (a.status, await a.read(LIMIT)) == (200, b'{"ok": 1}')
 
     run(main())
 

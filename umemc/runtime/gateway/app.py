@@ -36,6 +36,8 @@ from .relay import (
 from .scheduler import Scheduler
 from .upstream import Pool
 
+PROBE_LIMIT = 64 * 1024
+
 HOT_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")  # most requests of most clients
 
 
@@ -194,7 +196,7 @@ async def _lifetime(app: web.Application) -> Any:
         try:
             answer = await pool.request("GET", m.port, m.plan.health or "/", {}, None, 2.0)
             async with asyncio.timeout(2.0):
-                await answer.read()
+                await answer.read(PROBE_LIMIT)  # a health answer is small: one without an end is no health
             answer.release()
             return answer.status == 200 if m.plan.health else True
         except (ConnectionError, TimeoutError, ValueError):

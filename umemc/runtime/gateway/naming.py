@@ -43,26 +43,60 @@ def _rename(data: bytes, value: bytes) -> bytes:
     return b"".join(out)
 
 
+CARRY_LIMIT = 16 * 1024  # the most of a line (or of a body without lines) held back for a field cut across pieces
+# what a cut in the middle of a line keeps back: room for a model field's key and its value (a path, PATH_MAX long)
+FIELD_ROOM = 4096 + 64
+_KEY = b'"model'
+
+
 class StreamRenamer:
     """The same for a stream that arrives in pieces: each piece is passed on up to its last line end at once (an
     event stream's events end with one); a line cut across two pieces waits for its end, so a field is never split
-    where the pattern cannot see it."""
+    where the pattern cannot see it. A line longer than CARRY_LIMIT (a worker that never ends one), or a body read as
+    it comes without lines (`lines=False`: a large JSON answer), is passed on up to a cut that splits no model field,
+    keeping FIELD_ROOM bytes back: what is held is bounded, and each piece costs its own size plus that bound."""
 
-    def __init__(self, name: str):
-        self.value, self.carry = _value(name), b""
+    def __init__(self, name: str, *, lines: bool = True):
+        self.value, self.carry, self.lines = _value(name), b"", lines
 
     def feed(self, chunk: bytes) -> bytes:
         data = self.carry + chunk if self.carry else chunk
-        cut = data.rfind(b"\n") + 1
+        cut = data.rfind(b"\n") + 1 if self.lines else 0
         if cut == len(data):  # the usual piece: whole events
             self.carry = b""
             return _rename(data, self.value)
+        if len(data) - cut > CARRY_LIMIT or not self.lines:
+            cut = max(cut, _field_cut(data))
         self.carry = data[cut:]
         return _rename(data[:cut], self.value) if cut else b""
 
     def rest(self) -> bytes:
         data, self.carry = self.carry, b""
         return _rename(data, self.value)
+
+
+def _field_cut(data: bytes) -> int:
+    """Where `data` may be cut so that every model field before the cut is whole in it: FIELD_ROOM bytes from its end,
+    moved back to the start of a field (or of a key's first bytes) that the cut would split."""
+    cut = len(data) - FIELD_ROOM
+    if cut <= 0:
+        return 0
+    key = data.rfind(_KEY, max(0, cut - FIELD_ROOM), cut)
+    if key >= 0:
+        whole = KEY_VALUE.match(data, key)
+        if whole is None or whole.end() > cut:
+            cut = key
+    quote = data.rfind(b'"', max(0, cut - len(_KEY) + 1), cut)  # `"mod` | `el": …`: a key begun before the cut
+    if quote >= 0 and _KEY.startswith(data[quote:cut]) and _opens_key(data, quote):
+        cut = quote
+    return cut
+
+
+def _opens_key(data: bytes, quote: int) -> bool:
+    """Whether the quote at `quote` can open an object's key: after `{` or `,` (or whitespace after them), not the
+    closing quote of a value."""
+    before = data[max(0, quote - 64) : quote].rstrip()
+    return not before or before.endswith((b"{", b","))
 
 
 def error_message(data: bytes, limit: int = 500) -> str:

@@ -28,6 +28,7 @@ from .naming import error_message
 from .relay import (
     SCHED,
     STREAM_ENDS,
+    WHOLE_LIMIT,
     Call,
     Seen,
     admit_of,
@@ -35,14 +36,17 @@ from .relay import (
     forward,
     json_object,
     pipe,
-    stream_ended,
+    stream_failed,
     upstream,
 )
 from .scheduler import Scheduler
+from .upstream import PayloadError
 from .usage import StreamReader, Usage, read_usage
 
 VERSION = "0.12.0"  # the Ollama API release whose routes and fields this module serves
 NDJSON = "application/x-ndjson"
+EVENT_LIMIT = 4 << 20  # one event of a worker's stream; a line without an end past it is dropped
+ERROR_LIMIT = 1 << 20  # what of a worker's error answer is read (its message is in its first bytes)
 FOREVER = "2318-11-24T00:00:00Z"  # what Ollama says as the expiry of a model kept loaded until evicted
 KEEP_ALIVE_MAX_S = (2**63 - 1) // 10**9  # Ollama's keep_alive is a Go time.Duration: at most 2^63-1 ns, ~292 years
 # Ollama's options -> the OpenAI (llama-server) request fields that mean the same
@@ -348,13 +352,21 @@ class _Translate:
         asked_at = time.monotonic()
         async with upstream(request, m, call, headers) as up:
             if up.status >= 400:
-                data = await up.read()
+                try:
+                    said = error_message(await up.read(ERROR_LIMIT))
+                except PayloadError as exc:  # an error body without an end (or past ERROR_LIMIT)
+                    said = f"worker {m.name} answered {up.status}: {exc}"
                 answered(request, m, seen, up.status, asked_at, Usage())
-                return ollama_error(up.status, error_message(data))
+                return ollama_error(up.status, said)
             if not self.stream:
-                data = await up.read()
+                data = await up.read(WHOLE_LIMIT)  # past it: upstream_too_large, a 502 in Ollama's shape
                 answered(request, m, seen, up.status, asked_at, read_usage(data))
-                out = json.dumps(self.whole(call.asked, json.loads(data), seen)).encode()
+                try:
+                    doc = json.loads(data)
+                    out = json.dumps(self.whole(call.asked, doc, seen)).encode()
+                except (ValueError, AttributeError, TypeError, IndexError, RecursionError):
+                    what = data[:200].decode("utf-8", "replace")
+                    return ollama_error(502, f"worker {m.name} did not answer as an OpenAI server: {what!r}")
                 seen.keep(out)
                 return web.Response(body=out, content_type="application/json")
             resp = web.StreamResponse(status=200, headers={"Content-Type": NDJSON})
@@ -371,6 +383,9 @@ class _Translate:
                 seen.keep(out)
                 return out
 
+            def cut(message: str) -> bytes:  # Ollama streams an error as a line of its own
+                return json.dumps({"error": message}).encode() + b"\n"
+
             try:
                 await pipe(request, resp, up, each)
                 answered(request, m, seen, up.status, asked_at, reader.usage())
@@ -379,7 +394,7 @@ class _Translate:
                 await resp.write(last)
                 await resp.write_eof()
             except STREAM_ENDS as exc:
-                stream_ended(request, m, exc)
+                await stream_failed(request, m, resp, exc, cut)
                 answered(request, m, seen, up.status, asked_at, reader.usage())
             return resp
 
@@ -422,9 +437,11 @@ class _Translate:
         if event == b"[DONE]":
             return b""
         try:
-            doc = json.loads(event)
-        except ValueError:
+            return self._piece(asked, json.loads(event), state)
+        except (ValueError, AttributeError, TypeError, RecursionError):  # an unreadable event is skipped, not fatal
             return b""
+
+    def _piece(self, asked: str, doc: Any, state: dict[str, Any]) -> bytes:
         for choice in doc.get("choices") or []:
             if choice.get("finish_reason"):
                 state["reason"] = choice["finish_reason"]
@@ -458,15 +475,31 @@ def _tool_call(call: Any) -> dict[str, Any]:
 
 
 class _SseLines:
-    """The `data:` payloads of an event stream fed in pieces, each once its line is whole."""
+    """The `data:` payloads of an event stream fed in pieces, each once its line is whole. The start of a line waits
+    as pieces (joined once, at its end: a piece costs its own size, never the line's so far); a line past EVENT_LIMIT
+    is no event that can be translated: dropped, and the stream goes on at the next line."""
 
     def __init__(self) -> None:
-        self.carry = b""
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.skipping = False
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        data = self.carry + chunk
-        *lines, self.carry = data.split(b"\n")
-        return [line[5:].strip() for line in lines if line.startswith(b"data:")]
+        out, start = [], 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            piece = chunk[start:end]
+            if not self.skipping:
+                line = b"".join((*self.parts, piece)) if self.parts else piece
+                if line.startswith(b"data:"):
+                    out.append(line[5:].strip())
+            self.parts, self.size, self.skipping = [], 0, False
+            start = end + 1
+        if start < len(chunk) and not self.skipping:
+            self.parts.append(chunk[start:])
+            self.size += len(chunk) - start
+            if self.size > EVENT_LIMIT:
+                self.parts, self.size, self.skipping = [], 0, True
+        return out
 
 
 ROUTES = (

@@ -11,6 +11,7 @@ so the worker stops generating."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.parser
 import email.policy
 import json
@@ -30,7 +31,7 @@ from .model import Model, Refused
 from .naming import StreamRenamer, renamed
 from .progress import Progress
 from .scheduler import Scheduler
-from .upstream import Answer, PayloadError, Pool, Unreachable
+from .upstream import Answer, PayloadError, Pool, TooLarge, Unreachable
 from .usage import NO_USAGE, StreamReader, Usage, read_usage
 
 HOP_BY_HOP = frozenset(
@@ -82,7 +83,7 @@ HTTP_STATUS = {
     "body_timeout": 408,
     "queue_full": 429, "too_many_leases": 429,
     "body_too_large": 413,
-    "upstream_unreachable": 502, "upstream_disconnected": 502,
+    "upstream_unreachable": 502, "upstream_disconnected": 502, "upstream_too_large": 502, "upstream_cut": 502,
     "shutting_down": 503, "worker_unhealthy": 503, "worker_given_up": 503, "queue_timeout": 503,
     "insufficient_memory": 503, "not_admissible": 503, "start_failed": 503, "start_timeout": 503, "stop_failed": 503,
     "state_unwritable": 503,
@@ -274,6 +275,8 @@ async def forward(
         code, seen.refusal = HTTP_STATUS[exc.code], exc.code
         if progress is not None and progress.resp is not None:  # the stream began while it waited
             return await progress.fail(exc, code)
+        if request.path.startswith("/api/"):  # Ollama's clients read {"error": "..."}
+            return web.json_response({"error": exc.message}, status=code)
         return refused(exc)
     finally:
         _account(app, request, m, code, time.monotonic() - t0, seen)
@@ -297,8 +300,11 @@ async def _go_on(
     resp = seen.begun
     assert resp is not None
     seen.stream = True
-    if not up.headers.get("Content-Type", "").startswith("text/event-stream"):
-        data = await up.read()
+    if not up.headers.get("Content-Type", "").startswith(SSE):
+        try:
+            data = await up.read(WHOLE_LIMIT)
+        except PayloadError as exc:  # too large, or cut: said as OpenAI streams say an error
+            data = json.dumps({"error": {"message": f"worker {m.name}: {exc}", "type": "server_error"}}).encode()
         answered(request, m, seen, up.status, began, read_usage(data))
         event = b"data: " + renamed(data, call.asked).strip() + b"\n\n"
         seen.keep(event)
@@ -340,7 +346,8 @@ async def _stream_into(
             await resp.write(tail)
         await resp.write_eof()
     except STREAM_ENDS as exc:
-        stream_ended(request, m, exc)
+        await stream_failed(request, m, resp, exc, sse_error if up.headers.get("Content-Type", "").startswith(SSE)
+                            else None)  # fmt: skip
     answered(request, m, seen, up.status, began, reader.usage())
 
 
@@ -425,6 +432,10 @@ class Upstream:
         self.up.close()  # the client went away, or a failure: the worker's connection closes (it stops)
         if issubclass(kind, TimeoutError):  # a whole answer's body fell silent (a stream's end is its reader's)
             raise _silent(self.request.app[SCHED], self.m) from None
+        if issubclass(kind, TooLarge):
+            raise Refused(f"worker {self.m.name}: {exc}", "upstream_too_large") from None
+        if issubclass(kind, PayloadError):  # a body read whole that was cut (a stream's is its reader's)
+            raise Refused(f"worker {self.m.name} cut its answer: {exc}", "upstream_cut") from None
 
 
 async def _ask(pool: Pool, call: Call, port: int, headers: dict[str, str], waited: float) -> Answer:
@@ -469,7 +480,37 @@ def stream_ended(request: web.Request, m: Model, exc: BaseException) -> None:
         sched.sync.mark_unhealthy(m, f"no byte for {sched.gw.upstream_timeout_s:g} s while streaming")
 
 
+async def stream_failed(
+    request: web.Request,
+    m: Model,
+    resp: web.StreamResponse,
+    exc: BaseException,
+    event: Callable[[str], bytes] | None,
+) -> None:
+    """A stream the worker cut (or fell silent in) after its status went out: a 200 must never stand for it. An event
+    stream (or NDJSON) ends with an error `event` a client reads as one; any other body is aborted, so the client's
+    transfer fails instead of ending cleanly short. A client that went away is told nothing."""
+    stream_ended(request, m, exc)
+    if isinstance(exc, ConnectionResetError):
+        return
+    why = f"worker {m.name} cut its answer: {exc}" if isinstance(exc, PayloadError) else f"worker {m.name}: {exc}"
+    if event is not None:
+        with contextlib.suppress(ConnectionResetError, RuntimeError):
+            await resp.write(event(why))
+            await resp.write_eof()
+        return
+    if request.transport is not None:
+        request.transport.abort()
+
+
+def sse_error(message: str) -> bytes:
+    """An error as OpenAI's streams carry one."""
+    return b"data: " + json.dumps({"error": {"message": message, "type": "server_error"}}).encode() + b"\n\n"
+
+
 STREAM_ENDS = (ConnectionResetError, PayloadError, TimeoutError)
+SSE = "text/event-stream"
+WHOLE_LIMIT = 64 << 20  # an answer read whole to be renamed or translated; a larger one is piped, or refused (502)
 
 
 async def pass_through(request: web.Request, m: Model, call: Call, seen: Seen) -> web.StreamResponse:
@@ -486,14 +527,15 @@ async def pass_through(request: web.Request, m: Model, call: Call, seen: Seen) -
         ctype = up.headers.get("Content-Type", "")
         if seen.begun is not None:
             return await _go_on(request, m, call, seen, up, began)
-        if up.content_length is not None and not ctype.startswith("text/event-stream"):
-            data = await up.read()
+        if up.content_length is not None and up.content_length <= WHOLE_LIMIT and not ctype.startswith(SSE):
+            data = await up.read(WHOLE_LIMIT)
             answered(request, m, seen, up.status, began, read_usage(data))
             data = renamed(data, call.asked) if _names_model(ctype) else data
             seen.keep(data)
             return web.Response(body=data, status=up.status, headers=out)
         resp = web.StreamResponse(status=up.status, headers=out)
         await resp.prepare(request)
-        names = StreamRenamer(call.asked) if _names_model(ctype) else None
+        # an event stream renamed line by line; any other body (a large JSON answer) as it comes, cut between fields
+        names = StreamRenamer(call.asked, lines=ctype.startswith(SSE)) if _names_model(ctype) else None
         await _stream_into(request, m, seen, up, resp, names, began)
         return resp

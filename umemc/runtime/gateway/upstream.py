@@ -40,6 +40,9 @@ KEEP_ALIVE_S = 2.0
 CONNECT_S = 10.0
 HIGH_WATER = 256 * 1024
 HEAD_LIMIT = 64 * 1024  # an answer's header fields, in all: a worker that sends more is broken
+# an answer's head as it arrives (its status line and fields, whole or not): the parser keeps a field until its end,
+# so a value without one would grow it unseen until the head's timeout; counted per piece instead
+HEAD_BYTES_LIMIT = HEAD_LIMIT + 16 * 1024
 _UNSAFE_TARGET = re.compile(r"[\x00-\x20\x7f]")  # a request target has no space or control character
 _UNSAFE_FIELD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # a header value may hold tabs, never a line break
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header name (RFC 9110's token)
@@ -55,6 +58,10 @@ class Disconnected(ConnectionError):
 
 class PayloadError(ConnectionError):
     """An answer's body ended before its end: the worker closed the connection, or what came is not HTTP."""
+
+
+class TooLarge(PayloadError):
+    """An answer read whole is larger than the gateway holds in memory for one answer."""
 
 
 class Answer:
@@ -177,10 +184,19 @@ class Answer:
         self._conn.resume()
         return data
 
-    async def read(self) -> bytes:
-        parts = []
+    async def read(self, limit: int) -> bytes:
+        """The whole body, at most `limit` bytes: TooLarge past it (a Content-Length that says so, at once), the
+        connection then closed, never a body held in memory without bound."""
+        if self.content_length is not None and self.content_length > limit:
+            self.close()
+            raise TooLarge(f"the worker's answer is {self.content_length} bytes, more than {limit} read whole")
+        parts, size = [], 0
         while data := await self.chunk():
             parts.append(data)
+            size += len(data)
+            if size > limit:
+                self.close()
+                raise TooLarge(f"the worker's answer is more than {limit} bytes read whole")
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def release(self) -> None:
@@ -209,6 +225,7 @@ class _Conn(asyncio.Protocol):
         self.answer: Answer | None = None
         self.fields: list[tuple[str, str]] = []
         self.head_bytes = 0
+        self.head_raw = 0  # bytes of the pending answer's head received so far, whole fields or not
         self.lost = False
         self.paused = False
         self.keep = False
@@ -222,6 +239,12 @@ class _Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
+            if self.head is not None and not self.head.done():  # the head is not whole yet
+                self.head_raw += len(data)
+                if self.head_raw > HEAD_BYTES_LIMIT:
+                    raise PayloadError(f"the worker's answer has more than {HEAD_BYTES_LIMIT} bytes of head")
+        except PayloadError as exc:
+            self._broken(exc)
         except httptools.HttpParserError as exc:
             # a callback's own refusal arrives as the context of httptools' HttpParserCallbackError
             cause = exc.__context__
@@ -279,6 +302,7 @@ class _Conn(asyncio.Protocol):
     def send(self, head: bytes, body: bytes | None, *, head_only: bool) -> asyncio.Future[Answer]:
         assert self.transport is not None
         self.head, self.answer, self.keep, self.head_only = self.loop.create_future(), None, False, head_only
+        self.head_raw = 0
         self.transport.write(head + body if body else head)
         return self.head
 
