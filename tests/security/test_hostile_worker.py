@@ -163,6 +163,17 @@ def test_a_head_without_an_end_is_cut(gw: Gateway) -> None:
     )
 
 
+def test_a_workers_cookie_and_cors_never_reach_the_client(gw: Gateway) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=patience(60))
+    conn.request("POST", "/v1/chat/completions", json.dumps(chat("cookie")), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert (resp.status, json.loads(resp.read())) == (200, {"model": "h", "choices": []})
+    names = {k.lower() for k in resp.headers}
+    assert "x-kept" in names and not names & {"set-cookie", "access-control-allow-origin",
+                                              "access-control-allow-credentials"}  # fmt: skip
+    conn.close()
+
+
 def test_the_gateway_survived_all_of_it(gw: Gateway) -> None:
     """Same process since the start of the module (never OOM-killed and restarted), its memory bounded, answering."""
     proc = gateway_process(gw.run)

@@ -94,3 +94,35 @@ def test_gateway_figures_nested_past_reason_are_not_used(tmp_path: Path, capsys)
     os.mkfifo(path)
     assert load(path, 1, {}, Requests(), Memory(1.0)) is False
     assert "not a regular file" in capsys.readouterr().err
+
+
+def test_a_record_claiming_another_stacks_name_is_not_used(tmp_path: Path) -> None:
+    """`a.json` saying it is stack "real" must not win over real.json: umemc writes NAME.json and reads no other."""
+    home = tmp_path / "home"
+    (home / "runs").mkdir(parents=True)
+    real, forged = tmp_path / "real-run", tmp_path / "forged-run"
+    (home / "runs" / "real.json").write_text(json.dumps({"name": "real", "run_dir": str(real)}))
+    (home / "runs" / "a.json").write_text(json.dumps({"name": "real", "run_dir": str(forged)}))
+    from umemc.runtime import registry
+
+    os.environ["UMEMC_STATE_HOME"] = str(home)
+    try:
+        records, unreadable = registry.known()
+        assert [r.run_dir for r in records] == [str(real)]
+        assert unreadable == [
+            f"{home / 'runs' / 'a.json'}: claims the stack name 'real', which is not its own file's: not used"
+        ]
+        assert registry.find("real") == real
+    finally:
+        del os.environ["UMEMC_STATE_HOME"]
+
+
+def test_ps_shows_a_records_control_characters_escaped(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / "runs").mkdir(parents=True)
+    run = str(tmp_path / "run\x1b[2Jcleared")
+    (home / "runs" / "evil.json").write_text(json.dumps({"name": "evil", "run_dir": run, "gateway": "\x07bell"}))
+    done = umemc("ps", env={"UMEMC_STATE_HOME": str(home), "COLUMNS": "300"})
+    assert done.returncode == 0
+    assert "\x1b" not in done.stdout and "\x07" not in done.stdout
+    assert "\\x1b[2Jcleared" in done.stdout and "\\x07bell" in done.stdout

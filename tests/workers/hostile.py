@@ -7,6 +7,7 @@
 - no-newline: an event stream of bytes without a line end, for ever;
 - endless-header: a header value without an end;
 - html / array / odd-choices: a 200 whose body is HTML, a JSON array, `choices` that are not objects;
+- cookie: a good answer that sets a cookie and allows every origin (CORS);
 - cut: an event stream that starts well, then breaks its chunked encoding;
 - bad-event: an event stream with one unreadable event among good ones;
 - anything else: a small good chat completion.
@@ -117,6 +118,12 @@ def answer(conn: socket.socket) -> None:
         endless(conn, b"HTTP/1.1 200 OK\r\nX-Endless: ", PIECE, chunked=False)
     elif mode == "html":
         whole(conn, b"text/html", b"<html><body>502 Bad Gateway (nginx)</body></html>")
+    elif mode == "cookie":
+        body = b'{"model": "hostile", "choices": []}'
+        conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                     b"Set-Cookie: session=stolen; Path=/\r\nAccess-Control-Allow-Origin: *\r\n"
+                     b"Access-Control-Allow-Credentials: true\r\nX-Kept: yes\r\nContent-Length: %d\r\n\r\n%b"
+                     % (len(body), body))  # fmt: skip
     elif mode == "array":
         whole(conn, b"application/json", b"[1, 2, 3]")
     elif mode == "odd-choices":

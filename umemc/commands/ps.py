@@ -18,12 +18,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..chars import shown
     from ..runtime.registry import known
 
     records, unreadable = known()
     rows = [_row(r.as_json()) for r in records]
     for line in unreadable:
-        print(f"warning: {line}", file=sys.stderr)
+        print(f"warning: {shown(line)}", file=sys.stderr)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -31,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
         print("no stack runs (`umemc up STACK` starts one)")
         return 0
     from rich import box
+    from rich.markup import escape
     from rich.table import Table
 
     from .common import console
@@ -40,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
         t.add_column(col, no_wrap=col != "models", min_width=len(col))
     for row in rows:
         models = ", ".join(f"{n} ({mode})" for n, mode in row["models"].items())
-        t.add_row(row["name"], row["state"], models or "-", row["gateway"] or "-", row["run_dir"])
+        cells = (row["name"], row["state"], models or "-", row["gateway"] or "-", row["run_dir"])
+        t.add_row(*(escape(shown(c)) for c in cells))  # what a record on disk says, never raw to the terminal
     console().print(t)
     return 0
 

@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..chars import shown
 from ..errors import UsageError
 from ..records import read_file, write_atomic
 
@@ -80,7 +81,7 @@ def find(name: str) -> Path:
     for record in records:
         if record.name == name:
             return Path(record.run_dir)
-    names = ", ".join(r.name for r in records) or "none"
+    names = ", ".join(shown(r.name) for r in records) or "none"
     raise UsageError(f"no running stack named {name!r} (running: {names}; `umemc ps` lists them)")
 
 
@@ -104,4 +105,6 @@ def _read(path: Path) -> RunRecord | str:
         return f"{path}: not a umemc run record"
     if any(doc.get(k) is not None and not isinstance(doc.get(k), str) for k in fields):
         return f"{path}: not a umemc run record"
+    if path.name != f"{doc['name']}.json":  # umemc writes NAME.json: another file claiming NAME is not its record
+        return f"{path}: claims the stack name {shown(doc['name'])!r}, which is not its own file's: not used"
     return RunRecord(doc["name"], doc["run_dir"], doc.get("stack_file"), doc.get("gateway"))

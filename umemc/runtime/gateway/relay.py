@@ -51,6 +51,14 @@ HOP_BY_HOP = frozenset(
     )
 )
 
+
+def _from_worker(name: str) -> bool:
+    """A worker's answer header the client may see: not hop-by-hop, and nothing that would speak for the gateway's
+    origin (a cookie set for it, CORS that would let any page read the answers: docs/SECURITY.md sends none)."""
+    low = name.lower()
+    return low not in HOP_BY_HOP and low not in ("set-cookie", "set-cookie2") and not low.startswith("access-control-")
+
+
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -523,7 +531,7 @@ async def pass_through(request: web.Request, m: Model, call: Call, seen: Seen) -
     }
     began = time.monotonic()
     async with upstream(request, m, call, headers) as up:
-        out = {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
+        out = {k: v for k, v in up.headers.items() if _from_worker(k)}
         ctype = up.headers.get("Content-Type", "")
         if seen.begun is not None:
             return await _go_on(request, m, call, seen, up, began)
