@@ -27,8 +27,15 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.control import Stack
     from ..runtime.registry import forget
     from ..runtime.rundir import RunDir
+    from ..runtime.uplock import stop_up
 
     run_dir = RunDir(Path(args.run_dir).absolute())
+    try:
+        interrupted = stop_up(run_dir.up_lock)  # an `up` still bringing the stack up is stopped first
+    except TimeoutError as exc:
+        raise RuntimeFailure(f"down: {exc}: run `umemc down` again once it has") from None
+    if interrupted is not None:
+        print(f"down: an `umemc up` (pid {interrupted.pid or '?'}) was bringing this stack up: stopped it first")
     if not run_dir.bundle.exists() and not run_dir.state.exists():
         print(f"nothing to stop: no stack in {args.run_dir}")
         return 0

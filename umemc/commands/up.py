@@ -116,15 +116,28 @@ def run(args: argparse.Namespace) -> int:
     if args.scale is not None and not args.simulate:
         raise UsageError("umemc up: --scale rehearses placeholders: it needs --simulate")
 
-    from ..runtime import waits
-    from ..runtime.control import Stack
-    from ..runtime.reconcile import reconcile, what_changed
+    from ..runtime import uplock
     from ..runtime.rundir import RunDir
-    from ..runtime.supervisor import ANSWERING, ProcState, start_supervisord
 
     console = Console(highlight=False, soft_wrap=True)  # long paths and fix commands stay on one line
     run_dir = RunDir(Path(args.run_dir).absolute())
     refuse_symlinks(run_dir)  # before anything is read for writing, created or chmod-ed
+    try:
+        held = uplock.hold(run_dir.up_lock)  # from here on a `down` finds this `up` and stops it first
+    except uplock.UpInProgress as exc:
+        raise RuntimeFailure(f"umemc up: {exc}; wait for it, or `umemc down` stops it") from None
+    try:
+        return _up(args, console, run_dir)
+    finally:
+        os.close(held)
+
+
+def _up(args: argparse.Namespace, console: Console, run_dir: RunDir) -> int:
+    from ..runtime import waits
+    from ..runtime.control import Stack
+    from ..runtime.reconcile import reconcile, what_changed
+    from ..runtime.supervisor import ANSWERING, ProcState, start_supervisord
+
     stack = Stack(run_dir)
     state = stack.state() if run_dir.bundle.exists() else "stopped"
     if state != "running":

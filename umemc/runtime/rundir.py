@@ -64,6 +64,11 @@ class RunDir(NamedTuple):
         return self.state_dir or self.root / "state"
 
     @property
+    def up_lock(self) -> Path:
+        """Held (flock) by the `umemc up` bringing this run up, from its first step: `down` finds it there."""
+        return self.root / "up.lock"
+
+    @property
     def pidfile(self) -> Path:
         return self.state / "supervisord.pid"
 
