@@ -49,16 +49,7 @@ class Preflight:
     def run(self, running: Collection[str] = frozenset()) -> list[Finding]:
         self.findings = []
         self._budget()
-        if self._host():
-            self._sysctl()
-            self._memlock()
-        self._memory(running)
-        if self._host_matches():
-            self._gpu_window()
-            if self.plan.platform.kind == "amd-apu":
-                self._rocm()
-            self._swap()
-            self._cgroups()
+        self._machine(between=lambda: self._memory(running))
         if not self.simulate:
             self._files_and_executables()
             self._helpers(running)
@@ -71,16 +62,21 @@ class Preflight:
         """The checks of the machine itself, for `umemc doctor`: its OS, VM tunables, memlock, GPU window, ROCm,
         swap and cgroups against the plan; nothing of the stack's files, ports or running workers."""
         self.findings = []
+        self._machine()
+        return self.findings
+
+    def _machine(self, between: Callable[[], None] = lambda: None) -> None:
+        """The machine's checks, `between` run after the host's settings (the memory the stack would start beside)."""
         if self._host():
             self._sysctl()
             self._memlock()
+        between()
         if self._host_matches():
             self._gpu_window()
             if self.plan.platform.kind == "amd-apu":
                 self._rocm()
             self._swap()
             self._cgroups()
-        return self.findings
 
     def blocking(self, skip: Collection[str] = ()) -> list[Finding]:
         """The problems that refuse the start: neither advisory nor skipped by name (`up --skip CHECK`; "all").
