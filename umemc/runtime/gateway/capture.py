@@ -18,7 +18,11 @@ class Captures:
     def on(self) -> bool:
         return self.keep > 0
 
-    def add(self, model: str, method: str, path: str, status: int, request: bytes, answer: bytes) -> None:
+    def add(
+        self, model: str, method: str, path: str, status: int, request: bytes, answer: bytes, answered: int = 0
+    ) -> None:
+        """`answer`: the answer's first bytes as kept; `answered`: how many the client got in all (a streamed answer
+        is kept only as far as the limit, and its capture must still say it was cut)."""
         if not self.on:
             return
         self.entries.append(
@@ -29,7 +33,7 @@ class Captures:
                 "path": path,
                 "status": status,
                 **_body("request", request, self.limit),
-                **_body("answer", answer, self.limit),
+                **_body("answer", answer, self.limit, max(answered, len(answer))),
             }
         )
 
@@ -37,5 +41,6 @@ class Captures:
         return {"enabled": self.on, "keep": self.keep, "bytes": self.limit, "entries": list(self.entries)}
 
 
-def _body(name: str, data: bytes, limit: int) -> dict[str, Any]:
-    return {name: data[:limit].decode(errors="replace"), f"{name}_bytes": len(data), f"{name}_cut": len(data) > limit}
+def _body(name: str, data: bytes, limit: int, size: int | None = None) -> dict[str, Any]:
+    whole = len(data) if size is None else size
+    return {name: data[:limit].decode(errors="replace"), f"{name}_bytes": whole, f"{name}_cut": whole > limit}

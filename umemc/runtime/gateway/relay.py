@@ -226,9 +226,11 @@ class Seen:
     begun: web.StreamResponse | None = None  # the event stream its wait's progress began (the answer goes on in it)
     head: bytes = b""  # the answer's first bytes, for gateway.capture
     head_limit: int = 0
+    sent: int = 0  # every byte of the answer the client got, kept or not (a capture says whether it was cut)
 
     def keep(self, data: bytes) -> None:
         """The answer as the client gets it, its first head_limit bytes (gateway.capture; 0: nothing kept)."""
+        self.sent += len(data)
         room = self.head_limit - len(self.head)
         if room > 0:
             self.head += data[:room]
@@ -289,7 +291,7 @@ async def forward(
     finally:
         _account(app, request, m, code, time.monotonic() - t0, seen)
         if captures.on:
-            captures.add(m.name, call.method, call.path, code, call.body, bytes(seen.head))
+            captures.add(m.name, call.method, call.path, code, call.body, bytes(seen.head), seen.sent)
 
 
 def _account(app: web.Application, request: web.Request, m: Model, code: int, latency: float, seen: Seen) -> None:
