@@ -159,10 +159,11 @@ def _read_bounded(path: Path) -> bytes | None:
         return None
     except OSError as exc:
         raise ContractError(f"{path}: cannot read: {exc.strerror}") from None
+    kind = _special(os.fstat(fd).st_mode)  # before fdopen, which refuses a directory with an error of its own
+    if kind is not None:
+        os.close(fd)
+        raise ContractError(f"{path}: {kind}, not a file: a calibration file is plain JSON umemc wrote")
     with os.fdopen(fd, "rb") as f:
-        kind = _special(os.fstat(fd).st_mode)
-        if kind is not None:
-            raise ContractError(f"{path}: {kind}, not a file: a calibration file is plain JSON umemc wrote")
         data = f.read(MAX_FILE_BYTES + 1)
     if len(data) > MAX_FILE_BYTES:
         raise ContractError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB: not a calibration file umemc wrote")

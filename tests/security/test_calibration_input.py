@@ -107,14 +107,16 @@ def test_a_file_larger_than_any_umemc_writes_is_not_read_whole(tmp_path: Path, r
     )
 
 
-@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory"])
 def test_a_special_file_in_its_place_is_refused_without_waiting(tmp_path: Path, kind: str) -> None:
     """As its own process, bounded in time: a FIFO without a writer would block a reader forever, /dev/zero
-    would be read until memory ran out."""
+    would be read until memory ran out, a directory was an internal error."""
     path = stack(tmp_path)
     cal = path.with_name("stack.calibration.json")
     if kind == "fifo":
         os.mkfifo(cal)
+    elif kind == "directory":
+        cal.mkdir()
     else:
         cal.symlink_to("/dev/zero")
     for command in ("check", "build"):
@@ -122,7 +124,7 @@ def test_a_special_file_in_its_place_is_refused_without_waiting(tmp_path: Path, 
         done = subprocess.run(
             [sys.executable, "-m", "umemc", command, str(path), *out], capture_output=True, text=True, timeout=60
         )
-        what = "a FIFO" if kind == "fifo" else "a character device"
+        what = {"fifo": "a FIFO", "dev-zero": "a character device", "directory": "a directory"}[kind]
         assert (done.returncode, done.stdout, done.stderr) == (
             2,
             "",
