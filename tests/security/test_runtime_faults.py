@@ -270,6 +270,23 @@ def test_the_standby_enforces_the_moment_the_enforcer_is_killed(stack) -> None:
     assert alive(restarted)
 
 
+@needs_cgroups
+def test_with_both_enforcers_killed_the_kernel_still_holds_the_hard_quota(stack) -> None:
+    """The enforcer and its standby SIGKILLed together, before the leaker grows: nothing of umemc's userspace
+    enforces until supervisord has restarted them, and the worker's own cgroup (its limit set by the exec wrapper
+    at its start) holds the hard quota all the same: the kernel kills it at the limit, never past it."""
+    r = stack(head("both", "max_kills = 100") + worker("leak", LEAK, 200, 2, 400, 10, memory="100MiB"))
+    r.wait_for(lambda: r.events("enforcer_start"), what="the enforcer's start")
+    for name in ("umemc-enforcer", "umemc-enforcer-standby"):
+        os.kill(record(r.run_dir, name), signal.SIGKILL)
+    kill = r.wait_for(lambda: r.events("hard_limit_kill", "leak"), timeout=60, what="the leaker killed")
+    assert kill[0]["detail"]["by"] == "kernel"
+    # what the leaker wrote of its private memory (RssAnon, what its cgroup is charged for) after each step
+    grew = [int(x.split()[3]) for x in r.log_lines("leak") if x.startswith("rss ")]
+    hard = 110 * 2**20  # 100 MiB x (1 + quota_headroom 0.1)
+    assert grew and max(grew) <= hard
+
+
 def test_unusable_event_log_degrades_to_stderr_and_enforcement_goes_on(stack, tmp_path: Path, run_cli, capsys) -> None:
     events = tmp_path / "run" / "state" / "events.db"
     events.mkdir(parents=True)  # not a database and never one: SQLite cannot open it
