@@ -143,12 +143,17 @@ def test_a_hub_that_trickles_is_given_up_saying_which_bound(
     from umemc.hub import download, remote
 
     monkeypatch.setattr(remote, "HEADER_DEADLINE_S", 1.0)
+    monkeypatch.setattr(remote, "SLOW_NOTE_S", 0.3)
     monkeypatch.setattr(download, "RATE_AFTER_S", 1.0)
     hub.add(REPO, FILE, tiny)
     hub.trickle = 0.05
     code, _, err = run_cli("check", str(stack(tmp_path)))
     assert code == 2
     assert said(err).endswith(" bytes in 1 s: too slow, gave up (a header's whole read is bounded)")
+    # while it waited it said so, once: what it reads, from where, how far it got and when it gives up
+    notes = [x for x in err.splitlines() if x.startswith("umemc: reading ")]
+    assert len(notes) == 1 and notes[0].startswith(f"umemc: reading {FILE}'s header from 127.0.0.1:")
+    assert notes[0].endswith(" bytes in 0.3 s; giving up at 1 s")
     fallback = stack(tmp_path)  # sized by a preset while the Hub cannot say: the download itself trickles
     fallback.write_text(fallback.read_text() + 'arch = "llama-3-8b"\n')
     code, _, err = run_cli("pull", str(fallback), "--quiet")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -38,6 +39,7 @@ FIRST_READ = HEAD_BYTES  # the identity umemc records of a file is the sha256 of
 MAX_HEADER = 64 * 1024 * 1024
 TIMEOUT_S = 20.0  # each read
 HEADER_DEADLINE_S = 120.0  # the whole read of a header, however the bytes trickle in
+SLOW_NOTE_S = 10.0  # a header read still under way after this long is said, once, with the bound it runs to
 COMMIT = re.compile(r"[0-9a-f]{40}")  # a git commit id, as the Hub names one (X-Repo-Commit): it becomes a directory
 MAX_PART_BYTES = 1 << 42  # 4 TiB: above any one file the Hub stores (its LFS files are at most 50 GB)
 
@@ -165,7 +167,8 @@ def read_prefix(part: RemotePart, n: int) -> bytes:
     headers["Range"] = f"bytes=0-{n - 1}"
     headers["Accept-Encoding"] = "identity"
     out = bytearray()
-    deadline = time.monotonic() + HEADER_DEADLINE_S
+    began = time.monotonic()
+    deadline, noted = began + HEADER_DEADLINE_S, False
     try:
         with get_session().stream(
             "GET", part.location, headers=headers, timeout=TIMEOUT_S, follow_redirects=True
@@ -176,6 +179,14 @@ def read_prefix(part: RemotePart, n: int) -> bytes:
                 out += chunk
                 if len(out) >= n:
                     break
+                if not noted and time.monotonic() - began > SLOW_NOTE_S:  # never a wait with nothing said
+                    noted = True
+                    print(
+                        f"umemc: reading {part.path}'s header from {urlparse(part.location).netloc} is slow: "
+                        f"{len(out)} of {n} bytes in {SLOW_NOTE_S:g} s; giving up at {HEADER_DEADLINE_S:g} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 if time.monotonic() > deadline:
                     raise HubFailure(
                         f"{part.path}: {len(out)} of the header's {n} bytes in {HEADER_DEADLINE_S:g} s: too slow, "
