@@ -158,3 +158,27 @@ def test_a_hub_that_trickles_is_given_up_saying_which_bound(
     fallback.write_text(fallback.read_text() + 'arch = "llama-3-8b"\n')
     code, _, err = run_cli("pull", str(fallback), "--quiet")
     assert code == 1 and err.endswith(" KiB/s: too slow, gave up; `umemc pull` again continues from there\n"), err
+
+
+def test_a_disk_that_fills_under_a_download_fails_it_saying_so() -> None:
+    """A write refused for room (ENOSPC: /dev/full refuses every write with it) ends the download with what to do,
+    never as a dropped connection asked again, never as success."""
+    import hashlib
+
+    from umemc.hub.download import _Download
+    from umemc.hub.ref import HubFailure
+
+    class Bar:
+        total = 10
+
+        def update(self, n: int) -> None:
+            pass
+
+    with open("/dev/full", "r+b", buffering=0) as f:
+        d = _Download(f, hashlib.sha256(), Bar(), 0, 10)
+        with pytest.raises(HubFailure) as got:
+            d.write(b"0123456789")
+    assert str(got.value) == (
+        "cannot write the download to /dev/full (No space left on device) at 0 of 10 bytes: free room there, then "
+        "`umemc pull` again continues from what was written"
+    )

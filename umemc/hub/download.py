@@ -124,7 +124,10 @@ class _Download:
     def write(self, chunk: bytes) -> bool:
         """Write what fits the announced size; False once it is reached (more is not read)."""
         chunk = chunk[: self.size - self.have]
-        self.f.write(chunk)
+        try:
+            self.f.write(chunk)
+        except OSError as exc:  # a full disk is no dropped connection: asking again would not help
+            raise HubFailure(_unwritable(self.f, self.have, self.size, exc)) from None
         self.h.update(chunk)
         self.bar.update(len(chunk))
         self.have += len(chunk)
@@ -161,11 +164,21 @@ def _fetch(part: RemotePart, partial: Path, *, progress: bool) -> tuple[int, str
                         f"{name}: the download stopped at {d.have} of {part.size} bytes ({exc}); "
                         "`umemc pull` again continues from there"
                     ) from None
-        f.flush()
-        os.fsync(f.fileno())
+        try:
+            f.flush()
+            os.fsync(f.fileno())
+        except OSError as exc:
+            raise HubFailure(_unwritable(f, d.have, part.size, exc)) from None
     if d.have != part.size:
         raise HubFailure(f"{name}: the Hub sent {d.have} of {part.size} bytes; `umemc pull` again continues from there")
     return d.fetched, d.h.hexdigest()
+
+
+def _unwritable(f: Any, have: int, size: int, exc: OSError) -> str:
+    return (
+        f"cannot write the download to {getattr(f, 'name', '?')} ({exc.strerror or exc}) at {have} of {size} bytes: "
+        "free room there, then `umemc pull` again continues from what was written"
+    )
 
 
 MIN_RATE = 32 * 1024  # bytes/s, averaged once a download has run RATE_AFTER_S: slower is a Hub that trickles
