@@ -229,3 +229,38 @@ def test_a_carve_out_the_plan_does_not_count_is_found(tmp_path: Path) -> None:
             True,
         )
     ]
+
+
+def test_the_checkouts_own_llama_server_is_named_where_path_does_not_reach_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README users run .venv/bin/umemc with only the venv on PATH: the llama-server `dev.py setup-llama-server`
+    built beside it (VENV/llama-server/bin) is named in the fix, not an install from llama.cpp's releases."""
+    from umemc.testing.tinygguf import TinySpec, write_tiny_gguf
+
+    prefix = tmp_path / "venv"
+    built = prefix / "llama-server" / "bin" / "llama-server"
+    built.parent.mkdir(parents=True)
+    built.write_text("#!/bin/sh\n")
+    built.chmod(0o755)
+    monkeypatch.setattr(sys, "prefix", str(prefix))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    write_tiny_gguf(tmp_path / "m.gguf", TinySpec(n_layer=2))
+    (tmp_path / "s.toml").write_text(
+        'version = 1\nname = "own"\n[platform]\nkind = "cpu"\nmemory = "8GiB"\n[models.chat]\n'
+        'runtime = "llama-server"\nmodel = "m.gguf"\n'
+    )
+    bundle = tmp_path / "bundle"
+    build(make_plan(load_stack(tmp_path / "s.toml")), bundle)
+    pf = Preflight(bundle, read(PlanDoc, bundle / "plan.json"))
+    pf._files_and_executables()
+    assert [(f.check, f.message, f.fix) for f in pf.findings] == [
+        (
+            "executables",
+            "models.chat: llama-server not found",
+            (
+                f'export PATH="{built.parent}:$PATH"   # the llama-server `python3 dev.py setup-llama-server` built',
+                f'or set bin = "{built}" in models.chat',
+            ),
+        )
+    ]

@@ -12,6 +12,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+import sys
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -393,7 +394,14 @@ class Preflight:
                 failing.setdefault((m.runtime, problem), []).append(name)
         for (runtime, problem), names in failing.items():
             models = ", ".join(f"models.{n}" for n in names)
-            self._failed("executables", f"{models}: {problem}", (INSTALL.get(runtime, f"install {runtime}"),))
+            built = own_build(runtime) if problem.endswith(" not found") else None
+            fix: tuple[str, ...] = (INSTALL.get(runtime, f"install {runtime}"),)
+            if built is not None:  # the checkout's own build, which PATH does not reach
+                fix = (
+                    f'export PATH="{built.parent}:$PATH"   # the {runtime} `python3 dev.py setup-llama-server` built',
+                    f'or set bin = "{built}" in {models}',
+                )
+            self._failed("executables", f"{models}: {problem}", fix)
 
     def _download(self, m: ModelDoc, key: str) -> tuple[str, ...]:
         if ("hf" if key == "model" else "mmproj_hf") in m.hub_files and self.plan.stack_file:
@@ -538,6 +546,15 @@ def apu_carveout(root: Path) -> int | None:
 
     cards = amd_apu_cards(root)
     return cards[0][1] if cards else None
+
+
+def own_build(runtime: str) -> Path | None:
+    """The llama-server a checkout's `python3 dev.py setup-llama-server` built beside umemc's own environment
+    (VENV/llama-server/bin), where there is one: a README user's PATH has only the venv's bin."""
+    if runtime != "llama-server":
+        return None
+    built = Path(sys.prefix) / "llama-server" / "bin" / "llama-server"
+    return built if built.is_file() and os.access(built, os.X_OK) else None
 
 
 # how to get each runtime (the first line of its fix)
