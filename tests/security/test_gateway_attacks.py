@@ -71,7 +71,8 @@ def test_csrf_simple_requests_and_cross_origin_refused(gw: Gateway) -> None:
         403,
         err("cross-origin request from 'http://evil.example' refused", "cross_origin", "permission_error"),
     )
-    assert gw.call("POST", "/umemc/leases", lease, {"Content-Type": "text/plain"})[::2] == (
+    page = {"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "navigate"}  # a form, as every browser sends one
+    assert gw.call("POST", "/umemc/leases", lease, {"Content-Type": "text/plain", **page})[::2] == (
         415,
         err("Content-Type 'text/plain' is not accepted here: send application/json", "unsupported_media_type"),
     )
@@ -81,7 +82,7 @@ def test_csrf_simple_requests_and_cross_origin_refused(gw: Gateway) -> None:
         err("cross-site request refused (Sec-Fetch-Site: cross-site)", "cross_origin", "permission_error"),
     )
     assert gw.call("POST", "/umemc/leases", lease, {"Origin": "null"})[0] == 403  # sandboxed iframes
-    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    form = {"Content-Type": "application/x-www-form-urlencoded", **page}
     assert gw.call("POST", "/v1/completions", b"model=a&prompt=hi", form)[::2] == (
         415,
         err(
@@ -90,8 +91,18 @@ def test_csrf_simple_requests_and_cross_origin_refused(gw: Gateway) -> None:
             "unsupported_media_type",
         ),
     )
-    assert gw.call("DELETE", "/umemc/leases/l-x", b"x", {"Content-Type": "text/plain"})[0] == 415
+    assert gw.call("DELETE", "/umemc/leases/l-x", b"x", {"Content-Type": "text/plain", **page})[0] == 415
     hot_workers_untouched(gw)
+    # no browser sent these (no Origin, no Sec-Fetch-*): curl -d's JSON, labelled as a form, is read as JSON
+    curl = {"Content-Type": "application/x-www-form-urlencoded"}
+    status, _, done = gw.call("POST", "/v1/completions", {"model": "a", "prompt": "hi", "max_tokens": 2}, curl)
+    assert (status, done["model"]) == (200, "a")
+    assert gw.call("POST", "/v1/completions", b"model=a&prompt=hi", curl)[::2] == (
+        400,
+        err("request body is not JSON", "invalid_json"),
+    )
+    assert gw.call("POST", "/models/load", {"model": "a"}, curl)[0] == 200  # the router's load, as its docs post it
+    assert gw.call("POST", "/umemc/leases", lease, curl)[0] == 415  # umemc's own API: JSON that says so, always
     same_origin = {"Origin": f"http://127.0.0.1:{gw.port}", "Sec-Fetch-Site": "same-origin"}
     status, _, granted = gw.call("POST", "/umemc/leases", {"holder": "ok", "bytes": "1MiB"}, same_origin)
     assert (status, granted["evicted"]) == (201, [])

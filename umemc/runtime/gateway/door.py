@@ -91,7 +91,8 @@ def _browser_refusal(request: web.Request, hosts: frozenset[str] | None) -> web.
     site = request.headers.get("Sec-Fetch-Site")
     if site is not None and site not in ("same-origin", "none"):
         return error(403, f"cross-site request refused (Sec-Fetch-Site: {site})", "cross_origin")
-    if request.method in MUTATING and request.body_exists and not _accepted_type(request):
+    strict = _from_browser(request) or not _typeless_allowed(request.path)  # umemc's own API: JSON that says so
+    if request.method in MUTATING and request.body_exists and strict and not _accepted_type(request):
         return error(
             415,
             f"Content-Type {request.content_type!r} is not accepted here: send application/json"
@@ -99,6 +100,19 @@ def _browser_refusal(request: web.Request, hosts: frozenset[str] | None) -> web.
             "unsupported_media_type",
         )
     return None
+
+
+BROWSER_HEADERS = ("Origin", "Sec-Fetch-Site", "Sec-Fetch-Mode", "Sec-Fetch-Dest")
+
+
+def _from_browser(request: web.Request) -> bool:
+    """Whether a browser may have sent it: every browser a page runs in sends Origin with a cross-origin POST and
+    the Sec-Fetch-* headers with every request. One without any is no page's form (curl -d, llama.cpp's and
+    llama-swap's examples post JSON as application/x-www-form-urlencoded): on the routes clients post to (OpenAI's,
+    Ollama's, the router's) its body is read as JSON whatever its Content-Type. A browser's request must say JSON:
+    a form cannot; umemc's own API (it grants memory and evicts) always wants JSON that says so."""
+    headers = request.headers
+    return any(h in headers for h in BROWSER_HEADERS)
 
 
 def _multipart_allowed(path: str) -> bool:
