@@ -184,8 +184,21 @@ def test_internal_error_exit_3_with_log(tmp_path: Path, run_cli, monkeypatch: py
     prefix = "umemc: internal error (a bug in umemc); traceback written to "
     assert err.startswith(prefix)
     log = Path(err[len(prefix) :].strip())
-    assert "RuntimeError: boom" in log.read_text()
+    text = log.read_text()
     log.unlink()
+    import platform
+
+    from umemc.cli import umemc_version
+
+    lines = text.splitlines()
+    assert lines[:5] == [
+        "### umemc crashed: please attach this file to a bug report",
+        f"umemc:   {umemc_version()}",
+        f"python:  {sys.version.splitlines()[0]} ({sys.executable})",
+        f"platform: {platform.platform()} ({platform.machine()})",
+        "command: umemc check stack.toml",
+    ]
+    assert lines[6] == "Traceback (most recent call last):" and lines[-1] == "RuntimeError: boom"
 
 
 def test_interrupt_exit_130(tmp_path: Path, run_cli, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -47,11 +47,11 @@ class _VersionAction(argparse.Action):
     """--version, resolved only when asked (importlib.metadata costs ~30 ms on every run otherwise)."""
 
     def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
-        print(f"umemc {_version()}")
+        print(f"umemc {umemc_version()}")
         parser.exit()
 
 
-def _version() -> str:
+def umemc_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except Exception:  # noqa: BLE001 - the contract: an unexpected error is exit 3 with the traceback in a file
-        return _crash()
+        return _crash(sys.argv if argv is None else ["umemc", *argv])
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -107,11 +107,24 @@ def _parse_as_process(argv: Sequence[str]) -> argparse.Namespace:
         gc.enable()
 
 
-def _crash() -> int:
+def _crash(argv: Sequence[str]) -> int:
+    """The traceback into a file a user can attach to a bug report as it is: umemc's version, Python's, the platform
+    and the command line above it (pre-commit's error handler does the same). No environment: it may hold secrets."""
+    import platform
+    import shlex
     import tempfile  # here: a crash is rare, and every command's start would pay for these imports
     import traceback
 
+    from .chars import shown
+
     with tempfile.NamedTemporaryFile("w", prefix="umemc-crash-", suffix=".log", delete=False) as f:
+        f.write(
+            "### umemc crashed: please attach this file to a bug report\n"
+            f"umemc:   {umemc_version()}\n"
+            f"python:  {shown(sys.version.splitlines()[0])} ({sys.executable})\n"
+            f"platform: {platform.platform()} ({platform.machine()})\n"
+            f"command: {shown(shlex.join(argv))}\n\n"
+        )
         traceback.print_exc(file=f)
         path = f.name
     print(f"umemc: internal error (a bug in umemc); traceback written to {path}", file=sys.stderr)

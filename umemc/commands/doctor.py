@@ -46,20 +46,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _capture(out: Path) -> int:
-    from importlib.metadata import PackageNotFoundError, version
-
+    from ..cli import umemc_version
     from ..runtime.probes.capture import capture
-
-    try:
-        __version__ = version("umemc")
-    except PackageNotFoundError:  # pragma: no cover - run from a checkout without installing
-        __version__ = "unknown"
 
     if not out.name.endswith((".tar.gz", ".tgz")):
         raise UsageError(f"--capture {out}: name a .tar.gz file")
     if not out.parent.is_dir():
         raise UsageError(f"--capture {out}: no directory {out.parent}")
-    about = capture(out, __version__)
+    about = capture(out, umemc_version())
     programs = ", ".join(about["programs"]) if isinstance(about["programs"], dict) else ""
     files = about["files"]
     count = len(files) if isinstance(files, list) else 0
