@@ -56,7 +56,7 @@ class Gateway:
     def call(
         self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None, timeout: float = 60
     ) -> tuple[int, dict[str, str], Any]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=patience(timeout))  # a bound: it scales
         data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
         conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
         resp = conn.getresponse()
@@ -165,7 +165,7 @@ def test_unknown_or_missing_model_is_a_clear_error(routing: Gateway) -> None:
 
 
 def test_streaming_passes_through_unbuffered(routing: Gateway) -> None:
-    conn = http.client.HTTPConnection("127.0.0.1", routing.port, timeout=30)
+    conn = http.client.HTTPConnection("127.0.0.1", routing.port, timeout=patience(30))
     t0 = time.monotonic()
     conn.request(
         "POST", "/v1/chat/completions", json.dumps({"model": "chat", "stream": True, "chunks": 5, "delay": 0.3})
@@ -185,7 +185,7 @@ def test_streaming_passes_through_unbuffered(routing: Gateway) -> None:
 
 
 def test_client_disconnect_cancels_the_upstream_request(routing: Gateway) -> None:
-    conn = http.client.HTTPConnection("127.0.0.1", routing.port, timeout=30)
+    conn = http.client.HTTPConnection("127.0.0.1", routing.port, timeout=patience(30))
     conn.request(
         "POST", "/v1/chat/completions", json.dumps({"model": "chat", "stream": True, "chunks": 20, "delay": 0.2})
     )
@@ -263,7 +263,7 @@ def test_models_say_what_they_serve_and_the_access_log_each_request(routing: Gat
         return last(1)[0]
 
     def stream(**extra: Any) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", routing.port, timeout=30)
+        conn = http.client.HTTPConnection("127.0.0.1", routing.port, timeout=patience(30))
         conn.request("POST", "/v1/chat/completions", json.dumps({"model": "chat", "stream": True, **extra}))
         assert conn.getresponse().read().endswith(b"data: [DONE]\n\n")
         conn.close()
@@ -305,7 +305,7 @@ def test_eviction_order_is_priority_then_lru_and_drains_requests_in_flight(stack
     t0 = time.monotonic()
     assert gw.complete("l2")[0] == 200
     assert time.monotonic() - t0 > 1.0  # it waited for the drain
-    status, _, body = slow.result(timeout=30)
+    status, _, body = slow.result(timeout=patience(30))
     assert (status, body["model"]) == (200, "l1")  # never cut off
     assert [(m, d["for_model"]) for m, _, d in gw.kinds("evict")] == [("l2", "h"), ("l1", "l2")]
     states = {n: m["state"] for n, m in gw.status()["models"].items()}
@@ -329,7 +329,7 @@ def test_drain_timeout_abandons_the_eviction_never_the_request(stack: Any) -> No
         "type": "server_error",
         "code": "insufficient_memory",
     }
-    assert slow.result(timeout=30)[0] == 200
+    assert slow.result(timeout=patience(30))[0] == 200
     assert [(m, k) for m, k, _ in gw.kinds("drain_timeout", "evict")] == [("other", "drain_timeout")]
 
 
@@ -369,7 +369,8 @@ def test_queue_bound_429_and_queue_timeout_503(stack: Any, capsys: Any) -> None:
         "type": "rate_limit_error",
         "code": "queue_full",
     }
-    assert first.result(timeout=10)[0] == 200 and second.result(timeout=10)[0] == 200  # the queue is FIFO
+    assert first.result(timeout=patience(10))[0] == 200  # the queue is FIFO
+    assert second.result(timeout=patience(10))[0] == 200
     blocker = later(gw.complete, "q", delay=3.0)
     gw.run.wait_for(lambda: gw.status()["models"]["q"]["in_flight"] == 1, what="one in flight")
     status, headers, body = gw.complete("q")
@@ -379,7 +380,7 @@ def test_queue_bound_429_and_queue_timeout_503(stack: Any, capsys: Any) -> None:
         "type": "server_error",
         "code": "queue_timeout",
     }
-    assert blocker.result(timeout=10)[0] == 200
+    assert blocker.result(timeout=patience(10))[0] == 200
 
 
 def test_ttl_unloads_an_idle_cold_model(stack: Any) -> None:
@@ -397,9 +398,9 @@ def test_interleaved_abcabc_starts_each_model_once(stack: Any) -> None:
     # All six are sent at once, each generating for a while: the batching is of what is queued when a model's turn
     # comes, and a request for a model that arrives once it drains for another waits for its next start (a
     # second one). Sent 20 ms apart, a loaded machine delayed the second "a" past a's start and b's drain of it.
-    generation = patience(1.0)
-    futures = [later(gw.complete, name, delay=generation) for name in "abcabc"]
-    assert [f.result(timeout=60)[2]["model"] for f in futures] == list("abcabc")
+    # The generation is work, the same on any machine; only the bounds of the waits scale with patience.
+    futures = [later(gw.complete, name, delay=1.0) for name in "abcabc"]
+    assert [f.result(timeout=patience(60))[2]["model"] for f in futures] == list("abcabc")
     starts = [m for m, _, _ in gw.kinds("cold_start")]
     assert sorted(starts) == ["a", "b", "c"]
 
@@ -639,7 +640,7 @@ def test_pressure_guard_waits_for_a_worker_with_requests_in_flight(stack: Any) -
     assert gw.complete("mid")[0] == 200  # pressure goes from ~0.52 to ~0.78
     deferred = gw.run.wait_for(lambda: gw.run.events("evict_deferred"), timeout=10, what="a deferred eviction")
     assert deferred[0]["model"] == "low" and not gw.run.events("evict")
-    status, _, body = slow.result(timeout=30)
+    status, _, body = slow.result(timeout=patience(30))
     assert (status, body["model"]) == (200, "low")  # never cut off
     evicted = gw.run.wait_for(lambda: gw.run.events("evict"), timeout=10, what="the eviction")
     assert [e["model"] for e in evicted] == ["low"]  # then evicted: still the lowest priority
@@ -683,7 +684,7 @@ def test_a_request_for_a_worker_supervisord_is_restarting_waits_for_it(stack: An
         pid = gw.run.status()["c"]["pid"]
         os.kill(pid, signal.SIGKILL)
         futures = [later(gw.complete, "c") for _ in range(3)]
-        got = [f.result(timeout=60) for f in futures]
+        got = [f.result(timeout=patience(60)) for f in futures]
         assert [g[0] for g in got] == [200, 200, 200], [g[2] for g in got]
         assert gw.run.status()["c"]["pid"] != pid
     assert gw.kinds("cold_start_failed") == []
@@ -828,7 +829,7 @@ def test_max_generating_caps_generations_across_models_by_priority_then_fifo(sta
         what="gateway.json with the generation budget",
     )
     assert ", generating 1 of 1 (2 waiting)" in str(table(collect(str(gw.run.run_dir))).title)
-    assert [f.result(timeout=30) for f in (long, b, a)] == [200, 200, 200]
+    assert [f.result(timeout=patience(30)) for f in (long, b, a)] == [200, 200, 200]
     assert done["c"] < done["a"] < done["b"]  # priority first, not arrival
     metrics = {
         (s.name, tuple(sorted(s.labels.items()))): s.value

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import patience
 from tests.runtime.test_gateway import Gateway, later, model, stack_text
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -188,7 +189,7 @@ def test_start_stop_and_evict_from_the_page(stack: Any, monkeypatch: pytest.Monk
     assert doc["error"]["message"] == "model c has 1 request(s) in flight and 0 queued: stop drains them first"
     status, _, doc = gw.call("POST", "/umemc/models/c/stop", {}, bearer)  # waits for the request, then stops
     assert (status, doc["said"], doc["status"]) == (200, "stopped c", "cold")
-    assert slow.result(timeout=30)[0] == 200  # served to the end
+    assert slow.result(timeout=patience(30))[0] == 200  # served to the end
     status, _, doc = gw.call("POST", "/umemc/models/w/evict", {}, bearer)
     assert (status, doc["status"]) == (200, "stopped")  # a hot model stopped on request stays down
     kinds = [(m, k, d.get("action")) for m, k, d in gw.kinds("action", "unload")]
