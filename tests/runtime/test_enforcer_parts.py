@@ -73,6 +73,8 @@ def test_buffers_drift_is_reported_only_over_five_percent() -> None:
         ({"statename": "EXITED", "exitstatus": 3}, 42, {"exitstatus": None, "cause": RESTARTED}),
         ({"statename": "EXITED", "exitstatus": -1}, None, {"exitstatus": None, "cause": "killed by a signal"}),
         ({"statename": "STOPPED", "exitstatus": 0}, None, {"exitstatus": 0, "cause": "stopped"}),
+        # evicted, and it died of SIGTERM's default action (supervisord reads -1): a stop, never a restart
+        ({"statename": "STOPPED", "exitstatus": -1}, None, {"exitstatus": None, "cause": "stopped"}),
         ({"statename": "EXITED", "exitstatus": 3}, None, {"exitstatus": 3, "cause": "exited"}),
         ({"statename": "BACKOFF", "exitstatus": 0}, None, {"exitstatus": None, "cause": "unknown"}),
         ({"statename": "STOPPING", "exitstatus": 0}, None, {"exitstatus": None, "cause": "stopped"}),

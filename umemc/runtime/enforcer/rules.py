@@ -125,10 +125,11 @@ def exit_cause(info: dict[str, Any] | None, new_pid: int | None) -> dict[str, An
     if info is None or new_pid is not None or ProcState.of(info) not in ENDED:
         return {"exitstatus": None, "cause": "restarted before it was sampled" if new_pid else "unknown"}
     status = int(info.get("exitstatus") or 0)
+    if ProcState.of(info) is ProcState.STOPPED:  # a stop someone asked for, whatever signal ended it (a worker that
+        # dies of SIGTERM's default action reads -1): never a restart
+        return {"exitstatus": None if status == -1 else status, "cause": "stopped"}
     if status == -1:
         return {"exitstatus": None, "cause": "killed by a signal"}
-    if ProcState.of(info) is ProcState.STOPPED:
-        return {"exitstatus": status, "cause": "stopped"}
     return {"exitstatus": status, "cause": "exited"}
 
 
