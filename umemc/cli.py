@@ -69,10 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.run_dir is not None:
                 raise UsageError(f"umemc {args.command}: name a stack or give --run-dir, not both")
             args.run_dir = str(find(args.stack_name))
-        if getattr(args, "find_run_dir", False) and args.run_dir is None:
+        if getattr(args, "find_run_dir", None) and args.run_dir is None:
             from .commands.up import find_run_dir
 
-            args.run_dir = find_run_dir()
+            args.run_dir = find_run_dir(running=args.find_run_dir == "running")
         return int(args.func(args))
     except UmemcError as exc:
         print(exc, file=sys.stderr)

@@ -52,7 +52,7 @@ def _gateway(root: Path) -> tuple[int, str | None]:
 
     run_dir = RunDir(root)
     if not run_dir.plan.exists():
-        raise no_stack_in(root)
+        raise no_stack_in(root, "`umemc chat MODEL --stack NAME`")
     try:
         plan = read(PlanDoc, run_dir.plan)
     except ContractError as exc:

@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
 
     run_dir = RunDir(Path(args.run_dir).absolute())
     if not run_dir.state.exists():
-        raise no_stack_in(args.run_dir)
+        raise no_stack_in(args.run_dir, args.name_hint)
     files = run_dir.log_files(args.model)
     if not any(f.exists() for f in files):
         known = sorted({p.name.split(".")[0] for p in run_dir.logs.glob("*.log")} | {"supervisord"})

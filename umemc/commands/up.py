@@ -35,28 +35,34 @@ def add_run_dir(p: argparse.ArgumentParser, by_name: str | None = None) -> None:
         help=f"where the bundle and live state go (default: the nearest {DEFAULT_RUN_DIR} in this directory "
         "or a parent, else ./" + DEFAULT_RUN_DIR + ")",
     )
-    what = "a running stack by its name, from any directory (`umemc ps` lists them)"
+    what = (
+        "a running stack by its name or its stack file, from any directory (`umemc ps` lists them); where exactly "
+        "one stack runs, it may be left out"
+    )
     if by_name == "positional":
         p.add_argument("stack_name", nargs="?", metavar="STACK", help=what)
     elif by_name == "option":
         p.add_argument("--stack", dest="stack_name", metavar="NAME", help=what)
-    p.set_defaults(find_run_dir=True)
+    # a command about a running stack may take the one that runs; `up` starts one where it is asked to
+    hint = f"`{p.prog} MODEL --stack NAME`" if by_name == "option" else f"`{p.prog} NAME`"
+    p.set_defaults(find_run_dir="running" if by_name else "here", name_hint=hint)
 
 
-def no_stack_in(where: str | Path) -> UsageError:
-    """No stack runs from `where`: which do (by name), or how to start one."""
+def no_stack_in(where: str | Path, hint: str = "`umemc status NAME`") -> UsageError:
+    """No stack runs from `where`: which do (by name), and how this command names one; or how to start one."""
     from ..runtime.registry import known
 
     records, _ = known()
     if records:
         names = ", ".join(f"{r.name} ({r.run_dir})" for r in records)
-        return UsageError(f"no stack in {where}; running: {names}: name one (`umemc status NAME`)")
+        return UsageError(f"no stack in {where}; running: {names}: name one ({hint})")
     return UsageError(f"no stack in {where}, and none runs (`umemc up STACK` starts one)")
 
 
-def find_run_dir(start: Path | None = None) -> str:
+def find_run_dir(start: Path | None = None, *, running: bool = False) -> str:
     """Like git finds its repository: the nearest .umemc/run that holds a run, from the current
-    directory up; a new run goes into ./.umemc/run."""
+    directory up; a new run goes into ./.umemc/run. `running` (a command about a running stack): where none is
+    found that way and exactly one stack runs (`umemc ps`), that one's."""
     from ..runtime.rundir import RunDir
 
     here = (start or Path.cwd()).absolute()
@@ -64,6 +70,12 @@ def find_run_dir(start: Path | None = None) -> str:
         run = RunDir(d / DEFAULT_RUN_DIR)
         if run.bundle.is_dir() or run.state.is_dir():
             return str(run.root) if d != here else DEFAULT_RUN_DIR
+    if running:
+        from ..runtime.registry import known
+
+        records, _ = known()
+        if len(records) == 1:
+            return records[0].run_dir
     return DEFAULT_RUN_DIR
 
 

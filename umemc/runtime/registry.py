@@ -76,11 +76,17 @@ def known() -> tuple[list[RunRecord], list[str]]:
 
 
 def find(name: str) -> Path:
-    """The run dir of the stack recorded under `name`."""
+    """The run dir of the stack recorded under `name`, or started from the stack file `name` names."""
     records, _ = known()
     for record in records:
         if record.name == name:
             return Path(record.run_dir)
+    given = Path(name)
+    if given.suffix == ".toml" or os.sep in name:  # a stack file: the run started from it
+        target = given.resolve()
+        for record in records:
+            if record.stack_file is not None and Path(record.stack_file).resolve() == target:
+                return Path(record.run_dir)
     names = ", ".join(shown(r.name) for r in records) or "none"
     raise UsageError(f"no running stack named {name!r} (running: {names}; `umemc ps` lists them)")
 
