@@ -349,10 +349,19 @@ def preflight(console: Console, run_dir: RunDir, plan: PlanDoc, args: argparse.N
     findings = pf.run(running)
     skip = {*args.skip, *(["all"] if args.force else [])}
     blocking = pf.blocking(skip)
-    lines, refused = report(findings, blocking)
+    warnings = [f for f in findings if not f.ok and f not in blocking]
+    before = _said_before(run_dir)
+    again = [f for f in warnings if f"{f.check}: {f.message}" in before]  # said by the last up, unchanged
+    lines, refused = report([f for f in findings if f not in again], blocking)
     console.print("preflight:")
     for line in lines:
         console.print(line)
+    if again:
+        checks = ", ".join(sorted({f.check for f in again}))
+        console.print(
+            f"  [dim]{len(again)} warning(s) as the last `up` said them ({checks}): `umemc doctor` repeats them[/]"
+        )
+    _remember_said(run_dir, [f"{f.check}: {f.message}" for f in warnings])
     if refused:
         print(refused, file=sys.stderr)
         return False
@@ -360,6 +369,30 @@ def preflight(console: Console, run_dir: RunDir, plan: PlanDoc, args: argparse.N
     if skipped:
         console.print(f"[yellow]starting despite the preflight's {', '.join(skipped)} (--skip)[/]")
     return True
+
+
+def _said_before(run_dir: RunDir) -> set[str]:
+    """The warnings the last `up` of this run printed (none where unknown: then each is said)."""
+    import json
+
+    from ..records import read_file
+
+    try:
+        said = json.loads(read_file(run_dir.warned, 1 << 20))
+    except (OSError, ValueError, RecursionError):
+        return set()
+    return {s for s in said if isinstance(s, str)} if isinstance(said, list) else set()
+
+
+def _remember_said(run_dir: RunDir, said: list[str]) -> None:
+    import json
+
+    from ..records import write_atomic
+
+    try:
+        write_atomic(run_dir.warned, json.dumps(sorted(said)) + "\n")
+    except OSError:
+        pass  # a state dir that takes no write: every warning is said again next time, nothing worse
 
 
 def wait(console: Console, stack: Stack, hot: list[str], timeout: float) -> None:

@@ -191,6 +191,8 @@ class Preflight:
     def _memory(self, running: Collection[str]) -> None:
         assert self.box is not None
         need = sum(m.quota_hard_bytes for n, m in self.plan.models.items() if m.mode == "hot" and n not in running)
+        if not need:  # no hot worker to start (they run already, or the stack has none): nothing to cover
+            return
         available, name = self.box.available() or 0, self.box.available_name
         if available >= need:
             self._passed("memory", f"{name} {gib(available)} GiB covers the hot set's hard quotas ({gib(need)} GiB)")
@@ -455,6 +457,8 @@ class Preflight:
         gw = self.plan.gateway
         if gw and GATEWAY not in running:
             ports[gw.port] = "gateway"
+        if not ports:  # every port is its running program's (a reconcile): nothing to say
+            return
         busy = [f"{owner}: port {port} is in use" for port, owner in sorted(ports.items()) if not port_free(port)]
         if busy:
             self._failed("ports", "; ".join(busy), ("stop what listens there (ss -ltnp), or change the port",))

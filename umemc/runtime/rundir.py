@@ -64,6 +64,11 @@ class RunDir(NamedTuple):
         return self.state_dir or self.root / "state"
 
     @property
+    def warned(self) -> Path:
+        """The warnings the last `up` printed (preflight's advisories): said again only once they change."""
+        return self.state / "preflight-warned.json"
+
+    @property
     def up_lock(self) -> Path:
         """Held (flock) by the `umemc up` bringing this run up, from its first step: `down` finds it there."""
         return self.root / "up.lock"
