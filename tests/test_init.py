@@ -186,6 +186,8 @@ def test_init_scaffolds_the_models_it_finds(tmp_path: Path, run_cli, monkeypatch
     assert f'model = "models/split/Parted-00001-of-00004.gguf"  # {human(parted)} of weights: llama, F16' in text
     assert f'hf = "acme/Remote-GGUF/remote-F16.gguf"  # {human(weights(hosted))} of weights: llama, F16' in text
     assert text.count('mode = "hot"') == 1 and '[models.big-chat-q8_0]\nruntime = "llama-server"' in text
+    # the cold ones go away when idle, as a model Ollama loaded for a request does
+    assert text.count('mode = "cold"') == text.count('ttl = "5m"') == 3
     # the Hub is gone: init recorded the header in the lock, so check sizes the remote model without it
     code, out, err = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
     assert code == 0, err

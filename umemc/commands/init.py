@@ -45,6 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
+COLD_TTL = "5m"  # Ollama's default keep_alive: what its users expect of a model started on demand
+
+
 def preset_for(m: Machine) -> str | None:
     """The preset of this kind for a machine of this memory (MemTotal is a little less than the installed RAM: the
     kernel keeps some; a preset of what the OS sees matches within 1%). None for a machine with a carve-out (the
@@ -215,6 +218,8 @@ class Found:
             f"priority = {80 if self.hot else 40 if self.family == 'embedding' else 50}",
             f'mode = "{"hot" if self.hot else "cold"}"' + ("" if self.hot else "  # started on its first request"),
         ]
+        if not self.hot:  # as Ollama does with a model it loaded for a request
+            lines.append(f'ttl = "{COLD_TTL}"  # stopped after {COLD_TTL} idle; remove it to keep it until evicted')
         return "\n" + "\n".join(lines) + "\n"
 
 
