@@ -25,6 +25,9 @@ RUN_MARK = "UMEMC_RUN"
 # imports no pathlib, joins them itself): `pid starttime` and `version path pid` of each program; and the gates
 # the gateway leaves a cold start at while the models it evicts are stopping (RunDir.gate)
 PIDS_DIR, CGROUPS_DIR, GATES_DIR = "pids", "cgroups", "gates"
+# in the state dir: the variables the exec wrapper removes from every program but the gateway (the gateway token's
+# name), written by `umemc up`; read at each start, so a new token_env changes no worker's command
+SECRETS_DIR, UNSET_FILE = "secrets", "unset-env"
 PLAN_FILE = "plan.json"  # in a bundle: what the runtime reads
 SUPERVISOR_CONFIG = "supervisord.conf"  # in a bundle: supervisord's configuration
 # The control socket is not in the rendered text: supervisord (and supervisorctl) expand it from the

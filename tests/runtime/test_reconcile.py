@@ -85,6 +85,21 @@ def test_up_again_after_setting_the_missing_token(stack: Any, monkeypatch: pytes
     assert gw.call("GET", "/v1/models", headers={"Authorization": "Bearer late-token"})[0] == 200
 
 
+def test_a_gateway_only_change_restarts_no_worker(stack: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adding token_env (and its token) and `up` again: the gateway takes the token, the hot worker keeps its
+    process (its command never names the token: the wrapper reads the name from the run's state)."""
+    r = stack(stack_text("rc-gwonly", model("w", mode="hot"), slots=1), "--simulate")
+    before = r.status()["w"]["pid"]
+    monkeypatch.setenv("UMEMC_RC_GW_TOKEN", "gw-token")
+    stack_file = tmp_path / "stack.toml"
+    stack_file.write_text(stack_file.read_text().replace("[gateway]\n", '[gateway]\ntoken_env = "UMEMC_RC_GW_TOKEN"\n'))
+    assert up_again(r, "--simulate") == 0
+    gw = Gateway(r)
+    assert gw.call("GET", "/v1/models")[0] == 401
+    assert gw.call("GET", "/v1/models", headers={"Authorization": "Bearer gw-token"})[0] == 200
+    assert r.status()["w"]["pid"] == before  # the same process: not restarted
+
+
 def test_try_stop_says_what_happened(stack: Any, tmp_path: Path) -> None:
     """Stopping a worker never claims success it did not have (events record the real outcome)."""
     from umemc.runtime.supervisor import Supervisor

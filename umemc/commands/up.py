@@ -268,6 +268,7 @@ def write_token(run_dir: RunDir, plan: PlanDoc) -> None:
     name = None if plan.gateway is None else plan.gateway.token_env
     if name and os.environ.get(name):
         run_dir.write_secret(run_dir.token_file, os.environ[name])
+    run_dir.write_secret(run_dir.unset_file, f"{name}\n" if name else "")  # what the wrapper removes (rundir.py)
 
 
 def refuse_symlinks(run_dir: RunDir) -> None:

@@ -158,8 +158,9 @@ def _program(plan: Plan, m: ModelPlan, ctx: Context, *, simulate: bool) -> Progr
 
 
 def wrap_argv(plan: Plan, python: str, name: str, hard: int, soft: int, *, unset: bool) -> tuple[str, ...]:
-    """The exec wrapper's argv (umemc.runtime.wrap): its cgroup, its records, and the gateway token's
-    variable removed from every environment but the gateway's."""
+    """The exec wrapper's argv (umemc.runtime.wrap): its cgroup, its records, and the gateway token's variable
+    removed from every environment but the gateway's (`--keep-secrets`): the wrapper reads its name from the run's
+    state, which `umemc up` writes, so adding or renaming token_env changes no worker's command."""
     argv = (
         python,
         "-I",  # isolated: no PYTHON* variables, no user site, no script directory on sys.path
@@ -176,8 +177,7 @@ def wrap_argv(plan: Plan, python: str, name: str, hard: int, soft: int, *, unset
         "--cgroup",
         plan.kernel_enforcement,
     )
-    token = plan.stack.gateway.token_env
-    return argv + ("--unset", token) if unset and token else argv
+    return argv if unset else (*argv, "--keep-secrets")
 
 
 def _cwd(plan: Plan, m: ModelPlan) -> str | None:

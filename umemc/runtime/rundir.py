@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..names import CGROUPS_DIR, ENFORCERS, GATES_DIR, PIDS_DIR, PLAN_FILE, SUPERVISOR_CONFIG
+from ..names import CGROUPS_DIR, ENFORCERS, GATES_DIR, PIDS_DIR, PLAN_FILE, SECRETS_DIR, SUPERVISOR_CONFIG, UNSET_FILE
 from ..names import ENFORCER as ENFORCER
 from ..names import GATEWAY as GATEWAY
 from ..names import SUPERVISORD as SUPERVISORD
@@ -155,7 +155,12 @@ class RunDir(NamedTuple):
 
     @property
     def secrets(self) -> Path:
-        return self.state / "secrets"
+        return self.state / SECRETS_DIR
+
+    @property
+    def unset_file(self) -> Path:
+        """The variables no program but the gateway may see (one name a line): the exec wrapper removes them."""
+        return self.secrets / UNSET_FILE
 
     @property
     def slots(self) -> Path:

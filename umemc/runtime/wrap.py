@@ -2,7 +2,8 @@
 supervisord itself):
 
     python -m umemc.runtime.wrap --stack S --model M --hard N --soft N --cgroup auto|off --state DIR
-                                 [--unset VAR]... [--helpers HOST:PORT,...] [--outlive-parent] -- ARGV…
+                                 [--unset VAR]... [--keep-secrets] [--helpers HOST:PORT,...] [--outlive-parent]
+                                 -- ARGV…
 
 Before anything allocates it
 - asks the kernel to SIGKILL it when its parent (supervisord) dies (PR_SET_PDEATHSIG): a `kill -9`
@@ -13,7 +14,9 @@ Before anything allocates it
   in DIR/cgroups/M, so `umemc down` finds every process of the stack by cgroup membership, double-
   forked `setsid` children included, even when supervisord and every other record are gone;
 - records `pid starttime` in DIR/pids/M (the fallback where no cgroup can be had);
-- removes the variables named by --unset (the gateway's token) from the environment;
+- removes the variables `umemc up` named in DIR/secrets/unset-env (the gateway token's), and those named by
+  --unset, from the environment, unless --keep-secrets (the gateway's own wrapper): read at each start, so a
+  changed token_env changes no worker's command (a gateway-only change restarts no worker);
 - marks the environment with the run's id (UMEMC_RUN), which every descendant inherits;
 - gives the model's own variables their names (supervisord passes them as UMEMC_ENV_<NAME>, and this
   interpreter runs isolated, -I, so a PYTHONPATH or PYTHONHOME meant for the worker cannot change it);
@@ -32,8 +35,8 @@ from __future__ import annotations
 import os
 import sys
 
-from ..names import CGROUPS_DIR, GATES_DIR, PIDS_DIR, RUN_MARK, run_mark
-from ..records import cgroup_line, pid_line, write_atomic
+from ..names import CGROUPS_DIR, GATES_DIR, PIDS_DIR, RUN_MARK, SECRETS_DIR, UNSET_FILE, run_mark
+from ..records import cgroup_line, pid_line, read_text, write_atomic
 from . import kernel
 
 TYPE_CHECKING = False  # typing's own constant would import typing
@@ -47,7 +50,8 @@ CGROUP_CHOICES = ("auto", "off")
 VALUED = {"--stack": "stack", "--model": "model", "--hard": "hard", "--soft": "soft", "--cgroup": "cgroup",
           "--state": "state", "--unset": "unset", "--helpers": "helpers"}  # fmt: skip
 NUMBERS = ("hard", "soft")  # argparse's type=int: a negative number is a value, not an option
-FLAGS = {"--outlive-parent": "outlive_parent", "--reaper": "reaper", "--daemon": "daemon"}
+FLAGS = {"--outlive-parent": "outlive_parent", "--reaper": "reaper", "--daemon": "daemon",
+         "--keep-secrets": "keep_secrets"}  # fmt: skip
 
 
 class Args:
@@ -55,15 +59,16 @@ class Args:
     as much as the rest of the wrapper's imports together."""
 
     __slots__ = ("stack", "model", "hard", "soft", "state", "command", "cgroup", "unset", "outlive_parent", "reaper",
-                 "daemon", "helpers")  # fmt: skip
+                 "daemon", "helpers", "keep_secrets")  # fmt: skip
 
     def __init__(self, stack: str, model: str, hard: int, soft: int, state: str, command: list[str],
                  cgroup: str = "auto", unset: tuple[str, ...] = (), *, outlive_parent: bool = False,
-                 reaper: bool = False, daemon: bool = False, helpers: str = "") -> None:  # fmt: skip
+                 reaper: bool = False, daemon: bool = False, helpers: str = "",
+                 keep_secrets: bool = False) -> None:  # fmt: skip
         self.stack, self.model, self.hard, self.soft, self.state = stack, model, hard, soft, state
         self.command, self.cgroup, self.unset = command, cgroup, unset
         self.outlive_parent, self.reaper, self.daemon = outlive_parent, reaper, daemon
-        self.helpers = helpers
+        self.helpers, self.keep_secrets = helpers, keep_secrets
 
     def _fields(self) -> tuple[object, ...]:
         return tuple(getattr(self, name) for name in self.__slots__)
@@ -91,6 +96,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--unset", action="append", default=[], metavar="VAR")
     p.add_argument("--helpers", default="", metavar="HOST:PORT,...", help="RPC servers to wait for before the start")
     p.add_argument("--outlive-parent", action="store_true", help="no parent-death signal (supervisord itself)")
+    p.add_argument(
+        "--keep-secrets", action="store_true", help="keep the variables `up` names for removal (the gateway)"
+    )
     p.add_argument(
         "--reaper",
         action="store_true",
@@ -152,7 +160,7 @@ def parse(argv: list[str]) -> Args:
         p.error("no command after --")
     return Args(ns.stack, ns.model, ns.hard, ns.soft, ns.state, command, ns.cgroup, tuple(ns.unset),
                 outlive_parent=ns.outlive_parent, reaper=ns.reaper, daemon=ns.daemon,
-                helpers=ns.helpers)  # fmt: skip
+                helpers=ns.helpers, keep_secrets=ns.keep_secrets)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         forget(record)
     # the pid and its start time name one process for good: a record never makes `down` kill a later process
     write_record(os.path.join(state, PIDS_DIR, args.model), pid_line(os.getpid(), start_time(os.getpid())))
-    for name in args.unset:
+    for name in (*args.unset, *([] if args.keep_secrets else unset_names(state))):
         os.environ.pop(name, None)
     worker_env(os.environ)
     command = fill_state(command, state)
@@ -220,6 +228,14 @@ def fill_state(command: list[str], state: str) -> list[str]:
                 pass
         out.append(arg)
     return out
+
+
+def unset_names(state: str) -> list[str]:
+    """The variables `umemc up` named for removal (the gateway token's): none where it named none."""
+    try:
+        return read_text(os.path.join(state, SECRETS_DIR, UNSET_FILE), 64 * 1024).split()
+    except OSError:
+        return []
 
 
 def worker_env(env: MutableMapping[str, str]) -> None:
