@@ -69,3 +69,23 @@ def test_a_second_up_is_refused_while_the_first_holds_the_run(tmp_path: Path) ->
     finally:
         os.close(fd)
     assert holder(tmp_path / "up.lock") is None
+
+
+def test_an_up_killed_with_sigkill_leaves_no_lock(tmp_path: Path) -> None:
+    """The kernel drops a flock with its holder: an `up` killed -9 never blocks the next `up` or `down`."""
+    lock = tmp_path / "up.lock"
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from umemc.runtime.uplock import hold; hold(__import__('pathlib')"
+         ".Path(sys.argv[1])); print('held', flush=True); time.sleep(600)", str(lock)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "held\n"
+        assert holder(lock) is not None and holder(lock).pid == child.pid  # type: ignore[union-attr]
+        os.kill(child.pid, 9)
+        child.wait(timeout=patience(30))
+        assert holder(lock) is None
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
