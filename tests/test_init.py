@@ -198,11 +198,17 @@ def test_init_scaffolds_the_models_it_finds(tmp_path: Path, run_cli, monkeypatch
 @needs_models
 def test_init_sets_the_chat_template_a_file_lacks_where_its_architecture_says_it(tmp_path: Path, run_cli) -> None:
     """Gemma 3 270M's GGUF has no chat template: init names Gemma's built-in one, and check then warns of nothing;
-    SmolLM2's file has its own (ChatML), so its model gets none."""
-    code, _, err = run_cli("init", "--platform", "strix-halo-128", "--models", str(MODELS), cwd=tmp_path)
+    SmolLM2's file has its own (ChatML), so its model gets none. The hot chat model is the one that carries a chat
+    template (SmolLM2-Instruct), though Gemma 3 is the larger: a file without one is likely a base model, said so."""
+    code, out, err = run_cli("init", "--platform", "strix-halo-128", "--models", str(MODELS), cwd=tmp_path)
     assert code == 0, err
+    assert out.strip().endswith(
+        "; gemma3 carries no chat template (likely a base model: it continues text, ask it with /v1/completions); "
+        "next: umemc check stack.toml"
+    )
     text = (tmp_path / "stack.toml").read_text()
     tables = {t.split("]", 1)[0]: t for t in text.split("\n[models.")[1:]}
+    assert 'mode = "hot"' in tables["smollm2"] and 'mode = "cold"' in tables["gemma3"]
     said = '\nchat_template = "gemma"  # the file has none; llama.cpp\'s built-in for it\n'
     # named by their families as their headers say them (general.basename "gemma-3", "smollm2"), not file stems
     assert sorted(tables) == ["gemma3", "smollm2"]

@@ -169,6 +169,12 @@ def run(args: argparse.Namespace) -> int:
     if found:
         text = text[: text.index("[models.chat]")] + "".join(m.toml() for m in found)
         said += f", {len(found)} model(s) found: " + ", ".join(m.name for m in found)
+        base = [m.name for m in found if m.family == "llm" and m.no_template is not None]
+        if base:
+            said += (
+                f"; {', '.join(base)} carr{'ies' if len(base) == 1 else 'y'} no chat template (likely a base model: "
+                "it continues text, ask it with /v1/completions)"
+            )
     write_atomic(out, text, mode=0o644)
     locks = {f.name: f.lock for f in found if f.lock is not None}
     if locks:
@@ -225,7 +231,8 @@ class Found:
 
 def scaffold(out: Path, args: argparse.Namespace) -> list[Found]:
     """The models of a directory of GGUF files and of the Hub files named, each sized; the largest language
-    model hot, the rest cold."""
+    model that carries a chat template hot (a file without one is likely a base model: it continues text rather
+    than answering a chat), else the largest language model; the rest cold."""
     from ..errors import RuntimeFailure
 
     here = out.parent if str(out.parent) else Path(".")
@@ -250,7 +257,8 @@ def scaffold(out: Path, args: argparse.Namespace) -> list[Found]:
         names.add(name)
         unique.append(replace(f, name=name))
     llms = [f for f in unique if f.family == "llm"]
-    hot = max(llms, key=lambda f: f.weights).name if llms else None
+    chat = [f for f in llms if f.no_template is None] or llms  # a chat template says: made to answer a chat
+    hot = max(chat, key=lambda f: f.weights).name if chat else None
     return [replace(f, hot=f.name == hot) for f in unique]
 
 
