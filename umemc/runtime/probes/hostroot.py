@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 HOST_ROOT = "UMEMC_HOST_ROOT"
@@ -50,8 +51,12 @@ def host_os() -> str:
     """The machine's operating system as sys.platform spells it: `linux` or `darwin` of a recorded machine (its
     recorded `uname -s`, else a /proc of its own means Linux), else this interpreter's."""
     where = recorded()
-    if where is None:
-        return sys.platform
+    return sys.platform if where is None else _recorded_os(where)
+
+
+@lru_cache(maxsize=8)
+def _recorded_os(where: Path) -> str:
+    """A recorded machine's OS, asked of its `uname` once per directory (every reader of the machine asks)."""
     uname = where / "bin" / "uname"
     if uname.is_file():
         import subprocess

@@ -69,7 +69,7 @@ class Machine:
     why: str  # what the detection saw
     carveout: int = 0  # an AMD APU's BIOS carve-out (UMA frame buffer) beyond the 512 MB minimum
     memory_source: str = "/proc/meminfo MemTotal"
-    gpu: str | None = None  # the GPU's name where a driver says it
+    vram: int | None = None  # a discrete GPU's own memory as its driver said it (its GPU window)
 
 
 CARVEOUT_MIN = 1 << 30  # the 512 MB minimum frame buffer (and the driver's rounding) is no carve-out
@@ -88,16 +88,16 @@ def detect(root: Path | None = None, host_os: str | None = None) -> Machine:
     model = (read("/proc/device-tree/model", base) or read("/sys/class/dmi/id/product_name", base)).rstrip("\0")
     model = model.strip()
     if (base / "etc/nv_tegra_release").exists() or "jetson" in model.lower():
-        return Machine("nvidia-unified", mem, f"Jetson ({model or '/etc/nv_tegra_release'})", gpu="Tegra iGPU")
+        return Machine("nvidia-unified", mem, f"Jetson ({model or '/etc/nv_tegra_release'})")
     nvidia = nvidia_gpu(base)
     if nvidia is not None:
         name, vram = nvidia
         if vram is None:  # the driver has no memory of its own for it: an integrated GPU (GB10)
             dgx = " on DGX OS" if (base / "etc/dgx-release").exists() else ""
             why = f"{name}{dgx}: nvidia-smi reports no memory of its own (memory.total [N/A]): it shares the RAM"
-            return Machine("nvidia-unified", mem, why, gpu=name)
+            return Machine("nvidia-unified", mem, why)
         own = f"{vram / GiB:.1f} GiB of its own" if vram else "memory of its own (nvidia-smi absent: size unknown)"
-        return Machine("nvidia-discrete", mem, f"{name} with {own}", gpu=name)
+        return Machine("nvidia-discrete", mem, f"{name} with {own}", vram=vram or None)
     from .drm import amd_apu_cards
 
     for card, vram in amd_apu_cards(base):
@@ -151,9 +151,8 @@ def gpu_window(machine: Machine) -> Window:
         return apple_window(machine.memory)
     if machine.kind == "nvidia-unified":
         return Window(None, "none: the GPU allocates from the memory the OS has (MemAvailable)")
-    if machine.kind == "nvidia-discrete":
-        found = nvidia_gpu()
-        vram = found[1] if found else None
+    if machine.kind == "nvidia-discrete":  # what detect() read of the driver: nvidia-smi is not asked again
+        vram = machine.vram
         return Window(vram, "nvidia-smi memory.total" if vram else "nvidia-smi gave no memory.total")
     return Window(None, "none: no GPU")
 
@@ -269,7 +268,3 @@ def parse_psi(text: str) -> Psi | None:
 def psi() -> Psi | None:
     """The kernel's memory pressure; None where the kernel has no PSI (before 4.20, or psi=0, or not Linux)."""
     return parse_psi(read("/proc/pressure/memory"))
-
-
-def psi_path() -> Path:
-    return hostroot.path("/proc/pressure/memory")
