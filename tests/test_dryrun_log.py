@@ -106,3 +106,43 @@ def test_the_bound_of_a_dry_run_follows_its_header() -> None:
     """30 s to start, and the header read at 8 MiB a second: a 64 MiB header (the largest umemc reads) 8 s more."""
     assert bound(64 * MiB) == (38.0, "30 s to start and 8.0 s for its 64 MiB header")
     assert bound(0) == (30.0, "30 s to start and 0.0 s for its 0 MiB header")
+
+
+def absurd(tmp_path: Path, old: str, new: str) -> Tool:
+    """The whole recorded log with one figure changed: what a broken or hostile llama-fit-params might print."""
+    text = (RECORDED / "llama-fit-params-falcon-h1.log").read_text()
+    assert text.count(old) == 1
+    log = tmp_path / "absurd.log"
+    log.write_text(text.replace(old, new))
+    return program(tmp_path, f"sys.stdout.write(open({str(log)!r}).read())\n")
+
+
+@pytest.mark.parametrize("figure", ["1.2.3", "...", "1e999", "nan", "-4"])
+def test_a_figure_llama_cpp_never_prints_is_refused_with_its_line(tmp_path: Path, figure: str) -> None:
+    tool = absurd(tmp_path, "CPU compute buffer size =    33.84 MiB", f"CPU compute buffer size =    {figure} MiB")
+    with pytest.raises(RuntimeFailure) as exc:
+        run(tool, ["-m", "falcon.gguf"], {})
+    assert str(exc.value) == (
+        "llama-fit-params's answer cannot be read (not a figure): "
+        f"0.00.013.868 D sched_reserve:        CPU compute buffer size =    {figure} MiB"
+    )
+
+
+def test_a_figure_past_any_machine_is_refused_not_recorded(tmp_path: Path) -> None:
+    """2^40 MiB is 1 EiB plus: more than a calibration file may hold, said as such rather than failing later."""
+    tool = absurd(
+        tmp_path, "CPU compute buffer size =    33.84 MiB", "CPU compute buffer size =    1099511627777.00 MiB"
+    )
+    with pytest.raises(RuntimeFailure) as exc:
+        run(tool, ["-m", "falcon.gguf"], {})
+    assert str(exc.value).startswith(
+        "llama-fit-params's answer is beyond sense: 1099511627777.00 MiB for the CPU compute buffer (no machine "
+        "holds 1 EiB); not used: "
+    )
+
+
+def test_control_characters_in_an_unreadable_line_are_shown_escaped(tmp_path: Path) -> None:
+    tool = absurd(tmp_path, "CPU compute buffer size =    33.84 MiB", "CPU compute buffer size =  \x1b[2J MiB")
+    with pytest.raises(RuntimeFailure) as exc:
+        run(tool, ["-m", "falcon.gguf"], {})
+    assert str(exc.value).endswith("CPU compute buffer size =  \\x1b[2J MiB")

@@ -33,9 +33,13 @@ VERSION = 1
 HEAD_BYTES = 4 * 1024 * 1024
 # A byte count as the file may say it: a machine's worth at most (1 EiB), never negative (the file is input: a
 # figure outside this is refused with the field that holds it)
-Bytes = Annotated[int, Field(ge=0, le=2**60)]
+MAX_BYTES = 2**60
+Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
 # llama.cpp's buffer report: {device: {model|kv|rs|compute|output: bytes}}
 BufferReport = dict[str, dict[str, Bytes]]
+# A figure in llama.cpp's log as llama.cpp prints it (%.2f MiB): anything else on such a line (a worker or a
+# stand-in writing "... MiB", "1e999 MiB", 10^40 MiB) is not read as a figure
+LOG_FIGURE = r"(\d{1,15}(?:\.\d{1,6})?)"
 MAX_FILE_BYTES = 16 * 1024 * 1024  # a calibration file umemc writes is a few KiB a model
 
 

@@ -42,9 +42,10 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 
+from ..chars import shown as escaped
 from ..errors import RuntimeFailure
 from ..helptext import llama_cpp_version, probe
-from ..lockfile import BufferReport, DryRun, ToolIdentity, tool_identity
+from ..lockfile import LOG_FIGURE, MAX_BYTES, BufferReport, DryRun, ToolIdentity, tool_identity
 
 SERVER = "llama-server"
 FIT_PARAMS = "llama-fit-params"
@@ -181,14 +182,27 @@ def run(
             )
         raise RuntimeFailure(f"{tool.kind} refused the model (exit {done.code}): {last_words(done.log)}")
     shown = argv if tool.kind != LLAMA_CPP_PYTHON else [tool.argv0, "-c", "<LLAMA_CPP_PYTHON_DRY_RUN>", *args]
+    for line in done.log.splitlines():
+        if _CLAIM.search(line) and not any(
+            p.search(line) for p in (_KV_SIZE, _KV_BUFFER, _RS_BUFFER, _COMPUTE, _OUTPUT, _MODEL_BUFFER)
+        ):
+            raise RuntimeFailure(f"{tool.kind}'s answer cannot be read (not a figure): {escaped(line.strip()[:200])}")
+    buffers, table = parse_buffers(done.log), parse_table(done.log)
+    for where, figures in (*buffers.items(), *table.items()):
+        for what, value in figures.items():
+            if value > MAX_BYTES:
+                raise RuntimeFailure(
+                    f"{tool.kind}'s answer is beyond sense: {value / MiB:.2f} MiB for the {where} {what} buffer "
+                    f"(no machine holds {MAX_BYTES >> 60} EiB); not used: {last_words(done.log)}"
+                )
     return DryRun(
         tool=tool.kind,
         build=_build(tool, done.log),
         identity=tool.identity,
         flags=dict(flags),
         argv=shown,
-        buffers=parse_buffers(done.log),
-        table=parse_table(done.log),
+        buffers=buffers,
+        table=table,
         seconds=round(done.seconds, 3),
         peak_rss_bytes=done.peak_rss,
         read_bytes=done.read_bytes,
@@ -280,16 +294,19 @@ def last_words(log: str, n: int = 3) -> str:
 # -- parsing -----------------------------------------------------------------------------------------------
 # llama-kv-cache.cpp / llama-memory-recurrent.cpp / llama-context.cpp (LLAMA_LOG_INFO; the fit tool logs them
 # at debug level): "<buffer> KV buffer size = 0.00 MiB" then "llama_kv_cache: size = 4.00 MiB (...)".
-_KV_BUFFER = re.compile(r"(\S+) KV buffer size =\s+[\d.]+ MiB")
-_KV_SIZE = re.compile(r"llama_kv_cache: size =\s+([\d.]+) MiB")
-_RS_BUFFER = re.compile(r"(\S+) RS buffer size =\s+([\d.]+) MiB")
-_COMPUTE = re.compile(r"(\S+) compute buffer size =\s+([\d.]+) MiB")
-_OUTPUT = re.compile(r"(\S+)\s+output buffer size =\s+([\d.]+) MiB")
-_MODEL_BUFFER = re.compile(r"(\S+) model buffer size =\s+[\d.]+ MiB")
+_KV_BUFFER = re.compile(rf"(\S+) KV buffer size =\s+{LOG_FIGURE} MiB\b")
+_KV_SIZE = re.compile(rf"llama_kv_cache: size =\s+{LOG_FIGURE} MiB\b")
+_RS_BUFFER = re.compile(rf"(\S+) RS buffer size =\s+{LOG_FIGURE} MiB\b")
+_COMPUTE = re.compile(rf"(\S+) compute buffer size =\s+{LOG_FIGURE} MiB\b")
+_OUTPUT = re.compile(rf"(\S+)\s+output buffer size =\s+{LOG_FIGURE} MiB\b")
+# any line that claims a figure: one the patterns above cannot read is an answer umemc cannot trust
+_CLAIM = re.compile(r"(?:buffer size|llama_kv_cache: size) =")
+_MODEL_BUFFER = re.compile(rf"(\S+) model buffer size =\s+{LOG_FIGURE} MiB\b")
 # common_memory_breakdown_print: "|   - Host | 25 = 3 + 4 + 17 |" (host and buffer types) and
 # "|   - ROCm0 (8060S) | 131072 = 9000 + (25 = 3 + 4 + 17) + 100 |" (devices), whole MiB.
 _ROW = re.compile(
-    r"\|\s+- (?P<name>.+?)\s+\|[^|]*?(?P<self>\d+) =\s+(?P<model>\d+) \+\s+(?P<context>\d+) \+\s+(?P<compute>\d+)"
+    r"\|\s+- (?P<name>.+?)\s+\|[^|]*?(?P<self>\d{1,15}) =\s+(?P<model>\d{1,15}) \+\s+(?P<context>\d{1,15}) \+"
+    r"\s+(?P<compute>\d{1,15})\b"
 )
 
 

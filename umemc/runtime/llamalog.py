@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import re
 
-from ..lockfile import BufferReport
+from ..lockfile import LOG_FIGURE, MAX_BYTES, BufferReport
 
 # llama.cpp builds before mid-2025 print a model's weights as `llm_load_tensors:      CUDA0 buffer size = N MiB` (no
 # kind: llama.cpp's llm_load_tensors of those builds), their context as `llama_new_context_with_model:`
-_BUFFER = re.compile(r"(\S+)\s+(?:(model|KV|RS|compute|output) )?buffer size =\s+([\d.]+) MiB")
+_BUFFER = re.compile(rf"(\S+)\s+(?:(model|KV|RS|compute|output) )?buffer size =\s+{LOG_FIGURE} MiB\b")
 # A model (re)load and a context (re)creation start their reports afresh (llama-model.cpp load_tensors,
 # llama-context.cpp's constructor); inside one report, a model with sliding-window layers logs two KV caches
 # (llama-kv-cache-iswa.cpp: the full-size and the windowed one), a hybrid a KV cache and a recurrent state.
@@ -36,6 +36,8 @@ def parse_buffers(log: str) -> BufferReport:
         if m is None:
             continue
         device, kind, size = m.group(1), (m.group(2) or "model").lower(), round(float(m.group(3)) * MiB)
+        if size > MAX_BYTES:  # no machine's: not a report of one
+            continue
         slot = (model if kind == "model" else context).setdefault(device, {})
         slot[kind] = slot.get(kind, 0) + size if kind in _SUMMED else size
     out: BufferReport = {}
@@ -45,7 +47,7 @@ def parse_buffers(log: str) -> BufferReport:
     return out
 
 
-_WORKING_SET = re.compile(r"recommendedMaxWorkingSetSize\s*=\s*([\d.]+) MB")
+_WORKING_SET = re.compile(rf"recommendedMaxWorkingSetSize\s*=\s*{LOG_FIGURE} MB\b")
 
 
 def metal_working_set(log: str) -> int | None:
