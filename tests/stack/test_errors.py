@@ -62,7 +62,7 @@ CASES: dict[str, tuple[str, str]] = {
     "missing required key": (
         BASE + '\n[models.chat]\narch = "llama-3-8b"\n',
         "stack.toml:8:1: models.chat.runtime: required key is missing\n"
-        "  hint: one of llama-server, llama-cpp-python, whisper-server, comfyui, torch, command",
+        "  hint: one of llama-server, llama-cpp-python, vllm, mlx, whisper-server, comfyui, torch, command",
     ),
     "missing top-level table": (
         BASE,
@@ -128,7 +128,7 @@ CASES: dict[str, tuple[str, str]] = {
     "unknown runtime": (
         BASE + '\n[models.chat]\nruntime = "llama_server"\narch = "llama-3-8b"\n',
         "stack.toml:9:11: models.chat.runtime: must be one of llama-server, llama-cpp-python, "
-        'whisper-server, comfyui, torch, command (got "llama_server")\n'
+        'vllm, mlx, whisper-server, comfyui, torch, command (got "llama_server")\n'
         "  hint: did you mean 'llama-server'?",
     ),
     "duplicate port": (

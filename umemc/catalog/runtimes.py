@@ -9,6 +9,8 @@ from __future__ import annotations
 RUNTIME_FAMILY: dict[str, str] = {
     "llama-server": "llm",
     "llama-cpp-python": "llm",
+    "vllm": "llm",
+    "mlx": "llm",
     "whisper-server": "speech",
     "comfyui": "diffusion",
     "torch": "torch",
@@ -25,6 +27,12 @@ KIND_OF_FAMILY: dict[str, str] = {
     "diffusion": "image",
 }
 LLAMA_RUNTIMES = frozenset({"llama-server", "llama-cpp-python"})
+# Engines that load a Hugging Face model directory (config.json + safetensors), sized from its files
+ENGINE_RUNTIMES = frozenset({"vllm", "mlx"})
+# the stack's kv_cache -> (vLLM's --kv-cache-dtype, bytes per element; None: the model's dtype)
+VLLM_KV: dict[str, tuple[str, int | None]] = {"f16": ("auto", None), "bf16": ("auto", None), "q8_0": ("fp8", 1)}
+# the stack's kv_cache -> (mlx-lm's --kv-bits, None: full precision)
+MLX_KV: dict[str, int | None] = {"f16": None, "bf16": None, "q8_0": 8, "q4_0": 4}
 # family of an arch preset -> the runtimes that can run it
 RUNTIMES_FOR: dict[str, tuple[str, ...]] = {
     "llm": ("llama-server", "llama-cpp-python"),
@@ -56,4 +64,4 @@ def holds_gpu_device(runtime: str, kind: str, gpu: bool | None = None) -> bool:
 
 
 # Runtimes that cannot start without a weights file (their launcher modules say the same: NEEDS_MODEL_FILE)
-NEEDS_MODEL_FILE = frozenset({"llama-server", "llama-cpp-python", "whisper-server"})
+NEEDS_MODEL_FILE = frozenset({"llama-server", "llama-cpp-python", "whisper-server", "vllm", "mlx"})

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..budget.plan import ModelPlan, Plan
+from ..catalog.runtimes import ENGINE_RUNTIMES
 from ..chars import CONTROL
 from ..errors import UsageError
 from ..names import SOCKET, STANDBY, WRAP_ENTRY
@@ -226,6 +227,8 @@ def worker_env(plan: Plan, m: ModelPlan, port: int | None, host: str = "127.0.0.
     # quota could see neither. A model that wants it sets it in its env (docs/PLATFORMS.md).
     if spec.runtime in TORCH_FAMILY:
         env.update(_torch_allocator(plan, m))
+    if spec.runtime in ENGINE_RUNTIMES:
+        env.update(_engine_env(plan, m))
     if m.split is not None:
         # once an RPC server of its other nodes is gone, llama.cpp aborts as it frees that server's buffers (any
         # stop does): its abort would attach gdb for a backtrace, inside the worker's cgroup and over its quota
@@ -234,6 +237,19 @@ def worker_env(plan: Plan, m: ModelPlan, port: int | None, host: str = "127.0.0.
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     env.update(spec.env)
+    return env
+
+
+def _engine_env(plan: Plan, m: ModelPlan) -> dict[str, str]:
+    """vLLM and MLX load the local directory they are given: the Hub is not asked (a tokenizer lookup would wait
+    on the network), nothing is reported home; vLLM's CPU backend takes its KV cache here, in whole GiB."""
+    from ..estimate.engines import vllm_kv_space
+
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    if m.model.spec.runtime == "vllm":
+        env |= {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        if plan.platform.kind == "cpu":
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(vllm_kv_space(m.estimate.kv.bytes))
     return env
 
 

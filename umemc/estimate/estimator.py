@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..catalog.runtimes import LLAMA_RUNTIMES
+from ..catalog.runtimes import ENGINE_RUNTIMES, LLAMA_RUNTIMES
 from ..stack.resolve import LoadedStack, ResolvedModel
 from .figures import Estimate
 from .llama import estimate_llama
@@ -12,6 +12,10 @@ from .other import apply_measured_peak, estimate_command, estimate_torch, estima
 def estimate_model(loaded: LoadedStack, model: ResolvedModel) -> Estimate:
     if model.spec.runtime in LLAMA_RUNTIMES:
         est = estimate_llama(loaded, model)
+    elif model.spec.runtime in ENGINE_RUNTIMES and model.model_present:
+        from .engines import estimate_engine
+
+        est = estimate_engine(loaded, model)
     elif model.spec.runtime == "whisper-server":
         est = estimate_whisper_cpp(loaded, model)
     elif model.spec.runtime in ("torch", "comfyui") and model.spec.arch is not None:

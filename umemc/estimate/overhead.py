@@ -29,6 +29,10 @@ PROCESS_BASE = {
     "whisper-server": 150 * MiB,
     "llama-cpp-python": 100 * MiB,  # measured: 72 MiB resident beyond its buffers (umemc calibrate, 0.3.36)
     "torch": 450 * MiB,
+    # vLLM's CPU backend: its API server, engine core and worker processes, each with torch (measured here, to be
+    # replaced by bench/engines.py's figure)
+    "vllm": 3600 * MiB,
+    "mlx": 250 * MiB,
     "comfyui": 600 * MiB,
 }
 
@@ -49,7 +53,11 @@ def overhead_figure(runtime: str, kind: str, n_vocab: int = 0, prompt_cache: int
         )
     parts = [Figure("process", base, how, inputs)]
     if prompt_cache:
-        how_cache = "llama-server's cache of prompts in host memory (prompt_cache: --cache-ram, filled as prompts come)"
+        how_cache = (
+            "mlx-lm's cache of finished requests' KV (prompt_cache: --prompt-cache-bytes)"
+            if runtime == "mlx"
+            else "llama-server's cache of prompts in host memory (prompt_cache: --cache-ram, filled as prompts come)"
+        )
         parts.append(Figure("prompt cache", prompt_cache, how_cache, {"prompt_cache": prompt_cache}))
     if ctx:
         parts.append(Figure("gpu context", ctx, f"GPU driver context on {kind}", {"kind": kind}))

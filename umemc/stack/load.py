@@ -14,6 +14,7 @@ from typing import Any
 import tomli
 from pydantic import BaseModel, ValidationError
 
+from ..catalog.runtimes import RUNTIMES
 from ..chars import CONTROL
 from ..errors import Location, StackError
 from .models import Stack
@@ -381,6 +382,6 @@ def _missing_hint(root: type[BaseModel], loc: KeyPath) -> str | None:
         "name": 'add `name = "my-stack"` at the top of the file',
         "platform": 'add a [platform] table with `preset = "strix-halo-128"` or `kind` and `memory`',
         "models": "add at least one [models.<name>] table",
-        "runtime": "one of llama-server, llama-cpp-python, whisper-server, comfyui, torch, command",
+        "runtime": f"one of {', '.join(RUNTIMES)}",
     }
     return hints.get(str(loc[-1]))

@@ -271,12 +271,13 @@ class Gateway(_Strict):
 
 class ModelSpec(_Strict):
     runtime: Runtime = Field(
-        description="llama-server | llama-cpp-python | whisper-server | comfyui | torch | command."
+        description="llama-server | llama-cpp-python | vllm | mlx | whisper-server | comfyui | torch | command."
     )
     model: str | None = Field(
         None,
         description="Weights file, relative to the stack file. For llama.cpp "
-        "runtimes a GGUF whose header gives exact sizes when present.",
+        "runtimes a GGUF whose header gives exact sizes when present; for vllm and mlx a Hugging Face model "
+        "directory (config.json and *.safetensors), sized from its files.",
     )
     hf: str | None = Field(
         None,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from ..catalog.archs import LLM_PRESETS, TORCH_PRESETS, family_of
 from ..catalog.gguf import is_gguf
 from ..catalog.quant import FILE_TYPES, TORCH_DTYPES, WHISPER_TYPES
-from ..catalog.runtimes import GPU_DEVICE_KINDS, LLAMA_RUNTIMES, RUNTIME_FAMILY, RUNTIMES_FOR
+from ..catalog.runtimes import ENGINE_RUNTIMES, GPU_DEVICE_KINDS, LLAMA_RUNTIMES, RUNTIME_FAMILY, RUNTIMES_FOR
 from ..chars import CONTROL, kube_name
 from ..names import OWN_PROGRAMS
 from ..units import gib, human
@@ -548,6 +548,8 @@ def _model(
     src, at = doc.source, ("models", name)
     _check_env(spec, src, at, doc_token_env(doc))
     _check_runtime_keys(spec, src, at)
+    if spec.runtime in ENGINE_RUNTIMES:
+        _check_engine_keys(spec, src, at)
     (model_value, model_at), (mmproj_value, mmproj_at) = _hub_files(spec, src, at, models_dir)
     family = family_of(spec.arch) if spec.arch else RUNTIME_FAMILY[spec.runtime]
     if spec.arch and spec.runtime != "command" and spec.runtime not in RUNTIMES_FOR[family]:
@@ -569,6 +571,8 @@ def _model(
         hub=_hub_note(lock, hub_problem) if spec.hf and spec.runtime in LLAMA_RUNTIMES else None,
     )
     mmproj_path, mmproj_present = _file(doc, mmproj_value, mmproj_at, spec, llama=True, is_mmproj=True)
+    if spec.runtime in ENGINE_RUNTIMES and model_present and model_path is not None:
+        _check_engine_dir(spec, src, at, model_at, model_path)
     _check_size_source(spec, src, at, model_present=model_present or locked)
     mmap = spec.mmap if spec.mmap is not None else not platform.unified
     return ResolvedModel(
@@ -917,6 +921,53 @@ def _not_regular(path: Path) -> str | None:
     return next((name for test, name in kinds if test(mode)), None)
 
 
+def _check_engine_keys(spec: ModelSpec, src: Source, at: tuple[str, ...]) -> None:
+    """vLLM and MLX: a cache type the engine has; a model directory on disk."""
+    from ..catalog.runtimes import MLX_KV, VLLM_KV
+
+    kinds = VLLM_KV if spec.runtime == "vllm" else MLX_KV
+    if spec.kv_cache not in kinds:
+        raise src.error(
+            at + ("kv_cache",),
+            f'runtime = "{spec.runtime}" has no {spec.kv_cache} cache',
+            f"use kv_cache = {' or '.join(toml_repr(k) for k in kinds)}",
+        )
+    if spec.hf is not None:
+        raise src.error(
+            at + ("hf",),
+            f'runtime = "{spec.runtime}" loads a model directory, which `umemc pull` does not fetch',
+            f'download it (hf download {spec.hf} --local-dir DIR) and give model = "DIR"',
+        )
+
+
+def _check_engine_dir(spec: ModelSpec, src: Source, at: tuple[str, ...], model_at: tuple[str, ...], path: Path) -> None:
+    """vLLM and MLX: a Hugging Face model directory that reads as one, a context the model was made for (vLLM
+    refuses a longer one at start)."""
+    from ..catalog.hfdir import NotAModel
+    from ..catalog.hfdir import read as read_dir
+
+    if not path.is_dir():
+        raise src.error(
+            model_at,
+            f"not a directory: {path}",
+            f'runtime = "{spec.runtime}" loads a Hugging Face model directory (config.json and *.safetensors)',
+        )
+    try:
+        model = read_dir(path)
+    except NotAModel as exc:
+        raise src.error(model_at, str(exc)) from None
+    except OSError as exc:
+        raise src.error(model_at, f"cannot read {exc.filename or path}: {exc.strerror}") from None
+    limit = model.attention.max_position
+    if spec.runtime == "vllm" and limit is not None and spec.context > limit:
+        raise src.error(
+            at + ("context",),
+            f"{spec.context} tokens is past the {limit} the model was made for (max_position_embeddings): vLLM "
+            "refuses to start",
+            f"context = {limit}",
+        )
+
+
 def _fallback(spec: ModelSpec, *, is_mmproj: bool) -> str | None:
     if is_mmproj:
         preset = LLM_PRESETS.get(spec.arch or "")
@@ -933,7 +984,9 @@ def _check_size_source(spec: ModelSpec, src: Source, at: tuple[str, ...], *, mod
         if spec.memory == 0:
             raise src.error(at + ("memory",), "must be > 0")
         return
-    if spec.arch is None and not (model_present and spec.runtime in (*LLAMA_RUNTIMES, "whisper-server")):
+    if spec.arch is None and not (
+        model_present and spec.runtime in (*LLAMA_RUNTIMES, *ENGINE_RUNTIMES, "whisper-server")
+    ):
         raise src.error(
             at,
             "no size source: give a model file, an arch preset, or memory",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ...budget.plan import ModelPlan, Plan
-from . import comfyui, command, llama_cpp_python, llama_server, torch_worker, whisper_server
+from . import comfyui, command, llama_cpp_python, llama_server, mlx, torch_worker, vllm, whisper_server
 
 if TYPE_CHECKING:
     from ...helptext import Help
@@ -42,7 +42,7 @@ class Runtime(Protocol):
 
 
 RUNTIMES: dict[str, Runtime] = {
-    r.NAME: r for r in (llama_server, llama_cpp_python, whisper_server, comfyui, torch_worker, command)
+    r.NAME: r for r in (llama_server, llama_cpp_python, vllm, mlx, whisper_server, comfyui, torch_worker, command)
 }
 
 

@@ -1,0 +1,225 @@
+"""vLLM and MLX sized from a Hugging Face model directory: weights from the safetensors headers (written here by
+the safetensors library itself; the expected bytes are numpy's own nbytes), the KV cache from config.json by each
+engine's allocation rule (hand-computed below), and the stack's checks of such a directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from umemc.catalog.hfdir import NotAModel, read
+
+GiB, MiB = 2**30, 2**20
+# a llama-shaped model: 2 layers, hidden 64, 4 heads of 16, 2 KV heads, vocabulary 128, MLP 160
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "bfloat16",
+}
+
+
+def tensors(dtype: type = np.float16) -> dict[str, np.ndarray]:
+    out = {"model.embed_tokens.weight": np.zeros((128, 64), dtype), "model.norm.weight": np.ones(64, dtype)}
+    for i in range(2):
+        p = f"model.layers.{i}."
+        out |= {
+            p + "self_attn.q_proj.weight": np.zeros((64, 64), dtype),
+            p + "self_attn.k_proj.weight": np.zeros((32, 64), dtype),
+            p + "self_attn.v_proj.weight": np.zeros((32, 64), dtype),
+            p + "self_attn.o_proj.weight": np.zeros((64, 64), dtype),
+            p + "mlp.gate_proj.weight": np.zeros((160, 64), dtype),
+            p + "mlp.up_proj.weight": np.zeros((160, 64), dtype),
+            p + "mlp.down_proj.weight": np.zeros((64, 160), dtype),
+            p + "input_layernorm.weight": np.ones(64, dtype),
+        }
+    return out
+
+
+def model_dir(path: Path, config: dict[str, object] | None = None, shards: int = 1) -> tuple[Path, int]:
+    """The directory and its tensors' bytes (numpy's nbytes: the independent figure)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config or CONFIG))
+    ts = tensors()
+    names = sorted(ts)
+    if shards == 1:
+        save_file(ts, str(path / "model.safetensors"))
+    else:
+        weight_map = {}
+        for k in range(shards):
+            part = {n: ts[n] for n in names[k::shards]}
+            file = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+            save_file(part, str(path / file))
+            weight_map |= {n: file for n in part}
+        (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return path, sum(t.nbytes for t in ts.values())
+
+
+def test_the_weights_are_the_tensors_bytes_the_files_store(tmp_path: Path) -> None:
+    path, nbytes = model_dir(tmp_path / "m")
+    model = read(path)
+    # 128x64 + 64 + 2 x (64x64 + 2x32x64 + 64x64 + 3x160x64 + 64) elements, 2 bytes each
+    assert nbytes == 2 * (128 * 64 + 64 + 2 * (64 * 64 + 2 * 32 * 64 + 64 * 64 + 3 * 160 * 64 + 64))
+    assert (model.tensor_bytes, model.n_tensors, model.by_dtype) == (nbytes, 18, {"F16": nbytes})
+    assert (model.dtype, model.vocab) == ("bfloat16", 128)
+    a = model.attention
+    assert (a.n_layer, a.n_kv_head, a.head_dim, a.sliding_window, a.max_position) == (2, 2, 16, None, 2048)
+
+
+def test_a_sharded_model_is_read_through_its_index(tmp_path: Path) -> None:
+    path, nbytes = model_dir(tmp_path / "m", shards=3)
+    (path / "stray.safetensors").write_bytes(b"not one of the model's")  # not in the index: not read
+    model = read(path)
+    assert (model.tensor_bytes, len(model.files), model.n_tensors) == (nbytes, 3, 18)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("no-config", "no config.json in {path}: not a Hugging Face model directory"),
+        ("no-weights", "no *.safetensors file in {path}"),
+        ("short", "{path}/model.safetensors is not a safetensors file (shorter than its header length)"),
+        ("huge-header", "{path}/model.safetensors is not a safetensors file (a header of 18446744073709551615 bytes)"),
+        ("offsets", "{path}/model.safetensors: tensor 'w' is not described as safetensors describes one"),
+        ("missing-shard", "{path}/model.safetensors.index.json names b.safetensors, not in {path} (a download not "
+                          "finished?)"),
+        ("geometry", "config.json gives no num_hidden_layers and num_attention_heads: not a language model umemc can "
+                     "size"),
+    ],
+)  # fmt: skip
+def test_a_directory_that_is_not_a_model_says_why(tmp_path: Path, damage: str, message: str) -> None:
+    path, _ = model_dir(tmp_path / "m")
+    weights = path / "model.safetensors"
+    if damage == "no-config":
+        (path / "config.json").unlink()
+    elif damage == "no-weights":
+        weights.unlink()
+    elif damage == "short":
+        weights.write_bytes(b"\x01\x00")
+    elif damage == "huge-header":
+        weights.write_bytes(b"\xff" * 8 + b"{}")
+    elif damage == "offsets":
+        header = json.dumps({"w": {"dtype": "F16", "shape": [4, 4], "data_offsets": [0, 16]}}).encode()
+        weights.write_bytes(len(header).to_bytes(8, "little") + header + bytes(32))
+    elif damage == "missing-shard":
+        (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "b.safetensors"}}))
+    else:
+        (path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(NotAModel) as exc:
+        read(path)
+    assert str(exc.value) == message.format(path=path)
+
+
+def stack(tmp_path: Path, runtime: str, extra: str = "", kind: str = "cpu") -> Path:
+    model_dir(tmp_path / "smol")
+    path = tmp_path / "stack.toml"
+    path.write_text(
+        f'version = 1\nname = "eng"\n[platform]\nkind = "{kind}"\nmemory = "16GiB"\nos_reserve = "1GiB"\n'
+        f'[models.chat]\nruntime = "{runtime}"\nmodel = "smol"\ncontext = 1000\nparallel = 3\n{extra}'
+    )
+    return path
+
+
+def test_vllm_on_the_cpu_is_given_its_kv_cache_in_whole_gib(tmp_path: Path, run_cli) -> None:
+    code, out, err = run_cli("check", str(stack(tmp_path, "vllm")), "--format", "json")
+    chat = json.loads(out)["models"]["chat"]
+    # 1000 tokens in 16-token blocks: 63 blocks = 1008 tokens; x 2 layers x 3 sequences = 6048 layer-tokens; each
+    # 2 (k, v) x 2 heads x 16 x 2 bytes = 128 bytes: 774,144 bytes, which the CPU backend takes as 1 GiB
+    assert (code, err) == (0, "")
+    assert (chat["source"], chat["weights_bytes"], chat["kv_bytes"]) == ("safetensors", 94400 * 2, GiB)
+
+
+def test_vllm_on_a_gpu_is_given_its_kv_cache_in_bytes(tmp_path: Path, run_cli) -> None:
+    path = stack(tmp_path, "vllm", kind="nvidia-unified")
+    code, out, _ = run_cli("check", str(path), "--format", "json")
+    assert (code, json.loads(out)["models"]["chat"]["kv_bytes"]) == (0, 774_144)
+    assert run_cli("build", str(path), "-o", str(tmp_path / "b"))[0] == 0
+    conf = (tmp_path / "b" / "supervisord.conf").read_text()
+    assert "--kv-cache-memory-bytes 774144" in conf
+    assert "gpu-memory-utilization" not in conf
+
+
+def test_mlx_grows_its_cache_in_steps_of_256_tokens(tmp_path: Path, run_cli) -> None:
+    code, out, _ = run_cli("check", str(stack(tmp_path, "mlx")), "--format", "json")
+    # 1000 tokens -> 4 steps of 256 = 1024; x 2 layers x 3 sequences x 128 bytes = 786,432
+    assert (code, json.loads(out)["models"]["chat"]["kv_bytes"]) == (0, 786_432)
+
+
+def test_mlx_sliding_layers_keep_their_window(tmp_path: Path, run_cli) -> None:
+    path = stack(tmp_path, "mlx")
+    cfg = dict(CONFIG, sliding_window=300, layer_types=["sliding_attention", "full_attention"])
+    (tmp_path / "smol" / "config.json").write_text(json.dumps(cfg))
+    code, out, _ = run_cli("check", str(path), "--format", "json")
+    # the full layer 1024 tokens, the sliding one 300; x 3 sequences x 128 bytes
+    assert (code, json.loads(out)["models"]["chat"]["kv_bytes"]) == (0, (1024 + 300) * 3 * 128)
+
+
+def test_the_bundle_pins_what_sizes_each_engine(tmp_path: Path, run_cli) -> None:
+    path = stack(tmp_path, "vllm", 'bin = "/opt/vllm/bin/python"\n')
+    assert run_cli("build", str(path), "-o", str(tmp_path / "b"))[0] == 0
+    conf = (tmp_path / "b" / "supervisord.conf").read_text()
+    assert (
+        f"/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server --model {tmp_path / 'smol'} --served-model-name "
+        "chat --host 127.0.0.1 --port 10001 --max-model-len 1000 --max-num-seqs 3 --max-num-batched-tokens 512 "
+        "--dtype bfloat16 --kv-cache-dtype auto"
+    ) in conf
+    env = dict(
+        line.split("=", 1) for line in (tmp_path / "b" / "env" / "chat.env").read_text().splitlines() if "=" in line
+    )
+    assert (env["VLLM_CPU_KVCACHE_SPACE"], env["HF_HUB_OFFLINE"], env["VLLM_NO_USAGE_STATS"]) == ('"1"', '"1"', '"1"')
+    path = stack(tmp_path, "mlx", 'prompt_cache = "64MiB"\nkv_cache = "q8_0"\n')
+    assert run_cli("build", str(path), "-o", str(tmp_path / "c"))[0] == 0
+    conf = (tmp_path / "c" / "supervisord.conf").read_text()
+    assert (
+        f"python3 -m mlx_lm.server --model {tmp_path / 'smol'} --host 127.0.0.1 --port 10001 --decode-concurrency 3 "
+        "--prompt-concurrency 3 --prefill-step-size 512 --prompt-cache-size 10 --prompt-cache-bytes 67108864 "
+        "--kv-bits 8"
+    ) in conf
+
+
+@pytest.mark.parametrize(
+    ("runtime", "extra", "message"),
+    [
+        ("vllm", 'kv_cache = "q4_0"\n', '12:12: models.chat.kv_cache: runtime = "vllm" has no q4_0 cache\n'
+         '  hint: use kv_cache = "f16" or "bf16" or "q8_0"'),
+        ("vllm", "", None),
+        ("mlx", 'hf = "HuggingFaceTB/SmolLM2-135M-Instruct"\n', '12:6: models.chat.hf: runtime = "mlx" loads a model '
+         "directory, which `umemc pull` does not fetch\n  hint: download it (hf download "
+         'HuggingFaceTB/SmolLM2-135M-Instruct --local-dir DIR) and give model = "DIR"'),
+    ],
+)  # fmt: skip
+def test_what_an_engine_cannot_run_is_refused_at_its_key(
+    tmp_path: Path, run_cli, runtime: str, extra: str, message: str | None
+) -> None:
+    path = stack(tmp_path, runtime, extra)
+    if message is None:  # a context past what the model was made for
+        path.write_text(path.read_text().replace("context = 1000", "context = 4096"))
+        message = (
+            "10:11: models.chat.context: 4096 tokens is past the 2048 the model was made for "
+            "(max_position_embeddings): vLLM refuses to start\n  hint: context = 2048"
+        )
+    code, out, err = run_cli("check", str(path))
+    assert (code, out) == (2, "")
+    assert err == f"{path}:{message}\n"
+
+
+def test_a_file_where_the_directory_goes_is_refused(tmp_path: Path, run_cli) -> None:
+    path = stack(tmp_path, "mlx")
+    (tmp_path / "one.safetensors").write_bytes(b"")
+    path.write_text(path.read_text().replace('model = "smol"', 'model = "one.safetensors"'))
+    code, out, err = run_cli("check", str(path))
+    assert (code, out) == (2, "")
+    assert err == (
+        f"{path}:9:9: models.chat.model: not a directory: {tmp_path / 'one.safetensors'}\n"
+        '  hint: runtime = "mlx" loads a Hugging Face model directory (config.json and *.safetensors)\n'
+    )
