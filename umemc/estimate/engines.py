@@ -3,10 +3,10 @@
 Weights: the safetensors headers' byte ranges (exact; umemc pins each engine to the stored dtype). KV cache:
 config.json's attention geometry x the tokens each engine allocates for `context` x `parallel`:
 
-- vLLM allocates its KV cache once, at start, as the bytes umemc gives it (--kv-cache-memory-bytes on a GPU;
-  VLLM_CPU_KVCACHE_SPACE, whole GiB, on its CPU backend), in blocks of 16 tokens (vllm/config/cache.py); umemc
-  gives it exactly what `context` x `parallel` needs, rounded up to whole blocks (and, on the CPU backend, whole
-  GiB): the figure is what vLLM holds, by construction.
+- vLLM allocates its KV cache once, at start, as the bytes umemc gives it (--kv-cache-memory-bytes, which its
+  CPU backend takes too: vllm/v1/worker/cpu_worker.py), in blocks of --block-size tokens (umemc pins vLLM's own
+  defaults: 16 on a GPU, 128 on its CPU backend, vllm/platforms/cpu.py); umemc gives it exactly what `context` x
+  `parallel` needs in whole blocks: the figure is what vLLM holds, by construction.
 - mlx-lm grows each sequence's cache in steps of 256 tokens (mlx_lm/models/cache.py, KVCache.step), keys and
   values in the model's activation dtype; a sliding-window layer keeps at most its window (RotatingKVCache). The
   server keeps finished requests' caches for reuse (its prompt cache), bounded by umemc to `prompt_cache` bytes.
@@ -24,12 +24,16 @@ from ..catalog.hfdir import HfModel
 from ..catalog.hfdir import read as read_dir
 from ..catalog.runtimes import MLX_KV, VLLM_KV
 from ..stack.resolve import LoadedStack, ResolvedModel
-from ..units import GiB
 from .figures import Estimate, Figure
 from .finish import finish
 from .overhead import overhead_figure
 
-VLLM_BLOCK = 16  # tokens per KV block (vllm CacheConfig.block_size's default)
+
+def vllm_block(kind: str) -> int:
+    """Tokens per KV block: vLLM's default on a GPU (CacheConfig) and on its CPU backend."""
+    return 128 if kind == "cpu" else 16
+
+
 MLX_STEP = 256  # tokens per growth step of an mlx-lm KVCache
 MLX_KV_GROUP = 64  # --kv-group-size: one scale and one bias (the activation dtype) per 64 elements
 
@@ -39,18 +43,20 @@ def engine_model(m: ResolvedModel) -> HfModel:
     return read_dir(m.model_path)
 
 
-def kv_bytes(runtime: str, model: HfModel, context: int, parallel: int, kv_cache: str) -> tuple[int, dict[str, object]]:
+def kv_bytes(
+    runtime: str, model: HfModel, context: int, parallel: int, kv_cache: str, kind: str
+) -> tuple[int, dict[str, object]]:
     """The KV cache's bytes and the inputs that made them."""
     a = model.attention
     dense = a.n_layer - a.sliding_layers
     if runtime == "vllm":
         _, size = VLLM_KV[kv_cache]
-        element = size or model.dtype_bytes
+        element, block = size or model.dtype_bytes, vllm_block(kind)
         per_token = 2 * a.n_kv_head * a.head_dim * element  # one layer's keys and values
-        blocks = math.ceil(context / VLLM_BLOCK)
-        window_blocks = min(blocks, math.ceil((a.sliding_window or 0) / VLLM_BLOCK) + 1)
-        tokens = VLLM_BLOCK * (dense * blocks + a.sliding_layers * window_blocks) * parallel
-        return tokens * per_token, {"block": VLLM_BLOCK, "element bytes": element, "layer tokens": tokens}
+        blocks = math.ceil(context / block)
+        window_blocks = min(blocks, math.ceil((a.sliding_window or 0) / block) + 1)
+        tokens = block * (dense * blocks + a.sliding_layers * window_blocks) * parallel
+        return tokens * per_token, {"block": block, "element bytes": element, "layer tokens": tokens}
     bits = MLX_KV[kv_cache]
     width = model.dtype_bytes if bits is None else bits / 8 + 2 * model.dtype_bytes / MLX_KV_GROUP
     steps = math.ceil(context / MLX_STEP) * MLX_STEP
@@ -61,11 +67,6 @@ def kv_bytes(runtime: str, model: HfModel, context: int, parallel: int, kv_cache
         "element bytes": width,
         "layer tokens": tokens,
     }
-
-
-def vllm_kv_space(kv: int) -> int:
-    """VLLM_CPU_KVCACHE_SPACE, whole GiB, for a KV cache of `kv` bytes."""
-    return max(1, math.ceil(kv / GiB))
 
 
 def estimate_engine(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
@@ -83,7 +84,7 @@ def estimate_engine(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
             "dtypes": ", ".join(f"{k}:{v}" for k, v in sorted(model.by_dtype.items())),
         },
     )
-    kv, how = kv_bytes(runtime, model, spec.context, spec.parallel, spec.kv_cache)
+    kv, how = kv_bytes(runtime, model, spec.context, spec.parallel, spec.kv_cache, loaded.platform.kind)
     geometry = {
         "layers": a.n_layer,
         "kv heads": a.n_kv_head,
@@ -94,19 +95,11 @@ def estimate_engine(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
         **how,
     }
     if runtime == "vllm":
-        if loaded.platform.kind == "cpu":  # its CPU backend takes whole GiB
-            given = vllm_kv_space(kv) * GiB
-            formula = (
-                f"layers x 2 (k,v) x kv heads x head dim x element bytes x context (whole {VLLM_BLOCK}-token blocks) "
-                "x parallel, rounded up to whole GiB: VLLM_CPU_KVCACHE_SPACE, which vLLM allocates at start"
-            )
-            kv_fig = Figure("kv", given, formula, {**geometry, "needed": kv})
-        else:
-            formula = (
-                f"layers x 2 (k,v) x kv heads x head dim x element bytes x context (whole {VLLM_BLOCK}-token blocks) "
-                "x parallel: --kv-cache-memory-bytes, which vLLM allocates at start"
-            )
-            kv_fig = Figure("kv", kv, formula, geometry)
+        formula = (
+            "layers x 2 (k,v) x kv heads x head dim x element bytes x context (whole blocks) x parallel: "
+            "--kv-cache-memory-bytes, which vLLM allocates at start"
+        )
+        kv_fig = Figure("kv", kv, formula, geometry)
     else:
         formula = (
             f"layers x 2 (k,v) x kv heads x head dim x element bytes x context (grown in {MLX_STEP}-token steps; "

@@ -29,10 +29,11 @@ PROCESS_BASE = {
     "whisper-server": 150 * MiB,
     "llama-cpp-python": 100 * MiB,  # measured: 72 MiB resident beyond its buffers (umemc calibrate, 0.3.36)
     "torch": 450 * MiB,
-    # vLLM's CPU backend: its API server, engine core and worker processes, each with torch (measured here, to be
-    # replaced by bench/engines.py's figure)
-    "vllm": 3600 * MiB,
-    "mlx": 250 * MiB,
+    # vLLM 0.32's CPU backend: its API server, engine core and worker processes, each with torch, resident beyond the
+    # weights, KV cache and activations (bench/engines.py: 2,431 MiB in all for SmolLM2-135M with 90 MiB of KV)
+    "vllm": 2100 * MiB,
+    # mlx-lm 0.32's server on MLX's CPU build: the interpreter, MLX, the tokenizer (bench/engines.py)
+    "mlx": 150 * MiB,
     "comfyui": 600 * MiB,
 }
 

@@ -31,12 +31,20 @@ if TYPE_CHECKING:
 EVERY_S = 0.1  # how often the stage is looked at while waiting
 TAIL = 256 * 1024
 STREAMS = re.compile(rb'"stream"\s*:\s*true')
-# llama.cpp's log lines that begin each step of a load (src/llama-model.cpp load_tensors, src/llama-context.cpp,
-# tools/server/server.cpp), latest first
+# The log lines that begin each step of a load, latest first: llama.cpp's (src/llama-model.cpp load_tensors,
+# src/llama-context.cpp, tools/server/server.cpp) and vLLM's, whose start takes minutes (its API server, then its
+# engine core process, its worker loading the weights, its KV cache allocated, its model warmed up or compiled:
+# vllm/v1/engine/core.py, vllm/v1/worker/*_model_runner.py, vllm/v1/core/kv_cache_utils.py)
 STEPS = (
     (b"model loaded", "warming up"),
     (b"llama_context: constructing llama_context", "allocating the KV cache and compute buffers"),
     (b"load_tensors: loading model tensors", "loading weights"),
+    (b"init engine (profile, create kv cache, warmup model) took", "starting its API server"),
+    (b"Warming up model", "warming up (compiling its graphs)"),
+    (b"KV cache size:", "KV cache allocated"),
+    (b"Loading weights took", "allocating the KV cache"),
+    (b"Starting to load model", "loading weights"),
+    (b"Initializing a V1 LLM engine", "starting its engine"),
 )
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 

@@ -248,6 +248,32 @@ class Call(NamedTuple):
 
 Relay = Callable[[web.Request, Model, Call, "Seen"], Awaitable[web.StreamResponse]]
 
+# What an engine is told the model is, whatever name the client asked by: vLLM answers only to its served name (the
+# stack's name; an alias or a shared name would be a 404), and mlx-lm loads whatever a request's "model" names, a
+# path or a Hub repository, in the worker's own memory: only its own ("default_model") may reach it, with none of
+# its other fields that load something (a draft model, adapters).
+ENGINE_MODEL = {"vllm": None, "mlx": "default_model"}
+ENGINE_LOADS = ("draft_model", "adapters")
+
+
+def for_worker(m: Model, body: bytes) -> bytes:
+    """The request body as the model's worker is sent it: for vLLM and MLX, a JSON object's "model" is the
+    worker's own name for the model, and mlx-lm's loading fields are dropped; anything else as it came."""
+    runtime = m.plan.runtime
+    if runtime not in ENGINE_MODEL or body.lstrip()[:1] != b"{":
+        return body
+    try:
+        doc = strict_json(body)
+    except ValueError:  # not JSON: the worker answers it as it would (400)
+        return body
+    if not isinstance(doc, dict):
+        return body
+    doc["model"] = ENGINE_MODEL[runtime] or m.name
+    if runtime == "mlx":
+        for key in ENGINE_LOADS:
+            doc.pop(key, None)
+    return json.dumps(doc).encode()
+
 
 async def forward(
     request: web.Request, m: Model, call: Call, relay: Relay | None = None, progress: Progress | None = None
@@ -255,6 +281,7 @@ async def forward(
     """Send one request to the model's worker, through its slot and the generation budget; `relay` (default: the
     answer as the worker gives it, renamed) makes the client's answer; `progress` says a long wait in the stream."""
     app, t0 = request.app, time.monotonic()
+    call = call._replace(body=for_worker(m, call.body))
     code = 499  # the client went away before an answer
     captures = app[CAPTURES]
     seen = Seen(head_limit=captures.limit if captures.on else 0)
