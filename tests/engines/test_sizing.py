@@ -133,24 +133,25 @@ def stack(tmp_path: Path, runtime: str, extra: str = "", kind: str = "cpu") -> P
 def test_vllm_on_the_cpu_is_given_its_kv_cache_in_128_token_blocks(tmp_path: Path, run_cli) -> None:
     code, out, err = run_cli("check", str(stack(tmp_path, "vllm")), "--format", "json")
     chat = json.loads(out)["models"]["chat"]
-    # 1000 tokens in 128-token blocks (the CPU backend's): 8 blocks = 1024 tokens; x 2 layers x 3 sequences; each
-    # layer-token 2 (k, v) x 2 heads x 16 x 2 bytes = 128 bytes
+    # 1000 tokens in 128-token blocks (the CPU backend's): 8 blocks a sequence x 3 sequences + vLLM's null block = 25
+    # blocks = 3200 tokens a layer, x 2 layers; each layer-token 2 (k, v) x 2 heads x 16 x 2 bytes = 128 bytes
     assert (code, err) == (0, "")
-    assert (chat["source"], chat["weights_bytes"], chat["kv_bytes"]) == ("safetensors", 94400 * 2, 786_432)
+    assert (chat["source"], chat["weights_bytes"], chat["kv_bytes"]) == ("safetensors", 94400 * 2, 819_200)
     # one prefill step's scores 4 heads x 512 x 1000 x 4 + MLP 3 x 512 x 160 x 2 + logits 3 x 128 x 4
     assert chat["compute_bytes"] == 4 * 512 * 1000 * 4 + 3 * 512 * 160 * 2 + 3 * 128 * 4
 
 
 def test_vllm_on_a_gpu_is_given_its_kv_cache_in_bytes_and_its_quota_as_its_fraction(tmp_path: Path, run_cli) -> None:
-    """In 16-token blocks on a GPU: 63 blocks = 1008 tokens x 2 layers x 3 sequences x 128 bytes. Its start-up
+    """In 16-token blocks on a GPU: 63 blocks x 3 sequences + the null block = 190 blocks = 3040 tokens, x 2 layers
+    x 128 bytes. Its start-up
     check of free memory is asked for the worker's GPU quota, not vLLM's default 0.9 of the shared pool."""
     path = stack(tmp_path, "vllm", kind="nvidia-unified")
     code, out, _ = run_cli("check", str(path), "--format", "json")
     chat = json.loads(out)["models"]["chat"]
-    assert (code, chat["kv_bytes"]) == (0, 774_144)
+    assert (code, chat["kv_bytes"]) == (0, 778_240)
     assert run_cli("build", str(path), "-o", str(tmp_path / "b"))[0] == 0
     conf = (tmp_path / "b" / "supervisord.conf").read_text()
-    assert "--kv-cache-memory-bytes 774144 --block-size 16 --gpu-memory-utilization " in conf
+    assert "--kv-cache-memory-bytes 778240 --block-size 16 --gpu-memory-utilization " in conf
     fraction = float(conf.split("--gpu-memory-utilization ")[1].split()[0])
     hard = chat["gpu_bytes"] * 1.1  # the GPU share with the default 10% quota headroom
     assert hard <= fraction * 16 * GiB <= hard + 16 * GiB / 10_000
@@ -178,7 +179,7 @@ def test_the_bundle_pins_what_sizes_each_engine(tmp_path: Path, run_cli) -> None
     assert (
         f"/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server --model {tmp_path / 'smol'} --served-model-name "
         "chat --host 127.0.0.1 --port 10001 --max-model-len 1000 --max-num-seqs 3 --max-num-batched-tokens 512 "
-        "--dtype bfloat16 --kv-cache-dtype auto --kv-cache-memory-bytes 786432 --block-size 128 --enforce-eager"
+        "--dtype bfloat16 --kv-cache-dtype auto --kv-cache-memory-bytes 819200 --block-size 128 --enforce-eager"
     ) in conf
     env = dict(
         line.split("=", 1) for line in (tmp_path / "b" / "env" / "chat.env").read_text().splitlines() if "=" in line

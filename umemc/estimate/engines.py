@@ -6,7 +6,7 @@ config.json's attention geometry x the tokens each engine allocates for `context
 - vLLM allocates its KV cache once, at start, as the bytes umemc gives it (--kv-cache-memory-bytes, which its
   CPU backend takes too: vllm/v1/worker/cpu_worker.py), in blocks of --block-size tokens (umemc pins vLLM's own
   defaults: 16 on a GPU, 128 on its CPU backend, vllm/platforms/cpu.py); umemc gives it exactly what `context` x
-  `parallel` needs in whole blocks: the figure is what vLLM holds, by construction.
+  `parallel` needs in whole blocks, and the null block vLLM keeps: the figure is what vLLM holds, by construction.
 - mlx-lm grows each sequence's cache in steps of 256 tokens (mlx_lm/models/cache.py, KVCache.step), keys and
   values in the model's activation dtype; a sliding-window layer keeps at most its window (RotatingKVCache). The
   server keeps finished requests' caches for reuse (its prompt cache), bounded by umemc to `prompt_cache` bytes.
@@ -55,7 +55,9 @@ def kv_bytes(
         per_token = 2 * a.n_kv_head * a.head_dim * element  # one layer's keys and values
         blocks = math.ceil(context / block)
         window_blocks = min(blocks, math.ceil((a.sliding_window or 0) / block) + 1)
-        tokens = block * (dense * blocks + a.sliding_layers * window_blocks) * parallel
+        # and one block more: vLLM keeps the pool's first block as its null block (vllm/v1/core/block_pool.py), never
+        # given to a request; without it a full-length request is refused at start
+        tokens = block * ((dense * blocks + a.sliding_layers * window_blocks) * parallel + a.n_layer)
         return tokens * per_token, {"block": block, "element bytes": element, "layer tokens": tokens}
     bits = MLX_KV[kv_cache]
     width = model.dtype_bytes if bits is None else bits / 8 + 2 * model.dtype_bytes / MLX_KV_GROUP
