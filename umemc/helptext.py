@@ -144,6 +144,11 @@ def _run(argv: list[str], timeout: float = TIMEOUT_S) -> str | None:
     return done.stdout + done.stderr
 
 
+def package_version(python: str, module: str) -> str:
+    """The version of the distribution that installs `module` in that interpreter's environment ("unknown")."""
+    return _version([python], module)
+
+
 def _version(argv: list[str], module: str | None) -> str:
     if module is not None:  # a Python package: its distribution's version
         top = module.split(".")[0]

@@ -232,3 +232,20 @@ def test_a_file_where_the_directory_goes_is_refused(tmp_path: Path, run_cli) -> 
         f"{path}:9:9: models.chat.model: not a directory: {tmp_path / 'one.safetensors'}\n"
         '  hint: runtime = "mlx" loads a Hugging Face model directory (config.json and *.safetensors)\n'
     )
+
+
+def test_init_finds_a_model_directory_for_this_machines_engine(tmp_path: Path, run_cli) -> None:
+    """Linux: vLLM (a Mac's init writes mlx); a directory linked into models/ is found too."""
+    _, nbytes = model_dir(tmp_path / "elsewhere" / "Tiny-Llama-hf")
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "Tiny-Llama-hf").symlink_to(tmp_path / "elsewhere" / "Tiny-Llama-hf")
+    code, _, err = run_cli("init", "--models", str(tmp_path / "models"), "-o", str(tmp_path / "stack.toml"))
+    assert code == 0, err
+    text = (tmp_path / "stack.toml").read_text()
+    assert (
+        '[models.tiny-llama-hf]\nruntime = "vllm"\nmodel = "models/Tiny-Llama-hf"  # 184.38 KiB of weights: llama, '
+        'bfloat16, 2 layers\ncontext = 2048\npriority = 80\nmode = "hot"\n'
+    ) in text
+    assert nbytes == 188_800  # 184.38 KiB
+    code, out, _ = run_cli("check", str(tmp_path / "stack.toml"), "--format", "json")
+    assert (code, json.loads(out)["models"]["tiny-llama-hf"]["weights_bytes"]) == (0, nbytes)

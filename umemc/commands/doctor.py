@@ -95,6 +95,28 @@ def report(stack: Path | None) -> dict[str, Any]:
         info = machine.meminfo()
         out["nvmap_used_bytes"] = info.get("NvMapMemUsed")
     out["findings"], out["findings_against"] = _findings(stack, m)
+    out["stack_engines"] = _stack_engines(stack) if stack is not None else None
+    return out
+
+
+def _stack_engines(stack: Path) -> dict[str, dict[str, str | None]]:
+    """Each model's engine as the stack names it: its program (for vLLM and MLX the interpreter whose environment
+    holds them) and the version installed there, or null where it is not installed."""
+    from ..compile.launchers import RUNTIMES
+    from ..helptext import installed, package_version
+    from ..stack.resolve import load_stack
+
+    out: dict[str, dict[str, str | None]] = {}
+    for name, m in load_stack(stack).models.items():
+        runtime = RUNTIMES[m.spec.runtime]
+        module = runtime.HELP_MODULE
+        if m.spec.runtime == "command" or m.spec.runtime == "comfyui":
+            continue
+        program = m.spec.bin or ("python3" if module else m.spec.runtime)
+        found = shutil.which(program)
+        present = found is not None and (module is None or installed(found, module))
+        version = package_version(found, module) if present and found and module else None
+        out[name] = {"runtime": m.spec.runtime, "program": found or program if present else None, "version": version}
     return out
 
 
@@ -212,6 +234,9 @@ def _print(r: dict[str, Any]) -> None:
         out.print(f"[bold]GPU memory[/]  per process: {len(r['gpu_processes'])} process(es) the driver lists")
     engines = [f"{e} ({p})" for e, p in r["engines"].items() if p]
     out.print(f"[bold]engines[/]     {escape(', '.join(engines)) if engines else 'none on PATH'}")
+    for name, e in (r.get("stack_engines") or {}).items():
+        where = f"{e['program']}" + (f", {e['version']}" if e["version"] else "") if e["program"] else "not installed"
+        out.print(f"  {escape(name)}: {escape(e['runtime'])} ({escape(where)})")
     out.print(f"[bold]findings[/]    against {escape(r['findings_against'])}")
     colour = {"ok": "green", "warn": "yellow", "fail": "red"}
     for f in r["findings"]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..catalog.runtimes import ENGINE_RUNTIMES
 from ..errors import UsageError
 from ..runtime.probes.machine import Machine, detect
 from ..stack.models import NAME_PATTERN
@@ -215,7 +216,9 @@ class Found:
         if self.mmproj:
             lines.append(f"mmproj = {toml_string(self.mmproj)}")
         if self.family == "llm":
-            lines += [f"context = {self.context}", 'kv_cache = "q8_0"']
+            lines += [f"context = {self.context}"]
+            if self.runtime not in ENGINE_RUNTIMES:  # an engine's f16 cache: MLX's 8-bit one serves one request at once
+                lines.append('kv_cache = "q8_0"')
         if self.no_template:
             lines.append(f'chat_template = "{self.no_template}"  # the file has none; llama.cpp\'s built-in for it')
         elif self.no_template is not None:
@@ -238,8 +241,10 @@ def scaffold(out: Path, args: argparse.Namespace) -> list[Found]:
     here = out.parent if str(out.parent) else Path(".")
     directory = Path(args.models) if args.models else here / "models"
     found = _local(directory, here) if args.models or directory.is_dir() else []
+    if args.models or directory.is_dir():
+        found += _engine_dirs(directory, here)
     if args.models and not found:
-        raise UsageError(f"umemc init: no GGUF model file in {args.models}")
+        raise UsageError(f"umemc init: no GGUF model file and no Hugging Face model directory in {args.models}")
     for spelling in args.hf:
         try:
             found.append(_on_hub(spelling))
@@ -288,6 +293,59 @@ def _local(directory: Path, stack_dir: Path) -> list[Found]:
         name = _name(p.name, f.basename)
         out.append(_found(name, "model", rel, f, None if proj is None else os.path.relpath(proj, stack_dir)))
     return out
+
+
+def _engine_dirs(directory: Path, stack_dir: Path) -> list[Found]:
+    """The Hugging Face model directories under `directory` (config.json beside *.safetensors), for the engine of
+    this machine: MLX on a Mac, vLLM elsewhere."""
+    import os
+
+    from ..catalog.hfdir import NotAModel, is_model_dir, read
+    from ..runtime.probes import hostroot
+
+    engine = "mlx" if hostroot.host_os() == "darwin" else "vllm"
+    out = []
+    for config in _configs(directory):
+        if not is_model_dir(config.parent):
+            continue
+        try:
+            model = read(config.parent)
+        except (NotAModel, OSError):
+            continue
+        a = model.attention
+        kind = str(model.config.get("model_type") or "model")
+        quant = model.quantization.get("bits")
+        what = f"{kind}, {f'{quant}-bit' if quant else model.dtype}, {a.n_layer} layers"
+        out.append(
+            Found(
+                _name(config.parent.name),
+                "model",
+                os.path.relpath(os.path.abspath(config.parent), os.path.abspath(stack_dir)),
+                engine,
+                "llm",
+                model.tensor_bytes,
+                what,
+                min(8192, a.max_position or 8192),
+            )
+        )
+    return out
+
+
+def _configs(directory: Path) -> list[Path]:
+    """Every config.json under `directory`, a directory linked in (a model kept elsewhere) included, each real
+    directory once (a link back up is no loop)."""
+    import os
+
+    seen, out = set(), []
+    for root, dirs, files in os.walk(directory, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        if "config.json" in files:
+            out.append(Path(root) / "config.json")
+    return sorted(out)
 
 
 def _on_hub(spelling: str) -> Found:
