@@ -71,7 +71,8 @@ def test_the_weights_are_the_tensors_bytes_the_files_store(tmp_path: Path) -> No
     # 128x64 + 64 + 2 x (64x64 + 2x32x64 + 64x64 + 3x160x64 + 64) elements, 2 bytes each
     assert nbytes == 2 * (128 * 64 + 64 + 2 * (64 * 64 + 2 * 32 * 64 + 64 * 64 + 3 * 160 * 64 + 64))
     assert (model.tensor_bytes, model.n_tensors, model.by_dtype) == (nbytes, 18, {"F16": nbytes})
-    assert (model.dtype, model.vocab) == ("bfloat16", 128)
+    # config.json says bfloat16, the files hold float16: the engine is pinned to what the files hold
+    assert (model.dtype, model.vocab) == ("float16", 128)
     a = model.attention
     assert (a.n_layer, a.n_kv_head, a.head_dim, a.sliding_window, a.max_position) == (2, 2, 16, None, 2048)
 
@@ -179,7 +180,7 @@ def test_the_bundle_pins_what_sizes_each_engine(tmp_path: Path, run_cli) -> None
     assert (
         f"/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server --model {tmp_path / 'smol'} --served-model-name "
         "chat --host 127.0.0.1 --port 10001 --max-model-len 1000 --max-num-seqs 3 --max-num-batched-tokens 512 "
-        "--dtype bfloat16 --kv-cache-dtype auto --kv-cache-memory-bytes 819200 --block-size 128 --enforce-eager"
+        "--dtype float16 --kv-cache-dtype auto --kv-cache-memory-bytes 819200 --block-size 128 --enforce-eager"
     ) in conf
     env = dict(
         line.split("=", 1) for line in (tmp_path / "b" / "env" / "chat.env").read_text().splitlines() if "=" in line
@@ -244,8 +245,32 @@ def test_init_finds_a_model_directory_for_this_machines_engine(tmp_path: Path, r
     text = (tmp_path / "stack.toml").read_text()
     assert (
         '[models.tiny-llama-hf]\nruntime = "vllm"\nmodel = "models/Tiny-Llama-hf"  # 184.38 KiB of weights: llama, '
-        'bfloat16, 2 layers\ncontext = 2048\npriority = 80\nmode = "hot"\n'
+        'float16, 2 layers\ncontext = 2048\npriority = 80\nmode = "hot"\n'
     ) in text
     assert nbytes == 188_800  # 184.38 KiB
     code, out, _ = run_cli("check", str(tmp_path / "stack.toml"), "--format", "json")
     assert (code, json.loads(out)["models"]["tiny-llama-hf"]["weights_bytes"]) == (0, nbytes)
+
+
+def test_kubernetes_runs_vllm_in_its_official_image_and_refuses_mlx(tmp_path: Path, run_cli) -> None:
+    import yaml
+
+    path = stack(tmp_path, "vllm", kind="nvidia-discrete")
+    path.write_text(path.read_text().replace('os_reserve = "1GiB"', 'os_reserve = "1GiB"\ngpu_window = "8GiB"'))
+    code, _, err = run_cli("build", str(path), "--target", "kubernetes", "-o", str(tmp_path / "k"), "--files-later")
+    assert code == 0, err
+    docs = list(yaml.safe_load_all((tmp_path / "k" / "kubernetes" / "models" / "chat.yaml").read_text()))
+    pod = next(d for d in docs if d and d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert (container["image"], container["command"]) == ("vllm/vllm-openai:v0.32.0", ["python3"])
+    assert container["args"][:4] == ["-m", "vllm.entrypoints.openai.api_server", "--model", str(tmp_path / "smol")]
+    path = stack(tmp_path, "mlx", kind="nvidia-discrete")
+    path.write_text(path.read_text().replace('os_reserve = "1GiB"', 'os_reserve = "1GiB"\ngpu_window = "8GiB"'))
+    code, out, err = run_cli("build", str(path), "--target", "kubernetes", "-o", str(tmp_path / "m"))
+    assert (code, out) == (2, "")
+    assert err == (
+        f'{path}:9:11: models.chat.runtime: runtime = "mlx" cannot run in a container: MLX serves from Apple '
+        "silicon's GPU (Metal), which no container reaches\n"
+        '  hint: run it with `umemc up` on the Mac, or use runtime = "vllm" or "llama-server" on this cluster\n'
+    )
+    assert not (tmp_path / "m").exists()

@@ -60,7 +60,9 @@ class HfModel:
     by_dtype: dict[str, int]  # dtype -> bytes stored in it
     n_tensors: int
     attention: Attention
-    dtype: str  # the model's own dtype (config's torch_dtype/dtype), e.g. "bfloat16"
+    # the dtype the engine runs it in: the float dtype most of its bytes are stored in (an engine pinned to it holds
+    # the weights as stored; a quantized model's scales say its activations'), else config.json's torch_dtype
+    dtype: str
     quantization: dict[str, object] = field(default_factory=dict)  # MLX's or a quantization_config
     vocab: int = 0
 
@@ -102,7 +104,7 @@ def read(path: Path) -> HfModel:
         by_dtype=by_dtype,
         n_tensors=count,
         attention=_attention(geometry),
-        dtype=dtype or _stored_dtype(by_dtype),
+        dtype=_stored_dtype(by_dtype) or dtype or "float16",
         quantization=quant if isinstance(quant, dict) else {},
         vocab=vocab if isinstance(vocab, int) and vocab > 0 else 0,
     )
@@ -223,8 +225,8 @@ def _attention(doc: dict[str, object]) -> Attention:
     return Attention(n_layer, n_kv, head_dim, window, sliding, _int(doc, "max_position_embeddings"))
 
 
-def _stored_dtype(by_dtype: dict[str, int]) -> str:
-    """The float dtype most bytes are stored in, as a torch name (a config without one)."""
+def _stored_dtype(by_dtype: dict[str, int]) -> str | None:
+    """The float dtype most bytes are stored in, as a torch name; None where no tensor is a float."""
     names = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
     floats = {k: v for k, v in by_dtype.items() if k in names}
-    return names[max(floats, key=lambda k: floats[k])] if floats else "float16"
+    return names[max(floats, key=lambda k: floats[k])] if floats else None

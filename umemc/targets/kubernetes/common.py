@@ -25,6 +25,9 @@ DEFAULT_IMAGES = {
     ("llama-server", "cpu"): f"ghcr.io/ggml-org/llama.cpp:server-{LLAMA_CPP_BUILD}",
     ("llama-server", "amd-apu"): f"ghcr.io/ggml-org/llama.cpp:server-vulkan-{LLAMA_CPP_BUILD}",
     ("llama-server", "nvidia-discrete"): f"ghcr.io/ggml-org/llama.cpp:server-cuda-{LLAMA_CPP_BUILD}",
+    # vLLM's own OpenAI server image (amd64, CUDA), pinned to the release the vllm launcher spells for; umemc gives
+    # it `python3 -m vllm.entrypoints.openai.api_server` and the pinned flags as its command
+    ("vllm", "nvidia-discrete"): "vllm/vllm-openai:v0.32.0",
 }
 ARM64_KINDS = frozenset({"nvidia-unified"})
 GATEWAY_IMAGE = "ghcr.io/berriai/litellm:v1.89.4"

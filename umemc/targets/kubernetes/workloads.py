@@ -43,6 +43,13 @@ def _image(plan: Plan, m: ModelPlan, node: Node) -> str:
     """The model's own image, else its node's for the runtime, else the official one (pinned). A model's own image
     on a node that names another for its runtime is refused (another architecture or driver)."""
     spec, at, kind = m.model.spec, ("models", m.name), node.plan.platform.kind
+    if spec.runtime == "mlx":
+        raise plan.source.error(
+            at + ("runtime",),
+            'runtime = "mlx" cannot run in a container: MLX serves from Apple silicon\'s GPU (Metal), which no '
+            "container reaches",
+            'run it with `umemc up` on the Mac, or use runtime = "vllm" or "llama-server" on this cluster',
+        )
     given: list[tuple[str, tuple[str, ...]]] = [(spec.image, at + ("image",))] if spec.image else []
     if spec.runtime in node.images:
         given.append((node.images[spec.runtime], ("nodes", node.name, "images", spec.runtime)))
