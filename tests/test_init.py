@@ -200,7 +200,11 @@ def test_init_sets_the_chat_template_a_file_lacks_where_its_architecture_says_it
     """Gemma 3 270M's GGUF has no chat template: init names Gemma's built-in one, and check then warns of nothing;
     SmolLM2's file has its own (ChatML), so its model gets none. The hot chat model is the one that carries a chat
     template (SmolLM2-Instruct), though Gemma 3 is the larger: a file without one is likely a base model, said so."""
-    code, out, err = run_cli("init", "--platform", "strix-halo-128", "--models", str(MODELS), cwd=tmp_path)
+    models = tmp_path / "models"  # the two GGUF files alone (.venv/models may hold a Hugging Face directory too)
+    models.mkdir()
+    for name in ("SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"):
+        (models / name).symlink_to(MODELS / name)
+    code, out, err = run_cli("init", "--platform", "strix-halo-128", "--models", str(models), cwd=tmp_path)
     assert code == 0, err
     assert out.strip().endswith(
         "; gemma3 carries no chat template (likely a base model: it continues text, ask it with /v1/completions); "
