@@ -160,8 +160,11 @@ def test_vllm_on_a_gpu_is_given_its_kv_cache_in_bytes_and_its_quota_as_its_fract
 
 def test_mlx_grows_its_cache_in_steps_of_256_tokens(tmp_path: Path, run_cli) -> None:
     code, out, _ = run_cli("check", str(stack(tmp_path, "mlx")), "--format", "json")
+    chat = json.loads(out)["models"]["chat"]
     # 1000 tokens -> 4 steps of 256 = 1024; x 2 layers x 3 sequences x 128 bytes = 786,432
-    assert (code, json.loads(out)["models"]["chat"]["kv_bytes"]) == (0, 786_432)
+    assert (code, chat["kv_bytes"]) == (0, 786_432)
+    # its 3 prompts prefilled at once, 512 tokens of each: scores 4 heads x 1536 x 1000 x 4, MLP 3 x 1536 x 160 x 2
+    assert chat["compute_bytes"] == 4 * 1536 * 1000 * 4 + 3 * 1536 * 160 * 2
 
 
 def test_mlx_sliding_layers_keep_their_window(tmp_path: Path, run_cli) -> None:

@@ -122,7 +122,9 @@ def _activations(runtime: str, model: HfModel, context: int, parallel: int, ubat
     hidden = int(cfg.get("hidden_size") or 0)
     ff = int(cfg.get("intermediate_size") or 4 * hidden)
     heads = int(cfg.get("num_attention_heads") or 1)
-    step = min(ubatch, context)
+    # vLLM's step is --max-num-batched-tokens across every sequence; mlx-lm prefills --prompt-concurrency (=
+    # parallel) prompts at once, a step of each
+    step = min(ubatch, context) * (parallel if runtime == "mlx" else 1)
     element = model.dtype_bytes
     scores = heads * step * context * 4  # one step's attention scores against the whole context, f32
     mlp = 3 * step * ff * element  # gate, up and their product
@@ -130,7 +132,8 @@ def _activations(runtime: str, model: HfModel, context: int, parallel: int, ubat
         Figure(
             "prefill step",
             scores + mlp,
-            "heads x step x context x 4 (scores) + 3 x step x intermediate x dtype",
+            "heads x step x context x 4 (scores) + 3 x step x intermediate x dtype"
+            + (" (a step of each of the parallel prompts prefilled at once)" if runtime == "mlx" else ""),
             {"step": step, "heads": heads, "intermediate": ff},
         )
     ]
