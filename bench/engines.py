@@ -173,11 +173,12 @@ def main_() -> None:
         if r["vllm_kv_tokens"] is not None:
             e = r["estimate"]
             assert isinstance(e, dict)
+            blocks = -(-args.context // 128) * args.parallel + 1
             lines.append(
                 f"\nvLLM's own report: KV cache explicitly set to {r['vllm_kv_gib']} GiB, {r['vllm_kv_tokens']:,} "
-                f"tokens; umemc gave it {e['kv_bytes']:,} bytes = {args.context} x {args.parallel} tokens "
-                f"x 23,040 bytes a token (30 layers x 2 x 3 heads x 64 x 2 bytes): "
-                f"{r['vllm_kv_tokens'] * 23040:,} bytes by its count."
+                f"tokens; umemc gave it {e['kv_bytes']:,} bytes = ({args.context} / 128 x {args.parallel} + its null "
+                f"block) = {blocks} blocks of 128 tokens x 23,040 bytes a token (30 layers x 2 x 3 heads x 64 x 2 "
+                f"bytes): {r['vllm_kv_tokens'] * 23040:,} bytes by its count."
             )
     write_section("vLLM and MLX: the estimate vs the engine and the worker's peak (bench/engines.py)", "\n".join(lines))
 
