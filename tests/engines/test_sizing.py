@@ -206,9 +206,6 @@ def test_the_bundle_pins_what_sizes_each_engine(tmp_path: Path, run_cli) -> None
         ("vllm", 'kv_cache = "q4_0"\n', '12:12: models.chat.kv_cache: runtime = "vllm" has no q4_0 cache\n'
          '  hint: use kv_cache = "f16" or "bf16" or "q8_0"'),
         ("vllm", "", None),
-        ("mlx", 'hf = "HuggingFaceTB/SmolLM2-135M-Instruct"\n', '12:6: models.chat.hf: runtime = "mlx" loads a model '
-         "directory, which `umemc pull` does not fetch\n  hint: download it (hf download "
-         'HuggingFaceTB/SmolLM2-135M-Instruct --local-dir DIR) and give model = "DIR"'),
     ],
 )  # fmt: skip
 def test_what_an_engine_cannot_run_is_refused_at_its_key(

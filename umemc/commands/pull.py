@@ -58,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _wanted(loaded: LoadedStack, args: argparse.Namespace) -> list[tuple[str, str, HfRef, Path]]:
+    from ..catalog.runtimes import ENGINE_RUNTIMES
+    from ..hub.directory import parse_repo
     from ..hub.ref import parse
 
     unknown = [m for m in args.models if m not in loaded.models]
@@ -70,9 +72,13 @@ def _wanted(loaded: LoadedStack, args: argparse.Namespace) -> list[tuple[str, st
         spec = m.spec
         for key, value, path in (("hf", spec.hf, m.model_path), ("mmproj_hf", spec.mmproj_hf, m.mmproj_path)):
             if value is not None and path is not None:
-                out.append((m.name, key, parse(value, spec.hf_revision), path))
+                whole = spec.runtime in ENGINE_RUNTIMES  # a model directory: the whole repository
+                out.append((m.name, key, (parse_repo if whole else parse)(value, spec.hf_revision), path))
     if not out:
-        raise UsageError(f'umemc pull: no model of {args.stack} names a Hub file (hf = "owner/repo/file.gguf")')
+        raise UsageError(
+            f'umemc pull: no model of {args.stack} names a Hub file (hf = "owner/repo/file.gguf") or, for vLLM and '
+            'MLX, a repository (hf = "owner/repo")'
+        )
     return out
 
 
@@ -87,17 +93,23 @@ def _one(
 ) -> int:
     """Pull one file (all its parts); returns 1 when the lock gained something to record."""
     from ..estimate.hub_header import header_fields
+    from ..hub.directory import pull_remote
     from ..hub.download import needed, pull
     from ..hub.remote import describe
     from ..units import human
 
-    remote = describe(ref, header_fields)
+    if ref.path:
+        remote = describe(ref, header_fields)
+        parts = f" ({len(remote.parts)} parts)" if len(remote.parts) > 1 else ""
+    else:  # vLLM's and MLX's model directory
+        remote = pull_remote(ref)
+        parts = f" ({len(remote.parts)} files)"
     total = sum(p.size for p in remote.parts)
-    parts = f" ({len(remote.parts)} parts)" if len(remote.parts) > 1 else ""
+    what = f"{ref.repo}/{ref.path}" if ref.path else ref.repo
     if args.dry_run:
         todo = needed(remote, dest)
         state = "here" if not todo else f"{human(todo)} to download"
-        print(f"{name}: {ref.repo}/{ref.path}{parts} at {remote.commit[:12]}, {human(total)} -> {dest}: {state}")
+        print(f"{name}: {what}{parts} at {remote.commit[:12]}, {human(total)} -> {dest}: {state}")
         return 0
     start = time.monotonic()
     fetched = pull(remote, dest, progress=not args.quiet, verify=args.verify)
@@ -109,8 +121,8 @@ def _one(
         checked = "sha256 verified at its download, size and mtime unchanged since (--verify hashes it again)"
     else:
         checked = "sha256 verified"
-    what = f"downloaded {human(got)} in {took:.1f} s" if got else "already here"
-    print(f"{name}: {ref.repo}/{ref.path}{parts} at {remote.commit[:12]} -> {dest}: {what}, {checked}")
+    said = f"downloaded {human(got)} in {took:.1f} s" if got else "already here"
+    print(f"{name}: {what}{parts} at {remote.commit[:12]} -> {dest}: {said}, {checked}")
     if key != "hf" or loaded.models[name].spec.runtime not in _llama():
         return 0
     entries[name] = _entry(entries.get(name), remote, dest)

@@ -39,8 +39,10 @@ MLX_KV_GROUP = 64  # --kv-group-size: one scale and one bias (the activation dty
 
 
 def engine_model(m: ResolvedModel) -> HfModel:
-    assert m.model_path is not None
-    return read_dir(m.model_path)
+    """The model's directory as read from its files: the downloaded one, else the sparse copy of it on the Hub."""
+    where = m.model_path if m.model_present else m.sized_from
+    assert where is not None
+    return read_dir(where)
 
 
 def kv_bytes(

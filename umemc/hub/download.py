@@ -40,7 +40,10 @@ class Fetched:
 
 
 def where(ref: HfRef, dest: Path, part: str) -> Path:
-    """Where a part goes: the first at `dest`, the others beside it under their own names."""
+    """Where a part goes: the first at `dest`, the others beside it under their own names; a whole repository's
+    files (a model directory: the ref names no file) into `dest`."""
+    if not ref.path:
+        return dest / PurePosixPath(part).name
     return dest if part == ref.path else dest.parent / PurePosixPath(part).name
 
 

@@ -62,6 +62,7 @@ class ResolvedModel(NamedTuple):
     max_concurrency: int
     port: int
     chat_template_file: Path | None = None  # `chat_template` given as a Jinja file (a built-in name stays in spec)
+    sized_from: Path | None = None  # vLLM/MLX on the Hub, not downloaded: the sparse copy its headers sized
 
 
 @dataclass(frozen=True)
@@ -561,19 +562,27 @@ def _model(
     quant = _quant(spec, src, at)
     _check_min_quant(spec, src, at)
     locked = lock is not None and lock.header is not None and spec.runtime in LLAMA_RUNTIMES
-    model_path, model_present = _file(
-        doc,
-        model_value,
-        model_at,
-        spec,
-        llama=spec.runtime in LLAMA_RUNTIMES,
-        locked=locked,
-        hub=_hub_note(lock, hub_problem) if spec.hf and spec.runtime in LLAMA_RUNTIMES else None,
-    )
+    sized_from: Path | None = None
+    model_path: Path | None
+    on_hub = spec.runtime in ENGINE_RUNTIMES and spec.hf is not None
+    if on_hub and model_value is not None and not _local(doc, model_value).exists():
+        model_path, model_present = _local(doc, model_value), False
+        sized_from = _engine_on_hub(doc, spec, model_at, model_path)
+    else:
+        model_path, model_present = _file(
+            doc,
+            model_value,
+            model_at,
+            spec,
+            llama=spec.runtime in LLAMA_RUNTIMES,
+            locked=locked,
+            hub=_hub_note(lock, hub_problem) if spec.hf and spec.runtime in LLAMA_RUNTIMES else None,
+        )
     mmproj_path, mmproj_present = _file(doc, mmproj_value, mmproj_at, spec, llama=True, is_mmproj=True)
-    if spec.runtime in ENGINE_RUNTIMES and model_present and model_path is not None:
-        _check_engine_dir(spec, src, at, model_at, model_path)
-    _check_size_source(spec, src, at, model_present=model_present or locked)
+    engine_dir = model_path if model_present else sized_from
+    if spec.runtime in ENGINE_RUNTIMES and engine_dir is not None:
+        _check_engine_dir(spec, src, at, model_at, engine_dir)
+    _check_size_source(spec, src, at, model_present=model_present or locked or sized_from is not None)
     mmap = spec.mmap if spec.mmap is not None else not platform.unified
     return ResolvedModel(
         name,
@@ -588,7 +597,35 @@ def _model(
         spec.max_concurrency or spec.parallel,
         port,
         _chat_template(doc, spec, at),
+        sized_from,
     )
+
+
+def _engine_on_hub(doc: Document, spec: ModelSpec, at: tuple[str, ...], path: Path) -> Path | None:
+    """A vLLM or MLX model on the Hub, not downloaded: the sparse copy of its directory its headers sized (None where
+    the Hub could not be asked and `memory` gives the size)."""
+    from ..hub.directory import parse_repo, sparse_copy
+    from ..hub.ref import HubFailure
+
+    pull = "`umemc pull` downloads it"
+    try:
+        copy, remote = sparse_copy(parse_repo(str(spec.hf), spec.hf_revision))
+    except HubFailure as exc:
+        if spec.memory is not None:
+            doc.warnings.append(doc.source.warning(at, f"not downloaded yet ({path}): {exc}; {pull}"))
+            return None
+        raise doc.source.error(
+            at, f"not downloaded yet ({path}), and the Hub could not size it: {exc}", f"{pull}, or give memory"
+        ) from None
+    size = sum(p.size for p in remote.parts)
+    doc.warnings.append(
+        doc.source.warning(
+            at,
+            f"not downloaded yet ({path}): sized from its files' headers on the Hub ({spec.hf} at "
+            f"{remote.commit[:12]}, {size} bytes); {pull}",
+        )
+    )
+    return copy
 
 
 def _chat_template(doc: Document, spec: ModelSpec, at: tuple[str, ...]) -> Path | None:
@@ -658,12 +695,14 @@ def _hub_files(spec: ModelSpec, src: Source, at: tuple[str, ...], models_dir: st
                 f'runtime = "{spec.runtime}" loads no single model file',
                 "download it yourself and name its directory in the worker's own arguments",
             )
+        if spec.runtime in ENGINE_RUNTIMES and key == "mmproj_hf":
+            raise src.error(at + (key,), f'runtime = "{spec.runtime}" loads no projector file', "remove mmproj_hf")
         try:
-            ref = parse(value, spec.hf_revision)
+            ref = _hub_ref(spec, value)
         except RefError as exc:
             raise src.error(at + (key,), str(exc), exc.hint) from None
         local = spec.model if key == "hf" else spec.mmproj
-        if local is not None and len(ref.parts) > 1 and Path(local).name != Path(ref.path).name:
+        if local is not None and ref.path and len(ref.parts) > 1 and Path(local).name != Path(ref.path).name:
             raise src.error(
                 at + ("model" if key == "hf" else "mmproj",),
                 f"a split GGUF keeps its parts' names: must end in {Path(ref.path).name}",
@@ -675,11 +714,24 @@ def _hub_files(spec: ModelSpec, src: Source, at: tuple[str, ...], models_dir: st
     def named(local: str | None, hub: str | None, key: str) -> Named:
         if local is not None or hub is None:
             return local, at + (key,)
+        if spec.runtime in ENGINE_RUNTIMES:  # a whole repository: MODELS_DIR/owner/name
+            from ..hub.directory import local_dir
+
+            return str(local_dir(_hub_ref(spec, hub), models_dir)), at + ("hf",)
         return str(parse(hub, spec.hf_revision).local_path(models_dir)), at + (
             f"{key}_hf" if key == "mmproj" else "hf",
         )
 
     return named(spec.model, spec.hf, "model"), named(spec.mmproj, spec.mmproj_hf, "mmproj")
+
+
+def _hub_ref(spec: ModelSpec, value: str) -> HfRef:
+    """`hf` as the runtime loads it: a file (owner/name/path) for llama.cpp and whisper.cpp, a whole repository
+    (owner/name) for vLLM and MLX."""
+    from ..hub.directory import parse_repo
+    from ..hub.ref import parse
+
+    return parse_repo(value, spec.hf_revision) if spec.runtime in ENGINE_RUNTIMES else parse(value, spec.hf_revision)
 
 
 def _hub_note(lock: LockEntry | None, problem: str | None) -> tuple[str | None, str | None]:
@@ -931,12 +983,6 @@ def _check_engine_keys(spec: ModelSpec, src: Source, at: tuple[str, ...]) -> Non
             at + ("kv_cache",),
             f'runtime = "{spec.runtime}" has no {spec.kv_cache} cache',
             f"use kv_cache = {' or '.join(toml_repr(k) for k in kinds)}",
-        )
-    if spec.hf is not None:
-        raise src.error(
-            at + ("hf",),
-            f'runtime = "{spec.runtime}" loads a model directory, which `umemc pull` does not fetch',
-            f'download it (hf download {spec.hf} --local-dir DIR) and give model = "DIR"',
         )
 
 
