@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import itertools
 import json
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -743,6 +744,25 @@ def test_a_worker_that_cannot_start_is_said_once_supervisord_gives_up(stack: Any
         "umemc-wrap: cannot run /nonexistent/worker: No such file or directory"
         in (gw.run.run_dir / "state" / "logs" / "x.err.log").read_text()
     )
+
+
+def test_a_worker_that_dies_at_every_start_after_its_startsecs_ends_the_start(stack: Any) -> None:
+    """A worker that lives past supervisord's startsecs and then dies, every time (vLLM refusing a setting after
+    its engine came up): supervisord restarts it for good, so the start ends at its third death with why, not
+    after start_timeout (10 minutes by default)."""
+    code = "import time; time.sleep(5.5); print('refused: no room for one request', flush=True); raise SystemExit(1)"
+    text = stack_text("gw-dies", "", slots=2) + (
+        f'\n[models.x]\nruntime = "command"\ncommand = ["{sys.executable}", "-c", "{code}"]\nmemory = "64MiB"\n'
+        f'port = {free_port()}\nmode = "cold"\n'
+    )
+    gw = Gateway(stack(text, "--force"))
+    status, _, body = gw.call("POST", "/v1/completions", {"model": "x", "prompt": "hi"}, timeout=300)
+    assert (status, body["error"]["code"]) == (503, "start_failed")
+    assert body["error"]["message"] == (
+        "worker x failed to start: it exited 3 times before it answered; `umemc logs x` shows why"
+    )
+    log = (gw.run.run_dir / "state" / "logs" / "x.out.log").read_text()
+    assert log.count("refused: no room for one request") >= 3
 
 
 def test_a_cold_models_port_taken_by_another_program_is_refused_not_relayed_to(stack: Any) -> None:

@@ -40,6 +40,10 @@ HEALTH_POLL_S = 0.1
 # a starting worker is asked every 2 ms in its first half second (a refused connection costs ~0.1 ms of the loop),
 # every 10 ms to the end of its first second, then every HEALTH_POLL_S (a model loading for minutes)
 FIRST_POLLS = ((0.5, 0.002), (1.0, 0.01))
+# The runs of a worker one start waits for: supervisord restarts a worker that dies after its startsecs for good
+# (autorestart), which one that fails later in its own start (a refused setting, a model it cannot load) does at
+# every try; its third death ends the start, rather than start_timeout
+START_RUNS = 3
 EXITED_GRACE_S = 3.0  # supervisord restarts an exited autorestart program at once
 # how long a gated start waits for the processes of its victims (their KV slots saved, their stop), after which its
 # wrapper refuses to start the worker beside them; the gateway removes the gate long before, unless it died
@@ -278,10 +282,21 @@ class Process:
         deadline = began + self.owner.gw.start_timeout_s
         exited_since: float | None = None
         state, asked = m.state, -HEALTH_POLL_S
+        runs: set[int] = set()  # the worker's processes seen in this start: one that dies after startsecs comes back
         while time.monotonic() < deadline:
             if time.monotonic() - asked >= HEALTH_POLL_S or state not in ANSWERING:
                 info = (await self.processes()).get(m.name, {})
                 state, asked = self.owner.sync.observe(m, info), time.monotonic()
+                if info.get("pid"):
+                    runs.add(int(info["pid"]))
+                if len(runs) > START_RUNS:  # a worker that dies at every start (vLLM refusing its flags after 45 s)
+                    raise Refused(
+                        f"worker {m.name} failed to start: it exited {len(runs) - 1} times before it answered; "
+                        f"`umemc logs {m.name}` shows why",
+                        "start_failed",
+                        10,
+                        private=f"log: {self.owner.run.log(m.name)}",
+                    )
                 # EXITED is where a crashed worker waits for supervisord's autorestart (a moment): not a failure
                 # unless it stays there
                 exited_since = (exited_since or time.monotonic()) if state is ProcState.EXITED else None
