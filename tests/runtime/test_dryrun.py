@@ -228,3 +228,62 @@ def test_a_hub_model_is_asked_on_its_header_before_it_is_downloaded(
     assert {k: asked[k] for k in figures} == {k: on_disk[k] for k in figures}
     assert served == 4 * MiB and falcon.stat().st_size > 16 * served  # the header's first read, not the weights
     assert not (tmp_path / "models").exists()  # nothing downloaded
+
+
+def _set_compute(tmp_path: Path, compute: int) -> None:
+    """The recorded dry run's compute buffer set to `compute` bytes, its output buffer to nothing: what llama.cpp
+    answers for an architecture umemc's hand model over-counts (the issue's: up to 112% over)."""
+    path = tmp_path / "stack.calibration.json"
+    doc = json.loads(path.read_text())
+    buffers = doc["models"]["m"]["dry_run"]["buffers"]
+    for b in buffers.values():
+        b.pop("compute", None)
+        b.pop("output", None)
+    buffers["CPU"]["compute"] = compute
+    path.write_text(json.dumps(doc))
+
+
+def test_llama_cpps_own_answer_is_never_overruled_by_the_hand_model(falcon: Path, tmp_path: Path, run_cli) -> None:
+    """The dry run of the llama.cpp on this machine, unchanged, on this file with these flags, is its truth: a
+    compute figure under half of umemc's hand model (the old bound, which threw away 4 of 25 correct answers) is
+    used as it is; only one under a single row of logits (the falcon's 4096 tokens x 4 bytes) is refused, said."""
+    stack(tmp_path, falcon)
+    hand, _ = report(run_cli, tmp_path)
+    report(run_cli, tmp_path, "--measure")
+    low = hand["compute_bytes"] // 3
+    _set_compute(tmp_path, low)
+    asked, err = report(run_cli, tmp_path)
+    assert (asked["source"], asked["compute_bytes"], err) == ("llama.cpp", low, "")
+    _set_compute(tmp_path, 4096 * 4 - 1)
+    asked, err = report(run_cli, tmp_path)
+    assert (asked["source"], asked["compute_bytes"]) == ("gguf", hand["compute_bytes"])
+    # said, and umemc's own figures used, with what is uncertain in them
+    assert err == (
+        "warning: stack.toml:6:1: models.m: stack.calibration.json: the llama.cpp dry run compute buffer of 16383 "
+        "bytes is below one row of logits: the 16384 bytes its header's shape needs: not used (a stale or forged "
+        "record); `umemc check --measure` asks llama.cpp again\n"
+        "warning: stack.toml:9:9: models.m.model: umemc sizes 'falcon-h1''s KV cache and recurrent state by "
+        "llama.cpp's rules, but not its compute graph: compute follows the generic rules and may be off by tens of "
+        "percent; `umemc check --measure` asks llama.cpp itself\n"
+    )
+
+
+def test_a_dry_run_of_a_llama_cpp_not_here_is_still_held_to_the_hand_model(
+    falcon: Path, tmp_path: Path, run_cli
+) -> None:
+    """A record of a llama.cpp this machine does not have (a lock from elsewhere) is unverified: there the hand
+    model's half stays the defence."""
+    copy = tmp_path / "bin" / "llama-server"
+    copy.parent.mkdir()
+    shutil.copy2(Path(BINARY).resolve(), copy)
+    stack(tmp_path, falcon, bin=str(copy))
+    hand, _ = report(run_cli, tmp_path)
+    report(run_cli, tmp_path, "--measure")
+    _set_compute(tmp_path, hand["compute_bytes"] // 3)
+    copy.unlink()  # the llama.cpp that answered is not on this machine now
+    asked, err = report(run_cli, tmp_path)
+    assert (asked["source"], asked["compute_bytes"]) == ("gguf", hand["compute_bytes"])
+    assert (
+        f"stack.calibration.json: the llama.cpp dry run compute buffer of {hand['compute_bytes'] // 3} bytes is below "
+        f"half the {hand['compute_bytes']} bytes its header's shape needs: not used"
+    ) in err

@@ -188,9 +188,13 @@ def report(asked: Asked, plan: Plan, *, loud: bool) -> None:
         run = asked.entries[name].dry_run
         assert run is not None
         est = plan.models[name].estimate
+        # llama.cpp's own figures, whatever the estimate then uses (the weights are the header's tensors either way)
+        kv = sum(b.get("kv", 0) + b.get("rs", 0) for b in run.buffers.values())
+        compute = sum(b.get("compute", 0) + b.get("output", 0) for b in run.buffers.values())
+        used = "" if est.source == "llama.cpp" else f"; not used: the estimate is umemc's own ({est.source}, see why)"
         print(
             f"llama.cpp sized {name} ({run.tool} {run.build}, {run.seconds:.2f} s): weights "
-            f"{_gib(est.weights.bytes)}, KV {_gib(est.kv.bytes)}, compute {_gib(est.compute.bytes)}",
+            f"{_gib(est.weights.bytes)}, KV {_gib(kv)}, compute {_gib(compute)}{used}",
             file=sys.stderr,
         )
     for line in asked.failed + (asked.not_asked if loud else []):

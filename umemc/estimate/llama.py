@@ -98,6 +98,8 @@ def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
     weights_fig, compute_fig = Figure.total("weights", weights_parts), Figure.total("compute", compute_parts)
     hand = recorded.Chosen(source, weights_fig, kv, compute_fig, overhead)
     chosen = recorded.pick(loaded, m, facts, entry, vision, hand, warnings)
+    if chosen.source not in ("llama.cpp", "measured"):
+        warnings += _hand_warnings(loaded, m, shape)
     return finish(
         loaded,
         m,
@@ -109,6 +111,31 @@ def estimate_llama(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
         warnings,
         {"file type": ftype, "family": family, "n_ctx_train": shape.n_ctx_train, "arch": shape.arch},
     )
+
+
+def _hand_warnings(loaded: LoadedStack, m: ResolvedModel, shape: LlmShape) -> list[str]:
+    """What is uncertain in umemc's own model of this architecture: said where that model's figures are used, never
+    where llama.cpp's answer (or a measurement) sized the model."""
+    src, at = loaded.source, ("models", m.name, "model")
+    if shape.unmodelled:
+        return [
+            src.warning(
+                at,
+                f"architecture {shape.arch!r} is not one umemc models: weights are exact from the header; "
+                + "; ".join(shape.unmodelled)
+                + "; `umemc check --measure` asks llama.cpp itself",
+            )
+        ]
+    if shape.arch in LAYERS_KNOWN and shape.arch not in KNOWN_ARCHS:
+        return [
+            src.warning(
+                at,
+                f"umemc sizes {shape.arch!r}'s KV cache and recurrent state by llama.cpp's rules, but not its "
+                "compute graph: compute follows the generic rules and may be off by tens of percent; "
+                "`umemc check --measure` asks llama.cpp itself",
+            )
+        ]
+    return []
 
 
 def _facts(
@@ -292,24 +319,6 @@ def _warnings(loaded: LoadedStack, m: ResolvedModel, shape: LlmShape, ftype: str
                     f"instead of {with_gib(small)} with llama-server, which keeps only the window",
                 )
             )
-    if shape.unmodelled:
-        out.append(
-            src.warning(
-                at + ("model",),
-                f"architecture {shape.arch!r} is not one umemc models: weights are exact from the header; "
-                + "; ".join(shape.unmodelled)
-                + "; `umemc check --measure` asks llama.cpp itself",
-            )
-        )
-    elif shape.arch in LAYERS_KNOWN and shape.arch not in KNOWN_ARCHS:
-        out.append(
-            src.warning(
-                at + ("model",),
-                f"umemc sizes {shape.arch!r}'s KV cache and recurrent state by llama.cpp's rules, but not its "
-                "compute graph: compute follows the generic rules and may be off by tens of percent; "
-                "`umemc check --measure` asks llama.cpp itself",
-            )
-        )
     want = _WANTS.get(family)
     if want and FILE_TYPE_BITS.get(ftype, 99) < FILE_TYPE_BITS[want[0]]:
         out.append(src.warning(at + ("quant",), f"{family} model quantized to {ftype}: {want[1]}; consider {want[0]}"))

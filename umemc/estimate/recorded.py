@@ -45,8 +45,12 @@ def pick(
     measured = _proven(loaded, m, facts, _measured(loaded, m, entry, warnings), "measured", warnings, proof)
     if measured is not None:
         return Chosen("measured", *measured)
-    asked = None if facts is None else _asked(loaded, m, entry, facts, vision, warnings)
-    asked = _proven(loaded, m, facts, asked, "llama.cpp dry run", warnings, proof)
+    got = None if facts is None else _asked(loaded, m, entry, facts, vision, warnings)
+    asked, verified = got if got is not None else (None, False)
+    # a dry run of this very llama.cpp on this file with these flags is llama.cpp's truth: held only to bounds a
+    # record cannot slip under and be real (the header's tensors, llama.cpp's own KV rule, one row of logits), never
+    # to umemc's model of the compute buffer
+    asked = _proven(loaded, m, facts, asked, "llama.cpp dry run", warnings, proof, trusted=verified)
     if asked is not None:
         return Chosen("llama.cpp", *asked, hand.overhead)
     return hand
@@ -126,9 +130,10 @@ def _asked(
     facts: GgufFacts,
     vision: tuple[Figure, Figure] | None,
     warnings: list[str],
-) -> tuple[Figure, Figure, Figure] | None:
+) -> tuple[tuple[Figure, Figure, Figure], bool] | None:
     """llama.cpp's own dry run (umemc.estimate.dryrun) recorded in the lock, while it still answers for this model: the
-    same flags, the same file (checked_entry) and, where that llama.cpp is on this machine, the same build."""
+    same flags, the same file (checked_entry) and, where that llama.cpp is on this machine, the same build; and
+    whether that build is here and unchanged (its answer verified)."""
     from .dryrun import still_answers
 
     if entry is None or entry.dry_run is None:
@@ -156,7 +161,8 @@ def _asked(
             )
         )
         return None
-    return dry_run_figures(m, facts, run, vision, verified=current is True, recorded_in=path_for(loaded.path).name)
+    verified = current is True
+    return dry_run_figures(m, facts, run, vision, verified=verified, recorded_in=path_for(loaded.path).name), verified
 
 
 def dry_run_figures(
@@ -245,6 +251,13 @@ def _asked_compute(run: DryRun, by: dict[str, object]) -> Figure:
     )
 
 
+def _logits_row(facts: GgufFacts) -> Figure:
+    """One row of f32 logits: what llama.cpp's output buffer holds at the least (one output), a floor no real
+    answer is under."""
+    vocab = facts.shape.n_vocab if facts.shape is not None else 0
+    return Figure("one row of logits", vocab * 4, "vocabulary x 4 bytes", {"vocabulary": vocab})
+
+
 def _proven(
     loaded: LoadedStack,
     m: ResolvedModel,
@@ -253,12 +266,16 @@ def _proven(
     what: str,
     warnings: list[str],
     hand: tuple[Figure, Figure],
+    *,
+    trusted: bool = False,
 ) -> Recorded | None:
     """Figures from the calibration file (a measurement, a dry run) are input: weights below what the GGUF's own
     header proves (its tensor bytes: llama.cpp's model buffers hold every one of them), or a KV cache below 90% or
     a compute buffer below half of what the header's shape needs by umemc's own model of llama.cpp (`hand`: KV,
     compute), are refused, with a warning, and the estimate stands; `umemc calibrate` or `check --measure` records them
-    again."""
+    again. `trusted`: the dry run of the llama.cpp on this machine, unchanged, on this file with these flags: its
+    compute figure is held only to one row of logits (llama.cpp's output buffer holds at least that), never to the
+    hand model, which is the guess."""
     if recorded is None or facts is None:
         return recorded
     weights, proven = recorded[0].bytes, facts.tensor_bytes
@@ -267,12 +284,14 @@ def _proven(
     else:
         # the KV cache's formula is llama.cpp's own (exact on every architecture measured): a tenth of slack; the
         # compute buffer's model is an estimate (up to 12% off where llama.cpp's graph differs): half
+        compute = (
+            ("compute buffer", recorded[2], _logits_row(facts), "one row of logits:", 1.0)
+            if trusted
+            else ("compute buffer", recorded[2], hand[1], "half", 0.5)
+        )
         low = [
             f"the {what} {name} of {got.bytes} bytes is below {share} the {need.bytes} bytes its header's shape needs"
-            for name, got, need, share, least in (
-                ("KV cache", recorded[1], hand[0], "90% of", 0.9),
-                ("compute buffer", recorded[2], hand[1], "half", 0.5),
-            )
+            for name, got, need, share, least in (("KV cache", recorded[1], hand[0], "90% of", 0.9), compute)
             if got.bytes < need.bytes * least
         ]
         if not low:
