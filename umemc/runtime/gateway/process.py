@@ -287,7 +287,7 @@ class Process:
             if time.monotonic() - asked >= HEALTH_POLL_S or state not in ANSWERING:
                 info = (await self.processes()).get(m.name, {})
                 state, asked = self.owner.sync.observe(m, info), time.monotonic()
-                if info.get("pid"):
+                if info.get("pid") and state is ProcState.RUNNING:  # past startsecs (a quick death is BACKOFF's)
                     runs.add(int(info["pid"]))
                 if len(runs) > START_RUNS:  # a worker that dies at every start (vLLM refusing its flags after 45 s)
                     raise Refused(
