@@ -10,14 +10,32 @@ import os
 STATE_LIMIT = 64 << 20  # no state file umemc writes comes near it: a larger one is not one of them
 
 
+def _open_regular(path: str | os.PathLike[str]) -> int:
+    """A state file opened without blocking (a FIFO standing where a file should be would block open(2) for good)
+    and without following a link at its name, refused unless it is a regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if (os.fstat(fd).st_mode & 0o170000) != 0o100000:  # S_IFMT, S_IFREG
+        os.close(fd)
+        raise OSError(f"{os.fspath(path)}: not a regular file")
+    return fd
+
+
+def read_tail(path: str | os.PathLike[str], n: int) -> bytes:
+    """The last `n` bytes of a state file (a log), opened as read_file opens one."""
+    fd = _open_regular(path)
+    try:
+        os.lseek(fd, max(0, os.lseek(fd, 0, os.SEEK_END) - n), os.SEEK_SET)
+        return os.read(fd, n)
+    finally:
+        os.close(fd)
+
+
 def read_file(path: str | os.PathLike[str], limit: int = STATE_LIMIT) -> bytes:
     """A state file's bytes, read so that nothing found in a run dir can hang or sink the reader: opened without
     blocking (a FIFO standing where a file should be would block open(2) for good) and without following a link
     at its name, refused unless it is a regular file, and read up to `limit` bytes (OSError past it)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = _open_regular(path)
     try:
-        if (os.fstat(fd).st_mode & 0o170000) != 0o100000:  # S_IFMT, S_IFREG
-            raise OSError(f"{os.fspath(path)}: not a regular file")
         chunks, size = [], 0
         while size <= limit:
             piece = os.read(fd, min(1 << 20, limit + 1 - size))

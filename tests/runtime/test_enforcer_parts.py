@@ -186,3 +186,26 @@ def test_the_enforcer_lock_is_taken_whatever_stands_at_its_path(tmp_path: Path) 
         finally:
             os.close(fd)
     assert outside.read_text() == "keep me\n"
+
+
+def test_supervisords_log_says_how_a_process_ended() -> None:
+    """supervisor 4's own lines (supervisor/process.py: spawned, exited with decode_wait_status's words), for the
+    pid asked about: an earlier run's end is never taken for it."""
+    from umemc.runtime.enforcer.rules import logged_exit
+
+    log = (
+        "2026-12-06 22:19:34,848 INFO spawned: 'w' with pid 100\n"
+        "2026-12-06 22:19:40,001 WARN exited: w (exit status 1; not expected)\n"
+        "2026-12-06 22:19:41,002 INFO spawned: 'w' with pid 101\n"
+        "2026-12-06 22:19:42,003 INFO success: w entered RUNNING state, process has stayed up for > than 1 seconds\n"
+        "2026-12-06 22:19:50,004 WARN exited: w (terminated by SIGKILL; not expected)\n"
+        "2026-12-06 22:19:51,005 INFO spawned: 'w' with pid 102\n"
+    )
+    assert logged_exit(log, "w", 100) == {"exitstatus": 1, "cause": "exited"}
+    assert logged_exit(log, "w", 101) == {
+        "exitstatus": None,
+        "signal": "SIGKILL",
+        "cause": "killed by SIGKILL, not by umemc",
+    }
+    assert logged_exit(log, "w", 102) is None  # still running
+    assert logged_exit(log, "other", 100) is None

@@ -45,6 +45,7 @@ LOG_TAIL = 512 * 1024  # of a llama.cpp worker's logs, for its buffer report
 
 # exits the enforcer did not see happen (the process was gone, or another in its place, at the next sample)
 UNSEEN = ("restarted before it was sampled", "unknown")
+SUPERVISORD_TAIL = 256 * 1024  # of its log: where a worker's last end is (a crash loop writes a line a second)
 
 
 class Enforcer:
@@ -334,6 +335,8 @@ class Enforcer:
             cause = w.pending_exit or rules.exit_cause(info, pid)
             if cause.get("cause") in UNSEEN and self._stopped_on_purpose(w):
                 cause = {"exitstatus": None, "cause": "stopped"}  # a stop someone asked for, not a crash
+            elif cause.get("cause") in (*UNSEEN, "killed by a signal"):  # supervisord's log says how it ended
+                cause = rules.logged_exit(self._supervisord_log(), w.name, w.pid) or cause
             self._event(w, "exit", pid=w.pid, state=w.state, **cause, peak_bytes=w.peak)
             self.sampler.procs.prune(set())
             w.lost()
@@ -352,6 +355,15 @@ class Enforcer:
         else:
             self._event(w, "start", pid=pid)
         self.sampler.attach_cgroup(w)
+
+    def _supervisord_log(self) -> str:
+        """The tail of supervisord's own log (where it says how each process ended); empty where it cannot be read."""
+        from ...records import read_tail
+
+        try:
+            return read_tail(self.run_dir.supervisord_logfile, SUPERVISORD_TAIL).decode(errors="replace")
+        except OSError:
+            return ""
 
     def _check_helpers(self, w: Worker) -> None:
         """A split model (umemc.runtime.enforcer.helpers): stopped when its llama-server loses the connection to an

@@ -133,6 +133,24 @@ def exit_cause(info: dict[str, Any] | None, new_pid: int | None) -> dict[str, An
     return {"exitstatus": status, "cause": "exited"}
 
 
+def logged_exit(log: str, name: str, pid: int) -> dict[str, Any] | None:
+    """How supervisord's own log says process `pid` of program `name` ended ("spawned: 'NAME' with pid PID", then
+    "exited: NAME (terminated by SIGKILL; not expected)" or "(exit status 1; …)", supervisor/process.py), for an
+    end the samples missed (restarted in between); None where the log does not say."""
+    import re
+
+    spawned = f"spawned: '{name}' with pid {pid}"
+    at = log.rfind(spawned)
+    if at < 0:
+        return None
+    m = re.search(rf"exited: {re.escape(name)} \((?:terminated by (SIG[A-Z0-9]+)|exit status (\d+))", log[at:])
+    if m is None:
+        return None
+    if m.group(1):
+        return {"exitstatus": None, "signal": m.group(1), "cause": f"killed by {m.group(1)}, not by umemc"}
+    return {"exitstatus": int(m.group(2)), "cause": "exited"}
+
+
 KERNEL_KILL = {"exitstatus": None, "signal": "SIGKILL", "cause": "hard quota (kernel, cgroup OOM)"}
 ENFORCER_KILL = {"exitstatus": None, "signal": "SIGKILL", "cause": "hard quota (enforcer)"}
 
