@@ -103,7 +103,21 @@ def test_a_request_cannot_make_mlx_load_another_model(gw: Gateway, tmp_path: Pat
     assert (status, "Paris" in answer["choices"][0]["message"]["content"]) == (200, True)
 
 
+def test_no_route_lets_a_request_name_what_mlx_loads(gw: Gateway, tmp_path: Path) -> None:
+    """The pass-through route (/models/NAME/...) sends the worker's own API what the client sent; for an engine
+    the model it names is still the gateway's to say. A body Python's json reads but strict JSON does not (NaN) is
+    refused, never handed on with its "model" (mlx-lm would try to load that path)."""
+    body = {"model": str(tmp_path / "elsewhere"), "messages": QUESTION, "max_tokens": 8, "temperature": 0}
+    status, _, answer = gw.call("POST", "/models/mlx/v1/chat/completions", body, timeout=600)
+    assert status == 200, answer
+    assert "Paris" in answer["choices"][0]["message"]["content"]
+    raw = json.dumps(body).replace('"temperature": 0', '"temperature": NaN').encode()
+    status, _, answer = gw.call("POST", "/models/mlx/v1/chat/completions", raw, timeout=60)
+    assert (status, answer["error"]["code"]) == (400, "invalid_json")
+
+
 def test_vllm_starts_on_demand_by_evicting_mlx_and_answers(gw: Gateway) -> None:
+    """Last in this module: MLX (priority 40) cannot come back while vLLM (60) holds the room."""
     status, answer = ask(gw, "smol-vllm")
     assert status == 200, answer
     assert (status, answer["model"], "Paris" in answer["choices"][0]["message"]["content"]) == (

@@ -257,15 +257,17 @@ ENGINE_LOADS = ("draft_model", "adapters")
 
 
 def for_worker(m: Model, body: bytes) -> bytes:
-    """The request body as the model's worker is sent it: for vLLM and MLX, a JSON object's "model" is the
-    worker's own name for the model, and mlx-lm's loading fields are dropped; anything else as it came."""
+    """The request body as the model's worker is sent it: for vLLM and MLX, a JSON object whose "model" is the
+    worker's own name for the model, and mlx-lm's loading fields dropped; anything else as it came. A body an engine
+    would read as a JSON object that the gateway cannot read as strict JSON is refused (Python's json module, the
+    engines', takes NaN and any depth: such a body must not carry a "model" past the rewrite)."""
     runtime = m.plan.runtime
-    if runtime not in ENGINE_MODEL or body.lstrip()[:1] != b"{":
+    if runtime not in ENGINE_MODEL or body.lstrip()[:1] != b"{":  # no JSON object (a multipart upload): as it came
         return body
     try:
         doc = strict_json(body)
-    except ValueError:  # not JSON: the worker answers it as it would (400)
-        return body
+    except ValueError as exc:
+        raise Refused(str(exc) if isinstance(exc, TooDeep) else "request body is not JSON", "invalid_json") from None
     if not isinstance(doc, dict):
         return body
     doc["model"] = ENGINE_MODEL[runtime] or m.name
@@ -281,11 +283,11 @@ async def forward(
     """Send one request to the model's worker, through its slot and the generation budget; `relay` (default: the
     answer as the worker gives it, renamed) makes the client's answer; `progress` says a long wait in the stream."""
     app, t0 = request.app, time.monotonic()
-    call = call._replace(body=for_worker(m, call.body))
     code = 499  # the client went away before an answer
     captures = app[CAPTURES]
     seen = Seen(head_limit=captures.limit if captures.on else 0)
     try:
+        call = call._replace(body=for_worker(m, call.body))
         if m.port is None:
             raise Refused(f"model {m.name} has no port: the gateway cannot route to it", "no_port")
         sched = app[SCHED]
