@@ -16,6 +16,7 @@ from ..catalog.runtimes import ENGINE_RUNTIMES, GPU_DEVICE_KINDS, LLAMA_RUNTIMES
 from ..chars import CONTROL, kube_name
 from ..names import OWN_PROGRAMS
 from ..units import gib, human
+from . import engine_keys
 from .load import Document, Source, close_matches, read_document, validate
 from .models import NAME_PATTERN, ModelSpec, Platform, Stack
 from .presets import PLATFORM_PRESETS, UNIFIED_KINDS, default_gpu_window, default_os_reserve
@@ -550,7 +551,7 @@ def _model(
     _check_env(spec, src, at, doc_token_env(doc))
     _check_runtime_keys(spec, src, at)
     if spec.runtime in ENGINE_RUNTIMES:
-        _check_engine_keys(spec, src, at)
+        engine_keys.check_keys(spec, src, at)
     (model_value, model_at), (mmproj_value, mmproj_at) = _hub_files(spec, src, at, models_dir)
     family = family_of(spec.arch) if spec.arch else RUNTIME_FAMILY[spec.runtime]
     if spec.arch and spec.runtime != "command" and spec.runtime not in RUNTIMES_FOR[family]:
@@ -567,7 +568,7 @@ def _model(
     on_hub = spec.runtime in ENGINE_RUNTIMES and spec.hf is not None
     if on_hub and model_value is not None and not _local(doc, model_value).exists():
         model_path, model_present = _local(doc, model_value), False
-        sized_from = _engine_on_hub(doc, spec, model_at, model_path)
+        sized_from = engine_keys.on_hub(doc, spec, model_at, model_path)
     else:
         model_path, model_present = _file(
             doc,
@@ -581,7 +582,7 @@ def _model(
     mmproj_path, mmproj_present = _file(doc, mmproj_value, mmproj_at, spec, llama=True, is_mmproj=True)
     engine_dir = model_path if model_present else sized_from
     if spec.runtime in ENGINE_RUNTIMES and engine_dir is not None:
-        _check_engine_dir(spec, src, at, model_at, engine_dir)
+        engine_keys.check_dir(spec, src, at, model_at, engine_dir)
     _check_size_source(spec, src, at, model_present=model_present or locked or sized_from is not None)
     mmap = spec.mmap if spec.mmap is not None else not platform.unified
     return ResolvedModel(
@@ -599,33 +600,6 @@ def _model(
         _chat_template(doc, spec, at),
         sized_from,
     )
-
-
-def _engine_on_hub(doc: Document, spec: ModelSpec, at: tuple[str, ...], path: Path) -> Path | None:
-    """A vLLM or MLX model on the Hub, not downloaded: the sparse copy of its directory its headers sized (None where
-    the Hub could not be asked and `memory` gives the size)."""
-    from ..hub.directory import parse_repo, sparse_copy
-    from ..hub.ref import HubFailure
-
-    pull = "`umemc pull` downloads it"
-    try:
-        copy, remote = sparse_copy(parse_repo(str(spec.hf), spec.hf_revision))
-    except HubFailure as exc:
-        if spec.memory is not None:
-            doc.warnings.append(doc.source.warning(at, f"not downloaded yet ({path}): {exc}; {pull}"))
-            return None
-        raise doc.source.error(
-            at, f"not downloaded yet ({path}), and the Hub could not size it: {exc}", f"{pull}, or give memory"
-        ) from None
-    size = sum(p.size for p in remote.parts)
-    doc.warnings.append(
-        doc.source.warning(
-            at,
-            f"not downloaded yet ({path}): sized from its files' headers on the Hub ({spec.hf} at "
-            f"{remote.commit[:12]}, {size} bytes); {pull}",
-        )
-    )
-    return copy
 
 
 def _chat_template(doc: Document, spec: ModelSpec, at: tuple[str, ...]) -> Path | None:
@@ -971,47 +945,6 @@ def _not_regular(path: Path) -> str | None:
     kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
              (stat.S_ISBLK, "a block device"))  # fmt: skip
     return next((name for test, name in kinds if test(mode)), None)
-
-
-def _check_engine_keys(spec: ModelSpec, src: Source, at: tuple[str, ...]) -> None:
-    """vLLM and MLX: a cache type the engine has; a model directory on disk."""
-    from ..catalog.runtimes import MLX_KV, VLLM_KV
-
-    kinds = VLLM_KV if spec.runtime == "vllm" else MLX_KV
-    if spec.kv_cache not in kinds:
-        raise src.error(
-            at + ("kv_cache",),
-            f'runtime = "{spec.runtime}" has no {spec.kv_cache} cache',
-            f"use kv_cache = {' or '.join(toml_repr(k) for k in kinds)}",
-        )
-
-
-def _check_engine_dir(spec: ModelSpec, src: Source, at: tuple[str, ...], model_at: tuple[str, ...], path: Path) -> None:
-    """vLLM and MLX: a Hugging Face model directory that reads as one, a context the model was made for (vLLM
-    refuses a longer one at start)."""
-    from ..catalog.hfdir import NotAModel
-    from ..catalog.hfdir import read as read_dir
-
-    if not path.is_dir():
-        raise src.error(
-            model_at,
-            f"not a directory: {path}",
-            f'runtime = "{spec.runtime}" loads a Hugging Face model directory (config.json and *.safetensors)',
-        )
-    try:
-        model = read_dir(path)
-    except NotAModel as exc:
-        raise src.error(model_at, str(exc)) from None
-    except OSError as exc:
-        raise src.error(model_at, f"cannot read {exc.filename or path}: {exc.strerror}") from None
-    limit = model.attention.max_position
-    if spec.runtime == "vllm" and limit is not None and spec.context > limit:
-        raise src.error(
-            at + ("context",),
-            f"{spec.context} tokens is past the {limit} the model was made for (max_position_embeddings): vLLM "
-            "refuses to start",
-            f"context = {limit}",
-        )
 
 
 def _fallback(spec: ModelSpec, *, is_mmproj: bool) -> str | None:
