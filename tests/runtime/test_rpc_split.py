@@ -148,7 +148,7 @@ def test_a_model_split_across_three_nodes_serves_and_survives_losing_a_part(
         assert round(mine["compute_bytes"] / MIB, 2) == round(seen[("CPU", "compute")] + seen[("CPU", "output")], 2)
 
         # node c's RPC server dies: a's enforcer stops the model, saying which part went
-        helper = c.status()["smol-rpc"]["pid"]
+        helper, survivor = c.status()["smol-rpc"]["pid"], b.status()["smol-rpc"]["pid"]
         os.kill(helper, signal.SIGKILL)
         lost = a.wait_for(lambda: a.events("helper_lost", "smol"), timeout=30, what="the helper's loss on node a")
         assert lost[0]["detail"]["endpoints"] == [f"127.0.0.1:{port_c}"]  # type: ignore[index]
@@ -158,6 +158,13 @@ def test_a_model_split_across_three_nodes_serves_and_survives_losing_a_part(
         a.wait_for(lambda: a.status()["smol"]["state"] == "RUNNING", timeout=60, what="smol running again")
         assert ask(gateway).strip().rstrip(".").endswith("Paris")
         assert a.status()["smol"]["restarts"] == 0  # a stop with its cause, never a crash
+        # the helper that survived served the model's second connection within its quota: the same process, no kill
+        assert b.status()["smol-rpc"]["pid"] == survivor
+        since = lost[0]["time"]
+        ended = [
+            e for e in b.events(model="smol-rpc") if e["kind"] in ("hard_limit_kill", "exit") and e["time"] > since
+        ]
+        assert ended == [], ended
 
         # the record is input: a forged one (every compute buffer 1 byte) is not used, and check says so
         forged = tmp_path / "forged"

@@ -229,6 +229,13 @@ def worker_env(plan: Plan, m: ModelPlan, port: int | None, host: str = "127.0.0.
         env.update(_torch_allocator(plan, m))
     if spec.runtime in ENGINE_RUNTIMES:
         env.update(_engine_env(plan, m))
+    if m.part_of is not None:
+        # an RPC server's buffers are malloc'd per client: glibc raises its mmap threshold past the first client's
+        # freed buffers, and the next client's then come from the heap on top of what it kept (43% over its first
+        # peak, measured, which its quota cannot hold: the helper that survived a loss was killed as the model came
+        # back). A fixed threshold keeps every buffer mmap'd and returned at once (glibc's mallopt M_MMAP_THRESHOLD:
+        # setting it turns the dynamic threshold off); 128 KiB is glibc's own starting value.
+        env["MALLOC_MMAP_THRESHOLD_"] = "131072"
     if m.split is not None:
         # once an RPC server of its other nodes is gone, llama.cpp aborts as it frees that server's buffers (any
         # stop does): its abort would attach gdb for a backtrace, inside the worker's cgroup and over its quota
