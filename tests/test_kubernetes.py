@@ -125,7 +125,8 @@ def test_figures_and_placement_match_the_budget(built: Path) -> None:
     chat = deployments["chat"]["spec"]["template"]["spec"]["containers"][0]
     assert chat["image"] == "ghcr.io/ggml-org/llama.cpp:server-vulkan-b9426" and "command" not in chat  # pinned
     # a pod listens on its own address, and llama-server serves under /models/NAME (its health URL too)
-    assert chat["args"][-6:] == ["--host", "0.0.0.0", "--port", "10001", "--api-prefix", "/models/chat"]
+    # (its CPU threads: node halo's 16 cores, the one hot llama.cpp worker there)
+    assert chat["args"][-8:] == ["--host", "0.0.0.0", "--port", "10001", "-t", "16", "--api-prefix", "/models/chat"]
     assert chat["args"][chat["args"].index("--slot-save-path") + 1] == "/var/lib/umemc/slots/chat"  # an emptyDir
     assert chat["readinessProbe"]["httpGet"] == {"path": "/models/chat/health", "port": "http"}
     assert chat["securityContext"]["readOnlyRootFilesystem"] is True

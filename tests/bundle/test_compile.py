@@ -75,6 +75,8 @@ port = 9100
         "127.0.0.1",
         "--port",
         "9100",
+        "-t",  # its share of the preset's 16 cores: the only llama.cpp worker, all of them
+        "16",
         "--jinja",
     )
     assert b.programs["chat"].health == "/health"
@@ -304,3 +306,21 @@ def test_a_prompt_cache_is_given_its_room_and_counted(write_stack, run_cli, tmp_
         "stack.toml:11:8: models.chat.args: --cache-ram in args: its memory would not be counted\n"
         '  hint: give prompt_cache = "…" instead\n'
     )
+
+
+def test_llama_cpp_workers_share_the_cores_by_priority(write_stack) -> None:
+    """The preset's 16 cores among the llama.cpp workers that run at once: hot ones by priority (90 and 60: 9.6 and
+    6.4, rounded to 10 and 6); a cold one as it joins them (80 of 230: 5.6, so 6); a torch worker is no llama.cpp
+    worker and takes none of the share. A stack that names no cores gets llama.cpp's own default (no -t)."""
+    models = (
+        "".join(
+            f'\n[models.{n}]\nruntime = "llama-server"\narch = "llama-3-8b"\npriority = {p}\nmode = "{mode}"\n'
+            for n, p, mode in (("a", 90, "hot"), ("b", 60, "hot"), ("c", 80, "cold"))
+        )
+        + '\n[models.t]\nruntime = "torch"\nmodule = "w"\narch = "sdxl"\npriority = 99\n'
+    )
+    b = bundle(write_stack, 'preset = "strix-halo-128"', models)
+    got = {n: b.programs[n].argv[b.programs[n].argv.index("-t") + 1] for n in ("a", "b", "c")}
+    assert got == {"a": "10", "b": "6", "c": "6"}
+    b = bundle(write_stack, 'kind = "cpu"\nmemory = "64GiB"', models)
+    assert all("-t" not in b.programs[n].argv for n in ("a", "b", "c"))

@@ -57,8 +57,9 @@ class Platform(_Strict):
         None,
         ge=1,
         le=4096,
-        description="CPU cores; sets OMP_NUM_THREADS per worker "
-        "(cores shared among the hot workers). Default: the preset's, else unset.",
+        description="CPU cores, shared among the workers: each llama.cpp worker is given its share by priority "
+        "(llama-server -t, llama-cpp-python --n_threads) and other workers OMP_NUM_THREADS. Default: the preset's, "
+        "else unset (each runtime's own default: a thread per core each).",
     )
     uma_carveout: Size | None = Field(
         None,

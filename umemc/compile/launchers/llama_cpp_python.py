@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...catalog.chat_templates import LLAMA_CPP_PYTHON
-from ._common import model_flag
+from ._common import llama_threads, model_flag
 
 if TYPE_CHECKING:
     from ...budget.plan import ModelPlan
@@ -72,7 +72,9 @@ def argv(m: ModelPlan, ctx: Context) -> list[str]:
     out = [spec.bin or ctx.python, "-m", "llama_cpp.server", *model_flag("--model", rm)]
     for flag, value in _for_installed(m, ctx, settings):
         out += [flag, value]
-    return out + ["--host", ctx.host, "--port", str(rm.port), *spec.args]
+    threads = llama_threads(m, ctx)
+    threading = ["--n_threads", str(threads), "--n_threads_batch", str(threads)] if threads else []
+    return out + ["--host", ctx.host, "--port", str(rm.port), *threading, *spec.args]
 
 
 def _for_installed(m: ModelPlan, ctx: Context, settings: list[tuple[str, str]]) -> list[tuple[str, str]]:

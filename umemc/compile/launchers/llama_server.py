@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, NamedTuple
 
-from ._common import model_flag
+from ._common import llama_threads, model_flag
 
 if TYPE_CHECKING:
     from ...budget.plan import ModelPlan
@@ -148,7 +148,8 @@ def argv(m: ModelPlan, ctx: Context) -> list[str]:
         out.append(d.embeddings)
     elif d.slot_save:  # the gateway saves its slots' KV before evicting it and restores them after its next start
         out += ["--slot-save-path", f"{SLOTS_DIR}/{m.name}"]
-    return out + ["--host", ctx.host, "--port", str(rm.port), *spec.args]
+    threads = llama_threads(m, ctx)
+    return out + ["--host", ctx.host, "--port", str(rm.port), *(["-t", str(threads)] if threads else []), *spec.args]
 
 
 def _flash_attn(on: bool, d: Dialect) -> list[str]:
