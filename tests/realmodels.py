@@ -37,13 +37,19 @@ needs_hf_model = pytest.mark.skipif(
     not (SMOLLM2_HF / "model.safetensors").is_file(),
     reason=f"no Hugging Face model at {SMOLLM2_HF}: python3 dev.py setup-hf-model",
 )
+# an environment counts once its set-up finished (dev.py writes .installed last): a half-made one is absent
 needs_vllm = [
     pytest.mark.vllm,
     needs_hf_model,
-    pytest.mark.skipif(not VLLM_PYTHON.exists(), reason=f"no vLLM at {VLLM_PYTHON}: python3 dev.py setup-vllm"),
+    pytest.mark.skipif(
+        not (VLLM_PYTHON.parents[1] / ".installed").exists(),
+        reason=f"no vLLM at {VLLM_PYTHON}: python3 dev.py setup-vllm",
+    ),
 ]
 needs_mlx = [
     pytest.mark.mlx,
     needs_hf_model,
-    pytest.mark.skipif(not MLX_PYTHON.exists(), reason=f"no MLX at {MLX_PYTHON}: python3 dev.py setup-mlx"),
+    pytest.mark.skipif(
+        not (MLX_PYTHON.parents[1] / ".installed").exists(), reason=f"no MLX at {MLX_PYTHON}: python3 dev.py setup-mlx"
+    ),
 ]
