@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from ..cache import cache_dir
-from .ref import DEFAULT_REVISION, HfRef, HubFailure, RefError, check_revision
+from .ref import HfRef, HubFailure, RefError, check_revision
 from .remote import Remote, RemotePart, _check_size, _checked_commit, _hex, _write_sparse, endpoint, offline, token
 
 CONFIG, INDEX, SINGLE = "config.json", "model.safetensors.index.json", "model.safetensors"
@@ -171,10 +171,3 @@ def pull_remote(ref: HfRef) -> Remote:
     """What `umemc pull` downloads: the model's files and the companions the repository has."""
     found, _ = find(ref, companions=True)
     return Remote(ref, found.commit, found.files)
-
-
-def is_repo(ref: HfRef) -> bool:
-    return ref.path == "" and ref.revision != "" and ref.repo.count("/") == 1
-
-
-__all__ = ["DEFAULT_REVISION", "find", "is_repo", "local_dir", "parse_repo", "pull_remote", "sparse_copy"]
