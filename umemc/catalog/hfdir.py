@@ -67,6 +67,11 @@ class HfModel:
     vocab: int = 0
 
     @property
+    def text(self) -> dict[str, object]:
+        """The language model's configuration: config.json's, or its text_config (a multimodal model's)."""
+        return text_config(self.config)
+
+    @property
     def dtype_bytes(self) -> int:
         return TORCH_DTYPE_BYTES.get(self.dtype, 2)
 
@@ -90,8 +95,7 @@ def read(path: Path) -> HfModel:
             by_dtype[stored] = by_dtype.get(stored, 0) + nbytes
             total += nbytes
             count += 1
-    text = config.get("text_config")
-    geometry = text if isinstance(text, dict) else config
+    geometry = text_config(config)
     named = [d.get(k) for d in (geometry, config) for k in ("torch_dtype", "dtype")]
     dtype = next((d for d in named if isinstance(d, str) and d in TORCH_DTYPE_BYTES), None)
     quant = config.get("quantization") or config.get("quantization_config") or {}
@@ -108,6 +112,11 @@ def read(path: Path) -> HfModel:
         quantization=quant if isinstance(quant, dict) else {},
         vocab=vocab if isinstance(vocab, int) and vocab > 0 else 0,
     )
+
+
+def text_config(config: dict[str, object]) -> dict[str, object]:
+    text = config.get("text_config")
+    return text if isinstance(text, dict) else config
 
 
 def _regular(path: Path) -> os.stat_result:
@@ -194,7 +203,8 @@ def _tensors(file: Path) -> list[tuple[str, int]]:
     return out
 
 
-def _int(doc: dict[str, object], *keys: str) -> int | None:
+def positive(doc: dict[str, object], *keys: str) -> int | None:
+    """The first of the keys that holds a positive integer (a config.json is input: any other value is none)."""
     for key in keys:
         value = doc.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -203,26 +213,26 @@ def _int(doc: dict[str, object], *keys: str) -> int | None:
 
 
 def _attention(doc: dict[str, object]) -> Attention:
-    n_layer = _int(doc, "num_hidden_layers", "n_layer", "num_layers")
-    n_head = _int(doc, "num_attention_heads", "n_head")
-    hidden = _int(doc, "hidden_size", "n_embd", "d_model")
+    n_layer = positive(doc, "num_hidden_layers", "n_layer", "num_layers")
+    n_head = positive(doc, "num_attention_heads", "n_head")
+    hidden = positive(doc, "hidden_size", "n_embd", "d_model")
     if n_layer is None or n_head is None:
         raise NotAModel("config.json gives no num_hidden_layers and num_attention_heads: not a language model "
                         "umemc can size")  # fmt: skip
-    n_kv = _int(doc, "num_key_value_heads", "num_kv_heads") or n_head
-    head_dim = _int(doc, "head_dim") or ((hidden // n_head) if hidden else None)
+    n_kv = positive(doc, "num_key_value_heads", "num_kv_heads") or n_head
+    head_dim = positive(doc, "head_dim") or ((hidden // n_head) if hidden else None)
     if head_dim is None:
         raise NotAModel("config.json gives neither head_dim nor hidden_size")
-    window = _int(doc, "sliding_window")
+    window = positive(doc, "sliding_window")
     types = doc.get("layer_types")
     if isinstance(types, list) and window:
         sliding = sum(1 for t in types if t == "sliding_attention")
     elif window and doc.get("use_sliding_window", True) is not False:
-        pattern = _int(doc, "sliding_window_pattern")  # Gemma 3: every Nth layer is global
+        pattern = positive(doc, "sliding_window_pattern")  # Gemma 3: every Nth layer is global
         sliding = n_layer - n_layer // pattern if pattern else n_layer
     else:
         sliding, window = 0, None
-    return Attention(n_layer, n_kv, head_dim, window, sliding, _int(doc, "max_position_embeddings"))
+    return Attention(n_layer, n_kv, head_dim, window, sliding, positive(doc, "max_position_embeddings"))
 
 
 def _stored_dtype(by_dtype: dict[str, int]) -> str | None:

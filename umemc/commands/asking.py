@@ -178,6 +178,8 @@ def record(stack: Path, asked: Asked, fetched: list[str] | None = None) -> str |
 def report(asked: Asked, plan: Plan, *, loud: bool) -> None:
     """One line per model to stderr: what llama.cpp answered, where it failed, and (loud: the user asked for
     a dry run) where no llama.cpp was found."""
+    from .. import lockfile
+
     for name in asked.asked:
         split = asked.entries[name].split_dry_run
         if plan.models[name].split is not None and split is not None:
@@ -189,8 +191,8 @@ def report(asked: Asked, plan: Plan, *, loud: bool) -> None:
         assert run is not None
         est = plan.models[name].estimate
         # llama.cpp's own figures, whatever the estimate then uses (the weights are the header's tensors either way)
-        kv = sum(b.get("kv", 0) + b.get("rs", 0) for b in run.buffers.values())
-        compute = sum(b.get("compute", 0) + b.get("output", 0) for b in run.buffers.values())
+        got = lockfile.totals(run.buffers)
+        kv, compute = got["kv"], got["compute"] + got["output"]
         used = "" if est.source == "llama.cpp" else f"; not used: the estimate is umemc's own ({est.source}, see why)"
         print(
             f"llama.cpp sized {name} ({run.tool} {run.build}, {run.seconds:.2f} s): weights "

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import math
 
-from ..catalog.hfdir import HfModel
-from ..catalog.hfdir import read as read_dir
+from ..catalog.hfdir import HfModel, positive
 from ..catalog.runtimes import MLX_KV, VLLM_KV
 from ..stack.resolve import LoadedStack, ResolvedModel
 from .figures import Estimate, Figure
@@ -36,13 +35,6 @@ def vllm_block(kind: str) -> int:
 
 MLX_STEP = 256  # tokens per growth step of an mlx-lm KVCache
 MLX_KV_GROUP = 64  # --kv-group-size: one scale and one bias (the activation dtype) per 64 elements
-
-
-def engine_model(m: ResolvedModel) -> HfModel:
-    """The model's directory as read from its files: the downloaded one, else the sparse copy of it on the Hub."""
-    where = m.model_path if m.model_present else m.sized_from
-    assert where is not None
-    return read_dir(where)
 
 
 def kv_bytes(
@@ -75,7 +67,8 @@ def kv_bytes(
 
 def estimate_engine(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
     spec, runtime = m.spec, m.spec.runtime
-    model = engine_model(m)
+    model = m.engine
+    assert model is not None  # read at load (umemc.stack.engine_keys)
     a = model.attention
     weights = Figure(
         "weights",
@@ -119,11 +112,10 @@ def estimate_engine(loaded: LoadedStack, m: ResolvedModel) -> Estimate:
 
 
 def _activations(runtime: str, model: HfModel, context: int, parallel: int, ubatch: int) -> Figure:
-    cfg = model.config.get("text_config") if isinstance(model.config.get("text_config"), dict) else model.config
-    assert isinstance(cfg, dict)
-    hidden = int(cfg.get("hidden_size") or 0)
-    ff = int(cfg.get("intermediate_size") or 4 * hidden)
-    heads = int(cfg.get("num_attention_heads") or 1)
+    cfg = model.text
+    hidden = positive(cfg, "hidden_size") or 0
+    ff = positive(cfg, "intermediate_size") or 4 * hidden
+    heads = positive(cfg, "num_attention_heads") or 1
     # vLLM's step is --max-num-batched-tokens across every sequence; mlx-lm prefills --prompt-concurrency (=
     # parallel) prompts at once, a step of each
     step = min(ubatch, context) * (parallel if runtime == "mlx" else 1)

@@ -12,7 +12,7 @@ from .other import apply_measured_peak, estimate_command, estimate_torch, estima
 def estimate_model(loaded: LoadedStack, model: ResolvedModel) -> Estimate:
     if model.spec.runtime in LLAMA_RUNTIMES:
         est = estimate_llama(loaded, model)
-    elif model.spec.runtime in ENGINE_RUNTIMES and (model.model_present or model.sized_from is not None):
+    elif model.spec.runtime in ENGINE_RUNTIMES and model.engine is not None:
         from .engines import estimate_engine
 
         est = estimate_engine(loaded, model)

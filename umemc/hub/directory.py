@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from ..cache import cache_dir
-from .ref import HfRef, HubFailure, RefError, check_revision
-from .remote import Remote, RemotePart, _check_size, _checked_commit, _hex, _write_sparse, endpoint, offline, token
+from ..catalog.hfdir import MAX_HEADER
+from .ref import HfRef, HubFailure, RefError, check_names, check_revision
+from .remote import Remote, RemotePart, _checked_commit, _write_sparse, head, offline
 
 CONFIG, INDEX, SINGLE = "config.json", "model.safetensors.index.json", "model.safetensors"
 # beside the weights, what an engine loads from the directory (each where the repository has it)
@@ -34,25 +35,18 @@ COMPANIONS = (
     "chat_template.json",
 )
 SMALL = 16 * 1024 * 1024  # config.json or an index larger than this is no model's
-MAX_HEADER = 100_000_000  # safetensors' own bound on a header
 MAX_SHARDS = 4096
 
 
 def parse_repo(spelling: str, revision: str | None = None) -> HfRef:
     """`owner/name`: a whole repository (a model directory), its path empty."""
-    from .ref import _NAME
-
     hint = 'e.g. hf = "HuggingFaceTB/SmolLM2-135M-Instruct"'
     if "://" in spelling or spelling.startswith(("hf.co/", "huggingface.co/")):
         raise RefError("names a repository, not a URL", hint)
     parts = spelling.split("/")
     if len(parts) != 2:
         raise RefError("must be owner/repository (a model directory: vLLM and MLX load a whole repository)", hint)
-    import re
-
-    for what, value in zip(("owner", "repository"), parts, strict=True):
-        if not re.fullmatch(_NAME, value) or ".." in value or "--" in value:
-            raise RefError(f"bad {what} name {value!r}", "letters, digits, '-', '_' and '.'; not '..' or '--'")
+    check_names(*parts)
     return HfRef(spelling, "", check_revision(revision))
 
 
@@ -72,20 +66,13 @@ def _head(ref: HfRef, path: str, revision: str, *, optional: bool = False) -> tu
     file the repository lacks."""
     import huggingface_hub as hh
 
-    url = hh.hf_hub_url(ref.repo, path, revision=revision, endpoint=endpoint())
     try:
-        meta = hh.get_hf_file_metadata(url, token=token(), timeout=20.0, endpoint=endpoint())
+        part, commit = head(ref, path, revision)
     except hh.errors.EntryNotFoundError:
         if optional:
             return None
         raise HubFailure(f"{ref.repo} has no {path} at {revision}: not a model directory vLLM or MLX loads") from None
-    except Exception as exc:  # noqa: BLE001 - huggingface_hub and its HTTP client raise many kinds
-        from .remote import _why
-
-        raise HubFailure(_why(exc, HfRef(ref.repo, path, ref.revision), path)) from None
-    size = _check_size(meta.size, f"{ref.repo}/{path}")
-    sha = meta.etag if meta.etag and len(meta.etag) == 64 and _hex(meta.etag) else None
-    return RemotePart(path, size, sha, meta.location), _checked_commit(meta.commit_hash, ref)
+    return part, _checked_commit(commit, ref)
 
 
 def _whole(part: RemotePart) -> bytes:

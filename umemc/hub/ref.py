@@ -63,9 +63,7 @@ def parse(spelling: str, revision: str | None = None) -> HfRef:
     if len(parts) < 3:
         raise RefError("must be owner/repository/path of a file in it", hint)
     owner, name, rest = parts[0], parts[1], parts[2:]
-    for what, value in (("owner", owner), ("repository", name)):
-        if not re.fullmatch(_NAME, value) or ".." in value or "--" in value:
-            raise RefError(f"bad {what} name {value!r}", "letters, digits, '-', '_' and '.'; not '..' or '--'")
+    check_names(owner, name)
     for segment in rest:
         if not _SEGMENT.fullmatch(segment) or segment in (".", ".."):
             raise RefError(f"bad path segment {segment!r}", "a file's path in the repository, '/'-separated")
@@ -78,6 +76,13 @@ def parse(spelling: str, revision: str | None = None) -> HfRef:
         first = f"{m.group('stem')}-00001-of-{m.group('count')}.gguf"
         raise RefError(f"names part {int(m.group('no'))} of a split GGUF", f"name its first part: {first}")
     return HfRef(f"{owner}/{name}", path, check_revision(revision))
+
+
+def check_names(owner: str, name: str) -> None:
+    """A repository's owner and name as the Hub spells them (each becomes a directory: no '..', no '--')."""
+    for what, value in (("owner", owner), ("repository", name)):
+        if not re.fullmatch(_NAME, value) or ".." in value or "--" in value:
+            raise RefError(f"bad {what} name {value!r}", "letters, digits, '-', '_' and '.'; not '..' or '--'")
 
 
 def check_revision(revision: str | None) -> str:

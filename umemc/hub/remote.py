@@ -87,19 +87,34 @@ def describe(ref: HfRef, fields: HeaderFields) -> Remote:
     commit = ref.revision
     for i, path in enumerate(ref.parts):
         # the later parts at the commit the first resolved to: one consistent version of a split model
-        url = hh.hf_hub_url(ref.repo, path, revision=commit if i else ref.revision, endpoint=endpoint())
         try:
-            meta = hh.get_hf_file_metadata(url, token=token(), timeout=TIMEOUT_S, endpoint=endpoint())
-        except Exception as exc:  # noqa: BLE001 - huggingface_hub and its HTTP client raise many kinds
+            part, said = head(ref, path, commit if i else ref.revision)
+        except hh.errors.EntryNotFoundError as exc:
             raise HubFailure(_why(exc, ref, path)) from None
-        size = _check_size(meta.size, f"{ref.repo}/{path}")
         if i == 0:
-            commit = _checked_commit(meta.commit_hash, ref)
-        sha = meta.etag if meta.etag and len(meta.etag) == 64 and _hex(meta.etag) else None
-        parts.append(RemotePart(path, size, sha, meta.location))
+            commit = _checked_commit(said, ref)
+        parts.append(part)
         if i == 0 and len(ref.parts) > 1:  # before a HEAD per part: does the file say it is split that way?
             parts[0] = _split_checked(parts[0], len(ref.parts), fields)
     return Remote(ref, commit, parts)
+
+
+def head(ref: HfRef, path: str, revision: str) -> tuple[RemotePart, str | None]:
+    """One file of the repository at `revision` (one HEAD): its size, checksum and location, and the commit the Hub
+    says the revision is at. Raises HubFailure saying why; huggingface_hub's EntryNotFoundError (no such file) is
+    let through for a caller to whom that is an answer."""
+    import huggingface_hub as hh
+
+    url = hh.hf_hub_url(ref.repo, path, revision=revision, endpoint=endpoint())
+    try:
+        meta = hh.get_hf_file_metadata(url, token=token(), timeout=TIMEOUT_S, endpoint=endpoint())
+    except hh.errors.EntryNotFoundError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - huggingface_hub and its HTTP client raise many kinds
+        raise HubFailure(_why(exc, ref, path)) from None
+    size = _check_size(meta.size, f"{ref.repo}/{path}")
+    sha = meta.etag if meta.etag and len(meta.etag) == 64 and _hex(meta.etag) else None
+    return RemotePart(path, size, sha, meta.location), meta.commit_hash
 
 
 def _check_size(size: object, name: str) -> int:

@@ -5,11 +5,15 @@ of that directory its headers on the Hub sized (umemc.hub.directory)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..catalog.runtimes import MLX_KV, VLLM_KV
 from .load import Document, Source
 from .models import ModelSpec
 from .types import toml_repr
+
+if TYPE_CHECKING:
+    from ..catalog.hfdir import HfModel
 
 
 def on_hub(doc: Document, spec: ModelSpec, at: tuple[str, ...], path: Path) -> Path | None:
@@ -50,9 +54,9 @@ def check_keys(spec: ModelSpec, src: Source, at: tuple[str, ...]) -> None:
         )
 
 
-def check_dir(spec: ModelSpec, src: Source, at: tuple[str, ...], model_at: tuple[str, ...], path: Path) -> None:
-    """vLLM and MLX: a Hugging Face model directory that reads as one, a context the model was made for (vLLM
-    refuses a longer one at start)."""
+def check_dir(spec: ModelSpec, src: Source, at: tuple[str, ...], model_at: tuple[str, ...], path: Path) -> HfModel:
+    """vLLM and MLX: a Hugging Face model directory that reads as one (what it read is returned: the estimate and
+    the launcher use it), a context the model was made for (vLLM refuses a longer one at start)."""
     from ..catalog.hfdir import NotAModel
     from ..catalog.hfdir import read as read_dir
 
@@ -76,3 +80,4 @@ def check_dir(spec: ModelSpec, src: Source, at: tuple[str, ...], model_at: tuple
             "refuses to start",
             f"context = {limit}",
         )
+    return model

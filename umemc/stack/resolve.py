@@ -25,9 +25,8 @@ from .types import toml_repr
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ..catalog.hfdir import HfModel
     from ..hub.ref import HfRef
-
-if TYPE_CHECKING:
     from ..lockfile import LockEntry
 
 FIRST_PORT = 10001
@@ -63,7 +62,9 @@ class ResolvedModel(NamedTuple):
     max_concurrency: int
     port: int
     chat_template_file: Path | None = None  # `chat_template` given as a Jinja file (a built-in name stays in spec)
-    sized_from: Path | None = None  # vLLM/MLX on the Hub, not downloaded: the sparse copy its headers sized
+    # vLLM/MLX: its Hugging Face directory as read once here (the downloaded one, else the sparse copy of it on the
+    # Hub its headers sized); None for other runtimes, or where memory = … sizes a model the Hub could not
+    engine: HfModel | None = None
 
 
 @dataclass(frozen=True)
@@ -581,9 +582,10 @@ def _model(
         )
     mmproj_path, mmproj_present = _file(doc, mmproj_value, mmproj_at, spec, llama=True, is_mmproj=True)
     engine_dir = model_path if model_present else sized_from
+    engine = None
     if spec.runtime in ENGINE_RUNTIMES and engine_dir is not None:
-        engine_keys.check_dir(spec, src, at, model_at, engine_dir)
-    _check_size_source(spec, src, at, model_present=model_present or locked or sized_from is not None)
+        engine = engine_keys.check_dir(spec, src, at, model_at, engine_dir)
+    _check_size_source(spec, src, at, model_present=model_present or locked or engine is not None)
     mmap = spec.mmap if spec.mmap is not None else not platform.unified
     return ResolvedModel(
         name,
@@ -598,7 +600,7 @@ def _model(
         spec.max_concurrency or spec.parallel,
         port,
         _chat_template(doc, spec, at),
-        sized_from,
+        engine,
     )
 
 

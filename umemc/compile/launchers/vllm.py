@@ -45,10 +45,11 @@ MODULE = "vllm.entrypoints.openai.api_server"
 
 def argv(m: ModelPlan, ctx: Context) -> list[str]:
     from ...catalog.runtimes import VLLM_KV
-    from ...estimate.engines import engine_model, vllm_block
+    from ...estimate.engines import vllm_block
 
     spec, rm = m.model.spec, m.model
-    model = engine_model(rm)
+    # the dtype its files hold, read at load; a model sized by memory = … whose directory is not here: vLLM's own
+    dtype = rm.engine.dtype if rm.engine is not None else "auto"
     out = [
         spec.bin or "python3",
         "-m",
@@ -68,7 +69,7 @@ def argv(m: ModelPlan, ctx: Context) -> list[str]:
         "--max-num-batched-tokens",
         str(max(spec.ubatch, spec.parallel)),
         "--dtype",
-        model.dtype,
+        dtype,
         "--kv-cache-dtype",
         VLLM_KV[spec.kv_cache][0],
         "--kv-cache-memory-bytes",
