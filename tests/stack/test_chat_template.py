@@ -60,13 +60,27 @@ def test_a_built_in_name_and_a_file_reach_llama_server(tmp_path: Path, run_cli) 
     write_tiny_gguf(tmp_path / "tiny.gguf", TINY)
     stack(tmp_path, "tiny.gguf", 'chat_template = "gemma"\n')
     argv = built_argv(tmp_path, run_cli)
-    # llama.cpp applies a built-in name with its own formatter, which runs with Jinja off (on, the newest build
-    # would render the name itself as the template: the prompt "gemma")
-    assert argv[argv.index("--chat-template") - 1 : argv.index("--chat-template") + 2] == [
-        "--no-jinja",
-        "--chat-template",
-        "gemma",
-    ]
+    # llama.cpp applies a built-in name with its own formatter, which runs only with Jinja off, and a server with
+    # Jinja off refuses every request with tools: Gemma's format goes as Jinja text (llama.cpp's formatter and this
+    # text format a chat alike: tests/runtime/test_chat_templates.py), Jinja on
+    given = argv[argv.index("--chat-template") + 1]
+    assert "--no-jinja" not in argv and "--jinja" not in argv
+    assert given.startswith("{%- set ns = namespace(") and "'<start_of_turn>'" in given and "\n" not in given
+    # a name umemc has no Jinja for keeps llama.cpp's formatter, and check says what that costs, at its key
+    stack(tmp_path, "tiny.gguf", 'chat_template = "vicuna"\n')
+    argv = built_argv(tmp_path, run_cli)
+    at = argv.index("--chat-template")
+    assert argv[at - 1 : at + 2] == ["--no-jinja", "--chat-template", "vicuna"]
+    code, _, err = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
+    assert (code, err) == (
+        0,
+        'warning: stack.toml:10:17: models.chat.chat_template: llama-server applies the built-in template "vicuna" '
+        "only with Jinja off, and then refuses every request that carries tools (agents send them); umemc keeps "
+        "Jinja on for chatml, gemma, llama3, phi3, zephyr: give the model's own template as a .jinja file to keep "
+        "tool calling\n",
+    )
+    stack(tmp_path, "tiny.gguf", 'chat_template = "gemma"\n')
+    argv = built_argv(tmp_path, run_cli)
     assert argv[argv.index("--alias") + 1] == "chat"  # its answers say "chat", not the file's name
     (tmp_path / "tmpl").mkdir()
     (tmp_path / "tmpl" / "mine.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")

@@ -281,11 +281,21 @@ TEMPLATE_FLAGS = ("--chat-template", "--chat-template-file", "--chat_format", "-
 def _template_warning(loaded: LoadedStack, m: ResolvedModel, facts: GgufFacts | None, family: str) -> list[str]:
     """A chat model whose GGUF has no chat template, and the stack gives none: llama.cpp then formats chats its
     own default way (ChatML), and a model trained on another format answers with turn markers as text."""
-    from ..catalog.chat_templates import BY_ARCH
+    from ..catalog.chat_templates import BY_ARCH, FORMATS, is_file
 
     spec = m.spec
     chats = family in ("llm", "vision") and spec.kind in (None, "chat")
-    given = spec.chat_template is not None or any(a.split("=", 1)[0] in TEMPLATE_FLAGS for a in spec.args)
+    name = spec.chat_template
+    if spec.runtime == "llama-server" and name is not None and not is_file(name) and name not in FORMATS:
+        return [
+            loaded.source.warning(
+                ("models", m.name, "chat_template"),
+                f'llama-server applies the built-in template "{name}" only with Jinja off, and then refuses every '
+                f"request that carries tools (agents send them); umemc keeps Jinja on for {', '.join(FORMATS)}: "
+                "give the model's own template as a .jinja file to keep tool calling",
+            )
+        ]
+    given = name is not None or any(a.split("=", 1)[0] in TEMPLATE_FLAGS for a in spec.args)
     if facts is None or facts.chat_template is not False or not chats or given:
         return []
     known = BY_ARCH.get(facts.general_arch)

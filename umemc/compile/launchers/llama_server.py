@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, NamedTuple
 
+from ...catalog.chat_templates import jinja
 from ._common import llama_threads, model_flag
 
 if TYPE_CHECKING:
@@ -139,9 +140,14 @@ def argv(m: ModelPlan, ctx: Context) -> list[str]:
     if rm.chat_template_file is not None:
         out += ["--chat-template-file", str(rm.chat_template_file)]
     elif spec.chat_template is not None:
-        # a built-in name is applied by llama.cpp's own formatter, which runs only with Jinja off: with Jinja on (the
-        # default since --no-jinja exists) the name itself would be taken as the template's text
-        out += [*(["--no-jinja"] if d.jinja_default else []), "--chat-template", spec.chat_template]
+        # a built-in name is applied by llama.cpp's own formatter, which runs only with Jinja off (with Jinja on, the
+        # default since --no-jinja exists, the name itself is taken as the template's text), and a server with Jinja
+        # off refuses every request with tools: where umemc has the format as Jinja, Jinja stays on with that text
+        own = jinja(spec.chat_template) if d.jinja_default else None
+        if own is not None:
+            out += ["--chat-template", own]
+        else:
+            out += [*(["--no-jinja"] if d.jinja_default else []), "--chat-template", spec.chat_template]
     # the prompt cache in host memory grows to what it is given (8 GiB by default): what the stack counts
     out += ["--cache-ram", str(spec.prompt_cache // MIB)] if d.cache_ram else []
     if m.estimate.facts.get("family") == "embedding":
