@@ -11,6 +11,7 @@ from aiohttp import web
 from tests.runtime.test_scheduler import FakeSupervisor, model, scheduler
 from umemc.runtime.gateway.app import make_app
 from umemc.runtime.gateway.door import guarded
+from umemc.runtime.gateway.surfaces import OPENAI
 
 SURFACES = Path(__file__).resolve().parents[2] / "umemc" / "runtime" / "gateway"
 
@@ -20,7 +21,9 @@ async def _handler(request: web.Request) -> web.StreamResponse:
 
 
 def test_every_route_of_the_gateway_is_behind_the_door(tmp_path: Path) -> None:
-    door = guarded([web.get("/x", _handler)], None, "t")[0].handler.__code__  # the code of a handler behind it
+    door = guarded([web.get("/x", _handler)], None, "t", (OPENAI,))[
+        0
+    ].handler.__code__  # the code of a handler behind it
     app = make_app(scheduler(tmp_path, model("a", 10), FakeSupervisor()), "secret")
     routes = list(app.router.routes())
     # the surfaces' routes, counted by hand: app.py 11 (/v1/models, the three hot paths, /v1/{tail}, the pass-through,

@@ -618,6 +618,29 @@ def test_off_loopback_needs_the_bearer_token(stack: Any, monkeypatch: pytest.Mon
         "POST", "/v1/completions", {"model": "x", "prompt": "hi"}, {"Authorization": "Bearer s3cret-token"}
     )
     assert (status, body["model"]) == (200, "x")
+    # Anthropic's clients carry the token in x-api-key: taken there on its routes (a Bearer token too), and every
+    # refusal there in Anthropic's shape; OpenAI's routes want the Bearer token
+    ask = {"model": "x", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
+    said = "this gateway needs x-api-key: <token> or Authorization: Bearer <token>"
+    anthropic_401 = (401, {"type": "error", "error": {"type": "authentication_error", "message": said,
+                                                      "code": "unauthorized"}})  # fmt: skip
+    assert gw.call("POST", "/v1/messages", ask)[::2] == anthropic_401
+    assert gw.call("POST", "/v1/messages", ask, {"x-api-key": "wrong"})[::2] == anthropic_401
+    assert gw.call("POST", "/v1/messages", ask, {"x-api-key": "s3cret-token"})[0] == 200
+    assert gw.call("POST", "/v1/messages", ask, {"Authorization": "Bearer s3cret-token"})[0] == 200
+    assert gw.call("GET", "/v1/models", headers={"x-api-key": "s3cret-token"})[::2] == unauthorized
+    status, _, body = gw.call("POST", "/v1/messages", {**ask, "model": "nope"}, {"x-api-key": "s3cret-token"})
+    assert (status, body) == (
+        404,
+        {
+            "type": "error",
+            "error": {
+                "type": "not_found_error",
+                "message": "model 'nope' is not in this stack (known: x)",
+                "code": "model_not_found",
+            },
+        },
+    )
 
 
 def test_gateway_disabled_runs_no_gateway(stack: Any) -> None:

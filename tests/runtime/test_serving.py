@@ -103,6 +103,91 @@ def test_a_file_without_a_template_chats_in_the_one_the_stack_names(gw: Gateway)
     )
 
 
+GREEDY = {"temperature": 0}  # the anthropic SDK (2.x) takes no temperature of its own: sent as part of the body
+
+
+def counted(gw: Gateway, name: str) -> tuple[int, int]:
+    m = gw.status()["models"][name]
+    return m["tokens_in"], m["tokens_out"]
+
+
+def test_anthropic_and_the_responses_api_answer_through_the_gateway_and_are_counted(gw: Gateway) -> None:
+    """The anthropic SDK (what Claude Code speaks) and the openai SDK's Responses API, plain and streamed, through
+    the gateway to llama-server: Paris, the model named as asked, and every token they say they used on the
+    model's figures (Anthropic's input is its input_tokens plus what the prompt cache read)."""
+    import anthropic
+    import openai
+
+    before = counted(gw, "smollm2")
+    claude = anthropic.Anthropic(base_url=f"http://127.0.0.1:{gw.port}", api_key="none", timeout=patience(120))
+    said = claude.messages.create(model="smollm2", max_tokens=16, messages=QUESTION, extra_body=GREEDY)
+    assert said.model == "smollm2" and "Paris" in said.content[0].text
+    used = [(said.usage.input_tokens + (said.usage.cache_read_input_tokens or 0), said.usage.output_tokens)]
+    with claude.messages.stream(model="tiny-chat", max_tokens=16, messages=QUESTION, extra_body=GREEDY) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert "Paris" in text and final.model == "tiny-chat"
+    used.append((final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0), final.usage.output_tokens))
+    assert claude.messages.count_tokens(model="smollm2", messages=QUESTION).input_tokens > 0
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{gw.port}/v1", api_key="none", timeout=patience(120))
+    answer = client.responses.create(model="smollm2", input=ASK, max_output_tokens=16, temperature=0)
+    assert answer.model == "smollm2" and "Paris" in answer.output_text
+    assert answer.usage is not None
+    used.append((answer.usage.input_tokens, answer.usage.output_tokens))
+    events = list(client.responses.create(model="tiny-chat", input=ASK, max_output_tokens=16, temperature=0,
+                                          stream=True))  # fmt: skip
+    done = [e.response for e in events if e.type == "response.completed"]
+    assert len(done) == 1 and done[0].usage is not None and done[0].model == "tiny-chat"
+    assert "Paris" in "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    used.append((done[0].usage.input_tokens, done[0].usage.output_tokens))
+
+    want = (before[0] + sum(i for i, _ in used), before[1] + sum(o for _, o in used))
+    wait_for(
+        "the four answers counted", lambda: counted(gw, "smollm2") == want, seen=lambda: (counted(gw, "smollm2"), want)
+    )
+
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "the weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+def test_tools_reach_a_model_on_a_built_in_template_through_every_client_api(gw: Gateway) -> None:
+    """gemma3 runs on Gemma's built-in format (its file has none): a request with tools is answered on OpenAI's,
+    Ollama's and Anthropic's routes (with llama.cpp's formatter it was a 500, "tools param requires --jinja"), and
+    the tools are in the prompt the model read: each request reads the tool's ~100 tokens more than without."""
+    import anthropic
+    import ollama
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{gw.port}/v1", api_key="none", timeout=patience(120))
+    plain = client.chat.completions.create(model="gemma3", messages=QUESTION, max_tokens=2)
+    with_tools = client.chat.completions.create(
+        model="gemma3", messages=QUESTION, max_tokens=2, tools=[{"type": "function", "function": WEATHER}]
+    )
+    assert plain.usage is not None and with_tools.usage is not None
+    extra = with_tools.usage.prompt_tokens - plain.usage.prompt_tokens
+    assert extra > 50
+
+    local = ollama.Client(host=f"http://127.0.0.1:{gw.port}", timeout=patience(120))
+    said = local.chat(model="gemma3", messages=QUESTION, options={"num_predict": 2},
+                      tools=[{"type": "function", "function": WEATHER}])  # fmt: skip
+    assert said.done and said.prompt_eval_count is not None and said.prompt_eval_count - plain.usage.prompt_tokens > 50
+
+    claude = anthropic.Anthropic(base_url=f"http://127.0.0.1:{gw.port}", api_key="none", timeout=patience(120))
+    tool = {"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}
+    bare = claude.messages.create(model="gemma3", max_tokens=2, messages=QUESTION)
+    told = claude.messages.create(model="gemma3", max_tokens=2, messages=QUESTION, tools=[tool])
+
+    def read(u: Any) -> int:
+        return int(u.input_tokens + (u.cache_read_input_tokens or 0))
+
+    assert read(told.usage) - read(bare.usage) > 50
+
+
 def embedding_length(path: Path) -> int:
     import gguf
 
@@ -262,8 +347,8 @@ def test_umemc_chat_streams_an_answer_through_the_gateway(gw: Gateway, capsys: p
 
 def test_the_demo_brings_up_asks_shows_and_brings_down_a_real_stack(tmp_path: Path) -> None:
     """examples/demo.py (`python3 dev.py demo`) as a user runs it: SmolLM2 answers Paris through `umemc chat`, the
-    cold Gemma 3 starts on demand and answers, `status` and `ps` show the stack, `down` stops all of it (6
-    processes: supervisord's children are 3 workers, the enforcer, its standby and the gateway)."""
+    cold Gemma 3 (a base model) starts on demand and continues a text, `status` and `ps` show the stack, `down`
+    stops all of it (6 processes: supervisord's children are 3 workers, the enforcer, its standby and the gateway)."""
     demo = Path(__file__).resolve().parents[2] / "examples" / "demo.py"
     done = subprocess.run(
         [sys.executable, str(demo), "--llama-server", LLAMA_SERVER, "--models", str(MODELS)],
@@ -276,5 +361,9 @@ def test_the_demo_brings_up_asks_shows_and_brings_down_a_real_stack(tmp_path: Pa
     answer = out.split("$ umemc chat smollm2", 1)[1].split("$ umemc", 1)[0]
     assert "Paris" in answer, answer
     assert "umemc: gemma3: starting" in done.stderr  # its cold start, said while the client waits
+    # the base model is given text to continue (a completion), never a chat: its words follow the text, with no
+    # turn marker of a chat format in them
+    continued = out.split("$ umemc chat gemma3 'The three primary colours are' --complete", 1)[1].split("$ umemc")[0]
+    assert continued.strip() and "<start_of_turn>" not in continued and "<|im_start|>" not in continued, continued
     assert re.search(r"^ demo +running +smollm2 \(hot\), gemma3 \(cold\), files \(hot\) ", out, re.M), out
     assert "down: demo stopped (6 processes)" in out

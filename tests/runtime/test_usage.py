@@ -279,3 +279,30 @@ def test_the_ledger_keeps_requests_until_they_settle_in_order(tmp_path: Path) ->
          "latency_s": 2.5, "tokens_in": None, "tokens_out": None, "tokens_per_s": None, "tokens_from": None,
          "stream": False, "generation_wait_s": 0.5, "error": "queue_timeout"},
     ]  # fmt: skip
+
+
+def test_anthropic_messages_count_what_the_cache_read_as_input() -> None:
+    """Anthropic's usage counts the prompt's cached tokens apart: "cache_read_input_tokens":30, "input_tokens":1,
+    "output_tokens":8 is 31 in, 8 out (llama-server's own answer to /v1/messages, no timings in it)."""
+    assert read_usage((ANSWERS / "llama-server-messages.json").read_bytes()) == Usage(31, 8, None, "usage")
+
+
+@pytest.mark.parametrize("piece", [7, 4096, 100_000])
+def test_an_anthropic_stream_says_its_input_first_and_its_output_last(piece: int) -> None:
+    """message_start (its first event) says "cache_read_input_tokens":24,"input_tokens":15; message_delta (near its
+    end) "output_tokens":200; the 24 KB between are 200 text deltas: the input is read from the stream's first
+    lines, never from its tail."""
+    data = (ANSWERS / "llama-server-messages-stream.txt").read_bytes()
+    assert len(data) > TAIL + 4096
+    reader = read_in_pieces(data, piece)
+    assert reader.usage() == Usage(39, 200, None, "usage")
+    assert reader.chunks == 200  # each text_delta, where a stream said no usage
+
+
+def test_the_responses_api_counts_cached_tokens_inside_its_input() -> None:
+    """The Responses API's "input_tokens":31 already holds its "cached_tokens":24; its stream's last event,
+    response.completed, carries usage and llama-server's timings ("predicted_n":200, its own speed)."""
+    assert read_usage((ANSWERS / "llama-server-responses.json").read_bytes()) == Usage(31, 8, None, "usage")
+    reader = read_in_pieces((ANSWERS / "llama-server-responses-stream.txt").read_bytes(), 512)
+    assert reader.usage() == Usage(39, 200, 68.16674613744608, "usage", 140.3141165355509)
+    assert reader.chunks == 200  # each response.output_text.delta

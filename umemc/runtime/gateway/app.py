@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import leasing, ollama, page, router, views
+from . import anthropic, leasing, ollama, page, router, views
 from .access import AccessLog
 from .capture import Captures
 from .door import allowed_hosts, guarded
@@ -34,6 +34,7 @@ from .relay import (
     strict_json,
 )
 from .scheduler import Scheduler
+from .surfaces import OPENAI, SURFACES
 from .upstream import Pool
 
 PROBE_LIMIT = 64 * 1024
@@ -178,9 +179,11 @@ def make_app(sched: Scheduler, token: str | None) -> web.Application:
     app[CAPTURES] = Captures(gw.capture, gw.capture_bytes)
     if token:
         app[TOKEN] = token
+    # the client APIs, each path's shape for refusals and its token's headers: the first that claims a path is its
+    app[SURFACES] = (anthropic.SURFACE, ollama.SURFACE, OPENAI)
     # every route behind the door, each surface's in its table (the one place routes are added)
     app.router.add_routes(guarded(ROUTES + page.ROUTES + leasing.ROUTES + ollama.ROUTES + router.ROUTES,
-                                  allowed_hosts(gw.host, gw.port), token))  # fmt: skip
+                                  allowed_hosts(gw.host, gw.port), token, app[SURFACES]))  # fmt: skip
     app.cleanup_ctx.append(_lifetime)
     return app
 

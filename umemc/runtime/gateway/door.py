@@ -4,16 +4,15 @@ rules), the bearer token, and the answer to a refusal raised anywhere below."""
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 from collections.abc import Awaitable, Callable, Iterable
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from . import ollama
 from .model import Refused
-from .relay import HTTP_STATUS, SCHED, error, refused
+from .relay import SCHED
+from .surfaces import Surface, surface_of
 
 MUTATING = frozenset(("POST", "PUT", "PATCH", "DELETE"))
 
@@ -42,58 +41,59 @@ def allowed_hosts(host: str, port: int) -> frozenset[str] | None:
     return frozenset(n for name in names for n in (name, f"{name}:{port}"))
 
 
-def guarded(routes: Iterable[web.RouteDef], hosts: frozenset[str] | None, token: str | None) -> list[web.RouteDef]:
+def guarded(
+    routes: Iterable[web.RouteDef], hosts: frozenset[str] | None, token: str | None, surfaces: tuple[Surface, ...]
+) -> list[web.RouteDef]:
     """`routes`, each handler behind the door. The door is each handler's own first step, not aiohttp middleware
     (a middleware layer, and the second layer aiohttp then adds, cost every request two more coroutines: 4% of an
     instant request's CPU); a path no route matches gets aiohttp's bare 404 or 405, which says nothing of the
     stack. What a hostile web page can make a browser send to loopback is refused before anything else (a foreign
     Host: DNS rebinding; a cross-origin request: Origin, Sec-Fetch-Site; a body of a type a page may send without
-    a CORS preflight, text/plain or a form, to a JSON endpoint: CSRF), then a request without the token; a
-    handler's Refused is answered here (OpenAI-shaped with Retry-After, Ollama-shaped on its routes)."""
-    expected = None if token is None else f"Bearer {token}".encode()
+    a CORS preflight, text/plain or a form, to a JSON endpoint: CSRF), then a request without the token (in a header
+    the path's client API carries it in: `surfaces`); every refusal, the door's or a handler's Refused, is answered
+    here in that API's own shape."""
 
     def behind_door(handler: Handler) -> Handler:
         async def door(request: web.Request) -> web.StreamResponse:
             path = request.path
             if path in OPEN_PATHS:
                 return await handler(request)
+            surface = surface_of(surfaces, path)
             refusal = _browser_refusal(request, hosts)
             if refusal is not None:
-                return refusal
-            if expected is not None and path not in TOKENLESS_PATHS:
-                given = request.headers.get("Authorization", "").encode()
-                if not hmac.compare_digest(given, expected):
-                    resp = error(401, "this gateway needs Authorization: Bearer <token>", "unauthorized")
-                    resp.headers["WWW-Authenticate"] = "Bearer"
-                    return resp
+                return surface.refuse(*refusal, None)
+            if token is not None and path not in TOKENLESS_PATHS and not surface.token_given(request, token):
+                resp = surface.refuse(401, f"this gateway needs {surface.token_help()}", "unauthorized", None)
+                resp.headers["WWW-Authenticate"] = "Bearer"
+                return resp
             try:
                 return await handler(request)
             except Refused as exc:
-                if path.startswith("/api/"):  # Ollama's clients read {"error": "..."}
-                    return ollama.ollama_error(HTTP_STATUS[exc.code], exc.message)
-                return refused(exc)
+                return surface.answer(exc)
             except web.HTTPRequestEntityTooLarge:
                 limit = request.app[SCHED].gw.max_body_bytes
-                return error(413, f"request body larger than {limit} bytes (gateway.max_body)", "body_too_large")
+                said = f"request body larger than {limit} bytes (gateway.max_body)"
+                return surface.refuse(413, said, "body_too_large", None)
 
         return door
 
     return [web.RouteDef(r.method, r.path, behind_door(r.handler), r.kwargs) for r in routes]
 
 
-def _browser_refusal(request: web.Request, hosts: frozenset[str] | None) -> web.Response | None:
+def _browser_refusal(request: web.Request, hosts: frozenset[str] | None) -> tuple[int, str, str] | None:
+    """What a page may have made a browser send, as (status, message, code); None for anything else."""
     host = request.headers.get("Host", "").lower()
     if hosts is not None and host not in hosts:
-        return error(403, f"Host {host!r} is not this gateway's address (use 127.0.0.1 or localhost)", "forbidden_host")
+        return 403, f"Host {host!r} is not this gateway's address (use 127.0.0.1 or localhost)", "forbidden_host"
     origin = request.headers.get("Origin")
     if origin is not None and urlsplit(origin).netloc.lower() != host:
-        return error(403, f"cross-origin request from {origin!r} refused", "cross_origin")
+        return 403, f"cross-origin request from {origin!r} refused", "cross_origin"
     site = request.headers.get("Sec-Fetch-Site")
     if site is not None and site not in ("same-origin", "none"):
-        return error(403, f"cross-site request refused (Sec-Fetch-Site: {site})", "cross_origin")
+        return 403, f"cross-site request refused (Sec-Fetch-Site: {site})", "cross_origin"
     strict = _from_browser(request) or not _typeless_allowed(request.path)  # umemc's own API: JSON that says so
     if request.method in MUTATING and request.body_exists and strict and not _accepted_type(request):
-        return error(
+        return (
             415,
             f"Content-Type {request.content_type!r} is not accepted here: send application/json"
             + (" or multipart/form-data" if _multipart_allowed(request.path) else ""),

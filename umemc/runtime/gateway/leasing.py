@@ -13,8 +13,9 @@ from ...chars import CONTROL
 from ...units import parse_duration, parse_size
 from .leases import lease_json
 from .model import Refused
-from .relay import SCHED, error, json_object
+from .relay import SCHED, json_object
 from .scheduler import Scheduler
+from .surfaces import error
 
 
 async def leases_list(request: web.Request) -> web.Response:

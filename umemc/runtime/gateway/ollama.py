@@ -40,6 +40,7 @@ from .relay import (
     upstream,
 )
 from .scheduler import Scheduler
+from .surfaces import Surface
 from .upstream import PayloadError
 from .usage import StreamReader, Usage, read_usage
 
@@ -107,6 +108,11 @@ def ns(seconds: float) -> int:
 
 def ollama_error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
+
+
+def stream_error(message: str) -> bytes:
+    """Ollama streams an error as a line of its own."""
+    return json.dumps({"error": message}).encode() + b"\n"
 
 
 # -- the catalogue: version, tags, ps, show ------------------------------------------------------------------
@@ -383,9 +389,6 @@ class _Translate:
                 seen.keep(out)
                 return out
 
-            def cut(message: str) -> bytes:  # Ollama streams an error as a line of its own
-                return json.dumps({"error": message}).encode() + b"\n"
-
             try:
                 await pipe(request, resp, up, each)
                 answered(request, m, seen, up.status, asked_at, reader.usage())
@@ -394,7 +397,7 @@ class _Translate:
                 await resp.write(last)
                 await resp.write_eof()
             except STREAM_ENDS as exc:
-                await stream_failed(request, m, resp, exc, cut)
+                await stream_failed(request, m, resp, exc, stream_error)
                 answered(request, m, seen, up.status, asked_at, reader.usage())
             return resp
 
@@ -502,6 +505,14 @@ class _SseLines:
         return out
 
 
+# Ollama's clients read {"error": "..."}, send the token (where one is asked) as a Bearer token
+SURFACE = Surface(
+    "ollama",
+    ("/api/",),
+    ("authorization",),
+    lambda status, message, code, wait: ollama_error(status, message),
+    stream_error,
+)
 ROUTES = (
     web.get("/api/version", version),
     web.get("/api/tags", tags),

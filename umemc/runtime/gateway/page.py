@@ -13,8 +13,9 @@ from aiohttp import web
 from ..eventtext import said
 from . import views
 from .model import Refused
-from .relay import CAPTURES, SCHED, error, json_object
+from .relay import CAPTURES, SCHED, json_object
 from .scheduler import Scheduler
+from .surfaces import error
 
 UI_PAGE = Path(__file__).with_name("ui") / "index.html"
 LOG_TAIL_BYTES = 256 * 1024

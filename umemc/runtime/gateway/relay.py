@@ -31,6 +31,7 @@ from .model import Model, Refused
 from .naming import StreamRenamer, renamed
 from .progress import Progress
 from .scheduler import Scheduler
+from .surfaces import HTTP_STATUS, SURFACES, surface_of
 from .upstream import Answer, PayloadError, Pool, TooLarge, Unreachable
 from .usage import NO_USAGE, StreamReader, Usage, read_usage
 
@@ -59,45 +60,13 @@ def _from_worker(name: str) -> bool:
     return low not in HOP_BY_HOP and low not in ("set-cookie", "set-cookie2") and not low.startswith("access-control-")
 
 
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "invalid_request_error",
-    408: "invalid_request_error",
-    409: "insufficient_memory",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    429: "rate_limit_error",
-}
 SCHED: web.AppKey[Scheduler] = web.AppKey("sched", Scheduler)
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 POOL: web.AppKey[Pool] = web.AppKey("pool", Pool)
 ACCESS: web.AppKey[AccessLog] = web.AppKey("access", AccessLog)
 CAPTURES: web.AppKey[Captures] = web.AppKey("captures", Captures)
 TOKEN: web.AppKey[str] = web.AppKey("token", str)  # the gateway's own token (a client's is never passed on)
-
-
-def error(status: int, message: str, code: str, retry_after: int | None = None) -> web.Response:
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    body = {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"), "code": code}}
-    return web.json_response(body, status=status, headers=headers)
-
-
-# What each refusal is in HTTP (the scheduler speaks in codes; statuses are this layer's business).
-HTTP_STATUS = {
-    "invalid_json": 400, "model_missing": 400, "invalid_lease": 400, "bad_request": 400,
-    "model_not_found": 404, "no_port": 404,
-    "body_timeout": 408,
-    "queue_full": 429, "too_many_leases": 429,
-    "body_too_large": 413,
-    "upstream_unreachable": 502, "upstream_disconnected": 502, "upstream_too_large": 502, "upstream_cut": 502,
-    "shutting_down": 503, "worker_unhealthy": 503, "worker_given_up": 503, "queue_timeout": 503,
-    "insufficient_memory": 503, "not_admissible": 503, "start_failed": 503, "start_timeout": 503, "stop_failed": 503,
-    "state_unwritable": 503,
-    "upstream_timeout": 504,
-    "busy": 409,
-}  # fmt: skip
+TOKEN_HEADERS = frozenset(("authorization", "x-api-key"))  # where a client may carry it (surfaces.py)
 
 
 def admit_of(request: web.Request) -> Admit:
@@ -105,10 +74,6 @@ def admit_of(request: web.Request) -> Admit:
     frees or the queue timeout; without it such a request is refused at once with the reason."""
     wait = request.headers.get("X-Umemc-Wait", "").strip().lower() in ("1", "true", "yes")
     return Admit.QUEUE if wait else Admit.REFUSE_NOW
-
-
-def refused(exc: Refused) -> web.Response:
-    return error(HTTP_STATUS[exc.code], exc.message, exc.code, exc.retry_after)
 
 
 # -- routing ------------------------------------------------------------------------------------
@@ -314,9 +279,7 @@ async def forward(
         code, seen.refusal = HTTP_STATUS[exc.code], exc.code
         if progress is not None and progress.resp is not None:  # the stream began while it waited
             return await progress.fail(exc, code)
-        if request.path.startswith("/api/"):  # Ollama's clients read {"error": "..."}
-            return web.json_response({"error": exc.message}, status=code)
-        return refused(exc)
+        return surface_of(app[SURFACES], request.path).answer(exc)
     finally:
         _account(app, request, m, code, time.monotonic() - t0, seen)
         if captures.on:
@@ -385,8 +348,8 @@ async def _stream_into(
             await resp.write(tail)
         await resp.write_eof()
     except STREAM_ENDS as exc:
-        await stream_failed(request, m, resp, exc, sse_error if up.headers.get("Content-Type", "").startswith(SSE)
-                            else None)  # fmt: skip
+        said = surface_of(request.app[SURFACES], request.path).stream_error
+        await stream_failed(request, m, resp, exc, said if up.headers.get("Content-Type", "").startswith(SSE) else None)
     answered(request, m, seen, up.status, began, reader.usage())
 
 
@@ -542,11 +505,6 @@ async def stream_failed(
         request.transport.abort()
 
 
-def sse_error(message: str) -> bytes:
-    """An error as OpenAI's streams carry one."""
-    return b"data: " + json.dumps({"error": {"message": message, "type": "server_error"}}).encode() + b"\n\n"
-
-
 STREAM_ENDS = (ConnectionResetError, PayloadError, TimeoutError)
 SSE = "text/event-stream"
 WHOLE_LIMIT = 64 << 20  # an answer read whole to be renamed or translated; a larger one is piped, or refused (502)
@@ -554,12 +512,9 @@ WHOLE_LIMIT = 64 << 20  # an answer read whole to be renamed or translated; a la
 
 async def pass_through(request: web.Request, m: Model, call: Call, seen: Seen) -> web.StreamResponse:
     """The worker's answer as it gives it (its headers less the hop-by-hop ones), its model fields renamed."""
-    token = request.app.get(TOKEN)
-    headers = {
-        k: v
-        for k, v in request.headers.items()
-        if k.lower() not in HOP_BY_HOP and not (token and k.lower() == "authorization")
-    }
+    token, surface = request.app.get(TOKEN), surface_of(request.app[SURFACES], request.path)
+    drop = HOP_BY_HOP | TOKEN_HEADERS if token else HOP_BY_HOP  # the gateway's token is never sent on
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in drop}
     began = time.monotonic()
     async with upstream(request, m, call, headers) as up:
         out = {k: v for k, v in up.headers.items() if _from_worker(k)}
@@ -568,8 +523,12 @@ async def pass_through(request: web.Request, m: Model, call: Call, seen: Seen) -
             return await _go_on(request, m, call, seen, up, began)
         if up.content_length is not None and up.content_length <= WHOLE_LIMIT and not ctype.startswith(SSE):
             data = await up.read(WHOLE_LIMIT)
-            answered(request, m, seen, up.status, began, read_usage(data))
+            # a count of a prompt's tokens (Anthropic's count_tokens) is no prompt the model read
+            usage = NO_USAGE if call.path.endswith("/count_tokens") else read_usage(data)
+            answered(request, m, seen, up.status, began, usage)
             data = renamed(data, call.asked) if _names_model(ctype) else data
+            if up.status >= 400 and surface.worker_error is not None and "json" in ctype:  # said in the API's shape
+                data = surface.worker_error(data, up.status)
             seen.keep(data)
             return web.Response(body=data, status=up.status, headers=out)
         resp = web.StreamResponse(status=up.status, headers=out)

@@ -14,7 +14,8 @@ from typing import Any
 from aiohttp import web
 
 from .model import Model, Refused
-from .relay import SCHED, admit_of, error, json_object
+from .relay import SCHED, admit_of, json_object
+from .surfaces import error
 
 
 def status_value(m: Model) -> str:

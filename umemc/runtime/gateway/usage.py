@@ -1,11 +1,17 @@
 """What a worker's answer says of its tokens, read from the bytes the gateway relays (never parsed whole: an
 embeddings answer is megabytes of floats, a stream arrives in pieces).
 
-The OpenAI `usage` object (prompt_tokens, completion_tokens) where the worker sent one; llama-server's `timings`
-(prompt_n + cache_n in, predicted_n out, predicted_per_second: its own generation speed, without the prompt or
-any queueing, taken as it says it) in every answer and in the last chunk of a stream; for a stream with neither
-(llama-cpp-python without stream_options.include_usage), the chunks that carry content, one token each as these
-servers stream.
+Each client API says them its own way, and one pass reads them all:
+- OpenAI's chat and completions: `usage` {prompt_tokens, completion_tokens}, in the answer or a stream's last chunk;
+- OpenAI's Responses API: `usage` {input_tokens (the cached ones among them), output_tokens}, in the answer or the
+  stream's response.completed event;
+- Anthropic's Messages API: `usage` {input_tokens (without what the prompt cache read), cache_read_input_tokens,
+  cache_creation_input_tokens, output_tokens}: in a stream, the input in message_start (its first event: a stream's
+  first bytes are kept for it) and the output in message_delta, its last;
+- llama-server's `timings` (prompt_n + cache_n in, predicted_n out, predicted_per_second: its own generation speed,
+  without the prompt or any queueing, taken as it says it) in every answer and in the last chunk of a stream;
+- for a stream with none of these (llama-cpp-python without stream_options.include_usage), the chunks that carry
+  text, one token each as these servers stream.
 Each figure says where it came from."""
 
 from __future__ import annotations
@@ -17,12 +23,16 @@ from typing import NamedTuple
 # every figure an answer may say, in one pass over its bytes: the key, then its number as sign, digits and the rest
 # (a count is digits alone: a count with a sign is no count; a rate takes its sign, fraction and exponent)
 FIGURES = re.compile(
-    rb'"(prompt_tokens|completion_tokens|prompt_n|cache_n|predicted_n|predicted_per_second|prompt_per_second)"'
+    rb'"(prompt_tokens|completion_tokens|prompt_n|cache_n|predicted_n|predicted_per_second|prompt_per_second'
+    rb'|input_tokens|output_tokens|cache_read_input_tokens|cache_creation_input_tokens)"'
     rb"\s*:\s*(-?)(\d+)((?:\.\d+)?(?:[eE][-+]?\d+)?)"
 )
 RATES = frozenset((b"predicted_per_second", b"prompt_per_second"))
-# a streamed chunk with text in it: "delta": {"content": "x" ...} (or {"role": ..., "content": "x"})
-DELTA = re.compile(rb'"delta"\s*:\s*\{[^{}]*?"content"\s*:\s*"(?!")')
+# a streamed chunk with text in it: OpenAI's "delta": {"content": "x" ...} (or {"role": ..., "content": "x"}),
+# Anthropic's "delta": {"type": "text_delta", "text": "x"}, the Responses API's "delta": "x"
+DELTA = re.compile(rb'"delta"\s*:\s*(?:\{[^{}]*?"(?:content|text)"\s*:\s*)?"(?!")')
+CACHE_READ = (b"cache_read_input_tokens", b"cache_creation_input_tokens")
+HEAD = 4 * 1024  # Anthropic's stream says its input tokens in its first event
 TAIL = 16 * 1024  # usage and timings are in the last object of an answer or the last chunks of a stream
 WHOLE = 256 * 1024  # a body up to this is searched whole (usage may come first in some servers' JSON)
 
@@ -65,6 +75,11 @@ def read_usage(data: bytes, chunks: int = 0) -> Usage:
     speed = float(rate) if rate is not None and predicted is not None else None
     reading = found.get(b"prompt_per_second")
     prompt_speed = float(reading) if reading is not None else None
+    if completion is None and prompt is None:  # the Responses and Messages APIs' names
+        completion = found.get(b"output_tokens")
+        prompt = found.get(b"input_tokens")
+        if prompt is not None:  # Anthropic's counts what its cache read (or wrote) apart; the Responses API has none
+            prompt = b"%d" % sum(int(found.get(k, b"0")) for k in (b"input_tokens", *CACHE_READ))
     if completion is not None or prompt is not None:
         out = None if completion is None else int(completion)
         if predicted is not None and out is not None and int(predicted) != out:
@@ -84,20 +99,35 @@ NO_USAGE = Usage()
 
 class StreamReader:
     """Fed a stream as it is relayed, in pieces of whole lines (a delta is counted in the piece it ends in, so one
-    cut across two pieces would go uncounted): counts the chunks with content and keeps the last bytes."""
+    cut across two pieces would go uncounted): counts the chunks with content and keeps the first and last bytes."""
 
     def __init__(self) -> None:
         self.pieces: deque[bytes] = deque()
         self.size = 0
         self.chunks = 0
+        self.head = b""  # the stream's first whole lines, up to HEAD bytes
+        self.heading = True  # the head is still being filled
+        self.dropped = False  # the stream's first bytes are no longer among the pieces kept
 
     def feed(self, piece: bytes) -> None:
         if b'"delta"' in piece:
             self.chunks += len(DELTA.findall(piece))
+        if self.heading:
+            room = HEAD - len(self.head)
+            if len(piece) <= room:
+                self.head += piece
+            else:  # whole lines only: a number cut short would be another number
+                self.head += piece[: piece.rfind(b"\n", 0, room) + 1]
+                self.heading = False
         self.pieces.append(piece)
         self.size += len(piece)
         while self.size - len(self.pieces[0]) >= TAIL:  # the last TAIL bytes stay; no copy of them per piece
             self.size -= len(self.pieces.popleft())
+            self.dropped = True
 
     def usage(self) -> Usage:
-        return read_usage(b"".join(self.pieces)[-TAIL:], self.chunks)
+        """What the stream said: its first lines (Anthropic's input), then its last TAIL bytes."""
+        kept = b"".join(self.pieces)
+        if not self.dropped and len(kept) <= TAIL:
+            return read_usage(kept, self.chunks)
+        return read_usage(self.head + b"\n" + kept[-TAIL:], self.chunks)
