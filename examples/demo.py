@@ -7,7 +7,9 @@ The stack: SmolLM2-135M-Instruct (hot: loaded at `up`) and Gemma 3 270M (cold: s
 it, with Gemma's chat template, which its file lacks) under llama-server, and a command worker (a small HTTP
 server), each with its quota; the gateway in front. The demo runs the umemc commands a person would, printing each:
 `check`, `up`, `chat` with each model (the cold one starts on demand), `status`, `ps`, `down`. Everything runs in
-a temporary directory, stopped at the end whatever happens.
+a temporary directory, stopped at the end whatever happens. SmolLM2-Instruct is asked as a chat (a question, and
+what it is good at); Gemma 3 270M is a base model, good at continuing text: it is given a completion
+(`chat --complete`), which its start on demand answers.
 
     python examples/demo.py [--llama-server PATH] [--models DIR]
 """
@@ -26,6 +28,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 QUESTION = "What is the capital of France? Answer in one word."
+GOOD_AT = "What are you good at? Answer in one sentence."
+CONTINUE = "The three primary colours are"
 
 
 def free_port() -> int:
@@ -106,8 +110,10 @@ def main() -> int:
         try:
             step([*umemc, "up", "stack.toml"], where)
             step([*umemc, "chat", "smollm2", QUESTION, "--temperature", "0", "--max-tokens", "16"], where)
-            # Gemma 3 270M is a base model: it continues text more than it answers
-            step([*umemc, "chat", "gemma3", "Name three colours.", "--temperature", "0", "--max-tokens", "24"], where)
+            step([*umemc, "chat", "smollm2", GOOD_AT, "--temperature", "0", "--max-tokens", "48"], where)
+            # Gemma 3 270M is a base model (no chat template in its file): it continues text; asked as a chat it
+            # rambles. What it is good at is a completion
+            step([*umemc, "chat", "gemma3", CONTINUE, "--complete", "--temperature", "0", "--max-tokens", "24"], where)
             step([*umemc, "status"], where)
             step([*umemc, "ps"], where)
         finally:

@@ -1,7 +1,9 @@
 """`umemc chat MODEL [PROMPT] [--run-dir DIR]`: a quick try of a model of the running stack. The answer streams
 through the stack's gateway (its token read from the run dir, as the gateway reads it) as it is generated; what the
 gateway says while the model starts (a cold start) goes to stderr. Without PROMPT, a conversation: each line read is
-a turn, an empty line or end of input ends it. Exit 0 answered, 1 refused or unreachable, 2 no running stack."""
+a turn, an empty line or end of input ends it. `--complete`: the text is continued (a completion: what a base model
+does well; each line its own), not answered as a chat. Exit 0 answered, 1 refused or unreachable, 2 no running
+stack."""
 
 from __future__ import annotations
 
@@ -23,6 +25,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("model", help="a model of the running stack (a name, an alias or a shared name)")
     p.add_argument("prompt", nargs="?", help="one message; without it, read turns from standard input")
     p.add_argument("--system", help="a system message first")
+    p.add_argument(
+        "--complete",
+        action="store_true",
+        help="continue the text instead of answering it (a completion: for a base model, one without a chat template)",
+    )
     p.add_argument("--temperature", type=float, help="sampling temperature (default: the model server's)")
     p.add_argument("--max-tokens", type=int, default=512, metavar="N", help="longest answer (default 512)")
     add_run_dir(p, "option")
@@ -64,15 +71,20 @@ def _gateway(root: Path) -> tuple[int, str | None]:
 
 
 def _turn(port: int, token: str | None, args: argparse.Namespace, messages: list[dict[str, str]], text: str) -> None:
-    """One message and its answer, streamed to stdout; the answer joins the conversation."""
-    messages.append({"role": "user", "content": text})
-    body: dict[str, Any] = {"model": args.model, "messages": messages, "stream": True, "max_tokens": args.max_tokens}
+    """One message and its answer, streamed to stdout; the answer joins the conversation (a completion: the text
+    and what continues it, each on its own)."""
+    body: dict[str, Any] = {"model": args.model, "stream": True, "max_tokens": args.max_tokens}
+    if args.complete:
+        body["prompt"] = text
+    else:
+        messages.append({"role": "user", "content": text})
+        body["messages"] = messages
     if args.temperature is not None:
         body["temperature"] = args.temperature
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     try:
-        conn.request("POST", "/v1/chat/completions", json.dumps(body), headers)
+        conn.request("POST", "/v1/completions" if args.complete else "/v1/chat/completions", json.dumps(body), headers)
         resp = conn.getresponse()
         if resp.status != 200:
             raise RuntimeFailure(f"{args.model}: {resp.status} {error_message(resp.read(), 300)}")
@@ -81,7 +93,8 @@ def _turn(port: int, token: str | None, args: argparse.Namespace, messages: list
         raise RuntimeFailure(f"the gateway on 127.0.0.1:{port} did not answer: {exc}") from None
     finally:
         conn.close()
-    messages.append({"role": "assistant", "content": answer})
+    if not args.complete:
+        messages.append({"role": "assistant", "content": answer})
 
 
 def _stream(resp: http.client.HTTPResponse) -> str:
@@ -98,7 +111,7 @@ def _stream(resp: http.client.HTTPResponse) -> str:
                 if "error" in doc:
                     raise RuntimeFailure(str(doc["error"].get("message", doc["error"])))
                 for choice in doc.get("choices") or []:
-                    piece = (choice.get("delta") or {}).get("content")
+                    piece = (choice.get("delta") or {}).get("content") or choice.get("text")  # a chat's; a completion's
                     if piece:
                         said.append(piece)
                         print(piece, end="", flush=True)
