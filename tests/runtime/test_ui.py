@@ -4,7 +4,9 @@ endpoints (/umemc/events, /umemc/logs/MODEL) and the Host/Origin/token rules are
 
 from __future__ import annotations
 
+import http.client
 import itertools
+import json
 import os
 import re
 import shutil
@@ -228,3 +230,48 @@ def test_the_playground_and_the_captured_requests_in_a_real_browser(stack: Any) 
     assert "(simulated" in entry["answer"] and "ui-s3cret" not in jsonlib.dumps(doc)
     assert "chat: POST /v1/chat/completions → 200" in page
     assert "shared names: coder → chat, code (answers now: chat)" in page  # the loaded one answers
+
+
+@needs_chromium
+def test_the_page_asks_before_evicting_fits_small_models_and_keeps_its_events_in_a_box(stack: Any) -> None:
+    """In a real browser: evict asks first (and does nothing when told no); one small model on a large budget is
+    drawn to its own scale, the key saying the budget is far above; the event list scrolls in its own box (it no
+    longer pushes the playground off the screen); a request whose client left is no failure on the page's figures."""
+    from tests.runtime.browser import wait_in_page
+
+    assert CHROMIUM is not None
+    gw = Gateway(stack(stack_text("ui-ask", model("w", mode="hot"), slots=20), "--simulate"))
+    shown = wait_in_page(
+        CHROMIUM,
+        f"http://127.0.0.1:{gw.port}/ui",
+        """(() => {
+          const b = document.querySelector('[data-action="evict"]');
+          const keys = document.getElementById('chartkeys').textContent;
+          if (!b || !keys.includes('budget')) return null;
+          let asked = null;
+          window.confirm = (q) => { asked = q; return false; };
+          b.click();
+          return {asked, keys, box: getComputedStyle(document.getElementById('events')).overflowY,
+                  budgetLine: document.querySelectorAll('#chart line').length};
+        })()""",
+        patience(60),
+    )
+    assert shown["asked"] == "Evict w now? It stops at once, without waiting for its requests."
+    assert "budget 1.56 GiB (far above: the chart fits the models)" in shown["keys"]
+    assert (shown["box"], shown["budgetLine"]) == ("auto", 0)
+    assert gw.run.status()["w"]["state"] == "RUNNING" and not gw.kinds("action")  # told no: nothing done
+
+    # a client that goes away before its answer (a closed tab): counted apart, not as a failure
+    conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=0.5)
+    conn.request("POST", "/v1/completions", json.dumps({"model": "w", "prompt": "hi", "delay": 3}),
+                 {"Content-Type": "application/json"})  # fmt: skip
+    with pytest.raises(TimeoutError):
+        conn.getresponse()
+    conn.close()
+
+    def left() -> Any:
+        w = gw.call("GET", "/umemc/history?minutes=5")[2]["speed"].get("w")
+        return w if w and w["left"] else None
+
+    w = gw.run.wait_for(left, timeout=30, what="the request whose client left")
+    assert (w["requests"], w["errors"], w["left"]) == (1, 0, 1)

@@ -60,6 +60,9 @@ class Answered(NamedTuple):
     prompt_per_s: float | None
 
 
+CLIENT_LEFT = 499  # the status an answer the client did not wait for is counted under (nginx's)
+
+
 class Requests:
     def __init__(self, max_requests: int = MAX_REQUESTS, window_s: float = REQUEST_WINDOW_S):
         self.window_s = window_s
@@ -69,8 +72,9 @@ class Requests:
         self.items.append(answered)
 
     def summary(self, now: float, window_s: float | None = None) -> dict[str, dict[str, Any]]:
-        """Per model over the window: requests and errors, p50/p95 latency, median queue wait, tokens in and out,
-        generation tokens/s (tokens out over their generation time) and prompt tokens/s (where the worker says)."""
+        """Per model over the window: requests, errors (a client that went away is none: counted apart), p50/p95
+        latency, median queue wait, tokens in and out, generation tokens/s (tokens out over their generation time)
+        and prompt tokens/s (where the worker says)."""
         t0 = now - (window_s or self.window_s)
         by: dict[str, list[Answered]] = {}
         for a in self.items:
@@ -86,7 +90,8 @@ def _summary(items: list[Answered]) -> dict[str, Any]:
     prompts = [a.prompt_per_s for a in items if a.prompt_per_s]
     return {
         "requests": len(items),
-        "errors": sum(1 for a in items if a.status >= 400),
+        "errors": sum(1 for a in items if a.status >= 400 and a.status != CLIENT_LEFT),
+        "left": sum(1 for a in items if a.status == CLIENT_LEFT),  # a client that went away (a closed tab)
         "p50_latency_s": round(_quantile(latencies, 0.5), 4),
         "p95_latency_s": round(_quantile(latencies, 0.95), 4),
         "median_queue_wait_s": round(statistics.median(a.queue_wait_s for a in items), 4),
