@@ -1,7 +1,8 @@
 """A model split by layers across nodes (umemc.budget.split), on figures made by hand: ten blocks of 10 MiB of
 weights and 1 MiB of KV cache each (one KV head of 64 dims, f16, 4096 cells: (128 + 128) bytes x 4096), token
 embeddings and an output layer of 5 MiB each, a compute buffer of 2 MiB and a process of 3 MiB (an RPC server's:
-8 MiB). A part's hard quota is its estimate x 1.1 rounded up to a MiB. The stack-level rules (which stacks may split,
+8 MiB, and its receive buffer, the largest tensor it is sent: a block's 10 MiB). A part's hard quota is its estimate
+x 1.1 rounded up to a MiB. The stack-level rules (which stacks may split,
 and how a split is said) are at the end; tests/runtime/test_rpc_split.py runs one for real."""
 
 from __future__ import annotations
@@ -54,17 +55,17 @@ def parts(s) -> list[tuple[str, str, int, int]]:  # type: ignore[no-untyped-def]
 
 
 def test_a_cpu_main_node_holds_the_first_blocks_and_the_last_helper_the_output() -> None:
-    # a (the roomiest, 60 MiB): 5 + 2 + 3 fixed, 4 blocks of 11: 54 MiB, 59.4 -> 60 hard (5 blocks: 65 -> 72)
-    # one helper cannot hold the other 6 blocks (66 + 5 + 2 + 8 = 81 MiB); b (53): 2 + 8 fixed and 3 blocks: 43 MiB,
-    # 47.3 -> 48 hard (4: 54 -> 60); c the last 3 blocks and the output: 33 + 5 + 10 = 48 MiB, 52.8 -> 53 hard
-    rooms = [Room("a", 60 * MiB, None, "cpu", "10.0.0.1", 50052), Room("b", 53 * MiB, None, "cpu", "10.0.0.2", 50052),
-             Room("c", 53 * MiB, None, "cpu", "10.0.0.3", 50060)]  # fmt: skip
+    # a (64 MiB, first of three alike): 5 + 2 + 3 fixed, 4 blocks of 11: 54 MiB, 59.4 -> 60 hard (5 blocks: 65 -> 72)
+    # one helper cannot hold the other 6 blocks (66 + 5 + 2 + 8 + 10 = 91 MiB); b: 2 + 8 + 10 fixed and 3 blocks:
+    # 53 MiB, 58.3 -> 59 hard (4: 64 -> 71); c the last 3 blocks and the output: 33 + 5 + 20 = 58 MiB, 63.8 -> 64 hard
+    rooms = [Room("a", 64 * MiB, None, "cpu", "10.0.0.1", 50052), Room("b", 64 * MiB, None, "cpu", "10.0.0.2", 50052),
+             Room("c", 64 * MiB, None, "cpu", "10.0.0.3", 50060)]  # fmt: skip
     s = split(rooms)
     assert s is not None and s.main == "a" and not s.gpu_main
     assert parts(s) == [
         ("a", "blocks 0-3, the token embeddings", 54, 60),
-        ("b", "blocks 4-6", 43, 48),
-        ("c", "blocks 7-9, the output layer", 48, 53),
+        ("b", "blocks 4-6", 53, 59),
+        ("c", "blocks 7-9, the output layer", 58, 64),
     ]
     # llama.cpp offloads the last 7 of its 11 layers (10 blocks and the output) to the RPC servers, 3 and 4 of them
     assert s.args() == ["--rpc", "10.0.0.2:50052,10.0.0.3:50060", "-ngl", "7", "--tensor-split", "3,4"]
@@ -73,10 +74,10 @@ def test_a_cpu_main_node_holds_the_first_blocks_and_the_last_helper_the_output()
 
 def test_llama_cpps_compute_buffer_per_device_replaces_the_models_where_it_was_asked() -> None:
     # the first test's rooms, with llama.cpp's dry run (helpers up) saying b's device needs 1 MiB of compute and the
-    # main node 1.5 MiB: b holds 3 blocks at 33 + 1 + 8 = 42 MiB (46.2 -> 47 hard), a 5 + 44 + 1.5 + 3 = 53.5 MiB;
-    # c, not asked, keeps the model's 2 MiB
-    rooms = [Room("a", 60 * MiB, None, "cpu", "10.0.0.1", 50052), Room("b", 53 * MiB, None, "cpu", "10.0.0.2", 50052),
-             Room("c", 53 * MiB, None, "cpu", "10.0.0.3", 50060)]  # fmt: skip
+    # main node 1.5 MiB: b holds 3 blocks at 33 + 1 + 8 + 10 = 52 MiB (57.2 -> 58 hard), a 5 + 44 + 1.5 + 3 = 53.5
+    # MiB; c, not asked, keeps the model's 2 MiB: 33 + 5 + 2 + 8 + 10 = 58
+    rooms = [Room("a", 64 * MiB, None, "cpu", "10.0.0.1", 50052), Room("b", 64 * MiB, None, "cpu", "10.0.0.2", 50052),
+             Room("c", 64 * MiB, None, "cpu", "10.0.0.3", 50060)]  # fmt: skip
     s = plan_split(
         "big", whole(), facts(), rooms, QUOTA, context=4096, parallel=1, ubatch=512, kv_cache="f16", flash_attn=True,
         measured={"10.0.0.2:50052": MiB, "main": 3 * MiB // 2},
@@ -84,41 +85,41 @@ def test_llama_cpps_compute_buffer_per_device_replaces_the_models_where_it_was_a
     assert s is not None
     assert [(p.node, p.estimate.compute.bytes, p.estimate.estimate_bytes) for p in s.parts] == [
         ("a", 3 * MiB // 2, 53 * MiB + MiB // 2),
-        ("b", MiB, 42 * MiB),
-        ("c", 2 * MiB, 48 * MiB),
+        ("b", MiB, 52 * MiB),
+        ("c", 2 * MiB, 58 * MiB),
     ]
     assert s.parts[1].estimate.compute.formula.startswith("llama.cpp's dry run with the RPC servers")
 
 
 def test_a_gpu_main_node_holds_the_last_blocks_and_the_output_on_its_gpu() -> None:
     # llama.cpp's devices: the RPC servers first, then the main node's GPU, which takes the last blocks and the output:
-    # a: 3 blocks + output + embeddings (on its CPU) + 2 + 3: 48 MiB, 53 hard (4 blocks: 59 -> 65 > 60); c (53) the
-    # 3 blocks before, 43 -> 48 hard; b the first 4, 44 + 10 = 54 MiB, 59.4 -> 60 hard
+    # a (71 MiB): 4 blocks + output + embeddings (on its CPU) + 2 + 3: 59 MiB, 64.9 -> 65 hard (5 blocks: 70 -> 77);
+    # c (59) the 3 blocks before, 33 + 2 + 8 + 10 = 53 MiB, 58.3 -> 59 hard; b the first 3 alike
     rooms = [
-        Room("a", 60 * MiB, 60 * MiB, "amd-apu", "10.0.0.1", 50052),
-        Room("b", 60 * MiB, None, "cpu", "10.0.0.2", 50052),
-        Room("c", 53 * MiB, None, "cpu", "10.0.0.3", 50052),
+        Room("a", 71 * MiB, 71 * MiB, "amd-apu", "10.0.0.1", 50052),
+        Room("b", 59 * MiB, None, "cpu", "10.0.0.2", 50052),
+        Room("c", 59 * MiB, None, "cpu", "10.0.0.3", 50052),
     ]
     s = split(rooms)  # fmt: skip
     assert s is not None and s.main == "a" and s.gpu_main
     assert parts(s) == [
-        ("b", "blocks 0-3", 54, 60),
-        ("c", "blocks 4-6", 43, 48),
-        ("a", "blocks 7-9, the token embeddings, the output layer", 48, 53),
+        ("b", "blocks 0-2", 53, 59),
+        ("c", "blocks 3-5", 53, 59),
+        ("a", "blocks 6-9, the token embeddings, the output layer", 59, 65),
     ]
-    assert s.args() == ["--rpc", "10.0.0.2:50052,10.0.0.3:50052", "-ngl", "11", "--tensor-split", "4,3,4"]
+    assert s.args() == ["--rpc", "10.0.0.2:50052,10.0.0.3:50052", "-ngl", "11", "--tensor-split", "3,3,5"]
     # on its GPU: its blocks, their KV, the output and the compute buffer; the token embeddings stay on its CPU
-    assert s.main_part.estimate.gpu.bytes == (30 + 3 + 5 + 2) * MiB
+    assert s.main_part.estimate.gpu.bytes == (40 + 4 + 5 + 2) * MiB
 
 
 def test_the_main_part_is_sized_as_its_own_nodes_kind_estimates_the_model() -> None:
     """The main node is a GPU node whose estimate of the model carries 5 MiB of process and driver context (the
-    first allowed node's, a CPU's, 3 MiB): its part holds 3 blocks, the output and the embeddings at 30 + 3 + 5 + 5 +
-    2 + 5 = 50 MiB (55 hard)."""
+    first allowed node's, a CPU's, 3 MiB): its part holds 4 blocks, the output and the embeddings at 40 + 4 + 5 + 5 +
+    2 + 5 = 61 MiB (67.1 -> 68 hard; with the CPU's figure it would be 59)."""
     rooms = [
-        Room("a", 60 * MiB, 60 * MiB, "amd-apu", "10.0.0.1", 50052),
-        Room("b", 60 * MiB, None, "cpu", "10.0.0.2", 50052),
-        Room("c", 53 * MiB, None, "cpu", "10.0.0.3", 50052),
+        Room("a", 71 * MiB, 71 * MiB, "amd-apu", "10.0.0.1", 50052),
+        Room("b", 59 * MiB, None, "cpu", "10.0.0.2", 50052),
+        Room("c", 59 * MiB, None, "cpu", "10.0.0.3", 50052),
     ]
     gpu = whole()
     on_a = Estimate(gpu.name, gpu.source, gpu.weights, gpu.kv, gpu.compute, Figure("overhead", 5 * MiB, ""), gpu.gpu)
@@ -128,8 +129,8 @@ def test_the_main_part_is_sized_as_its_own_nodes_kind_estimates_the_model() -> N
     )  # fmt: skip
     assert s is not None
     assert (s.main_part.holds, s.main_part.estimate.estimate_bytes) == (
-        "blocks 7-9, the token embeddings, the output layer",
-        50 * MiB,
+        "blocks 6-9, the token embeddings, the output layer",
+        61 * MiB,
     )
 
 
@@ -187,7 +188,7 @@ def _split_stack(extra: str = "") -> str:
     if not SMOLLM2.is_file():
         pytest.skip("the real tiny models are not in .venv/models: python3 dev.py setup-models")
     return (
-        'version = 1\nname = "spread"\n[nodes.a]\nkind = "cpu"\nmemory = "1GiB"\nos_reserve = "920MiB"\n'
+        'version = 1\nname = "spread"\n[nodes.a]\nkind = "cpu"\nmemory = "1GiB"\nos_reserve = "900MiB"\n'
         '[nodes.b]\nkind = "cpu"\nmemory = "1GiB"\nos_reserve = "900MiB"\nrpc_port = 50100\n[nodes.c]\nkind = "cpu"\n'
         f'memory = "1GiB"\nos_reserve = "900MiB"\nrpc_port = 50200\n[models.smol]\nruntime = "llama-server"\n'
         f'model = "{SMOLLM2}"\ncontext = 1024\nsplit = true\n{extra}'
@@ -242,6 +243,10 @@ def test_a_split_in_a_cluster_is_an_rpc_server_per_helper_node_reached_by_its_se
             ["--host", "0.0.0.0", "--port", str(port)],
         )
         assert c["resources"]["requests"]["memory"] == str(parts[node]["estimate_bytes"])
+        # each part's own figures (the JSON's) are what its node enforces
+        assert c["resources"]["limits"]["memory"] == str(parts[node]["quota_hard_bytes"])
+        mine = parts[node]
+        assert sum(mine[f"{k}_bytes"] for k in ("weights", "kv", "compute", "overhead")) == mine["estimate_bytes"]
         terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
         assert terms == [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]
         assert by[("Service", f"smol-rpc-{node}")]["spec"]["ports"][0]["port"] == port
@@ -293,3 +298,105 @@ def test_a_split_models_own_warnings_are_said(write_stack, run_cli, tmp_path: Pa
     assert code == 0
     said = 'stack.toml:22:9: models.smol.quant: quant = "Q8_0" but the file is Q4_1; the estimate uses the file'
     assert f"warning: {said}\n" in out + err
+
+
+def test_a_middle_helper_leaves_the_last_one_a_block_and_the_roomiest_node_leads() -> None:
+    """b (100 MiB) is the roomiest: it leads, holding 7 blocks (10 + 77 = 87 MiB, 95.7 -> 96 hard; 8: 98 -> 108).
+    a (60) could hold all 3 blocks left (20 + 33 = 53, 58.3 -> 59 hard), which would leave c, the last, none; it holds
+    2, and c the last block and the output layer: 11 + 5 + 20 = 36 MiB, 39.6 -> 40 hard, c's room. Filling a with all
+    it could hold made this split look impossible with b leading (and c, the smallest, was made the main node)."""
+    rooms = [Room("a", 60 * MiB, None, "cpu", "10.0.0.1", 50052), Room("b", 100 * MiB, None, "cpu", "10.0.0.2", 50052),
+             Room("c", 40 * MiB, None, "cpu", "10.0.0.3", 50052)]  # fmt: skip
+    s = split(rooms)
+    assert s is not None and s.main == "b"
+    assert parts(s) == [
+        ("b", "blocks 0-6, the token embeddings", 87, 96),
+        ("a", "blocks 7-8", 42, 47),
+        ("c", "block 9, the output layer", 36, 40),
+    ]
+    # each helper counts the largest message it is sent while its part loads: a block here (10 MiB)
+    assert [x.bytes for p in s.helpers for x in p.estimate.overhead.parts] == [8 * MiB, 10 * MiB] * 2
+
+
+RPC_CASES = {
+    # b and c on one host (every node's default: 127.0.0.1), both RPC servers on 50100
+    "two RPC servers on one port": (
+        ("rpc_port = 50200", "rpc_port = 50100"),
+        "stack.toml:16:12: nodes.c.rpc_port: the RPC server of smol's part on node c would listen on "
+        "127.0.0.1:50100, where the RPC server of smol's part on node b listens\n"
+        "  hint: give nodes.c.rpc_port a port nothing else on 127.0.0.1 uses (each RPC server of a node takes the "
+        "next port up)\n",
+    ),
+    "an RPC server on the gateway's port": (
+        ("rpc_port = 50100", "rpc_port = 10000"),
+        "stack.toml:11:12: nodes.b.rpc_port: the RPC server of smol's part on node b would listen on "
+        "127.0.0.1:10000, where the gateway (every node runs one) listens\n"
+        "  hint: give nodes.b.rpc_port a port nothing else on 127.0.0.1 uses (each RPC server of a node takes the "
+        "next port up)\n",
+    ),
+    "any address": (
+        ("[nodes.b]\n", '[nodes.b]\naddress = "0.0.0.0"\n'),
+        'stack.toml:8:11: nodes.b.address: "0.0.0.0" is no address another node can reach (it means any of this '
+        "node's)\n  hint: give the address the other nodes reach this node at, e.g. 10.0.0.2\n",
+    ),
+    "any IPv6 address": (
+        ("[nodes.b]\n", '[nodes.b]\naddress = "::"\n'),
+        'stack.toml:8:11: nodes.b.address: "::" is no address another node can reach (it means any of this '
+        "node's)\n  hint: give the address the other nodes reach this node at, e.g. 10.0.0.2\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RPC_CASES))
+def test_where_an_rpc_server_listens_is_checked(case: str, write_stack, run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """llama.cpp's RPC servers have no authentication and take the port they are given: two on one host and port,
+    one on a port something else of that host listens on, or on "any" address are refused at the key."""
+    (old, new), said = RPC_CASES[case]
+    text = _split_stack()
+    assert old in text
+    write_stack(text.replace(old, new, 1))
+    assert run_cli("check", "stack.toml", cwd=tmp_path) == (2, "", said)
+
+
+def test_an_rpc_server_beyond_loopback_is_warned_at_its_address(write_stack, run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    write_stack(_split_stack().replace("[nodes.b]\n", '[nodes.b]\naddress = "10.0.0.2"\n', 1))
+    code, _, err = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
+    assert code == 0
+    assert (
+        "warning: stack.toml:8:11: nodes.b.address: the RPC server of smol's part on node b listens on "
+        "10.0.0.2:50100 beyond this machine, and llama.cpp's RPC protocol has no authentication (whoever reaches it "
+        "can read and write its memory): keep that address on a private network, or a firewall's list of the other "
+        "nodes\n"
+    ) in err
+    assert "nodes.c.address" not in err  # c listens on loopback
+
+
+def test_a_mapped_main_node_holds_the_range_its_tensors_span() -> None:
+    """With mmap, llama.cpp maps the file from the main node's first CPU tensor to its last, and reads the other
+    devices' tensors in between through that map: here the file lists blk.9 between blk.0 and blk.1 (files order
+    their tensors as they like), so a, holding blocks 0-3, maps blk.9's 10 MiB too: 54 + 10 = 64 MiB (70.4 -> 71
+    hard). b: 4 blocks, 20 + 44 = 64 MiB; c: 2 blocks and the output, 22 + 5 + 20 = 47 MiB (51.7 -> 52)."""
+    order = [0, 9, 1, 2, 3, 4, 5, 6, 7, 8]  # where each block lies in the file, after the 5 MiB of token embeddings
+    spans = {b: ((5 + 10 * at) * MiB, (15 + 10 * at) * MiB) for at, b in enumerate(order)}
+    laid = facts()._replace(layer_spans=tuple(spans[i] for i in range(N)), input_span=(0, 5 * MiB))
+    rooms = [Room(n, 71 * MiB, None, "cpu", f"10.0.0.{i}", 50052) for i, n in enumerate("abc", 1)]
+
+    def plan(mmap: bool):  # type: ignore[no-untyped-def]
+        return plan_split(
+            "big", whole(), laid, rooms, QUOTA, context=4096, parallel=1, ubatch=512, kv_cache="f16",
+            flash_attn=True, mmap=mmap,
+        )  # fmt: skip
+
+    s = plan(True)
+    assert s is not None and parts(s) == [
+        ("a", "blocks 0-3, the token embeddings", 64, 71),
+        ("b", "blocks 4-7", 64, 71),
+        ("c", "blocks 8-9, the output layer", 47, 52),
+    ]
+    assert [(x.name, x.bytes // MiB) for x in s.main_part.estimate.weights.parts] == [
+        ("blocks", 40),
+        ("token embeddings", 5),
+        ("mapped between", 10),
+    ]
+    read = plan(False)  # read into its own buffers: its tensors only
+    assert read is not None and read.main_part.estimate.estimate_bytes == 54 * MiB

@@ -213,6 +213,12 @@ def totals(buffers: BufferReport) -> dict[str, int]:
     return out
 
 
+def local(buffers: BufferReport) -> BufferReport:
+    """The devices of the process's own machine: a split model's llama-server reports its RPC servers' buffers
+    too (devices named RPC<n>[host:port]), which other machines hold, each under its own node's plan."""
+    return {d: k for d, k in buffers.items() if not d.startswith("RPC")}
+
+
 def host_bytes(buffers: BufferReport) -> int:
     """Buffers in host memory (they are part of the process's RSS): devices named CPU*, and a GPU backend's
     host buffers (Vulkan_Host, CUDA_Host, ROCm_Host: pinned or host-visible memory the driver maps into the

@@ -578,7 +578,7 @@ def _split_models(
             name, whole.estimate, facts, rooms, quota, context=spec.context, parallel=spec.parallel,
             ubatch=spec.ubatch, kv_cache=spec.kv_cache, flash_attn=spec.flash_attn,
             on_node={n: node_plans[n][name].estimate for n in item.allowed},
-            measured=_split_measured(loaded, whole.model, facts, warnings),
+            measured=_split_measured(loaded, whole.model, facts, warnings), mmap=whole.model.mmap,
         )  # fmt: skip
         if got is None:
             placement.unplaced[name] += "; split across its nodes, it fits no more (the rooms left are too small)"
@@ -605,44 +605,118 @@ def _split_models(
                     rpc.name, rpc, est, est.estimate_bytes, hard, gpu_hard, None, name
                 )
                 by_node[part.node].append(rpc.name)
+    _check_rpc_endpoints(loaded, node_plans, out, warnings)
     return out
+
+
+def _check_rpc_endpoints(
+    loaded: LoadedStack, node_plans: dict[str, ModelPlans], splits: dict[str, Split], warnings: list[str]
+) -> None:
+    """Where each helper's RPC server listens: never where another listens on the same host (two RPC servers, or a
+    model's port, or the gateway's, which every node runs); and said at the node's address when it listens beyond
+    loopback, for llama.cpp's RPC protocol has no authentication."""
+    import ipaddress
+
+    src = loaded.source
+    gateway = loaded.stack.gateway
+    taken: dict[tuple[str, int], str] = {}
+    for node, plans in node_plans.items():
+        host = loaded.nodes[node].address
+        if gateway.enabled:
+            taken[(host, gateway.port)] = "the gateway (every node runs one)"
+        for mp in plans.values():
+            if mp.part_of is None and mp.model.port is not None:
+                taken[(host, mp.model.port)] = f"model {mp.name} on node {node}"
+    for split in splits.values():
+        for part in split.helpers:
+            host, port = loaded.nodes[part.node].address, int(str(part.endpoint).rsplit(":", 1)[1])
+            said = f"the RPC server of {split.model}'s part on node {part.node}"
+            other = taken.get((host, port))
+            if other is not None:
+                raise src.error(
+                    ("nodes", part.node, "rpc_port"),
+                    f"{said} would listen on {host}:{port}, where {other} listens",
+                    f"give nodes.{part.node}.rpc_port a port nothing else on {host} uses (each RPC server of a node "
+                    "takes the next port up)",
+                )
+            taken[(host, port)] = said
+            if not ipaddress.ip_address(_resolved(host)).is_loopback:
+                warnings.append(
+                    src.warning(
+                        ("nodes", part.node, "address"),
+                        f"{said} listens on {host}:{port} beyond this machine, and llama.cpp's RPC protocol has no "
+                        "authentication (whoever reaches it can read and write its memory): keep that address on a "
+                        "private network, or a firewall's list of the other nodes",
+                    )
+                )
+
+
+def _resolved(host: str) -> str:
+    """An IP address as is; a host name: 127.0.0.1 for localhost, else a name that is not loopback (never looked
+    up: a check is the same on every machine)."""
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return "127.0.0.1" if host == "localhost" else "192.0.2.1"
 
 
 def _split_measured(loaded: LoadedStack, rm: ResolvedModel, facts: GgufFacts, warnings: list[str]) -> dict[str, int]:
     """The compute buffers per device of llama.cpp's dry run of this split (the lock's split_dry_run, `umemc check
     --measure` with the helpers up): by the helper's endpoint, and "main" for the main node's own (its compute and
-    output buffers); nothing where none is recorded for this file and these settings. A recorded figure below half
-    of the hand model's compute (the bound a whole model's dry run is held to) is not used: the lock is input, and
-    a forged one must not make a part fit."""
+    output buffers); nothing where none is recorded for this file and these settings, or the llama.cpp that answered
+    changed. The lock is input, and a forged figure must not make a part fit: where the llama.cpp that answered is
+    here and unchanged, its figure is held only to what no real one is under (the main node's output buffer holds a
+    row of logits, a helper's compute buffer one token's hidden state), never to umemc's model of the compute buffer,
+    which is the guess; where that llama.cpp is not here, to half of that model's figure."""
     from .. import lockfile
     from ..estimate import keys
+    from ..estimate.dryrun import still_answers
     from ..estimate.llm import compute_figure
 
     entry = loaded.calibration.get(rm.name)
     run = None if entry is None else entry.split_dry_run
-    if run is None or rm.model_path is None or not rm.model_present or facts.shape is None:
+    shape = facts.shape
+    if run is None or rm.model_path is None or not rm.model_present or shape is None:
         return {}
     wanted = keys.dry_run(loaded, rm) | {"file": lockfile.identity(rm.model_path).model_dump(mode="json")}
     if {k: v for k, v in run.flags.items() if k != "rpc"} != wanted:
         return {}
-    spec = rm.spec
-    hand = compute_figure(
-        facts.shape, spec.context, spec.parallel, spec.ubatch, flash_attn=spec.flash_attn, kv_type=spec.kv_cache,
-        outputs=spec.parallel if facts.shape.causal else None,
-    ).bytes  # fmt: skip
+    spec, at = rm.spec, ("models", rm.name, "split")
+    current = still_answers(run, spec.runtime, spec.bin)
+    if current is False:
+        warnings.append(
+            loaded.source.warning(
+                at,
+                f"the llama.cpp that sized this split changed or is not the one it would run now "
+                f"({run.identity.path}): estimating; `umemc check --measure` asks it again",
+            )
+        )
+        return {}
     out: dict[str, int] = {}
     for device, sizes in run.buffers.items():
         key = device[device.index("[") + 1 : -1] if device.endswith("]") and "[" in device else "main"
         out[key] = out.get(key, 0) + sizes.get("compute", 0) + (sizes.get("output", 0) if key == "main" else 0)
-    low = {k: v for k, v in out.items() if v < hand // 2}
+    if current:
+        floors = {k: (shape.n_vocab * 4 if k == "main" else shape.n_embd * 4) for k in out}
+        said = {k: "a row of logits" if k == "main" else "one token's hidden state" for k in out}
+    else:
+        hand = compute_figure(
+            shape, spec.context, spec.parallel, spec.ubatch, flash_attn=spec.flash_attn, kv_type=spec.kv_cache,
+            outputs=spec.parallel if shape.causal else None,
+        ).bytes  # fmt: skip
+        floors = dict.fromkeys(out, hand // 2)
+        said = dict.fromkeys(out, "half of what the model's own shape needs")
+    low = {k: v for k, v in out.items() if v < floors[k]}
     for key, value in low.items():
         where = "its main node" if key == "main" else f"the RPC server at {key}"
         warnings.append(
             loaded.source.warning(
-                ("models", rm.name, "split"),
+                at,
                 f"{lockfile.path_for(loaded.path).name}: llama.cpp's recorded compute buffer for {where} "
-                f"({value} bytes) is below half of what the model's own shape needs ({hand} bytes): not used (a "
-                "stale or forged record); `umemc check --measure` asks again",
+                f"({value} bytes) is below {said[key]} ({floors[key]} bytes): not used (a stale or forged record); "
+                "`umemc check --measure` asks again",
             )
         )
     return {k: v for k, v in out.items() if k not in low}

@@ -58,6 +58,7 @@ class Part(NamedTuple):
     output: bool  # the output layer
     estimate: Estimate
     endpoint: str | None  # a helper: HOST:PORT of its RPC server (None: the main node)
+    quota_hard: int = 0  # its hard quota on its node (estimate x (1 + quota_headroom))
 
     @property
     def holds(self) -> str:
@@ -114,19 +115,23 @@ def plan_split(
     flash_attn: bool,
     on_node: Mapping[str, Estimate] | None = None,
     measured: dict[str, int] | None = None,
+    mmap: bool = False,
 ) -> Split | None:
     """The split of model NAME over the nodes of ROOMS (its allowed nodes, in the stack's order), or None where
     none holds it. `quota` turns a part's estimate into its hard quota (what the node's room is counted in).
     `on_node`: the model as each node's kind estimates it (its process overhead, GPU context, compute and whether
     the CPU repacks; default: `whole` everywhere). `measured`: compute buffers llama.cpp's dry run gave with the
-    helpers up (by endpoint, and "main"), which replace the model's figure for those parts."""
+    helpers up (by endpoint, and "main"), which replace the model's figure for those parts. `mmap`: the main node
+    maps the file (its part then holds the range its CPU's tensors span)."""
     shape = facts.shape
     assert shape is not None
     kv = kv_by_layer(shape, context, parallel, ubatch, kv_cache, swa_full=False, flash_attn=flash_attn)
     state = _state_by_layer(whole, kv)
     layers = [facts.layer_bytes[i] + kv[i] + state[i] for i in range(shape.n_layer)]
     input_bytes = facts.tensor_bytes - sum(facts.layer_bytes) - (0 if facts.tied else facts.output_bytes)
-    costs = _Costs(name, whole, facts, kv, state, input_bytes, on_node=on_node or {}, measured=measured or {})
+    costs = _Costs(
+        name, whole, facts, kv, state, input_bytes, on_node=on_node or {}, measured=measured or {}, mmap=mmap
+    )
     ranked = sorted(rooms, key=lambda r: -r.ram)
     for main in ranked:
         others = [r for r in ranked if r is not main]
@@ -164,9 +169,10 @@ class _Costs:
         *,
         on_node: Mapping[str, Estimate],
         measured: dict[str, int],
+        mmap: bool,
     ):
         self.name, self.whole, self.facts, self.kv, self.state = name, whole, facts, kv, state
-        self.input_bytes, self.on_node, self.measured = input_bytes, on_node, measured
+        self.input_bytes, self.on_node, self.measured, self.mmap = input_bytes, on_node, measured, mmap
 
     def estimate(self, room: Room, first: int, count: int, *, main: bool, output: bool, gpu_main: bool) -> Estimate:
         f, n = self.facts, len(self.kv)
@@ -178,6 +184,15 @@ class _Costs:
         if output:
             how = "output.weight and output_norm" if not f.tied else "the token embeddings again (tied: copied here)"
             weights.append(Figure("output layer", f.output_bytes, how))
+        if main and not gpu_main and self.mmap and f.layer_spans:
+            # llama.cpp maps the file from its first tensor on this CPU to its last: the other devices' tensors in
+            # between are read through that map to be sent, and stay mapped (files order their tensors as they like:
+            # with blk.10 before blk.2, the first blocks span most of the file)
+            mapped = [f.input_span, *(f.layer_spans[i] for i in span)]
+            lo, hi = min(a for a, _ in mapped if a >= 0), max(b for _, b in mapped)
+            between = hi - lo - sum(x.bytes for x in weights)
+            if between > 0:
+                weights.append(Figure("mapped between", between, "other devices' tensors inside its mapped range"))
         repack = any(x.name == "repacked copy" for x in mine.weights.parts)
         if main and not gpu_main and repack:  # its blocks stay on its CPU, which repacks some of them
             weights.append(
@@ -197,9 +212,14 @@ class _Costs:
             overhead = mine.overhead
         else:
             base = Figure("process", RPC_SERVER_BASE, f"{RPC_PROGRAM} resident beyond its buffers")
+            # each tensor reaches it as one message, read whole into memory of its own before it is copied into
+            # its buffer: while its part loads it holds up to the largest once more (measured: 24.5 MiB above its
+            # buffers for a part with SmolLM2's 28.6 MiB output layer); a whole block bounds any of its tensors
+            sent = max([f.layer_bytes[i] for i in span] + ([f.output_bytes] if output else []), default=0)
+            message = Figure("receive buffer", sent, "its largest tensor: at most a block's bytes, or the output's")
             ctx = GPU_CONTEXT[room.kind]
             gpu_ctx = [Figure("gpu context", ctx, f"GPU driver context on {room.kind}")] if ctx else []
-            overhead = Figure.total("overhead", [base, *gpu_ctx])
+            overhead = Figure.total("overhead", [base, message, *gpu_ctx])
         on_gpu = 0 if room.kind == "cpu" or (main and not gpu_main) else w.bytes + kv_bytes + compute.bytes
         if main and gpu_main:
             on_gpu -= self.input_bytes
@@ -210,9 +230,10 @@ class _Costs:
 
 def _fill(order: list[Room], main: Room, layers: list[int], costs: _Costs, quota: Quota) -> tuple[Part, ...] | None:
     """Fill the parts of ORDER (llama.cpp's layer order) with blocks, the main node's first: each takes as many as
-    its room holds, from the front when the main node leads (its CPU), from the back when it ends the order (its
-    GPU, with the output layer); the part filled last takes the rest. None where the rest does not fit it, or a
-    helper would hold no block."""
+    its room holds, leaving one for each helper after it, from the front when the main node leads (its CPU), from
+    the back when it ends the order (its GPU, with the output layer); the part filled last takes the rest. Taking
+    more only ever leaves a later part less, so this finds the split of this order whenever one exists. None where
+    the rest does not fit the last, or a helper would hold no block."""
     n = len(layers)
     gpu_main = order[-1] is main
     filling = list(reversed(order)) if gpu_main else order
@@ -224,8 +245,9 @@ def _fill(order: list[Room], main: Room, layers: list[int], costs: _Costs, quota
         if i == len(filling) - 1:
             count = left
         else:
-            count = _most(room, left, costs, quota, main=room is main, output=output, gpu_main=gpu_main,
-                          from_front=not gpu_main, n=n)  # fmt: skip
+            later = sum(1 for r in filling[i + 1 :] if r is not main)  # each helper after it holds a block at least
+            count = _most(room, left, left - later, costs, quota, main=room is main, output=output,
+                          gpu_main=gpu_main, from_front=not gpu_main, n=n)  # fmt: skip
         if count == 0 and room is not main:
             return None
         counts[at] = count
@@ -238,7 +260,7 @@ def _fill(order: list[Room], main: Room, layers: list[int], costs: _Costs, quota
         if not _fits(room, est, quota):
             return None
         endpoint = None if room is main else f"{room.address}:{room.port}"
-        parts.append(Part(room.node, first, count, room is main, output, est, endpoint))
+        parts.append(Part(room.node, first, count, room is main, output, est, endpoint, quota(est.estimate_bytes)))
         first += count
     return tuple(parts)
 
@@ -249,13 +271,13 @@ def _fits(room: Room, est: Estimate, quota: Quota) -> bool:
 
 
 def _most(
-    room: Room, left: int, costs: _Costs, quota: Quota, *, main: bool, output: bool, gpu_main: bool,
+    room: Room, left: int, cap: int, costs: _Costs, quota: Quota, *, main: bool, output: bool, gpu_main: bool,
     from_front: bool, n: int,
 ) -> int:  # fmt: skip
-    """How many of the LEFT blocks not yet given the part fits: the first of them (filling from the front) or the
-    last (from the back)."""
+    """How many of the LEFT blocks not yet given the part fits, CAP at most: the first of them (filling from the
+    front) or the last (from the back)."""
     count = 0
-    while count < left:
+    while count < cap:
         first = n - left if from_front else left - count - 1
         est = costs.estimate(room, first, count + 1, main=main, output=output, gpu_main=gpu_main)
         if not _fits(room, est, quota):

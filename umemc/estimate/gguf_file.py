@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 from ..catalog.archs import LlmShape, VisionShape
 from ..catalog.quant import FILE_TYPE_IDS, is_repacked
 from ..lockfile import LockedHeader
-from .gguf_header import Header, HeaderError, read_header
+from .gguf_header import Header, HeaderError, Tensor, read_header
 
 # llama.cpp hard-codes the sliding-window layout for some architectures (src/models/<arch>.cpp,
 # load_swa_pattern(n, dense_first) when the file has no sliding_window_pattern): with n, layer i uses the window
@@ -69,6 +69,10 @@ class GgufFacts(NamedTuple):
     layer_repack: tuple[int, ...] = ()
     output_bytes: int = 0
     tied: bool = False
+    # where in the file's data each block's tensors lie, and the input layer's ((first byte, end) each; files order
+    # their tensors as they like: many list blk.10 before blk.2): what llama.cpp maps for a run of layers spans them
+    layer_spans: tuple[tuple[int, int], ...] = ()
+    input_span: tuple[int, int] = (0, 0)
 
 
 def _locked_shape(recorded: dict[str, Any]) -> LlmShape:
@@ -180,7 +184,12 @@ def _facts(name: str, header: Header) -> GgufFacts:
         chat_template=bool(fields.get("tokenizer.chat_template")),
         basename=_text(fields.get("general.basename")),
         size_label=_text(fields.get("general.size_label")),
-        **_by_layer(header, skipped, int(fields.get(f"{arch}.block_count", 0) or 0)),
+        **_by_layer(
+            header,
+            skipped,
+            int(fields.get(f"{arch}.block_count", 0) or 0),
+            one_file=int(fields.get("split.count", 1) or 1) <= 1,
+        ),  # fmt: skip
     )
 
 
@@ -198,11 +207,19 @@ def _check_depth(fields: dict[str, Any]) -> None:
         raise HeaderError(f"{arch}.block_count is {value!r}: not a layer count umemc can size (1 to {MAX_LAYERS})")
 
 
-def _by_layer(header: Header, skipped: frozenset[str], n_layer: int) -> dict[str, Any]:
+def _by_layer(header: Header, skipped: frozenset[str], n_layer: int, *, one_file: bool) -> dict[str, Any]:
     """Tensor bytes by llama.cpp's layer: blk.N.* is block N, output.* and output_norm.* the output layer (a file
-    without output.weight ties it to token_embd.weight, which llama.cpp then duplicates on the output's device)."""
+    without output.weight ties it to token_embd.weight, which llama.cpp then duplicates on the output's device);
+    where each lies in the file (one file only: each part of a split GGUF has its own offsets)."""
     blocks, repack = [0] * n_layer, [0] * n_layer
+    spans = [(-1, -1)] * n_layer
+    first, end = -1, -1  # the input layer's
     output, tied = 0, True
+
+    def wider(span: tuple[int, int], t: Tensor) -> tuple[int, int]:
+        lo, hi = span
+        return (t.offset if lo < 0 else min(lo, t.offset), max(hi, t.offset + t.n_bytes))
+
     for t in header.tensors:
         if t.name in skipped:
             continue
@@ -211,12 +228,17 @@ def _by_layer(header: Header, skipped: frozenset[str], n_layer: int) -> dict[str
             if i < n_layer:
                 blocks[i] += t.n_bytes
                 repack[i] += t.n_bytes if is_repacked(t.name, t.type_name, t.shape) else 0
+                spans[i] = wider(spans[i], t)
         elif t.name.startswith(("output.", "output_norm.")):
             output += t.n_bytes
             tied = tied and t.name != "output.weight"
+        else:
+            first, end = wider((first, end), t)
     if tied:
         output += next((t.n_bytes for t in header.tensors if t.name == "token_embd.weight"), 0)
-    return {"layer_bytes": tuple(blocks), "layer_repack": tuple(repack), "output_bytes": output, "tied": tied}
+    where = {"layer_spans": tuple(spans), "input_span": (first, end)} if one_file else {}
+    return {"layer_bytes": tuple(blocks), "layer_repack": tuple(repack), "output_bytes": output, "tied": tied,
+            **where}  # fmt: skip
 
 
 def _text(value: object) -> str | None:

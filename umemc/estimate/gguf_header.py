@@ -34,6 +34,7 @@ class Tensor(NamedTuple):
     type_name: str
     shape: tuple[int, ...]  # ggml order: ne0 (the row length) first
     n_bytes: int
+    offset: int = 0  # where its data starts in the file's data section
 
 
 class Header(NamedTuple):
@@ -120,7 +121,7 @@ class _Reader:
         name = self.string()
         dims = tuple(self.take("Q") for _ in range(self.take("I")))
         type_id = self.take("I")
-        self.take("Q")  # offset in the data section
+        offset = self.take("Q")  # in the data section
         try:
             qtype = gguf.GGMLQuantizationType(type_id)
         except ValueError:
@@ -129,7 +130,7 @@ class _Reader:
         elements = 1
         for d in dims:
             elements *= d
-        return Tensor(name, qtype.name, dims, elements // block * size)
+        return Tensor(name, qtype.name, dims, elements // block * size, offset)
 
 
 def parse_prefix(buf: bytes) -> Header:

@@ -248,6 +248,12 @@ def _nodes(stack: Stack, doc: Document) -> dict[str, ResolvedNode]:
                 f"bad address {toml_repr(address)}: not an IP address or a host name",
                 'e.g. address = "10.0.0.2"',
             )
+        if _is_ip(address) and ipaddress.ip_address(address).is_unspecified:
+            raise src.error(
+                at + ("address",),
+                f"{toml_repr(address)} is no address another node can reach (it means any of this node's)",
+                "give the address the other nodes reach this node at, e.g. 10.0.0.2",
+            )
         out[name] = ResolvedNode(name, platform, dict(node.labels), gpu, dict(node.images), address, node.rpc_port)
     return out
 

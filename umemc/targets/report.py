@@ -72,7 +72,13 @@ def split_dict(split: Split) -> list[dict[str, Any]]:
             "blocks": p.blocks,
             "token_embeddings": p.input,
             "output_layer": p.output,
+            "weights_bytes": p.estimate.weights.bytes,
+            "kv_bytes": p.estimate.kv.bytes,
+            "compute_bytes": p.estimate.compute.bytes,
+            "overhead_bytes": p.estimate.overhead.bytes,
             "estimate_bytes": p.estimate.estimate_bytes,
+            "gpu_bytes": p.estimate.gpu.bytes,
+            "quota_hard_bytes": p.quota_hard,
             "rpc_endpoint": p.endpoint,
         }
         for p in split.parts

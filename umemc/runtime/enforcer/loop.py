@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ...contract import ContractError, GatewayState, ModelDoc, read_optional, read_plan
-from ...lockfile import host_bytes, totals
+from ...lockfile import host_bytes, local, totals
 from ...names import OWN_PROGRAMS, PLAN_FILE
 from ..events import STOPS, EventLog
 from ..llamalog import metal_working_set, parse_buffers
@@ -565,7 +565,7 @@ class Enforcer:
                 text += f.read().decode(errors="replace")
         self._check_gpu_limit(name, text)
         parts = m.estimate_parts
-        reported = parse_buffers(text)
+        reported = local(parse_buffers(text))  # a split's main part: its own devices, never its helpers'
         if reported:
             w.buffers_expected = host_bytes(reported) + parts.overhead_bytes
         return rules.buffers_drift(totals(reported), parts.weights_bytes + parts.kv_bytes + parts.compute_bytes)
