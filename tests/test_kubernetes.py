@@ -623,9 +623,9 @@ def test_pods_that_can_start(write_stack, tmp_path: Path) -> None:
 
 
 def test_a_command_worker_says_whether_it_uses_the_gpu(write_stack, run_cli, tmp_path: Path) -> None:
-    """A command worker is counted in the GPU window (the safe side) and asks for no device; gpu = false: nothing
-    in the GPU window (the GPU ledger and the device count leave it out); gpu = true: its pod asks for the GPU
-    device it is charged for."""
+    """A command worker is counted in the GPU window (the safe side), and so its pod holds the GPU device it is
+    charged to (a command worker running vLLM charged to a GPU its pod was not given: another pod holds it); gpu =
+    false: neither (the GPU ledger and the device count leave it out)."""
     text = (
         'version = 1\nname = "dev"\n[nodes.spark]\npreset = "dgx-spark-128"\ngpu_devices = 2\n'
         '[models.big]\nruntime = "command"\ncommand = ["serve", "{port}"]\nmemory = "40GiB"\ngpu = true\n'
@@ -634,22 +634,26 @@ def test_a_command_worker_says_whether_it_uses_the_gpu(write_stack, run_cli, tmp
         'image = "registry.example.com/tool:1.0"\n'
     )
 
-    def figures(extra: str) -> dict[str, Any]:
+    def built(extra: str) -> tuple[dict[str, Any], dict[str, Any]]:
         write_stack(text + extra)
         code, out, err = run_cli("check", "stack.toml", "--format", "json", cwd=tmp_path)
         assert code == 0, err
-        return json.loads(out)["models"]["tool"]
+        shutil.rmtree(tmp_path / "out", ignore_errors=True)
+        code, _, err = run_cli("build", "stack.toml", "--target", "kubernetes", "-o", "out", cwd=tmp_path)
+        assert code == 0, err
+        pods = {
+            d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+            for _, d in docs(tmp_path / "out")
+            if d["kind"] == "Deployment"
+        }
+        return json.loads(out)["models"]["tool"], pods
 
-    assert figures("")["gpu_bytes"] == 20 * 2**30  # explicit memory, all of it assumed in the GPU window
-    assert figures("gpu = false\n")["gpu_bytes"] == 0
-    code, _, err = run_cli("build", "stack.toml", "--target", "kubernetes", "-o", "out", cwd=tmp_path)
-    assert code == 0, err
-    pods = {
-        d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
-        for _, d in docs(tmp_path / "out")
-        if d["kind"] == "Deployment"
-    }
-    assert pods["big"]["nvidia.com/gpu"] == 1 and "nvidia.com/gpu" not in pods["tool"]
+    tool, pods = built("")
+    assert tool["gpu_bytes"] == 20 * 2**30  # explicit memory, all of it assumed in the GPU window
+    assert pods["big"]["nvidia.com/gpu"] == 1 and pods["tool"]["nvidia.com/gpu"] == 1  # so it holds the device
+    tool, pods = built("gpu = false\n")
+    assert tool["gpu_bytes"] == 0 and "nvidia.com/gpu" not in pods["tool"]
+    assert pods["big"]["nvidia.com/gpu"] == 1
 
 
 KEDA_CRD = REPO / "tests" / "recorded" / "keda" / "http.keda.sh_httpscaledobjects-v0.15.0.yaml"

@@ -12,13 +12,16 @@ from pathlib import Path
 import pytest
 
 from umemc.budget.plan import hard_quota
-from umemc.budget.split import Room, plan_split
+from umemc.budget.split import Room, Serving, plan_split
 from umemc.catalog.archs import LlmShape
 from umemc.estimate.figures import Estimate, Figure
 from umemc.estimate.gguf_file import GgufFacts
 
 MiB = 2**20
 N = 10
+
+
+SERVING = Serving(context=4096, parallel=1, ubatch=512, kv_cache="f16", flash_attn=True)
 
 
 def QUOTA(n: int) -> int:  # noqa: N802 - the stack's quota_headroom 0.1
@@ -43,10 +46,7 @@ def whole() -> Estimate:
 
 
 def split(rooms: list[Room]):  # type: ignore[no-untyped-def]
-    return plan_split(
-        "big", whole(), facts(), rooms, QUOTA, context=4096, parallel=1, ubatch=512, kv_cache="f16",
-        flash_attn=True,
-    )  # fmt: skip
+    return plan_split("big", whole(), facts(), rooms, QUOTA, SERVING)
 
 
 def parts(s) -> list[tuple[str, str, int, int]]:  # type: ignore[no-untyped-def]
@@ -79,7 +79,7 @@ def test_llama_cpps_compute_buffer_per_device_replaces_the_models_where_it_was_a
     rooms = [Room("a", 64 * MiB, None, "cpu", "10.0.0.1", 50052), Room("b", 64 * MiB, None, "cpu", "10.0.0.2", 50052),
              Room("c", 64 * MiB, None, "cpu", "10.0.0.3", 50060)]  # fmt: skip
     s = plan_split(
-        "big", whole(), facts(), rooms, QUOTA, context=4096, parallel=1, ubatch=512, kv_cache="f16", flash_attn=True,
+        "big", whole(), facts(), rooms, QUOTA, SERVING,
         measured={"10.0.0.2:50052": MiB, "main": 3 * MiB // 2},
     )  # fmt: skip
     assert s is not None
@@ -124,7 +124,7 @@ def test_the_main_part_is_sized_as_its_own_nodes_kind_estimates_the_model() -> N
     gpu = whole()
     on_a = Estimate(gpu.name, gpu.source, gpu.weights, gpu.kv, gpu.compute, Figure("overhead", 5 * MiB, ""), gpu.gpu)
     s = plan_split(
-        "big", whole(), facts(), rooms, QUOTA, context=4096, parallel=1, ubatch=512, kv_cache="f16", flash_attn=True,
+        "big", whole(), facts(), rooms, QUOTA, SERVING,
         on_node={"a": on_a, "b": whole(), "c": whole()},
     )  # fmt: skip
     assert s is not None
@@ -243,6 +243,8 @@ def test_a_split_in_a_cluster_is_an_rpc_server_per_helper_node_reached_by_its_se
             ["--host", "0.0.0.0", "--port", str(port)],
         )
         assert c["resources"]["requests"]["memory"] == str(parts[node]["estimate_bytes"])
+        # no probes: the server serves one client at a time, so a probe would time out once the model is connected
+        assert "livenessProbe" not in c and "readinessProbe" not in c
         # each part's own figures (the JSON's) are what its node enforces
         assert c["resources"]["limits"]["memory"] == str(parts[node]["quota_hard_bytes"])
         mine = parts[node]
@@ -382,10 +384,7 @@ def test_a_mapped_main_node_holds_the_range_its_tensors_span() -> None:
     rooms = [Room(n, 71 * MiB, None, "cpu", f"10.0.0.{i}", 50052) for i, n in enumerate("abc", 1)]
 
     def plan(mmap: bool):  # type: ignore[no-untyped-def]
-        return plan_split(
-            "big", whole(), laid, rooms, QUOTA, context=4096, parallel=1, ubatch=512, kv_cache="f16",
-            flash_attn=True, mmap=mmap,
-        )  # fmt: skip
+        return plan_split("big", whole(), laid, rooms, QUOTA, SERVING._replace(mmap=mmap))
 
     s = plan(True)
     assert s is not None and parts(s) == [
@@ -400,3 +399,30 @@ def test_a_mapped_main_node_holds_the_range_its_tensors_span() -> None:
     ]
     read = plan(False)  # read into its own buffers: its tensors only
     assert read is not None and read.main_part.estimate.estimate_bytes == 54 * MiB
+
+
+def test_a_part_holds_a_gpu_device_where_its_pod_needs_one() -> None:
+    """g, the roomiest, is a GPU node whose one device another model's pod already holds: no part goes there (its pod
+    would wait for the device for ever), and the three CPU nodes split the model as in the first test; with the
+    device free, g leads."""
+    cpus = [Room(n, 64 * MiB, None, "cpu", f"10.0.0.{i}", 50052) for i, n in enumerate("abc", 1)]
+    taken = Room("g", 200 * MiB, 200 * MiB, "amd-apu", "10.0.0.9", 50052, devices=0)
+    s = split([taken, *cpus])
+    assert s is not None and [p.node for p in s.parts] == ["a", "b", "c"]
+    s = split([taken._replace(devices=1), *cpus])
+    assert s is not None and s.main == "g"
+
+
+def test_a_model_named_as_a_parts_pods_is_refused_in_a_cluster(write_stack, run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    other = '\n[models.smol-rpc-b]\nruntime = "command"\ncommand = ["true"]\nmemory = "8MiB"\nnode = "c"\n'
+    stack = _split_stack('image = "registry.example/llama.cpp:server-rpc-b9426"\n') + other
+    write_stack(stack)
+    code, out, err = run_cli("build", "stack.toml", "--target", "kubernetes", "-o", "out", cwd=tmp_path)
+    line = stack.splitlines().index("[models.smol-rpc-b]") + 1
+    assert (code, out, err) == (
+        2,
+        "",
+        f"stack.toml:{line}:1: models.smol-rpc-b: its pods would be named smol-rpc-b, as the RPC server of smol's part "
+        "on node b is\n  hint: rename the model smol-rpc-b\n",
+    )
+    assert not (tmp_path / "out").exists()

@@ -535,7 +535,7 @@ def _split_models(
     server program NAME-rpc with its part's; the placement says where."""
     from ..estimate.gguf_file import NotGguf
     from ..estimate.gguf_file import read as read_gguf
-    from .split import Room, plan_split
+    from .split import Room, Serving, plan_split
 
     out: dict[str, Split] = {}
     wanted = [i for i in items if i.name in placement.unplaced and loaded.stack.models[i.name].split]
@@ -543,13 +543,18 @@ def _split_models(
         return out
     left = {b.name: b.budget for b in bins}
     gpu_left = {b.name: b.gpu_budget for b in bins}
+    devices_left = {b.name: b.devices for b in bins}  # GPU devices pods may still hold (None: not counted)
     for node, names in by_node.items():
+        kind = loaded.nodes[node].platform.kind
         for n in names:
             mp = node_plans[node][n]
             if mp.hot:
                 left[node] -= mp.quota_hard
                 gpu = gpu_left[node]
                 gpu_left[node] = None if gpu is None else gpu - mp.gpu_quota_hard
+                held = devices_left[node]
+                if held is not None and holds_gpu_device(mp.model.spec.runtime, kind, mp.model.spec.gpu):
+                    devices_left[node] = held - 1
     ports = {n: loaded.nodes[n].rpc_port for n in loaded.nodes}
     headroom = loaded.stack.policy.quota_headroom
 
@@ -571,14 +576,16 @@ def _split_models(
         except NotGguf as exc:
             raise loaded.source.error(at, str(exc)) from None
         rooms = [
-            Room(n, left[n], gpu_left[n], loaded.nodes[n].platform.kind, loaded.nodes[n].address, ports[n])
+            Room(n, left[n], gpu_left[n], loaded.nodes[n].platform.kind, loaded.nodes[n].address, ports[n],
+                 devices_left[n])
             for n in item.allowed
-        ]
+        ]  # fmt: skip
+        serving = Serving(spec.context, spec.parallel, spec.ubatch, spec.kv_cache, spec.flash_attn,
+                          whole.model.mmap, spec.gpu)  # fmt: skip
         got = plan_split(
-            name, whole.estimate, facts, rooms, quota, context=spec.context, parallel=spec.parallel,
-            ubatch=spec.ubatch, kv_cache=spec.kv_cache, flash_attn=spec.flash_attn,
+            name, whole.estimate, facts, rooms, quota, serving,
             on_node={n: node_plans[n][name].estimate for n in item.allowed},
-            measured=_split_measured(loaded, whole.model, facts, warnings), mmap=whole.model.mmap,
+            measured=_split_measured(loaded, whole.model, facts, warnings),
         )  # fmt: skip
         if got is None:
             placement.unplaced[name] += "; split across its nodes, it fits no more (the rooms left are too small)"
@@ -595,6 +602,9 @@ def _split_models(
             left[part.node] -= hard
             if gpu_left[part.node] is not None:
                 gpu_left[part.node] = (gpu_left[part.node] or 0) - gpu_hard
+            held = devices_left[part.node]
+            if held is not None and holds_gpu_device("llama-server", loaded.nodes[part.node].platform.kind, spec.gpu):
+                devices_left[part.node] = held - 1
             if part.endpoint is None:
                 node_plans[part.node][name] = ModelPlan(name, plan.model, est, est.estimate_bytes, hard, gpu_hard, got)
                 by_node[part.node].append(name)

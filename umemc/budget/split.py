@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
+from ..catalog.runtimes import holds_gpu_device
 from ..estimate.figures import Estimate, Figure
 from ..estimate.gguf_file import GgufFacts
 from ..estimate.llm import kv_by_layer
@@ -48,6 +49,7 @@ class Room(NamedTuple):
     kind: str  # its platform kind
     address: str  # where the other nodes reach it
     port: int  # the port its RPC server for this model listens on
+    devices: int | None = None  # GPU devices pods may still hold there (None: not counted)
 
 
 class Part(NamedTuple):
@@ -101,38 +103,48 @@ class Split(NamedTuple):
         return "; ".join(f"{p.node}: {p.holds} ({p.estimate.estimate_bytes / MiB:.1f} MiB)" for p in self.parts)
 
 
+class Serving(NamedTuple):
+    """How the model runs: what sizes its KV cache, whether the main node maps the file (its part then holds the range
+    its CPU's tensors span), and its `gpu` key (whether its pods hold a GPU device on a GPU node)."""
+
+    context: int
+    parallel: int
+    ubatch: int
+    kv_cache: str
+    flash_attn: bool
+    mmap: bool = False
+    gpu: bool | None = None
+
+
 def plan_split(
     name: str,
     whole: Estimate,
     facts: GgufFacts,
     rooms: Sequence[Room],
     quota: Quota,
+    serving: Serving,
     *,
-    context: int,
-    parallel: int,
-    ubatch: int,
-    kv_cache: str,
-    flash_attn: bool,
     on_node: Mapping[str, Estimate] | None = None,
     measured: dict[str, int] | None = None,
-    mmap: bool = False,
 ) -> Split | None:
     """The split of model NAME over the nodes of ROOMS (its allowed nodes, in the stack's order), or None where
-    none holds it. `quota` turns a part's estimate into its hard quota (what the node's room is counted in).
-    `on_node`: the model as each node's kind estimates it (its process overhead, GPU context, compute and whether
-    the CPU repacks; default: `whole` everywhere). `measured`: compute buffers llama.cpp's dry run gave with the
-    helpers up (by endpoint, and "main"), which replace the model's figure for those parts. `mmap`: the main node
-    maps the file (its part then holds the range its CPU's tensors span)."""
+    none holds it. `quota` turns a part's estimate into its hard quota (what the node's room is counted in; a GPU
+    device where the model's pods hold one, counted in ROOMS' devices). `on_node`: the model as each node's kind
+    estimates it (its process overhead, GPU context, compute and whether the CPU repacks; default: `whole`
+    everywhere). `measured`: compute buffers llama.cpp's dry run gave with the helpers up (by endpoint, and
+    "main"), which replace the model's figure for those parts."""
     shape = facts.shape
     assert shape is not None
-    kv = kv_by_layer(shape, context, parallel, ubatch, kv_cache, swa_full=False, flash_attn=flash_attn)
+    s = serving
+    kv = kv_by_layer(shape, s.context, s.parallel, s.ubatch, s.kv_cache, swa_full=False, flash_attn=s.flash_attn)
     state = _state_by_layer(whole, kv)
     layers = [facts.layer_bytes[i] + kv[i] + state[i] for i in range(shape.n_layer)]
     input_bytes = facts.tensor_bytes - sum(facts.layer_bytes) - (0 if facts.tied else facts.output_bytes)
     costs = _Costs(
-        name, whole, facts, kv, state, input_bytes, on_node=on_node or {}, measured=measured or {}, mmap=mmap
+        name, whole, facts, kv, state, input_bytes, on_node=on_node or {}, measured=measured or {}, mmap=s.mmap
     )
-    ranked = sorted(rooms, key=lambda r: -r.ram)
+    # a node whose GPU devices are all held cannot take a part at all (its pod would wait for one for ever)
+    ranked = sorted((r for r in rooms if _device_free(r, s.gpu)), key=lambda r: -r.ram)
     for main in ranked:
         others = [r for r in ranked if r is not main]
         for n_helpers in range(1, len(others) + 1):
@@ -268,6 +280,11 @@ def _fill(order: list[Room], main: Room, layers: list[int], costs: _Costs, quota
 def _fits(room: Room, est: Estimate, quota: Quota) -> bool:
     gpu_need = quota(est.gpu.bytes) if est.gpu.bytes else 0
     return quota(est.estimate_bytes) <= room.ram and (room.gpu is None or gpu_need <= room.gpu)
+
+
+def _device_free(room: Room, gpu: bool | None) -> bool:
+    """A GPU device for a part's pod where it holds one (the model's llama-server and each RPC server alike)."""
+    return room.devices is None or room.devices >= 1 or not holds_gpu_device("llama-server", room.kind, gpu)
 
 
 def _most(

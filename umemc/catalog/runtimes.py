@@ -58,9 +58,11 @@ GPU_DEVICE_KINDS = frozenset(GPU_RESOURCE)
 
 
 def holds_gpu_device(runtime: str, kind: str, gpu: bool | None = None) -> bool:
-    """Whether a model's pod asks for the node's GPU device: the model's `gpu` key where it says, else every runtime
-    but `command` (which says nothing of its GPU unless `gpu = true`)."""
-    return kind in GPU_DEVICE_KINDS and (gpu if gpu is not None else runtime != "command")
+    """Whether a model's pod asks for the node's GPU device: wherever its memory is counted in the node's GPU window,
+    which is unless its `gpu` key says false (a command worker too: one counted there and not given the GPU would
+    be charged to a device another pod holds). `runtime` is every runtime's alike."""
+    del runtime
+    return kind in GPU_DEVICE_KINDS and gpu is not False
 
 
 # Runtimes that cannot start without a weights file (their launcher modules say the same: NEEDS_MODEL_FILE)

@@ -346,9 +346,9 @@ class ModelSpec(_Strict):
     gpu: bool | None = Field(
         None,
         description="Whether the worker uses the GPU: counted in the GPU window and, under Kubernetes, given one of "
-        "the node's GPU devices. false: neither (a CPU-only command worker on a GPU box). Default: true for the "
-        "model runtimes; a command worker is counted in the GPU window (the safe side) but asks for no device "
-        "unless gpu = true.",
+        "the node's GPU devices (the two go together). false: neither (a CPU-only command worker on a GPU box). "
+        "Default: true, a command worker's too (its memory is counted in the GPU window, the safe side, so its "
+        "pod holds the device).",
     )
     bin: str | None = Field(None, description="The runtime's executable (default: looked up on PATH).")
     args: list[str] = Field(default_factory=list, description="Extra argv for the runtime.")

@@ -99,6 +99,7 @@ def render_items(plan: Plan) -> Iterator[tuple[str, str]]:
             rpc.check_images(plan, m, nodes)
             for part in m.split.helpers:
                 helper = bundles[part.node].programs[f"{name}-rpc"].plan
+                _part_name_free(plan, name, part.node, taken)
                 resources.append(f"models/{rpc_name(name, part.node)}.yaml")
                 yield resources[-1], header + dump_all(rpc.part_objects(plan, m, part, nodes[part.node], helper))
         port = targets[0].program.port
@@ -123,6 +124,21 @@ def render_items(plan: Plan) -> Iterator[tuple[str, str]]:
     files |= _node_prep(plan, nodes, bundles)
     for path, text in files.items():
         yield path, (header + text if path.endswith(".yaml") else text)
+
+
+def _part_name_free(plan: Plan, name: str, node: str, taken: set[str]) -> None:
+    """A split model's part on NODE is the Deployment and Service MODEL-rpc-NODE: a model of the stack of that name
+    would write the same file and the same objects."""
+    part = rpc_name(name, node)
+    other = next((n for n in plan.models if _dns(n) == part), None)
+    if other is not None:
+        raise plan.source.error(
+            ("models", other),
+            f"its pods would be named {part}, as the RPC server of {name}'s part on node {node} is",
+            f"rename the model {other}",
+            what="table",
+        )
+    taken.add(part)
 
 
 def not_scaled(plan: Plan) -> list[str]:

@@ -53,7 +53,9 @@ def part_objects(plan: Plan, m: ModelPlan, part: Part, node: Node, helper: Model
     if holds_gpu_device("llama-server", kind, m.model.spec.gpu):
         limits[GPU_RESOURCE[kind]] = 1
         requests[GPU_RESOURCE[kind]] = 1
-    check = {"tcpSocket": {"port": "rpc"}}
+    # no probes: llama.cpp's RPC server serves one client at a time with a listen backlog of one, so once the model
+    # is connected a TCP probe times out, and a liveness probe would kill the server under the model; one that exits
+    # ends its container (restarted), one that hangs fails the model's requests (its own probes restart it)
     container = {
         "name": "rpc-server",
         "image": image,
@@ -61,8 +63,6 @@ def part_objects(plan: Plan, m: ModelPlan, part: Part, node: Node, helper: Model
         "args": ["--host", "0.0.0.0", "--port", str(port)],
         "ports": [{"name": "rpc", "containerPort": port, "protocol": "TCP"}],
         "resources": {"requests": requests, "limits": limits},
-        "readinessProbe": {**check, "periodSeconds": 5, "failureThreshold": 2},
-        "livenessProbe": {**check, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6},
         "securityContext": container_security(read_only=True),
     }
     pod: dict[str, Any] = {"priorityClassName": _pc_name(ns, m.priority), "securityContext": _pod_security(kind)}
