@@ -178,6 +178,14 @@ class ModelDoc(Document):
         return self.mode == "cold"
 
 
+class PeerDoc(Document):
+    """A model another node of the stack serves: where its gateway is (a request for it is sent on there)."""
+
+    node: str
+    url: str  # HOST:PORT of that node's gateway
+    aliases: list[str] = []
+
+
 class PlanDoc(Document):
     format: Literal["umemc-plan"] = "umemc-plan"
     version: int = PLAN_VERSION
@@ -194,6 +202,8 @@ class PlanDoc(Document):
     models: dict[str, ModelDoc]
     scale: float = 1.0  # a scaled rehearsal (`up --simulate --scale F`): every quota and capacity times F
     stack_file: str | None = None  # the stack the bundle was built from (what preflight's fixes name)
+    node: str | None = None  # a stack of several nodes: the node this bundle is
+    peers: dict[str, PeerDoc] = {}  # a stack of several nodes: the models the other nodes serve
 
     def frame(self) -> dict[str, Any]:
         """What a running gateway and enforcer cannot take on in place (everything but the models and the hot

@@ -152,7 +152,17 @@ def bring_up(where: Path, text: str, *flags: str, expect: int = 0) -> Running:
     if code != expect:
         bring_down(r)
     assert code == expect
+    if code == 0:
+        settled(r)
     return r
+
+
+def settled(r: Running) -> None:
+    """Until every hot worker is past supervisord's startsecs (RUNNING): `up` returns once they answer their health,
+    maybe still STARTING, and what the tests look at next (restarts, a kill, an eviction) is about running workers."""
+    hot = [n for n, m in r.status().items() if m["_mode"] == "hot" and m["state"] == "STARTING"]
+    if hot:
+        r.wait_for(lambda: all(r.status()[n]["state"] != "STARTING" for n in hot), timeout=30, what=f"{hot} running")
 
 
 def bring_down(r: Running) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import patience
-from tests.runtime.conftest import REPO, free_port, live_sysctl_table, worker
+from tests.runtime.conftest import REPO, free_port, live_sysctl_table, settled, worker
 from umemc.cli import main
 from umemc.runtime.preflight import read_sysctl
 
@@ -122,6 +122,7 @@ def test_up_twice_reconciles_and_down_twice_is_fine(stack, capsys, tmp_path: Pat
     assert main(["up", str(tmp_path / "stack.toml"), "--run-dir", str(r.run_dir)]) == 0
     out, _ = capsys.readouterr()
     assert "stack idem is already running: reconciling" in out
+    settled(r)  # `up` returns once it answers its health; RUNNING is supervisord's word 5 s after the start
     assert r.status()["w"]["state"] == "RUNNING" and r.status()["w"]["pid"] != pid
     assert r.status()["c"]["state"] == "STOPPED"  # cold stays cold
     assert r.events("reconcile")[0]["detail"] == {"started": ["w"], "held_back": {}}
@@ -151,6 +152,7 @@ def test_stale_pid_file_and_socket_are_cleaned(stack, capsys, tmp_path: Path) ->
     assert (
         "found state left by a crashed run (pid file or socket without supervisord): cleaned" in capsys.readouterr().out
     )
+    settled(r)
     assert r.status()["w"]["state"] == "RUNNING"
 
 
@@ -390,6 +392,7 @@ def test_deep_run_dir_runs_with_a_private_socket(tmp_path: Path, target: str) ->
                 assert (run / "bundle" / f).read_bytes() == (source / f).read_bytes()
         from tests.runtime.conftest import Running
 
+        settled(Running(run))
         assert Running(run).status()["w"]["state"] == "RUNNING"
     finally:
         assert main(["down", "--run-dir", str(run)]) == 0

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import patience
+from tests.runtime.conftest import settled
 from tests.runtime.test_gateway import Gateway, model, stack_text
 from umemc.cli import main
 
@@ -122,6 +123,7 @@ def test_up_again_reports_a_hot_worker_the_update_started(stack: Any, tmp_path: 
     (tmp_path / "stack.toml").write_text((tmp_path / "stack.toml").read_text() + model("v", mode="hot"))
     assert up_again(r, "--simulate") == 0
     assert r.events("reconcile")[0]["detail"] == {"held_back": {}, "started": ["v"]}
+    settled(r)
     assert r.status()["v"]["state"] == "RUNNING"
 
 

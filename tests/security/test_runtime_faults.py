@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from tests.conftest import patience
-from tests.runtime.conftest import free_port, live_sysctl_table, worker
+from tests.runtime.conftest import free_port, live_sysctl_table, settled, worker
 from umemc.cli import main
 from umemc.runtime.cgroups import detect
 
@@ -106,6 +106,7 @@ def test_up_after_kill9_stops_the_orphans_instead_of_adopting_them(stack, tmp_pa
     assert "found 1 process(es) of an earlier run whose supervisord is gone (w): stopped" in out
     assert "found state left by a crashed run (pid file or socket without supervisord): cleaned" in out
     assert not alive(grandchild)
+    settled(r)
     status = r.status()
     assert (status["w"]["state"], status["s"]["state"]) == ("RUNNING", "RUNNING")
 
@@ -122,6 +123,7 @@ def test_up_after_kill9_of_supervisord_alone_starts_cleanly(stack, tmp_path: Pat
     out, err = capsys.readouterr()
     assert "supervisord did not start" not in err + out
     assert "found state left by a crashed run (pid file or socket without supervisord): cleaned" in out
+    settled(r)
     status = r.status()
     assert status["w"]["state"] == "RUNNING" and status["w"]["pid"] != old
 

@@ -52,6 +52,14 @@ class ModelPlan(NamedTuple):
         return self.model.spec.priority
 
 
+class Peer(NamedTuple):
+    """A model another node of the stack serves, as this node's gateway finds it."""
+
+    node: str
+    url: str  # HOST:PORT of that node's gateway
+    aliases: tuple[str, ...] = ()
+
+
 class ColdAdmission(NamedTuple):
     fits_alongside_hot: bool
     admissible: bool
@@ -85,6 +93,8 @@ class Plan:
     # with nodes: each cold model's plan on every node it may use (its quotas, files and flags there)
     variants: dict[str, dict[str, ModelPlan]] = field(default_factory=dict)
     scale: float = 1.0  # a scaled rehearsal (`up --simulate --scale F`): every byte figure of the budget times F
+    node: str | None = None  # one node's plan of a stack of several: which
+    peers: dict[str, Peer] = field(default_factory=dict)  # one node's plan: the models the other nodes serve
 
     @property
     def name(self) -> str:
@@ -446,14 +456,20 @@ def make_cluster_plan(loaded: LoadedStack) -> Plan:
     split_warnings: list[str] = []
     splits = _split_models(loaded, placement, bins, items, by_node, node_plans, split_warnings)
     nodes: dict[str, Plan] = {}
+    served = _served_by_node(loaded, by_node, node_plans)
     for name, (view, _) in node_view.items():
         here = by_node[name]
         mplans = node_plans[name]
         sub = replace(view, models={m: mplans[m].model for m in here}, warnings=())
-        if here and all(mplans[m].part_of for m in here):  # it serves nothing itself: no gateway of its own
+        port = loaded.nodes[name].gateway_port
+        if name not in served:  # it serves nothing itself: no gateway of its own
             gateway = view.stack.gateway.model_copy(update={"enabled": False})
             sub = replace(sub, stack=view.stack.model_copy(update={"gateway": gateway}))
-        nodes[name] = assemble(sub, {m: mplans[m] for m in here})
+        elif port is not None:
+            gateway = view.stack.gateway.model_copy(update={"port": port})
+            sub = replace(sub, stack=view.stack.model_copy(update={"gateway": gateway}))
+        peers = {m: peer for other, models in served.items() if other != name for m, peer in models.items()}
+        nodes[name] = replace(assemble(sub, {m: mplans[m] for m in here}), node=name, peers=peers)
     models: dict[str, ModelPlan] = {}
     for item in items:
         home = placement.home.get(item.name)
@@ -519,6 +535,26 @@ def _cold_admissions(
     for name, node_plan in nodes.items():
         nodes[name] = replace(node_plan, cold_admission={n: cold[n] for n in node_plan.cold_admission if n in cold})
     return cold
+
+
+def _served_by_node(
+    loaded: LoadedStack, by_node: dict[str, list[str]], node_plans: dict[str, ModelPlans]
+) -> dict[str, dict[str, Peer]]:
+    """By node that serves models (a node holding only parts of split models serves none): each model it serves,
+    as the other nodes' gateways find it (its gateway at the node's address and its gateway port)."""
+    out: dict[str, dict[str, Peer]] = {}
+    gateway = loaded.stack.gateway
+    if not gateway.enabled:
+        return out
+    for node, names in by_node.items():
+        mine = [m for m in names if node_plans[node][m].part_of is None]
+        if not mine:
+            continue
+        n = loaded.nodes[node]
+        host = f"[{n.address}]" if ":" in n.address else n.address
+        url = f"{host}:{n.gateway_port or gateway.port}"
+        out[node] = {m: Peer(node, url, tuple(node_plans[node][m].model.spec.aliases)) for m in mine}
+    return out
 
 
 def _split_models(

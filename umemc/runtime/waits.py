@@ -77,8 +77,11 @@ def started(stack: Stack, timeout: float = 30.0, since: float | None = None, unr
 def healthy_workers(
     stack: Stack, names: list[str], timeout: float, progress: Callable[[str, ProcState, bool], None] | None = None
 ) -> dict[str, float]:
-    """Block until every named worker is RUNNING and healthy; returns seconds each took. `progress(name, state,
-    healthy)` after each look at a worker."""
+    """Block until every named worker answers its health (or, without a health URL, accepts connections on its
+    port) while its process runs; returns seconds each took. A worker that answers is done whether supervisord calls
+    it RUNNING yet or is still STARTING (its startsecs, 5 s for a model server: a crash loop is still supervisord's
+    to stop, and a worker that dies afterwards is said by `umemc status` and the events); one with no port to ask
+    waits for RUNNING, the only sign it lives. `progress(name, state, healthy)` after each look at a worker."""
     start = time.monotonic()
     done: dict[str, float] = {}
     seen: set[str] = set()
@@ -95,7 +98,8 @@ def healthy_workers(
             failed = state in (ProcState.FATAL, ProcState.EXITED)
             if stopped or failed or (state is ProcState.BACKOFF and infos[name].get("spawnerr")):
                 raise RuntimeFailure(_failure(stack, name, state, infos[name]))
-            if state is ProcState.RUNNING and healthy(models[name].port, models[name].health):
+            answering = state is ProcState.RUNNING or (state is ProcState.STARTING and models[name].port is not None)
+            if answering and healthy(models[name].port, models[name].health):
                 done[name] = time.monotonic() - start
             if progress is not None:
                 progress(name, state, name in done)

@@ -104,6 +104,14 @@ class Node(Platform):
         description="The first port of this node's llama.cpp RPC servers (one per split model it holds a part of, "
         "in the stack's order).",
     )
+    gateway_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="The port this node's gateway listens on (default: gateway.port). Each node's gateway answers "
+        "for every model of the stack, sending a request for another node's model to that node's gateway at its "
+        "address and this port; nodes rehearsed on one machine need one each.",
+    )
 
 
 class Policy(_Strict):

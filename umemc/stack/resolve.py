@@ -108,6 +108,7 @@ class ResolvedNode:
     images: dict[str, str] = field(default_factory=dict)  # container image by runtime (--target kubernetes)
     address: str = "127.0.0.1"  # where the other nodes reach it (its RPC servers listen there)
     rpc_port: int = 50052  # the first port of its RPC servers
+    gateway_port: int | None = None  # its gateway's port (None: the stack's gateway.port)
 
 
 def load_stack(
@@ -254,7 +255,9 @@ def _nodes(stack: Stack, doc: Document) -> dict[str, ResolvedNode]:
                 f"{toml_repr(address)} is no address another node can reach (it means any of this node's)",
                 "give the address the other nodes reach this node at, e.g. 10.0.0.2",
             )
-        out[name] = ResolvedNode(name, platform, dict(node.labels), gpu, dict(node.images), address, node.rpc_port)
+        out[name] = ResolvedNode(
+            name, platform, dict(node.labels), gpu, dict(node.images), address, node.rpc_port, node.gateway_port
+        )
     return out
 
 

@@ -85,6 +85,8 @@ def plan_json(b: Bundle) -> Files:
         simulate=b.simulate,
         scale=b.plan.scale,
         stack_file=str(b.plan.path),
+        node=b.plan.node,
+        peers={m: c.PeerDoc(node=p.node, url=p.url, aliases=list(p.aliases)) for m, p in b.plan.peers.items()},
         enforcer=list(b.enforcer),
         models={name: _model(b, name) for name in b.programs},
     )

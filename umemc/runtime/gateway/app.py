@@ -18,6 +18,7 @@ from .capture import Captures
 from .door import allowed_hosts, guarded
 from .metrics import Metrics
 from .model import Model, Refused
+from .peers import PEER_POOLS
 from .progress import STREAMS, Progress
 from .relay import (
     ACCESS,
@@ -80,7 +81,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
 
 async def list_models(request: web.Request) -> web.Response:
     sched = request.app[SCHED]
-    data = []
+    data: list[dict[str, Any]] = []
     for m in sched.served():
         info = {
             "kind": m.kind,
@@ -96,6 +97,17 @@ async def list_models(request: web.Request) -> web.Response:
             {"id": a, "object": "model", "created": 0, "owned_by": "umemc", "root": m.name, "umemc": {"kind": m.kind}}
             for a in m.plan.aliases
         ]
+    here = sched.plan.node
+    if here is not None:  # a stack of several nodes: where each runs, and every other node's models
+        for entry in data:
+            entry["umemc"]["node"] = here
+        for name, peer in sched.plan.peers.items():
+            info = {"node": peer.node, "remote": True}
+            data += [
+                {"id": n, "object": "model", "created": 0, "owned_by": "umemc", "umemc": info}
+                | ({"root": name} if n != name else {})
+                for n in (name, *peer.aliases)
+            ]
     for shared, now in views.groups(sched).items():
         kind = sched.models[now["models"][0]].kind
         info = {"kind": kind, "serves": now["models"], "answers_now": now["answers_now"]}
@@ -179,6 +191,7 @@ def make_app(sched: Scheduler, token: str | None) -> web.Application:
     app[CAPTURES] = Captures(gw.capture, gw.capture_bytes)
     if token:
         app[TOKEN] = token
+    app[PEER_POOLS] = {}  # connections to the other nodes' gateways, by host (peers.py)
     # the client APIs, each path's shape for refusals and its token's headers: the first that claims a path is its
     app[SURFACES] = (anthropic.SURFACE, ollama.SURFACE, OPENAI)
     # every route behind the door, each surface's in its table (the one place routes are added)
@@ -210,4 +223,6 @@ async def _lifetime(app: web.Application) -> Any:
     yield
     await sched.close()
     pool.close()
+    for peer_pool in app[PEER_POOLS].values():
+        peer_pool.close()
     app[ACCESS].close()

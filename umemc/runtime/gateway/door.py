@@ -10,7 +10,8 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from .model import Refused
+from . import peers
+from .model import Refused, Remote
 from .relay import SCHED
 from .surfaces import Surface, surface_of
 
@@ -67,7 +68,12 @@ def guarded(
                 resp.headers["WWW-Authenticate"] = "Bearer"
                 return resp
             try:
-                return await handler(request)
+                try:
+                    return await handler(request)
+                except Remote as remote:  # another node serves the model: its gateway answers
+                    sched = request.app[SCHED]
+                    timeout = sched.gw.upstream_timeout_s
+                    return await peers.forward(request, remote, sched.plan.node or "", token, timeout)
             except Refused as exc:
                 return surface.answer(exc)
             except web.HTTPRequestEntityTooLarge:

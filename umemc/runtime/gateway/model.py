@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from ...contract import ModelDoc
+from ...contract import ModelDoc, PeerDoc
 from ..supervisor import ANSWERING, LIVE, RPC_ERRORS, ProcState
 from .lifecycle import Lifecycle, Phase
 
@@ -29,6 +29,14 @@ class Refused(Exception):
     def __init__(self, message: str, code: str, retry_after: int | None = None, private: str | None = None):
         super().__init__(message)
         self.message, self.code, self.retry_after, self.private = message, code, retry_after, private
+
+
+class Remote(Exception):
+    """The model a request names runs on another node of the stack (its gateway answers it: peers.py)."""
+
+    def __init__(self, name: str, peer: PeerDoc):
+        super().__init__(name)
+        self.name, self.peer = name, peer
 
 
 @dataclass

@@ -53,7 +53,7 @@ HOP_BY_HOP = frozenset(
 )
 
 
-def _from_worker(name: str) -> bool:
+def from_worker(name: str) -> bool:
     """A worker's answer header the client may see: not hop-by-hop, and nothing that would speak for the gateway's
     origin (a cookie set for it, CORS that would let any page read the answers: docs/SECURITY.md sends none)."""
     low = name.lower()
@@ -517,7 +517,7 @@ async def pass_through(request: web.Request, m: Model, call: Call, seen: Seen) -
     headers = {k: v for k, v in request.headers.items() if k.lower() not in drop}
     began = time.monotonic()
     async with upstream(request, m, call, headers) as up:
-        out = {k: v for k, v in up.headers.items() if _from_worker(k)}
+        out = {k: v for k, v in up.headers.items() if from_worker(k)}
         ctype = up.headers.get("Content-Type", "")
         if seen.begun is not None:
             return await _go_on(request, m, call, seen, up, began)

@@ -70,7 +70,7 @@ class Scheduler:
         self.traffic = {n: Traffic() for n in plan.models}
         self.lock = asyncio.Lock()
         self.run_start = events.last_id("up")  # metrics count this run's events
-        self.slots = Slots(self.models, plan.models, self.gw, self)
+        self.slots = Slots(self.models, plan.models, self.gw, self, plan.peers)
         self.book = LeaseBook()
         self.sync = StateSync(
             self.models, supervisor, run, events, (self.slots, self.book, self.generation, self.traffic), self.kick

@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...contract import GatewayDoc, ModelDoc
+from ...contract import GatewayDoc, ModelDoc, PeerDoc
 from .core import Admission, Admit
-from .model import Model, Refused
+from .model import Model, Refused, Remote
 
 
 @dataclass
@@ -94,8 +94,16 @@ class Slot:
 class Slots:
     """Owns the routes (names and aliases) and every model's Queue."""
 
-    def __init__(self, models: dict[str, Model], docs: dict[str, ModelDoc], gw: GatewayDoc, admission: Admission):
+    def __init__(
+        self,
+        models: dict[str, Model],
+        docs: dict[str, ModelDoc],
+        gw: GatewayDoc,
+        admission: Admission,
+        peers: dict[str, PeerDoc] | None = None,
+    ):
         self.models, self.gw, self.admission = models, gw, admission
+        self.peers = peers or {}  # the models the other nodes of the stack serve (peers.py)
         self.queues: dict[str, Queue] = {}
         self.routes: dict[str, str] = {}
         self.groups: dict[str, list[str]] = {}  # a shared name (models' `serves`) -> the models that share it
@@ -120,7 +128,10 @@ class Slots:
             return self.models[target]
         if name in self.groups:
             return self.admission.choose(self.groups[name])
-        known = ", ".join(sorted([*self.routes, *self.groups]))
+        peer = lookup(self.peers, name)
+        if peer is not None:  # another node serves it: the request goes to that node's gateway
+            raise Remote(name, peer)
+        known = ", ".join(sorted([*self.routes, *self.groups, *self.peers]))
         raise Refused(f"model {name!r} is not in this stack (known: {known})", "model_not_found")
 
     def __getitem__(self, name: str) -> Queue:
@@ -259,3 +270,11 @@ class Slots:
         """When a request refused for a full queue may try again: its queue served at the model's latency."""
         q = self.queues[m.name]
         return max(1, math.ceil(q.latency_ewma * (len(q.waiters) + 1) / m.max_concurrency))
+
+
+def lookup(peers: dict[str, PeerDoc], name: str) -> PeerDoc | None:
+    """The node serving NAME (a model's name or one of its aliases), where another node does."""
+    peer = peers.get(name)
+    if peer is not None:
+        return peer
+    return next((p for p in peers.values() if name in p.aliases), None)

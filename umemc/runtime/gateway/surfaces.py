@@ -26,7 +26,7 @@ HTTP_STATUS = {
     "upstream_unreachable": 502, "upstream_disconnected": 502, "upstream_too_large": 502, "upstream_cut": 502,
     "shutting_down": 503, "worker_unhealthy": 503, "worker_given_up": 503, "queue_timeout": 503,
     "insufficient_memory": 503, "not_admissible": 503, "start_failed": 503, "start_timeout": 503, "stop_failed": 503,
-    "state_unwritable": 503,
+    "state_unwritable": 503, "node_unreachable": 503,
     "upstream_timeout": 504,
     "busy": 409,
 }  # fmt: skip
