@@ -423,6 +423,7 @@ class StatusMachine(Document):
 
 class StatusDoc(Document):
     models: dict[str, StatusModel]
+    nodes: dict[str, dict[str, Any]] = {}  # a stack of several nodes: the other nodes' models, as their gateways say
     stack: str
     running: bool
     pressure: float | None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -117,9 +118,30 @@ def test_any_nodes_gateway_answers_for_every_model(nodes: dict[str, Any]) -> Non
     assert call(ports["a"], "GET", "/models/files/", token=None)[0] == 401
 
 
+def test_status_on_any_node_shows_every_nodes_models(nodes: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    from umemc.commands.status import collect, contract
+
+    ports, runs = nodes["ports"], nodes["runs"]
+    doc = contract(collect(str(runs["b"].run_dir)))
+    assert set(doc["models"]) == {"gemma3"}
+    assert doc["nodes"] == {
+        "a": {"url": f"127.0.0.1:{ports['a']}", "models": {"smollm2": {"state": "RUNNING", "status": "ready"}}},
+        "c": {"url": f"127.0.0.1:{ports['c']}", "models": {"files": {"state": "RUNNING", "status": "ready"}}},
+    }
+    capsys.readouterr()
+    assert runs["b"].cli("status") == 0
+    shown = capsys.readouterr().out
+    assert re.search(rf"smollm2 on a +RUNNING .* node a \(127\.0\.0\.1:{ports['a']}\)", shown), shown
+    assert re.search(rf"files on c +RUNNING .* node c \(127\.0\.0\.1:{ports['c']}\)", shown), shown
+
+
 def test_a_node_that_does_not_answer_is_named(nodes: dict[str, Any]) -> None:
     ports, runs = nodes["ports"], nodes["runs"]
     assert runs["c"].cli("down") == 0
+    from umemc.commands.status import collect
+
+    said = collect(str(runs["a"].run_dir))["_nodes"]["c"]
+    assert said["url"] == f"127.0.0.1:{ports['c']}" and said["error"].startswith("its gateway does not answer (")
     status, body = call(ports["a"], "POST", "/v1/chat/completions", {"model": "files", "messages": ASK})
     assert status == 503 and body["error"]["code"] == "node_unreachable"
     assert body["error"]["message"].startswith(

@@ -118,6 +118,42 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
         }
     if out["_machine"] is not None:
         out["_machine"]["enforcement"] = _enforcement(out["models"].values(), plan, out["_machine"])
+    out["_nodes"] = _other_nodes(plan, run_dir) if plan is not None and plan.peers and running else {}
+    return out
+
+
+PEER_WAIT_S = 2.0  # another node's gateway that has not answered by then is said not to answer
+
+
+def _other_nodes(plan: Any, run_dir: Any) -> dict[str, Any]:
+    """A stack of several nodes: the other nodes' models as their gateways say them (GET /umemc/status, the stack's
+    token), by node: {"url", "models": {name: {"state", "status"}}} or {"url", "error"}."""
+    import http.client
+
+    from ..records import read_text
+
+    token = read_text(run_dir.token_file).strip() if run_dir.token_file.exists() else ""
+    urls = {p.node: p.url for p in plan.peers.values()}
+    out: dict[str, Any] = {}
+    for node, url in sorted(urls.items()):
+        host, _, port = url.rpartition(":")
+        conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=PEER_WAIT_S)
+        try:
+            conn.request("GET", "/umemc/status", headers={"Authorization": f"Bearer {token}"} if token else {})
+            resp = conn.getresponse()
+            doc = json.loads(resp.read()) if resp.status == 200 else None
+            if not isinstance(doc, dict) or not isinstance(doc.get("models"), dict):
+                raise ValueError(f"it answered {resp.status}")
+            models = {  # what it serves (never a split model's part there)
+                n: {"state": m.get("state"), "status": m.get("status")}
+                for n, m in doc["models"].items()
+                if isinstance(m, dict) and n in plan.peers
+            }
+            out[node] = {"url": url, "models": models}
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            out[node] = {"url": url, "error": f"its gateway does not answer ({exc})"}
+        finally:
+            conn.close()
     return out
 
 
@@ -312,6 +348,13 @@ def table(status: dict[str, Any]) -> Any:
             "-" if uptime is None else f"{uptime:.0f} s",
             _last(m),
         )
+    for node, seen in (status.get("_nodes") or {}).items():  # a stack of several nodes: the others' models
+        where = f"node {node} ({seen['url']})"
+        if "error" in seen:
+            t.add_row(f"[red]{where}[/]", f"[red]{seen['error']}[/]", *["" for _ in columns[2:]])
+            continue
+        for name, m in seen["models"].items():
+            t.add_row(f"{name} [dim]on {node}[/]", str(m["state"]), *["" for _ in columns[2:-1]], f"{where}")
     return t
 
 
