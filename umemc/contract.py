@@ -423,7 +423,6 @@ class StatusMachine(Document):
 
 class StatusDoc(Document):
     models: dict[str, StatusModel]
-    nodes: dict[str, dict[str, Any]] = {}  # a stack of several nodes: the other nodes' models, as their gateways say
     stack: str
     running: bool
     pressure: float | None
@@ -434,3 +433,4 @@ class StatusDoc(Document):
     problems: list[str]
     rehearsal: StatusRehearsal | None
     machine: StatusMachine | None
+    nodes: dict[str, dict[str, Any]] = {}  # a stack of several nodes: the other nodes' models, as their gateways say

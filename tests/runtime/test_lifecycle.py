@@ -337,7 +337,9 @@ def test_observing_a_running_stack(stack, capsys) -> None:
         "problems",
         "rehearsal",
         "machine",
+        "nodes",  # a stack of several nodes: the other nodes' models (none here)
     ]
+    assert doc["nodes"] == {}
     w = doc["models"]["w"]
     assert list(w)[:7] == CONTRACT_KEYS
     assert set(w) - set(list(w)[:7]) == {

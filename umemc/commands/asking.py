@@ -34,7 +34,6 @@ def ask_llama_cpp(loaded: LoadedStack, plan: Plan, measure: Measure, only: list[
     """Run the dry run where `measure` says; returns the stack's lock entries with the new answers."""
     from .. import lockfile
     from ..catalog.runtimes import LLAMA_RUNTIMES
-    from ..compile.bundle import compile_bundle
     from ..compile.launchers import dry_run_args
     from ..errors import RuntimeFailure
     from ..estimate import keys
@@ -56,7 +55,6 @@ def ask_llama_cpp(loaded: LoadedStack, plan: Plan, measure: Measure, only: list[
     ]
     if not chosen:
         return out
-    bundle = compile_bundle(plan)
     for m in chosen:
         tool = find_tool(m.spec.runtime, m.spec.bin)
         if isinstance(tool, str):
@@ -68,7 +66,7 @@ def ask_llama_cpp(loaded: LoadedStack, plan: Plan, measure: Measure, only: list[
         assert file is not None and m.model_path is not None
         if measure is Measure.MISSING and _still_valid(entry, file, tool.identity, flags):
             continue
-        args = dry_run_args(plan.models[m.name], list(bundle.programs[m.name].argv))
+        args = dry_run_args(plan.models[m.name], launch_argv(plan, m.name))
         assert args is not None
         args = [str(file) if a == str(m.model_path) else a for a in args]
         facts = read_gguf(file)
@@ -91,13 +89,12 @@ def _ask_splits(loaded: LoadedStack, plan: Plan, measure: Measure, out: Asked, o
     figure is an upper bound for a helper). Recorded as the lock entry's split_dry_run; asked only where every
     helper answers (an RPC server serves one client: a running model's helpers are busy)."""
     from .. import lockfile
-    from ..compile.bundle import compile_bundle
     from ..compile.launchers import dry_run_args
     from ..errors import RuntimeFailure
     from ..estimate import keys
     from ..estimate.dryrun import bound, find_tool, run
     from ..estimate.gguf_file import read as read_gguf
-    from ..runtime.enforcer.helpers import answering
+    from ..runtime.wrap import silent
 
     for name, whole in plan.models.items():
         split = whole.split
@@ -114,7 +111,7 @@ def _ask_splits(loaded: LoadedStack, plan: Plan, measure: Measure, out: Asked, o
         if measure is Measure.MISSING and entry is not None and entry.split_dry_run is not None:
             if entry.split_dry_run.flags == flags:
                 continue
-        if not answering(endpoints):
+        if silent(endpoints, HELPERS_WAIT_S):
             out.not_asked.append(
                 f"{name}: llama.cpp not asked for its split: the RPC servers of its other nodes do not answer "
                 f"({', '.join(endpoints)}); `umemc up` those nodes first"
@@ -125,7 +122,7 @@ def _ask_splits(loaded: LoadedStack, plan: Plan, measure: Measure, out: Asked, o
             out.not_asked.append(f"{name}: llama.cpp not asked for its split: {tool}")
             continue
         main = plan.nodes[split.main]
-        args = dry_run_args(main.models[name], list(compile_bundle(main).programs[name].argv))
+        args = dry_run_args(main.models[name], launch_argv(main, name))
         assert args is not None
         facts = read_gguf(rm.model_path)
         try:
@@ -139,6 +136,19 @@ def _ask_splits(loaded: LoadedStack, plan: Plan, measure: Measure, out: Asked, o
         out.entries[name] = base.model_copy(update={"split_dry_run": answer})
         out.asked.append(name)
     return out
+
+
+HELPERS_WAIT_S = 0.2  # an RPC server that accepts no connection by then is not up
+
+
+def launch_argv(plan: Plan, name: str) -> list[str]:
+    """The model's argv as its launcher spells it for the runtime installed here (what its bundle's program runs),
+    without compiling the rest of the bundle."""
+    import sys
+
+    from ..compile.launchers import Context, argv_for
+
+    return argv_for(plan.models[name], Context(plan, sys.executable))
 
 
 def _hub_copy(m: ResolvedModel, entry: LockEntry | None) -> Path | None:
