@@ -19,6 +19,7 @@ import pytest
 from tests.conftest import patience
 from tests.realmodels import GEMMA3, LLAMA_SERVER, SMOLLM2, needs_llama_server, needs_models
 from tests.runtime.conftest import Running, bring_down, bring_up, free_port, live_sysctl_table
+from umemc.cli import main
 
 pytestmark = [pytest.mark.slow, needs_models, *needs_llama_server]
 TOKEN = "fed-s3cret"
@@ -129,6 +130,10 @@ def test_status_on_any_node_shows_every_nodes_models(nodes: dict[str, Any], caps
         "c": {"url": f"127.0.0.1:{ports['c']}", "models": {"files": {"state": "RUNNING", "status": "ready"}}},
     }
     capsys.readouterr()
+    assert main(["ps", "--json"]) == 0
+    # the first node up holds the stack's name on this machine (the others are known by their run dirs)
+    [row] = [r for r in json.loads(capsys.readouterr().out) if r["run_dir"] == str(runs["a"].run_dir)]
+    assert (row["models"], row["elsewhere"]) == ({"smollm2": "hot"}, {"gemma3": "b", "files": "c"})
     assert runs["b"].cli("status") == 0
     shown = capsys.readouterr().out
     assert re.search(rf"smollm2 on a +RUNNING .* node a \(127\.0\.0\.1:{ports['a']}\)", shown), shown

@@ -1,5 +1,6 @@
 """`umemc ps [--json]`: the stacks this user runs, from any directory: each one's name, whether it runs, its
-models (hot and cold) and its gateway, and the run dir it runs from. `status STACK`, `down STACK`, `events STACK`,
+models (hot and cold; a node of a stack of several: the other nodes' models too, `elsewhere`, which its gateway
+answers for) and its gateway, and the run dir it runs from. `status STACK`, `down STACK`, `events STACK`,
 `logs MODEL --stack STACK` and `chat MODEL --stack STACK` take the names it shows. Exit 0."""
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
         t.add_column(col, no_wrap=col != "models", min_width=len(col))
     for row in rows:
         models = ", ".join(f"{n} ({mode})" for n, mode in row["models"].items())
+        if row.get("elsewhere"):  # a node of a stack of several: its gateway answers for these too
+            models += "; on other nodes: " + ", ".join(f"{n} ({node})" for n, node in row["elsewhere"].items())
         cells = (row["name"], row["state"], models or "-", row["gateway"] or "-", row["run_dir"])
         t.add_row(*(escape(shown(c)) for c in cells))  # what a record on disk says, never raw to the terminal
     console().print(t)
@@ -59,13 +62,15 @@ def _row(record: dict[str, Any]) -> dict[str, Any]:
     run_dir = RunDir(Path(record["run_dir"]))
     if not run_dir.bundle.is_dir():
         return {**record, "state": "gone", "models": {}}
+    elsewhere: dict[str, str] = {}
     try:
         plan = read(PlanDoc, run_dir.plan)
-        models = {n: m.mode for n, m in plan.models.items()}
+        models = {n: m.mode for n, m in plan.models.items() if m.part_of is None}
+        elsewhere = {n: p.node for n, p in plan.peers.items()}  # a node of several: the others' models, by node
     except (ContractError, OSError):
         models = {}
     try:
         state = "running" if Stack(run_dir).state() == "running" else "stopped"
     except RuntimeFailure:  # supervisord alive but deaf: say so, list the rest
         state = "not answering"
-    return {**record, "state": state, "models": models}
+    return {**record, "state": state, "models": models} | ({"elsewhere": elsewhere} if elsewhere else {})
