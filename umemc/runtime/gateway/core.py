@@ -1,6 +1,7 @@
 """What the scheduler's parts share: the modes of its operations (enums, never booleans), and the one protocol a
-part calls back through: what the slots ask of the admission (the scheduler). The other parts are given the
-objects they use (the models, supervisord, the event log, the lease book) and a `kick`, never the scheduler."""
+part calls back through: what the slots ask of the admission (the scheduler). The sync and the slots are given the
+objects they use (the models, supervisord, the event log, the lease book) and a `kick`; the process and
+housekeeping parts are still given the scheduler itself (through their protocols), which is the next split."""
 
 from __future__ import annotations
 
