@@ -669,7 +669,7 @@ def _check_rpc_endpoints(
     for node, plans in node_plans.items():
         host = loaded.nodes[node].address
         if gateway.enabled:
-            taken[(host, gateway.port)] = "the gateway (every node runs one)"
+            taken[(host, loaded.nodes[node].gateway_port or gateway.port)] = "the gateway (every node runs one)"
         for mp in plans.values():
             if mp.part_of is None and mp.model.port is not None:
                 taken[(host, mp.model.port)] = f"model {mp.name} on node {node}"

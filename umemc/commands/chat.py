@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RuntimeFailure
-from ..records import read_text
 from ..runtime.gateway.naming import error_message
 from .up import add_run_dir, no_stack_in
 
@@ -66,8 +65,7 @@ def _gateway(root: Path) -> tuple[int, str | None]:
         raise RuntimeFailure(f"{run_dir.plan}: {exc}") from None
     if plan.gateway is None:
         raise RuntimeFailure(f"stack {plan.stack} runs no gateway (gateway.enabled = false): nothing to chat through")
-    token = read_text(run_dir.token_file).strip() if plan.gateway.token_env and run_dir.token_file.exists() else None
-    return plan.gateway.port, token
+    return plan.gateway.port, run_dir.token() if plan.gateway.token_env else None
 
 
 def _turn(port: int, token: str | None, args: argparse.Namespace, messages: list[dict[str, str]], text: str) -> None:

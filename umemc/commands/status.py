@@ -130,14 +130,13 @@ def _other_nodes(plan: Any, run_dir: Any) -> dict[str, Any]:
     token), by node: {"url", "models": {name: {"state", "status"}}} or {"url", "error"}."""
     import http.client
 
-    from ..records import read_text
+    from ..runtime.wrap import endpoint_parts
 
-    token = read_text(run_dir.token_file).strip() if run_dir.token_file.exists() else ""
+    token = run_dir.token()
     urls = {p.node: p.url for p in plan.peers.values()}
     out: dict[str, Any] = {}
     for node, url in sorted(urls.items()):
-        host, _, port = url.rpartition(":")
-        conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=PEER_WAIT_S)
+        conn = http.client.HTTPConnection(*endpoint_parts(url), timeout=PEER_WAIT_S)
         try:
             conn.request("GET", "/umemc/status", headers={"Authorization": f"Bearer {token}"} if token else {})
             resp = conn.getresponse()

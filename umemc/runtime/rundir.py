@@ -182,6 +182,13 @@ class RunDir(NamedTuple):
         the workers never see the variable it came from."""
         return self.secrets / "gateway-token"
 
+    def token(self) -> str | None:
+        """The gateway's bearer token as `umemc up` wrote it (None where it wrote none)."""
+        from ..records import read_text
+
+        path = self.token_file
+        return read_text(path).strip() if path.exists() else None
+
     def default_socket(self) -> Path:
         return self.state / "supervisor.sock"
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from ..wrap import endpoint_parts
 from .model import Refused, Remote
 from .relay import HOP_BY_HOP, TOKEN_HEADERS, from_worker, pipe
 from .upstream import PayloadError, Pool, Unreachable
@@ -43,11 +44,11 @@ async def forward(
             "it: rebuild and `umemc up` the nodes from one stack",
             "model_not_found",
         )
-    host, _, port = peer.url.rpartition(":")
+    host, port = endpoint_parts(peer.url)
     pools = request.app[PEER_POOLS]
     pool = pools.get(host)
     if pool is None:
-        pool = pools[host] = Pool(host.strip("[]"))
+        pool = pools[host] = Pool(host)
     headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_SENT}
     headers[FORWARDED] = node
     if token:
@@ -55,7 +56,7 @@ async def forward(
     body = await request.read()  # the handler that found the model remote read it already: aiohttp keeps it
     said = f"model {remote.name} runs on node {peer.node} ({peer.url})"
     try:
-        up = await pool.request(request.method, int(port), request.raw_path, headers, body or None, timeout)
+        up = await pool.request(request.method, port, request.raw_path, headers, body or None, timeout)
     except (Unreachable, ConnectionError, TimeoutError) as exc:
         raise Refused(f"{said}, whose gateway does not answer: {exc or 'no answer'}", "node_unreachable", 5) from None
     except ValueError as exc:
