@@ -71,6 +71,11 @@ class LlmShape(NamedTuple):
     attn_temp_scale: bool = False  # queries scaled by a per-token input (attention.temperature_scale)
     qkv_fused: tuple[bool, ...] = ()  # per layer: Q, K and V in one projection (attn_qkv); empty: none is
     experts_gate_up: bool = False  # the experts' gate and up projections in one tensor (ffn_gate_up_exps)
+    ffn_gated: bool = True  # the dense FFN has a gate (ffn_gate); without one: up, activation, down (StarCoder2)
+    # deepstack inputs (Qwen3-VL: n_deepstack_layers): the embeddings input is n_embd x (1 + n_deepstack) wide, and
+    # the token embeddings are padded to it; the first n_deepstack layers each add one slice of it to their output
+    n_deepstack: int = 0
+    n_pos: int = 1  # positions a token (M-RoPE: 4, llama_hparams::n_pos_per_embd)
 
     @property
     def n_gqa(self) -> int:
@@ -354,6 +359,14 @@ class TorchPreset:
     extra: dict[str, int] = field(default_factory=dict)
 
 
+# M-RoPE (llama_model_rope_type, llama_hparams::n_pos_per_embd): four positions a token, always for these
+# architectures, and for these where the file has rope sections (a vision-language file of a text architecture)
+MROPE_POSITIONS = 4
+MROPE_ARCHS = frozenset(
+    {"qwen2vl", "paddleocr", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "qwen4exp", "qwen3tts"}
+)
+MROPE_IF_SECTIONS = frozenset({"glm4", "glm4moe", "hunyuan-vl", "bailingmoe3"})
+
 _SHAPE_KEYS = (
     "n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp", "n_layer_dense_lead", "n_layer_nextn",
     "expert_weights_norm", "expert_weights_scale", "no_rope",
@@ -415,6 +428,7 @@ def llm_preset(
         swa,
         swa_layers if swa else (),
         causal=arch != "bert",
+        n_pos=MROPE_POSITIONS if arch in MROPE_ARCHS else 1,
         **extra,  # type: ignore[arg-type]
     )
     return LlmPreset(name=name, shape=shape, **kw)  # type: ignore[arg-type]

@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..catalog.archs import LlmShape, VisionShape
+from ..catalog.archs import MROPE_ARCHS, MROPE_IF_SECTIONS, MROPE_POSITIONS, LlmShape, VisionShape
 from ..catalog.quant import FILE_TYPE_IDS, is_repacked
 from ..lockfile import LockedHeader
 from .gguf_header import Header, HeaderError, Tensor, read_header
@@ -357,6 +357,10 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
         mla_dims=_mla_dims(key, tensors),
         qkv_fused=_fused(tensors, n_layer),
         experts_gate_up=any(name.endswith(".ffn_gate_up_exps.weight") for name in tensors),
+        ffn_gated=not any(name.endswith(".ffn_up.weight") for name in tensors)
+        or any(name.endswith(".ffn_gate.weight") for name in tensors),
+        n_deepstack=int(key("n_deepstack_layers", 0) or 0),
+        n_pos=_positions(key, arch),
         attn_temp_scale=bool(key("attention.temperature_scale", 0)),
         **moe,
         **recurrent,
@@ -364,6 +368,17 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
 
 
 _ROPE_SWITCH = frozenset({"granite", "granitemoe", "granitehybrid"})
+
+
+def _positions(key: Any, arch: str) -> int:
+    """Positions a token: four under M-RoPE (always for some architectures, for others where the file has rope
+    sections), else one."""
+    if arch in MROPE_ARCHS:
+        return MROPE_POSITIONS
+    sections = key("rope.dimension_sections")
+    if arch in MROPE_IF_SECTIONS and isinstance(sections, list) and len(sections) > 1:
+        return MROPE_POSITIONS if int(sections[0]) > 0 and int(sections[1]) > 0 else 1
+    return 1
 
 
 def _fused(tensors: dict[str, tuple[int, ...]], n_layer: int) -> tuple[bool, ...]:

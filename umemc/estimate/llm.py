@@ -383,7 +383,9 @@ def ffn_figure(shape: LlmShape, n_ub: int) -> Figure:
         )  # fmt: skip
     terms: dict[str, int] = {}
     dense = shape.n_expert == 0 or shape.n_layer_dense_lead > 0
-    if dense:
+    if dense and not shape.ffn_gated:  # up, its activation in place, down (StarCoder2: measured 3-4 x n_embd)
+        terms["ungated ffn"] = shape.n_ff + 4 * e
+    elif dense:
         terms["dense ffn"] = 3 * shape.n_ff + 4 * e
     inputs: dict[str, object] = {"n_ff": shape.n_ff} if dense else {}
     if shape.n_expert:
@@ -403,6 +405,7 @@ def ffn_figure(shape: LlmShape, n_ub: int) -> Figure:
         "expert outputs": "(n_ff_exp x n_expert_used: the swiglu product + 2 x n_embd x n_expert_used: the experts' "
         "down projections and their weighted copy + 3 x n_embd)",
         "dense ffn": "(3 x n_ff: gate, up and their product + 4 x n_embd)",
+        "ungated ffn": "(n_ff: up, its activation in place + 4 x n_embd)",
         "routed experts": "(3 x n_ff_exp x n_expert_used + 4 x n_embd)",
         "shared experts": "(3 x shared width + 5 x n_embd: the routed output waits)",
     }
@@ -460,6 +463,14 @@ def mixer_figure(shape: LlmShape, n_ub: int, parallel: int = 1) -> Figure | None
 def _resident(shape: LlmShape, n_ub: int) -> Figure | None:
     """Activations an architecture keeps alive across all its layers beside the residual (shape.resident_width
     floats per token: Gemma 3n's altup predictions and per-layer embeddings)."""
+    if shape.n_deepstack:  # the wider embeddings input and the token embeddings padded to it
+        width = 2 * shape.n_deepstack * shape.n_embd
+        return Figure(
+            "deepstack inputs",
+            width * n_ub * F32,
+            "2 x n_deepstack x n_embd x n_ubatch x 4 (the embeddings input and its padded copy, wider than n_embd)",
+            {"deepstack layers": shape.n_deepstack},
+        )
     if not shape.resident_width:
         return None
     return Figure(

@@ -130,6 +130,27 @@ FULL: dict[str, ArchSpec] = {
             200064, "MiniMaxAI/MiniMax-M2 (sigmoid router with a selection bias)",
             optional=("output.weight", "blk.N.exp_probs_b.bias"),
         ),
+        # the kinds of miss the hand estimate had on architectures it was not tuned to (worked on, not held out)
+        ArchSpec(
+            "starcoder2-15b", "starcoder2",
+            {
+                "context_length": 16384, "embedding_length": 6144, "block_count": 40, "feed_forward_length": 24576,
+                "attention.head_count": 48, "attention.head_count_kv": 4, "attention.layer_norm_epsilon": 1e-5,
+                "rope.freq_base": 1e5,
+            },
+            49152, "bigcode/starcoder2-15b (an FFN without a gate; biases everywhere; tied embeddings)",
+            optional=(),
+        ),
+        ArchSpec(
+            "qwen3-vl-32b", "qwen3vl",
+            {
+                "context_length": 262144, "embedding_length": 5120, "block_count": 64, "feed_forward_length": 25600,
+                "attention.head_count": 64, "attention.head_count_kv": 8, "attention.key_length": 128,
+                "attention.value_length": 128, "attention.layer_norm_rms_epsilon": 1e-6, "rope.freq_base": 5e6,
+                "rope.dimension_sections": [24, 20, 20, 0], "n_deepstack_layers": 3,
+            },
+            151936, "Qwen/Qwen3-VL-32B-Instruct (its text model: three deepstack inputs beside the embeddings)",
+        ),
     )
 }  # fmt: skip
 

@@ -122,7 +122,8 @@ def reserve_buffer(
     (tests/estimate/test_allocator.py)."""
     caches = Caches(n_kv, n_kv_swa or n_kv, mask_row, max(1, min(n_seqs, n_ubatch)), kv_bytes)
     last = shape.n_layer_main
-    lead = min(shape.n_layer_dense_lead, last) if shape.n_expert else 0  # the dense lead layers: all replayed
+    # the dense lead layers and the deepstack layers (each adds its slice of the input): all replayed
+    lead = max(min(shape.n_layer_dense_lead, last) if shape.n_expert else 0, min(shape.n_deepstack, last))
     tail, period = last - lead, 4 if shape.arch == "llama4" else 2  # the rest: alike, `period` by `period`
     if not whole_depth and tail > 3 * period - 1:
         tail = 2 * period + (tail - 2 * period) % period

@@ -108,8 +108,9 @@ class Graph:
     def inputs(self, n_out: int, caches: Caches, *, rotated: bool) -> Inputs:
         shape, n_ub = self.shape, self.n_ub
         return Inputs(
-            Tensor(n_ub * I32), Tensor(shape.n_embd * n_ub * F32), Tensor(n_ub * I32),
-            self.kv(caches.n_kv, caches.mask_row, rotated=rotated), Tensor(n_out * I32),
+            Tensor(n_ub * I32), Tensor(shape.n_embd * (1 + shape.n_deepstack) * n_ub * F32),
+            Tensor(shape.n_pos * n_ub * I32), self.kv(caches.n_kv, caches.mask_row, rotated=rotated),
+            Tensor(n_out * I32),
         )  # fmt: skip
 
     def build(self, caches: Caches, n_out: int, *, rotated: bool) -> None:
@@ -133,6 +134,10 @@ class Graph:
         shape, n_ub = self.shape, self.n_ub
         e, last, out_ids = shape.n_embd, shape.n_layer_main, inputs.out_ids
         x = self.op(e * n_ub * F32, self.weight, inputs.tokens)
+        stacked = x
+        if shape.n_deepstack:  # the token embeddings padded to the deepstack input's width, their first slice on
+            stacked = self.op(e * (1 + shape.n_deepstack) * n_ub * F32, x)
+            x = self.view(stacked)
         for layer in self.replayed:
             out = self.op(e * n_ub * F32, self.weight, self.attend_layer(layer, self.norm(x), inputs))
             residual, rows = x, n_ub
@@ -141,6 +146,8 @@ class Graph:
                 out, residual = self.op(e * rows * F32, out, out_ids), self.op(e * rows * F32, x, out_ids)
             ffn_in = self.op(e * rows * F32, out, residual, inplace=True)
             x = self.op(e * rows * F32, self.ffn(layer, self.norm(ffn_in), rows), ffn_in, inplace=True)
+            if layer < shape.n_deepstack:  # the layer's slice of the deepstack input, added
+                x = self.op(x.size, x, self.view(stacked), inplace=True)
         if self.recipe.rows_at_end:  # the last layer's output for every token is a graph output (t_h_nextn)
             x.output = True
             x = self.op(e * n_out * F32, x, out_ids)
@@ -261,8 +268,12 @@ class Graph:
         return self.op(row * kv.n_kv * self.caches.seqs * 2, self.cache_view())
 
     def dense(self, h: Tensor, rows: int, width: int = 0) -> Tensor:
-        """build_ffn: gate, up, SwiGLU, down (`width`: the FFN's, else the model's n_ff)."""
+        """build_ffn: gate, up, SwiGLU, down (`width`: the FFN's, else the model's n_ff); without a gate: up, the
+        activation in place (its bias too), down."""
         n_ff = width or self.shape.n_ff
+        if not self.shape.ffn_gated and not width:
+            act = self.op(n_ff * rows * F32, self.op(n_ff * rows * F32, self.weight, h), inplace=True)
+            return self.op(self.shape.n_embd * rows * F32, self.weight, act)
         gate, up = self.op(n_ff * rows * F32, self.weight, h), self.op(n_ff * rows * F32, self.weight, h)
         return self.op(self.shape.n_embd * rows * F32, self.weight, self.op(n_ff * rows * F32, gate, up))
 

@@ -36,9 +36,14 @@ class Recipe:
 RECIPES: dict[str, Recipe] = {
     "llama": Recipe(),  # Llama, Mistral, Mixtral (its experts: soft-max, normalised weights)
     "qwen2": Recipe(),  # its q/k/v biases are added in place
+    "qwen2vl": Recipe(),  # Qwen2-VL's text model: Qwen2 with four positions a token (M-RoPE: a wider input only)
     "qwen3": Recipe(qk_norm="heads"),
     "qwen3moe": Recipe(qk_norm="heads"),
     "seed_oss": Recipe(),
+    # Qwen3-VL's text model: Qwen3 with deepstack inputs added after its first layers (src/models/qwen3vl.cpp)
+    "qwen3vl": Recipe(qk_norm="heads"),
+    # StarCoder2: layer norms and biases (in place), an FFN without a gate (src/models/starcoder2.cpp)
+    "starcoder2": Recipe(),
     "minimax-m2": Recipe(qk_norm="flat", gating="sigmoid"),
     # LFM2: short-convolution layers between attention layers (src/models/lfm2.cpp), dense FFN
     "lfm2": Recipe(qk_norm="heads", residual_first=True),

@@ -1,0 +1,35 @@
+"""The compute buffer's fallback, counted: the presets and the measured not-tuned-to architectures whose reserve
+graph umemc does not write out, so that their compute buffer is a formula (docs/ESTIMATES.md). Each is a thing to
+retire: when an architecture's graph is written out, it leaves these lists, and the test says so."""
+
+from __future__ import annotations
+
+from umemc.catalog.archs import LLM_PRESETS
+from umemc.estimate import graphs, llm
+from umemc.testing.archspecs import FULL
+
+# What falls to the formula today, and why: Phi-3's joint q/k/v and gate/up projections, Gemma 3's sliding window
+# and its extra norms, an encoder (bert)
+PRESETS_ON_THE_FORMULA = {"phi-4", "gemma-3-27b", "gemma-3-12b", "bge-m3"}
+# by architecture (umemc.testing.archspecs.FULL): Falcon-H1's and Nemotron-H's Mamba-2 mixers, Gemma 3n's altup
+# streams, ERNIE 4.5's shared experts with a dense lead
+ARCHS_ON_THE_FORMULA = {"falcon-h1", "nemotron_h", "gemma3n", "ernie4_5-moe"}
+
+
+def test_the_presets_that_fall_to_the_formula_are_these() -> None:
+    fallen = {name for name, p in LLM_PRESETS.items() if not graphs.supported(p.shape)}
+    assert fallen == PRESETS_ON_THE_FORMULA
+    assert (len(LLM_PRESETS) - len(fallen), len(fallen)) == (17, 4)
+
+
+def test_a_fallen_preset_says_its_compute_is_a_formula_and_a_replayed_one_says_it_is_replayed() -> None:
+    for name, p in LLM_PRESETS.items():
+        graph = llm.compute_figure(p.shape, 8192, 1, 512, flash_attn=True, outputs=1).parts[0]
+        replayed = graph.formula.startswith("ggml-alloc's placement replayed")
+        assert replayed is (name not in PRESETS_ON_THE_FORMULA), (name, graph.formula)
+
+
+def test_the_measured_architectures_that_fall_to_the_formula_are_these() -> None:
+    # the shapes as their headers give them are what bench/accuracy.py --new writes; here the architectures alone
+    fallen = {spec.arch for spec in FULL.values() if spec.arch not in graphs.RECIPES}
+    assert fallen == ARCHS_ON_THE_FORMULA
