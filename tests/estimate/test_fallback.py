@@ -11,9 +11,10 @@ from umemc.testing.archspecs import FULL
 # What falls to the formula today, and why: Phi-3's joint q/k/v and gate/up projections, Gemma 3's sliding window
 # and its extra norms, an encoder (bert)
 PRESETS_ON_THE_FORMULA = {"phi-4", "gemma-3-27b", "gemma-3-12b", "bge-m3"}
-# by architecture (umemc.testing.archspecs.FULL): Falcon-H1's and Nemotron-H's Mamba-2 mixers, Gemma 3n's altup
-# streams, ERNIE 4.5's shared experts with a dense lead
-ARCHS_ON_THE_FORMULA = {"falcon-h1", "nemotron_h", "gemma3n", "ernie4_5-moe"}
+# by architecture (umemc.testing.archspecs.FULL): Falcon-H1's and Nemotron-H's Mamba-2 mixers (Nemotron 3's with
+# ungated experts), Gemma 3n's altup streams, ERNIE 4.5's shared experts with a dense lead, EmbeddingGemma (an
+# encoder: no encoder graph is written out)
+ARCHS_ON_THE_FORMULA = {"falcon-h1", "nemotron_h", "nemotron_h_moe", "gemma3n", "ernie4_5-moe", "gemma-embedding"}
 
 
 def test_the_presets_that_fall_to_the_formula_are_these() -> None:

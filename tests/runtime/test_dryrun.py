@@ -287,3 +287,46 @@ def test_a_dry_run_of_a_llama_cpp_not_here_is_still_held_to_the_hand_model(
         f"stack.calibration.json: the llama.cpp dry run compute buffer of {hand['compute_bytes'] // 3} bytes is below "
         f"half the {hand['compute_bytes']} bytes its header's shape needs: not used"
     ) in err
+
+
+EMBEDDING_GEMMA = ArchSpec(
+    "tiny-embeddinggemma", "gemma-embedding",
+    {
+        "context_length": 2048, "embedding_length": 768, "block_count": 6, "feed_forward_length": 1152,
+        "attention.head_count": 3, "attention.head_count_kv": 1, "attention.key_length": 256,
+        "attention.value_length": 256, "attention.layer_norm_rms_epsilon": 1e-6, "rope.freq_base": 1e6,
+        "attention.sliding_window": 512, "pooling_type": 1,
+    },
+    4096, "EmbeddingGemma's widths, six layers (five slide, one does not)", optional=(),
+)  # fmt: skip
+
+
+def test_an_encoder_umemc_took_for_a_decoder_keeps_llama_cpps_kv_cache_of_nothing(tmp_path: Path, run_cli) -> None:
+    """EmbeddingGemma is an encoder: llama.cpp keeps no KV cache for it (llama_model::create_memory). Its dry run
+    says KV 0, and that answer is used, never held to a hand model's cache; the hand estimate, too, counts none, and
+    its compute (two masks over the batch, the gated FFN) comes to what llama.cpp reserves."""
+    path = write_discovered(
+        tmp_path / "eg.gguf", EMBEDDING_GEMMA, discover(EMBEDDING_GEMMA, tmp_path, sys.executable), "Q8_0"
+    )
+    stack(tmp_path, path, context=512, parallel=1)
+    hand, _ = report(run_cli, tmp_path)
+    asked, err = report(run_cli, tmp_path, "--measure")
+    assert (asked["source"], asked["kv_bytes"], hand["kv_bytes"]) == ("llama.cpp", 0, 0)
+    assert "not used" not in err
+    assert abs(hand["compute_bytes"] - asked["compute_bytes"]) <= 0.02 * MiB, (hand, asked)
+
+
+def test_a_trusted_dry_runs_kv_cache_is_not_held_to_the_hand_model(falcon: Path, tmp_path: Path, run_cli) -> None:
+    """A KV cache llama.cpp on this machine answered, whatever umemc's own rules say the header needs, is used; a
+    record of a llama.cpp not here is still held to 90% of the hand model's."""
+    stack(tmp_path, falcon)
+    hand, _ = report(run_cli, tmp_path)
+    report(run_cli, tmp_path, "--measure")
+    path = tmp_path / "stack.calibration.json"
+    doc = json.loads(path.read_text())
+    cpu = doc["models"]["m"]["dry_run"]["buffers"]["CPU"]
+    cpu["kv"] = hand["kv_bytes"] // 2
+    path.write_text(json.dumps(doc))
+    asked, err = report(run_cli, tmp_path)
+    # the KV figure is the cache as recorded and the recurrent state (RS) beside it
+    assert (asked["source"], asked["kv_bytes"], err) == ("llama.cpp", hand["kv_bytes"] // 2 + cpu["rs"], "")

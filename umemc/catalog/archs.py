@@ -72,6 +72,8 @@ class LlmShape(NamedTuple):
     qkv_fused: tuple[bool, ...] = ()  # per layer: Q, K and V in one projection (attn_qkv); empty: none is
     experts_gate_up: bool = False  # the experts' gate and up projections in one tensor (ffn_gate_up_exps)
     ffn_gated: bool = True  # the dense FFN has a gate (ffn_gate); without one: up, activation, down (StarCoder2)
+    experts_gated: bool = True  # the routed experts have a gate (ffn_gate_exps; Nemotron 3's have none)
+    shexp_gated: bool = True  # the shared expert has a gate (ffn_gate_shexp)
     # deepstack inputs (Qwen3-VL: n_deepstack_layers): the embeddings input is n_embd x (1 + n_deepstack) wide, and
     # the token embeddings are padded to it; the first n_deepstack layers each add one slice of it to their output
     n_deepstack: int = 0
@@ -428,6 +430,7 @@ def llm_preset(
         swa,
         swa_layers if swa else (),
         causal=arch != "bert",
+        ffn_gated=arch != "bert",  # BERT's FFN: up, GELU, down
         n_pos=MROPE_POSITIONS if arch in MROPE_ARCHS else 1,
         **extra,  # type: ignore[arg-type]
     )

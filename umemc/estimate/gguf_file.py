@@ -20,6 +20,7 @@ _SWA_PATTERN: dict[str, tuple[int, bool]] = {
     "gemma2": (2, False),
     "gemma3": (6, False),
     "gemma3n": (5, False),
+    "gemma-embedding": (6, False),  # an encoder: its window is a second mask over the batch
     "cohere2": (4, False),
     "gpt-oss": (2, False),
     "llama4": (4, False),
@@ -41,7 +42,12 @@ KNOWN_ARCHS = frozenset(
         "gpt-oss", "deepseek2", "glm4", "glm4moe", "olmo2", "exaone4", "bert", "nomic-bert", "jina-bert-v2",
     }
 )  # fmt: skip
-_ENCODERS = ("bert", "nomic-bert", "jina-bert-v2")
+# Architectures llama.cpp gives no memory (llama_model::create_memory: no KV cache; their attention is over the
+# batch): encoders, EmbeddingGemma, the diffusion models
+_ENCODERS = (
+    "bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "neo-bert", "eurobert", "modern-bert",
+    "gemma-embedding", "dream", "llada", "llada-moe", "rnd1",
+)  # fmt: skip
 
 
 class NotGguf(Exception):
@@ -357,8 +363,9 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
         mla_dims=_mla_dims(key, tensors),
         qkv_fused=_fused(tensors, n_layer),
         experts_gate_up=any(name.endswith(".ffn_gate_up_exps.weight") for name in tensors),
-        ffn_gated=not any(name.endswith(".ffn_up.weight") for name in tensors)
-        or any(name.endswith(".ffn_gate.weight") for name in tensors),
+        ffn_gated=_gated(tensors, "ffn_up", "ffn_gate"),
+        experts_gated=_gated(tensors, "ffn_up_exps", "ffn_gate_exps"),
+        shexp_gated=_gated(tensors, "ffn_up_shexp", "ffn_gate_shexp"),
         n_deepstack=int(key("n_deepstack_layers", 0) or 0),
         n_pos=_positions(key, arch),
         attn_temp_scale=bool(key("attention.temperature_scale", 0)),
@@ -368,6 +375,13 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
 
 
 _ROPE_SWITCH = frozenset({"granite", "granitemoe", "granitehybrid"})
+
+
+def _gated(tensors: dict[str, tuple[int, ...]], up: str, gate: str) -> bool:
+    """Whether an FFN has a gate: its up projection without a gate beside it is an ungated FFN (up, activation,
+    down); where the file has no such FFN at all, gated (the common case: nothing to say)."""
+    ups = any(name.endswith(f".{up}.weight") for name in tensors)
+    return not ups or any(name.endswith(f".{gate}.weight") for name in tensors)
 
 
 def _positions(key: Any, arch: str) -> int:

@@ -237,6 +237,9 @@ def compute_figure(
         n_swa = swa_cells(shape, context, 1, ubatch, swa_full=swa_full)  # the sliding-window layers' own mask
         masks["n_kv (sliding window)"] = n_swa
         mask_bytes += n_swa * mask_row
+    elif shape.sliding_window and any(shape.swa_layers):  # an encoder's window: a second mask over the batch
+        masks["n_kv (sliding window)"] = n_kv
+        mask_bytes += n_kv * mask_row
     mask = Figure(
         "kq_mask",
         mask_bytes,
@@ -376,9 +379,11 @@ def ffn_figure(shape: LlmShape, n_ub: int) -> Figure:
     MUL_MAT_ID into [n_ff_exp, n_expert_used, n_ubatch] tensors), the shared experts beside the routed output,
     or a Mamba-2 mixer. Calibrated per term against llama.cpp's compute buffer (bench/accuracy.py)."""
     e = shape.n_embd
-    if not shape.causal:  # bert: up, GELU in place, down; no gate
+    if not shape.causal:  # bert: up, GELU in place, down; a gated encoder (EmbeddingGemma): gate, up, product
+        gates = 1 if not shape.ffn_gated else 3
         return Figure(
-            "ffn", (shape.n_ff + 3 * e) * n_ub * F32, "(n_ff + 3 x n_embd) x n_ubatch x 4 (encoder, ungated)",
+            "ffn", (gates * shape.n_ff + 3 * e) * n_ub * F32,
+            f"({gates} x n_ff + 3 x n_embd) x n_ubatch x 4 (encoder, {'un' if gates == 1 else ''}gated)",
             {"n_ff": shape.n_ff},
         )  # fmt: skip
     terms: dict[str, int] = {}
@@ -391,14 +396,22 @@ def ffn_figure(shape: LlmShape, n_ub: int) -> Figure:
     if shape.n_expert:
         routed_e = 3 if shape.arch == "gpt-oss" else 4  # gpt-oss adds each expert's bias in place of one copy
         k = shape.n_expert_used
-        terms["routed experts"] = 3 * shape.n_ff_exp * k + routed_e * e
-        # then the down projections of the k experts ([n_embd, k, n_ubatch]) and their weighted copy, beside the
-        # swiglu product they were made from: wider than the above when the experts are narrow (qwen3moe, glm)
-        terms["expert outputs"] = shape.n_ff_exp * k + 2 * e * k + (3 + MOE_EXTRA_BY_ARCH.get(shape.arch, 0)) * e
+        if shape.experts_gated:
+            terms["routed experts"] = 3 * shape.n_ff_exp * k + routed_e * e
+            # then the down projections of the k experts ([n_embd, k, n_ubatch]) and their weighted copy, beside
+            # the swiglu product they were made from: wider than the above when the experts are narrow (qwen3moe)
+            terms["expert outputs"] = shape.n_ff_exp * k + 2 * e * k + (3 + MOE_EXTRA_BY_ARCH.get(shape.arch, 0)) * e
+        else:
+            # up, its activation in place, the down projections beside it: measured on Nemotron 3's shape over
+            # expert widths 928-3712, 3-12 experts a token and n_embd 2688-5376 (llama.cpp's dry run): k x (n_ff_exp
+            # + n_embd) + 4.5 x n_embd
+            terms["ungated expert outputs"] = k * (shape.n_ff_exp + e) + 9 * e // 2
+            inputs["expert gate"] = "none (no ffn_gate_exps)"
         inputs.update(experts=f"{k} of {shape.n_expert} x n_ff_exp {shape.n_ff_exp}")
         if shape.n_ff_shexp:
             # the routed output stays alive while the shared experts run; llama4 also keeps its pre-weighted input
-            terms["shared experts"] = 3 * shape.n_ff_shexp + (6 if shape.arch == "llama4" else 5) * e
+            gates = 3 if shape.shexp_gated else 1
+            terms["shared experts"] = gates * shape.n_ff_shexp + (6 if shape.arch == "llama4" else 5) * e
             inputs["shared experts width"] = shape.n_ff_shexp
     name, width = max(terms.items(), key=lambda kv: kv[1])
     formulas = {
@@ -407,7 +420,8 @@ def ffn_figure(shape: LlmShape, n_ub: int) -> Figure:
         "dense ffn": "(3 x n_ff: gate, up and their product + 4 x n_embd)",
         "ungated ffn": "(n_ff: up, its activation in place + 4 x n_embd)",
         "routed experts": "(3 x n_ff_exp x n_expert_used + 4 x n_embd)",
-        "shared experts": "(3 x shared width + 5 x n_embd: the routed output waits)",
+        "ungated expert outputs": "(n_expert_used x (n_ff_exp: the up projection + n_embd: the down) + 4.5 x n_embd)",
+        "shared experts": f"({3 if shape.shexp_gated else 1} x shared width + 5 x n_embd: the routed output waits)",
     }
     inputs["widest"] = name
     return Figure("ffn", width * n_ub * F32, f"{formulas[name]} x n_ubatch x 4", inputs)

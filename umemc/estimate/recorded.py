@@ -274,8 +274,8 @@ def _proven(
     a compute buffer below half of what the header's shape needs by umemc's own model of llama.cpp (`hand`: KV,
     compute), are refused, with a warning, and the estimate stands; `umemc calibrate` or `check --measure` records them
     again. `trusted`: the dry run of the llama.cpp on this machine, unchanged, on this file with these flags: its
-    compute figure is held only to one row of logits (llama.cpp's output buffer holds at least that), never to the
-    hand model, which is the guess."""
+    compute figure is held only to one row of logits (llama.cpp's output buffer holds at least that) and its KV cache
+    to nothing, never to the hand model, which is the guess."""
     if recorded is None or facts is None:
         return recorded
     weights, proven = recorded[0].bytes, facts.tensor_bytes
@@ -289,9 +289,14 @@ def _proven(
             if trusted
             else ("compute buffer", recorded[2], hand[1], "half", 0.5)
         )
+        # a trusted dry run's KV cache is llama.cpp's own answer too: an architecture umemc does not model (an
+        # encoder it took for a decoder) must not have it thrown away for the hand model's cache
+        checks: list[tuple[str, Figure, Figure, str, float]] = [compute]
+        if not trusted:
+            checks.insert(0, ("KV cache", recorded[1], hand[0], "90% of", 0.9))
         low = [
             f"the {what} {name} of {got.bytes} bytes is below {share} the {need.bytes} bytes its header's shape needs"
-            for name, got, need, share, least in (("KV cache", recorded[1], hand[0], "90% of", 0.9), compute)
+            for name, got, need, share, least in checks
             if got.bytes < need.bytes * least
         ]
         if not low:

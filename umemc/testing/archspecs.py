@@ -14,6 +14,8 @@ from .discover import ArchSpec
 
 # NVIDIA-Nemotron-Nano-9B-v2's hybrid_override_pattern: M a Mamba-2 layer, * attention, - an MLP
 _NEMOTRON_PATTERN = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"
+# NVIDIA-Nemotron-3-Nano-30B-A3B's: M a Mamba-2 layer, E routed experts, * attention
+_NEMOTRON3_PATTERN = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
 _LFM2_ATTENTION = (2, 5, 8, 10, 12, 14)  # LFM2-1.2B's full_attn_idxs; the other layers are short convolutions
 
 
@@ -150,6 +152,33 @@ FULL: dict[str, ArchSpec] = {
                 "rope.dimension_sections": [24, 20, 20, 0], "n_deepstack_layers": 3,
             },
             151936, "Qwen/Qwen3-VL-32B-Instruct (its text model: three deepstack inputs beside the embeddings)",
+        ),
+        ArchSpec(
+            "embeddinggemma-300m", "gemma-embedding",
+            {
+                "context_length": 2048, "embedding_length": 768, "block_count": 24, "feed_forward_length": 1152,
+                "attention.head_count": 3, "attention.head_count_kv": 1, "attention.key_length": 256,
+                "attention.value_length": 256, "attention.layer_norm_rms_epsilon": 1e-6, "rope.freq_base": 1e6,
+                "attention.sliding_window": 512, "pooling_type": 1,
+            },
+            262144, "google/embeddinggemma-300m (an encoder: five sliding-window layers of six, mean pooling)",
+            optional=(),
+        ),
+        ArchSpec(
+            "nemotron-3-nano-30b-a3b", "nemotron_h_moe",
+            {
+                "context_length": 262144, "embedding_length": 2688, "block_count": 52,
+                **_nemotron(_NEMOTRON3_PATTERN.replace("E", "-"), 1856, 2),
+                "attention.head_count": 32, "attention.key_length": 128, "attention.value_length": 128,
+                "attention.layer_norm_epsilon": 1e-5, "attention.layer_norm_rms_epsilon": 1e-5,
+                "ssm.conv_kernel": 4, "ssm.inner_size": 4096, "ssm.state_size": 128, "ssm.time_step_rank": 64,
+                "ssm.group_count": 8, "expert_count": 128, "expert_used_count": 6, "expert_feed_forward_length": 1856,
+                "expert_shared_feed_forward_length": 3712, "expert_weights_norm": True, "expert_weights_scale": 2.5,
+            },
+            131072,
+            "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B (Mamba-2, routed experts without a gate and a shared one, six "
+            "attention layers; the layer pattern as we remember it)",
+            optional=("output.weight", "blk.N.ssm_conv1d.bias", "blk.N.ssm_norm.weight"),
         ),
     )
 }  # fmt: skip

@@ -66,6 +66,8 @@ def supported(shape: LlmShape) -> bool:
         and shape.expert_groups <= 1  # DeepSeek V3's group selection: not written out
         and not shape.attn_temp_scale
         and not shape.experts_gate_up  # the experts' gate and up in one product: not written out
+        and shape.experts_gated  # experts and shared experts without a gate: not written out
+        and shape.shexp_gated
         and (not shape.n_ff_shexp or recipe.shared_expert)
         and (not shape.n_layer_dense_lead or recipe.dense_lead)
         and (shape.moe_every == 1 or llama4)

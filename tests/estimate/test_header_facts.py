@@ -1,0 +1,63 @@
+"""What the file says decides the graph, not the architecture's name: a gate on the FFN (dense, routed, shared), a
+deepstack input, the positions a token, read from GGUFs written with the gguf package."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from umemc.catalog.archs import LlmShape
+from umemc.estimate import gguf_file
+from umemc.testing.discover import ArchSpec, write_discovered
+
+E, FF = 256, 512
+
+
+def _read(tmp_path: Path, arch: str, tensors: dict[str, tuple[int, ...]], **keys: object) -> LlmShape:
+    base = {"block_count": 2, "embedding_length": E, "feed_forward_length": FF, "attention.head_count": 4,
+            "context_length": 4096}  # fmt: skip
+    spec = ArchSpec("t", arch, {**base, **keys}, 1000, "a test")
+    path = write_discovered(tmp_path / f"{arch}.gguf", spec, {"token_embd.weight": (E, 1000), **tensors}, "F32")
+    shape = gguf_file.read(path).shape
+    assert shape is not None
+    return shape
+
+
+def _blocks(*names: str, shape: tuple[int, ...] = (E, FF)) -> dict[str, tuple[int, ...]]:
+    return {f"blk.{i}.{n}.weight": shape for i in range(2) for n in names}
+
+
+def test_a_dense_ffn_without_a_gate_tensor_is_ungated(tmp_path: Path) -> None:
+    assert _read(tmp_path, "starcoder2", _blocks("ffn_up")).ffn_gated is False
+    assert _read(tmp_path, "llama", _blocks("ffn_up", "ffn_gate")).ffn_gated is True
+    # nothing to say where the file has no dense FFN at all: the common case
+    assert _read(tmp_path, "qwen3moe", _blocks("ffn_up_exps", "ffn_gate_exps", shape=(E, FF, 8))).ffn_gated is True
+
+
+def test_experts_and_shared_experts_without_a_gate_are_ungated(tmp_path: Path) -> None:
+    ungated = _read(
+        tmp_path, "nemotron_h_moe",
+        {**_blocks("ffn_up_exps", shape=(E, FF, 8)), **_blocks("ffn_up_shexp")},
+        expert_count=8, expert_used_count=2,
+    )  # fmt: skip
+    assert (ungated.experts_gated, ungated.shexp_gated) == (False, False)
+    gated = _read(
+        tmp_path, "qwen3moe",
+        {**_blocks("ffn_up_exps", "ffn_gate_exps", shape=(E, FF, 8)), **_blocks("ffn_up_shexp", "ffn_gate_shexp")},
+        expert_count=8, expert_used_count=2,
+    )  # fmt: skip
+    assert (gated.experts_gated, gated.shexp_gated) == (True, True)
+
+
+def test_deepstack_layers_and_m_rope_positions_are_read(tmp_path: Path) -> None:
+    vl = _read(tmp_path, "qwen3vl", {}, n_deepstack_layers=3, **{"rope.dimension_sections": [24, 20, 20, 0]})
+    assert (vl.n_deepstack, vl.n_pos) == (3, 4)
+    # GLM-4.5: four positions only where the file has rope sections (GLM-4.5V), else one
+    assert _read(tmp_path, "glm4moe", {}, **{"rope.dimension_sections": [8, 12, 12, 0]}).n_pos == 4
+    assert _read(tmp_path, "glm4moe", {}).n_pos == 1
+    assert (_read(tmp_path, "llama", {}).n_deepstack, _read(tmp_path, "llama", {}).n_pos) == (0, 1)
+
+
+def test_an_encoder_llama_cpp_keeps_no_cache_for_is_not_causal(tmp_path: Path) -> None:
+    # llama_model::create_memory gives these no memory: EmbeddingGemma among them, whatever its window
+    shape = _read(tmp_path, "gemma-embedding", {}, **{"attention.sliding_window": 512})
+    assert (shape.causal, shape.swa_layers) == (False, (True, True))
