@@ -550,6 +550,15 @@ _QWEN3_NEXT = {"block_count": 8, "embedding_length": 2048, "feed_forward_length"
                "expert_feed_forward_length": 512, "expert_shared_feed_forward_length": 512, "ssm.conv_kernel": 4,
                "ssm.state_size": 128, "ssm.group_count": 16, "ssm.time_step_rank": 32, "ssm.inner_size": 4096,
                "full_attention_interval": 4}  # fmt: skip
+_QWEN35 = {**_QWEN3_NEXT, "expert_count": 256, "expert_used_count": 8, "rope.dimension_sections": [11, 11, 10, 0]}
+_QWEN3VL_MOE = {**_QWEN3, "block_count": 5, "embedding_length": 2048, "feed_forward_length": 6144,
+                "attention.head_count": 32, "attention.head_count_kv": 4, "rope.freq_base": 5e6,
+                "rope.dimension_sections": [24, 20, 20, 0], "n_deepstack_layers": 3, "expert_count": 128,
+                "expert_used_count": 8, "expert_feed_forward_length": 768}  # fmt: skip
+_MINISTRAL3 = {"embedding_length": 5120, "feed_forward_length": 16384, "attention.head_count": 32,
+               "attention.head_count_kv": 8, "attention.key_length": 128, "attention.value_length": 128,
+               "rope.freq_base": 1e9, "attention.temperature_scale": 0.1,
+               "rope.scaling.original_context_length": 16384}  # fmt: skip
 _QWEN2VL = {"embedding_length": 3584, "feed_forward_length": 18944, "attention.head_count": 28,
             "attention.head_count_kv": 4, "rope.freq_base": 1e6,
             "rope.dimension_sections": [16, 24, 24, 0]}  # fmt: skip
@@ -694,6 +703,20 @@ RESERVE_SHAPES: tuple[tuple[str, str, dict[str, object], int, tuple[str, ...]], 
         )
     ),
     ("qwen3-next-fused", "qwen3next", _QWEN3_NEXT, 151936, ("-c", "8192", "-fa", "off", "-np", "1")),
+    # Qwen3.5's MoE: eight layers as Qwen3-Next's, its decay and beta projected apart, M-RoPE
+    *(
+        ("qwen3.5-moe", "qwen35moe", _QWEN35, 248320, flags)
+        for flags in (
+            ("-c", "8192", "-fa", "on", "-np", "1"),
+            ("-c", "16384", "-fa", "off", "-np", "2"),
+            ("-c", "32768", "-fa", "on", "-np", "4", *_Q8),
+        )
+    ),
+    # Qwen3-VL's MoE (deepstack, M-RoPE) and Ministral 3 (the queries' temperature scale)
+    ("qwen3-vl-moe", "qwen3vlmoe", _QWEN3VL_MOE, 151936, ("-c", "8192", "-fa", "on", "-np", "2")),
+    ("qwen3-vl-moe", "qwen3vlmoe", _QWEN3VL_MOE, 151936, ("-c", "32768", "-fa", "on", "-np", "1", *_Q8)),
+    ("ministral-3", "mistral3", _MINISTRAL3, 131072, ("-c", "8192", "-fa", "on", "-np", "1")),
+    ("ministral-3", "mistral3", _MINISTRAL3, 131072, ("-c", "16384", "-fa", "off", "-np", "2")),
 )  # fmt: skip
 # tensors a row's file has beyond what llama.cpp requires (optional ones it uses where they are)
 _RESERVE_TENSORS = {
@@ -701,6 +724,7 @@ _RESERVE_TENSORS = {
     "kimi-k2": ("blk.N.exp_probs_b.bias",),  # the header reader sees the selection bias by its tensors
     "qwen3-next": tuple(f"blk.{i}.attn_qkv.weight" for i in range(8) if i % 4 != 3),  # the DeltaNet layers'
     "qwen3-next-fused": ("blk.N.attn_qkv.weight",),
+    "qwen3.5-moe": tuple(f"blk.{i}.attn_qkv.weight" for i in range(8) if i % 4 != 3),
     "starcoder2-15b": ("blk.N.ffn_up.weight",),  # an up projection and no gate: the header reader sees no gate
 }
 _RESERVE_WITHOUT = {"deepseek-v2-lite": "blk.N.exp_probs_b.bias"}  # an optional tensor the model has not

@@ -154,6 +154,45 @@ FULL: dict[str, ArchSpec] = {
             151936, "Qwen/Qwen3-VL-32B-Instruct (its text model: three deepstack inputs beside the embeddings)",
         ),
         ArchSpec(
+            "qwen3-vl-30b-a3b", "qwen3vlmoe",
+            {
+                "context_length": 262144, "embedding_length": 2048, "block_count": 48, "feed_forward_length": 6144,
+                "attention.head_count": 32, "attention.head_count_kv": 4, "attention.key_length": 128,
+                "attention.value_length": 128, "attention.layer_norm_rms_epsilon": 1e-6, "rope.freq_base": 5e6,
+                "rope.dimension_sections": [24, 20, 20, 0], "n_deepstack_layers": 3, "expert_count": 128,
+                "expert_used_count": 8, "expert_feed_forward_length": 768,
+            },
+            151936, "Qwen/Qwen3-VL-30B-A3B-Instruct (its text model; the dense FFN width assumed)",
+        ),
+        ArchSpec(
+            "ministral-3-14b", "mistral3",
+            {
+                "context_length": 262144, "embedding_length": 5120, "block_count": 40, "feed_forward_length": 16384,
+                "attention.head_count": 32, "attention.head_count_kv": 8, "attention.key_length": 128,
+                "attention.value_length": 128, "attention.layer_norm_rms_epsilon": 1e-5, "rope.freq_base": 1e9,
+                "attention.temperature_scale": 0.1, "rope.scaling.original_context_length": 16384,
+            },
+            131072, "mistralai/Ministral-3-14B-Instruct (attention temperature tuning; widths as we remember them)",
+        ),
+        ArchSpec(
+            "qwen3.5-35b-a3b", "qwen35moe",
+            {
+                "context_length": 262144, "embedding_length": 2048, "block_count": 40, "feed_forward_length": 512,
+                "attention.head_count": 16, "attention.head_count_kv": 2, "attention.key_length": 256,
+                "attention.value_length": 256, "attention.layer_norm_rms_epsilon": 1e-6, "rope.freq_base": 1e7,
+                "rope.dimension_count": 64, "rope.dimension_sections": [11, 11, 10, 0], "expert_count": 256,
+                "expert_used_count": 8, "expert_feed_forward_length": 512, "expert_shared_feed_forward_length": 512,
+                "ssm.conv_kernel": 4, "ssm.state_size": 128, "ssm.group_count": 16, "ssm.time_step_rank": 32,
+                "ssm.inner_size": 4096, "full_attention_interval": 4,
+            },
+            248320, "Qwen/Qwen3.5-35B-A3B (gated DeltaNet and gated attention, as Qwen3-Next; widths assumed)",
+            optional=(
+                "output.weight",
+                "blk.N.attn_gate.weight",
+                *(f"blk.{i}.attn_qkv.weight" for i in range(40) if i % 4 != 3),
+            ),
+        ),
+        ArchSpec(
             "embeddinggemma-300m", "gemma-embedding",
             {
                 "context_length": 2048, "embedding_length": 768, "block_count": 24, "feed_forward_length": 1152,

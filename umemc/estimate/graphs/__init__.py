@@ -38,7 +38,7 @@ from umemc.catalog.archs import LlmShape
 
 from ..allocator import buffer_size
 from .decoder import Caches, Graph
-from .hybrids import DeltaNetGraph, Mamba2Graph, ShortConvGraph
+from .hybrids import DeltaNetGraph, Mamba2Graph, Qwen35Graph, ShortConvGraph
 from .llama4 import Llama4Graph
 from .recipes import RECIPES, Recipe, gating
 
@@ -64,7 +64,7 @@ def supported(shape: LlmShape) -> bool:
         and (not shape.mla or (len(shape.mla_dims) == 4 and min(shape.mla_dims[1:]) > 0))
         and (not shape.n_expert or bool(gating(shape)))
         and shape.expert_groups <= 1  # DeepSeek V3's group selection: not written out
-        and not shape.attn_temp_scale
+        and (not shape.attn_temp_scale or recipe.temp_scale)
         and not shape.experts_gate_up  # the experts' gate and up in one product: not written out
         and shape.experts_gated  # experts and shared experts without a gate: not written out
         and shape.shexp_gated
@@ -81,7 +81,8 @@ def _recurrent_replayed(shape: LlmShape) -> bool:
     Mamba-2 mixers."""
     if shape.arch == "lfm2":
         return shape.recurrent_kind == "shortconv" and not shape.n_expert
-    if shape.arch == "qwen3next" and len(shape.ssm_dims) == 5:  # the converter's fused q/k/v and z projections
+    # Qwen3-Next and Qwen3.5's MoE: the converter's fused q/k/v and z projections
+    if shape.arch in ("qwen3next", "qwen35moe") and len(shape.ssm_dims) == 5:
         d_conv, d_inner, d_state, n_k, n_v = shape.ssm_dims
         fused = len(shape.qkv_fused) >= shape.n_layer_main and all(
             shape.qkv_fused[i] for i in range(shape.n_layer_main) if shape.recurrent_layers[i]
@@ -136,6 +137,8 @@ def reserve_buffer(
         graph = Mamba2Graph(shape, n_ubatch, flash_attn=flash_attn)
     elif shape.arch == "qwen3next":
         graph = DeltaNetGraph(shape, n_ubatch, flash_attn=flash_attn)
+    elif shape.arch == "qwen35moe":
+        graph = Qwen35Graph(shape, n_ubatch, flash_attn=flash_attn)
     elif shape.arch == "llama4":
         graph = Llama4Graph(shape, n_ubatch, flash_attn=flash_attn, replayed=replayed)
     else:

@@ -69,6 +69,7 @@ class Graph:
         self.shape, self.recipe, self.n_ub, self.flash_attn = shape, RECIPES[shape.arch], n_ubatch, flash_attn
         self.replayed = replayed or tuple(range(shape.n_layer_main))  # the layers replayed, by index
         self.extra_inputs: list[Tensor] = []  # inputs an architecture adds (Llama 4's attention scale)
+        self.scale: Tensor | None = None  # the queries' per-token scale (attention temperature tuning)
         self.leaves: list[Tensor] = []
         self.nodes: list[Tensor] = []
         self.weight = Tensor(0, external=True)  # every weight: in the model's buffer
@@ -117,6 +118,9 @@ class Graph:
         """The inputs (a sliding-window cache's own where layers slide), the layers; then the inputs in the order
         the graph first reaches them (the token ids and the embeddings input first)."""
         self.caches = caches
+        if self.recipe.temp_scale and self.shape.attn_temp_scale and self.scale is None:
+            self.scale = Tensor(self.n_ub * F32)  # build_inp_attn_scale
+            self.extra_inputs.append(self.scale)
         inputs = self.inputs(n_out, caches, rotated=rotated)
         windowed = any(self.shape.swa_layers)
         self.window = self.kv(caches.n_kv_swa, caches.mask_row, rotated=rotated) if windowed else inputs.kv
@@ -227,6 +231,8 @@ class Graph:
         q = self.projection(h, shape.n_head * shape.head_dim_k, normed=True)
         if not shape.no_rope:
             q = self.op(q.size, q, pos, inplace=True)  # RoPE: a new tensor when q is a view
+        if self.scale is not None and self.recipe.temp_scale:  # the temperature's scale, multiplied in place
+            q = self.op(q.size, q, self.scale, inplace=True)
         q = self.turn(q, k_turn)
 
         def make_k() -> Tensor:

@@ -183,6 +183,8 @@ class DeltaNetGraph(RecurrentGraph):
     gate, applied (sigmoid) to the attention's output. Every token goes through the last layer; the final norm's
     output is a graph output (t_h_nextn), its output rows the logits' input."""
 
+    repeats_heads = True  # q and k repeated to the value heads where there are more (qwen3next.cpp always does)
+
     def layers(self, inputs: Inputs, n_out: int) -> None:
         shape, n_ub, e = self.shape, self.n_ub, self.shape.n_embd
         x = self.op(e * n_ub * F32, self.weight, inputs.tokens)
@@ -218,13 +220,9 @@ class DeltaNetGraph(RecurrentGraph):
         state = self.state_rows(shape.n_embd_s)
         conv = self.op(channels * n_ub * F32, conv_in, self.weight)  # ssm_conv
         conv = self.op(conv.size, conv, inplace=True)  # silu
-        q, k = (self.l2_normed(conv, d_state * n_k, d_state * n_v) for _ in range(2))
-        ba = self.op(2 * n_v * n_ub * F32, self.weight, h)
-        decay = self.op(n_v * n_ub * F32, self.view(ba))  # a: cont, + dt bias, softplus, x A: in place
-        for _ in range(3):
-            decay = self.op(decay.size, decay, self.weight, inplace=True)
-        beta = self.op(n_v * n_ub * F32, self.view(ba))  # b: cont, sigmoid in place
-        beta = self.op(beta.size, beta, inplace=True)
+        repeated = d_state * (n_v if self.repeats_heads else n_k)
+        q, k = (self.l2_normed(conv, d_state * n_k, repeated) for _ in range(2))
+        decay, beta = self.gates(h)
         out = self.op(
             (d_inner * n_ub + head_v * head_v * n_v * seqs) * F32,
             q, k, self.view(conv), self.view(decay), self.view(beta), self.view(state),
@@ -235,6 +233,17 @@ class DeltaNetGraph(RecurrentGraph):
         z = self.op(d_inner * n_ub * F32, self.weight, h)
         gated = self.op(normed.size, normed, self.op(z.size, self.view(z)), inplace=True)  # x silu(z)
         return self.view(self.op(shape.n_embd * n_ub * F32, self.weight, self.view(gated)))
+
+    def gates(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """The decay and beta from one small product (ba): a's cont, + dt bias, softplus, x A (in place); b's cont,
+        its sigmoid in place."""
+        n_v, n_ub = self.shape.ssm_dims[4], self.n_ub
+        ba = self.op(2 * n_v * n_ub * F32, self.weight, h)
+        decay = self.op(n_v * n_ub * F32, self.view(ba))
+        for _ in range(3):
+            decay = self.op(decay.size, decay, self.weight, inplace=True)
+        beta = self.op(n_v * n_ub * F32, self.view(ba))
+        return decay, self.op(beta.size, beta, inplace=True)
 
     def l2_normed(self, conv: Tensor, width: int, repeated: int) -> Tensor:
         """q or k out of the convolution: an RMS norm (of a view: a new tensor) and a scale in place, repeated
@@ -274,3 +283,22 @@ class DeltaNetGraph(RecurrentGraph):
         gate = self.op(q_width * n_ub * F32, self.view(q_full))  # cont
         gate = self.op(gate.size, gate, inplace=True)  # sigmoid
         return self.op(self.shape.n_embd * n_ub * F32, self.weight, self.op(gate.size, attn, gate, inplace=True))
+
+
+class Qwen35Graph(DeltaNetGraph):
+    """Qwen3.5's MoE graph (src/models/qwen35moe.cpp): Qwen3-Next's, but for its DeltaNet layers' decay and beta,
+    each from a product of its own (ssm_alpha: + dt bias on its reshape, a new tensor, softplus and x A in place;
+    ssm_beta: the sigmoid of its reshape, a new tensor), and q and k left at the key heads: llama.cpp's fused gated
+    delta net (cparams.fused_gdn_ar / _ch, on where the backend has it: the CPU's does) repeats them itself. Its
+    attention's positions are M-RoPE's four a token (the positions input)."""
+
+    repeats_heads = False
+
+    def gates(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        n_v, n_ub = self.shape.ssm_dims[4], self.n_ub
+        alpha = self.op(n_v * n_ub * F32, self.weight, h)
+        decay = self.op(alpha.size, self.view(alpha), self.weight, inplace=True)  # + dt bias, of a view: new
+        for _ in range(2):  # softplus, x A
+            decay = self.op(decay.size, decay, self.weight, inplace=True)
+        beta = self.op(n_v * n_ub * F32, self.weight, h)
+        return self.view(decay), self.op(beta.size, self.view(beta), inplace=True)  # sigmoid of a view: new

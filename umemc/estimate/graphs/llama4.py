@@ -18,14 +18,14 @@ class Llama4Graph(Graph):
 
     def build(self, caches: Caches, n_out: int, *, rotated: bool) -> None:
         self.no_rope_every = 4 if any(self.shape.swa_layers) else self.shape.n_layer  # n_no_rope_layer_step
-        self.scale = Tensor(self.n_ub * F32)
-        self.extra_inputs.append(self.scale)
+        self.temperature = Tensor(self.n_ub * F32)  # the no-RoPE layers' query scale
+        self.extra_inputs.append(self.temperature)
         super().build(caches, n_out, rotated=rotated)
 
     def attend_layer(self, layer: int, h: Tensor, inputs: Inputs) -> Tensor:
         kv = self.cache_of(layer, inputs)
         roped = (layer + 1) % self.no_rope_every != 0
-        return self.attend4(h, kv, inputs.pos if roped else self.scale, roped=roped)
+        return self.attend4(h, kv, inputs.pos if roped else self.temperature, roped=roped)
 
     def attend4(self, h: Tensor, kv: Kv, by: Tensor, *, roped: bool) -> Tensor:
         """Q, K, V; RoPE'd (`by`: the positions), else Q scaled (`by`: the scale input); the norms, the turns, the

@@ -30,6 +30,9 @@ class Recipe:
     # every layer runs all the tokens; the output rows are taken after the last, whose whole output is kept as a
     # graph output (llm_graph_result t_h_nextn: never freed)
     rows_at_end: bool = False
+    # the queries multiplied by a per-token scale input where the header has attention.temperature_scale
+    # (llama.cpp's temperature tuning, build_inp_attn_scale)
+    temp_scale: bool = False
 
 
 # Architectures whose reserve graph is written out here, each checked against llama.cpp's dry run.
@@ -40,8 +43,12 @@ RECIPES: dict[str, Recipe] = {
     "qwen3": Recipe(qk_norm="heads"),
     "qwen3moe": Recipe(qk_norm="heads"),
     "seed_oss": Recipe(),
+    # Mistral 3 (Ministral 3, Mistral Small 3.x files of this architecture): Llama's graph, with the queries'
+    # temperature scale where the header has one (src/models/mistral3.cpp)
+    "mistral3": Recipe(temp_scale=True),
     # Qwen3-VL's text model: Qwen3 with deepstack inputs added after its first layers (src/models/qwen3vl.cpp)
     "qwen3vl": Recipe(qk_norm="heads"),
+    "qwen3vlmoe": Recipe(qk_norm="heads"),  # Qwen3-VL's MoE: Qwen3 MoE with deepstack inputs (qwen3vlmoe.cpp)
     # StarCoder2: layer norms and biases (in place), an FFN without a gate (src/models/starcoder2.cpp)
     "starcoder2": Recipe(),
     "minimax-m2": Recipe(qk_norm="flat", gating="sigmoid"),
@@ -74,6 +81,9 @@ RECIPES: dict[str, Recipe] = {
     # Qwen3-Next: gated DeltaNet layers, every fourth layer gated attention (Q/K normed per head), routed experts
     # and a gated shared expert (src/models/qwen3next.cpp; DeltaNetGraph)
     "qwen3next": Recipe(qk_norm="heads", shared_expert=True),
+    # Qwen3.5's MoE: Qwen3-Next's layers with decay and beta projected apart, M-RoPE (src/models/qwen35moe.cpp;
+    # Qwen35Graph)
+    "qwen35moe": Recipe(qk_norm="heads", shared_expert=True),
 }
 GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}  # llama_expert_gating_func_type
 
