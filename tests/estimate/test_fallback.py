@@ -34,3 +34,16 @@ def test_the_measured_architectures_that_fall_to_the_formula_are_these() -> None
     # the shapes as their headers give them are what bench/accuracy.py --new writes; here the architectures alone
     fallen = {spec.arch for spec in FULL.values() if spec.arch not in graphs.RECIPES}
     assert fallen == ARCHS_ON_THE_FORMULA
+
+
+def test_the_docs_table_of_replayed_architectures_is_the_codes() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "ESTIMATES.md").read_text()
+    table = text.split("## Architectures: how each one's compute buffer is sized", 1)[1].split("\n## ", 1)[0]
+    replayed = set()
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 3 and cells[1] == "replayed":
+            replayed.add(cells[0].split(" (")[0])
+    assert replayed == set(graphs.RECIPES)

@@ -363,7 +363,7 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
         mla_dims=_mla_dims(key, tensors),
         qkv_fused=_fused(tensors, n_layer),
         experts_gate_up=any(name.endswith(".ffn_gate_up_exps.weight") for name in tensors),
-        ffn_gated=_gated(tensors, "ffn_up", "ffn_gate"),
+        ffn_gated=_gated(tensors, "ffn_up", "ffn_gate", n_ff),
         experts_gated=_gated(tensors, "ffn_up_exps", "ffn_gate_exps"),
         shexp_gated=_gated(tensors, "ffn_up_shexp", "ffn_gate_shexp"),
         n_deepstack=int(key("n_deepstack_layers", 0) or 0),
@@ -377,11 +377,19 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
 _ROPE_SWITCH = frozenset({"granite", "granitemoe", "granitehybrid"})
 
 
-def _gated(tensors: dict[str, tuple[int, ...]], up: str, gate: str) -> bool:
+def _gated(tensors: dict[str, tuple[int, ...]], up: str, gate: str, widths: tuple[int, ...] = ()) -> bool:
     """Whether an FFN has a gate: its up projection without a gate beside it is an ungated FFN (up, activation,
-    down); where the file has no such FFN at all, gated (the common case: nothing to say)."""
-    ups = any(name.endswith(f".{up}.weight") for name in tensors)
-    return not ups or any(name.endswith(f".{gate}.weight") for name in tensors)
+    down), unless the up projection is twice the layer's FFN width (`widths`): the gate and up in one tensor (Phi-3,
+    GLM-4: ffn_up of 2 x n_ff, split by the SwiGLU). Where the file has no such FFN at all, gated (the common case:
+    nothing to say)."""
+    ups = {name: ne for name, ne in tensors.items() if name.endswith(f".{up}.weight")}
+    if not ups or any(name.endswith(f".{gate}.weight") for name in tensors):
+        return True
+    for name, ne in ups.items():
+        layer = name.split(".")[1]
+        if widths and layer.isdigit() and int(layer) < len(widths) and len(ne) > 1 and ne[1] == 2 * widths[int(layer)]:
+            return True  # the gate and up in one tensor
+    return False
 
 
 def _positions(key: Any, arch: str) -> int:
