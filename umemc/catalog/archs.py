@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from .llama_archs import MROPE_POSITIONS, facts
+
 Tensor = tuple[str, tuple[int, ...]]
 
 
@@ -361,14 +363,6 @@ class TorchPreset:
     extra: dict[str, int] = field(default_factory=dict)
 
 
-# M-RoPE (llama_model_rope_type, llama_hparams::n_pos_per_embd): four positions a token, always for these
-# architectures, and for these where the file has rope sections (a vision-language file of a text architecture)
-MROPE_POSITIONS = 4
-MROPE_ARCHS = frozenset(
-    {"qwen2vl", "paddleocr", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "qwen4exp", "qwen3tts"}
-)
-MROPE_IF_SECTIONS = frozenset({"glm4", "glm4moe", "hunyuan-vl", "bailingmoe3"})
-
 _SHAPE_KEYS = (
     "n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp", "n_layer_dense_lead", "n_layer_nextn",
     "expert_weights_norm", "expert_weights_scale", "no_rope",
@@ -431,7 +425,7 @@ def llm_preset(
         swa_layers if swa else (),
         causal=arch != "bert",
         ffn_gated=arch != "bert",  # BERT's FFN: up, GELU, down
-        n_pos=MROPE_POSITIONS if arch in MROPE_ARCHS else 1,
+        n_pos=MROPE_POSITIONS if facts(arch).mrope == "always" else 1,
         **extra,  # type: ignore[arg-type]
     )
     return LlmPreset(name=name, shape=shape, **kw)  # type: ignore[arg-type]

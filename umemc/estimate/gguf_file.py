@@ -8,46 +8,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..catalog.archs import MROPE_ARCHS, MROPE_IF_SECTIONS, MROPE_POSITIONS, LlmShape, VisionShape
+from ..catalog.archs import LlmShape, VisionShape
+from ..catalog.llama_archs import MROPE_POSITIONS, facts, layers_known
 from ..catalog.quant import FILE_TYPE_IDS, is_repacked
 from ..lockfile import LockedHeader
 from .gguf_header import Header, HeaderError, Tensor, read_header
 
-# llama.cpp hard-codes the sliding-window layout for some architectures (src/models/<arch>.cpp,
-# load_swa_pattern(n, dense_first) when the file has no sliding_window_pattern): with n, layer i uses the window
-# unless i % n == n - 1 (dense_first: unless i % n == 0).
-_SWA_PATTERN: dict[str, tuple[int, bool]] = {
-    "gemma2": (2, False),
-    "gemma3": (6, False),
-    "gemma3n": (5, False),
-    "gemma-embedding": (6, False),  # an encoder: its window is a second mask over the batch
-    "cohere2": (4, False),
-    "gpt-oss": (2, False),
-    "llama4": (4, False),
-    "exaone4": (4, False),
-    "olmo2": (4, False),
-    "cohere2moe": (4, True),
-    "smallthinker": (4, True),
-}
-# Llama 4 attends in chunks of 8192 tokens on its chunked layers whatever the file says (unless it says 0).
-_FORCED_WINDOW = {"llama4": 8192}
-# Architectures whose memory the rules here model: the generic transformer (every layer full attention with
-# K and V per KV head, a dense or routed FFN), with the per-architecture facts read from the header or the
-# tables above (windows, MLA, next-token-prediction layers, Mamba-2 states). Anything else is estimated
-# with the generic rules and said so.
-KNOWN_ARCHS = frozenset(
-    {
-        "llama", "llama4", "mistral3", "qwen2", "qwen2moe", "qwen2vl", "qwen3", "qwen3moe", "phi3", "gemma",
-        "gemma2", "gemma3", "command-r", "cohere2", "starcoder2", "granite", "granitemoe", "granitehybrid",
-        "gpt-oss", "deepseek2", "glm4", "glm4moe", "olmo2", "exaone4", "bert", "nomic-bert", "jina-bert-v2",
-    }
-)  # fmt: skip
-# Architectures llama.cpp gives no memory (llama_model::create_memory: no KV cache; their attention is over the
-# batch): encoders, EmbeddingGemma, the diffusion models
-_ENCODERS = (
-    "bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "neo-bert", "eurobert", "modern-bert",
-    "gemma-embedding", "dream", "llada", "llada-moe", "rnd1",
-)  # fmt: skip
+# Every per-architecture rule the header reading uses (window layouts, encoders, M-RoPE, which layers recur) is in
+# the architecture's record, umemc.catalog.llama_archs; an architecture with none follows the generic rules, said.
 
 
 class NotGguf(Exception):
@@ -336,7 +304,7 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
     moe = _experts(key, arch, n_layer, tensors)
     n_ff = _per_layer(key("feed_forward_length", 4 * n_embd), n_layer)
     recurrent = _recurrent(key, arch, n_head_kv, n_ff, n_layer - int(key("nextn_predict_layers", 0) or 0))
-    if arch not in KNOWN_ARCHS and arch not in LAYERS_KNOWN:
+    if not facts(arch).modelled and not layers_known(arch):
         unmodelled = (*unmodelled, *_generic_limits(arch, f, recurrent))
     return LlmShape(
         resident_width=_resident_width(key, arch, n_layer, n_embd),
@@ -352,14 +320,14 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
         n_ctx_train=int(key("context_length", 0)),
         sliding_window=swa,
         swa_layers=swa_layers,
-        causal=bool(key("attention.causal", arch not in _ENCODERS)),
+        causal=bool(key("attention.causal", not facts(arch).encoder)),
         mla=key("attention.key_length_mla") is not None and key("attention.value_length_mla") is not None,
         head_dim_v_mla=int(key("attention.value_length_mla", 0) or 0),
         n_layer_nextn=int(key("nextn_predict_layers", 0) or 0),
         unmodelled=unmodelled,
         qk_norm=any(name.endswith(".attn_q_norm.weight") for name in tensors),
         # Granite reads rope.scaling.finetuned as its switch for RoPE (src/models/granite*.cpp); Granite 4.0 H: off
-        no_rope=arch in _ROPE_SWITCH and key("rope.scaling.finetuned", True) is False,
+        no_rope=facts(arch).rope_switch and key("rope.scaling.finetuned", True) is False,
         mla_dims=_mla_dims(key, tensors),
         qkv_fused=_fused(tensors, n_layer),
         experts_gate_up=any(name.endswith(".ffn_gate_up_exps.weight") for name in tensors),
@@ -372,9 +340,6 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
         **moe,
         **recurrent,
     )
-
-
-_ROPE_SWITCH = frozenset({"granite", "granitemoe", "granitehybrid"})
 
 
 def _gated(tensors: dict[str, tuple[int, ...]], up: str, gate: str, widths: tuple[int, ...] = ()) -> bool:
@@ -395,10 +360,11 @@ def _gated(tensors: dict[str, tuple[int, ...]], up: str, gate: str, widths: tupl
 def _positions(key: Any, arch: str) -> int:
     """Positions a token: four under M-RoPE (always for some architectures, for others where the file has rope
     sections), else one."""
-    if arch in MROPE_ARCHS:
+    mrope = facts(arch).mrope
+    if mrope == "always":
         return MROPE_POSITIONS
     sections = key("rope.dimension_sections")
-    if arch in MROPE_IF_SECTIONS and isinstance(sections, list) and len(sections) > 1:
+    if mrope == "sections" and isinstance(sections, list) and len(sections) > 1:
         return MROPE_POSITIONS if int(sections[0]) > 0 and int(sections[1]) > 0 else 1
     return 1
 
@@ -426,14 +392,16 @@ def _windows(key: Any, arch: str, n_layer: int) -> tuple[int, tuple[bool, ...], 
     (the larger cache) and says so."""
     raw = key("attention.sliding_window")
     swa = int(raw or 0)
-    if arch in _FORCED_WINDOW and (raw is None or swa != 0):
-        swa = _FORCED_WINDOW[arch]
+    forced = facts(arch).forced_window
+    if forced and (raw is None or swa != 0):
+        swa = forced
     if not swa:
         return 0, (), ()
     pattern = key("attention.sliding_window_pattern")
     if isinstance(pattern, list):
         return swa, tuple(bool(x) for x in pattern), ()
-    n, dense_first = (int(pattern), False) if pattern else _SWA_PATTERN.get(arch, (0, False))
+    f = facts(arch)
+    n, dense_first = (int(pattern), False) if pattern else (f.window_period, f.window_dense_first)
     if not n:
         return 0, (), (f"sliding-window layout (window {swa}): every layer is counted with a full-size cache",)
     if dense_first:
@@ -472,28 +440,10 @@ def _experts(key: Any, arch: str, n_layer: int, tensors: dict[str, tuple[int, ..
     }
 
 
-# Which layers run a recurrent mixer (llama_hparams::is_recr) and which keep a KV cache, as llama.cpp decides
-# per architecture (src/models/<arch>.cpp load_arch_hparams; the memory filters of src/llama-model.cpp
-# create_memory). Architectures not named here mark their recurrent layers with 0 KV heads.
-_ALL_RECURRENT = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})  # llm_arch_is_recurrent
-_PARALLEL_HYBRID = frozenset({"falcon-h1"})  # every layer attends and recurs, side by side
-# attention on every Nth layer unless the file lists its recurrent layers (full_attention_interval, default N)
-_INTERVAL_HYBRID = {"qwen3next": 4, "qwen35": 4, "qwen35moe": 4, "qwen4exp": 4, "minimax-01": 8}
-_FFN_ONLY_LAYERS = frozenset({"nemotron_h", "nemotron_h_moe"})  # a layer with n_ff > 0 neither attends nor recurs
-# later layers read an earlier layer's cache (hparams.n_layer_kv_from_start): gemma3n from layer 20, gemma4
-# from block_count - attention.shared_kv_layers
-_KV_FROM_START = {"gemma3n": 20}
+# Which layers run a recurrent mixer (llama_hparams::is_recr) and which keep a KV cache, as llama.cpp decides per
+# architecture (src/models/<arch>.cpp load_arch_hparams; the memory filters of src/llama-model.cpp create_memory):
+# the record's `layers`. Architectures with none mark their recurrent layers with 0 KV heads.
 _MIXER_KEYS = ("ssm.inner_size", "wkv.head_size", "shortconv.l_cache", "kda.head_dim")
-# Hybrids that mark their recurrent layers with 0 KV heads (src/models/<arch>.cpp: is_recr = n_head_kv == 0)
-_ZERO_KV_HYBRID = frozenset(
-    {"granitehybrid", "jamba", "lfm2", "lfm2moe", "plamo2", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next"}
-)
-# Architectures whose KV cache and recurrent state follow llama.cpp's own per-architecture rules here, though
-# their compute graph is not modelled (KNOWN_ARCHS is both): the warning says compute alone is generic.
-LAYERS_KNOWN = (
-    _ALL_RECURRENT | _PARALLEL_HYBRID | frozenset(_INTERVAL_HYBRID) | _FFN_ONLY_LAYERS | frozenset(_KV_FROM_START)
-    | _ZERO_KV_HYBRID | {"gemma4"}
-)  # fmt: skip
 
 
 def _recurrent(key: Any, arch: str, n_head_kv: tuple[int, ...], n_ff: tuple[int, ...], n_main: int) -> dict[str, Any]:
@@ -504,20 +454,21 @@ def _recurrent(key: Any, arch: str, n_head_kv: tuple[int, ...], n_ff: tuple[int,
     start = _kv_from_start(key, arch, n_layer)
     if start is not None:
         kv = tuple(i < start for i in range(n_layer))
-    mixer = arch in _ALL_RECURRENT or any(key(k) for k in _MIXER_KEYS) or arch in _INTERVAL_HYBRID
+    f = facts(arch)
+    mixer = f.layers in ("recurrent", "interval") or any(key(k) for k in _MIXER_KEYS)
     if not mixer:
         return {"kv_layers": kv} if kv else {}
     listed = key("attention.recurrent_layers")
-    if arch in _ALL_RECURRENT:
+    if f.layers == "recurrent":
         recr, kv = (True,) * n_layer, (False,) * n_layer
-    elif arch in _PARALLEL_HYBRID:
+    elif f.layers == "parallel":
         recr, kv = (True,) * n_layer, (True,) * n_layer
-    elif arch in _INTERVAL_HYBRID and isinstance(listed, list):
+    elif f.layers == "interval" and isinstance(listed, list):
         recr = tuple(bool(x) for x in listed)
-    elif arch in _INTERVAL_HYBRID:
-        every = int(key("full_attention_interval", _INTERVAL_HYBRID[arch]) or _INTERVAL_HYBRID[arch])
+    elif f.layers == "interval":
+        every = int(key("full_attention_interval", f.interval) or f.interval)
         recr = tuple(i < n_main and (i + 1) % every != 0 for i in range(n_layer))
-    elif arch in _FFN_ONLY_LAYERS:
+    elif f.layers == "ffn-only":
         recr = tuple(i < n_main and h == 0 and f == 0 for i, (h, f) in enumerate(zip(n_head_kv, n_ff, strict=True)))
         kv = tuple(not r and f == 0 for r, f in zip(recr, n_ff, strict=True))
     else:
@@ -526,8 +477,8 @@ def _recurrent(key: Any, arch: str, n_head_kv: tuple[int, ...], n_ff: tuple[int,
 
 
 def _kv_from_start(key: Any, arch: str, n_layer: int) -> int | None:
-    if arch in _KV_FROM_START:
-        return _KV_FROM_START[arch]
+    if facts(arch).kv_from:
+        return facts(arch).kv_from
     shared = key("attention.shared_kv_layers")
     return n_layer - int(shared) if shared else None
 
@@ -541,7 +492,7 @@ def _state(key: Any, arch: str) -> dict[str, Any]:
     d_state, n_group = int(key("ssm.state_size", 0) or 0), int(key("ssm.group_count", 0) or 0)
     conv = max(0, d_conv - 1) * (d_inner + 2 * n_group * d_state)
     scan = d_state * d_inner
-    kind = "deltanet" if arch in _INTERVAL_HYBRID and arch != "minimax-01" else "mamba"
+    kind = "deltanet" if facts(arch).mixer == "deltanet" else "mamba"
     if key("wkv.head_size"):
         head = int(key("wkv.head_size"))
         conv, scan, kind = int(key("token_shift_count", 2) or 2) * n_embd, n_embd * head, "rwkv"
@@ -550,7 +501,7 @@ def _state(key: Any, arch: str) -> dict[str, Any]:
     elif key("kda.head_dim"):
         head = int(key("kda.head_dim"))
         conv, scan, kind = 3 * (d_conv - 1 if d_conv else 3) * n_head * head, head * head * n_head, "kda"
-    if arch == "minimax-01":  # n_embd_head_la = the full attention's head size
+    if facts(arch).mixer == "lightning":  # MiniMax-01: n_embd_head_la = the full attention's head size
         head = int(key("attention.key_length", n_embd // max(1, n_head)))
         scan, kind = head * head * n_head, "lightning"
     return {
@@ -588,7 +539,7 @@ def _generic_limits(arch: str, f: dict[str, Any], layers: dict[str, Any]) -> tup
 def _resident_width(key: Any, arch: str, n_layer: int, n_embd: int) -> int:
     """Gemma 3n keeps n_altup predictions of the hidden state and every layer's per-layer embedding input
     through the whole graph (src/models/gemma3n.cpp; llama_hparams defaults n_altup 4, n_embd_altup 256)."""
-    if arch != "gemma3n":
+    if not facts(arch).altup:
         return 0
     n_altup = int(key("altup.num_inputs", 4) or 4)
     per_layer = int(key("embedding_length_per_layer_input", 256) or 256)

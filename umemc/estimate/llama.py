@@ -6,6 +6,7 @@ from functools import cache
 from pathlib import Path
 
 from ..catalog.archs import LLM_PRESETS, LlmPreset, LlmShape, VisionShape
+from ..catalog.llama_archs import facts, layers_known
 from ..catalog.quant import FILE_TYPE_BITS, REPACK_ISA, is_repacked, loaded, preset_mix, quantized_kv, tensor_bytes
 from ..catalog.runtimes import FULL_SWA_CACHE, NO_REPACK_FLAGS
 from ..hub.ref import SPLIT
@@ -15,7 +16,7 @@ from ..units import with_gib
 from . import recorded
 from .figures import Estimate, Figure
 from .finish import finish
-from .gguf_file import KNOWN_ARCHS, LAYERS_KNOWN, GgufFacts, NotGguf, facts_from_lock
+from .gguf_file import GgufFacts, NotGguf, facts_from_lock
 from .gguf_file import read as read_gguf
 from .llm import compute_figure, kv_figure, projector_from_preset, vision_compute_figure, weights_from_preset
 from .other import estimate_command
@@ -126,7 +127,7 @@ def _hand_warnings(loaded: LoadedStack, m: ResolvedModel, shape: LlmShape) -> li
                 + "; `umemc check --measure` asks llama.cpp itself",
             )
         ]
-    if shape.arch in LAYERS_KNOWN and shape.arch not in KNOWN_ARCHS:
+    if layers_known(shape.arch) and not facts(shape.arch).modelled:
         return [
             src.warning(
                 at,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from functools import cache
 
 from ..catalog.archs import LlmPreset, LlmShape, VisionShape
+from ..catalog.llama_archs import facts
 from ..catalog.quant import KV_TYPES, loaded, preset_mix, quantized_kv, row_bytes, tensor_bytes
 from . import graphs
 from .figures import Figure
@@ -22,15 +23,8 @@ F32 = 4
 LOGITS_BELOW = 2
 # Mixture-of-experts graphs leave more behind at the end (the routed and shared experts' outputs of the last
 # layer, in whatever blocks the allocator kept): measured at full size, ubatch 512, with f16 and q8_0 caches
-# (bench/RESULTS.md); qwen3moe and llama-style MoE (Mixtral) keep the dense rule.
-# (with an f16/bf16/f32 cache, with a quantized one)
-LOGITS_BELOW_BY_ARCH = {
-    "gpt-oss": (5, 3),
-    "deepseek2": (10, 10),
-    "glm4moe": (4, 3),
-    "granitehybrid": (4, 4),
-    "llama4": (6, 3),
-}
+# (bench/RESULTS.md), per architecture in its record (catalog.llama_archs: logits_below); qwen3moe and
+# llama-style MoE (Mixtral) keep the dense rule.
 
 
 def pad(n: int, to: int) -> int:
@@ -272,8 +266,9 @@ def compute_figure(
     attn = attention_figure(shape, n_kv, n_ub, flash_attn=flash_attn)
     ffn = ffn_figure(shape, n_ub)
     width = shape.n_vocab if shape.causal else 0
-    if shape.arch in LOGITS_BELOW_BY_ARCH:
-        below = LOGITS_BELOW_BY_ARCH[shape.arch][quantized]
+    measured = facts(shape.arch).logits_below != (0, 0)
+    if measured:
+        below = facts(shape.arch).logits_below[quantized]
     else:
         below = LOGITS_BELOW + (quantized or (swa_full and any(shape.swa_layers)))
     end = Figure(
@@ -283,7 +278,7 @@ def compute_figure(
         "above the final activations"
         + (
             f" ({shape.arch}: measured)"
-            if shape.arch in LOGITS_BELOW_BY_ARCH
+            if measured
             else " (one more with a quantized or full-size sliding-window cache)"
             if below > 2
             else ""
@@ -355,7 +350,7 @@ def attention_figure(shape: LlmShape, n_kv: int, n_ub: int, *, flash_attn: bool)
             "(5 x n_embd + 2 x n_embd_kv + n_embd flash-attention output) x n_ubatch x 4",
             {"n_embd_kv": e_kv},
         )
-    if shape.arch in GATED_QUERY_ARCHS:
+    if facts(shape.arch).gated_query:
         q = shape.n_head * shape.head_dim_k
         return Figure(
             "attention",
@@ -400,7 +395,7 @@ def ffn_figure(shape: LlmShape, n_ub: int) -> Figure:
             terms["routed experts"] = 3 * shape.n_ff_exp * k + routed_e * e
             # then the down projections of the k experts ([n_embd, k, n_ubatch]) and their weighted copy, beside
             # the swiglu product they were made from: wider than the above when the experts are narrow (qwen3moe)
-            terms["expert outputs"] = shape.n_ff_exp * k + 2 * e * k + (3 + MOE_EXTRA_BY_ARCH.get(shape.arch, 0)) * e
+            terms["expert outputs"] = shape.n_ff_exp * k + 2 * e * k + (3 + facts(shape.arch).moe_extra) * e
         else:
             # up, its activation in place, the down projections beside it: measured on Nemotron 3's shape over
             # expert widths 928-3712, 3-12 experts a token and n_embd 2688-5376 (llama.cpp's dry run): k x (n_ff_exp
@@ -427,22 +422,21 @@ def ffn_figure(shape: LlmShape, n_ub: int) -> Figure:
     return Figure("ffn", width * n_ub * F32, f"{formulas[name]} x n_ubatch x 4", inputs)
 
 
-# n_embd-wide activations an MoE layer keeps beyond its experts' outputs, measured where the cause is not
-# known (llama.cpp's dry run under llama-server, bench/accuracy.py): gpt-oss (biases and clamped swiglu),
-# deepseek2 (latent attention's output beside the experts)
-# Architectures whose attention projects the query and an output gate in one tensor (Qwen3-Next, Qwen3.5:
-# build_qkv with 2 x head width, the gate a view of it, applied after the attention): the projection, twice the
-# query width, stays alive through the scores. Without flash attention the layer's peak was measured with
-# llama.cpp's dry run of qwen3next over query widths 2048-8192 and n_embd 1024-4096 (bench/accuracy.py --sweep):
-# n_embd + 6 query widths + 2 n_embd_kv beside the scores, to 2 MiB; the live set alone is n_embd + 3 query
-# widths (the projection, the normed query, the scores' product), the rest is where ggml-alloc places them.
-GATED_QUERY_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe", "qwen4exp"})
-MOE_EXTRA_BY_ARCH = {"gpt-oss": 2, "deepseek2": 3}
+# The per-architecture constants these formulas use are in each architecture's record (catalog.llama_archs):
+# moe_extra, the n_embd-wide activations an MoE layer keeps beyond its experts' outputs, measured where the cause
+# is not known (llama.cpp's dry run under llama-server, bench/accuracy.py): gpt-oss (biases and clamped swiglu),
+# deepseek2 (latent attention's output beside the experts); gated_query, an attention that projects the query
+# and an output gate in one tensor (Qwen3-Next, Qwen3.5: build_qkv with 2 x head width, the gate a view of it,
+# applied after the attention): the projection, twice the query width, stays alive through the scores. Without
+# flash attention the layer's peak was measured with llama.cpp's dry run of qwen3next over query widths 2048-8192
+# and n_embd 1024-4096 (bench/accuracy.py --sweep): n_embd + 6 query widths + 2 n_embd_kv beside the scores, to
+# 2 MiB; the live set alone is n_embd + 3 query widths (the projection, the normed query, the scores' product),
+# the rest is where ggml-alloc places them.
 DELTA_CHUNK = 64  # build_delta_net_chunking: tokens per chunk (16 for Kimi's KDA)
-# n_embd-wide activations a mixer layer keeps beside its own tensors, measured where the graph keeps more than
-# the mixer (granite's residual and embedding multipliers scale copies of the stream): llama.cpp's dry run of
-# granite-4.0-h-small at 8K and 32K (bench/accuracy.py); other mixers keep none (nemotron_h, qwen3next, falcon-h1)
-MIXER_EXTRA_BY_ARCH = {"granitehybrid": 4}
+# mixer_extra (the record's): n_embd-wide activations a mixer layer keeps beside its own tensors, measured where
+# the graph keeps more than the mixer (granite's residual and embedding multipliers scale copies of the stream):
+# llama.cpp's dry run of granite-4.0-h-small at 8K and 32K (bench/accuracy.py); other mixers keep none
+# (nemotron_h, qwen3next, falcon-h1)
 
 
 def mixer_figure(shape: LlmShape, n_ub: int, parallel: int = 1) -> Figure | None:
@@ -456,7 +450,7 @@ def mixer_figure(shape: LlmShape, n_ub: int, parallel: int = 1) -> Figure | None
     _, d_inner, d_state, n_group, n_head = shape.ssm_dims
     d_in_proj = 2 * d_inner + 2 * n_group * d_state + n_head
     xbc = d_inner + 2 * n_group * d_state
-    extra = MIXER_EXTRA_BY_ARCH.get(shape.arch, 0)
+    extra = facts(shape.arch).mixer_extra
     width = (2 * d_in_proj + xbc + (4 + extra) * shape.n_embd) * n_ub
     state = max(1, parallel) * shape.n_embd_s
     formula = (

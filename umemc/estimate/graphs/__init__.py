@@ -47,19 +47,29 @@ __all__ = ["RECIPES", "MAX_EXPERTS", "Recipe", "reserve_buffer", "supported"]
 MAX_EXPERTS = 1024  # llama.cpp's LLAMA_MAX_EXPERTS (src/llama-hparams.h)
 
 
+# the graph each recipe names (Recipe.graph): the one that writes its architecture out and says which shapes
+GRAPHS: dict[str, type[Graph]] = {
+    "decoder": Graph,
+    "llama4": Llama4Graph,
+    "shortconv": ShortConvGraph,
+    "mamba2": Mamba2Graph,
+    "deltanet": DeltaNetGraph,
+    "qwen35": Qwen35Graph,
+}
+
+
 def supported(shape: LlmShape) -> bool:
-    """The shapes this graph describes: a causal decoder of a listed architecture, as its recipe writes it."""
+    """The shapes written out: a causal decoder of an architecture with a recipe, within what every recipe's graph
+    needs (below) and what its own graph replays (`Graph.replays`: its recurrent layers, its experts' layout)."""
     recipe = RECIPES.get(shape.arch)
     if recipe is None:
         return False
     recurrent = any(shape.recurrent_layers)
-    llama4 = shape.arch == "llama4"  # its chunked attention and its shared expert are written out (Llama4Graph)
     return (
         shape.causal
         and (not any(shape.swa_layers) or recipe.windows)
-        and (not recurrent or _recurrent_replayed(shape))
+        and GRAPHS[recipe.graph].replays(shape)
         and shape.n_expert_used <= shape.n_expert <= MAX_EXPERTS  # what llama.cpp loads (a file may claim more)
-        and (shape.n_expert_used > 0 or not llama4)
         and shape.mla == recipe.mla  # deepseek2 from before latent attention (attn_kv_b): not written out
         and (not shape.mla or (len(shape.mla_dims) == 4 and min(shape.mla_dims[1:]) > 0))
         and (not shape.n_expert or bool(gating(shape)))
@@ -70,31 +80,9 @@ def supported(shape: LlmShape) -> bool:
         and shape.shexp_gated
         and (not shape.n_ff_shexp or recipe.shared_expert)
         and (not shape.n_layer_dense_lead or recipe.dense_lead)
-        and (shape.moe_every == 1 or llama4)
         and not shape.resident_width
         and all(shape.has_kv(i) or recurrent for i in range(shape.n_layer_main))
     )
-
-
-def _recurrent_replayed(shape: LlmShape) -> bool:
-    """The hybrids whose recurrent layers are written out: LFM2's short convolutions (dense FFN), Granite 4.0 H's
-    Mamba-2 mixers."""
-    if shape.arch == "lfm2":
-        return shape.recurrent_kind == "shortconv" and not shape.n_expert
-    # Qwen3-Next and Qwen3.5's MoE: the converter's fused q/k/v and z projections
-    if shape.arch in ("qwen3next", "qwen35moe") and len(shape.ssm_dims) == 5:
-        d_conv, d_inner, d_state, n_k, n_v = shape.ssm_dims
-        fused = len(shape.qkv_fused) >= shape.n_layer_main and all(
-            shape.qkv_fused[i] for i in range(shape.n_layer_main) if shape.recurrent_layers[i]
-        )
-        return (
-            fused and min(shape.ssm_dims) > 0 and n_v % n_k == 0 and d_inner % n_v == 0 and shape.n_expert > 0
-            and bool(shape.n_ff_shexp) and shape.head_dim_k == shape.head_dim_v
-        )  # fmt: skip
-    if shape.arch == "granitehybrid" and len(shape.ssm_dims) == 5:
-        d_conv, d_inner, d_state, n_group, n_head = shape.ssm_dims
-        return min(shape.ssm_dims) > 0 and d_inner % n_head == 0 and d_inner % n_group == 0
-    return False
 
 
 @lru_cache(maxsize=256)
@@ -127,21 +115,15 @@ def reserve_buffer(
     last = shape.n_layer_main
     # the dense lead layers and the deepstack layers (each adds its slice of the input): all replayed
     lead = max(min(shape.n_layer_dense_lead, last) if shape.n_expert else 0, min(shape.n_deepstack, last))
-    tail, period = last - lead, 4 if shape.arch == "llama4" else 2  # the rest: alike, `period` by `period`
+    recipe = RECIPES[shape.arch]
+    tail, period = last - lead, recipe.period  # the rest: alike, `period` by `period`
     if not whole_depth and tail > 3 * period - 1:
         tail = 2 * period + (tail - 2 * period) % period
     replayed = (*range(lead), *range(last - tail, last))
-    if shape.recurrent_kind == "shortconv":  # layers of two kinds, in the model's own pattern: all of them
-        graph: Graph = ShortConvGraph(shape, n_ubatch, flash_attn=flash_attn)
-    elif shape.arch == "granitehybrid":
-        graph = Mamba2Graph(shape, n_ubatch, flash_attn=flash_attn)
-    elif shape.arch == "qwen3next":
-        graph = DeltaNetGraph(shape, n_ubatch, flash_attn=flash_attn)
-    elif shape.arch == "qwen35moe":
-        graph = Qwen35Graph(shape, n_ubatch, flash_attn=flash_attn)
-    elif shape.arch == "llama4":
-        graph = Llama4Graph(shape, n_ubatch, flash_attn=flash_attn, replayed=replayed)
-    else:
-        graph = Graph(shape, n_ubatch, flash_attn=flash_attn, replayed=replayed)
+    kind = GRAPHS[recipe.graph]
+    if kind is Graph or kind is Llama4Graph:
+        graph: Graph = kind(shape, n_ubatch, flash_attn=flash_attn, replayed=replayed)
+    else:  # the hybrids run every layer: their layers are of two kinds, in the model's own pattern
+        graph = kind(shape, n_ubatch, flash_attn=flash_attn)
     graph.build(caches, outputs, rotated=rotated)
     return buffer_size(graph.leaves, graph.nodes)

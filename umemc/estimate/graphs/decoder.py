@@ -75,6 +75,12 @@ class Graph:
         self.weight = Tensor(0, external=True)  # every weight: in the model's buffer
         self.cache = Tensor(0, external=True)  # the KV cache: in its own buffer
 
+    @classmethod
+    def replays(cls, shape: LlmShape) -> bool:
+        """The shapes of its architecture this graph writes out beyond what every recipe needs: the common decoder
+        writes out no recurrent layer, and experts on every layer after the dense lead."""
+        return not any(shape.recurrent_layers) and shape.moe_every == 1
+
     def op(self, size: int, *sources: Tensor, inplace: bool = False) -> Tensor:
         self.nodes.append(Tensor(size, sources, inplace=inplace))
         return self.nodes[-1]

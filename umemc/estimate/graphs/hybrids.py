@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+from umemc.catalog.archs import LlmShape
+
 from ..allocator import Tensor
 from .decoder import F32, I32, Caches, Graph, Inputs
 
@@ -41,6 +43,13 @@ class ShortConvGraph(RecurrentGraph):
     gated input -- which pulls in everything before it, the previous layer's output projection and FFN included --
     while its own convolution, output projection and FFN wait for the next layer's first expansion; an attention
     layer's expansions end with the attention itself."""
+
+    @classmethod
+    def replays(cls, shape: LlmShape) -> bool:
+        """LFM2's short convolutions with a dense FFN."""
+        if not any(shape.recurrent_layers):
+            return shape.moe_every == 1
+        return shape.recurrent_kind == "shortconv" and not shape.n_expert
 
     def layers(self, inputs: Inputs, n_out: int) -> None:
         shape, n_ub, seqs = self.shape, self.n_ub, self.caches.seqs
@@ -104,6 +113,16 @@ class Mamba2Graph(RecurrentGraph):
     its convolution state's write pulls in its norm and in-projection, its SSM state's write the convolution
     and the scan; the routed experts are expanded early (build_moe_ffn), the shared expert when the next layer
     asks for the layer's output."""
+
+    @classmethod
+    def replays(cls, shape: LlmShape) -> bool:
+        """Mamba-2 mixers whose inner size divides into its heads and groups."""
+        if not any(shape.recurrent_layers):
+            return shape.moe_every == 1
+        if len(shape.ssm_dims) != 5 or shape.moe_every != 1:
+            return False
+        d_conv, d_inner, d_state, n_group, n_head = shape.ssm_dims
+        return min(shape.ssm_dims) > 0 and d_inner % n_head == 0 and d_inner % n_group == 0
 
     def layers(self, inputs: Inputs, n_out: int) -> None:
         shape, n_ub = self.shape, self.n_ub
@@ -184,6 +203,23 @@ class DeltaNetGraph(RecurrentGraph):
     output is a graph output (t_h_nextn), its output rows the logits' input."""
 
     repeats_heads = True  # q and k repeated to the value heads where there are more (qwen3next.cpp always does)
+
+    @classmethod
+    def replays(cls, shape: LlmShape) -> bool:
+        """The converter's layout: q/k/v fused on every DeltaNet layer (an older file's joint ssm_in is not written
+        out), value heads a multiple of the key heads, routed experts and a shared one, K and V heads alike."""
+        if not any(shape.recurrent_layers):
+            return shape.moe_every == 1
+        if len(shape.ssm_dims) != 5 or shape.moe_every != 1:
+            return False
+        d_conv, d_inner, d_state, n_k, n_v = shape.ssm_dims
+        fused = len(shape.qkv_fused) >= shape.n_layer_main and all(
+            shape.qkv_fused[i] for i in range(shape.n_layer_main) if shape.recurrent_layers[i]
+        )
+        return (
+            fused and min(shape.ssm_dims) > 0 and n_v % n_k == 0 and d_inner % n_v == 0 and shape.n_expert > 0
+            and bool(shape.n_ff_shexp) and shape.head_dim_k == shape.head_dim_v
+        )  # fmt: skip
 
     def layers(self, inputs: Inputs, n_out: int) -> None:
         shape, n_ub, e = self.shape, self.n_ub, self.shape.n_embd

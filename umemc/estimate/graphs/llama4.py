@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from umemc.catalog.archs import LlmShape
+
 from ..allocator import Tensor
 from .decoder import F32, I32, Caches, Graph, Inputs, Kv
 
@@ -15,6 +17,11 @@ class Llama4Graph(Graph):
     logits, the chosen weights applied to the input before the experts (weight_before_ffn), and a shared expert as
     wide as a routed one beside them, the two added. Without a window (a file's sliding_window = 0) one cache,
     and only the last layer goes without RoPE."""
+
+    @classmethod
+    def replays(cls, shape: LlmShape) -> bool:
+        """Llama 4 with routed experts, on every layer or every interleave_moe_layer_step-th (Maverick)."""
+        return not any(shape.recurrent_layers) and shape.n_expert_used > 0
 
     def build(self, caches: Caches, n_out: int, *, rotated: bool) -> None:
         self.no_rope_every = 4 if any(self.shape.swa_layers) else self.shape.n_layer  # n_no_rope_layer_step

@@ -33,6 +33,12 @@ class Recipe:
     # the queries multiplied by a per-token scale input where the header has attention.temperature_scale
     # (llama.cpp's temperature tuning, build_inp_attn_scale)
     temp_scale: bool = False
+    # the graph that writes it out (graphs.GRAPHS): "decoder" the common one, else its own (llama4, shortconv,
+    # mamba2, deltanet, qwen35), which says which of its shapes it replays
+    graph: str = "decoder"
+    # its layers place their tensors alike every `period` layers (after the first few): the replay runs the last
+    # two periods and the depth's remainder
+    period: int = 2
 
 
 # Architectures whose reserve graph is written out here, each checked against llama.cpp's dry run.
@@ -53,10 +59,10 @@ RECIPES: dict[str, Recipe] = {
     "starcoder2": Recipe(),
     "minimax-m2": Recipe(qk_norm="flat", gating="sigmoid"),
     # LFM2: short-convolution layers between attention layers (src/models/lfm2.cpp), dense FFN
-    "lfm2": Recipe(qk_norm="heads", residual_first=True),
+    "lfm2": Recipe(qk_norm="heads", residual_first=True, graph="shortconv"),
     # Llama 4: chunked attention on three layers of four, the fourth without RoPE; routed and shared experts
     # (src/models/llama4.cpp; Llama4Graph)
-    "llama4": Recipe(shared_expert=True, windows=True),  # its own attention and experts: Llama4Graph
+    "llama4": Recipe(shared_expert=True, windows=True, graph="llama4", period=4),  # its own attention and experts
     # GLM-4.5: dense lead layers, sigmoid routing with a selection bias, one shared expert; per-head Q/K norms in
     # the 355B model only (src/models/glm4-moe.cpp)
     "glm4moe": Recipe(
@@ -73,17 +79,17 @@ RECIPES: dict[str, Recipe] = {
     "gpt-oss": Recipe(gating="softmax_weight", expert_weights="plain", windows=True, k_before_v=True, rows_at_end=True),
     # Granite 4.0 H: Mamba-2 layers between a few attention layers (without RoPE where the file says so), routed
     # experts and a shared one on every layer (src/models/granite-hybrid.cpp; Mamba2Graph)
-    "granitehybrid": Recipe(shared_expert=True),
+    "granitehybrid": Recipe(shared_expert=True, graph="mamba2"),
     # DeepSeek V2 / V3 and their kin: multi-head latent attention (Q absorbed into the latent, one K row a token, V
     # read from K and projected after the attention), dense lead layers, the router and the weights as the header
     # says, shared experts (src/models/deepseek2.cpp; Graph.attend_mla)
     "deepseek2": Recipe(gating="header", expert_weights="header", shared_expert=True, dense_lead=True, mla=True),
     # Qwen3-Next: gated DeltaNet layers, every fourth layer gated attention (Q/K normed per head), routed experts
     # and a gated shared expert (src/models/qwen3next.cpp; DeltaNetGraph)
-    "qwen3next": Recipe(qk_norm="heads", shared_expert=True),
+    "qwen3next": Recipe(qk_norm="heads", shared_expert=True, graph="deltanet"),
     # Qwen3.5's MoE: Qwen3-Next's layers with decay and beta projected apart, M-RoPE (src/models/qwen35moe.cpp;
     # Qwen35Graph)
-    "qwen35moe": Recipe(qk_norm="heads", shared_expert=True),
+    "qwen35moe": Recipe(qk_norm="heads", shared_expert=True, graph="qwen35"),
 }
 GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}  # llama_expert_gating_func_type
 
