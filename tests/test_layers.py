@@ -215,8 +215,8 @@ def test_the_runtime_is_composed_of_parts_that_own_their_state() -> None:
     from umemc.runtime.enforcer.loop import Enforcer
     from umemc.runtime.enforcer.pressure import PressureGuard
     from umemc.runtime.enforcer.sampler import Sampler
-    from umemc.runtime.enforcer.status import StatusWriter
-    from umemc.runtime.gateway.leases import LeaseBook
+    from umemc.runtime.enforcer.status_file import StatusWriter
+    from umemc.runtime.gateway.lease_book import LeaseBook
     from umemc.runtime.gateway.scheduler import Scheduler
     from umemc.runtime.gateway.slots import Slots
     from umemc.runtime.gateway.sync import StateSync

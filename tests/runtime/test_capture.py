@@ -3,8 +3,8 @@ it was cut (a streamed answer is kept piece by piece, as far as the limit, and w
 
 from __future__ import annotations
 
-from umemc.runtime.gateway.capture import Captures
 from umemc.runtime.gateway.relay import Seen
+from umemc.runtime.gateway.request_capture import Captures
 
 
 def test_a_streamed_answer_longer_than_the_limit_is_said_cut() -> None:

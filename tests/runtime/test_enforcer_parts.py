@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from umemc.runtime.enforcer import rules
-from umemc.runtime.enforcer.worker import TRANSITIONS, IllegalTransition, Phase, Quota, Worker
+from umemc.runtime.enforcer.worker_state import TRANSITIONS, IllegalTransition, Phase, Quota, Worker
 
 MiB = 1024 * 1024
 RESTARTED = "restarted before it was sampled"

@@ -1,4 +1,4 @@
-"""The figures the page shows, kept for the next gateway (umemc.runtime.gateway.figures): the file a Saver writes
+"""The figures the page shows, kept for the next gateway (umemc.runtime.gateway.page_figures): the file a Saver writes
 is the document written whole, however its windows (the requests answered, the memory drawn) moved since the
 last save, and each item of a window is written out once, not at every save."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from umemc.runtime.gateway import figures
+from umemc.runtime.gateway import page_figures as figures
 from umemc.runtime.gateway.history import Answered, Memory, Requests
 from umemc.runtime.gateway.traffic import Traffic
 

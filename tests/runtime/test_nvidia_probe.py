@@ -20,7 +20,7 @@ from umemc.budget.plan import make_plan
 from umemc.commands.build import build
 from umemc.contract import PlanDoc, read
 from umemc.runtime.enforcer.sampler import Sampler
-from umemc.runtime.enforcer.worker import Quota, Worker
+from umemc.runtime.enforcer.worker_state import Quota, Worker
 from umemc.runtime.probes import nvidia
 from umemc.runtime.rundir import RunDir
 from umemc.stack.resolve import load_stack

@@ -83,8 +83,8 @@ def test_ps_answers_for_a_run_whose_plan_is_a_fifo(tmp_path: Path) -> None:
 
 
 def test_gateway_figures_nested_past_reason_are_not_used(tmp_path: Path, capsys) -> None:
-    from umemc.runtime.gateway.figures import load
     from umemc.runtime.gateway.history import Memory, Requests
+    from umemc.runtime.gateway.page_figures import load
 
     path = tmp_path / "gateway-figures.json"
     path.write_text("[" * 100_000 + "]" * 100_000)

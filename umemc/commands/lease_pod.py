@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..targets.kubernetes.leases import LeaseAsk, lease_pod, lease_preemptions
+    from ..targets.kubernetes.lease_pods import LeaseAsk, lease_pod, lease_preemptions
     from ..targets.yamltext import dump_all
 
     holder = label_value(args.holder)

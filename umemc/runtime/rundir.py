@@ -92,7 +92,7 @@ class RunDir(NamedTuple):
 
     @property
     def gateway_figures(self) -> Path:
-        """The traffic figures the gateway shows, kept across its restarts (gateway.figures)."""
+        """The traffic figures the gateway shows, kept across its restarts (gateway.page_figures)."""
         return self.state / "gateway-figures.json"
 
     @property

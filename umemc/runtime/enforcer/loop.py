@@ -28,8 +28,8 @@ from .helpers import HelperWatch, answering
 from .pressure import PressureGuard
 from .sampler import OffLoop, Sampler
 from .series import Series
-from .status import StatusWriter
-from .worker import Finding, Phase, Quota, Worker
+from .status_file import StatusWriter
+from .worker_state import Finding, Phase, Quota, Worker
 
 FAST_S = 0.005  # sampling period of a worker above NEAR of its hard quota
 NEAR = 0.75

@@ -18,7 +18,7 @@ from ...contract import PlanDoc
 from ...records import read_text
 from ..rundir import RunDir
 from ..supervisor import ProcState, Supervisor
-from .worker import Worker
+from .worker_state import Worker
 
 GATEWAY_TIMEOUT_S = 5.0
 Emit = Callable[..., None]  # (worker, kind, **detail)

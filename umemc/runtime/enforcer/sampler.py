@@ -20,7 +20,7 @@ from ..probes.drm import DrmProbe
 from ..probes.host import Probes, marked_processes, probes
 from ..probes.swap import Swap
 from ..rundir import RunDir, run_mark
-from .worker import Worker
+from .worker_state import Worker
 
 NVIDIA_EVERY_S = 2.0
 NVIDIA_KINDS = frozenset({"nvidia-discrete", "nvidia-unified"})

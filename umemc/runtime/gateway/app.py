@@ -14,7 +14,6 @@ from aiohttp import web
 
 from . import anthropic, leasing, ollama, page, router, views
 from .access import AccessLog
-from .capture import Captures
 from .door import allowed_hosts, guarded
 from .metrics import Metrics
 from .model import Model, Refused
@@ -34,6 +33,7 @@ from .relay import (
     read_body,
     strict_json,
 )
+from .request_capture import Captures
 from .scheduler import Scheduler
 from .surfaces import OPENAI, SURFACES
 from .upstream import Pool

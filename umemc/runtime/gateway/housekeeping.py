@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ...contract import PlanDoc
     from ..events import EventLog
     from .history import Memory
-    from .leases import LeaseBook
+    from .lease_book import LeaseBook
     from .model import Model
     from .process import Process
     from .slots import Slots

@@ -11,7 +11,7 @@ from aiohttp import web
 from ...budget.policy import Decision, Need
 from ...chars import CONTROL
 from ...units import parse_duration, parse_size
-from .leases import lease_json
+from .lease_book import lease_json
 from .model import Refused
 from .relay import SCHED, json_object
 from .scheduler import Scheduler

@@ -23,13 +23,13 @@ from typing import Any, NamedTuple
 from aiohttp import web
 
 from .access import AccessLog
-from .capture import Captures
 from .core import Admit
 from .ledger import Entry
 from .metrics import Metrics
 from .model import Model, Refused
 from .naming import StreamRenamer, renamed
 from .progress import Progress
+from .request_capture import Captures
 from .scheduler import Scheduler
 from .surfaces import HTTP_STATUS, SURFACES, surface_of
 from .upstream import Answer, PayloadError, Pool, TooLarge, Unreachable

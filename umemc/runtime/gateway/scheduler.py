@@ -9,7 +9,7 @@ decisions can spend the same bytes. Requests for a model that is starting all wa
 start: interleaved A B C A B C loads start each model once.
 
 The parts, each the one owner of its state: model.py (a model: its plan, lifecycle and the stack's view of it),
-slots.py (routes, slots, queues, drains), leases.py (the lease book, a ledger), sync.py (supervisord's and the
+slots.py (routes, slots, queues, drains), lease_book.py (the lease book, a ledger), sync.py (supervisord's and the
 enforcer's view, health, gateway.json), traffic.py (tokens, the HTTP side's), housekeeping.py (the half-second
 round: idle unloads, fragmented restarts, hot restores, expiries), process.py (a model's start, its stage in words, its
 stop, a client's keep_alive). The slots ask the scheduler about
@@ -32,12 +32,12 @@ from ...names import PLAN_FILE
 from ..events import EventLog
 from ..rundir import RunDir
 from ..supervisor import Supervisor
-from . import figures
+from . import page_figures
 from .core import Admit, Evicted, Write
 from .generation import GenerationBudget
 from .history import Memory, Requests
 from .housekeeping import Housekeeping
-from .leases import LeaseBook
+from .lease_book import LeaseBook
 from .ledger import Ledger
 from .lifecycle import Lifecycle, Phase
 from .model import ANSWERING, CONNECT_ERRORS, Model, Refused
@@ -77,7 +77,7 @@ class Scheduler:
         )
         self.memory = Memory()  # what the status page draws (history.py)
         self.answered = Requests()
-        self.figures = figures.Saver()  # the page's figures kept for the next gateway (figures.py)
+        self.figures = page_figures.Saver()  # the page's figures kept for the next gateway (page_figures.py)
         self.ledger = Ledger(self.answered)  # answered requests kept, settled together (ledger.py)
         self.metrics: Any = None  # the HTTP side's metrics: cold starts, evictions, waits (optional)
         self.undrainable: set[str] = set()  # victims whose drain timed out: not drained again until idle
@@ -151,7 +151,7 @@ class Scheduler:
             pid = int(await asyncio.to_thread(self.supervisor.call, "supervisor.getPID"))
             self.sync.supervisord_pid = pid
         self.book.load(read_optional(GatewayState, self.run.gateway_state), self.sync.supervisord_pid)
-        figures.load(self.run.gateway_figures, self.sync.supervisord_pid, self.traffic, self.answered, self.memory)
+        page_figures.load(self.run.gateway_figures, self.sync.supervisord_pid, self.traffic, self.answered, self.memory)
         self._figures_seen, self._figures_at = self._figures_mark(), time.monotonic()
         with contextlib.suppress(*CONNECT_ERRORS):
             await self.sync.refresh()
@@ -192,9 +192,9 @@ class Scheduler:
 
     def keep_figures(self, *, force: bool = False) -> None:
         """The figures the page and status show, kept for the next gateway of this run: when they changed, at most
-        every figures.SAVE_S (and at once when it stops)."""
+        every page_figures.SAVE_S (and at once when it stops)."""
         mark = self._figures_mark()
-        if mark == self._figures_seen or not (force or figures.due(self._figures_at)):
+        if mark == self._figures_seen or not (force or page_figures.due(self._figures_at)):
             return
         self.figures.save(self.run.gateway_figures, self.sync.supervisord_pid, self.traffic, self.answered,
                           self.memory)  # fmt: skip

@@ -21,7 +21,7 @@ from ..rundir import RunDir
 from ..supervisor import Supervisor
 from .core import Write
 from .generation import GenerationBudget
-from .leases import LeaseBook, lease_doc
+from .lease_book import LeaseBook, lease_doc
 from .lifecycle import SERVING, Phase
 from .model import ANSWERING, LIVE, Model, ProcState
 from .slots import Slots

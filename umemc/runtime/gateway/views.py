@@ -8,7 +8,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from .leases import lease_json
+from .lease_book import lease_json
 
 if TYPE_CHECKING:
     from .model import Model

@@ -13,7 +13,7 @@ from ...contract import EnforcerStatus, WorkerStatus, dump
 from ...records import write_atomic
 from ..events import EventLog
 from .rules import leak_rate
-from .worker import Worker
+from .worker_state import Worker
 
 
 class StatusWriter:
