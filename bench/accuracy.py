@@ -562,6 +562,8 @@ _MINISTRAL3 = {"embedding_length": 5120, "feed_forward_length": 16384, "attentio
 _QWEN2VL = {"embedding_length": 3584, "feed_forward_length": 18944, "attention.head_count": 28,
             "attention.head_count_kv": 4, "rope.freq_base": 1e6,
             "rope.dimension_sections": [16, 24, 24, 0]}  # fmt: skip
+_PHI4 = {"embedding_length": 5120, "feed_forward_length": 17920, "attention.head_count": 40,
+         "attention.head_count_kv": 10, "rope.freq_base": 250000.0, "rope.dimension_count": 128}  # fmt: skip
 _STARCODER2 = {"embedding_length": 6144, "feed_forward_length": 24576, "attention.head_count": 48,
                "attention.head_count_kv": 4, "attention.layer_norm_epsilon": 1e-5, "rope.freq_base": 1e5}  # fmt: skip
 _QWEN3VL = {**_QWEN3, "block_count": 5, "embedding_length": 5120, "feed_forward_length": 25600,
@@ -614,6 +616,15 @@ RESERVE_SHAPES: tuple[tuple[str, str, dict[str, object], int, tuple[str, ...]], 
     *(
         ("qwen2.5-vl-7b", "qwen2vl", _QWEN2VL, 152064, flags)
         for flags in (("-c", "8192", "-fa", "on", "-np", "1"), ("-c", "16384", "-fa", "off", "-np", "2"))
+    ),
+    # Phi-4: Q, K and V in one projection, the gate and up in one, Q scaled, the FFN's residual added into itself
+    *(
+        ("phi-4", "phi3", _PHI4, 100352, flags)
+        for flags in (
+            ("-c", "8192", "-fa", "on", "-np", "1"),
+            ("-c", "8192", "-fa", "off", "-np", "1"),
+            ("-c", "16384", "-fa", "on", "-np", "4", *_Q8),
+        )
     ),
     # StarCoder2-15B: layer norms, biases, an FFN without a gate
     *(
@@ -725,6 +736,7 @@ _RESERVE_TENSORS = {
     "qwen3-next": tuple(f"blk.{i}.attn_qkv.weight" for i in range(8) if i % 4 != 3),  # the DeltaNet layers'
     "qwen3-next-fused": ("blk.N.attn_qkv.weight",),
     "qwen3.5-moe": tuple(f"blk.{i}.attn_qkv.weight" for i in range(8) if i % 4 != 3),
+    "phi-4": ("blk.N.attn_qkv.weight", "blk.N.ffn_up.weight"),  # fused: the header reader sees them by these
     "starcoder2-15b": ("blk.N.ffn_up.weight",),  # an up projection and no gate: the header reader sees no gate
 }
 _RESERVE_WITHOUT = {"deepseek-v2-lite": "blk.N.exp_probs_b.bias"}  # an optional tensor the model has not

@@ -29,8 +29,10 @@ def _blocks(*names: str, shape: tuple[int, ...] = (E, FF)) -> dict[str, tuple[in
 def test_a_dense_ffn_without_a_gate_tensor_is_ungated(tmp_path: Path) -> None:
     assert _read(tmp_path, "starcoder2", _blocks("ffn_up")).ffn_gated is False
     assert _read(tmp_path, "llama", _blocks("ffn_up", "ffn_gate")).ffn_gated is True
-    # Phi-3's gate and up in one tensor, twice the FFN's width: gated (the SwiGLU splits it)
-    assert _read(tmp_path, "phi3", _blocks("ffn_up", shape=(E, 2 * FF))).ffn_gated is True
+    # Phi-3's gate and up in one tensor, twice the FFN's width: gated (the SwiGLU splits it), joint
+    phi = _read(tmp_path, "phi3", {**_blocks("ffn_up", shape=(E, 2 * FF)), **_blocks("attn_qkv", shape=(E, 3 * E))})
+    assert (phi.ffn_gated, phi.ffn_joint, phi.qkv_fused) == (True, True, (True, True))
+    assert _read(tmp_path, "llama", _blocks("ffn_up", "ffn_gate")).ffn_joint is False
     # nothing to say where the file has no dense FFN at all: the common case
     assert _read(tmp_path, "qwen3moe", _blocks("ffn_up_exps", "ffn_gate_exps", shape=(E, FF, 8))).ffn_gated is True
 

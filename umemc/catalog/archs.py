@@ -76,6 +76,7 @@ class LlmShape(NamedTuple):
     ffn_gated: bool = True  # the dense FFN has a gate (ffn_gate); without one: up, activation, down (StarCoder2)
     experts_gated: bool = True  # the routed experts have a gate (ffn_gate_exps; Nemotron 3's have none)
     shexp_gated: bool = True  # the shared expert has a gate (ffn_gate_shexp)
+    ffn_joint: bool = False  # the dense FFN's gate and up in one tensor (ffn_up of 2 x n_ff: Phi-3, GLM-4)
     # deepstack inputs (Qwen3-VL: n_deepstack_layers): the embeddings input is n_embd x (1 + n_deepstack) wide, and
     # the token embeddings are padded to it; the first n_deepstack layers each add one slice of it to their output
     n_deepstack: int = 0
@@ -393,6 +394,9 @@ def llm_preset(
     extra: dict[str, object] = {k: kw.pop(k) for k in _SHAPE_KEYS if k in kw}
     if kw.get("qk_norm"):
         extra["qk_norm"] = True
+    if kw.get("fused_qkv"):  # Phi-3's attn_qkv on every layer, and its gate and up in ffn_up
+        extra["qkv_fused"] = (True,) * layers
+        extra["ffn_joint"] = True
     hd_k = hd_v = hd
     n_kv: tuple[int, ...] = (kv_heads,) * layers
     mla = kw.get("mla")

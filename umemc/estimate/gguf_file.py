@@ -332,6 +332,7 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
         qkv_fused=_fused(tensors, n_layer),
         experts_gate_up=any(name.endswith(".ffn_gate_up_exps.weight") for name in tensors),
         ffn_gated=_gated(tensors, "ffn_up", "ffn_gate", n_ff),
+        ffn_joint=_joint(tensors, n_ff),
         experts_gated=_gated(tensors, "ffn_up_exps", "ffn_gate_exps"),
         shexp_gated=_gated(tensors, "ffn_up_shexp", "ffn_gate_shexp"),
         n_deepstack=int(key("n_deepstack_layers", 0) or 0),
@@ -342,6 +343,22 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
     )
 
 
+def _joint(tensors: dict[str, tuple[int, ...]], widths: tuple[int, ...]) -> bool:
+    """The dense FFN's gate and up in one tensor: no ffn_gate, and ffn_up twice the layer's FFN width."""
+    if any(name.endswith(".ffn_gate.weight") for name in tensors):
+        return False
+    return any(
+        name.endswith(".ffn_up.weight") and len(ne) > 1 and _layer_width(name, widths) * 2 == ne[1]
+        for name, ne in tensors.items()
+    )
+
+
+def _layer_width(name: str, widths: tuple[int, ...]) -> int:
+    """The FFN width of the layer a tensor blk.N.* belongs to (-1 where the name says none)."""
+    layer = name.split(".")[1] if name.startswith("blk.") else ""
+    return widths[int(layer)] if layer.isdigit() and int(layer) < len(widths) else -1
+
+
 def _gated(tensors: dict[str, tuple[int, ...]], up: str, gate: str, widths: tuple[int, ...] = ()) -> bool:
     """Whether an FFN has a gate: its up projection without a gate beside it is an ungated FFN (up, activation,
     down), unless the up projection is twice the layer's FFN width (`widths`): the gate and up in one tensor (Phi-3,
@@ -350,11 +367,7 @@ def _gated(tensors: dict[str, tuple[int, ...]], up: str, gate: str, widths: tupl
     ups = {name: ne for name, ne in tensors.items() if name.endswith(f".{up}.weight")}
     if not ups or any(name.endswith(f".{gate}.weight") for name in tensors):
         return True
-    for name, ne in ups.items():
-        layer = name.split(".")[1]
-        if widths and layer.isdigit() and int(layer) < len(widths) and len(ne) > 1 and ne[1] == 2 * widths[int(layer)]:
-            return True  # the gate and up in one tensor
-    return False
+    return any(len(ne) > 1 and ne[1] == 2 * _layer_width(name, widths) for name, ne in ups.items())
 
 
 def _positions(key: Any, arch: str) -> int:

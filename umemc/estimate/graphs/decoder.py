@@ -155,7 +155,11 @@ class Graph:
                 rows = n_out
                 out, residual = self.op(e * rows * F32, out, out_ids), self.op(e * rows * F32, x, out_ids)
             ffn_in = self.op(e * rows * F32, out, residual, inplace=True)
-            x = self.op(e * rows * F32, self.ffn(layer, self.norm(ffn_in), rows), ffn_in, inplace=True)
+            ffn_out = self.ffn(layer, self.norm(ffn_in), rows)
+            if self.recipe.residual_first:  # add(residual, out): in place into the residual
+                x = self.op(e * rows * F32, ffn_in, ffn_out, inplace=True)
+            else:
+                x = self.op(e * rows * F32, ffn_out, ffn_in, inplace=True)
             if layer < shape.n_deepstack:  # the layer's slice of the deepstack input, added
                 x = self.op(x.size, x, self.view(stacked), inplace=True)
         if self.recipe.rows_at_end:  # the last layer's output for every token is a graph output (t_h_nextn)
@@ -234,19 +238,31 @@ class Graph:
         shape, n_ub = self.shape, self.n_ub
         k_turn, v_turn = kv.turns
         kv_heads = max(shape.n_head_kv)
-        q = self.projection(h, shape.n_head * shape.head_dim_k, normed=True)
+        q_width, k_width, v_width = (
+            shape.n_head * shape.head_dim_k, kv_heads * shape.head_dim_k, kv_heads * shape.head_dim_v
+        )  # fmt: skip
+        # Q, K and V as views of one projection where the file has attn_qkv (build_qkv's fused path)
+        qkv = self.op((q_width + k_width + v_width) * n_ub * F32, self.weight, h) if shape.qkv_fused else None
+        q = self.view(qkv) if qkv is not None else self.projection(h, q_width, normed=True)
         if not shape.no_rope:
-            q = self.op(q.size, q, pos, inplace=True)  # RoPE: a new tensor when q is a view
+            q = self.op(q.size if qkv is None else q_width * n_ub * F32, q, pos, inplace=True)  # a view's: new
         if self.scale is not None and self.recipe.temp_scale:  # the temperature's scale, multiplied in place
             q = self.op(q.size, q, self.scale, inplace=True)
+        if self.recipe.q_scaled:  # Q scaled by 1/sqrt(head) before the attention, in place
+            q = self.op(q.size, q, inplace=True)
         q = self.turn(q, k_turn)
 
         def make_k() -> Tensor:
-            k = self.projection(h, kv_heads * shape.head_dim_k, normed=True)
+            if qkv is not None:
+                k = self.op(k_width * n_ub * F32, self.view(qkv), pos, inplace=True)  # RoPE of a view: new
+                return self.turn(k, k_turn)
+            k = self.projection(h, k_width, normed=True)
             return self.turn(k if shape.no_rope else self.op(k.size, k, pos, inplace=True), k_turn)
 
         def make_v() -> Tensor:
-            return self.turn(self.view(self.op(kv_heads * shape.head_dim_v * n_ub * F32, self.weight, h)), v_turn)
+            if qkv is not None:
+                return self.turn(self.view(qkv), v_turn)
+            return self.turn(self.view(self.op(v_width * n_ub * F32, self.weight, h)), v_turn)
 
         if self.recipe.k_before_v:
             k = make_k()
@@ -283,6 +299,9 @@ class Graph:
         """build_ffn: gate, up, SwiGLU, down (`width`: the FFN's, else the model's n_ff); without a gate: up, the
         activation in place (its bias too), down."""
         n_ff = width or self.shape.n_ff
+        if self.shape.ffn_joint and not width:  # gate and up in one product, split by the SwiGLU: a new tensor
+            act = self.op(n_ff * rows * F32, self.op(2 * n_ff * rows * F32, self.weight, h))
+            return self.op(self.shape.n_embd * rows * F32, self.weight, act)
         if not self.shape.ffn_gated and not width:
             act = self.op(n_ff * rows * F32, self.op(n_ff * rows * F32, self.weight, h), inplace=True)
             return self.op(self.shape.n_embd * rows * F32, self.weight, act)

@@ -33,6 +33,7 @@ class Recipe:
     # the queries multiplied by a per-token scale input where the header has attention.temperature_scale
     # (llama.cpp's temperature tuning, build_inp_attn_scale)
     temp_scale: bool = False
+    q_scaled: bool = False  # Q multiplied by 1/sqrt(head) before the attention (an op of its own, in place)
     # the graph that writes it out (graphs.GRAPHS): "decoder" the common one, else its own (llama4, shortconv,
     # mamba2, deltanet, qwen35), which says which of its shapes it replays
     graph: str = "decoder"
@@ -49,6 +50,9 @@ RECIPES: dict[str, Recipe] = {
     "qwen3": Recipe(qk_norm="heads"),
     "qwen3moe": Recipe(qk_norm="heads"),
     "seed_oss": Recipe(),
+    # Phi-3 and Phi-4: Q, K and V in one projection, the gate and up in one (split by the SwiGLU), Q scaled before
+    # the attention, the FFN's residual added into the residual (src/models/phi3.cpp)
+    "phi3": Recipe(residual_first=True, q_scaled=True),
     # Mistral 3 (Ministral 3, Mistral Small 3.x files of this architecture): Llama's graph, with the queries'
     # temperature scale where the header has one (src/models/mistral3.cpp)
     "mistral3": Recipe(temp_scale=True),
