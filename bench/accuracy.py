@@ -562,6 +562,9 @@ _MINISTRAL3 = {"embedding_length": 5120, "feed_forward_length": 16384, "attentio
 _QWEN2VL = {"embedding_length": 3584, "feed_forward_length": 18944, "attention.head_count": 28,
             "attention.head_count_kv": 4, "rope.freq_base": 1e6,
             "rope.dimension_sections": [16, 24, 24, 0]}  # fmt: skip
+_GEMMA3 = {"block_count": 7, "embedding_length": 3840, "feed_forward_length": 15360, "attention.head_count": 16,
+           "attention.head_count_kv": 8, "attention.key_length": 256, "attention.value_length": 256,
+           "rope.freq_base": 1e6, "attention.sliding_window": 1024}  # fmt: skip
 _PHI4 = {"embedding_length": 5120, "feed_forward_length": 17920, "attention.head_count": 40,
          "attention.head_count_kv": 10, "rope.freq_base": 250000.0, "rope.dimension_count": 128}  # fmt: skip
 _STARCODER2 = {"embedding_length": 6144, "feed_forward_length": 24576, "attention.head_count": 48,
@@ -616,6 +619,15 @@ RESERVE_SHAPES: tuple[tuple[str, str, dict[str, object], int, tuple[str, ...]], 
     *(
         ("qwen2.5-vl-7b", "qwen2vl", _QWEN2VL, 152064, flags)
         for flags in (("-c", "8192", "-fa", "on", "-np", "1"), ("-c", "16384", "-fa", "off", "-np", "2"))
+    ),
+    # Gemma 3 12B's widths, seven layers (five of each six slide): its norms, scales and window caches
+    *(
+        ("gemma-3-12b", "gemma3", _GEMMA3, 262208, flags)
+        for flags in (
+            ("-c", "8192", "-fa", "on", "-np", "1"),
+            ("-c", "8192", "-fa", "off", "-np", "1"),
+            ("-c", "32768", "-fa", "on", "-np", "4", *_Q8),
+        )
     ),
     # Phi-4: Q, K and V in one projection, the gate and up in one, Q scaled, the FFN's residual added into itself
     *(

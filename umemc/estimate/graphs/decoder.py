@@ -144,6 +144,8 @@ class Graph:
         shape, n_ub = self.shape, self.n_ub
         e, last, out_ids = shape.n_embd, shape.n_layer_main, inputs.out_ids
         x = self.op(e * n_ub * F32, self.weight, inputs.tokens)
+        if self.recipe.embed_scale:
+            x = self.op(x.size, x, inplace=True)
         stacked = x
         if shape.n_deepstack:  # the token embeddings padded to the deepstack input's width, their first slice on
             stacked = self.op(e * (1 + shape.n_deepstack) * n_ub * F32, x)
@@ -154,8 +156,12 @@ class Graph:
             if layer == last - 1 and not self.recipe.rows_at_end:  # only the output rows go on
                 rows = n_out
                 out, residual = self.op(e * rows * F32, out, out_ids), self.op(e * rows * F32, x, out_ids)
+            if self.recipe.post_norms:
+                out = self.norm(out)
             ffn_in = self.op(e * rows * F32, out, residual, inplace=True)
             ffn_out = self.ffn(layer, self.norm(ffn_in), rows)
+            if self.recipe.post_norms:
+                ffn_out = self.norm(ffn_out)
             if self.recipe.residual_first:  # add(residual, out): in place into the residual
                 x = self.op(e * rows * F32, ffn_in, ffn_out, inplace=True)
             else:

@@ -34,6 +34,8 @@ class Recipe:
     # (llama.cpp's temperature tuning, build_inp_attn_scale)
     temp_scale: bool = False
     q_scaled: bool = False  # Q multiplied by 1/sqrt(head) before the attention (an op of its own, in place)
+    embed_scale: bool = False  # the token embeddings scaled (by sqrt(n_embd): Gemma), in place
+    post_norms: bool = False  # the attention's and the FFN's outputs normed before their residual adds (Gemma)
     # the graph that writes it out (graphs.GRAPHS): "decoder" the common one, else its own (llama4, shortconv,
     # mamba2, deltanet, qwen35), which says which of its shapes it replays
     graph: str = "decoder"
@@ -50,6 +52,9 @@ RECIPES: dict[str, Recipe] = {
     "qwen3": Recipe(qk_norm="heads"),
     "qwen3moe": Recipe(qk_norm="heads"),
     "seed_oss": Recipe(),
+    # Gemma 3: the embeddings scaled, Q and K normed per head, Q scaled, post-attention and post-FFN norms, five
+    # layers of six attending to a window's cache of their own (src/models/gemma3.cpp)
+    "gemma3": Recipe(qk_norm="heads", q_scaled=True, windows=True, embed_scale=True, post_norms=True, period=6),
     # Phi-3 and Phi-4: Q, K and V in one projection, the gate and up in one (split by the SwiGLU), Q scaled before
     # the attention, the FFN's residual added into the residual (src/models/phi3.cpp)
     "phi3": Recipe(residual_first=True, q_scaled=True),
