@@ -46,3 +46,12 @@ def test_the_docs_table_of_replayed_architectures_is_the_codes() -> None:
         if len(cells) == 3 and cells[1] == "replayed":
             replayed.add(cells[0].split(" (")[0])
     assert replayed == set(graphs.RECIPES)
+
+
+def test_q_k_and_v_in_one_projection_are_replayed_only_as_phi_3_lays_them_out() -> None:
+    # the common decoder writes attn_qkv's views RoPE'd and not normed (Phi-3); a Qwen3 file (per-head Q/K norms) or
+    # a Llama 4 one (its own attention) with attn_qkv falls to the formula rather than be replayed wrong
+    phi, qwen3, llama4 = (LLM_PRESETS[n].shape for n in ("phi-4", "qwen3-32b", "llama-4-scout"))
+    assert graphs.supported(phi) and phi.qkv_fused
+    assert graphs.supported(qwen3) and not graphs.supported(qwen3._replace(qkv_fused=(True,) * qwen3.n_layer))
+    assert graphs.supported(llama4) and not graphs.supported(llama4._replace(qkv_fused=(True,) * llama4.n_layer))

@@ -78,8 +78,12 @@ class Graph:
     @classmethod
     def replays(cls, shape: LlmShape) -> bool:
         """The shapes of its architecture this graph writes out beyond what every recipe needs: the common decoder
-        writes out no recurrent layer, and experts on every layer after the dense lead."""
-        return not any(shape.recurrent_layers) and shape.moe_every == 1
+        writes out no recurrent layer, experts on every layer after the dense lead, and Q, K and V in one projection
+        (attn_qkv) only where they are RoPE'd and not normed (Phi-3's layout)."""
+        fused_ok = not shape.qkv_fused or (
+            all(shape.qkv_fused[: shape.n_layer_main]) and not shape.no_rope and not RECIPES[shape.arch].qk_norm
+        )
+        return not any(shape.recurrent_layers) and shape.moe_every == 1 and fused_ok
 
     def op(self, size: int, *sources: Tensor, inplace: bool = False) -> Tensor:
         self.nodes.append(Tensor(size, sources, inplace=inplace))

@@ -20,8 +20,9 @@ class Llama4Graph(Graph):
 
     @classmethod
     def replays(cls, shape: LlmShape) -> bool:
-        """Llama 4 with routed experts, on every layer or every interleave_moe_layer_step-th (Maverick)."""
-        return not any(shape.recurrent_layers) and shape.n_expert_used > 0
+        """Llama 4 with routed experts, on every layer or every interleave_moe_layer_step-th (Maverick), Q, K and V
+        projected apart."""
+        return not any(shape.recurrent_layers) and shape.n_expert_used > 0 and not shape.qkv_fused
 
     def build(self, caches: Caches, n_out: int, *, rotated: bool) -> None:
         self.no_rope_every = 4 if any(self.shape.swa_layers) else self.shape.n_layer  # n_no_rope_layer_step
