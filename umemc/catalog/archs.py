@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from .llama_archs import MROPE_POSITIONS, facts
+from .llama_archs import positions
 
 Tensor = tuple[str, tuple[int, ...]]
 
@@ -429,7 +429,7 @@ def llm_preset(
         swa_layers if swa else (),
         causal=arch != "bert",
         ffn_gated=arch != "bert",  # BERT's FFN: up, GELU, down
-        n_pos=MROPE_POSITIONS if facts(arch).mrope == "always" else 1,
+        n_pos=positions(arch),
         **extra,  # type: ignore[arg-type]
     )
     return LlmPreset(name=name, shape=shape, **kw)  # type: ignore[arg-type]

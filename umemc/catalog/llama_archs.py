@@ -120,3 +120,14 @@ def layers_known(arch: str) -> bool:
     graph may not be modelled."""
     f = facts(arch)
     return bool(f.layers or f.kv_from)
+
+
+def positions(arch: str, sections: list[int] | None = None) -> int:
+    """Positions a token: four under M-RoPE (always for some architectures; for others where the file has rope
+    sections, its first two non-zero: llama_hparams::use_mrope), else one."""
+    mrope = facts(arch).mrope
+    if mrope == "always":
+        return MROPE_POSITIONS
+    if mrope == "sections" and sections and len(sections) > 1 and int(sections[0]) > 0 and int(sections[1]) > 0:
+        return MROPE_POSITIONS
+    return 1

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..catalog.archs import LlmShape, VisionShape
-from ..catalog.llama_archs import MROPE_POSITIONS, facts, layers_known
+from ..catalog.llama_archs import facts, layers_known, positions
 from ..catalog.quant import FILE_TYPE_IDS, is_repacked
 from ..lockfile import LockedHeader
 from .gguf_header import Header, HeaderError, Tensor, read_header
@@ -306,6 +306,7 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
     recurrent = _recurrent(key, arch, n_head_kv, n_ff, n_layer - int(key("nextn_predict_layers", 0) or 0))
     if not facts(arch).modelled and not layers_known(arch):
         unmodelled = (*unmodelled, *_generic_limits(arch, f, recurrent))
+    joint = _joint(tensors, n_ff)
     return LlmShape(
         resident_width=_resident_width(key, arch, n_layer, n_embd),
         arch=arch,
@@ -331,8 +332,8 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
         mla_dims=_mla_dims(key, tensors),
         qkv_fused=_fused(tensors, n_layer),
         experts_gate_up=any(name.endswith(".ffn_gate_up_exps.weight") for name in tensors),
-        ffn_gated=_gated(tensors, "ffn_up", "ffn_gate", n_ff),
-        ffn_joint=_joint(tensors, n_ff),
+        ffn_gated=joint or _gated(tensors, "ffn_up", "ffn_gate"),
+        ffn_joint=joint,
         experts_gated=_gated(tensors, "ffn_up_exps", "ffn_gate_exps"),
         shexp_gated=_gated(tensors, "ffn_up_shexp", "ffn_gate_shexp"),
         n_deepstack=int(key("n_deepstack_layers", 0) or 0),
@@ -359,27 +360,18 @@ def _layer_width(name: str, widths: tuple[int, ...]) -> int:
     return widths[int(layer)] if layer.isdigit() and int(layer) < len(widths) else -1
 
 
-def _gated(tensors: dict[str, tuple[int, ...]], up: str, gate: str, widths: tuple[int, ...] = ()) -> bool:
+def _gated(tensors: dict[str, tuple[int, ...]], up: str, gate: str) -> bool:
     """Whether an FFN has a gate: its up projection without a gate beside it is an ungated FFN (up, activation,
-    down), unless the up projection is twice the layer's FFN width (`widths`): the gate and up in one tensor (Phi-3,
-    GLM-4: ffn_up of 2 x n_ff, split by the SwiGLU). Where the file has no such FFN at all, gated (the common case:
-    nothing to say)."""
-    ups = {name: ne for name, ne in tensors.items() if name.endswith(f".{up}.weight")}
-    if not ups or any(name.endswith(f".{gate}.weight") for name in tensors):
-        return True
-    return any(len(ne) > 1 and ne[1] == 2 * _layer_width(name, widths) for name, ne in ups.items())
+    down), unless it holds the gate too (`_joint`, said by the caller). Where the file has no such FFN at all,
+    gated (the common case: nothing to say)."""
+    ups = any(name.endswith(f".{up}.weight") for name in tensors)
+    return not ups or any(name.endswith(f".{gate}.weight") for name in tensors)
 
 
 def _positions(key: Any, arch: str) -> int:
-    """Positions a token: four under M-RoPE (always for some architectures, for others where the file has rope
-    sections), else one."""
-    mrope = facts(arch).mrope
-    if mrope == "always":
-        return MROPE_POSITIONS
+    """Positions a token, by the architecture's record and the file's rope sections."""
     sections = key("rope.dimension_sections")
-    if mrope == "sections" and isinstance(sections, list) and len(sections) > 1:
-        return MROPE_POSITIONS if int(sections[0]) > 0 and int(sections[1]) > 0 else 1
-    return 1
+    return positions(arch, sections if isinstance(sections, list) else None)
 
 
 def _fused(tensors: dict[str, tuple[int, ...]], n_layer: int) -> tuple[bool, ...]:

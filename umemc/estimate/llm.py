@@ -266,9 +266,10 @@ def compute_figure(
     attn = attention_figure(shape, n_kv, n_ub, flash_attn=flash_attn)
     ffn = ffn_figure(shape, n_ub)
     width = shape.n_vocab if shape.causal else 0
-    measured = facts(shape.arch).logits_below != (0, 0)
+    by_arch = facts(shape.arch).logits_below
+    measured = by_arch != (0, 0)
     if measured:
-        below = facts(shape.arch).logits_below[quantized]
+        below = by_arch[quantized]
     else:
         below = LOGITS_BELOW + (quantized or (swa_full and any(shape.swa_layers)))
     end = Figure(
@@ -374,6 +375,7 @@ def ffn_figure(shape: LlmShape, n_ub: int) -> Figure:
     MUL_MAT_ID into [n_ff_exp, n_expert_used, n_ubatch] tensors), the shared experts beside the routed output,
     or a Mamba-2 mixer. Calibrated per term against llama.cpp's compute buffer (bench/accuracy.py)."""
     e = shape.n_embd
+    shexp_gates = 3 if shape.shexp_gated else 1  # the shared expert's FFN-wide tensors: gate, up, product; or up
     if not shape.causal:  # bert: up, GELU in place, down; a gated encoder (EmbeddingGemma): gate, up, product
         gates = 1 if not shape.ffn_gated else 3
         return Figure(
@@ -405,8 +407,7 @@ def ffn_figure(shape: LlmShape, n_ub: int) -> Figure:
         inputs.update(experts=f"{k} of {shape.n_expert} x n_ff_exp {shape.n_ff_exp}")
         if shape.n_ff_shexp:
             # the routed output stays alive while the shared experts run; llama4 also keeps its pre-weighted input
-            gates = 3 if shape.shexp_gated else 1
-            terms["shared experts"] = gates * shape.n_ff_shexp + (6 if shape.arch == "llama4" else 5) * e
+            terms["shared experts"] = shexp_gates * shape.n_ff_shexp + (6 if shape.arch == "llama4" else 5) * e
             inputs["shared experts width"] = shape.n_ff_shexp
     name, width = max(terms.items(), key=lambda kv: kv[1])
     formulas = {
@@ -416,7 +417,7 @@ def ffn_figure(shape: LlmShape, n_ub: int) -> Figure:
         "ungated ffn": "(n_ff: up, its activation in place + 4 x n_embd)",
         "routed experts": "(3 x n_ff_exp x n_expert_used + 4 x n_embd)",
         "ungated expert outputs": "(n_expert_used x (n_ff_exp: the up projection + n_embd: the down) + 4.5 x n_embd)",
-        "shared experts": f"({3 if shape.shexp_gated else 1} x shared width + 5 x n_embd: the routed output waits)",
+        "shared experts": f"({shexp_gates} x shared width + 5 x n_embd: the routed output waits)",
     }
     inputs["widest"] = name
     return Figure("ffn", width * n_ub * F32, f"{formulas[name]} x n_ubatch x 4", inputs)

@@ -116,14 +116,10 @@ def reserve_buffer(
     # the dense lead layers and the deepstack layers (each adds its slice of the input): all replayed
     lead = max(min(shape.n_layer_dense_lead, last) if shape.n_expert else 0, min(shape.n_deepstack, last))
     recipe = RECIPES[shape.arch]
-    tail, period = last - lead, recipe.period  # the rest: alike, `period` by `period`
-    if not whole_depth and tail > 3 * period - 1:
-        tail = 2 * period + (tail - 2 * period) % period
-    replayed = (*range(lead), *range(last - tail, last))
     kind = GRAPHS[recipe.graph]
-    if kind is Graph or kind is Llama4Graph:
-        graph: Graph = kind(shape, n_ubatch, flash_attn=flash_attn, replayed=replayed)
-    else:  # the hybrids run every layer: their layers are of two kinds, in the model's own pattern
-        graph = kind(shape, n_ubatch, flash_attn=flash_attn)
+    tail, period = last - lead, recipe.period  # the rest: alike, `period` by `period`
+    if not whole_depth and kind.alike_layers and tail > 3 * period - 1:
+        tail = 2 * period + (tail - 2 * period) % period
+    graph = kind(shape, n_ubatch, flash_attn=flash_attn, replayed=(*range(lead), *range(last - tail, last)))
     graph.build(caches, outputs, rotated=rotated)
     return buffer_size(graph.leaves, graph.nodes)

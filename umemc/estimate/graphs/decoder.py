@@ -75,6 +75,8 @@ class Graph:
         self.weight = Tensor(0, external=True)  # every weight: in the model's buffer
         self.cache = Tensor(0, external=True)  # the KV cache: in its own buffer
 
+    alike_layers = True  # its layers place their tensors alike (after the first few): a few of them are replayed
+
     @classmethod
     def replays(cls, shape: LlmShape) -> bool:
         """The shapes of its architecture this graph writes out beyond what every recipe needs: the common decoder
@@ -255,7 +257,7 @@ class Graph:
         qkv = self.op((q_width + k_width + v_width) * n_ub * F32, self.weight, h) if shape.qkv_fused else None
         q = self.view(qkv) if qkv is not None else self.projection(h, q_width, normed=True)
         if not shape.no_rope:
-            q = self.op(q.size if qkv is None else q_width * n_ub * F32, q, pos, inplace=True)  # a view's: new
+            q = self.op(q_width * n_ub * F32, q, pos, inplace=True)  # RoPE: a new tensor when q is a view
         if self.scale is not None and self.recipe.temp_scale:  # the temperature's scale, multiplied in place
             q = self.op(q.size, q, self.scale, inplace=True)
         if self.recipe.q_scaled:  # Q scaled by 1/sqrt(head) before the attention, in place

@@ -17,6 +17,20 @@ class RecurrentGraph(Graph):
     """A graph with recurrent layers: one more input, which state each of the reserve batch's sequences reads
     (llm_graph_input_rs s_copy), and build_rs's reads of a layer's state."""
 
+    alike_layers = False  # its layers are of two kinds, in the model's own pattern: every one is replayed
+
+    @classmethod
+    def replays(cls, shape: LlmShape) -> bool:
+        """A shape without recurrent layers as the common decoder's; with them, where its mixers are written out
+        (`mixers_replayed`), experts on every layer."""
+        if not any(shape.recurrent_layers):
+            return shape.moe_every == 1
+        return shape.moe_every == 1 and cls.mixers_replayed(shape)
+
+    @classmethod
+    def mixers_replayed(cls, shape: LlmShape) -> bool:
+        return False
+
     def build(self, caches: Caches, n_out: int, *, rotated: bool) -> None:
         self.s_copy = Tensor(caches.seqs * I32)
         self.extra_inputs.append(self.s_copy)
@@ -45,10 +59,8 @@ class ShortConvGraph(RecurrentGraph):
     layer's expansions end with the attention itself."""
 
     @classmethod
-    def replays(cls, shape: LlmShape) -> bool:
+    def mixers_replayed(cls, shape: LlmShape) -> bool:
         """LFM2's short convolutions with a dense FFN."""
-        if not any(shape.recurrent_layers):
-            return shape.moe_every == 1
         return shape.recurrent_kind == "shortconv" and not shape.n_expert
 
     def layers(self, inputs: Inputs, n_out: int) -> None:
@@ -115,11 +127,9 @@ class Mamba2Graph(RecurrentGraph):
     asks for the layer's output."""
 
     @classmethod
-    def replays(cls, shape: LlmShape) -> bool:
+    def mixers_replayed(cls, shape: LlmShape) -> bool:
         """Mamba-2 mixers whose inner size divides into its heads and groups."""
-        if not any(shape.recurrent_layers):
-            return shape.moe_every == 1
-        if len(shape.ssm_dims) != 5 or shape.moe_every != 1:
+        if len(shape.ssm_dims) != 5:
             return False
         d_conv, d_inner, d_state, n_group, n_head = shape.ssm_dims
         return min(shape.ssm_dims) > 0 and d_inner % n_head == 0 and d_inner % n_group == 0
@@ -205,12 +215,10 @@ class DeltaNetGraph(RecurrentGraph):
     repeats_heads = True  # q and k repeated to the value heads where there are more (qwen3next.cpp always does)
 
     @classmethod
-    def replays(cls, shape: LlmShape) -> bool:
+    def mixers_replayed(cls, shape: LlmShape) -> bool:
         """The converter's layout: q/k/v fused on every DeltaNet layer (an older file's joint ssm_in is not written
         out), value heads a multiple of the key heads, routed experts and a shared one, K and V heads alike."""
-        if not any(shape.recurrent_layers):
-            return shape.moe_every == 1
-        if len(shape.ssm_dims) != 5 or shape.moe_every != 1:
+        if len(shape.ssm_dims) != 5:
             return False
         d_conv, d_inner, d_state, n_k, n_v = shape.ssm_dims
         fused = len(shape.qkv_fused) >= shape.n_layer_main and all(
