@@ -156,16 +156,18 @@ def test_stale_pid_file_and_socket_are_cleaned(stack, capsys, tmp_path: Path) ->
     assert r.status()["w"]["state"] == "RUNNING"
 
 
-def test_pressure_guard_evicts_lowest_priority_first(stack) -> None:
+def test_pressure_guard_evicts_lowest_priority_first(stack, tmp_path: Path) -> None:
+    go = tmp_path / "go"  # the leakers grow once `up` has returned: the gateway answers by then
     text = (
         'version = 1\nname = "press"\n[platform]\nkind = "cpu"\nmemory = "1400MiB"\nos_reserve = "100MiB"\n'
         '[policy]\nsafety_margin = 0.0\nkernel_enforcement = "off"\nevict_above = 0.5\nload_below = 0.4\n'
         + live_sysctl_table()
-        + worker("low", "leaker.py", 100, 2, 340, 6, memory="400MiB", priority=10)  # grows after 6 s
-        + worker("mid", "leaker.py", 100, 2, 340, 6, memory="400MiB", priority=50)
+        + worker("low", "leaker.py", 100, 2, 340, go, memory="400MiB", priority=10)
+        + worker("mid", "leaker.py", 100, 2, 340, go, memory="400MiB", priority=50)
         + worker("high", "steady.py", free_port(), 80, memory="150MiB", priority=90)
     )
     r = stack(text)
+    go.write_text("")
     evicted = r.wait_for(lambda: r.events("evict"), timeout=30, what="an eviction")
     assert evicted[0]["model"] == "low"
     assert evicted[0]["detail"]["pressure"] > 0.5

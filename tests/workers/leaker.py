@@ -2,7 +2,9 @@
 logging its own resident size after every step (the test reads the last line it wrote before it
 was killed: that is the overshoot it reached).
 
-    python leaker.py RATE_MIB_S [STEP_MIB] [CAP_MIB] [START_DELAY_S]
+    python leaker.py RATE_MIB_S [STEP_MIB] [CAP_MIB] [START]
+
+START: a delay in seconds, or the path of a file whose creation starts the growth (a test's go signal).
 """
 
 from __future__ import annotations
@@ -35,7 +37,12 @@ def main() -> None:
     rate = float(sys.argv[1]) * 2**20
     step = int(float(sys.argv[2]) * 2**20) if len(sys.argv) > 2 else 2 * 2**20
     cap = int(float(sys.argv[3]) * 2**20) if len(sys.argv) > 3 else 3 * 2**30
-    time.sleep(float(sys.argv[4]) if len(sys.argv) > 4 else 0)
+    start_at = sys.argv[4] if len(sys.argv) > 4 else "0"
+    try:
+        time.sleep(float(start_at))
+    except ValueError:
+        while not os.path.exists(start_at):
+            time.sleep(0.05)
     held, start = Held(), time.monotonic()
     out = os.fdopen(1, "w", buffering=1)
     print(f"start pid={os.getpid()} rss={rss()}", file=out)
