@@ -371,7 +371,7 @@ def test_a_llama_cpp_worker_holding_more_than_its_buffers_is_seen(tmp_path: Path
     import json
     import time
 
-    from umemc.runtime.enforcer.loop import DRIFT_SETTLE_S
+    from umemc.runtime.enforcer.checks import DRIFT_SETTLE_S
 
     recorded = Path(__file__).resolve().parents[1] / "recorded" / "llama-server-vulkan" / "load-smollm2.excerpt.log"
     loop = Loop(tmp_path)

@@ -14,9 +14,9 @@ and its GPU-side memory (DRM fdinfo; nvidia-smi now and then), and
   gateway is waited for (`evict_deferred`), never cut off, and no higher priority taken instead.
 A worker near its hard quota is sampled every FAST_S in between, so a fast leak is caught early.
 
-Its parts: `sampler` (what a worker holds, the machine's pressure), `rules` (the quota rules, pure),
-`worker` (each worker's quota, measurements and phase: one state machine), `pressure` (the guard),
-`status` (enforcer.json), `loop` (the loop that runs them).
+Its parts: `sampler` (what a worker holds, the machine's pressure), `rules` (the quota rules, pure), `checks`
+(each rule's answer turned into a kill, a stop or an event), `worker_state` (each worker's quota, measurements and
+phase: one state machine), `pressure` (the guard), `status_file` (enforcer.json), `loop` (the loop that runs them).
 
     python -m umemc.runtime.enforcer --bundle BUNDLE_DIR
 """
