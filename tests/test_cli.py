@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import subprocess
@@ -300,8 +301,8 @@ def test_a_command_imports_only_itself(tmp_path: Path) -> None:
     # terminal (umemc.targets.table.plain_text); nor, for one node without mistakes whose runtimes' help is known,
     # the placement on several nodes, the did-you-mean matcher, or subprocess
     imported = (
-        "['umemc.commands.asking', 'umemc.commands.build', 'umemc.commands.check', 'umemc.commands.common'] 0 False "
-        "False []"
+        "['umemc.commands.args', 'umemc.commands.asking', 'umemc.commands.build', 'umemc.commands.check', "
+        "'umemc.commands.common'] 0 False False []"
     )
     assert done.stdout.splitlines()[-1] == imported, done.stderr
     done = subprocess.run([sys.executable, "-m", "umemc", "--help"], capture_output=True, text=True, timeout=120)
@@ -333,3 +334,59 @@ def test_the_collector_is_off_while_a_command_imports_and_on_for_its_work(tmp_pa
     frozen = gc.get_freeze_count()
     assert run_cli("check", str(stack), "--format", "json")[0] == 0
     assert gc.isenabled() and gc.get_freeze_count() == frozen
+
+
+# what the command line itself fills in besides a command's own arguments (cli.main reads them first)
+CLI_OWN = {"func", "command", "stack_name", "find_run_dir"}
+
+
+def _commands() -> list[tuple[str, argparse.ArgumentParser]]:
+    from umemc.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sorted(sub.choices.items())
+
+
+def _expected_type(action: argparse.Action) -> set[str]:
+    """The annotations a field may have for what argparse puts at this action's destination."""
+    if isinstance(action, argparse._StoreTrueAction):
+        return {"bool"}
+    item = {float: "float", int: "int"}.get(action.type, "str")  # type: ignore[call-overload]
+    if action.type is not None and item == "str":
+        item = "float"  # up --scale: a checked float
+    many = isinstance(action, argparse._AppendAction) or action.nargs in ("*", "+")
+    base = f"list[{item}]" if many else item
+    optional = action.default is None and not action.required and action.nargs not in ("*", "+")
+    return {f"{base} | None"} if optional else {base}
+
+
+def test_each_command_reads_its_arguments_typed() -> None:
+    """Every command reads argparse's Namespace once, into its own frozen dataclass (mypy --strict then sees each
+    argument's type): its fields are every argument its parser takes (and may name a default it sets, such as
+    the hint that says how to name a stack), typed as argparse gives them."""
+    import dataclasses
+
+    from umemc.commands.args import Args
+
+    seen = []
+    for name, parser in _commands():
+        func = parser.get_default("func")
+        module = sys.modules[func.__module__]
+        wanted = "".join(part.title() for part in name.split("-")) + "Args"
+        if name == "schema":
+            assert not [a for a in parser._actions if a.dest != "help"]  # no argument: no dataclass
+            continue
+        cls = getattr(module, wanted)
+        assert issubclass(cls, Args) and cls.__dataclass_params__.frozen, name
+        fields = {f.name: f.type for f in dataclasses.fields(cls)}
+        actions = {a.dest: a for a in parser._actions if a.dest != "help"}
+        defaults = set(parser._defaults) - CLI_OWN
+        assert set(actions) - CLI_OWN <= set(fields) <= (set(actions) | defaults) - CLI_OWN, name
+        for dest, action in actions.items():
+            if dest in fields:
+                # run_dir: None on the parser, always a path once cli.main found the run (apply's has no finder)
+                found = parser.get_default("find_run_dir") is not None and dest == "run_dir"
+                assert fields[dest] in ({"str"} if found else _expected_type(action)), (name, dest, fields[dest])
+        seen.append(name)
+    assert len(seen) == 17  # every command (status's top too) but schema, which takes none

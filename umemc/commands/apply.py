@@ -17,6 +17,7 @@ from pathlib import Path
 from ..contract import PlanDoc, read
 from ..errors import RuntimeFailure, UsageError
 from ..names import PLAN_FILE
+from .args import Args
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -186,7 +187,18 @@ def _systemd_quote(arg: str) -> str:
     return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class ApplyArgs(Args):
+    bundle: str
+    dry_run: bool
+    root: str
+    run_dir: str | None
+    launchd: str
+    user: str | None
+
+
+def run(ns: argparse.Namespace) -> int:
+    args = ApplyArgs.of(ns)
     from ..write import is_bundle
 
     bundle = Path(args.bundle).absolute()

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import UsageError
+from .args import Args
 from .common import console, plan_from_arg
 
 if TYPE_CHECKING:
@@ -115,7 +117,17 @@ def check_bundle_dir(out: Path) -> None:
         )
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class BuildArgs(Args):
+    stack: str
+    output: str | None
+    target: str
+    files_later: bool
+    no_measure: bool
+
+
+def run(ns: argparse.Namespace) -> int:
+    args = BuildArgs.of(ns)
     from ..targets.table import print_budget
     from .asking import Measure
 

@@ -6,11 +6,13 @@ facts: the stack's lock) in `<stack>.calibration.json` beside the stack."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
 from ..units import human
+from .args import Args
 
 if TYPE_CHECKING:
     from ..lockfile import LockEntry
@@ -31,7 +33,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class CalibrateArgs(Args):
+    stack: str
+    models: list[str]
+    lock_only: bool
+    dry_run: bool
+    timeout: float
+    node: str | None
+
+
+def run(ns: argparse.Namespace) -> int:
+    args = CalibrateArgs.of(ns)
     from .. import lockfile
     from ..budget.plan import make_plan
     from ..catalog.runtimes import LLAMA_RUNTIMES
@@ -115,7 +128,7 @@ def _report(name: str, est: Any, entry: LockEntry) -> None:
         print(f"  {label:8} {human(e):>12} vs {human(real):>12}  ({err:+.1f}%)")
 
 
-def _dry_run(args: argparse.Namespace) -> int:
+def _dry_run(args: CalibrateArgs) -> int:
     """`calibrate --dry-run`: what `check --measure` records, with each answer set beside the hand estimate."""
     from .. import lockfile
     from ..budget.plan import make_plan

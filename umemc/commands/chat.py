@@ -11,11 +11,13 @@ import argparse
 import http.client
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import RuntimeFailure
 from ..runtime.gateway.naming import error_message
+from .args import Args
 from .up import add_run_dir, no_stack_in
 
 
@@ -35,7 +37,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class ChatArgs(Args):
+    model: str
+    prompt: str | None
+    system: str | None
+    complete: bool
+    temperature: float | None
+    max_tokens: int
+    run_dir: str
+
+
+def run(ns: argparse.Namespace) -> int:
+    args = ChatArgs.of(ns)
     port, token = _gateway(Path(args.run_dir).absolute())
     messages: list[dict[str, str]] = [{"role": "system", "content": args.system}] if args.system else []
     if args.prompt is not None:
@@ -68,7 +82,7 @@ def _gateway(root: Path) -> tuple[int, str | None]:
     return plan.gateway.port, run_dir.token() if plan.gateway.token_env else None
 
 
-def _turn(port: int, token: str | None, args: argparse.Namespace, messages: list[dict[str, str]], text: str) -> None:
+def _turn(port: int, token: str | None, args: ChatArgs, messages: list[dict[str, str]], text: str) -> None:
     """One message and its answer, streamed to stdout; the answer joins the conversation (a completion: the text
     and what continues it, each on its own)."""
     body: dict[str, Any] = {"model": args.model, "stream": True, "max_tokens": args.max_tokens}

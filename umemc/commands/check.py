@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 
 from ..budget.plan import Plan
 from ..compile.bundle import compile_bundle
 from ..errors import StackError
+from .args import Args
 from .asking import Measure
 from .build import refuse_missing_files
 from .common import console, plan_from_arg, print_warnings, write_stdout
@@ -34,9 +36,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class CheckArgs(Args):
+    stack: list[str]
+    format: str
+    measure: bool
+
+
+def run(ns: argparse.Namespace) -> int:
     """Every stack is checked; an invalid one is reported (stderr) and does not hide the others.
     Exit code: the worst of them (2 invalid, 1 does not fit, 0 fits)."""
+    args = CheckArgs.of(ns)
     valid: list[tuple[str, Plan]] = []
     invalid = 0
     for arg in args.stack:

@@ -13,10 +13,12 @@ import argparse
 import json
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from .args import Args
 
 ENGINES = ("llama-server", "llama-fit-params", "ggml-rpc-server", "whisper-server", "vllm", "mlx_lm.server")
 
@@ -34,7 +36,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class DoctorArgs(Args):
+    stack: str | None
+    json: bool
+    capture: str | None
+
+
+def run(ns: argparse.Namespace) -> int:
+    args = DoctorArgs.of(ns)
     if args.capture:
         return _capture(Path(args.capture))
     found = report(Path(args.stack) if args.stack else None)

@@ -7,10 +7,12 @@ something could not be stopped (its records are kept, so a later `down` still kn
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import RuntimeFailure
+from .args import Args
 from .up import add_run_dir
 
 if TYPE_CHECKING:
@@ -23,7 +25,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class DownArgs(Args):
+    run_dir: str
+
+
+def run(ns: argparse.Namespace) -> int:
+    args = DownArgs.of(ns)
     from ..runtime.control import Stack
     from ..runtime.registry import forget
     from ..runtime.rundir import RunDir

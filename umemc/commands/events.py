@@ -8,10 +8,12 @@ import argparse
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import UsageError
+from .args import Args
 from .up import add_run_dir
 
 if TYPE_CHECKING:
@@ -53,14 +55,14 @@ def since_ts(text: str, now: float) -> float:
     return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
-def wanted(args: argparse.Namespace, after: float | None) -> Callable[[Event], bool]:
+def wanted(args: EventsArgs, after: float | None) -> Callable[[Event], bool]:
     models, kinds = set(args.model or ()), set(args.kind or ())
     return lambda e: (
         (not models or e.model in models) and (not kinds or e.kind in kinds) and (after is None or e.ts > after)
     )
 
 
-def _check_filters(args: argparse.Namespace, run_dir: RunDir) -> None:
+def _check_filters(args: EventsArgs, run_dir: RunDir) -> None:
     """A filter that can never match is a typo: say so (exit 2) rather than print nothing."""
     import difflib
 
@@ -96,7 +98,18 @@ def _line(e: Event) -> str:
     return f"{doc['time']}  {doc['model'] or '-':16} {doc['kind']:16} {detail}"
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class EventsArgs(Args):
+    run_dir: str
+    json: bool
+    follow: bool
+    model: list[str] | None
+    kind: list[str] | None
+    since: str | None
+
+
+def run(ns: argparse.Namespace) -> int:
+    args = EventsArgs.of(ns)
     from ..runtime.events import EventLog
     from ..runtime.rundir import RunDir
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
+from dataclasses import dataclass
 
 from ..errors import UsageError
+from .args import Args
 from .common import plan_from_arg, write_stdout
 
 
@@ -16,7 +18,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class ExplainArgs(Args):
+    stack: str
+    model: str
+
+
+def run(ns: argparse.Namespace) -> int:
+    args = ExplainArgs.of(ns)
     from ..targets.explain import explain_text
 
     plan = plan_from_arg(args.stack)

@@ -19,6 +19,7 @@ from ..runtime.probes.machine import Machine, detect
 from ..stack.models import NAME_PATTERN
 from ..stack.presets import PLATFORM_PRESETS
 from ..units import GiB, MiB, gib
+from .args import Args
 
 if TYPE_CHECKING:
     from ..lockfile import LockEntry
@@ -148,7 +149,18 @@ mode = "hot"                 # hot: started by `umemc up`; cold: started on the 
 """
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class InitArgs(Args):
+    output: str
+    platform: str | None
+    name: str | None
+    force: bool
+    models: str | None
+    hf: list[str]
+
+
+def run(ns: argparse.Namespace) -> int:
+    args = InitArgs.of(ns)
     from ..records import write_atomic
 
     out = Path(args.output)
@@ -232,7 +244,7 @@ class Found:
         return "\n" + "\n".join(lines) + "\n"
 
 
-def scaffold(out: Path, args: argparse.Namespace) -> list[Found]:
+def scaffold(out: Path, args: InitArgs) -> list[Found]:
     """The models of a directory of GGUF files and of the Hub files named, each sized; the largest language
     model that carries a chat template hot (a file without one is likely a base model: it continues text rather
     than answering a chat), else the largest language model; the rest cold."""

@@ -12,10 +12,12 @@ import argparse
 import re
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from ..errors import UsageError
 from ..units import parse_duration, parse_size
+from .args import Args
 from .common import plan_from_arg, print_warnings, write_stdout
 
 N = TypeVar("N", int, float)
@@ -36,7 +38,20 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class LeasePodArgs(Args):
+    stack: str
+    bytes: str
+    priority: int
+    ttl: str
+    node: str | None
+    holder: str
+    name: str | None
+    gpu_device: bool
+
+
+def run(ns: argparse.Namespace) -> int:
+    args = LeasePodArgs.of(ns)
     from ..targets.kubernetes.lease_pods import LeaseAsk, lease_pod, lease_preemptions
     from ..targets.yamltext import dump_all
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
+from .args import Args
 from .up import add_run_dir, no_stack_in
 
 
@@ -23,7 +25,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class LogsArgs(Args):
+    name_hint: str
+    model: str
+    run_dir: str
+    lines: int
+    follow: bool
+
+
+def run(ns: argparse.Namespace) -> int:
+    args = LogsArgs.of(ns)
     from ..runtime.rundir import RunDir
 
     run_dir = RunDir(Path(args.run_dir).absolute())

@@ -8,8 +8,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .args import Args
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -18,7 +21,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class PsArgs(Args):
+    json: bool
+
+
+def run(ns: argparse.Namespace) -> int:
+    args = PsArgs.of(ns)
     from ..chars import shown
     from ..runtime.registry import known
 

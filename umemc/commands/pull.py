@@ -7,10 +7,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import RuntimeFailure, UsageError
+from .args import Args
 
 if TYPE_CHECKING:
     from ..hub.ref import HfRef
@@ -34,7 +36,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class PullArgs(Args):
+    stack: str
+    models: list[str]
+    dry_run: bool
+    quiet: bool
+    verify: bool
+
+
+def run(ns: argparse.Namespace) -> int:
+    args = PullArgs.of(ns)
     from ..hub.ref import HubFailure
     from ..stack.resolve import load_stack
     from .common import hub_header
@@ -57,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wanted(loaded: LoadedStack, args: argparse.Namespace) -> list[tuple[str, str, HfRef, Path]]:
+def _wanted(loaded: LoadedStack, args: PullArgs) -> list[tuple[str, str, HfRef, Path]]:
     from ..catalog.runtimes import ENGINE_RUNTIMES
     from ..hub.directory import parse_repo
     from ..hub.ref import parse
@@ -89,7 +101,7 @@ def _one(
     key: str,
     ref: HfRef,
     dest: Path,
-    args: argparse.Namespace,
+    args: PullArgs,
 ) -> int:
     """Pull one file (all its parts); returns 1 when the lock gained something to record."""
     from ..estimate.hub_header import header_fields

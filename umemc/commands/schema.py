@@ -21,6 +21,6 @@ def schema_text() -> str:
     return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
 
 
-def run(args: argparse.Namespace) -> int:
+def run(ns: argparse.Namespace) -> int:  # takes no argument
     write_stdout(schema_text())
     return 0

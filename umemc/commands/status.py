@@ -11,12 +11,14 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..contract import ContractError, Doc, read
 from ..names import ENFORCER, GATEWAY, STANDBY
 from ..units import gib, in_unit, unit_for
+from .args import Args
 from .common import console
 from .up import add_run_dir, no_stack_in
 
@@ -410,7 +412,20 @@ def _last(m: dict[str, Any]) -> str:
     return text
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class StatusArgs(Args):
+    run_dir: str
+    json: bool
+
+
+@dataclass(frozen=True)
+class TopArgs(Args):
+    run_dir: str
+    interval: float
+
+
+def run(ns: argparse.Namespace) -> int:
+    args = StatusArgs.of(ns)
     status = collect(args.run_dir)
     for problem in status["_problems"]:
         print(f"warning: {problem}", file=sys.stderr)
@@ -421,8 +436,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_top(args: argparse.Namespace) -> int:
+def run_top(ns: argparse.Namespace) -> int:
     """Refresh every --interval seconds until `q` (or Ctrl-C); off a terminal, print one snapshot."""
+    args = TopArgs.of(ns)
     from rich.live import Live
 
     out = console()

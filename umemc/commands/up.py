@@ -8,10 +8,12 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import RuntimeFailure, UsageError
+from .args import Args
 from .build import add_no_measure
 
 if TYPE_CHECKING:
@@ -122,7 +124,22 @@ def _scale(text: str) -> float:
     return f
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class UpArgs(Args):
+    target: str
+    run_dir: str
+    skip: list[str]
+    force: bool
+    node: str | None
+    simulate: bool
+    scale: float | None
+    foreground: bool
+    timeout: float
+    no_measure: bool
+
+
+def run(ns: argparse.Namespace) -> int:
+    args = UpArgs.of(ns)
     from rich.console import Console
 
     if args.scale is not None and not args.simulate:
@@ -144,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         os.close(held)
 
 
-def _up(args: argparse.Namespace, console: Console, run_dir: RunDir) -> int:
+def _up(args: UpArgs, console: Console, run_dir: RunDir) -> int:
     from ..runtime import waits
     from ..runtime.control import Stack
     from ..runtime.reconcile import reconcile, what_changed
@@ -280,7 +297,7 @@ def refuse_symlinks(run_dir: RunDir) -> None:
         )
 
 
-def install_bundle(args: argparse.Namespace, run_dir: RunDir) -> None:
+def install_bundle(args: UpArgs, run_dir: RunDir) -> None:
     """A stack is built into RUN/bundle; a bundle directory is copied there."""
     from ..commands.build import build
     from ..commands.common import plan_from_arg
@@ -342,7 +359,7 @@ def rehearsal(plan: Plan, f: float) -> Plan:
     return scaled(plan, f)
 
 
-def preflight(console: Console, run_dir: RunDir, plan: PlanDoc, args: argparse.Namespace, running: set[str]) -> bool:
+def preflight(console: Console, run_dir: RunDir, plan: PlanDoc, args: UpArgs, running: set[str]) -> bool:
     from ..runtime.findings import report
     from ..runtime.preflight import Preflight
 
