@@ -160,7 +160,7 @@ def test_check_gateway_and_enforcer_choose_the_same_victims(tmp_path) -> None:  
     for name in "abcd":
         sched.models[name].state = "RUNNING"
         sched.models[name].life.to(Phase.READY)
-    assert sched.decide_model(sched.models["x"]).evict == EXPECTED  # the gateway
+    assert sched.admission.decide_model(sched.models["x"]).evict == EXPECTED  # the gateway
     sched.events.close()
 
     enforcer = Enforcer(tmp_path / "run" / "bundle")

@@ -291,7 +291,7 @@ def test_among_equal_priorities_the_cheapest_to_bring_back_gives_way(tmp_path: P
         evict = decisions(s)[0].detail
         assert (evict["restore_s"], evict["restore_from"], evict["for_priority"]) == (0.3, "measured", 60)
         s.models["quick"].last_cold_start_s = None
-        assert s.restore_cost(s.models["quick"]) == (1.0, "size")
+        assert s.admission.restore_cost(s.models["quick"]) == (1.0, "size")
 
     running(sched, body)
 
@@ -311,8 +311,8 @@ def test_a_shared_name_goes_to_the_loaded_model_else_the_cheapest_to_start(tmp_p
         async with s.slots.slot(s.slots.route("coder")):
             pass
         assert sv.started == ["small"]
-        await s.stop_now(s.models["small"], drain=True)
-        await s.start_now(s.models["large"])
+        await s.actions.stop_now(s.models["small"], drain=True)
+        await s.actions.start_now(s.models["large"])
         await settled(s)
         assert s.slots.route("coder").name == "large"
         assert views.status(s)["groups"] == {"coder": {"models": ["small", "large"], "answers_now": "large"}}
@@ -504,17 +504,17 @@ def test_leases_evict_refuse_release_and_expire(tmp_path: Path) -> None:
     sched = scheduler(tmp_path, model("lo", 10) + model("mid", 30), sv)
 
     async def body(s: Scheduler) -> None:
-        lease, decision, _ = await s.grant_lease("comfy", GiB, 0, 20, 60, None, None)
+        lease, decision, _ = await s.actions.grant_lease("comfy", GiB, 0, 20, 60, None, None)
         assert lease is not None and decision.evict == ["lo"] and sv.stopped == ["lo"]
         assert [x.id for x in s.book.live()] == [lease.id]
         assert lease.id in (s.run.gateway_state.read_text())  # on disk before the client hears of it
-        none, refused, need = await s.grant_lease("job", GiB, 0, 20, 60, None, None)
+        none, refused, need = await s.actions.grant_lease("job", GiB, 0, 20, 60, None, None)
         assert none is None and not refused.fits
         # at 31 it outranks `mid` (30), the one idle model left to stop
-        assert s.grant_at(need) == (31, s.decide(replace(need, priority=31)))
-        assert s.decide(replace(need, priority=31)).evict == ["mid"]
-        assert s.release_lease(lease.id) is not None and s.book.live() == []
-        short, _, _ = await s.grant_lease("job", GiB, 0, 20, 60, None, None)
+        assert s.actions.grant_at(need) == (31, s.admission.decide(replace(need, priority=31)))
+        assert s.admission.decide(replace(need, priority=31)).evict == ["mid"]
+        assert s.actions.release_lease(lease.id) is not None and s.book.live() == []
+        short, _, _ = await s.actions.grant_lease("job", GiB, 0, 20, 60, None, None)
         assert short is not None
         await s.housekeeping_once(now=time.time() + 61)  # past its ttl; lo fits again: restored
         await settled(s)
@@ -532,7 +532,7 @@ def test_a_lease_that_cannot_be_recorded_is_not_granted(tmp_path: Path) -> None:
 
     async def body(s: Scheduler) -> None:
         with pytest.raises(Refused) as refused:
-            await s.grant_lease("comfy", GiB, 0, 20, 60, None, None)
+            await s.actions.grant_lease("comfy", GiB, 0, 20, 60, None, None)
         assert refused.value.code == "state_unwritable" and s.book.leases == {} and sv.stopped == []
 
     running(sched, body)
@@ -552,11 +552,11 @@ def test_pressure_waits_for_a_busy_victim_then_evicts_it(tmp_path: Path) -> None
         task = asyncio.create_task(busy())
         while s.slots["lo"].in_flight < 1:
             await asyncio.sleep(0)
-        assert await s.relieve_pressure(0.95) == {"action": "deferred", "model": "lo"}
-        assert await s.relieve_pressure(0.95) == {"action": "deferred", "model": "lo"}  # said once
+        assert await s.actions.relieve_pressure(0.95) == {"action": "deferred", "model": "lo"}
+        assert await s.actions.relieve_pressure(0.95) == {"action": "deferred", "model": "lo"}  # said once
         hold.set()
         await task
-        assert await s.relieve_pressure(0.95) == {"action": "evicting", "model": "lo"}
+        assert await s.actions.relieve_pressure(0.95) == {"action": "evicting", "model": "lo"}
         while s.models["lo"].life.phase is not Phase.DOWN:
             await asyncio.sleep(0)
         assert sv.stopped == ["lo"] and not s.models["lo"].evicted  # for pressure: it stays down
@@ -573,7 +573,7 @@ def test_pressure_takes_no_worker_supervisord_has_stopped_since_the_last_poll(tm
 
     async def body(s: Scheduler) -> None:
         sv.states["lo"] = "STOPPED"  # behind the gateway's back (the enforcer's give-up)
-        assert await s.relieve_pressure(0.95) == {"action": "evicting", "model": "mid"}
+        assert await s.actions.relieve_pressure(0.95) == {"action": "evicting", "model": "mid"}
         while s.models["mid"].life.phase is not Phase.DOWN:
             await asyncio.sleep(0)
         assert sv.stopped == ["mid"]

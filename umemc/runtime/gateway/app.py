@@ -134,8 +134,8 @@ async def can_load(request: web.Request) -> web.Response:
     sched = request.app[SCHED]
     m = sched.slots.route(request.match_info["model"])
     async with sched.lock:
-        decision = sched.decide_model(m)
-    need = sched.need_for(m)
+        decision = sched.admission.decide_model(m)
+    need = sched.admission.need_for(m)
     return web.json_response(
         {
             "model": m.name,
@@ -165,7 +165,7 @@ async def pressure(request: web.Request) -> web.Response:
     value = doc.get("pressure")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
         raise Refused(f'"pressure" must be a number 0-100 (got {value!r})', "invalid_json")
-    return web.json_response(await request.app[SCHED].relieve_pressure(float(value)))
+    return web.json_response(await request.app[SCHED].actions.relieve_pressure(float(value)))
 
 
 ROUTES = (
@@ -185,7 +185,8 @@ def make_app(sched: Scheduler, token: str | None) -> web.Application:
     gw = sched.gw
     app = web.Application(client_max_size=gw.max_body_bytes)
     app[SCHED] = sched
-    app[METRICS] = sched.metrics = Metrics(sched)
+    app[METRICS] = Metrics(sched)
+    sched.attach_metrics(app[METRICS])
     app[ACCESS] = AccessLog(sched.run.access_log)
     sched.ledger.attach(sched.metrics, app[ACCESS])
     app[CAPTURES] = Captures(gw.capture, gw.capture_bytes)

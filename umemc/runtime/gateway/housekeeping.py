@@ -1,8 +1,8 @@
 """The gateway's half-second round (POLL_S): supervisord's and the enforcer's view refreshed, a memory sample for
 the page, expired leases released, idle models unloaded (a cold model's ttl, a client's keep_alive), a worker that
 stays fragmented restarted at a quiet moment, a hot worker evicted earlier restored where it fits again, the state
-and the figures written. Every stop and start goes through the scheduler (its lock, its events); this part owns
-only what it decides on: how long each worker has stayed fragmented."""
+and the figures written. Every stop and start goes through the process (under the scheduler's lock where it
+decides); this part owns only what it decides on: how long each worker has stayed fragmented."""
 
 from __future__ import annotations
 
@@ -10,22 +10,17 @@ import asyncio
 import contextlib
 import sys
 import time
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .core import Evicted
 from .model import CONNECT_ERRORS, Refused
 from .sync import POLL_S
 
 if TYPE_CHECKING:
-    from ...budget.policy import Decision, Lease
-    from ...contract import PlanDoc
-    from ..events import EventLog
-    from .history import Memory
-    from .lease_book import LeaseBook
-    from .model import Model
+    from ...budget.policy import Lease
+    from .core import Parts
     from .process import Process
-    from .slots import Slots
-    from .sync import StateSync
 
 # a worker holding too much beyond its tensors or buffers (policy.restart_fragmented_above) is restarted once it has
 # for this long, and only after this long without a request
@@ -33,30 +28,19 @@ FRAGMENTED_FOR_S = 300.0
 QUIET_S = 60.0
 
 
-class Host(Protocol):
-    """What the round asks of the scheduler (the Scheduler is one; a test may give another)."""
-
-    plan: PlanDoc
-    models: dict[str, Model]
-    slots: Slots
-    lock: asyncio.Lock
-    events: EventLog
-    sync: StateSync
-    memory: Memory
-    book: LeaseBook
-
-    process: Process  # what starts and stops a model
-
-    def decide_model(self, m: Model) -> Decision: ...
-    def committed(self) -> tuple[int, int]: ...
-    def release_lease(self, lease_id: str, why: str = ...) -> Lease | None: ...
-    def idle_limit(self, m: Model) -> float | None: ...
-    def keep_figures(self, *, force: bool = False) -> None: ...
-
-
 class Housekeeping:
-    def __init__(self, sched: Host):
-        self.sched = sched
+    """Given the scheduler's parts (core.Parts), the process, and the two calls it makes beyond them: a lease's
+    release (actions.py: its event, the state on disk) and the page's figures kept (the scheduler's)."""
+
+    def __init__(
+        self,
+        parts: Parts,
+        process: Process,
+        release_lease: Callable[[str, str], Lease | None],
+        keep_figures: Callable[[], None],
+    ):
+        self.parts, self.process = parts, process
+        self.release_lease, self.keep_figures = release_lease, keep_figures
         self.fragmented_since: dict[str, float] = {}  # since when a worker holds too much beyond what it uses
 
     async def run(self) -> None:
@@ -71,30 +55,30 @@ class Housekeeping:
                 print(f"umemc-gateway: housekeeping: {exc!r}", file=sys.stderr, flush=True)
 
     async def once(self, now: float | None = None) -> None:
-        s = self.sched
+        s = self.parts
         await s.sync.refresh()
         now = time.time() if now is None else now
         status = s.sync.enforcer
         gpu = 0 if status is None else sum(w.gpu_bytes for w in status.models.values())
         usage = {m.name: m.usage for m in s.models.values()}
-        s.memory.record(now, usage, gpu, s.sync.pressure, s.committed()[0])
+        s.memory.record(now, usage, gpu, s.sync.pressure, s.admission.committed()[0])
         for lease in s.book.expired(now):
-            s.release_lease(lease.id, "lease_expire")
+            self.release_lease(lease.id, "lease_expire")
         await self.unload_idle(now)
         await self.restart_fragmented(now)
         await self.restore_hot()
         s.sync.write_state(now)
-        s.keep_figures()
+        self.keep_figures()
 
     async def unload_idle(self, now: float) -> None:
-        s = self.sched
+        s = self.parts
         for m in s.models.values():
-            limit, q = s.idle_limit(m), s.slots[m.name]
+            limit, q = s.admission.idle_limit(m), s.slots[m.name]
             idle = m.ready and not q.busy and m.starting is None and not m.draining
             if limit is not None and idle and now - q.last_used >= limit:
                 asked = {"reason": "keep_alive"} if m.keep_alive_s is not None else {}
                 with contextlib.suppress(Refused):  # recorded as ttl_unload_failed; tried again next round
-                    await s.process.stop(
+                    await self.process.stop(
                         m, "ttl_unload", Evicted.STAY_DOWN, idle_s=round(now - q.last_used, 1), ttl_s=limit, **asked
                     )
 
@@ -104,8 +88,8 @@ class Housekeeping:
         worker: what its processes hold beyond the buffers its log states and its overhead) is restarted
         at a quiet moment: ready, nothing in flight or queued, no request for QUIET_S. Its fragmentation goes with
         its process; a hot one comes back at once (as after an eviction), a cold one at its next request."""
-        s = self.sched
-        share = s.plan.policy.restart_fragmented_above
+        s = self.parts
+        share = s.policy.restart_fragmented_above
         status = s.sync.enforcer
         if share is None or status is None:
             return
@@ -128,19 +112,19 @@ class Housekeeping:
                       "measure": measure}  # fmt: skip
             with contextlib.suppress(Refused):  # said in defragment_failed; tried again once it holds as long
                 # a hot one is restored at the next round, where it fits
-                await s.process.stop(
+                await self.process.stop(
                     m, "defragment", Evicted.RESTORE if m.plan.mode == "hot" else Evicted.STAY_DOWN, **detail
                 )
 
     async def restore_hot(self) -> None:
         """A hot worker the gateway evicted comes back once it fits without evicting anything."""
-        s = self.sched
+        s = self.parts
         for m in s.models.values():
             if m.plan.mode != "hot" or not m.evicted or m.live or s.slots[m.name].waiters or m.given_up:
                 continue
             async with s.lock:
-                decision = s.decide_model(m)
+                decision = s.admission.decide_model(m)
                 if not decision.fits or decision.victims:
                     continue
-                s.process.begin_start(m, decision)
+                self.process.begin_start(m, decision)
             s.events.add("restore", m.name, reason="hot worker evicted earlier fits again")

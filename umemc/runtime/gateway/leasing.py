@@ -49,9 +49,9 @@ async def lease_create(request: web.Request) -> web.Response:
     ttl = _seconds(doc.get("ttl", DEFAULT_LEASE_TTL_S))
     ram, gpu, priority, model = _lease_size(sched, doc)
     worker = _lease_worker(sched, doc)
-    lease, decision, need = await sched.grant_lease(holder, ram, gpu, priority, ttl, model, worker)
+    lease, decision, need = await sched.actions.grant_lease(holder, ram, gpu, priority, ttl, model, worker)
     if lease is None:
-        return _lease_refused(decision, need, sched.grant_at(need))
+        return _lease_refused(decision, need, sched.actions.grant_at(need))
     return web.json_response({"granted": True, "lease": lease_json(lease), "evicted": decision.evict}, status=201)
 
 
@@ -133,7 +133,7 @@ def _seconds(raw: Any) -> float:
 
 
 async def lease_delete(request: web.Request) -> web.Response:
-    lease = request.app[SCHED].release_lease(request.match_info["id"])
+    lease = request.app[SCHED].actions.release_lease(request.match_info["id"])
     if lease is None:
         return error(404, f"no lease {request.match_info['id']!r}", "lease_not_found")
     return web.json_response({"released": lease_json(lease)})
@@ -144,7 +144,7 @@ async def lease_extend(request: web.Request) -> web.Response:
     if set(doc) - {"ttl"}:
         raise Refused(f"unknown field(s): {', '.join(sorted(set(doc) - {'ttl'}))} (known: ttl)", "invalid_lease")
     ttl = _seconds(doc.get("ttl", DEFAULT_LEASE_TTL_S))
-    lease = request.app[SCHED].extend_lease(request.match_info["id"], ttl)
+    lease = request.app[SCHED].actions.extend_lease(request.match_info["id"], ttl)
     if lease is None:
         return error(404, f"no lease {request.match_info['id']!r} (released or expired)", "lease_not_found")
     return web.json_response({"lease": lease_json(lease)})

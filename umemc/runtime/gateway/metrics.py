@@ -208,7 +208,7 @@ class _Live(Collector):
             if speed is not None:
                 g["model_tokens_per_second"].add_metric([m.name], speed)
         yield from g.values()
-        ram, gpu = s.committed()
+        ram, gpu = s.admission.committed()
         leases = list(s.book.leases.values())
         yield GaugeMetricFamily("umemc_budget_bytes", "The plan's memory budget.", value=s.budget.ram)
         yield GaugeMetricFamily(

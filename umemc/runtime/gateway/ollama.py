@@ -143,7 +143,7 @@ def _names(sched: Scheduler) -> Iterator[tuple[str, Model]]:
     for name, target in sched.slots.routes.items():
         yield name, sched.models[target]
     for shared, names in sched.slots.groups.items():
-        yield shared, sched.choose(names)
+        yield shared, sched.admission.choose(names)
 
 
 async def tags(request: web.Request) -> web.Response:
@@ -164,7 +164,7 @@ async def tags(request: web.Request) -> web.Response:
 
 
 def expires_at(sched: Scheduler, m: Model) -> str:
-    limit = sched.idle_limit(m)
+    limit = sched.admission.idle_limit(m)
     if limit is None:
         return FOREVER
     return _iso(sched.slots[m.name].last_used + limit)
@@ -321,10 +321,10 @@ async def _load_or_unload(
     the same admission as a cold start and sets how long it stays."""
     sched = request.app[SCHED]
     if keep == 0:
-        await sched.stop_now(m, drain=True)
+        await sched.actions.stop_now(m, drain=True)
         reason = "unload"
     else:
-        await sched.load(m, admit_of(request))
+        await sched.actions.load(m, admit_of(request))
         sched.process.keep_alive(m, keep)
         reason = "load"
     doc: dict[str, Any] = {"model": asked, "created_at": now_iso(), "done": True, "done_reason": reason}

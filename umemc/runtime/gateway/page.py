@@ -101,9 +101,9 @@ async def model_action(request: web.Request) -> web.Response:
     await json_object(request)
     m = sched.slots.route(request.match_info["name"])
     if action == "start":
-        said_ = await sched.start_now(m)
+        said_ = await sched.actions.start_now(m)
     else:
-        said_ = await sched.stop_now(m, drain=action == "stop")
+        said_ = await sched.actions.stop_now(m, drain=action == "stop")
     return web.json_response({"model": m.name, "action": action, "said": said_, "status": m.status_word})
 
 

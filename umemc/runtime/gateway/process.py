@@ -2,7 +2,7 @@
 llama-swap's process is): a start (the victims drained, stopped behind a gate while it starts, its health awaited,
 its KV slots restored), where a start stands in words, a stop (its KV slots saved first, the reason said), and a
 client's keep_alive, which lasts while it runs. The scheduler decides (admission under its lock, the pump, leases,
-pressure) and asks this part to act; it reaches the scheduler's parts through Owner, which a test may fake."""
+pressure) and asks this part to act; it is given the scheduler's parts (core.Parts), never the scheduler."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import asyncio
 import contextlib
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from ...budget.policy import Decision
 from ...names import RUN_MARK, run_mark
 from ...records import gate_text, write_atomic
 from .. import pagecache
@@ -27,14 +28,7 @@ from .model import ANSWERING, CONNECT_ERRORS, Model, ProcState, Refused
 from .progress import load_step, log_size
 
 if TYPE_CHECKING:
-    from ...budget.policy import Decision
-    from ...contract import GatewayDoc, PlanDoc
-    from ..events import EventLog
-    from ..rundir import RunDir
-    from ..supervisor import Supervisor
-    from .slots import Slots
-    from .sync import StateSync
-    from .traffic import Traffic
+    from .core import Parts
 
 HEALTH_POLL_S = 0.1
 # a starting worker is asked every 2 ms in its first half second (a refused connection costs ~0.1 ms of the loop),
@@ -74,32 +68,41 @@ def _remove_tree(path: Path) -> None:
             path.unlink(missing_ok=True)
 
 
-class Owner(Protocol):
-    """What the process asks of the scheduler (the Scheduler is one)."""
-
-    plan: PlanDoc
-    gw: GatewayDoc
-    run: RunDir
-    supervisor: Supervisor
-    events: EventLog
-    models: dict[str, Model]
-    slots: Slots
-    sync: StateSync
-    traffic: dict[str, Traffic]
-    metrics: Any
-    undrainable: set[str]
-
-    def kick(self) -> None: ...
-    def eviction_detail(self, victim: Model, priority: int) -> dict[str, Any]: ...
-
-
 class Process:
-    def __init__(self, owner: Owner):
-        self.owner = owner
+    def __init__(self, parts: Parts):
+        self.parts = parts
+        self.metrics: Any = None  # the HTTP side's metrics, once it has them (cold starts, evictions)
         # a restarted gateway's models: how long their last start on demand took (the event log's cold_start)
-        for name, event in owner.events.latest(owner.events.last_id("up"), "cold_start").items():
-            if name in owner.models and isinstance(event.detail.get("seconds"), (int, float)):
-                owner.models[name].last_cold_start_s = event.detail["seconds"]
+        for name, event in parts.events.latest(parts.events.last_id("up"), "cold_start").items():
+            if name in parts.models and isinstance(event.detail.get("seconds"), (int, float)):
+                parts.models[name].last_cold_start_s = event.detail["seconds"]
+
+    def ensure_ready(self, m: Model) -> None:
+        """What a model that requests wait for needs, read from where it stands (llama-swap's EnsureReady):
+        nothing while it is ready, starting or being stopped (it is started afresh once down); where supervisord
+        runs it already (a restart after a crash, or started outside the gateway), its start awaited; else a start,
+        once the admission admits it (evicting what the policy names)."""
+        if m.ready or m.starting is not None or m.evicting:
+            return
+        if m.live:
+            self.begin_start(m, Decision(fits=True))
+            return
+        decision = self.parts.admission.decide_model(m)
+        if decision.fits:
+            self.launch(m, decision)
+
+    def launch(self, m: Model, decision: Decision) -> None:
+        """Start an admitted model: its idle victims marked for stopping, its busy ones draining, then the start."""
+        for v in decision.evict:
+            self.parts.models[v].life.to(Phase.STOPPING, f"evicted for {m.name}")
+        for v in decision.drain:
+            self.drain(self.parts.models[v], f"evicted for {m.name} once its requests are done")
+        self.begin_start(m, decision)
+
+    def drain(self, m: Model, why: str) -> None:
+        """It serves the requests queued before now, takes none after."""
+        m.life.to(Phase.DRAINING, why)
+        self.parts.slots.drain(m)
 
     def asked(self, m: Model) -> None:
         """A person asked for it: an eviction it had is over (housekeeping's restore no longer waits for room)."""
@@ -108,7 +111,7 @@ class Process:
     def begin_start(self, m: Model, decision: Decision) -> None:
         m.life.to(Phase.STARTING)
         m.draining_for, m.victims = decision.drain, decision.victims
-        m.log_mark = log_size(self.owner.run.log(m.name))
+        m.log_mark = log_size(self.parts.run.log(m.name))
         m.starting = asyncio.create_task(self._start(m, decision))
 
     def stage(self, m: Model) -> str:
@@ -116,17 +119,17 @@ class Process:
         the worker starting, its load as the runtime says it, ready."""
         if m.ready:
             return "ready"
-        draining = [v for v in m.draining_for if self.owner.models[v].life.phase is Phase.DRAINING]
+        draining = [v for v in m.draining_for if self.parts.models[v].life.phase is Phase.DRAINING]
         if draining:
             return f"waiting for {', '.join(draining)} to finish their requests"
-        stopping = [v for v in m.victims if self.owner.models[v].live]
+        stopping = [v for v in m.victims if self.parts.models[v].live]
         if stopping:
             return f"evicting {', '.join(stopping)} to make room"
         if m.starting is None:
             return "queued"
         if m.state not in ANSWERING:
             return "starting"
-        step = load_step(self.owner.run.log(m.name), m.log_mark) or "starting"
+        step = load_step(self.parts.run.log(m.name), m.log_mark) or "starting"
         weights = m.plan.estimate_parts.weights_bytes
         if step == "loading weights" and weights and m.usage:  # the enforcer's figure: what of them is in memory
             return f"loading weights: {min(m.usage, weights) / 2**20:.0f} of {weights / 2**20:.0f} MiB in memory"
@@ -135,12 +138,12 @@ class Process:
     async def _start(self, m: Model, decision: Decision) -> None:
         t0 = time.monotonic()
         try:
-            if decision.drain and not await self.owner.slots.wait_drained(
-                decision.drain, self.owner.gw.drain_timeout_s
+            if decision.drain and not await self.parts.slots.wait_drained(
+                decision.drain, self.parts.gw.drain_timeout_s
             ):
-                self.owner.undrainable |= set(decision.drain)
-                self.owner.events.add(
-                    "drain_timeout", m.name, victims=decision.drain, drain_timeout_s=self.owner.gw.drain_timeout_s
+                self.parts.undrainable.update(decision.drain)
+                self.parts.events.add(
+                    "drain_timeout", m.name, victims=decision.drain, drain_timeout_s=self.parts.gw.drain_timeout_s
                 )
                 return
             await self._evict_and_start(m, decision.victims)
@@ -148,43 +151,43 @@ class Process:
             await self._wait_healthy(m)
             await self._release_cache(m, others=False)  # its own, its weights in the GPU's buffers now
             if m.saved_slots and m.port is not None:
-                prompt = self.owner.traffic[m.name].prompt_speed
-                await kvslots.restore(m.port, m.name, m.saved_slots, self.owner.events, prompt)
+                prompt = self.parts.traffic[m.name].prompt_speed
+                await kvslots.restore(m.port, m.name, m.saved_slots, self.parts.events, prompt)
                 m.saved_slots = []
             self._ready(m, decision, time.monotonic() - t0)
         except Refused as exc:
             m.failure = exc.message
             private = {"detail": exc.private} if exc.private else {}
-            self.owner.events.add("cold_start_failed", m.name, reason=exc.message, **private)
-            self.owner.slots.fail_waiters(m, exc)
+            self.parts.events.add("cold_start_failed", m.name, reason=exc.message, **private)
+            self.parts.slots.fail_waiters(m, exc)
         except CONNECT_ERRORS as exc:
             m.failure = f"supervisord did not answer: {exc}"
-            self.owner.slots.fail_waiters(m, Refused(f"model {m.name} could not start: {m.failure}", "start_failed", 5))
+            self.parts.slots.fail_waiters(m, Refused(f"model {m.name} could not start: {m.failure}", "start_failed", 5))
         finally:
             for v in decision.victims:  # a drain that timed out, a start abandoned: the victims serve on
-                victim = self.owner.models[v]
+                victim = self.parts.models[v]
                 if victim.life.phase in (Phase.DRAINING, Phase.STOPPING):
                     victim.life.to(Phase.READY, "its eviction was abandoned")
-                self.owner.slots.undrain(victim)
+                self.parts.slots.undrain(victim)
             if m.life.phase is Phase.STARTING:
                 m.life.to(Phase.DOWN, m.failure or "the start was abandoned")
             m.starting, m.draining_for, m.victims = None, [], []
-            self.owner.slots.dispatch(m)
-            self.owner.kick()
+            self.parts.slots.dispatch(m)
+            self.parts.kick()
 
     async def _release_cache(self, m: Model, *, others: bool) -> None:
         """Where the GPU allocates from system memory through its driver (nvidia-unified), the cached pages of model
         files nobody maps are released (umemc.runtime.pagecache): the kernel's reclaim would not give them to a CUDA
         allocation in time. `others`: every model's files but this one's (before its load goes far); else this
         one's. Said in a page_cache_released event where any were."""
-        if self.owner.plan.platform.kind != "nvidia-unified":
+        if self.parts.platform_kind != "nvidia-unified":
             return
-        files = pagecache.model_files(x.plan for x in self.owner.models.values() if (x is not m) == others)
+        files = pagecache.model_files(x.plan for x in self.parts.models.values() if (x is not m) == others)
         if not files:
             return
         freed = await asyncio.to_thread(pagecache.release, files)
         if freed:
-            self.owner.events.add(
+            self.parts.events.add(
                 "page_cache_released",
                 m.name,
                 bytes=freed,
@@ -195,16 +198,16 @@ class Process:
     def _ready(self, m: Model, decision: Decision, seconds: float) -> None:
         m.life.to(Phase.READY)
         m.failure, m.evicted = None, False
-        self.owner.slots.touch(m)
-        self.owner.sync.mark_healthy(m)
+        self.parts.slots.touch(m)
+        self.parts.sync.mark_healthy(m)
         m.cold_starts += 1
         m.last_cold_start_s = round(seconds, 3)
-        waiting = self.owner.slots[m.name].queued
-        self.owner.events.add(
+        waiting = self.parts.slots[m.name].queued
+        self.parts.events.add(
             "cold_start", m.name, seconds=m.last_cold_start_s, evicted=decision.victims, waiting=waiting
         )
-        if self.owner.metrics is not None:
-            self.owner.metrics.cold_start(m.name, m.last_cold_start_s)
+        if self.metrics is not None:
+            self.metrics.cold_start(m.name, m.last_cold_start_s)
 
     async def _evict_and_start(self, m: Model, victims: list[str]) -> None:
         """Stop the victims and start the model. Where every victim's process is on record (the wrapper's
@@ -215,10 +218,10 @@ class Process:
         are stopped; when a stop fails, the model is stopped first (the gate stays if it cannot be)."""
         stops = [
             self.stop(
-                self.owner.models[v],
+                self.parts.models[v],
                 "evict",
                 for_model=m.name,
-                **self.owner.eviction_detail(self.owner.models[v], m.plan.priority),
+                **self.parts.admission.eviction_detail(self.parts.models[v], m.plan.priority),
             )
             for v in victims
         ]
@@ -230,9 +233,9 @@ class Process:
         results = await asyncio.gather(*stops, self._ensure_started(m), return_exceptions=True)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:
-            if await asyncio.to_thread(self.owner.supervisor.try_stop, m.name, wait=True) not in (None, "not running"):
+            if await asyncio.to_thread(self.parts.supervisor.try_stop, m.name, wait=True) not in (None, "not running"):
                 raise failed  # it may still run: its wrapper must keep waiting at the gate
-            self.owner.sync.stopped(m)
+            self.parts.sync.stopped(m)
         with contextlib.suppress(OSError):
             gate.unlink(missing_ok=True)
         if failed is not None:
@@ -242,10 +245,10 @@ class Process:
         """The gate the model's start waits at, written; None where there is to be none: no victims, a victim's
         record missing or naming a gone process, or a gate that cannot be written (a full disk). A gate a lost
         gateway left goes then: it must not hold this start."""
-        gate = self.owner.run.gate(m.name)
+        gate = self.parts.run.gate(m.name)
         if gate.is_symlink() or (gate.exists() and not gate.is_file()):
             _remove_tree(gate)  # a directory (or any non-file) there would keep the wrapper from ever passing
-        records = [self.owner.run.record(v) for v in victims]
+        records = [self.parts.run.record(v) for v in victims]
         live = [r for r in records if r is not None and same_process(r)]
         if victims and len(live) == len(victims):
             try:
@@ -259,18 +262,18 @@ class Process:
         return None
 
     async def processes(self) -> dict[str, dict[str, Any]]:
-        return await asyncio.to_thread(self.owner.supervisor.processes)
+        return await asyncio.to_thread(self.parts.supervisor.processes)
 
     async def _ensure_started(self, m: Model) -> None:
         """Start it unless supervisord already runs it; one being stopped is started once it is down."""
         deadline = time.monotonic() + 60
         while m.state is ProcState.STOPPING and time.monotonic() < deadline:
             await asyncio.sleep(HEALTH_POLL_S)
-            self.owner.sync.observe(m, (await self.processes()).get(m.name))
+            self.parts.sync.observe(m, (await self.processes()).get(m.name))
         if m.state not in STARTED:
             # spawns now (STARTING on return), or supervisord's own restart after a crash already does
-            await asyncio.to_thread(self.owner.supervisor.ensure_started, m.name)
-            self.owner.sync.observe(m, {"statename": ProcState.STARTING})
+            await asyncio.to_thread(self.parts.supervisor.ensure_started, m.name)
+            self.parts.sync.observe(m, {"statename": ProcState.STARTING})
 
     async def _wait_healthy(self, m: Model) -> None:
         """Until supervisord runs it and its health URL answers. The worker is asked often in its first second (a
@@ -279,14 +282,14 @@ class Process:
         whose answer is a process table over XML-RPC, every HEALTH_POLL_S throughout (asked every 10 ms it kept a
         core of a 2-core machine busy while the wrapper and the worker were starting)."""
         began = time.monotonic()
-        deadline = began + self.owner.gw.start_timeout_s
+        deadline = began + self.parts.gw.start_timeout_s
         exited_since: float | None = None
         state, asked = m.state, -HEALTH_POLL_S
         runs: set[int] = set()  # the worker's processes seen in this start: one that dies after startsecs comes back
         while time.monotonic() < deadline:
             if time.monotonic() - asked >= HEALTH_POLL_S or state not in ANSWERING:
                 info = (await self.processes()).get(m.name, {})
-                state, asked = self.owner.sync.observe(m, info), time.monotonic()
+                state, asked = self.parts.sync.observe(m, info), time.monotonic()
                 if info.get("pid") and state is ProcState.RUNNING:  # past startsecs (a quick death is BACKOFF's)
                     runs.add(int(info["pid"]))
                 if len(runs) > START_RUNS:  # a worker that dies at every start (vLLM refusing its flags after 45 s)
@@ -295,7 +298,7 @@ class Process:
                         f"`umemc logs {m.name}` shows why",
                         "start_failed",
                         10,
-                        private=f"log: {self.owner.run.log(m.name)}",
+                        private=f"log: {self.parts.run.log(m.name)}",
                     )
                 # EXITED is where a crashed worker waits for supervisord's autorestart (a moment): not a failure
                 # unless it stays there
@@ -314,14 +317,14 @@ class Process:
                         f"worker {m.name} failed to start: it is {state}; `umemc logs {m.name}` shows why",
                         "start_failed",
                         10,
-                        private=f"{info.get('spawnerr') or ''} (log: {self.owner.run.log(m.name)})".lstrip(),
+                        private=f"{info.get('spawnerr') or ''} (log: {self.parts.run.log(m.name)})".lstrip(),
                     )
-            if state in ANSWERING and self.owner.sync.probe is not None and await self.owner.sync.probe(m):
+            if state in ANSWERING and self.parts.sync.probe is not None and await self.parts.sync.probe(m):
                 await self._own_answer(m, info)
                 return
             await asyncio.sleep(poll_interval(time.monotonic() - began))
         raise Refused(
-            f"worker {m.name} did not become healthy within {self.owner.gw.start_timeout_s:g} s", "start_timeout", 10
+            f"worker {m.name} did not become healthy within {self.parts.gw.start_timeout_s:g} s", "start_timeout", 10
         )
 
     async def _own_answer(self, m: Model, info: dict[str, Any]) -> None:
@@ -331,7 +334,7 @@ class Process:
         pid, port = info.get("pid"), m.port
         if not pid or port is None:
             return
-        mark = run_mark(self.owner.run.state)
+        mark = run_mark(self.parts.run.state)
         if await asyncio.to_thread(listens_on, int(pid), port, mark=mark, model=m.name) is not False:
             return
         raise Refused(
@@ -347,26 +350,26 @@ class Process:
         would oscillate. A
         llama-server that was serving has its slots' KV saved first (umemc.runtime.gateway.kvslots)."""
         if m.state in ANSWERING and m.plan.kv_slots and m.port is not None:  # (already marked STOPPING)
-            m.saved_slots = await kvslots.save(m.port, m.name, m.plan.kv_slots, self.owner.events)
+            m.saved_slots = await kvslots.save(m.port, m.name, m.plan.kv_slots, self.parts.events)
         # the reason it was marked STOPPING with (evicted for X), else the stop's own
         m.life.to(Phase.STOPPING, m.life.why if m.life.phase is Phase.STOPPING else STOPPED_FOR.get(why, why))
         try:
             usage = m.usage
-            failed = await asyncio.to_thread(self.owner.supervisor.try_stop, m.name, wait=True)
+            failed = await asyncio.to_thread(self.parts.supervisor.try_stop, m.name, wait=True)
             if failed is not None and failed != "not running":
-                self.owner.events.add(f"{why}_failed", m.name, by="gateway", reason=failed, **detail)
+                self.parts.events.add(f"{why}_failed", m.name, by="gateway", reason=failed, **detail)
                 raise Refused(f"could not stop {m.name} to make room: {failed}", "stop_failed", 5)
             m.life.to(Phase.DOWN, m.life.why)
-            self.owner.sync.stopped(m)
+            self.parts.sync.stopped(m)
             m.evicted = why in ("evict", "defragment") and evicted is Evicted.RESTORE
             m.keep_alive_s = None  # a client's keep_alive lasts while the model runs
-            self.owner.events.add(why, m.name, by="gateway", usage_bytes=usage, priority=m.plan.priority, **detail)
-            if self.owner.metrics is not None:
-                self.owner.metrics.eviction(m.name, why)
+            self.parts.events.add(why, m.name, by="gateway", usage_bytes=usage, priority=m.plan.priority, **detail)
+            if self.metrics is not None:
+                self.metrics.eviction(m.name, why)
         finally:
             if m.life.phase is Phase.STOPPING:  # the stop failed: it still runs
                 m.life.to(Phase.READY, "the stop failed")
-            self.owner.kick()  # requests that arrived for it meanwhile start it again
+            self.parts.kick()  # requests that arrived for it meanwhile start it again
 
     def keep_alive(self, m: Model, seconds: float | None) -> None:
         """A client's keep_alive, as Ollama means it: how long the model stays loaded once idle (math.inf: until

@@ -55,7 +55,7 @@ async def _named(request: web.Request) -> Model:
 
 async def load(request: web.Request) -> web.Response:
     m = await _named(request)
-    await request.app[SCHED].load(m, admit_of(request))
+    await request.app[SCHED].actions.load(m, admit_of(request))
     return web.json_response({"success": True})
 
 
@@ -63,7 +63,7 @@ async def unload(request: web.Request) -> web.Response:
     m = await _named(request)
     if not m.live:
         return error(400, f"model {m.name} is not running", "not_running")
-    await request.app[SCHED].stop_now(m, drain=True)
+    await request.app[SCHED].actions.stop_now(m, drain=True)
     return web.json_response({"success": True})
 
 

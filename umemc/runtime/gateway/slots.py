@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...contract import GatewayDoc, ModelDoc, PeerDoc
-from .core import Admission, Admit
+from .core import Admit, SlotCalls
 from .model import Model, Refused, Remote
 
 
@@ -99,10 +99,10 @@ class Slots:
         models: dict[str, Model],
         docs: dict[str, ModelDoc],
         gw: GatewayDoc,
-        admission: Admission,
+        calls: SlotCalls,
         peers: dict[str, PeerDoc] | None = None,
     ):
-        self.models, self.gw, self.admission = models, gw, admission
+        self.models, self.gw, self.calls = models, gw, calls
         self.peers = peers or {}  # the models the other nodes of the stack serve (peers.py)
         self.queues: dict[str, Queue] = {}
         self.routes: dict[str, str] = {}
@@ -127,7 +127,7 @@ class Slots:
         if target is not None:
             return self.models[target]
         if name in self.groups:
-            return self.admission.choose(self.groups[name])
+            return self.calls.choose(self.groups[name])
         peer = lookup(self.peers, name)
         if peer is not None:  # another node serves it: the request goes to that node's gateway
             raise Remote(name, peer)
@@ -159,14 +159,14 @@ class Slots:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (time.monotonic(), fut)
         q.waiters.append(entry)
-        self.admission.kick()
+        self.calls.kick()
         try:
             await asyncio.wait_for(asyncio.shield(fut), self.gw.queue_timeout_s)
         except TimeoutError:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 return  # granted in the same instant
             self._forget(m, entry)
-            raise self.admission.timed_out(m) from None
+            raise self.calls.timed_out(m) from None
         except asyncio.CancelledError:
             self._forget(m, entry)
             if fut.done() and not fut.cancelled() and fut.exception() is None:
@@ -176,7 +176,7 @@ class Slots:
     def _refuse(self, m: Model, q: Queue, admit: Admit) -> None:
         """A request that cannot wait for this model: the gateway is closing, the model is unhealthy or given up,
         it cannot be admitted (asked not to queue then), or its queue is full."""
-        if self.admission.closing:
+        if self.calls.closing():
             raise Refused("the gateway is shutting down", "shutting_down", 5)
         if m.unhealthy is not None:
             raise Refused(
@@ -191,7 +191,7 @@ class Slots:
                 "(see `umemc events`); restart the stack to try again",
                 "worker_given_up",
             )
-        if admit is Admit.REFUSE_NOW and (refusal := self.admission.refusal_now(m)) is not None:
+        if admit is Admit.REFUSE_NOW and (refusal := self.calls.refusal_now(m)) is not None:
             raise refusal
         if len(q.waiters) >= self.gw.queue:
             raise Refused(
@@ -207,7 +207,7 @@ class Slots:
         if not entry[1].done():
             entry[1].cancel()
         self.check_drained(m)
-        self.admission.kick()
+        self.calls.kick()
 
     def release(self, m: Model) -> None:
         q = self.queues[m.name]
@@ -216,7 +216,7 @@ class Slots:
         self.dispatch(m)
         self.check_drained(m)
         if not q.busy:
-            self.admission.idle(m)
+            self.calls.idle(m)
 
     def dispatch(self, m: Model) -> None:
         """Grant free slots to waiters, first come first served. A draining model still serves

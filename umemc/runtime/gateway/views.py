@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 def status(s: Scheduler) -> dict[str, Any]:
-    ram, gpu = s.committed()
+    ram, gpu = s.admission.committed()
     now = time.time()
     return {
         "stack": s.plan.stack,
@@ -96,7 +96,7 @@ def _model(s: Scheduler, m: Model, now: float) -> dict[str, Any]:
         "keep_alive_s": keep_alive_json(m.keep_alive_s),
         "ttl_left_s": (
             round(max(0.0, limit - (now - q.last_used)), 1)
-            if (limit := s.idle_limit(m)) is not None and m.ready and not q.busy
+            if (limit := s.admission.idle_limit(m)) is not None and m.ready and not q.busy
             else None
         ),
         "last_cold_start_s": m.last_cold_start_s,
@@ -118,7 +118,7 @@ def _start_now(s: Scheduler, m: Model) -> dict[str, Any]:
     """For a model that is down: whether a start would be admitted now, and whom it would evict."""
     if m.live:
         return {"fits_now": None, "would_evict": None}
-    decision = s.decide_model(m)
+    decision = s.admission.decide_model(m)
     return {"fits_now": decision.fits, "would_evict": decision.victims if decision.fits else []}
 
 
@@ -129,4 +129,5 @@ def keep_alive_json(seconds: float | None) -> float | str | None:
 
 def groups(s: Scheduler) -> dict[str, dict[str, Any]]:
     """Each shared name (models' `serves`): the models that share it and which would answer it now."""
-    return {shared: {"models": names, "answers_now": s.choose(names).name} for shared, names in s.slots.groups.items()}
+    choose = s.admission.choose
+    return {shared: {"models": names, "answers_now": choose(names).name} for shared, names in s.slots.groups.items()}
