@@ -397,3 +397,62 @@ def test_a_llama_cpp_worker_holding_more_than_its_buffers_is_seen(tmp_path: Path
     loop.enforcer.slow_tick(now + DRIFT_SETTLE_S + 3)
     doc = json.loads(loop.enforcer.run_dir.status.read_text())
     assert doc["models"]["w"]["beyond_buffers_bytes"] == 7 * MiB
+
+
+def test_a_worker_given_up_and_started_again_is_enforced_again(tmp_path: Path) -> None:
+    """After the give-up someone starts it again (`umemc up`, supervisorctl): its new process is sampled and held to
+    its quota like any other."""
+    loop = Loop(tmp_path)
+    for pid in (4001, 4002):  # two kills within the window: given up
+        loop.start(pid, 200 * MiB)
+        loop.enforcer.tick()
+    w = loop.enforcer.workers["w"]
+    assert w.phase is Phase.GIVEN_UP
+    loop.start(4003, 50 * MiB)
+    loop.enforcer.tick()
+    assert (w.phase, w.pid, w.usage) == (Phase.UP, 4003, 50 * MiB)
+    assert loop.states()[-2:] == [
+        ("killed", "given_up", "2 hard-quota kills within 600 s"),
+        ("given_up", "up", "its process (pid 4003) is sampled"),
+    ]
+
+
+def test_a_kernel_kill_the_worker_survived_then_the_enforcers(tmp_path: Path) -> None:
+    """cgroup v1 may kill a child of the worker only: the kernel's kill is counted, the worker's own process lives
+    on, and once it holds more than its hard quota the enforcer kills it too (two kills within the window: left
+    stopped)."""
+    loop = Loop(tmp_path, kernel="auto")
+    group = V1Group(tmp_path, loop.enforcer.run_dir.cgroups / "w")
+    loop.start(4001, 50 * MiB)
+    group.placed(4001, 50 * MiB)
+    loop.enforcer.tick()
+    group.killed += 1  # a child killed; the worker's process, and its charge, stay
+    group.count()
+    group.charge(200 * MiB)
+    loop.enforcer._gone = True
+    loop.enforcer.tick()
+    assert loop.kills == [(4001, [4001])]
+    assert [(f, t) for f, t, _ in loop.states()] == [
+        ("down", "up"),
+        ("up", "oom_killed"),
+        ("oom_killed", "killed"),
+        ("killed", "given_up"),
+    ]
+
+
+def test_two_kernel_kills_between_samples_give_up_at_once(tmp_path: Path) -> None:
+    """Both kills of max_kills counted at one look (the kernel killed twice in the worker's group between two of
+    the enforcer's samples): it is left stopped at once."""
+    loop = Loop(tmp_path, kernel="auto")
+    group = V1Group(tmp_path, loop.enforcer.run_dir.cgroups / "w")
+    loop.start(4001, 50 * MiB)
+    group.placed(4001, 50 * MiB)
+    loop.enforcer.tick()
+    group.killed += 2
+    group.count()
+    loop.enforcer._gone = True
+    loop.enforcer.tick()
+    assert loop.sv.stops == [("w", False)]
+    kills = [(d["by"], d["oom_kills"]) for k, d in loop.events() if k == "hard_limit_kill"]
+    assert kills == [("kernel", 2)]
+    assert [(f, t) for f, t, _ in loop.states()] == [("down", "up"), ("up", "oom_killed"), ("oom_killed", "given_up")]

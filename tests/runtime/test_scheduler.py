@@ -7,6 +7,7 @@ RUNNING and healthy at once, unless the test holds it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import threading
@@ -731,3 +732,146 @@ def test_the_enforcers_status_is_parsed_once_a_change(tmp_path: Path, monkeypatc
     running(sched, body)
     assert seen == [0.25, 0.25, 0.5, 0.5, None, None]
     assert parsed == [0.25, 0.5, 0.75]
+
+
+def muted(sched: Scheduler, sv: FakeSupervisor) -> set[str]:
+    """The models whose health URL stops answering while named in the returned set (a hung worker: supervisord
+    still runs it)."""
+    mute: set[str] = set()
+
+    async def probe(m: Model) -> bool:
+        return sv.states.get(m.name) == "RUNNING" and m.name not in mute
+
+    sched.sync.probe = probe
+    return mute
+
+
+async def until_phase(s: Scheduler, name: str, phase: Phase) -> None:
+    """The health watch (every millisecond here) running until the model is in `phase`."""
+    watch = asyncio.create_task(s.sync.health_watch(0.001))
+    try:
+        while s.models[name].life.phase is not phase:
+            await asyncio.sleep(0.001)
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+
+
+def test_a_hung_worker_is_unhealthy_until_it_answers_or_is_gone(tmp_path: Path) -> None:
+    """A ready worker whose health URL stops answering (two misses in a row) takes no request: it is back once it
+    answers (a poll, or a request that waits for it and starts it afresh), and down once supervisord has lost it."""
+    sv = FakeSupervisor(running=("a", "b"))
+    sched = scheduler(tmp_path, model("a", 50) + model("b", 40), sv)
+    mute = muted(sched, sv)
+
+    async def body(s: Scheduler) -> None:
+        a, b = s.models["a"], s.models["b"]
+        mute.add("a")
+        await until_phase(s, "a", Phase.UNHEALTHY)
+        await s.sync.refresh()
+        assert a.life.phase is Phase.UNHEALTHY  # still silent
+        mute.discard("a")
+        await s.sync.refresh()
+        assert a.life.phase is Phase.READY  # answers again
+        await s.slots.acquire(a)  # one in flight, one queued (max_concurrency 1) when it hangs
+        queued = asyncio.create_task(s.slots.acquire(a))
+        while s.slots["a"].queued < 1:
+            await asyncio.sleep(0)
+        mute.add("a")
+        await until_phase(s, "a", Phase.STARTING)  # the queued request has its worker awaited afresh
+        mute.discard("a")
+        s.slots.release(a)
+        await queued
+        s.slots.release(a)
+        assert a.life.phase is Phase.READY
+        mute.add("b")
+        await until_phase(s, "b", Phase.UNHEALTHY)
+        sv.states["b"] = "EXITED"
+        await s.sync.refresh()
+        assert b.life.phase is Phase.DOWN
+        assert states(s, "a") == [
+            ("down", "ready", "answers its health URL"),  # found running at the gateway's start
+            ("ready", "unhealthy", "its health URL did not answer 2 times in a row"),
+            ("unhealthy", "ready", "answers its health URL"),
+            ("ready", "unhealthy", "its health URL did not answer 2 times in a row"),
+            ("unhealthy", "starting", None),
+            ("starting", "ready", None),
+        ]
+        assert states(s, "b")[-2:] == [
+            ("ready", "unhealthy", "its health URL did not answer 2 times in a row"),
+            ("unhealthy", "down", "supervisord says EXITED"),
+        ]
+
+    running(sched, body)
+
+
+def test_pressure_stops_a_hung_worker_and_one_never_seen_healthy(tmp_path: Path) -> None:
+    """The pressure victim is whatever supervisord runs, by the policy's order, whether or not it answers: one that
+    never answered since the gateway started (down to the gateway, running to supervisord), then a hung one."""
+    sv = FakeSupervisor(running=("lo", "mid", "top"))
+    sched = scheduler(tmp_path, model("lo", 10) + model("mid", 30) + model("top", 90, memory="256MiB"), sv)
+    mute = muted(sched, sv)
+    mute.add("lo")
+
+    async def body(s: Scheduler) -> None:
+        lo, mid = s.models["lo"], s.models["mid"]
+        assert lo.life.phase is Phase.DOWN and lo.live  # never answered
+        assert await s.actions.relieve_pressure(0.95) == {"action": "evicting", "model": "lo"}
+        while lo.life.phase is not Phase.DOWN or sv.stopped != ["lo"]:
+            await asyncio.sleep(0)
+        mute.add("mid")
+        await until_phase(s, "mid", Phase.UNHEALTHY)
+        assert await s.actions.relieve_pressure(0.95) == {"action": "evicting", "model": "mid"}
+        while mid.life.phase is not Phase.DOWN:
+            await asyncio.sleep(0)
+        assert sv.stopped == ["lo", "mid"]
+        assert [(f, t) for f, t, _ in states(s, "lo")] == [("down", "stopping"), ("stopping", "down")]
+        assert [(f, t) for f, t, _ in states(s, "mid")] == [
+            ("down", "ready"),
+            ("ready", "unhealthy"),
+            ("unhealthy", "stopping"),
+            ("stopping", "down"),
+        ]
+
+    running(sched, body)
+
+
+@pytest.mark.parametrize("end", ["hangs", "dies"])
+def test_a_draining_victim_that_hangs_or_dies(tmp_path: Path, end: str) -> None:
+    """A victim draining for a cold start that stops answering is unhealthy (it takes no more of its batch); one
+    whose process ends is down; either way the start it drained for goes on once it is gone."""
+    sv = FakeSupervisor(running=("lo", "top"))
+    sched = scheduler(tmp_path, model("lo", 10) + model("top", 90) + model("hi", 50, mode="cold"), sv)
+    mute = muted(sched, sv)
+
+    async def body(s: Scheduler) -> None:
+        lo, hold = s.models["lo"], asyncio.Event()
+
+        async def busy() -> None:
+            async with s.slots.slot(lo, Admit.QUEUE):
+                await hold.wait()
+
+        first = asyncio.create_task(busy())
+        while s.slots["lo"].in_flight < 1:
+            await asyncio.sleep(0)
+        hi = asyncio.create_task(s.slots.acquire(s.models["hi"]))
+        while lo.life.phase is not Phase.DRAINING:
+            await asyncio.sleep(0)
+        if end == "hangs":
+            mute.add("lo")
+            await until_phase(s, "lo", Phase.UNHEALTHY)
+        else:
+            sv.states["lo"] = "EXITED"
+            await s.sync.refresh()
+            assert lo.life.phase is Phase.DOWN
+        hold.set()
+        await first
+        await hi
+        s.slots.release(s.models["hi"])
+        assert s.models["hi"].ready and sv.started == ["hi"]
+        moved = [(f, t) for f, t, _ in states(s, "lo")]
+        assert moved[1:3] == ([("ready", "draining"), ("draining", "unhealthy")] if end == "hangs" else
+                              [("ready", "draining"), ("draining", "down")])  # fmt: skip
+
+    running(sched, body)

@@ -31,11 +31,14 @@ class Phase(Enum):
     GIVEN_UP = "given_up"  # killed max_kills times within kill_window: left stopped until started again
 
 
+# A killed worker's process is no longer sampled (no pid): its next move is a new process (UP) or the give-up, never
+# an exit seen (DOWN). A worker the kernel killed in is still sampled: its exit is seen (DOWN) before a new process
+# is (UP). tests/runtime/test_lifecycle_edges.py holds every edge to a move the loop's tests make.
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.DOWN: frozenset({Phase.UP, Phase.GIVEN_UP}),
     Phase.UP: frozenset({Phase.DOWN, Phase.KILLED, Phase.OOM_KILLED}),
-    Phase.KILLED: frozenset({Phase.UP, Phase.DOWN, Phase.GIVEN_UP}),
-    Phase.OOM_KILLED: frozenset({Phase.DOWN, Phase.UP, Phase.KILLED, Phase.GIVEN_UP}),
+    Phase.KILLED: frozenset({Phase.UP, Phase.GIVEN_UP}),
+    Phase.OOM_KILLED: frozenset({Phase.DOWN, Phase.KILLED, Phase.GIVEN_UP}),
     Phase.GIVEN_UP: frozenset({Phase.UP}),  # someone started it again (`umemc up`, supervisorctl)
 }
 

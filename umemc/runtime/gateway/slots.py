@@ -247,7 +247,7 @@ class Slots:
 
     def check_drained(self, m: Model) -> None:
         q = self.queues[m.name]
-        if m.draining and q.in_flight == 0 and (not q.waiters or q.waiters[0][0] > (q.drain_since or 0)):
+        if q.drain_since is not None and q.in_flight == 0 and (not q.waiters or q.waiters[0][0] > q.drain_since):
             q.drained.set()
 
     async def wait_drained(self, names: list[str], timeout: float) -> bool:
