@@ -11,7 +11,7 @@ from typing import NamedTuple
 from ..catalog.quant import FILE_TYPE_BITS, quantized_kv
 from ..catalog.runtimes import LLAMA_RUNTIMES
 from ..estimate.estimator import estimate_model
-from ..stack.resolve import LoadedStack
+from ..stack.resolved import LoadedStack
 from ..units import gib
 from .plan import ModelPlan, Plan, model_plan
 

@@ -12,7 +12,7 @@ from ..estimate.estimator import estimate_stack
 from ..estimate.figures import Estimate
 from ..stack.load import Source
 from ..stack.models import Stack
-from ..stack.resolve import LoadedStack, ResolvedModel, ResolvedPlatform
+from ..stack.resolved import LoadedStack, ResolvedModel, ResolvedPlatform
 from ..units import MiB, gib, mul_ceil, mul_floor, round_up
 from . import policy
 

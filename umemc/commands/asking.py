@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..budget.plan import Plan
     from ..lockfile import LockEntry
-    from ..stack.resolve import LoadedStack, ResolvedModel
+    from ..stack.resolved import LoadedStack, ResolvedModel
 
 
 class Measure(Enum):

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ..hub.ref import HfRef
     from ..hub.remote import Remote
     from ..lockfile import LockEntry
-    from ..stack.resolve import LoadedStack
+    from ..stack.resolved import LoadedStack
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -22,7 +22,7 @@ import math
 
 from ..catalog.hfdir import HfModel, positive
 from ..catalog.runtimes import MLX_KV, VLLM_KV
-from ..stack.resolve import LoadedStack, ResolvedModel
+from ..stack.resolved import LoadedStack, ResolvedModel
 from .figures import Estimate, Figure
 from .finish import finish
 from .overhead import overhead_figure

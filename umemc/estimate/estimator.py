@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..catalog.runtimes import ENGINE_RUNTIMES, LLAMA_RUNTIMES
-from ..stack.resolve import LoadedStack, ResolvedModel
+from ..stack.resolved import LoadedStack, ResolvedModel
 from .figures import Estimate
 from .llama import estimate_llama
 from .other import apply_measured_peak, estimate_command, estimate_torch, estimate_whisper_cpp

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..stack.resolve import LoadedStack, ResolvedModel
+from ..stack.resolved import LoadedStack, ResolvedModel
 from ..units import with_gib
 from .figures import Estimate, Figure
 

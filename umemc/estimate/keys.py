@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..stack.resolve import LoadedStack, ResolvedModel
+from ..stack.resolved import LoadedStack, ResolvedModel
 
 
 def llama(loaded: LoadedStack, m: ResolvedModel) -> dict[str, object]:

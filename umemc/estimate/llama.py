@@ -11,7 +11,7 @@ from ..catalog.quant import FILE_TYPE_BITS, REPACK_ISA, is_repacked, loaded, pre
 from ..catalog.runtimes import FULL_SWA_CACHE, NO_REPACK_FLAGS
 from ..hub.ref import SPLIT
 from ..lockfile import LockEntry, path_for
-from ..stack.resolve import LoadedStack, ResolvedModel
+from ..stack.resolved import LoadedStack, ResolvedModel
 from ..units import with_gib
 from . import recorded
 from .figures import Estimate, Figure

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..catalog.archs import LLM_PRESETS, TORCH_PRESETS, TorchPreset
 from ..catalog.quant import BLOCK, TORCH_DTYPES, WHISPER_TYPES
-from ..stack.resolve import LoadedStack, ResolvedModel
+from ..stack.resolved import LoadedStack, ResolvedModel
 from .figures import Estimate, Figure
 from .finish import finish
 from .llm import F32

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import NamedTuple, TypeVar
 
 from ..lockfile import DryRun, LockEntry, path_for
-from ..stack.resolve import LoadedStack, ResolvedModel
+from ..stack.resolved import LoadedStack, ResolvedModel
 from . import keys
 from .figures import Figure
 from .gguf_file import GgufFacts

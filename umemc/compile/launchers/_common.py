@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ...budget.plan import ModelPlan
-    from ...stack.resolve import ResolvedModel
+    from ...stack.resolved import ResolvedModel
     from . import Context
 
 

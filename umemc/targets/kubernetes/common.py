@@ -14,7 +14,7 @@ from ...budget.split import Part, Split
 from ...chars import kube_name
 from ...compile.bundle import Bundle, Program, compile_bundle
 from ...errors import UsageError
-from ...stack.resolve import ResolvedPlatform
+from ...stack.resolved import ResolvedPlatform
 
 # The runtime's official image per platform kind, pinned to one llama.cpp build (a floating tag would
 # change under a running cluster). nvidia-unified machines (DGX Spark, Jetson) are arm64, and upstream's
