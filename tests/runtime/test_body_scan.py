@@ -9,8 +9,8 @@ import random
 
 import pytest
 
+from umemc.runtime.gateway.bodies import MAX_JSON_DEPTH, TooDeep, depth, model_of, strict_json
 from umemc.runtime.gateway.model import Refused
-from umemc.runtime.gateway.relay import MAX_JSON_DEPTH, TooDeep, depth, model_of, strict_json
 
 
 def reference_depth(raw: bytes) -> int:

@@ -14,25 +14,14 @@ from aiohttp import web
 
 from . import anthropic, leasing, ollama, page, router, views
 from .access import AccessLog
+from .app_keys import ACCESS, CAPTURES, METRICS, POOL, SCHED, TOKEN
+from .bodies import json_object, model_of, read_body, strict_json
 from .door import allowed_hosts, guarded
 from .metrics import Metrics
 from .model import Model, Refused
 from .peers import PEER_POOLS
 from .progress import STREAMS, Progress
-from .relay import (
-    ACCESS,
-    CAPTURES,
-    METRICS,
-    POOL,
-    SCHED,
-    TOKEN,
-    Call,
-    forward,
-    json_object,
-    model_of,
-    read_body,
-    strict_json,
-)
+from .relay import Call, forward
 from .request_capture import Captures
 from .scheduler import Scheduler
 from .surfaces import OPENAI, SURFACES

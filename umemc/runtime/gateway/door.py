@@ -11,8 +11,8 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from . import peers
+from .app_keys import SCHED
 from .model import Refused, Remote
-from .relay import SCHED
 from .surfaces import Surface, surface_of
 
 MUTATING = frozenset(("POST", "PUT", "PATCH", "DELETE"))

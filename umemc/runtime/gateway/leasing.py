@@ -11,9 +11,10 @@ from aiohttp import web
 from ...budget.policy import Decision, Need
 from ...chars import CONTROL
 from ...units import parse_duration, parse_size
+from .app_keys import SCHED
+from .bodies import json_object
 from .lease_book import lease_json
 from .model import Refused
-from .relay import SCHED, json_object
 from .scheduler import Scheduler
 from .surfaces import error
 

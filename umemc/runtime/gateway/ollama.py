@@ -23,22 +23,11 @@ from typing import Any
 from aiohttp import web
 
 from ...units import parse_duration
+from .app_keys import SCHED
+from .bodies import admit_of, json_object
 from .model import Model, Refused
 from .naming import error_message
-from .relay import (
-    SCHED,
-    STREAM_ENDS,
-    WHOLE_LIMIT,
-    Call,
-    Seen,
-    admit_of,
-    answered,
-    forward,
-    json_object,
-    pipe,
-    stream_failed,
-    upstream,
-)
+from .relay import STREAM_ENDS, WHOLE_LIMIT, Call, Seen, answered, forward, pipe, stream_failed, upstream
 from .scheduler import Scheduler
 from .surfaces import Surface
 from .upstream import PayloadError

@@ -12,8 +12,9 @@ from aiohttp import web
 
 from ..eventtext import said
 from . import views
+from .app_keys import CAPTURES, SCHED
+from .bodies import json_object
 from .model import Refused
-from .relay import CAPTURES, SCHED, json_object
 from .scheduler import Scheduler
 from .surfaces import error
 

@@ -10,26 +10,21 @@ so the worker stops generating."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import email.parser
-import email.policy
 import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from aiohttp import web
 
-from .access import AccessLog
-from .core import Admit
+from .app_keys import CAPTURES, POOL, SCHED, TOKEN
+from .bodies import TooDeep, admit_of, strict_json
 from .ledger import Entry
-from .metrics import Metrics
 from .model import Model, Refused
 from .naming import StreamRenamer, renamed
 from .progress import Progress
-from .request_capture import Captures
 from .scheduler import Scheduler
 from .surfaces import HTTP_STATUS, SURFACES, surface_of
 from .upstream import Answer, PayloadError, Pool, TooLarge, Unreachable
@@ -60,120 +55,7 @@ def from_worker(name: str) -> bool:
     return low not in HOP_BY_HOP and low not in ("set-cookie", "set-cookie2") and not low.startswith("access-control-")
 
 
-SCHED: web.AppKey[Scheduler] = web.AppKey("sched", Scheduler)
-METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
-POOL: web.AppKey[Pool] = web.AppKey("pool", Pool)
-ACCESS: web.AppKey[AccessLog] = web.AppKey("access", AccessLog)
-CAPTURES: web.AppKey[Captures] = web.AppKey("captures", Captures)
-TOKEN: web.AppKey[str] = web.AppKey("token", str)  # the gateway's own token (a client's is never passed on)
 TOKEN_HEADERS = frozenset(("authorization", "x-api-key"))  # where a client may carry it (surfaces.py)
-
-
-def admit_of(request: web.Request) -> Admit:
-    """`X-Umemc-Wait: 1` (or true/yes): queue for a model that cannot be admitted now, until memory
-    frees or the queue timeout; without it such a request is refused at once with the reason."""
-    wait = request.headers.get("X-Umemc-Wait", "").strip().lower() in ("1", "true", "yes")
-    return Admit.QUEUE if wait else Admit.REFUSE_NOW
-
-
-# -- routing ------------------------------------------------------------------------------------
-def model_of(content_type: str, body: bytes) -> str:
-    """The `model` field of a JSON body, or of a multipart form (audio transcriptions)."""
-    if content_type.startswith("multipart/form-data"):
-        return _multipart_model(content_type, body)
-    try:
-        doc = strict_json(body) if body else None
-    except ValueError as exc:
-        raise Refused(str(exc) if isinstance(exc, TooDeep) else "request body is not JSON", "invalid_json") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("model"), str) or not doc["model"]:
-        raise Refused('request has no "model" field: name a model of this stack (GET /v1/models)', "model_missing")
-    return str(doc["model"])
-
-
-def _multipart_model(content_type: str, body: bytes) -> str:
-    head = f"Content-Type: {content_type}\r\n\r\n".encode()
-    msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
-    for part in msg.iter_parts():
-        if part.get_param("name", header="content-disposition") == "model":
-            value = part.get_payload(decode=True)
-            if isinstance(value, bytes) and value.strip():
-                return value.decode(errors="replace").strip()
-    raise Refused('form has no "model" field: name a model of this stack (GET /v1/models)', "model_missing")
-
-
-async def read_body(request: web.Request) -> bytes:
-    """The whole body within gateway.body_timeout (a client trickling bytes cannot hold a handler),
-    at most gateway.max_body bytes (aiohttp answers 413 beyond; a larger declared Content-Length is
-    answered 413 at once, before a byte of it is waited for)."""
-    limit = request.app[SCHED].gw.max_body_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise Refused(
-            f"request body of {request.content_length} bytes is larger than {limit} bytes (gateway.max_body)",
-            "body_too_large",
-        )
-    if request.content.is_eof():  # all of it is in already (the usual small body): nothing to wait for
-        return await request.read()
-    try:
-        async with asyncio.timeout(request.app[SCHED].gw.body_timeout_s):
-            return await request.read()
-    except TimeoutError:
-        raise Refused(
-            f"request body not received within {request.app[SCHED].gw.body_timeout_s:g} s", "body_timeout"
-        ) from None
-
-
-MAX_JSON_DEPTH = 64  # no request of this API nests deeper than a few levels
-TOO_DEEP = f"request body nests more than {MAX_JSON_DEPTH} levels of arrays or objects"
-
-
-async def json_object(request: web.Request) -> dict[str, Any]:
-    """The request's body as a JSON object (empty: {}), read within its bounds."""
-    raw = await read_body(request)
-    try:
-        doc = strict_json(raw) if raw else {}
-    except ValueError as exc:
-        raise Refused(str(exc) if isinstance(exc, TooDeep) else "request body is not JSON", "invalid_json") from None
-    if not isinstance(doc, dict):
-        raise Refused("request body must be a JSON object", "invalid_json")
-    return doc
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-_STRICT = json.JSONDecoder(parse_constant=_no_constant)  # made once (json.loads with an option makes one a call)
-
-
-def strict_json(raw: bytes) -> Any:
-    """json.loads without NaN/Infinity (Python accepts them; JSON does not) and without nesting past
-    MAX_JSON_DEPTH (3000 levels made the parser recurse until Python gave up: a 500 with a traceback)."""
-
-    try:
-        doc = _STRICT.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
-    except RecursionError:  # deeper than Python's recursion limit (about 1000 levels)
-        raise TooDeep(TOO_DEEP) from None
-    # no more opening brackets than the limit (strings' included) bound the depth: most bodies end here
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and depth(doc) > MAX_JSON_DEPTH:
-        raise TooDeep(TOO_DEEP)
-    return doc
-
-
-class TooDeep(ValueError):
-    pass
-
-
-def depth(doc: Any) -> int:
-    """How deep a parsed document nests arrays and objects, counted up to one level past MAX_JSON_DEPTH; level by
-    level over the containers only (a 1 MiB prompt is one string: nothing to walk). Scanning the body's bytes
-    for brackets outside strings instead took 17 ms a MiB in Python, 8 ms with a regular expression on a prompt
-    of code; the parser is C and 1 ms."""
-    level = [doc] if type(doc) in (dict, list) else []
-    deepest = 0
-    while level and deepest <= MAX_JSON_DEPTH:
-        deepest += 1
-        level = [v for c in level for v in (c.values() if type(c) is dict else c) if type(v) in (dict, list)]
-    return deepest
 
 
 @dataclass(slots=True)

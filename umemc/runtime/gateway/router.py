@@ -13,8 +13,9 @@ from typing import Any
 
 from aiohttp import web
 
+from .app_keys import SCHED
+from .bodies import admit_of, json_object
 from .model import Model, Refused
-from .relay import SCHED, admit_of, json_object
 from .surfaces import error
 
 
