@@ -191,3 +191,66 @@ def test_trend() -> None:
     slope, r2 = _trend([(t, 1000 + 50 * t) for t in range(10)])
     assert abs(slope - 50) < 1e-9 and abs(r2 - 1) < 1e-9
     assert _trend([(t, 7) for t in range(5)]) == (0.0, 0.0)
+
+
+THREADS = """
+import subprocess, sys, threading, time
+kids = []
+def fork():
+    kids.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+    print("forked", kids[-1].pid, flush=True)
+    sys.stdin.readline()  # the thread ends when told
+worker = threading.Thread(target=fork)
+worker.start()
+worker.join()
+print("thread ended", flush=True)
+sys.stdin.readline()
+held = b"\\x02" * (30 * 2**20)
+print("grown", flush=True)
+time.sleep(60)
+"""
+
+
+def own_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("cap", [None, 0], ids=["kept", "over the cap"])
+def test_kept_descriptors_read_afresh_and_close_with_their_thread_or_process(cap: int | None) -> None:
+    """Linux's reads through kept descriptors: each read is the file as it is now (a child a thread forked, memory
+    grown since), a thread that ended has its children file closed, a process gone has all of its closed; past the
+    cap nothing is kept and the reads are the same."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", THREADS], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+    )
+    procs = LinuxProcesses()
+    if cap is not None:
+        procs._cap = cap
+    before = own_descriptors()
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        forked = proc.stdout.readline().split()
+        assert forked[0] == b"forked"
+        child = int(forked[1])
+        assert procs.children(proc.pid) == frozenset({child})  # listed by the thread that forked it
+        small = procs.memory(proc.pid)
+        assert abs(small - statm_rss(proc.pid)) < 2**20
+        threads = len(os.listdir(f"/proc/{proc.pid}/task"))
+        kept = own_descriptors() - before
+        assert kept == (0 if cap == 0 else threads + 1)  # each thread's children file, and statm
+        proc.stdin.write(b"\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == b"thread ended\n"
+        # the child outlives its thread: the kernel hands it to a live thread of the same process (its main one)
+        assert procs.children(proc.pid) == frozenset({child})
+        assert own_descriptors() - before == (0 if cap == 0 else kept - (threads - 1))
+        proc.stdin.write(b"\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == b"grown\n"
+        assert procs.memory(proc.pid) - small > 28 * 2**20  # read afresh through the same descriptor
+    finally:
+        os.killpg(proc.pid, 9)
+        os.kill(child, 9)
+        proc.wait()
+    assert procs.memory(proc.pid) == 0 and procs.children(proc.pid) == frozenset()
+    assert own_descriptors() == before

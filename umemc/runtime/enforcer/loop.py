@@ -222,12 +222,13 @@ class Enforcer:
             self._last_escaped = now
             self.sampler.find_escaped(list(self.workers.values()))
         self._allowances()
+        kernel = self.plan.policy.kernel_enforcement == "auto"
         for w in self.workers.values():
             self.checks.kernel(w)  # before _track: a kernel kill ends the process it counts
             self._track(w, self._infos.get(w.name), now)
             self.checks.helpers(w)
             if w.pid:
-                if w.cgroup is None:
+                if w.cgroup is None and kernel:  # without kernel enforcement the wrapper places no worker
                     self.sampler.attach_cgroup(w)
                 self.sampler.refresh(w, now)
                 self.checks.leak(w)
@@ -290,8 +291,9 @@ class Enforcer:
         if available is not None:
             self.box.add(now, max(0, self.sampler.usable - available))
         own = 0
-        for record in self.run_dir.records():
-            if record.name in OWN:
+        for name in OWN:  # their records alone (the run's records hold every worker's too)
+            record = self.run_dir.record(name)
+            if record is not None:
                 own += self.sampler.procs.memory(record.pid)
         self.own.add(now, own)
         return available

@@ -10,6 +10,7 @@ import math
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Generic, TypeVar
 
 from ...contract import CgroupRecord, PlanDoc, WorkerReport, read_optional
@@ -73,6 +74,7 @@ class Sampler:
         self._mark = run_mark(run_dir.state)
         self.nvidia_reads: OffLoop[dict[int, int]] = OffLoop(nvidia.query, NVIDIA_EVERY_S, {}, "nvidia-processes")
         self.last_swap: Swap | None = None
+        self._reports: dict[str, Path] = {}  # each worker's own report's path (built once: read every second)
 
     def cpu_side(self, w: Worker) -> int:
         """In its own cgroup, a worker's CPU-side memory is what the kernel charges and limits there
@@ -167,7 +169,10 @@ class Sampler:
         cpu = self.procs.cpu_ticks(w.pid)
         if cpu != w.last_cpu:
             w.last_cpu, w.last_active = cpu, now
-        doc = read_optional(WorkerReport, self.run_dir.worker_report(w.name))
+        report = self._reports.get(w.name)
+        if report is None:
+            report = self._reports[w.name] = self.run_dir.worker_report(w.name)
+        doc = read_optional(WorkerReport, report)
         mine = doc is not None and doc.pid == w.pid
         w.reserved = doc.reserved_bytes if doc is not None and mine else 0
         held = doc.allocator if doc is not None and mine else None

@@ -1,8 +1,10 @@
-"""Linux: processes read straight from /proc. Resident pages from `statm` read with pread on kept-open
-descriptors (docs/ESTIMATES.md: 1.4 µs a read), children from /proc/PID/task/*/children (59 µs, instead of
-scanning all of /proc), swapped pages from `status`. Never `ps`, never smaps on the hot path. The same
-interface on every other platform is umemc.runtime.probes.psproc (psutil); bench/sampler.py measures why
-Linux keeps these reads."""
+"""Linux: processes read straight from /proc. The files the enforcer reads every sample or every second (statm,
+stat, status, each thread's children) are read with pread on descriptors kept open per process: the kernel makes a
+/proc file's content afresh at each read from offset 0, so a sample is one pread (0.6 µs) instead of an open, a
+read and a close (9 µs here; docs/ESTIMATES.md has the figures). Children come from /proc/PID/task/*/children
+(instead of scanning all of /proc), swapped pages from `status`. Never `ps`, never smaps on the hot path. The same
+interface on every other platform is umemc.runtime.probes.psproc (psutil); bench/sampler.py measures why Linux keeps
+these reads."""
 
 from __future__ import annotations
 
@@ -10,6 +12,15 @@ import os
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 RUN_KEYS = (b"UMEMC_RUN", b"UMEMC_MODEL")
+READ_MAX = 64 * 1024  # a /proc file read through a kept descriptor; one this long or longer is read whole instead
+
+
+def _keep_at_most() -> int:
+    """How many descriptors may be kept open: half of this process's limit (the rest for its sockets and logs)."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 512 if soft == resource.RLIM_INFINITY else max(0, soft // 2)
 
 
 class LinuxProcesses:
@@ -20,7 +31,39 @@ class LinuxProcesses:
 
     def __init__(self, proc: str = "/proc"):
         self.proc = proc
-        self._fds: dict[int, int] = {}
+        self._fds: dict[int, dict[str, int]] = {}  # pid -> its files' kept descriptors, by name under /proc/PID
+        self._threads: dict[int, dict[str, int]] = {}  # pid -> its threads' children files' descriptors, by tid
+        self._kept = 0
+        self._cap = _keep_at_most()
+
+    def _pread(self, files: dict[str, int], name: str, path: str) -> bytes:
+        """The file at `path` from its start, through its descriptor kept in `files` under `name` (past the cap:
+        opened, read and closed). OSError where it cannot be read: the process (or thread) is gone, the descriptor
+        closed."""
+        fd = files.get(name)
+        if fd is None:
+            if self._kept >= self._cap:
+                with open(path, "rb") as f:
+                    return f.read()
+            fd = files[name] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            self._kept += 1
+        try:
+            data = os.pread(fd, READ_MAX, 0)
+        except OSError:
+            self._close(files, name)
+            raise
+        if len(data) < READ_MAX:
+            return data
+        with open(path, "rb") as f:  # longer than a kept read takes (children of thousands of processes)
+            return f.read()
+
+    def _own(self, pid: int, name: str) -> bytes:
+        """/proc/PID/NAME (statm, stat, status), kept open per process."""
+        return self._pread(self._fds.setdefault(pid, {}), name, f"{self.proc}/{pid}/{name}")
+
+    def _close(self, files: dict[str, int], name: str) -> None:
+        os.close(files.pop(name))
+        self._kept -= 1
 
     # -- identity -----------------------------------------------------------------------------
     def alive(self, pid: int) -> bool:
@@ -65,18 +108,25 @@ class LinuxProcesses:
 
     # -- trees --------------------------------------------------------------------------------
     def children(self, pid: int) -> frozenset[int]:
-        """Direct children (one small read per thread: cheap enough to run every sample)."""
+        """Direct children: each thread's children file (a thread that forked lists its own), one pread each."""
         out: set[int] = set()
         try:
             tasks = os.listdir(f"{self.proc}/{pid}/task")
         except OSError:
+            self.forget(pid)  # gone: what was kept open of it too
             return frozenset()
+        kept = self._threads.setdefault(pid, {})
+        where = f"{self.proc}/{pid}/task/"
         for tid in tasks:
             try:
-                with open(f"{self.proc}/{pid}/task/{tid}/children", "rb") as f:
-                    out.update(int(c) for c in f.read().split())
-            except OSError:
+                listed = self._pread(kept, tid, f"{where}{tid}/children")
+                if listed:  # most threads fork nothing
+                    out.update(map(int, listed.split()))
+            except (OSError, ValueError):
                 pass
+        if len(kept) > len(tasks):
+            for tid in kept.keys() - set(tasks):  # threads that ended
+                self._close(kept, tid)
         return frozenset(out)
 
     def descendants(self, root: int) -> list[int]:
@@ -90,13 +140,8 @@ class LinuxProcesses:
     # -- memory -------------------------------------------------------------------------------
     def memory(self, pid: int) -> int:
         """Resident bytes (statm's second field), 0 for a process that is gone."""
-        fd = self._fds.get(pid)
         try:
-            if fd is None:
-                fd = os.open(f"{self.proc}/{pid}/statm", os.O_RDONLY)
-                self._fds[pid] = fd
-            fields = os.pread(fd, 128, 0).split()
-            return int(fields[1]) * PAGE
+            return int(self._own(pid, "statm").split()[1]) * PAGE
         except (OSError, IndexError, ValueError):
             self.forget(pid)
             return 0
@@ -104,8 +149,7 @@ class LinuxProcesses:
     def swapped(self, pid: int) -> int | None:
         """VmSwap of /proc/PID/status (kB): what of the process the kernel has written to swap."""
         try:
-            with open(f"{self.proc}/{pid}/status", "rb") as f:
-                text = f.read()
+            text = self._own(pid, "status")
         except OSError:
             return None
         at = text.find(b"VmSwap:")
@@ -116,21 +160,20 @@ class LinuxProcesses:
     def cpu_ticks(self, pid: int) -> int:
         """utime + stime of one process (an activity signal for least-recently-used eviction)."""
         try:
-            with open(f"{self.proc}/{pid}/stat", "rb") as f:
-                rest = f.read().rsplit(b")", 1)[1].split()
+            rest = self._own(pid, "stat").rsplit(b")", 1)[1].split()
             return int(rest[11]) + int(rest[12])
         except (OSError, IndexError, ValueError):
             return 0
 
     def forget(self, pid: int) -> None:
-        fd = self._fds.pop(pid, None)
-        if fd is not None:
-            os.close(fd)
+        for files in (self._fds.pop(pid, {}), self._threads.pop(pid, {})):
+            for name in list(files):
+                self._close(files, name)
 
     def prune(self, alive: set[int]) -> None:
-        for pid in [p for p in self._fds if p not in alive]:
+        for pid in [p for p in self._fds.keys() | self._threads.keys() if p not in alive]:
             self.forget(pid)
 
     def close(self) -> None:
-        for pid in list(self._fds):
+        for pid in list(self._fds.keys() | self._threads.keys()):
             self.forget(pid)
