@@ -21,6 +21,8 @@ Optional parts the marked tests use (they skip, saying why, where these are abse
     python3 dev.py test-all  # the set-ups above, then the whole suite with no lane skipped
     python3 dev.py demo      # umemc's main job for real: the two real models and a command worker brought up,
                              # asked through the gateway (the cold one starts on demand), shown, brought down
+    python3 dev.py coverage  # the fast lane under coverage.py: each package's branch coverage held to its floor
+                             # (tests/coverage_floors.json, which only rises; --ratchet raises it to what was measured)
 
 The venv is (re)installed only when pyproject.toml changed since the last install.
 """
@@ -231,6 +233,25 @@ def parallel(args: list[str]) -> list[str]:
     return [] if chosen or single else ["-n", WORKERS, "--dist", "loadscope"]
 
 
+def coverage(argv: list[str]) -> int:
+    """The fast lane with branch coverage (coverage.py through pytest-cov, every xdist worker's data combined), then
+    each package's share of branches taken against its floor (tests/coverage_floors.py)."""
+    import tempfile
+
+    ensure_venv("test")
+    with tempfile.TemporaryDirectory(prefix="umemc-coverage-") as d:
+        report = Path(d) / "coverage.json"
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", COVERAGE_FILE=str(Path(d) / ".coverage"))
+        pytest = [str(PY), "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider", *parallel([]),
+                  "--cov=umemc", "--cov-branch", f"--cov-report=json:{report}"]  # fmt: skip
+        code = subprocess.run(pytest, cwd=ROOT, env=env).returncode
+        if code:
+            return code
+        return subprocess.run(
+            [str(PY), str(ROOT / "tests" / "coverage_floors.py"), str(report), *argv], cwd=ROOT
+        ).returncode
+
+
 def main(argv: list[str]) -> int:
     what = argv[0] if argv else "help"
     if what == "example":
@@ -268,6 +289,8 @@ def main(argv: list[str]) -> int:
         ensure_venv("test")
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
         return subprocess.run([str(PY), "-m", "pytest", *parallel(argv[1:]), *argv[1:]], cwd=ROOT, env=env).returncode
+    if what == "coverage":
+        return coverage(argv[1:])
     print(__doc__)
     return 0 if what in ("help", "-h", "--help") else 2
 
