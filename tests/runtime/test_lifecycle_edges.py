@@ -56,19 +56,23 @@ def _edges(table: dict[Any, frozenset[Any]]) -> set[tuple[str, str]]:
     return {(a.value, b.value) for a, targets in table.items() for b in targets}
 
 
-def test_every_gateway_transition_is_taken_by_a_scheduler_test(
-    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+@pytest.mark.parametrize(
+    "machine,table,tests,at_least",
+    [
+        (lifecycle.Lifecycle, lifecycle.TRANSITIONS, test_scheduler, 20),
+        (worker_state.Worker, worker_state.TRANSITIONS, test_enforcer_loop, 8),
+    ],
+    ids=["the gateway's model by the scheduler's tests", "the enforcer's worker by its loop's tests"],
+)
+def test_every_transition_of_the_table_is_taken_by_a_test(
+    machine: type,
+    table: dict[Any, frozenset[Any]],
+    tests: ModuleType,
+    at_least: int,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    seen = _moves(monkeypatch, lifecycle.Lifecycle)
-    assert _run_tests(test_scheduler, tmp_path_factory) >= 20
-    allowed = _edges(lifecycle.TRANSITIONS)
-    assert (sorted(allowed - seen), sorted(seen - allowed)) == ([], [])
-
-
-def test_every_worker_transition_is_taken_by_an_enforcer_test(
-    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    seen = _moves(monkeypatch, worker_state.Worker)
-    assert _run_tests(test_enforcer_loop, tmp_path_factory) >= 8
-    allowed = _edges(worker_state.TRANSITIONS)
+    seen = _moves(monkeypatch, machine)
+    assert _run_tests(tests, tmp_path_factory) >= at_least
+    allowed = _edges(table)
     assert (sorted(allowed - seen), sorted(seen - allowed)) == ([], [])
