@@ -26,17 +26,14 @@ from ...units import parse_duration
 from .app_keys import SCHED
 from .bodies import admit_of, json_object
 from .model import Model, Refused
-from .naming import error_message
-from .relay import STREAM_ENDS, WHOLE_LIMIT, Call, Seen, answered, forward, pipe, stream_failed, upstream
+from .relay import Call, Seen, forward
 from .scheduler import Scheduler
 from .surfaces import Surface
-from .upstream import PayloadError
-from .usage import StreamReader, Usage, read_usage
+from .translate import Translation
+from .usage import Usage
 
 VERSION = "0.12.0"  # the Ollama API release whose routes and fields this module serves
 NDJSON = "application/x-ndjson"
-EVENT_LIMIT = 4 << 20  # one event of a worker's stream; a line without an end past it is dropped
-ERROR_LIMIT = 1 << 20  # what of a worker's error answer is read (its message is in its first bytes)
 FOREVER = "2318-11-24T00:00:00Z"  # what Ollama says as the expiry of a model kept loaded until evicted
 KEEP_ALIVE_MAX_S = (2**63 - 1) // 10**9  # Ollama's keep_alive is a Go time.Duration: at most 2^63-1 ns, ~292 years
 # Ollama's options -> the OpenAI (llama-server) request fields that mean the same
@@ -335,60 +332,19 @@ async def _send(
     return await forward(request, m, call, relay.run)
 
 
-class _Translate:
+class _Translate(Translation):
     """The worker's OpenAI answer in Ollama's words: `field` is where the text goes (message, response) or the
     vectors (embeddings, embedding)."""
 
+    stream_type = NDJSON
+    stream_error = staticmethod(stream_error)
+
     def __init__(self, field: str, began: float, *, stream: bool):
-        self.field, self.began, self.stream = field, began, stream
+        super().__init__(stream=stream)
+        self.field, self.began = field, began
 
-    async def run(self, request: web.Request, m: Model, call: Call, seen: Seen) -> web.StreamResponse:
-        headers = {"Content-Type": "application/json"}
-        asked_at = time.monotonic()
-        async with upstream(request, m, call, headers) as up:
-            if up.status >= 400:
-                try:
-                    said = error_message(await up.read(ERROR_LIMIT))
-                except PayloadError as exc:  # an error body without an end (or past ERROR_LIMIT)
-                    said = f"worker {m.name} answered {up.status}: {exc}"
-                answered(request, m, seen, up.status, asked_at, Usage())
-                return ollama_error(up.status, said)
-            if not self.stream:
-                data = await up.read(WHOLE_LIMIT)  # past it: upstream_too_large, a 502 in Ollama's shape
-                answered(request, m, seen, up.status, asked_at, read_usage(data))
-                try:
-                    doc = json.loads(data)
-                    out = json.dumps(self.whole(call.asked, doc, seen)).encode()
-                except (ValueError, AttributeError, TypeError, IndexError, RecursionError):
-                    what = data[:200].decode("utf-8", "replace")
-                    return ollama_error(502, f"worker {m.name} did not answer as an OpenAI server: {what!r}")
-                seen.keep(out)
-                return web.Response(body=out, content_type="application/json")
-            resp = web.StreamResponse(status=200, headers={"Content-Type": NDJSON})
-            await resp.prepare(request)
-            seen.stream = True
-            reader, lines = StreamReader(), _SseLines()
-            state: dict[str, Any] = {}
-
-            def each(chunk: bytes) -> bytes:  # whole events of the worker's stream, each as an NDJSON line
-                events = lines.feed(chunk)
-                for event in events:
-                    reader.feed(event)
-                out = b"".join(self.piece(call.asked, event, state) for event in events)
-                seen.keep(out)
-                return out
-
-            try:
-                await pipe(request, resp, up, each)
-                answered(request, m, seen, up.status, asked_at, reader.usage())
-                last = self.last(call.asked, state, seen)
-                seen.keep(last)
-                await resp.write(last)
-                await resp.write_eof()
-            except STREAM_ENDS as exc:
-                await stream_failed(request, m, resp, exc, stream_error)
-                answered(request, m, seen, up.status, asked_at, reader.usage())
-            return resp
+    def refuse(self, status: int, message: str) -> web.Response:
+        return ollama_error(status, message)
 
     def _timings(self, usage: Usage, seen: Seen) -> dict[str, Any]:
         total = time.monotonic() - self.began
@@ -464,34 +420,6 @@ def _tool_call(call: Any) -> dict[str, Any]:
         except ValueError:
             args = {}
     return {"function": {"name": fn.get("name", ""), "arguments": args or {}}}
-
-
-class _SseLines:
-    """The `data:` payloads of an event stream fed in pieces, each once its line is whole. The start of a line waits
-    as pieces (joined once, at its end: a piece costs its own size, never the line's so far); a line past EVENT_LIMIT
-    is no event that can be translated: dropped, and the stream goes on at the next line."""
-
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-        self.size = 0
-        self.skipping = False
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        out, start = [], 0
-        while (end := chunk.find(b"\n", start)) >= 0:
-            piece = chunk[start:end]
-            if not self.skipping:
-                line = b"".join((*self.parts, piece)) if self.parts else piece
-                if line.startswith(b"data:"):
-                    out.append(line[5:].strip())
-            self.parts, self.size, self.skipping = [], 0, False
-            start = end + 1
-        if start < len(chunk) and not self.skipping:
-            self.parts.append(chunk[start:])
-            self.size += len(chunk) - start
-            if self.size > EVENT_LIMIT:
-                self.parts, self.size, self.skipping = [], 0, True
-        return out
 
 
 # Ollama's clients read {"error": "..."}, send the token (where one is asked) as a Bearer token
