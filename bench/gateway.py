@@ -6,7 +6,7 @@
    latency while 1 MiB bodies go through;
 2. cold start: time from a request for a stopped cold model to the first byte of its streamed reply;
 3. swaps: cold starts for an interleaved A B C A B C load (three cold models, memory for one);
-4. the floor: at 1 client, a bare relay on the gateway's own HTTP parts (bench/bare_relay.py) beside the
+4. the floor: at 1 and 8 clients, a bare relay on the gateway's own HTTP parts (bench/bare_relay.py) beside the
    gateway and the worker alone; a cold start's parts one at a time.
 
     python bench/gateway.py [--requests 2000] [--rounds 3]
@@ -309,26 +309,26 @@ def throughput(ports: dict[str, int], args: argparse.Namespace, run: Path) -> st
 
 
 def floor(ports: dict[str, int], args: argparse.Namespace, run: Path) -> str:
-    """One client, an instant worker: the worker alone, a bare relay on the gateway's own parts (bench/bare_relay.py:
-    aiohttp's server and client on uvloop, none of the gateway's work) and the gateway, in alternating rounds; the
-    relay's and the gateway's own CPU time per request."""
+    """1 and 8 clients, an instant worker: the worker alone, a bare relay on the gateway's own parts
+    (bench/bare_relay.py: aiohttp's server and client on uvloop, none of the gateway's work) and the gateway, in
+    alternating rounds; the relay's and the gateway's own CPU time per request."""
     relay = free_port()
     proc = subprocess.Popen([PY, str(Path(__file__).with_name("bare_relay.py")), str(relay), str(ports["w"])])
     procs = {"relay": psutil.Process(proc.pid), "gateway": gateway_process(run)}
     try:
         until_listening(relay, time.perf_counter())
         rows = [
-            f"One client, an instant worker, {args.requests} requests per measurement, {args.rounds * 2} rounds "
+            f"1 and 8 clients, an instant worker, {args.requests} requests per measurement, {args.rounds * 2} rounds "
             "alternating the three; medians. The bare relay is bench/bare_relay.py: the gateway's HTTP parts "
             "(aiohttp's server and client on uvloop) forwarding to the worker, with none of the gateway's work "
             "(routing by the body's model, the token, admission and slots, accounting, the access log). CPU: the "
             "relay's or the gateway's own process, user + system, per request.",
             "",
-            "| reply | direct req/s | bare relay req/s | ratio | gateway req/s | ratio "
+            "| reply | clients | direct req/s | bare relay req/s | ratio | gateway req/s | ratio "
             "| relay / gateway added p50 ms | relay / gateway CPU ms a request | CPU ratio |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
-        for shape in SHAPES[:2]:
+        for shape, clients in [(shape, n) for shape in SHAPES[:2] for n in (1, 8)]:
             body = shape.body()
             got: dict[str, list[tuple[float, float, float, float]]] = {"w": [], "relay": [], "gateway": []}
             cpu: dict[str, list[float]] = {"relay": [], "gateway": []}
@@ -336,14 +336,15 @@ def floor(ports: dict[str, int], args: argparse.Namespace, run: Path) -> str:
             for r in range(args.rounds * 2):
                 for name, port in order if r % 2 == 0 else order[::-1]:
                     before = cpu_seconds(procs[name]) if name in procs else 0.0
-                    got[name].append(load(port, args.requests, 1, body))
+                    got[name].append(load(port, args.requests, clients, body))
                     if name in procs:
                         cpu[name].append((cpu_seconds(procs[name]) - before) / args.requests * 1000)
             rate = {k: statistics.median(x[0] for x in v) for k, v in got.items()}
             p50 = {k: statistics.median(x[1] for x in v) * 1000 for k, v in got.items()}
             ms = {k: statistics.median(v) for k, v in cpu.items()}
             rows.append(
-                f"| {shape.label()} | {rate['w']:.0f} | {rate['relay']:.0f} | {rate['relay'] / rate['w']:.2f}x | "
+                f"| {shape.label()} | {clients} | {rate['w']:.0f} | {rate['relay']:.0f} | "
+                f"{rate['relay'] / rate['w']:.2f}x | "
                 f"{rate['gateway']:.0f} | {rate['gateway'] / rate['w']:.2f}x | {p50['relay'] - p50['w']:.2f} / "
                 f"{p50['gateway'] - p50['w']:.2f} | {ms['relay']:.3f} / {ms['gateway']:.3f} | "
                 f"{ms['gateway'] / ms['relay']:.2f}x |"
