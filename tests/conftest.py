@@ -35,6 +35,11 @@ def patience(seconds: float) -> float:
     return seconds * PATIENCE
 
 
+def patience_now(seconds: float) -> float:
+    """A bound on this machine as loaded at this moment (the session's start may have come before a load did)."""
+    return seconds * max(PATIENCE, _patience())
+
+
 @pytest.fixture(autouse=True, scope="session")
 def own_state_home(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The stacks the tests run are recorded in a directory of the test session's (`umemc ps`), never the user's."""

@@ -11,6 +11,7 @@ import signal
 
 import pytest
 
+from tests.conftest import patience_now
 from tests.runtime.conftest import free_port, live_sysctl_table, worker
 from umemc.runtime.cgroups import detect
 
@@ -92,8 +93,10 @@ def test_userspace_enforcer_kills_a_fast_leaker(stack) -> None:
     assert len(peaks) == 2  # started, killed, restarted, killed: then left stopped
     for kill, peak in zip(kills, peaks, strict=True):
         assert kill["detail"]["usage_bytes"] > HARD and kill["detail"]["hard_bytes"] == HARD
-        # within one sampling period of crossing: at <= 1 GiB/s, 100 ms is <= 102.4 MiB of growth (+ one 8 MiB step)
-        assert peak - HARD <= 1024 * MiB * INTERVAL + 8 * MiB, f"overshoot {(peak - HARD) / MiB:.1f} MiB"
+        # within one sampling period of crossing: at <= 1 GiB/s, 100 ms is <= 102.4 MiB of growth (+ one 8 MiB step),
+        # the period as long as this machine's load stretches it (bench/enforce.py measures it on an idle one)
+        bound = 1024 * MiB * INTERVAL * patience_now(1) + 8 * MiB
+        assert peak - HARD <= bound, f"overshoot {(peak - HARD) / MiB:.1f} MiB"
     give_up = r.events("give_up", "leaker")[0]["detail"]
     assert give_up["reason"] == "2 hard-limit kills within 120 s: left stopped"
     assert r.status()["leaker"]["restarts"] == 1  # supervisord restarted it once before the give-up

@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.conftest import patience_now
 from tests.runtime.conftest import free_port, live_sysctl_table, worker
 from tests.runtime.test_enforcement import HARD, last_logged
 from umemc.runtime.probes.host import marked_processes
@@ -114,7 +115,11 @@ def test_the_macos_enforcer_kills_watches_pressure_and_swap(stack, mac: Path) ->
     kills = r.events("hard_limit_kill", "leaker")
     assert [k["detail"]["by"] for k in kills] == ["enforcer", "enforcer"]
     assert all(k["detail"]["usage_bytes"] > HARD == k["detail"]["hard_bytes"] for k in kills)
-    assert all(peak - HARD <= 1024 * MiB * 0.1 + 8 * MiB for peak in last_logged(r.log_lines("leaker"), "rss"))
+    # within one sampling period of crossing (100 ms at 1 GiB/s, and one 8 MiB step), the period as long as this
+    # machine's load stretches it (the enforcer must be given the CPU to look; bench/enforce.py measures it idle)
+    bound = 1024 * MiB * 0.1 * patience_now(1) + 8 * MiB
+    peaks = last_logged(r.log_lines("leaker"), "rss")
+    assert peaks and all(peak - HARD <= bound for peak in peaks), [(p - HARD) / MiB for p in peaks]
 
     # swap grown by 1 GiB since the enforcer started (threshold: 256 MiB): the machine swaps
     machine(mac, swap_mib=100 + 1024)
