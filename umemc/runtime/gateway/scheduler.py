@@ -21,7 +21,6 @@ import contextlib
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from ...budget.policy import Budget
 from ...contract import ContractError, GatewayDoc, GatewayState, ModelDoc, PlanDoc, read_optional, read_plan
@@ -77,7 +76,6 @@ class Scheduler:
         self.answered = Requests()
         self.figures = page_figures.Saver()  # the page's figures kept for the next gateway (page_figures.py)
         self.ledger = Ledger(self.answered)  # answered requests kept, settled together (ledger.py)
-        self.metrics: Any = None  # the HTTP side's metrics: cold starts, evictions, waits (attach_metrics)
         self.undrainable: set[str] = set()  # victims whose drain timed out: not drained again until idle
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -91,10 +89,6 @@ class Scheduler:
         self.actions = Actions(self.parts, self.process)  # leases, pressure, a person's start and stop (actions.py)
         # the half-second round (housekeeping.py)
         self.housekeeping = Housekeeping(self.parts, self.process, self.actions.release_lease, self.keep_figures)
-
-    def attach_metrics(self, metrics: Any) -> None:
-        """The HTTP side's metrics (cold starts, evictions, waits), once it has them."""
-        self.metrics = self.process.metrics = metrics
 
     def timed_out(self, m: Model) -> Refused:
         return self.admission.timed_out(m)
@@ -148,8 +142,8 @@ class Scheduler:
             self.sync.worker_lost(m, "restarted with its new settings")  # asked again once supervisord has it
         self.plan = plan
         self.slots.reroute(plan.models)
-        if self.metrics is not None:
-            self.metrics.adopt(self.models)
+        if self.process.metrics is not None:  # the HTTP side's, where it has them
+            self.process.metrics.adopt(self.models)
         if digest is not None:
             self.sync.plan_digest = digest
         self.events.add("plan_adopted", None, by="gateway", added=added, changed=changed, removed=removed)
