@@ -434,7 +434,7 @@ def cold_parts(ports: dict[str, int], args: argparse.Namespace, run: Path) -> st
         "its argv started straight": [],
         "through the exec wrapper, --cgroup off": [],
         "through the exec wrapper, --cgroup auto (as bundles run it)": [],
-        "supervisord's start call (wrapper, cgroup, worker)": [],
+        "supervisord's start call (the wrapper in its child, cgroup, worker)": [],
     }
     stops: list[float] = []
     for _ in range(args.rounds * 2 + 1):
@@ -446,7 +446,7 @@ def cold_parts(ports: dict[str, int], args: argparse.Namespace, run: Path) -> st
             proc.wait()
         t = time.perf_counter()
         sup.ensure_started("a")
-        rows["supervisord's start call (wrapper, cgroup, worker)"].append(until_listening(spec["port"], t))
+        rows["supervisord's start call (the wrapper in its child, cgroup, worker)"].append(until_listening(spec["port"], t))
         t = time.perf_counter()
         sup.try_stop("a", wait=True)
         stops.append(time.perf_counter() - t)
