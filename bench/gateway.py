@@ -446,7 +446,9 @@ def cold_parts(ports: dict[str, int], args: argparse.Namespace, run: Path) -> st
             proc.wait()
         t = time.perf_counter()
         sup.ensure_started("a")
-        rows["supervisord's start call (the wrapper in its child, cgroup, worker)"].append(until_listening(spec["port"], t))
+        rows["supervisord's start call (the wrapper in its child, cgroup, worker)"].append(
+            until_listening(spec["port"], t)
+        )
         t = time.perf_counter()
         sup.try_stop("a", wait=True)
         stops.append(time.perf_counter() - t)

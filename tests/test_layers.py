@@ -133,6 +133,7 @@ def test_imports_point_down(sub: str) -> None:
         if name not in ALLOWED_BELOW and any(name.startswith(f) for f in forbidden)
     }
     assert not bad, sorted(bad)
+    assert files(sub) and all(path.exists() for path in files(sub))  # the layer is there to be read
 
 
 def test_the_package_reads_as_its_pipeline() -> None:
@@ -207,6 +208,10 @@ def test_one_owner_of_run_dir_paths() -> None:
         if part in RUN_DIR_NAMES or part.endswith((".err.log", ".out.log"))
     )
     assert spelled == []
+    # the reading finds those names where they are spelled: in the owners
+    assert {"gateway.json", "supervisord.pid"} <= {
+        p for owner in owners for _, p in _path_parts(ast.parse(owner.read_text()))
+    }
 
 
 def test_the_runtime_is_composed_of_parts_that_own_their_state() -> None:
@@ -261,7 +266,7 @@ def test_each_piece_of_gateway_state_has_one_writer() -> None:
     """Read from the syntax tree: every assignment to `m.FIELD` (a model, a queue, its traffic) of a field in
     GATEWAY_OWNERS is in that field's owner module (the lifecycle, `life`, is shared: its table guards it)."""
     owner_of = {field: module for module, fields in GATEWAY_OWNERS.items() for field in fields}
-    wrong = []
+    wrong, owned = [], set()
     for path in sorted((PKG / "runtime" / "gateway").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
@@ -278,7 +283,10 @@ def test_each_piece_of_gateway_state_has_one_writer() -> None:
                         and owner_of[t.attr] != path.name
                     ):
                         wrong.append(f"{path.name}:{node.lineno}: {t.value.id}.{t.attr} (owned by {owner_of[t.attr]})")
+                    elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in HOLDERS:
+                        owned.add(t.attr)
     assert wrong == []
+    assert len(owned & owner_of.keys()) >= len(owner_of) // 2, sorted(owned)  # it finds the owners' own writes
 
 
 def test_the_exec_wrapper_loads_no_third_party_module() -> None:
@@ -385,3 +393,10 @@ def test_no_record_mixes_namedtuple_and_dataclass_spellings() -> None:
         and isinstance(st.value, ast.Call) and getattr(st.value.func, "id", None) == "field"
     )  # fmt: skip
     assert mixed == []
+    named = [
+        node.name
+        for path in PKG.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and any(getattr(b, "id", None) == "NamedTuple" for b in node.bases)
+    ]
+    assert "PidRecord" in named and len(named) > 10  # the records the rule reads are found

@@ -37,4 +37,6 @@ def test_doctor_names_each_engine_and_its_version(tmp_path: Path, run_cli) -> No
 
 def test_doctor_without_a_stack_names_no_stack_engines(run_cli) -> None:
     code, out, _ = run_cli("doctor", "--json")
-    assert json.loads(out)["stack_engines"] is None
+    report = json.loads(out)
+    assert code == 0 and report["stack_engines"] is None
+    assert report["engines"]  # the machine's own engines are still named

@@ -649,7 +649,9 @@ def test_gateway_disabled_runs_no_gateway(stack: Any) -> None:
     r = stack(text, "--simulate")
     plan = json.loads((r.run_dir / "bundle" / "plan.json").read_text())
     assert plan["gateway"] is None
-    assert "umemc-gateway" not in (r.run_dir / "bundle" / "supervisord.conf").read_text()
+    conf = (r.run_dir / "bundle" / "supervisord.conf").read_text()
+    assert "umemc-gateway" not in conf
+    assert "[program:x]" in conf and r.status()["x"]["state"] in ("STARTING", "RUNNING")  # the stack runs without
 
 
 def test_pressure_guard_waits_for_a_worker_with_requests_in_flight(stack: Any) -> None:

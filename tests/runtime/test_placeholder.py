@@ -75,6 +75,9 @@ def test_a_client_reset_is_not_a_traceback(placeholder) -> None:  # type: ignore
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
         s.close()
     time.sleep(1.0)  # the three delayed replies are written into reset connections
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "x"}))
+    assert conn.getresponse().status == 200  # and it still serves
     proc.terminate()
     _, err = proc.communicate(timeout=10)
     assert "Traceback" not in err

@@ -74,5 +74,5 @@ def test_down_leaves_no_half_written_record(tmp_path: Path) -> None:
     run.pids.mkdir(parents=True)
     (run.pids / ".comfy.tmp").write_text("12")
     (run.pids / "gone").write_text("999999999 1\n")
-    RunMembers(run, "spread").sweep()
+    assert RunMembers(run, "spread").sweep() == ([], {})  # nothing of the run was alive, nothing killed
     assert sorted(p.name for p in run.pids.iterdir()) == []
