@@ -162,9 +162,14 @@ def run_wrapper_in_child() -> None:
     from supervisor.options import ServerOptions
 
     from . import wrap
-    from .probes import proc  # imported once here, not in each child: the wrapper asks it for a start time
 
-    del proc
+    if sys.platform.startswith("linux"):  # what the wrapper imports as it runs, imported once here, not in each child
+        import ctypes  # the parent-death signal
+        import select  # the gate's wait
+
+        from .probes import proc  # a start time
+
+        del ctypes, select, proc
     execve = ServerOptions.execve
 
     def execve_here(self: Any, filename: str, argv: list[str], env: dict[str, str]) -> None:
