@@ -37,6 +37,7 @@ from bench.common import ROOT, llama_python, write_section
 from umemc.budget.plan import make_plan
 from umemc.estimate.figures import Estimate
 from umemc.stack.resolve import load_stack
+from umemc.testing.archspecs import HELD_OUT
 from umemc.testing.tinygguf import TinySpec, write_tiny_gguf
 
 MiB = 1024 * 1024
@@ -749,7 +750,25 @@ RESERVE_SHAPES: tuple[tuple[str, str, dict[str, object], int, tuple[str, ...]], 
     ("qwen3-vl-moe", "qwen3vlmoe", _QWEN3VL_MOE, 151936, ("-c", "32768", "-fa", "on", "-np", "1", *_Q8)),
     ("ministral-3", "mistral3", _MINISTRAL3, 131072, ("-c", "8192", "-fa", "on", "-np", "1")),
     ("ministral-3", "mistral3", _MINISTRAL3, 131072, ("-c", "16384", "-fa", "off", "-np", "2")),
+    # architectures without a recipe, read from their files (graphs.recipes.inferred): the first held-out set's,
+    # at their published widths; every tensor of a block is kept (READ_FROM_THE_FILE), as the estimate reads them
+    *(
+        (f"{name}-{depth}", HELD_OUT[name].arch, {**HELD_OUT[name].keys, "block_count": depth}, HELD_OUT[name].n_vocab,
+         flags)
+        for name, depth in (("olmo-2-32b", 3), ("exaone-4.0-32b", 5), ("hunyuan-a13b", 3), ("dots-llm1-142b", 3),
+                            ("command-a-111b", 5), ("glm-4-32b", 3))
+        for flags in (
+            ("-c", "8192", "-fa", "on", "-np", "1"),
+            ("-c", "8192", "-fa", "off", "-np", "1"),
+            ("-c", "32768", "-fa", "on", "-np", "2", *_Q8),
+        )
+    ),
 )  # fmt: skip
+# the rows whose files keep every tensor of their blocks (an architecture without a recipe is read from them), with
+# the optional tensors of the published model's file
+READ_FROM_THE_FILE = {f"{n}-{d}": HELD_OUT[n].optional for n, d in (
+    ("olmo-2-32b", 3), ("exaone-4.0-32b", 5), ("hunyuan-a13b", 3), ("dots-llm1-142b", 3), ("command-a-111b", 5),
+    ("glm-4-32b", 3))}  # fmt: skip
 # tensors a row's file has beyond what llama.cpp requires (optional ones it uses where they are)
 _RESERVE_TENSORS = {
     "glm-4.5": ("blk.N.attn_q_norm.weight", "blk.N.attn_k_norm.weight"),
@@ -780,11 +799,18 @@ def record_graphs(py: str, tmp: Path) -> None:
                     "blk.N.attn_k.bias", "blk.N.attn_v.bias", "blk.N.ssm_conv1d.bias", "blk.N.attn_gate.weight",
                     *extra)  # fmt: skip
         optional = tuple(t for t in optional if t != _RESERVE_WITHOUT.get(name))
+        if name in READ_FROM_THE_FILE:
+            optional = READ_FROM_THE_FILE[name]
         spec = ArchSpec(name, arch, all_keys, n_vocab, "bench/accuracy.py RESERVE_SHAPES", optional=optional)
         tensors = discover(spec, tmp, py)
         path = write_discovered(tmp / f"{name}.gguf", spec, tensors, "Q4_K_M")
         kinds = {pattern.split(".", 2)[-1] for pattern in extra}  # blk.N.x or blk.3.x: x
-        kept = {t: list(ne) for t, ne in tensors.items() if t.split(".", 2)[-1] in kinds}
+        every = name in READ_FROM_THE_FILE
+        kept = {
+            t: list(ne)
+            for t, ne in tensors.items()
+            if t.split(".", 2)[-1] in kinds or (every and t != "token_embd.weight")
+        }
         log = tmp / "reserve.log"
         with log.open("w") as out:
             argv = [

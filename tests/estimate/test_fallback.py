@@ -46,6 +46,11 @@ def test_the_docs_table_of_replayed_architectures_is_the_codes() -> None:
         if len(cells) == 3 and cells[1] == "replayed":
             replayed.add(cells[0].split(" (")[0])
     assert replayed == set(graphs.RECIPES)
+    # the rows read from the file are architectures without a recipe
+    inferred = {c[0] for c in (r.strip("|").split("|") for r in table.splitlines()) if len(c) == 3 and
+                c[1].strip() == "read from the file"}  # fmt: skip
+    assert {c.strip() for c in inferred} == {"olmo2", "exaone4", "hunyuan-moe", "dots1", "cohere2", "glm4"}
+    assert not {c.strip() for c in inferred} & set(graphs.RECIPES)
 
 
 def test_q_k_and_v_in_one_projection_are_replayed_only_as_phi_3_lays_them_out() -> None:

@@ -58,6 +58,12 @@ class LlmShape(NamedTuple):
     resident_width: int = 0  # floats per token alive through every layer beside the residual (gemma3n's altup)
     unmodelled: tuple[str, ...] = ()  # what of an unknown architecture the generic rules cannot see
     qk_norm: bool = False  # the file has per-head Q/K norms (attn_q_norm; optional in glm4moe)
+    qk_norm_flat: bool = False  # its Q norm spans the whole projection (OLMo 2's), not one head
+    # where a block's norms are, as its tensors say: "pre" before the attention and before the FFN; "sandwich"
+    # after them too (post_attention_norm and post_ffw_norm beside attn_norm and ffn_norm); "post" only after them
+    # (no attn_norm: OLMo 2); "parallel" one norm, whose output both the attention and the FFN read (no ffn_norm:
+    # Cohere); "": not known (no block's tensors were read: a preset, or a file that lists none)
+    block_norms: str = ""
     # The chosen experts' weights divided by their sum and scaled (expert_weights_norm / _scale: llama.cpp reads
     # them for glm4moe, deepseek2 and a few more; others normalise or not by architecture)
     expert_weights_norm: bool = False

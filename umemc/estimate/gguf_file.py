@@ -290,6 +290,23 @@ def _checked_shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, 
         raise NotGguf(f"cannot read the GGUF header: the {arch} keys hold a value of a type no file has") from None
 
 
+def _block_norms(tensors: dict[str, tuple[int, ...]]) -> str:
+    """Where the first block's norms are (LlmShape.block_norms). post_attention_norm alone, beside attn_norm, is
+    the FFN's own norm under another name (gpt-oss, GLM-4.5): the common layout."""
+    kinds = {name[len("blk.0.") :].removesuffix(".weight") for name in tensors if name.startswith("blk.0.")}
+    if not kinds:
+        return ""
+    before, ffn = "attn_norm" in kinds, "ffn_norm" in kinds
+    after = "post_attention_norm" in kinds and "post_ffw_norm" in kinds
+    if after and not before:
+        return "post"
+    if after and ffn:
+        return "sandwich"
+    if before and not ffn and "post_attention_norm" not in kinds:
+        return "parallel"
+    return "pre"
+
+
 def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[int, ...]], read: list[str]) -> LlmShape:
     def key(name: str, default: Any = None) -> Any:
         read.append(f"{arch}.{name}")
@@ -327,6 +344,11 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
         n_layer_nextn=int(key("nextn_predict_layers", 0) or 0),
         unmodelled=unmodelled,
         qk_norm=any(name.endswith(".attn_q_norm.weight") for name in tensors),
+        block_norms=_block_norms(tensors),
+        qk_norm_flat=any(
+            name.endswith(".attn_q_norm.weight") and dims[:1] == (n_head * hd_k,) and n_head > 1
+            for name, dims in tensors.items()
+        ),
         # Granite reads rope.scaling.finetuned as its switch for RoPE (src/models/granite*.cpp); Granite 4.0 H: off
         no_rope=facts(arch).rope_switch and key("rope.scaling.finetuned", True) is False,
         mla_dims=_mla_dims(key, tensors),
@@ -400,7 +422,7 @@ def _windows(key: Any, arch: str, n_layer: int) -> tuple[int, tuple[bool, ...], 
     forced = facts(arch).forced_window
     if forced and (raw is None or swa != 0):
         swa = forced
-    if not swa:
+    if not swa or (facts(arch).window_depth and n_layer != facts(arch).window_depth):
         return 0, (), ()
     pattern = key("attention.sliding_window_pattern")
     if isinstance(pattern, list):

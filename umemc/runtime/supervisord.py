@@ -191,7 +191,7 @@ def run_wrapper_in_child() -> None:
         sys.stderr.flush()
         os._exit(code)
 
-    ServerOptions.execve = execve_here  # type: ignore[method-assign]
+    ServerOptions.execve = execve_here
 
 
 def main() -> None:

@@ -40,7 +40,7 @@ from ..allocator import buffer_size
 from .decoder import Caches, Graph
 from .hybrids import DeltaNetGraph, Mamba2Graph, Qwen35Graph, ShortConvGraph
 from .llama4 import Llama4Graph
-from .recipes import RECIPES, Recipe, gating
+from .recipes import RECIPES, Recipe, gating, recipe_of
 
 __all__ = ["RECIPES", "MAX_EXPERTS", "Recipe", "reserve_buffer", "supported"]
 
@@ -59,14 +59,14 @@ GRAPHS: dict[str, type[Graph]] = {
 
 
 def supported(shape: LlmShape) -> bool:
-    """The shapes written out: a causal decoder of an architecture with a recipe, within what every recipe's graph
-    needs (below) and what its own graph replays (`Graph.replays`: its recurrent layers, its experts' layout)."""
-    recipe = RECIPES.get(shape.arch)
-    if recipe is None:
-        return False
+    """The shapes written out: a causal decoder of an architecture with a recipe, or of one without whose file lists
+    its blocks' tensors (read as the common decoder: recipes.inferred), within what every recipe's graph needs
+    (below) and what its own graph replays (`Graph.replays`: its recurrent layers, its experts' layout)."""
+    recipe = recipe_of(shape)
     recurrent = any(shape.recurrent_layers)
     return (
-        shape.causal
+        (shape.arch in RECIPES or bool(shape.block_norms))  # without a recipe, the file's tensors describe it
+        and shape.causal
         and (not any(shape.swa_layers) or recipe.windows)
         and GRAPHS[recipe.graph].replays(shape)
         and shape.n_expert_used <= shape.n_expert <= MAX_EXPERTS  # what llama.cpp loads (a file may claim more)
@@ -115,7 +115,7 @@ def reserve_buffer(
     last = shape.n_layer_main
     # the dense lead layers and the deepstack layers (each adds its slice of the input): all replayed
     lead = max(min(shape.n_layer_dense_lead, last) if shape.n_expert else 0, min(shape.n_deepstack, last))
-    recipe = RECIPES[shape.arch]
+    recipe = recipe_of(shape)
     kind = GRAPHS[recipe.graph]
     tail, period = last - lead, recipe.period  # the rest: alike, `period` by `period`
     if not whole_depth and kind.alike_layers and tail > 3 * period - 1:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from umemc.catalog.archs import LlmShape
 
 from ..allocator import Tensor
-from .recipes import RECIPES, gating
+from .recipes import gating, recipe_of
 
 F32, I32, I64 = 4, 4, 8
 
@@ -66,7 +66,7 @@ class Graph:
     """The reserve graph's inputs (`leaves`) and ops (`nodes`), in the order llama.cpp's graph holds them."""
 
     def __init__(self, shape: LlmShape, n_ubatch: int, *, flash_attn: bool, replayed: tuple[int, ...] = ()) -> None:
-        self.shape, self.recipe, self.n_ub, self.flash_attn = shape, RECIPES[shape.arch], n_ubatch, flash_attn
+        self.shape, self.recipe, self.n_ub, self.flash_attn = shape, recipe_of(shape), n_ubatch, flash_attn
         self.replayed = replayed or tuple(range(shape.n_layer_main))  # the layers replayed, by index
         self.extra_inputs: list[Tensor] = []  # inputs an architecture adds (Llama 4's attention scale)
         self.scale: Tensor | None = None  # the queries' per-token scale (attention temperature tuning)
@@ -83,7 +83,7 @@ class Graph:
         writes out no recurrent layer, experts on every layer after the dense lead, and Q, K and V in one projection
         (attn_qkv) only where they are RoPE'd and not normed (Phi-3's layout)."""
         fused_ok = not shape.qkv_fused or (
-            all(shape.qkv_fused[: shape.n_layer_main]) and not shape.no_rope and not RECIPES[shape.arch].qk_norm
+            all(shape.qkv_fused[: shape.n_layer_main]) and not shape.no_rope and not recipe_of(shape).qk_norm
         )
         return not any(shape.recurrent_layers) and shape.moe_every == 1 and fused_ok
 
@@ -156,16 +156,26 @@ class Graph:
         if shape.n_deepstack:  # the token embeddings padded to the deepstack input's width, their first slice on
             stacked = self.op(e * (1 + shape.n_deepstack) * n_ub * F32, x)
             x = self.view(stacked)
+        recipe = self.recipe
         for layer in self.replayed:
-            out = self.op(e * n_ub * F32, self.weight, self.attend_layer(layer, self.norm(x), inputs))
+            h = self.norm(x) if recipe.pre_norms else x
+            out = self.op(e * n_ub * F32, self.weight, self.attend_layer(layer, h, inputs))
             residual, rows = x, n_ub
-            if layer == last - 1 and not self.recipe.rows_at_end:  # only the output rows go on
+            if layer == last - 1 and not recipe.rows_at_end:  # only the output rows go on
                 rows = n_out
                 out, residual = self.op(e * rows * F32, out, out_ids), self.op(e * rows * F32, x, out_ids)
-            if self.recipe.post_norms:
+                if recipe.parallel:
+                    h = self.op(e * rows * F32, h, out_ids)
+            if recipe.parallel:  # the FFN of the same normed input; then the residual and the attention added
+                x = self.op(e * rows * F32, self.ffn(layer, h, rows), residual, inplace=True)
+                x = self.op(e * rows * F32, x, out, inplace=True)
+                if layer < shape.n_deepstack:
+                    x = self.op(x.size, x, self.view(stacked), inplace=True)
+                continue
+            if recipe.post_norms:
                 out = self.norm(out)
             ffn_in = self.op(e * rows * F32, out, residual, inplace=True)
-            ffn_out = self.ffn(layer, self.norm(ffn_in), rows)
+            ffn_out = self.ffn(layer, self.norm(ffn_in) if recipe.pre_norms else ffn_in, rows)
             if self.recipe.post_norms:
                 ffn_out = self.norm(ffn_out)
             if self.recipe.residual_first:  # add(residual, out): in place into the residual

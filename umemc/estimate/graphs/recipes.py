@@ -4,6 +4,7 @@ its router's gating."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from umemc.catalog.archs import LlmShape
 
@@ -36,6 +37,10 @@ class Recipe:
     q_scaled: bool = False  # Q multiplied by 1/sqrt(head) before the attention (an op of its own, in place)
     embed_scale: bool = False  # the token embeddings scaled (by sqrt(n_embd): Gemma), in place
     post_norms: bool = False  # the attention's and the FFN's outputs normed before their residual adds (Gemma)
+    pre_norms: bool = True  # the attention's and the FFN's inputs normed (OLMo 2 norms only their outputs)
+    # the attention and the FFN both read the block's one normed input; their outputs and the residual are added
+    # (Cohere's Command R and A)
+    parallel: bool = False
     # the graph that writes it out (graphs.GRAPHS): "decoder" the common one, else its own (llama4, shortconv,
     # mamba2, deltanet, qwen35), which says which of its shapes it replays
     graph: str = "decoder"
@@ -103,11 +108,41 @@ RECIPES: dict[str, Recipe] = {
 GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}  # llama_expert_gating_func_type
 
 
+def recipe_of(shape: LlmShape) -> Recipe:
+    """The architecture's recipe; for one without, the common decoder as the file's tensors and keys describe it
+    (`inferred`)."""
+    return RECIPES.get(shape.arch) or inferred(shape)
+
+
+@lru_cache(maxsize=64)
+def inferred(shape: LlmShape) -> Recipe:
+    """An architecture without a recipe, read as the common decoder from what its file says: Q/K norms where it has
+    attn_q_norm (over the whole projection where the tensor is that wide, else per head), the router and the
+    experts' weights as the header says (soft-max where it says nothing), a shared expert and dense lead layers
+    where it has them, a window's own cache where layers slide, the queries' temperature scale where the header has
+    one, its norms where its tensors put them (LlmShape.block_norms). What no file says (an op of its own, a
+    residual taken first, RoPE left out of some layers) is not in it: the graph is then the common one, which is
+    what most of llama.cpp's builders are."""
+    return Recipe(
+        qk_norm=("flat" if shape.qk_norm_flat else "heads") if shape.qk_norm else "",
+        gating="header",
+        expert_weights="header",
+        shared_expert=bool(shape.n_ff_shexp),
+        dense_lead=bool(shape.n_layer_dense_lead),
+        windows=any(shape.swa_layers),
+        temp_scale=shape.attn_temp_scale,
+        post_norms=shape.block_norms in ("sandwich", "post"),
+        pre_norms=shape.block_norms != "post",
+        parallel=shape.block_norms == "parallel",
+    )
+
+
 def gating(shape: LlmShape) -> str:
-    """The router's gating: the recipe's, else the header's (deepseek2: soft-max where the file says nothing, but
-    for GLM 4.7 Lite's shape, sigmoid), "" where the graph does not know it."""
-    recipe = RECIPES[shape.arch]
+    """The router's gating: the recipe's, else the header's (soft-max where the file says nothing; deepseek2 with
+    GLM 4.7 Lite's shape: sigmoid), "" where the graph does not know it."""
+    recipe = recipe_of(shape)
     if recipe.gating != "header":
         return recipe.gating
-    code = shape.expert_gating or (2 if shape.n_layer_main in (47, 48) and shape.n_vocab == 154880 else 1)
+    glm_lite = shape.arch == "deepseek2" and shape.n_layer_main in (47, 48) and shape.n_vocab == 154880
+    code = shape.expert_gating or (2 if glm_lite else 1)
     return GATING.get(code, "")
