@@ -135,7 +135,8 @@ def test_unknown_architecture_is_said_not_guessed(write_stack, run_cli, tmp_path
     assert report["warnings"] == [
         "stack.toml:8:9: models.m.model: architecture 'novel' is not one umemc models: weights are exact from the "
         "header; KV cache and compute follow the generic transformer rules (every layer attends to the whole "
-        "context, dense FFN or the routed experts it declares); `umemc check --measure` asks llama.cpp itself"
+        "context; the compute buffer is the common decoder's graph as the file's tensors describe it, where they "
+        "do); `umemc check --measure` asks llama.cpp itself"
     ]
 
 

@@ -65,3 +65,32 @@ def test_an_encoder_llama_cpp_keeps_no_cache_for_is_not_causal(tmp_path: Path) -
     # llama_model::create_memory gives these no memory: EmbeddingGemma among them, whatever its window
     shape = _read(tmp_path, "gemma-embedding", {}, **{"attention.sliding_window": 512})
     assert (shape.causal, shape.swa_layers) == (False, (True, True))
+
+
+def _norms(*kinds: str) -> dict[str, tuple[int, ...]]:
+    return {f"blk.{i}.{k}.weight": (E,) for i in range(2) for k in kinds}
+
+
+def test_where_a_blocks_norms_are_is_read_from_its_tensors(tmp_path: Path) -> None:
+    # as llama.cpp's builders use them: Llama's before each branch; Gemma 2/3's and GLM-4's before and after; OLMo 2's
+    # and EXAONE 4's only after (no attn_norm); Cohere's one norm both branches read (no ffn_norm); gpt-oss's and
+    # GLM-4.5's post_attention_norm is the FFN's own norm under another name
+    cases = {
+        "pre": ("attn_norm", "ffn_norm"),
+        "sandwich": ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"),
+        "post": ("post_attention_norm", "post_ffw_norm"),
+        "parallel": ("attn_norm",),
+    }
+    for expected, kinds in cases.items():
+        assert _read(tmp_path, "novel", _norms(*kinds)).block_norms == expected, kinds
+    assert _read(tmp_path, "novel", _norms("attn_norm", "post_attention_norm")).block_norms == "pre"
+    assert _read(tmp_path, "novel", {}).block_norms == ""  # no block listed: not known
+
+
+def test_a_q_norm_as_wide_as_the_projection_is_flat_and_one_heads_wide_is_per_head(tmp_path: Path) -> None:
+    heads = _read(tmp_path, "novel", {"blk.0.attn_q_norm.weight": (E // 4,)})
+    flat = _read(tmp_path, "novel", {"blk.0.attn_q_norm.weight": (E,)})
+    assert (heads.qk_norm, heads.qk_norm_flat, flat.qk_norm, flat.qk_norm_flat) == (True, False, True, True)
+    from umemc.estimate.graphs.recipes import inferred
+
+    assert (inferred(heads).qk_norm, inferred(flat).qk_norm) == ("heads", "flat")

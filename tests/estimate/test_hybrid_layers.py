@@ -147,7 +147,8 @@ def test_unknown_hybrid_says_its_state_is_not_counted(tmp_path: Path, run_cli: A
     assert json.loads(out)["warnings"] == [
         "stack.toml:8:9: models.m.model: architecture 'brand-new-hybrid' is not one umemc models: weights are exact "
         "from the header; KV cache and compute follow the generic transformer rules (every layer attends to the "
-        "whole context, dense FFN or the routed experts it declares); it has a recurrent mixer but no layer "
+        "whole context; the compute buffer is the common decoder's graph as the file's tensors describe it, where "
+        "they do); it has a recurrent mixer but no layer "
         "without KV heads: its recurrent state is NOT counted (the estimate may be low by it); "
         "`umemc check --measure` asks llama.cpp itself"
     ]

@@ -543,8 +543,8 @@ def _generic_limits(arch: str, f: dict[str, Any], layers: dict[str, Any]) -> tup
     """What of an architecture umemc has no rules for follows the generic ones, part by part: never a silent
     guess, and a figure that may be low says so."""
     said = [
-        "KV cache and compute follow the generic transformer rules (every layer attends to the whole context, "
-        "dense FFN or the routed experts it declares)"
+        "KV cache and compute follow the generic transformer rules (every layer attends to the whole context; "
+        "the compute buffer is the common decoder's graph as the file's tensors describe it, where they do)"
     ]
     keys = [k.removeprefix(f"{arch}.") for k in f if k.startswith(f"{arch}.")]
     if any(k.startswith(("ssm.", "wkv.", "shortconv.", "kda.")) for k in keys):

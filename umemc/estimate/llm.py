@@ -257,8 +257,9 @@ def compute_figure(
         graph = Figure(
             "compute buffer",
             replayed,
-            f"ggml-alloc's placement replayed on llama.cpp's reserve graph ({shape.arch}: n_ubatch tokens against "
-            "the whole cache, the output rows' logits)",
+            f"ggml-alloc's placement replayed on llama.cpp's reserve graph ({shape.arch}"
+            f"{'' if shape.arch in graphs.RECIPES else ', the common decoder as its file describes it'}: n_ubatch "
+            "tokens against the whole cache, the output rows' logits)",
             {"n_ubatch": n_ub, "flash_attn": flash_attn, "outputs": n_out},
             parts=(mask,),
         )
