@@ -69,6 +69,7 @@ class LlmShape(NamedTuple):
     expert_weights_norm: bool = False
     expert_weights_scale: float = 0.0
     no_rope: bool = False  # attention without RoPE (Granite: rope.scaling.finetuned = false, as for Granite 4.0 H)
+    unroped_layers: tuple[bool, ...] = ()  # per layer: attention without RoPE (Command A's global layers)
     # MLA's projections (q_lora_rank, 0 without a Q LoRA; kv_lora_rank; the RoPE'd dims; key_length_mla)
     mla_dims: tuple[int, ...] = ()
     # the router as the header says, where llama.cpp reads it (deepseek2): llama_expert_gating_func_type (0: the

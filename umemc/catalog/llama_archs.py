@@ -26,6 +26,7 @@ class ArchFacts(NamedTuple):
     window_dense_first: bool = False
     forced_window: int = 0  # a window llama.cpp imposes whatever the file says, unless it says 0
     window_depth: int = 0  # llama.cpp slides windows only in a model of this depth (0: any depth)
+    rope_on_windows: bool = False  # RoPE on the sliding-window layers only: the others attend without positions
     mrope: str = ""  # four positions a token (M-RoPE): "always", or "sections" where the file has rope sections
     rope_switch: bool = False  # rope.scaling.finetuned = false turns RoPE off (Granite)
     # how its layers divide between attention and a recurrent mixer (llama_hparams::is_recr and the memory
@@ -72,12 +73,12 @@ ARCH_FACTS: dict[str, ArchFacts] = {
     "gemma3": ArchFacts(modelled=True, window_period=6),
     "gemma3n": ArchFacts(window_period=5, kv_from=20, altup=True),
     "gemma4": ArchFacts(layers="shared-kv"),
-    "cohere2": ArchFacts(modelled=True, window_period=4),
+    "cohere2": ArchFacts(modelled=True, window_period=4, rope_on_windows=True),  # src/models/cohere2.cpp
     "cohere2moe": ArchFacts(window_period=4, window_dense_first=True),
     "smallthinker": ArchFacts(window_period=4, window_dense_first=True),
     # EXAONE 4.0: windows in the 32B model (64 layers) only; the 1.2B attends to the whole context everywhere
     # (src/models/exaone4.cpp: swa_type set where n_layer is 64)
-    "exaone4": ArchFacts(modelled=True, window_period=4, window_depth=64),
+    "exaone4": ArchFacts(modelled=True, window_period=4, window_depth=64, rope_on_windows=True),
     "olmo2": ArchFacts(modelled=True, window_period=4),
     "gpt-oss": ArchFacts(modelled=True, window_period=2, logits_below=(5, 3), moe_extra=2),
     # Llama 4 attends in chunks of 8192 tokens on its chunked layers whatever the file says (unless it says 0)

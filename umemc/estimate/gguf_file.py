@@ -351,6 +351,7 @@ def _shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, tuple[in
         ),
         # Granite reads rope.scaling.finetuned as its switch for RoPE (src/models/granite*.cpp); Granite 4.0 H: off
         no_rope=facts(arch).rope_switch and key("rope.scaling.finetuned", True) is False,
+        unroped_layers=tuple(not s for s in swa_layers) if facts(arch).rope_on_windows and any(swa_layers) else (),
         mla_dims=_mla_dims(key, tensors),
         qkv_fused=_fused(tensors, n_layer),
         experts_gate_up=any(name.endswith(".ffn_gate_up_exps.weight") for name in tensors),

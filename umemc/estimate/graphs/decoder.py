@@ -159,19 +159,14 @@ class Graph:
         recipe = self.recipe
         for layer in self.replayed:
             h = self.norm(x) if recipe.pre_norms else x
+            if recipe.parallel:
+                x = self.parallel_block(layer, h, x, inputs, n_out)
+                continue
             out = self.op(e * n_ub * F32, self.weight, self.attend_layer(layer, h, inputs))
             residual, rows = x, n_ub
             if layer == last - 1 and not recipe.rows_at_end:  # only the output rows go on
                 rows = n_out
                 out, residual = self.op(e * rows * F32, out, out_ids), self.op(e * rows * F32, x, out_ids)
-                if recipe.parallel:
-                    h = self.op(e * rows * F32, h, out_ids)
-            if recipe.parallel:  # the FFN of the same normed input; then the residual and the attention added
-                x = self.op(e * rows * F32, self.ffn(layer, h, rows), residual, inplace=True)
-                x = self.op(e * rows * F32, x, out, inplace=True)
-                if layer < shape.n_deepstack:
-                    x = self.op(x.size, x, self.view(stacked), inplace=True)
-                continue
             if recipe.post_norms:
                 out = self.norm(out)
             ffn_in = self.op(e * rows * F32, out, residual, inplace=True)
@@ -190,10 +185,35 @@ class Graph:
         logits = self.op(shape.n_vocab * n_out * F32, self.weight, self.norm(x))
         logits.output = True
 
+    def parallel_block(self, layer: int, h: Tensor, x: Tensor, inputs: Inputs, n_out: int) -> Tensor:
+        """A block whose attention and FFN both read `h` (Cohere's): x + ffn(h) + attention(h). In llama.cpp's graph
+        the attention comes first (build_attn adds it at once), but what follows it (a rotated cache's turn back,
+        the output projection) is reached only after the FFN and its residual add (the graph is expanded from the
+        block's output, operands first); on the last layer the output rows of h and x are taken before the FFN,
+        those of the projected attention after it (GGML_SCHED_DEBUG=2's node list)."""
+        e, n_ub, last, out_ids = self.shape.n_embd, self.n_ub, self.shape.n_layer_main, inputs.out_ids
+        kv = self.cache_of(layer, inputs)
+        attention = self.attend(h, inputs.pos, kv, turned=False, roped=self.roped(layer))
+        rows = n_out if layer == last - 1 else n_ub
+        if rows != n_ub:
+            h = self.op(e * rows * F32, h, out_ids)
+        ffn_out = self.ffn(layer, h, rows)
+        residual = self.op(e * rows * F32, x, out_ids) if rows != n_ub else x
+        x = self.op(e * rows * F32, ffn_out, residual, inplace=True)
+        if self.flash_attn:  # flash attention's output turned back (a rotated cache), after the FFN too
+            attention = self.turn(self.view(attention), kv.turns[1])
+        out = self.op(e * n_ub * F32, self.weight, attention)
+        if rows != n_ub:
+            out = self.op(e * rows * F32, out, out_ids)
+        return self.op(e * rows * F32, x, out, inplace=True)
+
     def attend_layer(self, layer: int, h: Tensor, inputs: Inputs) -> Tensor:
         if self.shape.mla:
             return self.attend_mla(h, inputs.pos, inputs.kv)
-        return self.attend(h, inputs.pos, self.cache_of(layer, inputs))
+        return self.attend(h, inputs.pos, self.cache_of(layer, inputs), roped=self.roped(layer))
+
+    def roped(self, layer: int) -> bool:
+        return not (self.shape.unroped_layers and self.shape.unroped_layers[layer])
 
     def attend_mla(self, h: Tensor, pos: Tensor, kv: Kv) -> Tensor:
         """Multi-head latent attention with the absorption (deepseek2.cpp, is_mla): Q (through its LoRA and norm
@@ -254,10 +274,12 @@ class Graph:
             x = self.norm(x)
         return x
 
-    def attend(self, h: Tensor, pos: Tensor, kv: Kv) -> Tensor:
+    def attend(self, h: Tensor, pos: Tensor, kv: Kv, *, turned: bool = True, roped: bool = True) -> Tensor:
         """The attention of a normed input, up to its output projection: Q, V, K (or Q, K, V), the cache writes,
-        attention."""
+        attention (`turned`: flash attention's output turned back where the cache is rotated; else as it is;
+        `roped`: the layer turns Q and K by their positions, unless the model has no RoPE at all)."""
         shape, n_ub = self.shape, self.n_ub
+        roped = roped and not shape.no_rope
         k_turn, v_turn = kv.turns
         kv_heads = max(shape.n_head_kv)
         q_width, k_width, v_width = (
@@ -266,7 +288,7 @@ class Graph:
         # Q, K and V as views of one projection where the file has attn_qkv (build_qkv's fused path)
         qkv = self.op((q_width + k_width + v_width) * n_ub * F32, self.weight, h) if shape.qkv_fused else None
         q = self.view(qkv) if qkv is not None else self.projection(h, q_width, normed=True)
-        if not shape.no_rope:
+        if roped:
             q = self.op(q_width * n_ub * F32, q, pos, inplace=True)  # RoPE: a new tensor when q is a view
         if self.scale is not None and self.recipe.temp_scale:  # the temperature's scale, multiplied in place
             q = self.op(q.size, q, self.scale, inplace=True)
@@ -279,7 +301,7 @@ class Graph:
                 k = self.op(k_width * n_ub * F32, self.view(qkv), pos, inplace=True)  # RoPE of a view: new
                 return self.turn(k, k_turn)
             k = self.projection(h, k_width, normed=True)
-            return self.turn(k if shape.no_rope else self.op(k.size, k, pos, inplace=True), k_turn)
+            return self.turn(self.op(k.size, k, pos, inplace=True) if roped else k, k_turn)
 
         def make_v() -> Tensor:
             if qkv is not None:
@@ -292,9 +314,9 @@ class Graph:
         else:
             v = make_v()
             k = make_k()
-        return self.stored_and_attended(q, k, v, kv)
+        return self.stored_and_attended(q, k, v, kv, turned=turned)
 
-    def stored_and_attended(self, q: Tensor, k: Tensor, v: Tensor, kv: Kv) -> Tensor:
+    def stored_and_attended(self, q: Tensor, k: Tensor, v: Tensor, kv: Kv, *, turned: bool = True) -> Tensor:
         """K and V written into the cache (set_rows: views of it), the attention of Q over the cache."""
         shape, n_ub = self.shape, self.n_ub
         self.cache_view(self.view(k), kv.k_idxs)
@@ -304,7 +326,7 @@ class Graph:
             kv_heads = max(shape.n_head_kv)
             k_all, v_all = self.cached(kv, kv_heads * shape.head_dim_k), self.cached(kv, kv_heads * shape.head_dim_v)
             fa = self.op(width * n_ub * F32, self.view(q), k_all, v_all, kv.mask)
-            return self.turn(self.view(fa), kv.turns[1])
+            return self.turn(self.view(fa), kv.turns[1]) if turned else fa
         scores = self.op(kv.n_kv * shape.n_head * n_ub * F32, self.cache_view(), self.view(q))
         probs = self.op(scores.size, scores, kv.mask, inplace=True)  # soft-max with the mask, in place
         kqv = self.op(width * n_ub * F32, self.cache_view(), probs)

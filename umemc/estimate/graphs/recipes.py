@@ -3,6 +3,7 @@ its router's gating."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -130,11 +131,21 @@ def inferred(shape: LlmShape) -> Recipe:
         shared_expert=bool(shape.n_ff_shexp),
         dense_lead=bool(shape.n_layer_dense_lead),
         windows=any(shape.swa_layers),
+        k_before_v=any(shape.swa_layers),  # build_attn for a cache with windows adds Q, K, V in that order
         temp_scale=shape.attn_temp_scale,
         post_norms=shape.block_norms in ("sandwich", "post"),
         pre_norms=shape.block_norms != "post",
         parallel=shape.block_norms == "parallel",
+        period=math.lcm(2, _repeats_every(shape.swa_layers[: shape.n_layer_main])),
     )
+
+
+def _repeats_every(pattern: tuple[bool, ...]) -> int:
+    """The shortest period the layers' pattern (which slide) repeats with; 1 for none or one alike."""
+    for period in range(1, len(pattern) + 1):
+        if all(pattern[i] == pattern[i % period] for i in range(len(pattern))):
+            return period
+    return 1
 
 
 def gating(shape: LlmShape) -> str:
