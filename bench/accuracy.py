@@ -178,6 +178,7 @@ SECTIONS = (
     ("--new", "new_archs", "Architectures umemc was not tuned to: estimate, dry run, load (bench/accuracy.py)"),
     ("--held-out", "held_out", "Held-out architectures, measured once: estimate, dry run, load (bench/accuracy.py)"),
     ("--held-out-2", "held_out_2", "The second held-out set, measured once (bench/accuracy.py)"),
+    ("--read-from-file", "read_from_file", "Architectures without a recipe, read from the file (bench/accuracy.py)"),
     ("--full", "full_scale", "Estimate accuracy at full size, preset path (bench/accuracy.py)"),
 )
 
@@ -405,6 +406,14 @@ def held_out_2(py: str, tmp: Path) -> str:
     from umemc.testing.archspecs import HELD_OUT_2
 
     return new_archs(py, tmp, HELD_OUT_2)
+
+
+def read_from_file(py: str, tmp: Path) -> str:
+    """Architectures without a recipe, replayed as their files describe them (graphs.recipes.inferred): the first
+    held-out set's and those the formula had sized (umemc.testing.archspecs.WITHOUT_RECIPE), as new_archs."""
+    from umemc.testing.archspecs import WITHOUT_RECIPE
+
+    return new_archs(py, tmp, {**HELD_OUT, **WITHOUT_RECIPE})
 
 
 def new_archs(py: str, tmp: Path, specs: dict[str, Any] | None = None) -> str:
