@@ -37,7 +37,7 @@ from bench.common import ROOT, llama_python, write_section
 from umemc.budget.plan import make_plan
 from umemc.estimate.figures import Estimate
 from umemc.stack.resolve import load_stack
-from umemc.testing.archspecs import HELD_OUT
+from umemc.testing.archspecs import HELD_OUT, WITHOUT_RECIPE
 from umemc.testing.tinygguf import TinySpec, write_tiny_gguf
 
 MiB = 1024 * 1024
@@ -591,6 +591,11 @@ _STARCODER2 = {"embedding_length": 6144, "feed_forward_length": 24576, "attentio
 _QWEN3VL = {**_QWEN3, "block_count": 5, "embedding_length": 5120, "feed_forward_length": 25600,
             "attention.head_count": 64, "rope.freq_base": 5e6, "rope.dimension_sections": [24, 20, 20, 0],
             "n_deepstack_layers": 3}  # fmt: skip
+_UNRECIPED = {**HELD_OUT, **WITHOUT_RECIPE}
+# (name, depth): the architectures without a recipe recorded, at their published widths (Command R: its parallel
+# block without windows; Gemma 2: its windows, soft-capping and norms on both sides)
+_READ_FROM_THE_FILE = (("olmo-2-32b", 3), ("exaone-4.0-32b", 5), ("hunyuan-a13b", 3), ("dots-llm1-142b", 3),
+                       ("command-a-111b", 5), ("glm-4-32b", 3), ("command-r-35b", 3), ("gemma-2-9b", 4))  # fmt: skip
 RESERVE_SHAPES: tuple[tuple[str, str, dict[str, object], int, tuple[str, ...]], ...] = (
     ("llama-3-8b", "llama", _LLAMA3, 128256, ("-c", "8192", "-fa", "on", "-np", "1")),
     ("llama-3-8b", "llama", _LLAMA3, 128256, ("-c", "8192", "-fa", "off", "-np", "1")),
@@ -762,10 +767,9 @@ RESERVE_SHAPES: tuple[tuple[str, str, dict[str, object], int, tuple[str, ...]], 
     # architectures without a recipe, read from their files (graphs.recipes.inferred): the first held-out set's,
     # at their published widths; every tensor of a block is kept (READ_FROM_THE_FILE), as the estimate reads them
     *(
-        (f"{name}-{depth}", HELD_OUT[name].arch, {**HELD_OUT[name].keys, "block_count": depth}, HELD_OUT[name].n_vocab,
-         flags)
-        for name, depth in (("olmo-2-32b", 3), ("exaone-4.0-32b", 5), ("hunyuan-a13b", 3), ("dots-llm1-142b", 3),
-                            ("command-a-111b", 5), ("glm-4-32b", 3))
+        (f"{name}-{depth}", _UNRECIPED[name].arch, {**_UNRECIPED[name].keys, "block_count": depth},
+         _UNRECIPED[name].n_vocab, flags)
+        for name, depth in _READ_FROM_THE_FILE
         for flags in (
             ("-c", "8192", "-fa", "on", "-np", "1"),
             ("-c", "8192", "-fa", "off", "-np", "1"),
@@ -775,9 +779,7 @@ RESERVE_SHAPES: tuple[tuple[str, str, dict[str, object], int, tuple[str, ...]], 
 )  # fmt: skip
 # the rows whose files keep every tensor of their blocks (an architecture without a recipe is read from them), with
 # the optional tensors of the published model's file
-READ_FROM_THE_FILE = {f"{n}-{d}": HELD_OUT[n].optional for n, d in (
-    ("olmo-2-32b", 3), ("exaone-4.0-32b", 5), ("hunyuan-a13b", 3), ("dots-llm1-142b", 3), ("command-a-111b", 5),
-    ("glm-4-32b", 3))}  # fmt: skip
+READ_FROM_THE_FILE = {f"{n}-{d}": _UNRECIPED[n].optional for n, d in _READ_FROM_THE_FILE}
 # tensors a row's file has beyond what llama.cpp requires (optional ones it uses where they are)
 _RESERVE_TENSORS = {
     "glm-4.5": ("blk.N.attn_q_norm.weight", "blk.N.attn_k_norm.weight"),
