@@ -217,6 +217,8 @@ def test_a_recorded_header_that_cannot_be_the_files_is_not_used(
         ({"expert_weights_scale": -2.5}, "its shape's expert_weights_scale is -2.5"),
         ({"expert_weights_scale": float("inf")}, "its shape's expert_weights_scale is inf"),
         ({"bogus": 1}, "its shape has keys no header gives: bogus"),
+        ({"block_norms": "sideways"}, "its shape's block_norms is 'sideways'"),
+        ({"unroped_layers": [True] * 5}, "its shape's unroped_layers has 5 entries for 2 layers"),
     ],
 )
 def test_a_recorded_shape_no_header_could_give_is_not_used(tmp_path: Path, run_cli, change: dict, why: str) -> None:

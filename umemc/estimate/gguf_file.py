@@ -64,6 +64,10 @@ def _locked_shape(recorded: dict[str, Any]) -> LlmShape:
         items = value if isinstance(value, tuple) else (value,)
         if name in ("arch", "recurrent_kind", "unmodelled"):
             continue
+        if name == "block_norms":  # one of the layouts the header reading gives
+            if value not in BLOCK_NORMS:
+                raise ValueError(f"its shape's {name} is {value!r}")
+            continue
         if name == "expert_weights_scale":  # the one real number: a finite factor
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
                 raise ValueError(f"its shape's {name} is {value!r}")
@@ -72,7 +76,7 @@ def _locked_shape(recorded: dict[str, Any]) -> LlmShape:
             raise ValueError(f"its shape's {name} is {value!r}")
     if not 0 < shape.n_layer <= MAX_LAYERS:
         raise ValueError(f"its shape has {shape.n_layer} layers (a header gives 1 to {MAX_LAYERS})")
-    for name in ("n_head_kv", "swa_layers", "recurrent_layers", "kv_layers", "qkv_fused"):
+    for name in ("n_head_kv", "swa_layers", "recurrent_layers", "kv_layers", "qkv_fused", "unroped_layers"):
         if getattr(shape, name) and len(getattr(shape, name)) != shape.n_layer:
             raise ValueError(f"its shape's {name} has {len(getattr(shape, name))} entries for {shape.n_layer} layers")
     return shape
@@ -288,6 +292,9 @@ def _checked_shape(f: dict[str, Any], arch: str, vocab: int, tensors: dict[str, 
         if name and not (isinstance(value, (int, float)) and not isinstance(value, bool)):
             raise NotGguf(f"cannot read the GGUF header: {name} is {value!r}: not a number") from None
         raise NotGguf(f"cannot read the GGUF header: the {arch} keys hold a value of a type no file has") from None
+
+
+BLOCK_NORMS = ("", "pre", "sandwich", "post", "parallel")  # LlmShape.block_norms
 
 
 def _block_norms(tensors: dict[str, tuple[int, ...]]) -> str:
