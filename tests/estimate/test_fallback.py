@@ -63,3 +63,38 @@ def test_q_k_and_v_in_one_projection_are_replayed_only_as_phi_3_lays_them_out() 
     assert graphs.supported(phi) and phi.qkv_fused
     assert graphs.supported(qwen3) and not graphs.supported(qwen3._replace(qkv_fused=(True,) * qwen3.n_layer))
     assert graphs.supported(llama4) and not graphs.supported(llama4._replace(qkv_fused=(True,) * llama4.n_layer))
+
+
+def _sized(arch: str) -> str:
+    """How the code sizes an architecture's compute buffer, in the words of the docs table below."""
+    from umemc.catalog.llama_archs import facts
+
+    f = facts(arch)
+    if arch in graphs.RECIPES:
+        return "replayed: its recipe"
+    if f.encoder:
+        return "encoder rules"
+    if f.layers in ("recurrent", "parallel", "interval", "ffn-only", "zero-kv"):
+        return "formula: recurrent layers"
+    if f.altup:
+        return "formula: altup streams"
+    if f.layers == "shared-kv":
+        return "formula: layers reading another's cache"
+    return "read from the file"
+
+
+def test_the_docs_table_of_every_architecture_is_the_codes_and_the_gguf_packages() -> None:
+    from pathlib import Path
+
+    import gguf
+
+    text = (Path(__file__).parents[2] / "docs" / "ESTIMATES.md").read_text()
+    table = text.split("## Every architecture a GGUF can name", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0] not in ("architecture", "---"):
+            rows[cells[0]] = cells[1]
+    assert set(rows) == set(gguf.constants.MODEL_ARCH_NAMES.values())
+    assert {arch: how for arch, how in rows.items() if how != _sized(arch)} == {}
+    assert sum(how == "read from the file" for how in rows.values()) > 50  # the reading is what most get
