@@ -216,20 +216,22 @@ class _Handler(BaseHTTPRequestHandler):
                 if stop is not None:
                     self.stop(req, chunk[: stop - req.sent], cut is not None and stop == cut)
                     return
+                req.sent += len(chunk)  # counted before the write: a client that has it may ask `served` at once
                 try:
                     self.wfile.write(chunk)
                 except (BrokenPipeError, ConnectionResetError):
+                    req.sent -= len(chunk)
                     return  # the client had what it wanted (a header read stops early)
-                req.sent += len(chunk)
 
     def dribble(self, req: Request, chunk: bytes) -> None:
         for i in range(len(chunk)):
+            req.sent += 1
             try:
                 self.wfile.write(chunk[i : i + 1])
                 self.wfile.flush()
             except (BrokenPipeError, ConnectionResetError):
+                req.sent -= 1
                 return
-            req.sent += 1
             time.sleep(self.hub.trickle or 0)
 
     def stop_at(self, req: Request, cut: int | None, n: int) -> int | None:
@@ -242,9 +244,9 @@ class _Handler(BaseHTTPRequestHandler):
         return None
 
     def stop(self, req: Request, last: bytes, dropped: bool) -> None:
+        req.sent += len(last)
         self.wfile.write(last)
         self.wfile.flush()
-        req.sent += len(last)
         if dropped:  # a dropped connection, mid-body
             self.close_connection = True
             self.connection.shutdown(2)
