@@ -372,34 +372,65 @@ HELD_OUT_2: dict[str, ArchSpec] = {
 WITHOUT_RECIPE: dict[str, ArchSpec] = {
     s.name: s
     for s in (
-        ArchSpec("gemma-2-9b", "gemma2", {"context_length": 8192, "embedding_length": 3584, "block_count": 42,
-        "feed_forward_length": 14336, "attention.head_count": 16, "attention.head_count_kv": 8,
-        "attention.key_length": 256, "attention.value_length": 256, "attention.layer_norm_rms_epsilon": 1e-6,
-        "attention.sliding_window": 4096, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}, 256000,
-        "google/gemma-2-9b-it", optional=()),
-        ArchSpec("gemma-7b", "gemma", {"context_length": 8192, "embedding_length": 3072, "block_count": 28,
-        "feed_forward_length": 24576, "attention.head_count": 16, "attention.head_count_kv": 16,
-        "attention.key_length": 256, "attention.value_length": 256, "attention.layer_norm_rms_epsilon": 1e-6}, 256000,
-        "google/gemma-7b-it", optional=()),
-        ArchSpec("command-r-35b", "command-r", {"context_length": 131072, "embedding_length": 8192, "block_count": 40,
-        "feed_forward_length": 22528, "attention.head_count": 64, "attention.head_count_kv": 64,
-        "attention.layer_norm_epsilon": 1e-5, "rope.freq_base": 8e6, "logit_scale": 0.0625}, 256000,
-        "CohereForAI/c4ai-command-r-v01", optional=()),
-        ArchSpec("granite-3.3-8b", "granite", {"context_length": 131072, "embedding_length": 4096, "block_count": 40,
-        "feed_forward_length": 12800, "attention.head_count": 32, "attention.head_count_kv": 8,
-        "attention.layer_norm_rms_epsilon": 1e-5, "rope.freq_base": 1e7, "logit_scale": 16.0,
-        "residual_scale": 0.22, "embedding_scale": 12.0, "attention.scale": 0.0078125}, 49159,
-        "ibm-granite/granite-3.3-8b-instruct", optional=()),
-        ArchSpec("qwen1.5-moe-a2.7b", "qwen2moe", {"context_length": 8192, "embedding_length": 2048, "block_count": 24,
-        "feed_forward_length": 5632, "attention.head_count": 16, "attention.head_count_kv": 16,
-        "attention.layer_norm_rms_epsilon": 1e-6, "rope.freq_base": 1e6, "expert_count": 60, "expert_used_count": 4,
-        "expert_feed_forward_length": 1408, "expert_shared_feed_forward_length": 5632}, 151936,
-        "Qwen/Qwen1.5-MoE-A2.7B",
-        optional=("output.weight", "blk.N.attn_q.bias", "blk.N.attn_k.bias", "blk.N.attn_v.bias")),
-        ArchSpec("granite-3.1-3b-a800m", "granitemoe", {"context_length": 131072, "embedding_length": 1536,
-        "block_count": 32, "feed_forward_length": 512, "attention.head_count": 24, "attention.head_count_kv": 8,
-        "attention.layer_norm_rms_epsilon": 1e-6, "rope.freq_base": 1e7, "expert_count": 40, "expert_used_count": 8,
-        "expert_feed_forward_length": 512, "logit_scale": 6.0, "residual_scale": 0.22, "embedding_scale": 12.0,
-        "attention.scale": 0.015625}, 49155, "ibm-granite/granite-3.1-3b-a800m-instruct", optional=()),
-)
+        ArchSpec(
+            "gemma-2-9b", "gemma2",
+            {
+                "context_length": 8192, "embedding_length": 3584, "block_count": 42, "feed_forward_length": 14336,
+                "attention.head_count": 16, "attention.head_count_kv": 8, "attention.key_length": 256,
+                "attention.value_length": 256, "attention.layer_norm_rms_epsilon": 1e-06,
+                "attention.sliding_window": 4096, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+            },
+            256000, "google/gemma-2-9b-it", optional=(),
+        ),
+        ArchSpec(
+            "gemma-7b", "gemma",
+            {
+                "context_length": 8192, "embedding_length": 3072, "block_count": 28, "feed_forward_length": 24576,
+                "attention.head_count": 16, "attention.head_count_kv": 16, "attention.key_length": 256,
+                "attention.value_length": 256, "attention.layer_norm_rms_epsilon": 1e-06,
+            },
+            256000, "google/gemma-7b-it", optional=(),
+        ),
+        ArchSpec(
+            "command-r-35b", "command-r",
+            {
+                "context_length": 131072, "embedding_length": 8192, "block_count": 40, "feed_forward_length": 22528,
+                "attention.head_count": 64, "attention.head_count_kv": 64, "attention.layer_norm_epsilon": 1e-05,
+                "rope.freq_base": 8000000.0, "logit_scale": 0.0625,
+            },
+            256000, "CohereForAI/c4ai-command-r-v01", optional=(),
+        ),
+        ArchSpec(
+            "granite-3.3-8b", "granite",
+            {
+                "context_length": 131072, "embedding_length": 4096, "block_count": 40, "feed_forward_length": 12800,
+                "attention.head_count": 32, "attention.head_count_kv": 8, "attention.layer_norm_rms_epsilon": 1e-05,
+                "rope.freq_base": 10000000.0, "logit_scale": 16.0, "residual_scale": 0.22, "embedding_scale": 12.0,
+                "attention.scale": 0.0078125,
+            },
+            49159, "ibm-granite/granite-3.3-8b-instruct", optional=(),
+        ),
+        ArchSpec(
+            "qwen1.5-moe-a2.7b", "qwen2moe",
+            {
+                "context_length": 8192, "embedding_length": 2048, "block_count": 24, "feed_forward_length": 5632,
+                "attention.head_count": 16, "attention.head_count_kv": 16, "attention.layer_norm_rms_epsilon": 1e-06,
+                "rope.freq_base": 1000000.0, "expert_count": 60, "expert_used_count": 4,
+                "expert_feed_forward_length": 1408, "expert_shared_feed_forward_length": 5632,
+            },
+            151936, "Qwen/Qwen1.5-MoE-A2.7B",
+            optional=('output.weight', 'blk.N.attn_q.bias', 'blk.N.attn_k.bias', 'blk.N.attn_v.bias'),
+        ),
+        ArchSpec(
+            "granite-3.1-3b-a800m", "granitemoe",
+            {
+                "context_length": 131072, "embedding_length": 1536, "block_count": 32, "feed_forward_length": 512,
+                "attention.head_count": 24, "attention.head_count_kv": 8, "attention.layer_norm_rms_epsilon": 1e-06,
+                "rope.freq_base": 10000000.0, "expert_count": 40, "expert_used_count": 8,
+                "expert_feed_forward_length": 512, "logit_scale": 6.0, "residual_scale": 0.22,
+                "embedding_scale": 12.0, "attention.scale": 0.015625,
+            },
+            49155, "ibm-granite/granite-3.1-3b-a800m-instruct", optional=(),
+        ),
+    )
 }  # fmt: skip

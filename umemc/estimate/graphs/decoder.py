@@ -171,9 +171,9 @@ class Graph:
                 out = self.norm(out)
             ffn_in = self.op(e * rows * F32, out, residual, inplace=True)
             ffn_out = self.ffn(layer, self.norm(ffn_in) if recipe.pre_norms else ffn_in, rows)
-            if self.recipe.post_norms:
+            if recipe.post_norms:
                 ffn_out = self.norm(ffn_out)
-            if self.recipe.residual_first:  # add(residual, out): in place into the residual
+            if recipe.residual_first:  # add(residual, out): in place into the residual
                 x = self.op(e * rows * F32, ffn_in, ffn_out, inplace=True)
             else:
                 x = self.op(e * rows * F32, ffn_out, ffn_in, inplace=True)
@@ -201,7 +201,7 @@ class Graph:
         residual = self.op(e * rows * F32, x, out_ids) if rows != n_ub else x
         x = self.op(e * rows * F32, ffn_out, residual, inplace=True)
         if self.flash_attn:  # flash attention's output turned back (a rotated cache), after the FFN too
-            attention = self.turn(self.view(attention), kv.turns[1])
+            attention = self.turned_back(attention, kv)
         out = self.op(e * n_ub * F32, self.weight, attention)
         if rows != n_ub:
             out = self.op(e * rows * F32, out, out_ids)
@@ -326,11 +326,15 @@ class Graph:
             kv_heads = max(shape.n_head_kv)
             k_all, v_all = self.cached(kv, kv_heads * shape.head_dim_k), self.cached(kv, kv_heads * shape.head_dim_v)
             fa = self.op(width * n_ub * F32, self.view(q), k_all, v_all, kv.mask)
-            return self.turn(self.view(fa), kv.turns[1]) if turned else fa
+            return self.turned_back(fa, kv) if turned else fa
         scores = self.op(kv.n_kv * shape.n_head * n_ub * F32, self.cache_view(), self.view(q))
         probs = self.op(scores.size, scores, kv.mask, inplace=True)  # soft-max with the mask, in place
         kqv = self.op(width * n_ub * F32, self.cache_view(), probs)
         return self.op(kqv.size, self.view(kqv))  # the permuted product made contiguous
+
+    def turned_back(self, fa: Tensor, kv: Kv) -> Tensor:
+        """Flash attention's output turned back by V's rotation, where the cache is rotated."""
+        return self.turn(self.view(fa), kv.turns[1])
 
     def cached(self, kv: Kv, row: int) -> Tensor:
         """K or V as flash attention reads it: a view of the cache, cast to f16 from an f32 cache (build_attn_mha)
