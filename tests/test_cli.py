@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -293,16 +294,17 @@ def test_a_command_imports_only_itself(tmp_path: Path) -> None:
     probe = (
         "import sys; from umemc.cli import main; code = main(['check', sys.argv[1]]); "
         "print(sorted(m for m in sys.modules if m.startswith('umemc.commands.')), code, "
-        "'umemc.contract' in sys.modules, 'rich' in sys.modules, "
+        "'umemc.contract' in sys.modules, 'rich' in sys.modules, 'umemc.lockfile.entries' in sys.modules, "
         "[m for m in ('umemc.budget.placement', 'difflib', 'subprocess') if m in sys.modules])"
     )
     done = subprocess.run([sys.executable, "-c", probe, str(stack)], capture_output=True, text=True, timeout=120)
-    # nor the runtime's documents (umemc.contract): the lock file's base is umemc.document; nor rich, off a
+    # nor the runtime's documents (umemc.contract): the lock file's base is umemc.document; nor the lock file's own
+    # documents where the stack has none (umemc.lockfile.entries); nor rich, off a
     # terminal (umemc.targets.table.plain_text); nor, for one node without mistakes whose runtimes' help is known,
     # the placement on several nodes, the did-you-mean matcher, or subprocess
     imported = (
         "['umemc.commands.args', 'umemc.commands.asking', 'umemc.commands.build', 'umemc.commands.check', "
-        "'umemc.commands.common'] 0 False False []"
+        "'umemc.commands.common'] 0 False False False []"
     )
     assert done.stdout.splitlines()[-1] == imported, done.stderr
     done = subprocess.run([sys.executable, "-m", "umemc", "--help"], capture_output=True, text=True, timeout=120)
@@ -315,22 +317,33 @@ def test_a_command_imports_only_itself(tmp_path: Path) -> None:
 
 def test_the_collector_is_off_while_a_command_imports_and_on_for_its_work(tmp_path: Path, run_cli) -> None:
     """As its own process (the `umemc` script), the command is imported with the cyclic collector off and the
-    imported objects frozen; the command's own work runs with it on. Called in a longer-lived process (here, the
-    test's), main leaves the collector alone."""
+    imported objects frozen; the command's own work runs with it on. Pydantic's plugin scan is off while it imports
+    (PYDANTIC_DISABLE_PLUGINS), and the variable is gone again for the command's work (what it starts inherits the
+    person's environment), unless the person set it. Called in a longer-lived process (here, the test's), main
+    leaves the collector alone."""
     stack = tmp_path / "stack.toml"
     stack.write_text(SMALL)
     script = (
-        "import gc, sys\nfrom umemc import cli\nseen = []\nreal = cli.build_parser\n"
-        "def spy(argv):\n    seen.append(gc.isenabled())\n    return real(argv)\n"
-        "def work(args):\n    seen.append(gc.isenabled())\n    return 0\n"
+        "import gc, os, sys\nfrom umemc import cli\nseen = []\nreal = cli.build_parser\n"
+        "def spy(argv):\n    seen.append((gc.isenabled(), os.environ.get('PYDANTIC_DISABLE_PLUGINS')))\n"
+        "    return real(argv)\n"
+        "def work(args):\n    seen.append((gc.isenabled(), os.environ.get('PYDANTIC_DISABLE_PLUGINS')))\n    return 0\n"
         "cli.build_parser = spy\n"
         "real_parse = cli._parse\n"
         "def parse(argv):\n    args = real_parse(argv)\n    args.func = work\n    return args\n"
         f"cli._parse = parse\nsys.argv = ['umemc', 'check', {str(stack)!r}]\n"
         "code = cli.main()\nprint(seen, gc.isenabled(), gc.get_freeze_count() > 1000, code)\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=tmp_path)
-    assert done.stdout == "[False, True] True True 0\n"
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=tmp_path, env=env
+    )
+    assert done.stdout == "[(False, '__all__'), (True, None)] True True 0\n"
+    env["PYDANTIC_DISABLE_PLUGINS"] = "logfire"
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=tmp_path, env=env
+    )
+    assert done.stdout == "[(False, 'logfire'), (True, 'logfire')] True True 0\n"
     frozen = gc.get_freeze_count()
     assert run_cli("check", str(stack), "--format", "json")[0] == 0
     assert gc.isenabled() and gc.get_freeze_count() == frozen

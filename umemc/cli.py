@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -98,11 +99,21 @@ def _parse_as_process(argv: Sequence[str]) -> argparse.Namespace:
     process: the cyclic collector, left on, walks them again at every threshold it crosses (a sixth of `umemc
     check`). So it is off while the command is imported, those objects are then set aside for good (gc.freeze:
     never walked again), and it is on for the command's own work (a long `up`, a 5000-model stack). Not where main
-    is called in a longer-lived process (tests, a library user): there freezing would keep that process's garbage."""
+    is called in a longer-lived process (tests, a library user): there freezing would keep that process's garbage.
+
+    Pydantic looks for plugins (observability hooks, found through every installed package's entry points) when
+    it builds its first model; umemc's stack models want none, and the scan is a few ms of every command. It is
+    skipped while the command is imported, where the person has not said otherwise; the variable is taken back
+    after, so nothing umemc starts inherits it."""
     gc.disable()
+    plugins_unset = "PYDANTIC_DISABLE_PLUGINS" not in os.environ
+    if plugins_unset:
+        os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
     try:
         return _parse(argv)
     finally:
+        if plugins_unset:
+            os.environ.pop("PYDANTIC_DISABLE_PLUGINS", None)
         gc.freeze()
         gc.enable()
 

@@ -6,13 +6,15 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..catalog.archs import LlmShape, VisionShape
 from ..catalog.llama_archs import facts, layers_known, positions
 from ..catalog.quant import FILE_TYPE_IDS, is_repacked
-from ..lockfile import LockedHeader
 from .gguf_header import Header, HeaderError, Tensor, read_header
+
+if TYPE_CHECKING:
+    from ..lockfile import LockedHeader
 
 # Every per-architecture rule the header reading uses (window layouts, encoders, M-RoPE, which layers recur) is in
 # the architecture's record, umemc.catalog.llama_archs; an architecture with none follows the generic rules, said.
@@ -84,6 +86,8 @@ def _locked_shape(recorded: dict[str, Any]) -> LlmShape:
 
 def locked_header(facts: GgufFacts) -> LockedHeader:
     """What the lock records of a file's header, enough to estimate without the file."""
+    from ..lockfile.entries import LockedHeader
+
     return LockedHeader(
         tensor_bytes=facts.tensor_bytes,
         n_tensors=facts.n_tensors,

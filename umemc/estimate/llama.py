@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..catalog.archs import LLM_PRESETS, LlmPreset, LlmShape, VisionShape
 from ..catalog.llama_archs import facts, layers_known
 from ..catalog.quant import FILE_TYPE_BITS, REPACK_ISA, is_repacked, loaded, preset_mix, quantized_kv, tensor_bytes
 from ..catalog.runtimes import FULL_SWA_CACHE, NO_REPACK_FLAGS
 from ..hub.ref import SPLIT
-from ..lockfile import LockEntry, path_for
+from ..lockfile import path_for
 from ..stack.resolved import LoadedStack, ResolvedModel
 from ..units import with_gib
 from . import recorded
@@ -21,6 +22,9 @@ from .gguf_file import read as read_gguf
 from .llm import compute_figure, kv_figure, projector_from_preset, vision_compute_figure, weights_from_preset
 from .other import estimate_command
 from .overhead import overhead_figure
+
+if TYPE_CHECKING:
+    from ..lockfile import LockEntry
 
 _WANTS = {
     "embedding": ("F16", "embedding models lose recall when quantized below F16"),

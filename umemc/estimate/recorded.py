@@ -8,14 +8,17 @@ model fit that does not."""
 
 from __future__ import annotations
 
-from typing import NamedTuple, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
-from ..lockfile import DryRun, LockEntry, path_for
+from ..lockfile import path_for
 from ..stack.resolved import LoadedStack, ResolvedModel
 from . import keys
 from .figures import Figure
 from .gguf_file import GgufFacts
 from .overhead import overhead_figure
+
+if TYPE_CHECKING:
+    from ..lockfile import DryRun, LockEntry
 
 
 class Chosen(NamedTuple):

@@ -23,117 +23,44 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
+from ..document import ContractError, dump, parse
 
-from .document import ContractError, Document, dump, parse
+if TYPE_CHECKING:
+    from .entries import BufferReport as BufferReport
+    from .entries import Bytes as Bytes
+    from .entries import CalibrationDoc as CalibrationDoc
+    from .entries import DryRun as DryRun
+    from .entries import FileIdentity as FileIdentity
+    from .entries import HubOrigin as HubOrigin
+    from .entries import HubPart as HubPart
+    from .entries import LockedHeader as LockedHeader
+    from .entries import LockEntry as LockEntry
+    from .entries import Measured as Measured
+    from .entries import ToolIdentity as ToolIdentity
 
 VERSION = 1
 HEAD_BYTES = 4 * 1024 * 1024
-# A byte count as the file may say it: a machine's worth at most (1 EiB), never negative (the file is input: a
-# figure outside this is refused with the field that holds it)
-MAX_BYTES = 2**60
-Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
-# llama.cpp's buffer report: {device: {model|kv|rs|compute|output: bytes}}
-BufferReport = dict[str, dict[str, Bytes]]
+MAX_BYTES = 2**60  # a byte count the file may say: a machine's worth at most (1 EiB)
 # A figure in llama.cpp's log as llama.cpp prints it (%.2f MiB): anything else on such a line (a worker or a
 # stand-in writing "... MiB", "1e999 MiB", 10^40 MiB) is not read as a figure
 LOG_FIGURE = r"(\d{1,15}(?:\.\d{1,6})?)"
 MAX_FILE_BYTES = 16 * 1024 * 1024  # a calibration file umemc writes is a few KiB a model
+_ENTRIES = frozenset(
+    {"BufferReport", "Bytes", "CalibrationDoc", "DryRun", "FileIdentity", "HubOrigin", "HubPart", "LockedHeader",
+     "LockEntry", "Measured", "ToolIdentity"}
+)  # fmt: skip
 
 
-class FileIdentity(Document):
-    size: Bytes
-    sha256_head: str
+def __getattr__(name: str) -> Any:
+    """The documents' types (umemc.lockfile.entries), built on first use: `umemc check` of a stack without a
+    calibration file never builds them."""
+    if name in _ENTRIES:
+        from . import entries
 
-
-class LockedHeader(Document):
-    """The GGUF header facts the estimator needs when the file is absent (its LlmShape as a table)."""
-
-    tensor_bytes: Bytes
-    n_tensors: Bytes
-    type_counts: dict[str, int]
-    file_type: str | None
-    general_arch: str
-    shape: dict[str, Any] | None
-    repack_bytes: Bytes = 0
-    skipped_bytes: Bytes = 0
-
-
-class Measured(Document):
-    buffers: BufferReport = {}  # llama.cpp's own report (llama.cpp models)
-    rss_bytes: Bytes | None = None  # resident after a warm-up request (llama.cpp models)
-    peak_bytes: Bytes | None = None  # peak resident during its own warm-up (torch workers)
-    at: str = "?"
-    runtime_version: str = "?"
-
-
-class ToolIdentity(Document):
-    """A llama.cpp build as the file system names it: a changed binary (or library) is another llama.cpp."""
-
-    path: str
-    size: int
-    mtime_ns: int
-
-
-class DryRun(Document):
-    """llama.cpp's answer to "what would you allocate?" (llama_model_params.no_alloc): per buffer, in bytes.
-
-    `buffers` holds what its log states to 0.01 MiB ({buffer: {kv, rs, compute, output}}, and `model: 0` for
-    each buffer the weights would go to: a no_alloc load logs their sizes as 0.00 MiB); `table` its memory
-    breakdown in whole MiB ({buffer type or device: {model, context, compute}}; llama-fit-params only). The
-    estimator turns them into figures (umemc.estimate.recorded)."""
-
-    tool: str  # "llama-fit-params" | "llama-cpp-python"
-    build: str  # the llama.cpp that answered, as it names itself
-    identity: ToolIdentity
-    flags: dict[str, Any]  # the memory-relevant settings it ran with (umemc.estimate.keys.dry_run)
-    argv: list[str]
-    buffers: BufferReport = {}
-    table: BufferReport = {}
-    seconds: float
-    peak_rss_bytes: Bytes | None = None  # what the dry run itself cost: its peak resident set
-    # and what it read until umemc stopped it (Linux /proc/PID/io rchar): the header, not the weights, unless
-    # the machine was so busy that llama-server's real load, which follows its answer, began before the kill
-    read_bytes: Bytes | None = None
-    at: str
-
-
-class HubPart(Document):
-    path: str  # in the repository
-    size: Bytes
-    sha256: str | None = None  # the Hub's checksum of the file (its LFS object id); None for a file kept in git
-
-
-class HubOrigin(Document):
-    """Where a model's file comes from on the Hugging Face Hub, as the Hub answered (umemc.hub)."""
-
-    repo: str
-    path: str  # the first part
-    revision: str  # as the stack asks: a branch, a tag or a commit
-    commit: str  # what that revision was when the header was read
-    parts: list[HubPart]
-    header_bytes: Bytes  # what was read of it to size it (HTTP range requests)
-
-
-class LockEntry(Document):
-    file: FileIdentity | None = None
-    hub: HubOrigin | None = None
-    header: LockedHeader | None = None
-    flags: dict[str, Any] = {}
-    measured: Measured | None = None
-    dry_run: DryRun | None = None
-    # a model split across nodes: llama.cpp's dry run on its main node with the RPC servers of its helpers up
-    # (their compute buffers per device; flags also name the endpoints it reached)
-    split_dry_run: DryRun | None = None
-
-
-class CalibrationDoc(Document):
-    format: Literal["umemc-calibration"] = "umemc-calibration"
-    version: int = VERSION
-    models: dict[str, LockEntry]
-    remedy: ClassVar[str] = "measure again with this one (`umemc calibrate STACK`)"
+        return getattr(entries, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def path_for(stack: Path) -> Path:
@@ -141,6 +68,8 @@ def path_for(stack: Path) -> Path:
 
 
 def identity(path: Path) -> FileIdentity:
+    from .entries import FileIdentity
+
     h = hashlib.sha256()
     with path.open("rb") as f:
         h.update(f.read(HEAD_BYTES))
@@ -153,7 +82,11 @@ def load(stack: Path) -> dict[str, LockEntry]:
     a link to /dev/zero never end), every figure checked by its type."""
     path = path_for(stack)
     text = _read_bounded(path)
-    return {} if text is None else dict(parse(CalibrationDoc, text, path).models)
+    if text is None:
+        return {}
+    from .entries import CalibrationDoc
+
+    return dict(parse(CalibrationDoc, text, path).models)
 
 
 def _read_bounded(path: Path) -> bytes | None:
@@ -184,6 +117,8 @@ def _special(mode: int) -> str | None:
 
 def save(stack: Path, models: dict[str, LockEntry]) -> Path:
     """Atomically: a reader sees the old file or the new one, never half of one."""
+    from .entries import CalibrationDoc
+
     path = path_for(stack)
     doc = CalibrationDoc(models=dict(sorted(models.items())))
     tmp = path.with_suffix(".tmp")
@@ -197,6 +132,8 @@ def save(stack: Path, models: dict[str, LockEntry]) -> Path:
 
 
 def tool_identity(path: Path) -> ToolIdentity | None:
+    from .entries import ToolIdentity
+
     try:
         st = path.stat()
     except OSError:
