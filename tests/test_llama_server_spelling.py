@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from umemc.contract import ModelDoc
+from umemc.document import validate
 from umemc.runtime.preflight import check_executable
 
 RECORDED = Path(__file__).resolve().parent / "recorded" / "llama-server"
@@ -126,7 +127,7 @@ def test_preflight_refuses_a_bundle_spelled_for_another_build(tmp_path: Path, ru
     doc = json.loads((tmp_path / "out" / "plan.json").read_text())["models"]["chat"]
     older = stand_in(tmp_path, OLDER)
     doc["argv"][0] = doc["help_argv"][0] = str(older)
-    assert check_executable(ModelDoc.model_validate(doc)) == (
+    assert check_executable(validate(ModelDoc, doc)) == (
         f"`{older} --help` does not list --load-mode, --fit, --cache-ram: this bundle was spelled for another "
         "llama-server than the one installed (version 1 (4227c9b)); `umemc up STACK` builds it for that one"
     )
@@ -208,7 +209,7 @@ def test_an_interpreter_without_llama_cpp_python_gets_the_newest_spelling(tmp_pa
         "127.0.0.1", "--port", "10001",
     ]  # fmt: skip
     doc = json.loads((tmp_path / "out" / "plan.json").read_text())["models"]["chat"]
-    assert check_executable(ModelDoc.model_validate(doc)) == (
+    assert check_executable(validate(ModelDoc, doc)) == (
         f"`{python} -m llama_cpp.server --help` failed: {python} cannot import llama_cpp "
         "(pip install 'llama-cpp-python[server]' into that interpreter's environment)"
     )

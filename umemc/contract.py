@@ -1,5 +1,5 @@
 """The runtime's contract: every file one umemc process writes and another reads, as typed, versioned
-pydantic models. Writers build these models; readers load them with `read`, so a renamed field is
+documents (umemc.document). Writers build them; readers load them with `read`, so a renamed field is
 a type error, not a KeyError at 3 a.m., and a file from another umemc version is a clear message.
 
     plan.json                the bundle's compiled plan: what `umemc up`, the enforcer and the gateway run
@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from .budget.policy import Lease
-from .document import ContractError, Doc, Document, dump, parse, read, read_optional
+from .document import ContractError, Doc, Document, dump, parse, read, read_optional, values
 from .records import read_file
 
-__all__ = ["CgroupRecord", "ContractError", "Doc", "Document", "PidRecord", "dump", "parse", "read", "read_optional"]
+__all__ = [
+    "CgroupRecord", "ContractError", "Doc", "Document", "PidRecord", "dump", "parse", "read", "read_optional", "values"
+]  # fmt: skip
 
 PLAN_VERSION = 1
 STATUS_VERSION = 1
@@ -94,7 +96,7 @@ class PolicyDoc(Document):
     throttle_above_c: float | None = None  # a temperature that counts as throttling
 
 
-class GatewayDoc(Document):
+class GatewayDoc(Document, kw_only=True):
     host: str
     port: int
     token_env: str | None
@@ -186,7 +188,7 @@ class PeerDoc(Document):
     aliases: list[str] = []
 
 
-class PlanDoc(Document):
+class PlanDoc(Document, kw_only=True):
     format: Literal["umemc-plan"] = "umemc-plan"
     version: int = PLAN_VERSION
     generated_by: str
@@ -209,7 +211,8 @@ class PlanDoc(Document):
         """What a running gateway and enforcer cannot take on in place (everything but the models and the hot
         totals they sum to): two plans with the same frame differ only in models, which `umemc up` on a running
         stack hands to them without a restart."""
-        doc = self.model_dump(mode="json", exclude={"models"})
+        doc = values(self)
+        doc.pop("models")
         for derived in ("hot_total_bytes", "hot_gpu_total_bytes", "fits"):
             doc["capacity"].pop(derived)
         return doc
@@ -252,7 +255,7 @@ class WorkerStatus(Document):
     gpu_visible: bool | None = None
 
 
-class EnforcerStatus(Document):
+class EnforcerStatus(Document, kw_only=True):
     format: Literal["umemc-enforcer-status"] = "umemc-enforcer-status"
     version: int = STATUS_VERSION
     time: float
@@ -325,7 +328,7 @@ class GenerationDoc(Document):
     throttling: str | None = None  # why the budget is lowered now (the box throttles for heat)
 
 
-class GatewayState(Document):
+class GatewayState(Document, kw_only=True):
     format: Literal["umemc-gateway-state"] = "umemc-gateway-state"
     version: int = STATUS_VERSION
     time: float
@@ -353,7 +356,7 @@ class AllocatorFigures(Document):
     inactive_split_bytes: int | None
 
 
-class WorkerReport(Document):
+class WorkerReport(Document, kw_only=True):
     format: Literal["umemc-worker-report"] = "umemc-worker-report"
     version: int = STATUS_VERSION
     model: str

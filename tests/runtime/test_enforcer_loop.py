@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from umemc.budget.plan import make_plan
 from umemc.commands.build import build
 from umemc.runtime.enforcer.loop import Enforcer
@@ -376,7 +378,7 @@ def test_a_llama_cpp_worker_holding_more_than_its_buffers_is_seen(tmp_path: Path
     recorded = Path(__file__).resolve().parents[1] / "recorded" / "llama-server-vulkan" / "load-smollm2.excerpt.log"
     loop = Loop(tmp_path)
     plan = loop.enforcer.plan
-    plan.models["w"] = plan.models["w"].model_copy(update={"reports_buffers": True})
+    plan.models["w"] = msgspec.structs.replace(plan.models["w"], reports_buffers=True)
     overhead = plan.models["w"].estimate_parts.overhead_bytes
     log = loop.enforcer.run_dir.log("w", "err")
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ import struct
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from tests.runtime.test_enforcer_loop import Loop
@@ -182,10 +183,9 @@ def test_the_page_and_metrics_show_the_heat(tmp_path: Path) -> None:
         await s.sync.refresh()
         found["hot"] = (views.status(s)["heat"], samples(s))
         found["psi"] = views.status(s)["psi"]
-        s.run.status.write_text(dump(doc.model_copy(update={"heat_c": None, "power_w": None, "throttling": None,
-                                                             "heat_source": "none", "memory_busy": None,
-                                                             "memory_gbps": None, "psi_some": None,
-                                                             "psi_full": None})))  # fmt: skip
+        cool = msgspec.structs.replace(doc, heat_c=None, power_w=None, throttling=None, heat_source="none",
+                                       memory_busy=None, memory_gbps=None, psi_some=None, psi_full=None)  # fmt: skip
+        s.run.status.write_text(dump(cool))
         await s.sync.refresh()
         found["none"] = (views.status(s)["heat"], samples(s))
         found["no psi"] = views.status(s)["psi"]

@@ -80,8 +80,8 @@ def test_a_figure_outside_sense_is_refused_at_its_field(tmp_path: Path, run_cli,
     forged_measurement(path, 10**6, figure)
     code, out, err = run_cli("check", str(path))
     assert (code, out) == (2, "")
-    bound = "greater than or equal to 0" if figure < 0 else "less than or equal to 1152921504606846976"
-    assert err == f"{tmp_path / 'stack.calibration.json'}: umemc-calibration field {field}: Input should be {bound}\n"
+    bound = ">= 0" if figure < 0 else "<= 1152921504606846976"
+    assert err == f"{tmp_path / 'stack.calibration.json'}: umemc-calibration field {field}: Expected `int` {bound}\n"
 
 
 def test_a_file_nested_past_reason_is_refused(tmp_path: Path, run_cli) -> None:
@@ -137,13 +137,14 @@ def locked_without_file(path: Path, **forged: object) -> dict:
     """The header and file identity the lock records of tiny.gguf (read by umemc's reader, as `calibrate` records
     them), `forged` fields put over them, and the file itself removed: a checkout of the shared repository that
     has the calibration file and not the model."""
+    from umemc.document import values
     from umemc.estimate.gguf_file import locked_header
     from umemc.estimate.gguf_file import read as read_gguf
     from umemc.lockfile import identity
 
     gguf_path = path.parent / "tiny.gguf"
-    header = locked_header(read_gguf(gguf_path)).model_dump(mode="json")
-    ident = identity(gguf_path).model_dump(mode="json")
+    header = values(locked_header(read_gguf(gguf_path)))
+    ident = values(identity(gguf_path))
     for key, value in forged.items():
         where = ident if key == "size" else header
         where[key] = value

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from ..catalog.runtimes import LLAMA_RUNTIMES, NEEDS_MODEL_FILE, holds_gpu_device
 from ..estimate.estimator import estimate_stack
@@ -105,7 +105,7 @@ class Plan:
         return self.capacity.budget - self.hot_total
 
     @property
-    def kernel_enforcement(self) -> str:
+    def kernel_enforcement(self) -> Literal["auto", "off"]:
         """The policy's kernel_enforcement where the platform has memory cgroups; off on macOS, which has none (its
         hard quotas are the enforcer's alone)."""
         return "off" if self.platform.kind == "apple" else self.stack.policy.kernel_enforcement
@@ -717,6 +717,7 @@ def _split_measured(loaded: LoadedStack, rm: ResolvedModel, facts: GgufFacts, wa
     row of logits, a helper's compute buffer one token's hidden state), never to umemc's model of the compute buffer,
     which is the guess; where that llama.cpp is not here, to half of that model's figure."""
     from .. import lockfile
+    from ..document import values
     from ..estimate import keys
     from ..estimate.dryrun import still_answers
     from ..estimate.llm import compute_figure
@@ -726,7 +727,7 @@ def _split_measured(loaded: LoadedStack, rm: ResolvedModel, facts: GgufFacts, wa
     shape = facts.shape
     if run is None or rm.model_path is None or not rm.model_present or shape is None:
         return {}
-    wanted = keys.dry_run(loaded, rm) | {"file": lockfile.identity(rm.model_path).model_dump(mode="json")}
+    wanted = keys.dry_run(loaded, rm) | {"file": values(lockfile.identity(rm.model_path))}
     if {k: v for k, v in run.flags.items() if k != "rpc"} != wanted:
         return {}
     spec, at = rm.spec, ("models", rm.name, "split")

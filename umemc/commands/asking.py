@@ -32,6 +32,8 @@ class Asked:
 
 def ask_llama_cpp(loaded: LoadedStack, plan: Plan, measure: Measure, only: list[str] | None = None) -> Asked:
     """Run the dry run where `measure` says; returns the stack's lock entries with the new answers."""
+    from msgspec.structs import replace
+
     from .. import lockfile
     from ..catalog.runtimes import LLAMA_RUNTIMES
     from ..compile.launchers import dry_run_args
@@ -76,9 +78,7 @@ def ask_llama_cpp(loaded: LoadedStack, plan: Plan, measure: Measure, only: list[
             out.failed.append(f"{m.name}: llama.cpp could not size its file: {exc}")
             continue
         base = entry or lockfile.LockEntry()
-        out.entries[m.name] = base.model_copy(
-            update={"file": lockfile.identity(file), "header": locked_header(facts), "dry_run": answer}
-        )
+        out.entries[m.name] = replace(base, file=lockfile.identity(file), header=locked_header(facts), dry_run=answer)
         out.asked.append(m.name)
     return out
 
@@ -88,8 +88,11 @@ def _ask_splits(loaded: LoadedStack, plan: Plan, measure: Measure, out: Asked, o
     the main node's argv (--rpc and the split), whose compute buffer per device sizes each part (the hand model's
     figure is an upper bound for a helper). Recorded as the lock entry's split_dry_run; asked only where every
     helper answers (an RPC server serves one client: a running model's helpers are busy)."""
+    from msgspec.structs import replace
+
     from .. import lockfile
     from ..compile.launchers import dry_run_args
+    from ..document import values
     from ..errors import RuntimeFailure
     from ..estimate import keys
     from ..estimate.dryrun import bound, find_tool, run
@@ -105,7 +108,7 @@ def _ask_splits(loaded: LoadedStack, plan: Plan, measure: Measure, out: Asked, o
         assert rm.model_path is not None
         flags = keys.dry_run(loaded, rm) | {
             "rpc": ",".join(endpoints),
-            "file": lockfile.identity(rm.model_path).model_dump(mode="json"),
+            "file": values(lockfile.identity(rm.model_path)),
         }
         entry = out.entries.get(name)
         if measure is Measure.MISSING and entry is not None and entry.split_dry_run is not None:
@@ -133,7 +136,7 @@ def _ask_splits(loaded: LoadedStack, plan: Plan, measure: Measure, out: Asked, o
         now = lockfile.identity(rm.model_path)
         # an entry of another file is stale whole (its other records too): this file's starts afresh
         base = entry if entry is not None and entry.file == now else lockfile.LockEntry(file=now)
-        out.entries[name] = base.model_copy(update={"split_dry_run": answer})
+        out.entries[name] = replace(base, split_dry_run=answer)
         out.asked.append(name)
     return out
 

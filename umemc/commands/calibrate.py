@@ -45,6 +45,8 @@ class CalibrateArgs(Args):
 
 def run(ns: argparse.Namespace) -> int:
     args = CalibrateArgs.of(ns)
+    from msgspec.structs import replace
+
     from .. import lockfile
     from ..budget.plan import make_plan
     from ..catalog.runtimes import LLAMA_RUNTIMES
@@ -95,11 +97,10 @@ def run(ns: argparse.Namespace) -> int:
         assert m.model_path is not None
         entry = lockfile.LockEntry(file=lockfile.identity(m.model_path), header=locked_header(read_gguf(m.model_path)))
         if not args.lock_only:
-            entry = entry.model_copy(
-                update={
-                    "flags": keys.llama(loaded, m),
-                    "measured": measure(bundle.programs[m.name], before.models[m.name].estimate.facts, args.timeout),
-                }
+            entry = replace(
+                entry,
+                flags=keys.llama(loaded, m),
+                measured=measure(bundle.programs[m.name], before.models[m.name].estimate.facts, args.timeout),
             )
         entries[m.name] = entry
         _report(m.name, before.models[m.name].estimate, entry)

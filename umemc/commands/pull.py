@@ -150,6 +150,8 @@ def _llama() -> tuple[str, ...]:
 def _entry(old: LockEntry | None, remote: Remote, dest: Path) -> LockEntry:
     """The lock's entry for the downloaded file: its identity, its header, where it came from; a dry run
     recorded on the header's sparse copy still holds (the same identity and header)."""
+    from msgspec.structs import replace
+
     from .. import lockfile
     from ..estimate.gguf_file import locked_header, read
 
@@ -163,7 +165,7 @@ def _entry(old: LockEntry | None, remote: Remote, dest: Path) -> LockEntry:
     )
     ident = lockfile.identity(dest)
     base = old if old is not None and old.file == ident else lockfile.LockEntry()
-    return base.model_copy(update={"file": ident, "hub": origin, "header": locked_header(read(dest))})
+    return replace(base, file=ident, hub=origin, header=locked_header(read(dest)))
 
 
 def _save(stack: Path, entries: dict[str, LockEntry], changed: int) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..contract import ContractError, Doc, read
+from ..contract import ContractError, Doc, read, values
 from ..names import ENFORCER, GATEWAY, STANDBY
 from ..units import gib, in_unit, unit_for
 from .args import Args
@@ -69,9 +69,9 @@ def collect(run_dir_arg: str) -> dict[str, Any]:
         "running": running,
         "pressure": None if live is None else live.pressure,
         "models": {},
-        "_gateway": None if plan is None or plan.gateway is None else plan.gateway.model_dump(),
-        "_leases": [] if gateway is None else [x.model_dump() for x in gateway.leases],
-        "_generation": None if gateway is None or gateway.generation is None else gateway.generation.model_dump(),
+        "_gateway": None if plan is None or plan.gateway is None else values(plan.gateway),
+        "_leases": [] if gateway is None else [values(x) for x in gateway.leases],
+        "_generation": None if gateway is None or gateway.generation is None else values(gateway.generation),
         "_orphans": orphans,
         "_problems": problems,
         "_rehearsal": None if plan is None or not plan.simulate else {"scale": plan.scale},
@@ -247,8 +247,9 @@ def contract(status: dict[str, Any]) -> dict[str, Any]:
     quota_hard_bytes, restarts}}} first, then everything the table shows (same names without the '_'), as the
     typed document umemc.contract.StatusDoc (a field added to the table and not to the document fails here)."""
     from ..contract import StatusDoc
+    from ..document import validate
 
-    return StatusDoc.model_validate(_untyped(status)).model_dump(mode="json")
+    return values(validate(StatusDoc, _untyped(status)))
 
 
 def _untyped(status: dict[str, Any]) -> dict[str, Any]:

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field
+from msgspec import Meta
 
 from ..document import Document
 from . import MAX_BYTES, VERSION
 
 # A byte count as the file may say it: a machine's worth at most, never negative (the file is input: a figure
 # outside this is refused with the field that holds it)
-Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
+Bytes = Annotated[int, Meta(ge=0, le=MAX_BYTES)]
 # llama.cpp's buffer report: {device: {model|kv|rs|compute|output: bytes}}
 BufferReport = dict[str, dict[str, Bytes]]
 
@@ -52,7 +52,7 @@ class ToolIdentity(Document):
     mtime_ns: int
 
 
-class DryRun(Document):
+class DryRun(Document, kw_only=True):
     """llama.cpp's answer to "what would you allocate?" (llama_model_params.no_alloc): per buffer, in bytes.
 
     `buffers` holds what its log states to 0.01 MiB ({buffer: {kv, rs, compute, output}}, and `model: 0` for
@@ -104,7 +104,7 @@ class LockEntry(Document):
     split_dry_run: DryRun | None = None
 
 
-class CalibrationDoc(Document):
+class CalibrationDoc(Document, kw_only=True):
     format: Literal["umemc-calibration"] = "umemc-calibration"
     version: int = VERSION
     models: dict[str, LockEntry]

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from ...budget.policy import Lease
-from ...contract import GatewayState, LeaseDoc
+from ...contract import GatewayState, LeaseDoc, values
 
 # Live leases at once: each is a ledger entry and a line of gateway.json, rewritten and synced at every grant; a
 # client leasing in a loop must not grow either without bound
@@ -79,4 +79,4 @@ def lease_doc(lease: Lease) -> LeaseDoc:
 
 
 def lease_json(lease: Lease) -> dict[str, Any]:
-    return lease_doc(lease).model_dump(mode="json")
+    return values(lease_doc(lease))

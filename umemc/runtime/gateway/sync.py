@@ -195,7 +195,12 @@ class StateSync:
             supervisord_pid=self.supervisord_pid,
             models=models,
             leases=leases,
-            generation=GenerationDoc(**said[2]),
+            generation=GenerationDoc(
+                max=self.generation.capacity,
+                in_use=self.generation.in_use,
+                waiting=self.generation.waiting,
+                throttling=self.generation.throttling,
+            ),
             plan_sha256=self.plan_digest,
         )
         try:
