@@ -91,7 +91,7 @@ def test_live_status_round_trips() -> None:
 
 
 def test_enforcer_refuses_a_plan_of_another_version(bundle: Path, tmp_path: Path) -> None:
-    from umemc.runtime.enforcer import Enforcer
+    from umemc.runtime.enforcer.loop import Enforcer
 
     other = tmp_path / "bundle"
     other.mkdir()

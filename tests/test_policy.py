@@ -146,7 +146,7 @@ def test_check_gateway_and_enforcer_choose_the_same_victims(tmp_path) -> None:  
     the enforcer's pressure guard (stopping until 652 MiB are freed) name the same workers."""
     from umemc.budget.plan import make_plan
     from umemc.commands.build import build
-    from umemc.runtime.enforcer import Enforcer
+    from umemc.runtime.enforcer.loop import Enforcer
     from umemc.runtime.gateway.lifecycle import Phase
     from umemc.runtime.gateway.scheduler import Scheduler
     from umemc.stack.resolve import load_stack

@@ -14,12 +14,12 @@ Near the bottom of the package: it imports the document base (umemc.document) an
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from .budget.policy import Lease
 from .document import ContractError, Doc, Document, dump, parse, read, read_optional, values
+from .names import sha256_hex
 from .records import read_file
 
 __all__ = [
@@ -225,7 +225,7 @@ def read_plan(path: Path) -> tuple[PlanDoc, str]:
         text = read_file(path)
     except OSError as exc:
         raise ContractError(f"{path}: cannot read: {exc.strerror}") from None
-    return parse(PlanDoc, text, path), hashlib.sha256(text).hexdigest()
+    return parse(PlanDoc, text, path), sha256_hex(text)
 
 
 # -- live state -----------------------------------------------------------------------------------

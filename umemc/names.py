@@ -40,11 +40,15 @@ SOCKET = f"%(ENV_{SOCKET_ENV})s"
 def run_mark(state: str | os.PathLike[str]) -> str:
     """The run's id: its state directory's path (resolved), hashed: the mark in its processes' environment and
     its cgroups' names."""
-    # Python's own SHA-256 (_sha256 to 3.11; hashlib elsewhere): hashlib loads OpenSSL, a sixth of the exec
-    # wrapper's start
+    return sha256_hex(os.path.realpath(state).encode())[:8]
+
+
+def sha256_hex(data: bytes) -> str:
+    """SHA-256 by Python's own code (_sha256 to 3.11; hashlib elsewhere): hashlib loads OpenSSL, a sixth of the exec
+    wrapper's start and ~2 MiB resident in the runtime's processes, which hash only small files (a plan)."""
     try:
         from _sha256 import sha256  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         from hashlib import sha256
 
-    return str(sha256(os.path.realpath(state).encode()).hexdigest()[:8])
+    return str(sha256(data).hexdigest())

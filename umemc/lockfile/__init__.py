@@ -20,7 +20,6 @@ This is a bottom layer: the stack loader, the estimator (which turns a header in
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,6 +67,8 @@ def path_for(stack: Path) -> Path:
 
 
 def identity(path: Path) -> FileIdentity:
+    import hashlib
+
     from .entries import FileIdentity
 
     h = hashlib.sha256()

@@ -195,6 +195,9 @@ def run_wrapper_in_child() -> None:
 
 
 def main() -> None:
+    from . import without_tls
+
+    without_tls()
     tolerate_log_failures()
     tolerate_unopenable_logs()
     run_wrapper_in_child()

@@ -31,9 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-from .loop import Enforcer
+from .. import without_tls
 
-__all__ = ["Enforcer", "main"]
+__all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bundle", required=True)
     p.add_argument("--standby", action="store_true", help="leave the lock to umemc-enforcer at a stack's start")
     args = p.parse_args(argv)
+    if argv is None:  # this process is the enforcer
+        without_tls()
+    from .loop import Enforcer
+
     enforcer = Enforcer(Path(args.bundle).resolve())
     signal.signal(signal.SIGHUP, enforcer.on_hup)  # a standby told of a new plan while it waits: not its end
     lock = _take_over(enforcer.run_dir.enforcer_lock, STANDBY_DEFERS_S if args.standby else 0.0)

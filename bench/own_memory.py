@@ -1,0 +1,95 @@
+"""umemc's own processes beside a running stack: resident memory (RSS), and its proportional share (PSS: a page
+several processes map counted once, split among them) and what is the process's alone (USS), of supervisord, the
+enforcer, its standby and the gateway, after the gateway has relayed some requests.
+
+    python bench/own_memory.py [--requests 400] [--samples 5]
+
+The stack is bench/gateway.py's (`umemc up --simulate`: command workers, a gateway); each figure is the median of
+`--samples` reads a second apart. Goal: the four processes' RSS together <= 100 MiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psutil
+
+from bench.common import write_section
+from bench.gateway import load, stack_text
+from tests.runtime.conftest import free_port
+
+PY = sys.executable
+OWN = ("umemc-supervisord", "umemc-enforcer", "umemc-enforcer-standby", "umemc-gateway")
+MiB = 1024 * 1024
+
+
+def own_pids(run: Path) -> dict[str, int]:
+    state = run / "state"
+    pids = {OWN[0]: int((state / "supervisord.pid").read_text().split()[0])}
+    pids.update({name: int((state / "pids" / name).read_text().split()[0]) for name in OWN[1:]})
+    return pids
+
+
+def sample(pids: dict[str, int]) -> dict[str, tuple[float, float, float]]:
+    out = {}
+    for name, pid in pids.items():
+        m = psutil.Process(pid).memory_full_info()
+        out[name] = (m.rss / MiB, m.pss / MiB, m.uss / MiB)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=400)
+    ap.add_argument("--samples", type=int, default=5)
+    args = ap.parse_args()
+    ports = {n: free_port() for n in ("gateway", "w", "a", "b", "c")}
+    with tempfile.TemporaryDirectory() as tmp:
+        stack, run = Path(tmp) / "stack.toml", Path(tmp) / "run"
+        stack.write_text(stack_text(ports))
+        subprocess.run(
+            [PY, "-m", "umemc", "up", str(stack), "--simulate", "--run-dir", str(run)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        try:
+            load(ports["gateway"], args.requests, 8)
+            pids = own_pids(run)
+            samples = []
+            for _ in range(args.samples):
+                time.sleep(1.0)
+                samples.append(sample(pids))
+        finally:
+            subprocess.run([PY, "-m", "umemc", "down", "--run-dir", str(run)], check=True, stdout=subprocess.DEVNULL)
+    rows, totals = [], [0.0, 0.0, 0.0]
+    for name in OWN:
+        figures = [statistics.median(s[name][i] for s in samples) for i in range(3)]
+        totals = [t + f for t, f in zip(totals, figures, strict=True)]
+        rows.append(f"| {name} | {figures[0]:.1f} | {figures[1]:.1f} | {figures[2]:.1f} |")
+    lines = [
+        f"Python {sys.version.split()[0]}; `umemc up --simulate` of bench/gateway.py's stack, {args.requests} requests"
+        f" relayed by the gateway first; MiB, medians of {args.samples} reads a second apart.",
+        "",
+        "| process | RSS | PSS | USS |",
+        "|---|---:|---:|---:|",
+        *rows,
+        f"| **together** | **{totals[0]:.1f}** | **{totals[1]:.1f}** | **{totals[2]:.1f}** |",
+        "",
+        "Goal: RSS together <= 100 MiB.",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    write_section("umemc's own processes beside a stack (bench/own_memory.py)", text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""What umemc's own processes load beside a running stack (`umemc up`, a real supervisord): the runtime builds no
+pydantic model (its documents are msgspec structs), and the processes that never speak TLS (supervisord, the
+enforcer, its standby) never load OpenSSL. Read from each process's memory map, /proc/PID/maps: a shared library
+is there once it is loaded."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.conftest import free_port, worker
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/PID/maps: Linux"),
+]
+
+OWN = ("umemc-supervisord", "umemc-enforcer", "umemc-enforcer-standby", "umemc-gateway")
+
+
+def loaded(pid: int) -> set[str]:
+    """The file names of the shared objects mapped into the process (e.g. `_ssl.cpython-311-x86_64-linux-gnu.so`)."""
+    lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return {line.split()[-1].rsplit("/", 1)[-1] for line in lines if ".so" in line.split()[-1]}
+
+
+def own_pids(run_dir: Path) -> dict[str, int]:
+    state = run_dir / "state"
+    pids = {"umemc-supervisord": int((state / "supervisord.pid").read_text().split()[0])}
+    for name in OWN[1:]:
+        pids[name] = int((state / "pids" / name).read_text().split()[0])
+    return pids
+
+
+def kinds(names: set[str]) -> set[str]:
+    """Which of the libraries that matter here a process has loaded."""
+    wanted = {"_ssl.": "ssl", "pydantic_core": "pydantic", "_core.cpython": "msgspec", "_psutil_linux": "psutil"}
+    return {kind for name in names for part, kind in wanted.items() if part in name}
+
+
+def test_the_runtime_loads_no_pydantic_and_its_local_processes_no_openssl(stack) -> None:
+    r = stack(
+        'version = 1\nname = "own"\n[platform]\nkind = "cpu"\nmemory = "4GiB"\nos_reserve = "1GiB"\n'
+        + worker("w", "steady.py", port := free_port(), 16, memory="64MiB", port=port)
+    )
+    pids = own_pids(r.run_dir)
+    # the enforcer that runs and its standby are the same program: both read the plan and sample
+    r.wait_for(lambda: all("msgspec" in kinds(loaded(pids[n])) for n in OWN[1:3]), what="the enforcers' documents")
+    found = {name: kinds(loaded(pid)) for name, pid in pids.items()}
+    assert found == {
+        "umemc-supervisord": set(),
+        "umemc-enforcer": {"msgspec", "psutil"},
+        "umemc-enforcer-standby": {"msgspec", "psutil"},
+        "umemc-gateway": {"msgspec", "psutil", "ssl"},  # uvloop and asyncio import ssl themselves
+    }
