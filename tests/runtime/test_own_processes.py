@@ -1,10 +1,12 @@
 """What umemc's own processes load beside a running stack (`umemc up`, a real supervisord): the runtime builds no
-pydantic model (its documents are msgspec structs), and the processes that never speak TLS (supervisord, the
-enforcer, its standby) never load OpenSSL. Read from each process's memory map, /proc/PID/maps: a shared library
+pydantic model (its documents are msgspec structs), the processes that never speak TLS (supervisord, the enforcer,
+its standby) never load OpenSSL. Read from each process's memory map, /proc/PID/maps: a shared library
 is there once it is loaded."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -41,13 +43,15 @@ def kinds(names: set[str]) -> set[str]:
 
 
 def test_the_runtime_loads_no_pydantic_and_its_local_processes_no_openssl(stack) -> None:
+    """The standby waits with the enforcer's imports done (its takeover is the lock's release, not an import), and
+    after it took over it is what the enforcer was."""
     r = stack(
         'version = 1\nname = "own"\n[platform]\nkind = "cpu"\nmemory = "4GiB"\nos_reserve = "1GiB"\n'
         + worker("w", "steady.py", port := free_port(), 16, memory="64MiB", port=port)
     )
     pids = own_pids(r.run_dir)
-    # the enforcer that runs and its standby are the same program: both read the plan and sample
-    r.wait_for(lambda: all("msgspec" in kinds(loaded(pids[n])) for n in OWN[1:3]), what="the enforcers' documents")
+    r.wait_for(lambda: r.events("enforcer_start"), what="the enforcer's start")
+    r.wait_for(lambda: "msgspec" in kinds(loaded(pids["umemc-enforcer-standby"])), what="the standby's imports")
     found = {name: kinds(loaded(pid)) for name, pid in pids.items()}
     assert found == {
         "umemc-supervisord": set(),
@@ -55,3 +59,7 @@ def test_the_runtime_loads_no_pydantic_and_its_local_processes_no_openssl(stack)
         "umemc-enforcer-standby": {"msgspec", "psutil"},
         "umemc-gateway": {"msgspec", "psutil", "ssl"},  # uvloop and asyncio import ssl themselves
     }
+    os.kill(pids["umemc-enforcer"], signal.SIGKILL)
+    took = r.wait_for(lambda: r.events("enforcer_start")[1:], what="the standby to take over")
+    assert [e["detail"]["pid"] for e in took] == [pids["umemc-enforcer-standby"]]
+    assert kinds(loaded(pids["umemc-enforcer-standby"])) == {"msgspec", "psutil"}

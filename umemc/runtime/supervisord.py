@@ -195,9 +195,9 @@ def run_wrapper_in_child() -> None:
 
 
 def main() -> None:
-    from . import without_tls
+    from . import without_openssl
 
-    without_tls()
+    without_openssl()
     tolerate_log_failures()
     tolerate_unopenable_logs()
     run_wrapper_in_child()

@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import without_tls
+from .. import without_openssl
 
 __all__ = ["main"]
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--standby", action="store_true", help="leave the lock to umemc-enforcer at a stack's start")
     args = p.parse_args(argv)
     if argv is None:  # this process is the enforcer
-        without_tls()
+        without_openssl()
     from .loop import Enforcer
 
     enforcer = Enforcer(Path(args.bundle).resolve())
