@@ -14,6 +14,7 @@ from umemc.runtime.gateway.history import Answered, Memory, Requests
 from umemc.runtime.gateway.traffic import Traffic
 
 DUMPS = json.dumps  # the test's own, not the one it counts
+ENCODE = figures._ENCODE
 
 
 def whole(pid: int, traffic: dict[str, Traffic], answered: Requests, memory: Memory) -> str:
@@ -53,7 +54,12 @@ def test_the_file_is_the_whole_document_as_the_windows_move(tmp_path: Path, monk
         made.append(obj)
         return DUMPS(obj, **kw)  # type: ignore[arg-type]
 
+    def encoding(obj: object) -> bytes:  # a window's item
+        made.append(obj)
+        return ENCODE(obj)
+
     monkeypatch.setattr(figures.json, "dumps", counting)
+    monkeypatch.setattr(figures, "_ENCODE", encoding)
 
     def saved() -> str:
         made.clear()

@@ -98,7 +98,7 @@ def test_a_count_is_digits_and_the_last_one_says() -> None:
 def test_the_access_log_rotates_and_never_fails_a_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from umemc.runtime.gateway.access import AccessLog
 
-    log = AccessLog(tmp_path / "logs" / "access.log", max_bytes=300)
+    log = AccessLog(tmp_path / "logs" / "access.log", max_bytes=200)  # a line is ~55 bytes
     for i in range(6):
         log.write({"model": "m", "n": i})
     log.close()

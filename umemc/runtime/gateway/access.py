@@ -8,7 +8,6 @@ rotation check."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -16,7 +15,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+import msgspec
+
 from .batch import Batch
+
+_ENCODE = msgspec.json.Encoder().encode  # compact JSON, UTF-8: a line per request, several times json.dumps's speed
 
 MAX_BYTES = 16 * 1024 * 1024
 RETRY_S = 10.0
@@ -54,8 +57,8 @@ class AccessLog:
                     second = int(t)
                     stamp = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
                 # as datetime's isoformat(timespec="milliseconds") writes it: 2026-12-05T09:30:01.123+00:00
-                line = json.dumps({"time": f"{stamp}.{int((t - second) * 1000):03d}+00:00", **entry})
-                f.write(line + "\n")
+                line = _ENCODE({"time": f"{stamp}.{int((t - second) * 1000):03d}+00:00", **entry})
+                f.write(line.decode() + "\n")
                 self.size += len(line) + 1
             if self.file is not None:
                 self.file.flush()

@@ -17,9 +17,13 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ...records import read_file, write_atomic
 from .history import Answered, Memory, Requests
 from .traffic import Traffic
+
+_ENCODE = msgspec.json.Encoder().encode  # compact JSON: a window's item once, as it enters
 
 SAVE_S = 5.0
 MAX_BYTES = 8 * 1024 * 1024
@@ -48,7 +52,7 @@ class Texts:
             n = 0
         for item in itertools.islice(items, n, None):
             kept.append(item)
-            self.texts.append(json.dumps(item, separators=(",", ":")))
+            self.texts.append(_ENCODE(item).decode())
         return "[" + ",".join(self.texts) + "]"
 
 

@@ -14,14 +14,11 @@ from aiohttp import web
 
 from ..wrap import endpoint_parts
 from .model import Refused, Remote
-from .relay import HOP_BY_HOP, TOKEN_HEADERS, from_worker, pipe
+from .relay import from_worker, pipe, to_worker
 from .upstream import PayloadError, Pool, Unreachable
 
 FORWARDED = "X-Umemc-Forwarded-By"  # the node whose gateway sent a request on (its answer is not sent on again)
 PEER_POOLS: web.AppKey[dict[str, Pool]] = web.AppKey("peer_pools", dict)
-
-# the client's token is not sent on (the other gateway is given the stack's own)
-NOT_SENT = HOP_BY_HOP | TOKEN_HEADERS
 
 
 async def forward(
@@ -49,7 +46,8 @@ async def forward(
     pool = pools.get(host)
     if pool is None:
         pool = pools[host] = Pool(host)
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_SENT}
+    # the client's token is not sent on (the other gateway is given the stack's own)
+    headers = {k: v for k, v in request.headers.items() if to_worker(k, True)}
     headers[FORWARDED] = node
     if token:
         headers["Authorization"] = f"Bearer {token}"

@@ -15,6 +15,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import NamedTuple
 
 from aiohttp import web
@@ -48,6 +49,7 @@ HOP_BY_HOP = frozenset(
 )
 
 
+@lru_cache(maxsize=1024)  # a worker answers with the same few names: looked up, not lowered, on each answer
 def from_worker(name: str) -> bool:
     """A worker's answer header the client may see: not hop-by-hop, and nothing that would speak for the gateway's
     origin (a cookie set for it, CORS that would let any page read the answers: docs/SECURITY.md sends none)."""
@@ -56,6 +58,13 @@ def from_worker(name: str) -> bool:
 
 
 TOKEN_HEADERS = frozenset(("authorization", "x-api-key"))  # where a client may carry it (surfaces.py)
+
+
+@lru_cache(maxsize=1024)  # a client sends the same few names
+def to_worker(name: str, token: bool) -> bool:
+    """A request header the worker is sent: not hop-by-hop, and never the gateway's token where one is set."""
+    low = name.lower()
+    return low not in HOP_BY_HOP and not (token and low in TOKEN_HEADERS)
 
 
 @dataclass(slots=True)
@@ -395,8 +404,8 @@ WHOLE_LIMIT = 64 << 20  # an answer read whole to be renamed or translated; a la
 async def pass_through(request: web.Request, m: Model, call: Call, seen: Seen) -> web.StreamResponse:
     """The worker's answer as it gives it (its headers less the hop-by-hop ones), its model fields renamed."""
     token, surface = request.app.get(TOKEN), surface_of(request.app[SURFACES], request.path)
-    drop = HOP_BY_HOP | TOKEN_HEADERS if token else HOP_BY_HOP  # the gateway's token is never sent on
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in drop}
+    sent = bool(token)
+    headers = {k: v for k, v in request.headers.items() if to_worker(k, sent)}
     began = time.monotonic()
     async with upstream(request, m, call, headers) as up:
         out = {k: v for k, v in up.headers.items() if from_worker(k)}
