@@ -50,6 +50,31 @@ def test_a_missing_field_names_the_field(bundle: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    "where,value,message",
+    [
+        (("models", "chat", "estimate_parts", "kv_bytes"), "1", "models.chat.estimate_parts.kv_bytes: Expected `int`, "
+         "got `str`"),
+        (("models", "chat", "argv", 1), 5, "models.chat.argv.1: Expected `str`, got `int`"),
+        (("models", "chat", "bogus"), 1, "models.chat.bogus: Not a field of this document"),
+        (("models", "chat", "env", "HOME"), None, "models.chat.env.HOME: Expected `str`, got `null`"),
+        (("policy", "kernel_enforcement"), "sometimes", "policy.kernel_enforcement: Invalid enum value 'sometimes'"),
+    ],
+)  # fmt: skip
+def test_a_wrong_value_names_its_field_tables_keys_included(
+    bundle: Path, where: tuple[str | int, ...], value: object, message: str
+) -> None:
+    """msgspec says a table's entry as `[...]`: the entry's key is found and said."""
+    doc = json.loads((bundle / "plan.json").read_text())
+    parent = doc
+    for step in where[:-1]:
+        parent = parent[step]
+    parent[where[-1]] = value
+    with pytest.raises(ContractError) as err:
+        parse(PlanDoc, json.dumps(doc), "plan.json")
+    assert str(err.value) == f"plan.json: umemc-plan field {message}"
+
+
+@pytest.mark.parametrize(
     "text,message",
     [
         ("{", "x.json: not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
@@ -119,3 +144,20 @@ def test_a_plan_from_before_the_newer_fields_still_reads(bundle: Path) -> None:
         del doc["gateway"][key]
     plan = parse(PlanDoc, json.dumps(doc), "plan.json")
     assert (plan.models["chat"].pinned_flags, plan.gateway and plan.gateway.header_timeout_s) == ([], 15.0)
+
+
+def test_a_document_is_written_only_as_it_reads_back() -> None:
+    """A struct is not checked when it is built: dump checks it, so a writer's float where the contract says an
+    integer fails at the writer, naming the field, and a right one is written."""
+    from umemc.contract import Reservation, WorkerReport, dump
+
+    bad = WorkerReport(
+        model="m", pid=1, reserved_bytes=10, hard_bytes=20, reservations=[Reservation(what="kv", bytes=1.5)]
+    )  # type: ignore[arg-type]
+    with pytest.raises(ValueError) as err:
+        dump(bad)
+    assert str(err.value) == "WorkerReport: field reservations.0.bytes: Expected `int`, got `float`"
+    good = WorkerReport(
+        model="m", pid=1, reserved_bytes=10, hard_bytes=20, reservations=[Reservation(what="kv", bytes=2)]
+    )
+    assert json.loads(dump(good))["reservations"] == [{"what": "kv", "bytes": 2}]

@@ -73,7 +73,7 @@ def parse(kind: type[Doc], text: str | bytes, where: str | Path) -> Doc:
     try:
         return validate(kind, raw)
     except msgspec.ValidationError as exc:
-        loc, msg = _where(kind, raw, str(exc))
+        loc, msg = located(kind, raw, exc)
         raise ContractError(f"{where}: {expected} field {loc}: {msg}") from None
 
 
@@ -85,6 +85,16 @@ def validate(kind: type[Doc], raw: Any) -> Doc:
 _AT = re.compile(r"^(.*) - at `\$(.*)`$", re.S)
 _STEP = re.compile(r"\.(\w+)|\[(\d+|\.\.\.)\]")
 _FIELD = re.compile(r"^Object (missing required|contains unknown) field `(.*)`$", re.S)
+
+
+def located(kind: type[Document], raw: Any, exc: msgspec.ValidationError) -> tuple[str, str]:
+    """(the field's dotted path, what is wrong) of a document that did not validate; msgspec's own path where the
+    keys cannot be found (a shape no document has)."""
+    try:
+        return _where(kind, raw, str(exc))
+    except (TypeError, StopIteration, IndexError, KeyError, ValueError):
+        found = _AT.match(str(exc))
+        return ("(the document)", str(exc)) if found is None else (found.group(2).lstrip("."), found.group(1))
 
 
 def _where(kind: type[Document], raw: Any, error: str) -> tuple[str, str]:
@@ -167,6 +177,6 @@ def dump(doc: Document, indent: int | None = None) -> str:
     try:
         validate(type(doc), out)
     except msgspec.ValidationError as exc:
-        loc, msg = _where(type(doc), out, str(exc))
+        loc, msg = located(type(doc), out, exc)
         raise ValueError(f"{type(doc).__name__}: field {loc}: {msg}") from None
     return json.dumps(out, indent=indent, ensure_ascii=False)
