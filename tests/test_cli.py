@@ -295,16 +295,17 @@ def test_a_command_imports_only_itself(tmp_path: Path) -> None:
         "import sys; from umemc.cli import main; code = main(['check', sys.argv[1]]); "
         "print(sorted(m for m in sys.modules if m.startswith('umemc.commands.')), code, "
         "'umemc.contract' in sys.modules, 'rich' in sys.modules, 'umemc.lockfile.entries' in sys.modules, "
+        "'umemc.document' in sys.modules, "
         "[m for m in ('umemc.budget.placement', 'difflib', 'subprocess') if m in sys.modules])"
     )
     done = subprocess.run([sys.executable, "-c", probe, str(stack)], capture_output=True, text=True, timeout=120)
-    # nor the runtime's documents (umemc.contract): the lock file's base is umemc.document; nor the lock file's own
-    # documents where the stack has none (umemc.lockfile.entries); nor rich, off a
+    # nor the runtime's documents (umemc.contract), nor, where the stack has no calibration file, the lock file's
+    # documents (umemc.lockfile.entries) or their base (umemc.document, msgspec); nor rich, off a
     # terminal (umemc.targets.table.plain_text); nor, for one node without mistakes whose runtimes' help is known,
     # the placement on several nodes, the did-you-mean matcher, or subprocess
     imported = (
         "['umemc.commands.args', 'umemc.commands.asking', 'umemc.commands.build', 'umemc.commands.check', "
-        "'umemc.commands.common'] 0 False False False []"
+        "'umemc.commands.common'] 0 False False False False []"
     )
     assert done.stdout.splitlines()[-1] == imported, done.stderr
     done = subprocess.run([sys.executable, "-m", "umemc", "--help"], capture_output=True, text=True, timeout=120)

@@ -21,11 +21,20 @@ from typing import Any, ClassVar, TypeVar
 import msgspec
 from typing_extensions import dataclass_transform
 
-from .errors import UmemcError
+from .errors import ContractError
 
-
-class ContractError(UmemcError):
-    """A state or plan file that this umemc cannot read (exit 2): corrupt, or another version."""
+__all__ = [
+    "ContractError",
+    "Doc",
+    "Document",
+    "default",
+    "dump",
+    "parse",
+    "read",
+    "read_optional",
+    "validate",
+    "values",
+]
 
 
 @dataclass_transform(kw_only_default=True, frozen_default=True)

@@ -21,6 +21,10 @@ class RuntimeFailure(UmemcError):
     exit_code = 1
 
 
+class ContractError(UmemcError):
+    """A state, plan or calibration file that this umemc cannot read (exit 2): corrupt, or another version."""
+
+
 class Location(NamedTuple):
     file: str
     line: int

@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..document import ContractError, dump, parse
+from ..errors import ContractError
 
 if TYPE_CHECKING:
     from .entries import BufferReport as BufferReport
@@ -85,6 +85,7 @@ def load(stack: Path) -> dict[str, LockEntry]:
     text = _read_bounded(path)
     if text is None:
         return {}
+    from ..document import parse
     from .entries import CalibrationDoc
 
     return dict(parse(CalibrationDoc, text, path).models)
@@ -118,6 +119,7 @@ def _special(mode: int) -> str | None:
 
 def save(stack: Path, models: dict[str, LockEntry]) -> Path:
     """Atomically: a reader sees the old file or the new one, never half of one."""
+    from ..document import dump
     from .entries import CalibrationDoc
 
     path = path_for(stack)
