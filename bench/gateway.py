@@ -36,7 +36,7 @@ import psutil
 
 from bench.common import cpu_seconds, gateway_process, until_listening, write_section
 from tests.runtime.conftest import free_port, live_sysctl_table
-from umemc.runtime.events import EventLog
+from umemc.runtime.event_log import EventLog
 
 PY = sys.executable
 BODY = json.dumps({"model": "w", "messages": [{"role": "user", "content": "hi"}]}).encode()

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import write_section
 from tests.runtime.conftest import live_sysctl_table
-from umemc.runtime.events import EventLog
+from umemc.runtime.event_log import EventLog
 
 PY = sys.executable
 T = TypeVar("T")

@@ -30,7 +30,7 @@ def test_each_file_counts_in_its_package() -> None:
                 "umemc/errors.py": (1, 2),
                 "umemc/budget/plan.py": (9, 10),
                 "umemc/runtime/gateway/slots.py": (5, 10),
-                "umemc/runtime/events.py": (2, 2),
+                "umemc/runtime/event_log.py": (2, 2),
                 "/abs/checkout/umemc/stack/resolve.py": (7, 7),
             }
         )

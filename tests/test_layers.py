@@ -153,6 +153,18 @@ def test_the_package_reads_as_its_pipeline() -> None:
         assert not umemc_imports(init), f"{init} imports: reaching the package must reach nothing"
 
 
+def test_a_module_name_says_its_place() -> None:
+    """No two modules of the package share a name (a stack trace, a grep, an import line says which one), but a
+    command's module, named after the command it runs (`umemc events` is umemc/commands/events.py), and the packages'
+    own __init__/__main__."""
+    seen: dict[str, list[str]] = {}
+    for path in PKG.rglob("*.py"):
+        if path.stem not in ("__init__", "__main__") and path.parent.name != "commands":
+            seen.setdefault(path.stem, []).append(str(path.relative_to(PKG)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+    assert len(seen) > 150  # the rule reads the whole package
+
+
 def test_the_layer_check_sees_through_imports() -> None:
     """The check follows imports: the stack loader reaches the lock file and the document base below it, and not
     the runtime's contract."""

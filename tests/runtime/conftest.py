@@ -101,7 +101,7 @@ class Running:
         return collect(str(self.run_dir))["models"]
 
     def events(self, kind: str | None = None, model: str | None = None) -> list[dict]:
-        from umemc.runtime.events import EventLog
+        from umemc.runtime.event_log import EventLog
 
         log = EventLog(self.run_dir / "state" / "events.db")
         try:

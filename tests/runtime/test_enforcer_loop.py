@@ -13,7 +13,7 @@ from umemc.budget.plan import make_plan
 from umemc.commands.build import build
 from umemc.runtime.enforcer.loop import Enforcer
 from umemc.runtime.enforcer.worker_state import Phase
-from umemc.runtime.events import EventLog
+from umemc.runtime.event_log import EventLog
 from umemc.runtime.probes.host import Probes, PsutilBox
 from umemc.runtime.probes.swap import Swap
 from umemc.stack.resolve import load_stack

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from umemc.runtime.events import KINDS
+from umemc.runtime.event_log import KINDS
 
 PACKAGE = Path(__file__).resolve().parents[2] / "umemc"
 # kinds passed in a variable (why="lease_release" and the like): the literals at their call sites
@@ -102,7 +102,7 @@ def test_a_process_start_noted_after_its_cold_start_reads_as_the_cold_start(tmp_
     """The enforcer notes a new process when it samples it, which may come after the gateway's word that it
     started the model on demand: that start is the cold start (the latest event a person is shown says why). A
     start after an exit (supervisord's restart after a crash) is news of its own."""
-    from umemc.runtime.events import EventLog
+    from umemc.runtime.event_log import EventLog
 
     log = EventLog(tmp_path / "events.db")
     try:
@@ -125,7 +125,7 @@ def test_an_exit_after_an_eviction_reads_as_the_eviction_and_a_start_after_a_res
     """An evicted worker dies by the signal its stop took: its exit is that eviction's (with its cause), not "killed
     by a signal"; the gateway's restore, then the enforcer's note of the new process, reads as the restore. An exit
     with no stop before it (a crash) is news of its own, as is an exit after a start that followed a stop."""
-    from umemc.runtime.events import EventLog
+    from umemc.runtime.event_log import EventLog
     from umemc.runtime.eventtext import said
 
     log = EventLog(tmp_path / "events.db")

@@ -1,6 +1,6 @@
 """`umemc up` with the code a Mac runs: the enforcer samples real workers through macOS's probes (each process's
 proc_pid_rusage answer packed from what it really holds, the machine's sysctl and vm_stat from fixture files in
-their exact formats, rewritten by the test to change the machine: umemc.testing.darwin), with userspace
+their exact formats, rewritten by the test to change the machine: umemc.testing.mac_probes), with userspace
 enforcement only (no cgroups), and without a parent-death signal: a reaper stops the run when supervisord dies.
 The quota rules, pressure guard, swap watch and events are the same code as on Linux."""
 
@@ -75,7 +75,7 @@ def mac(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "darwin"
     folder.mkdir()
     machine(folder)
-    monkeypatch.setenv("UMEMC_PROBES", "umemc.testing.darwin:probes")
+    monkeypatch.setenv("UMEMC_PROBES", "umemc.testing.mac_probes:probes")
     monkeypatch.setenv("UMEMC_DARWIN_FIXTURES", str(folder))
     monkeypatch.setenv("UMEMC_PARENT_DEATH", "reaper")
     return folder

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.runtime.test_scheduler import FakeSupervisor, model, running, scheduler, settled
-from umemc.runtime.events import EventLog
+from umemc.runtime.event_log import EventLog
 from umemc.runtime.gateway.scheduler import Scheduler
 from umemc.runtime.pagecache import PAGE, cached_bytes, release
 

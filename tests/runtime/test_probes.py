@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from umemc.runtime.enforcer.rules import trend as _trend
-from umemc.runtime.events import EventLog
+from umemc.runtime.event_log import EventLog
 from umemc.runtime.probes.drm import DrmProbe, parse_fdinfo
 from umemc.runtime.probes.host import LinuxBox, gtt_used_share, marked_processes, tree_memory
 from umemc.runtime.probes.proc import LinuxProcesses

@@ -23,7 +23,7 @@ from tests.runtime.conftest import start_of
 from umemc.budget.plan import make_plan
 from umemc.commands.build import build
 from umemc.contract import GatewayState, PlanDoc, read
-from umemc.runtime.events import EventLog
+from umemc.runtime.event_log import EventLog
 from umemc.runtime.gateway.core import Admit
 from umemc.runtime.gateway.lifecycle import Phase
 from umemc.runtime.gateway.model import Model, Refused

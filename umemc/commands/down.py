@@ -100,7 +100,7 @@ def _record(
     left: dict[str, list[int]],
 ) -> None:
     """The `down` event, best effort: a broken event log never stops `down` (it says so on stderr)."""
-    from ..runtime.events import EventLog
+    from ..runtime.event_log import EventLog
 
     if not run_dir.state.exists():
         return

@@ -17,7 +17,7 @@ from .args import Args
 from .up import add_run_dir
 
 if TYPE_CHECKING:
-    from ..runtime.events import Event
+    from ..runtime.event_log import Event
     from ..runtime.rundir import RunDir
 
 
@@ -66,7 +66,7 @@ def _check_filters(args: EventsArgs, run_dir: RunDir) -> None:
     """A filter that can never match is a typo: say so (exit 2) rather than print nothing."""
     import difflib
 
-    from ..runtime.events import KINDS
+    from ..runtime.event_log import KINDS
 
     for kind in args.kind or ():
         if kind not in KINDS:
@@ -110,7 +110,7 @@ class EventsArgs(Args):
 
 def run(ns: argparse.Namespace) -> int:
     args = EventsArgs.of(ns)
-    from ..runtime.events import EventLog
+    from ..runtime.event_log import EventLog
     from ..runtime.rundir import RunDir
 
     run_dir = RunDir(Path(args.run_dir).absolute())

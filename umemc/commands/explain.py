@@ -26,7 +26,7 @@ class ExplainArgs(Args):
 
 def run(ns: argparse.Namespace) -> int:
     args = ExplainArgs.of(ns)
-    from ..targets.explain import explain_text
+    from ..targets.explanation import explain_text
 
     plan = plan_from_arg(args.stack)
     if args.model not in plan.models:

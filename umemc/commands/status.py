@@ -194,7 +194,7 @@ OWN_PROGRAMS = (ENFORCER, STANDBY, GATEWAY)  # what supervisord runs beside the 
 def _latest_events(run_dir: Any) -> dict[str, Any]:
     """Each model's latest event of this run from the log (read only), whoever wrote it: an eviction reads as
     the gateway's eviction, not as the exit the enforcer saw."""
-    from ..runtime.events import EventLog
+    from ..runtime.event_log import EventLog
 
     if not run_dir.events.is_file():
         return {}

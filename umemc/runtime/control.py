@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..contract import ContractError, PlanDoc, read
 from ..errors import RuntimeFailure
-from .events import EventLog
+from .event_log import EventLog
 from .members import RunMembers, same_process
 from .probes.host import processes
 from .rundir import RunDir

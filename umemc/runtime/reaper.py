@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state", type=Path, required=True)
     p.add_argument("--watch", type=int, required=True, help="supervisord's pid")
     args = p.parse_args(argv)
-    from . import control, events  # noqa: F401 - loaded before the wait: the sweep starts once supervisord is gone
+    from . import control, event_log  # noqa: F401 - loaded before the wait: the sweep starts once supervisord is gone
 
     try:
         wait_exit(args.watch)
@@ -69,7 +69,7 @@ def _detach() -> None:
 def reap(state: Path, supervisord_pid: int) -> list[int]:
     """Stop every process of the run (`umemc down`'s sweep) and say so in the event log; returns what was killed."""
     from .control import Stack
-    from .events import EventLog
+    from .event_log import EventLog
     from .rundir import RunDir
 
     run = RunDir.of_state(state)

@@ -12,7 +12,7 @@ from typing import Any
 
 from ...contract import ModelDoc, PlanDoc
 from ...lockfile import host_bytes, local, totals
-from ..events import EventLog
+from ..event_log import EventLog
 from ..llamalog import metal_working_set, parse_buffers
 from ..rundir import RunDir
 from ..supervisor import ANSWERING, ProcState, Supervisor

@@ -15,7 +15,7 @@ from typing import Any
 
 from ...contract import ContractError, GatewayState, ModelDoc, read_optional, read_plan
 from ...names import OWN_PROGRAMS, PLAN_FILE
-from ..events import STOPS, EventLog
+from ..event_log import STOPS, EventLog
 from ..probes import heat, machine
 from ..probes.heat import Heat
 from ..probes.host import Probes

@@ -11,7 +11,7 @@ from typing import Any
 
 from ...contract import EnforcerStatus, WorkerStatus, dump
 from ...records import write_atomic
-from ..events import EventLog
+from ..event_log import EventLog
 from .rules import leak_rate
 from .worker_state import Worker
 

@@ -15,7 +15,7 @@ from .model import Model, Refused
 
 if TYPE_CHECKING:
     from ...contract import GatewayDoc, PolicyDoc
-    from ..events import EventLog
+    from ..event_log import EventLog
     from ..rundir import RunDir
     from ..supervisor import Supervisor
     from .admission import Admission

@@ -12,7 +12,7 @@ import http.client
 import json
 from typing import Any
 
-from ..events import EventLog
+from ..event_log import EventLog
 
 SLOT_TIMEOUT_S = 120.0  # a 32K-token slot of a 70B model is several GiB on disk
 

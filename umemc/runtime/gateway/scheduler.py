@@ -25,7 +25,7 @@ from pathlib import Path
 from ...budget.policy import Budget
 from ...contract import ContractError, GatewayDoc, GatewayState, ModelDoc, PlanDoc, read_optional, read_plan
 from ...names import PLAN_FILE
-from ..events import EventLog
+from ..event_log import EventLog
 from ..rundir import RunDir
 from ..supervisor import Supervisor
 from . import page_figures

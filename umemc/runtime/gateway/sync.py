@@ -16,7 +16,7 @@ from typing import Any
 
 from ...contract import ContractError, EnforcerStatus, GatewayModel, GatewayState, GenerationDoc, dump, parse
 from ...records import read_file, write_atomic
-from ..events import EventLog
+from ..event_log import EventLog
 from ..rundir import RunDir
 from ..supervisor import Supervisor
 from .core import Write

@@ -11,7 +11,7 @@ they are the same code on Linux and macOS.
 - Anything else psutil runs on: psutil alone (`PsutilBox`).
 
 `UMEMC_PROBES` picks another set: `linux`, `psutil`, `darwin`, or `module:function` (a factory taking the
-platform kind, GPU window and evict_above: umemc.testing.darwin feeds the macOS probes from fixture outputs,
+platform kind, GPU window and evict_above: umemc.testing.mac_probes feeds the macOS probes from fixture outputs,
 which is how the macOS code paths run in CI)."""
 
 from __future__ import annotations

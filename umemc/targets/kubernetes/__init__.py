@@ -30,7 +30,10 @@ from collections.abc import Iterator
 from ...budget.plan import ModelPlan, Plan
 from ..yamltext import dump_all
 from . import rpc
-from .common import (
+from .gateway import _gateway, _network_policies, _secrets_readme
+from .keda import _keda
+from .nodeprep import _node_prep
+from .shared import (
     _AFFINITY,
     _VARIANTS,
     OPENAI_RUNTIMES,
@@ -47,9 +50,6 @@ from .common import (
     _unique,
     rpc_name,
 )
-from .gateway import _gateway, _network_policies, _secrets_readme
-from .keda import _keda
-from .nodeprep import _node_prep
 from .workloads import _claim, _model_objects
 
 OVERLAY = "keda/"  # the KEDA overlay's files in render_items(); written beside the base (OVERLAY_DIR)

@@ -7,7 +7,7 @@ from typing import Any
 
 from ...budget.plan import Plan
 from ..yamltext import dump_all
-from .common import GATEWAY_IMAGE, GATEWAY_STARTUP_S, KEDA_INTERCEPTOR, KEDA_NAMESPACE, KEDA_PORT, Route, _labels
+from .shared import GATEWAY_IMAGE, GATEWAY_STARTUP_S, KEDA_INTERCEPTOR, KEDA_NAMESPACE, KEDA_PORT, Route, _labels
 from .workloads import _pod_security, _version_label
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from ...budget.plan import ModelPlan, Plan
 from ..yamltext import dump_all
-from .common import KEDA_NAMESPACE, KEDA_SCALEDOWN_S, STARTUP_S, Route, Target, _dns, _labels, _prefix
 from .gateway import _router_config
+from .shared import KEDA_NAMESPACE, KEDA_SCALEDOWN_S, STARTUP_S, Route, Target, _dns, _labels, _prefix
 
 
 def _keda(plan: Plan, ns: str, routes: list[Route], scaled: list[tuple[ModelPlan, Target]]) -> dict[str, str]:

@@ -12,7 +12,7 @@ from ...budget.placement import Need as PlaceNeed
 from ...budget.plan import Plan, held_on_paper, policy_budget
 from ...catalog.runtimes import GPU_RESOURCE, holds_gpu_device
 from ...errors import UsageError
-from .common import _affinity, _dns, _labels, _nodes, _pc_name, _priority_class, container_security
+from .shared import _affinity, _dns, _labels, _nodes, _pc_name, _priority_class, container_security
 from .workloads import _pod_security
 
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"  # Kubernetes' own do-nothing image: a pod that only reserves

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...budget.plan import Plan
 from ...compile.bundle import Bundle
-from .common import Node
+from .shared import Node
 
 
 def _node_prep(plan: Plan, nodes: dict[str, Node], bundles: dict[str, Bundle]) -> dict[str, str]:

@@ -15,7 +15,7 @@ from typing import Any
 from ...budget.plan import ModelPlan, Plan
 from ...budget.split import RPC_PROGRAM, Part
 from ...catalog.runtimes import GPU_RESOURCE, holds_gpu_device
-from .common import Node, _affinity, _dns, _labels, _pc_name, container_security, rpc_name, rpc_port
+from .shared import Node, _affinity, _dns, _labels, _pc_name, container_security, rpc_name, rpc_port
 from .workloads import _image, _pod_security, _version_label
 
 IMAGE_DIR = "/app"  # where llama.cpp's images keep their programs

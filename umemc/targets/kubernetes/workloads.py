@@ -16,7 +16,7 @@ from ...compile.bundle import Program
 from ...compile.launchers import health_path
 from ...runtime.wrap import STATE_PLACEHOLDER
 from ...units import GiB
-from .common import (
+from .shared import (
     ARM64_KINDS,
     DEFAULT_IMAGES,
     DNS_LABEL,

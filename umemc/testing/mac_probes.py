@@ -1,7 +1,7 @@
 """macOS's probes fed from fixture outputs on any machine: the code umemc runs on a Mac (DarwinProcesses, DarwinBox,
 the enforcer over them), run in CI on Linux.
 
-`UMEMC_PROBES=umemc.testing.darwin:probes` selects them (the enforcer, preflight); `UMEMC_DARWIN_FIXTURES` names a
+`UMEMC_PROBES=umemc.testing.mac_probes:probes` selects them (the enforcer, preflight); `UMEMC_DARWIN_FIXTURES` names a
 directory holding
 
 - `sysctl.txt`: what `sysctl hw.memsize kern.memorystatus_level kern.memorystatus_vm_pressure_level vm.swapusage
