@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import http.client
 import json
 import os
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +56,24 @@ def stack_text(ports: dict[str, int]) -> str:
         'os_reserve = "256MiB"\n[policy]\nsafety_margin = 0.0\nquota_headroom = 0.25\nload_below = 0.9\n'
         f"evict_above = 0.95\n{live_sysctl_table()}[gateway]\nport = {ports['gateway']}\n{models}"
     )
+
+
+@contextlib.contextmanager
+def running() -> Iterator[tuple[dict[str, int], Path]]:
+    """The stack up (`umemc up --simulate`) while the block runs: its ports by name, and its run dir."""
+    ports = {n: free_port() for n in ("gateway", "w", "a", "b", "c")}
+    with tempfile.TemporaryDirectory() as tmp:
+        stack, run = Path(tmp) / "stack.toml", Path(tmp) / "run"
+        stack.write_text(stack_text(ports))
+        subprocess.run(
+            [PY, "-m", "umemc", "up", str(stack), "--simulate", "--run-dir", str(run)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        try:
+            yield ports, run
+        finally:
+            subprocess.run([PY, "-m", "umemc", "down", "--run-dir", str(run)], check=True, stdout=subprocess.DEVNULL)
 
 
 # -- load ---------------------------------------------------------------------------------------
@@ -227,21 +247,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--parts", nargs="+", choices=list(PARTS), default=list(PARTS), help="(RESULTS.md: all of them)")
     args = ap.parse_args()
-    ports = {n: free_port() for n in ("gateway", "w", "a", "b", "c")}
-    with tempfile.TemporaryDirectory() as tmp:
-        stack, run = Path(tmp) / "stack.toml", Path(tmp) / "run"
-        stack.write_text(stack_text(ports))
-        subprocess.run(
-            [PY, "-m", "umemc", "up", str(stack), "--simulate", "--run-dir", str(run)],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-        try:
-            load(ports["w"], 200, 4)  # warm both paths
-            load(ports["gateway"], 200, 4)
-            parts = [PARTS[p](ports, args, run) for p in args.parts]
-        finally:
-            subprocess.run([PY, "-m", "umemc", "down", "--run-dir", str(run)], check=True, stdout=subprocess.DEVNULL)
+    with running() as (ports, run):
+        load(ports["w"], 200, 4)  # warm both paths
+        load(ports["gateway"], 200, 4)
+        parts = [PARTS[p](ports, args, run) for p in args.parts]
     rows = "\n\n".join(parts)
     if args.parts == list(PARTS):
         write_section("Gateway (bench/gateway.py)", rows)

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,19 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psutil
 
 from bench.common import write_section
-from bench.gateway import load, stack_text
-from tests.runtime.conftest import free_port
+from bench.gateway import load, running
+from tests.runtime.conftest import OWN, own_pids
 
 PY = sys.executable
-OWN = ("umemc-supervisord", "umemc-enforcer", "umemc-enforcer-standby", "umemc-gateway")
 MiB = 1024 * 1024
-
-
-def own_pids(run: Path) -> dict[str, int]:
-    state = run / "state"
-    pids = {OWN[0]: int((state / "supervisord.pid").read_text().split()[0])}
-    pids.update({name: int((state / "pids" / name).read_text().split()[0]) for name in OWN[1:]})
-    return pids
 
 
 def sample(pids: dict[str, int]) -> dict[str, tuple[float, float, float]]:
@@ -51,24 +41,13 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--samples", type=int, default=5)
     args = ap.parse_args()
-    ports = {n: free_port() for n in ("gateway", "w", "a", "b", "c")}
-    with tempfile.TemporaryDirectory() as tmp:
-        stack, run = Path(tmp) / "stack.toml", Path(tmp) / "run"
-        stack.write_text(stack_text(ports))
-        subprocess.run(
-            [PY, "-m", "umemc", "up", str(stack), "--simulate", "--run-dir", str(run)],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-        try:
-            load(ports["gateway"], args.requests, 8)
-            pids = own_pids(run)
-            samples = []
-            for _ in range(args.samples):
-                time.sleep(1.0)
-                samples.append(sample(pids))
-        finally:
-            subprocess.run([PY, "-m", "umemc", "down", "--run-dir", str(run)], check=True, stdout=subprocess.DEVNULL)
+    with running() as (ports, run):
+        load(ports["gateway"], args.requests, 8)
+        pids = own_pids(run)
+        samples = []
+        for _ in range(args.samples):
+            time.sleep(1.0)
+            samples.append(sample(pids))
     rows, totals = [], [0.0, 0.0, 0.0]
     for name in OWN:
         figures = [statistics.median(s[name][i] for s in samples) for i in range(3)]

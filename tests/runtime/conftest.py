@@ -77,6 +77,18 @@ def free_port() -> int:
     raise RuntimeError("no free port below the ephemeral range")
 
 
+# umemc's own processes beside a stack's workers
+OWN = ("umemc-supervisord", "umemc-enforcer", "umemc-enforcer-standby", "umemc-gateway")
+
+
+def own_pids(run_dir: Path) -> dict[str, int]:
+    """Their pids, from the run's records (supervisord's pidfile, the exec wrapper's state/pids/NAME)."""
+    state = run_dir / "state"
+    pids = {OWN[0]: int((state / "supervisord.pid").read_text().split()[0])}
+    pids.update({name: int((state / "pids" / name).read_text().split()[0]) for name in OWN[1:]})
+    return pids
+
+
 def worker(
     name: str, script: str, *args: object, memory: str, priority: int = 50, mode: str = "hot", port: int | None = None
 ) -> str:

@@ -12,28 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.conftest import free_port, worker
+from tests.runtime.conftest import free_port, own_pids, worker
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/PID/maps: Linux"),
 ]
 
-OWN = ("umemc-supervisord", "umemc-enforcer", "umemc-enforcer-standby", "umemc-gateway")
-
 
 def loaded(pid: int) -> set[str]:
     """The file names of the shared objects mapped into the process (e.g. `_ssl.cpython-311-x86_64-linux-gnu.so`)."""
     lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
     return {line.split()[-1].rsplit("/", 1)[-1] for line in lines if ".so" in line.split()[-1]}
-
-
-def own_pids(run_dir: Path) -> dict[str, int]:
-    state = run_dir / "state"
-    pids = {"umemc-supervisord": int((state / "supervisord.pid").read_text().split()[0])}
-    for name in OWN[1:]:
-        pids[name] = int((state / "pids" / name).read_text().split()[0])
-    return pids
 
 
 def kinds(names: set[str]) -> set[str]:
