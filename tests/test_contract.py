@@ -161,3 +161,16 @@ def test_a_document_is_written_only_as_it_reads_back() -> None:
         model="m", pid=1, reserved_bytes=10, hard_bytes=20, reservations=[Reservation(what="kv", bytes=2)]
     )
     assert json.loads(dump(good))["reservations"] == [{"what": "kv", "bytes": 2}]
+
+
+def test_an_error_path_no_document_has_is_said_as_msgspec_says_it() -> None:
+    """Where the keys of an error's path cannot be found (no such field, or no path at all), the message keeps
+    msgspec's own words rather than failing while it reports."""
+    import msgspec
+
+    from umemc.document import located
+
+    odd = msgspec.ValidationError("Expected `int`, got `str` - at `$.nowhere[...].x`")
+    assert located(PlanDoc, {}, odd) == ("nowhere[...].x", "Expected `int`, got `str`")
+    whole = msgspec.ValidationError("Expected `object`, got `array`")
+    assert located(PlanDoc, [], whole) == ("(the document)", "Expected `object`, got `array`")

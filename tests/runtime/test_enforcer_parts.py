@@ -209,3 +209,30 @@ def test_supervisords_log_says_how_a_process_ended() -> None:
     }
     assert logged_exit(log, "w", 102) is None  # still running
     assert logged_exit(log, "other", 100) is None
+
+
+def test_a_process_without_openssl_hashes_and_speaks_http_over_a_socket() -> None:
+    """supervisord and the enforcers call without_openssl first: ssl is refused (http.client then has no HTTPS, and
+    XML-RPC over supervisord's unix socket needs none), hashlib falls back to Python's own hashes."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\nfrom umemc.runtime import without_openssl\nwithout_openssl()\nimport hashlib, http.client\n"
+        "print(sys.modules['ssl'], hashlib.sha256(b'x').hexdigest()[:16], hasattr(http.client, 'HTTPSConnection'),"
+        " '_hashlib' in sys.modules and sys.modules['_hashlib'])"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
+    assert done.stdout == "None 2d711642b726b044 False None\n"
+
+
+def test_without_openssl_leaves_what_a_process_already_loaded() -> None:
+    import hashlib
+    import ssl
+    import sys
+
+    from umemc.runtime import without_openssl
+
+    without_openssl()
+    assert sys.modules["ssl"] is ssl and ssl.OPENSSL_VERSION
+    assert hashlib.sha256(b"x").hexdigest() == "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"
