@@ -5,7 +5,7 @@ runtime's documents.
 
 The documents are msgspec structs, not pydantic models (pydantic is the stack language's: its JSON Schema, its
 messages for a person's mistakes): the runtime's long-lived processes read and write them every second, and a
-process that builds no pydantic model is ~16 MiB smaller. A struct is not checked when it is built, so `dump`
+process that builds no pydantic model is ~13 MiB smaller. A struct is not checked when it is built, so `dump`
 checks what it writes: a file umemc writes is one it reads back, and a writer's wrong type fails where it is
 written, not in the reader."""
 
@@ -16,10 +16,9 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 import msgspec
-from typing_extensions import dataclass_transform
 
 from .errors import ContractError
 
