@@ -18,6 +18,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from ...contract import GenerationDoc
+
 
 @dataclass(order=True)
 class _Waiter:
@@ -103,8 +105,9 @@ class GenerationBudget:
             self.in_use += head.units
             head.future.set_result(None)
 
-    def status(self) -> dict[str, float | int | str | None]:
-        return {"max": self.capacity, "in_use": self.in_use, "waiting": self.waiting, "throttling": self.throttling}
+    def status(self) -> GenerationDoc:
+        """What gateway.json and /umemc/status say of it."""
+        return GenerationDoc(max=self.capacity, in_use=self.in_use, waiting=self.waiting, throttling=self.throttling)
 
 
 class _Unlimited(contextlib.AbstractAsyncContextManager[float]):

@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ...contract import ContractError, EnforcerStatus, GatewayModel, GatewayState, GenerationDoc, dump, parse
+from ...contract import ContractError, EnforcerStatus, GatewayModel, GatewayState, dump, parse
 from ...records import read_file, write_atomic
 from ..event_log import EventLog
 from ..rundir import RunDir
@@ -195,12 +195,7 @@ class StateSync:
             supervisord_pid=self.supervisord_pid,
             models=models,
             leases=leases,
-            generation=GenerationDoc(
-                max=self.generation.capacity,
-                in_use=self.generation.in_use,
-                waiting=self.generation.waiting,
-                throttling=self.generation.throttling,
-            ),
+            generation=said[2],
             plan_sha256=self.plan_digest,
         )
         try:

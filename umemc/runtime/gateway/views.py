@@ -8,6 +8,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from ...contract import values
 from .lease_book import lease_json
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ def status(s: Scheduler) -> dict[str, Any]:
             "gpu_committed_bytes": gpu,
         },
         "pressure": s.sync.pressure,
-        "generation": s.generation.status(),
+        "generation": values(s.generation.status()),
         "heat": _heat(s),
         "psi": _psi(s),
         "models": {m.name: _model(s, m, now) for m in s.models.values()},
