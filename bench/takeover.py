@@ -1,7 +1,9 @@
 """How long the quotas go unwatched when the enforcer dies: the standby's takeover (it waits, imports done and plan
 read, on the run's enforcer lock) against what a restart alone would leave (supervisord starting a fresh
 enforcer: the time until the restarted process is up and waiting). Kills by SIGKILL, every few seconds, on an idle
-machine and with a CPU hog busy on every core; medians and worst.
+machine and with a CPU hog busy on every core; medians and worst. Two stacks: one with a gateway, whose process
+holds the standby (a thread; it hands the lock back to the restarted enforcer once that one waits), and one
+without, whose standby is the program umemc-enforcer-standby.
 
     python bench/takeover.py [--kills 10]
 
@@ -27,19 +29,19 @@ from typing import TypeVar
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import write_section
-from tests.runtime.conftest import live_sysctl_table
+from tests.runtime.conftest import free_port, live_sysctl_table
 from umemc.runtime.event_log import EventLog
 
 PY = sys.executable
 T = TypeVar("T")
 
 
-def stack_text() -> str:
+def stack_text(gateway: bool) -> str:
     return (
         'version = 1\nname = "bench-takeover"\n[platform]\nkind = "cpu"\nmemory = "4GiB"\nos_reserve = "1GiB"\n'
         '[policy]\nkernel_enforcement = "off"\nsample_interval = "100ms"\n'
-        f'{live_sysctl_table()}[gateway]\nenabled = false\n[models.w]\nruntime = "command"\n'
-        'command = ["sleep", "1000000"]\nmemory = "16MiB"\nmode = "hot"\n'
+        f"{live_sysctl_table()}[gateway]\nenabled = {'true' if gateway else 'false'}\nport = {free_port()}\n"
+        '[models.w]\nruntime = "command"\ncommand = ["sleep", "1000000"]\nmemory = "16MiB"\nmode = "hot"\n'
     )
 
 
@@ -64,13 +66,16 @@ def starts(state: Path) -> list[float]:
         log.close()
 
 
-def measure(state: Path, kills: int) -> tuple[list[float], list[float]]:
+def measure(state: Path, kills: int, gateway: bool) -> tuple[list[float], list[float]]:
     takeover, restart = [], []
     for _ in range(kills):
         time.sleep(2)  # both settled: one enforcing, one waiting
+        if gateway:  # the lock handed back: the enforcer process enforces, the gateway's thread waits
+            until(lambda: active(state) == pid_of(state, ENFORCER), "the lock handed back")
         before = len(starts(state))
-        logs = {n: (state / "logs" / f"{n}.log").read_text().count("standby: another") for n in NAMES}
-        victim = next(n for n in NAMES if pid_of(state, n) == active(state))
+        names = [ENFORCER] if gateway else list(NAMES)
+        logs = {n: (state / "logs" / f"{n}.log").read_text().count("standby: another") for n in names}
+        victim = next(n for n in names if pid_of(state, n) == active(state))
         old = pid_of(state, victim)
         t = time.time()
         os.kill(old, signal.SIGKILL)
@@ -83,7 +88,8 @@ def measure(state: Path, kills: int) -> tuple[list[float], list[float]]:
     return takeover, restart
 
 
-NAMES = ("umemc-enforcer", "umemc-enforcer-standby")
+ENFORCER = "umemc-enforcer"
+NAMES = (ENFORCER, "umemc-enforcer-standby")
 
 
 def active(state: Path) -> int:
@@ -100,22 +106,25 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=10)
     args = ap.parse_args()
     rows = []
-    with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "stack.toml").write_text(stack_text())
-        run = Path(d) / "run"
-        subprocess.run([PY, "-m", "umemc", "up", str(Path(d) / "stack.toml"), "--run-dir", str(run)], check=True,
-                       stdout=subprocess.DEVNULL)  # fmt: skip
-        try:
-            rows.append(("idle", *measure(run / "state", args.kills)))
-            hogs = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    for gateway in (True, False):
+        where = "in the gateway's process" if gateway else "a program of its own"
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "stack.toml").write_text(stack_text(gateway))
+            run = Path(d) / "run"
+            subprocess.run([PY, "-m", "umemc", "up", str(Path(d) / "stack.toml"), "--run-dir", str(run)], check=True,
+                           stdout=subprocess.DEVNULL)  # fmt: skip
             try:
-                rows.append(("CPU hog on every core", *measure(run / "state", args.kills)))
+                rows.append((f"idle, standby {where}", *measure(run / "state", args.kills, gateway)))
+                hogs = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+                try:
+                    hogged = measure(run / "state", args.kills, gateway)
+                    rows.append((f"CPU hog on every core, standby {where}", *hogged))
+                finally:
+                    for h in hogs:
+                        h.kill()
+                        h.wait()
             finally:
-                for h in hogs:
-                    h.kill()
-                    h.wait()
-        finally:
-            subprocess.run([PY, "-m", "umemc", "down", "--run-dir", str(run)], stdout=subprocess.DEVNULL)
+                subprocess.run([PY, "-m", "umemc", "down", "--run-dir", str(run)], stdout=subprocess.DEVNULL)
     lines = [
         f"The enforcer SIGKILLed {args.kills} times per row (userspace enforcement, 100 ms samples); ms from the "
         "kill, median / worst.",

@@ -13,7 +13,8 @@ STATE = "%(here)s/../state"
 # model's
 ENFORCER, GATEWAY, SUPERVISORD = "umemc-enforcer", "umemc-gateway", "umemc-supervisord"
 # a second enforcer, its imports done and the plan read, waiting on the run's enforcer lock: it takes over the moment
-# the running one dies (the kernel releases its lock), so the quotas hold while supervisord restarts the dead one
+# the running one dies (the kernel releases its lock), so the quotas hold while supervisord restarts the dead one. A
+# program of its own only in a stack without a gateway: with one, it is a thread of the gateway's process
 STANDBY = "umemc-enforcer-standby"
 ENFORCERS = (ENFORCER, STANDBY)
 OWN_PROGRAMS: tuple[str, ...] = (ENFORCER, STANDBY, GATEWAY, SUPERVISORD)

@@ -77,15 +77,18 @@ def free_port() -> int:
     raise RuntimeError("no free port below the ephemeral range")
 
 
-# umemc's own processes beside a stack's workers
+# umemc's own processes beside a stack's workers (the standby enforcer is a program of its own only in a stack
+# without a gateway; with one, it is a thread of the gateway's process)
 OWN = ("umemc-supervisord", "umemc-enforcer", "umemc-enforcer-standby", "umemc-gateway")
 
 
 def own_pids(run_dir: Path) -> dict[str, int]:
-    """Their pids, from the run's records (supervisord's pidfile, the exec wrapper's state/pids/NAME)."""
+    """Their pids, from the run's records (supervisord's pidfile, the exec wrapper's state/pids/NAME), for those of
+    them the stack runs."""
     state = run_dir / "state"
     pids = {OWN[0]: int((state / "supervisord.pid").read_text().split()[0])}
-    pids.update({name: int((state / "pids" / name).read_text().split()[0]) for name in OWN[1:]})
+    recorded = [name for name in OWN[1:] if (state / "pids" / name).exists()]
+    pids.update({name: int((state / "pids" / name).read_text().split()[0]) for name in recorded})
     return pids
 
 

@@ -236,3 +236,67 @@ def test_without_openssl_leaves_what_a_process_already_loaded() -> None:
     without_openssl()
     assert sys.modules["ssl"] is ssl and ssl.OPENSSL_VERSION
     assert hashlib.sha256(b"x").hexdigest() == "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"
+
+
+def test_an_enforcer_process_waiting_for_the_lock_says_so_and_takes_it_back_once_it_holds_it(tmp_path: Path) -> None:
+    """An enforcer process that finds the lock held writes `pid starttime` to the ready record while it waits (what
+    the standby in the gateway's process hands the lock back on) and removes it once it holds the lock; a record
+    naming a process gone, or this very process, is no waiting enforcer."""
+    import fcntl
+    import os
+    import subprocess
+    import sys
+
+    from umemc.records import pid_line, write_atomic
+    from umemc.runtime.enforcer import _lock_file, waits
+    from umemc.runtime.probes.host import start_time
+
+    lock, ready = tmp_path / "enforcer.lock", tmp_path / "enforcer.ready"
+    held = _lock_file(lock)
+    assert held is not None
+    fcntl.flock(held, fcntl.LOCK_EX)
+    code = (
+        "import sys; from pathlib import Path; from umemc.runtime.enforcer import _take_over\n"
+        f"_take_over(Path({str(lock)!r}), 0.0, ready=Path({str(ready)!r})); print('holds it', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    waiter = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert waiter.stdin is not None and waiter.stdout is not None and waiter.stderr is not None
+    try:  # it says it waits once its record is written
+        assert waiter.stderr.readline() == "umemc-enforcer: standby: another enforcer runs; taking over when it stops\n"
+        assert waits(ready)
+        assert ready.read_text() == pid_line(waiter.pid, start_time(waiter.pid))
+        os.close(held)  # released: the waiter takes the lock, and its record goes
+        assert waiter.stdout.readline() == "holds it\n"
+        assert waiter.stderr.readline() == "umemc-enforcer: the enforcer that ran stopped: enforcing\n"
+        assert not ready.exists() and not waits(ready)
+    finally:
+        waiter.stdin.close()
+        waiter.wait()
+    write_atomic(ready, pid_line(waiter.pid, start_time(os.getpid())))  # gone since
+    assert not waits(ready)
+    write_atomic(ready, pid_line(os.getpid(), start_time(os.getpid())))  # this process: not another enforcer
+    assert not waits(ready)
+
+
+def test_the_standby_in_the_gateways_process_outlives_a_failing_enforcer(tmp_path: Path, capsys) -> None:
+    """An enforcer that cannot be built (here: no plan) or fails is said on the gateway's stderr and built afresh
+    a second later; the gateway's process goes on (the standby is a daemon thread of it)."""
+    from umemc.runtime.enforcer import Standby
+
+    paused: list[float] = []
+
+    def pause(seconds: float) -> None:
+        paused.append(seconds)
+        if len(paused) == 2:
+            standby.on_hup()  # with no enforcer built: nothing to tell
+            standby.stop()
+
+    standby = Standby(tmp_path / "bundle", pause=pause)
+    assert standby.thread.daemon
+    standby.start().thread.join(30)
+    assert not standby.thread.is_alive()
+    plan = tmp_path / "bundle" / "plan.json"
+    said = f"umemc-gateway: standby enforcer: ContractError: {plan}: cannot read: No such file or directory\n"
+    assert paused == [1.0, 1.0] and capsys.readouterr().err == said * 2

@@ -141,7 +141,7 @@ def test_the_reaper_stops_the_run_when_supervisord_is_killed(stack, mac: Path) -
     the enforcer and the gateway by the run's mark, says so in the event log and ends; `down` then finds nothing."""
     r = stack(stack_text("reap"))
     mark = run_mark(r.run_dir / "state")
-    names = ("steady-a", "steady-b", "umemc-enforcer", "umemc-enforcer-standby", "umemc-gateway", "umemc-supervisord")
+    names = ("steady-a", "steady-b", "umemc-enforcer", "umemc-gateway", "umemc-supervisord")
     pids = r.wait_for(lambda: all((r.run_dir / "state/pids" / n).exists() for n in names) and records(r, names))
     sv = pids["umemc-supervisord"]
     reaper = [c.pid for c in psutil.Process(sv).children() if "umemc.runtime.reaper" in " ".join(c.cmdline())]

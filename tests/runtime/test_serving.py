@@ -348,7 +348,8 @@ def test_umemc_chat_streams_an_answer_through_the_gateway(gw: Gateway, capsys: p
 def test_the_demo_brings_up_asks_shows_and_brings_down_a_real_stack(tmp_path: Path) -> None:
     """examples/demo.py (`python3 dev.py demo`) as a user runs it: SmolLM2 answers Paris through `umemc chat`, the
     cold Gemma 3 (a base model) starts on demand and continues a text, `status` and `ps` show the stack, `down`
-    stops all of it (6 processes: supervisord's children are 3 workers, the enforcer, its standby and the gateway)."""
+    stops all of it (5 processes: supervisord's children are 3 workers, the enforcer and the gateway, whose process
+    holds the standby enforcer)."""
     demo = Path(__file__).resolve().parents[2] / "examples" / "demo.py"
     done = subprocess.run(
         [sys.executable, str(demo), "--llama-server", LLAMA_SERVER, "--models", str(MODELS)],
@@ -366,4 +367,4 @@ def test_the_demo_brings_up_asks_shows_and_brings_down_a_real_stack(tmp_path: Pa
     continued = out.split("$ umemc chat gemma3 'The three primary colours are' --complete", 1)[1].split("$ umemc")[0]
     assert continued.strip() and "<start_of_turn>" not in continued and "<|im_start|>" not in continued, continued
     assert re.search(r"^ demo +running +smollm2 \(hot\), gemma3 \(cold\), files \(hot\) ", out, re.M), out
-    assert "down: demo stopped (6 processes)" in out
+    assert "down: demo stopped (5 processes)" in out

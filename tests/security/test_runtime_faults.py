@@ -253,11 +253,47 @@ def test_an_event_log_damaged_under_its_writers_is_moved_aside_while_they_run(st
     assert moved_and_reopened([e for e in json.loads(out) if e["kind"] == "event_log_reset"], state) == [str(moved[0])]
 
 
-def test_the_standby_enforces_the_moment_the_enforcer_is_killed(stack) -> None:
-    """Userspace enforcement only (no kernel limit): the enforcer SIGKILLed, the standby (already running, waiting
-    on the run's enforcer lock) takes over (its own pid says enforcer_start, no new process needed) and kills the
-    leaker over its hard quota; supervisord restarts the killed one, which waits as the new standby."""
+def test_the_standby_in_the_gateway_enforces_the_moment_the_enforcer_is_killed_and_hands_back(stack) -> None:
+    """Userspace enforcement only (no kernel limit), a stack with a gateway: the enforcer SIGKILLed, the standby (a
+    thread of the gateway's process, waiting on the run's enforcer lock) takes over (the gateway's pid says
+    enforcer_start, no new process needed) and kills the leaker over its hard quota; supervisord restarts the
+    killed one, which waits for the lock, and the standby hands it back and waits again."""
     r = stack(leaking_stack("standby"))
+    first = r.wait_for(lambda: r.events("enforcer_start"), what="the enforcer's start")
+    main, gateway = record(r.run_dir, "umemc-enforcer"), record(r.run_dir, "umemc-gateway")
+    assert not (r.run_dir / "state" / "pids" / "umemc-enforcer-standby").exists()  # no program of its own
+    assert [e["detail"]["pid"] for e in first] == [main]  # the standby leaves the lock to umemc-enforcer
+    os.kill(main, signal.SIGKILL)
+    took = r.wait_for(lambda: r.events("enforcer_start")[1:], what="the standby to take over")
+    assert [e["detail"]["pid"] for e in took] == [gateway]
+    kill = r.wait_for(lambda: r.events("hard_limit_kill", "leak"), timeout=40, what="the leaker killed")
+    assert kill[0]["detail"]["by"] == "enforcer" and kill[0]["time"] >= took[0]["time"]
+    restarted = r.wait_for(
+        lambda: (pid := record(r.run_dir, "umemc-enforcer")) != main and alive(pid) and pid,
+        what="umemc-enforcer restarted",
+    )
+    back = r.wait_for(lambda: r.events("enforcer_start")[2:], what="the lock handed back")
+    assert [e["detail"]["pid"] for e in back] == [restarted]
+    log = (r.run_dir / "state" / "logs" / "umemc-enforcer.log").read_text()
+    assert "umemc-enforcer: standby: another enforcer runs; taking over when it stops\n" in log
+    assert "umemc-enforcer: the enforcer that ran stopped: enforcing\n" in log
+    assert not (r.run_dir / "state" / "enforcer.ready").exists()  # said while it waited, taken back once it enforces
+    gateway_log = r.run_dir / "state" / "logs" / "umemc-gateway.log"
+    who = "umemc-gateway: standby enforcer: "
+    waiting = who + "standby: another enforcer runs; taking over when it stops"
+    said = [waiting, who + "the enforcer that ran stopped: enforcing", who + "the enforcer process waits: "
+            "handed the lock back", waiting]  # fmt: skip
+    r.wait_for(
+        lambda: [x for x in gateway_log.read_text().splitlines() if x.startswith(who)] == said,
+        what="the standby's life in the gateway's log: it waited, enforced, handed back, waits again",
+    )
+    assert alive(restarted) and alive(gateway)
+
+
+def test_without_a_gateway_the_standby_is_a_program_that_enforces_the_moment_the_enforcer_is_killed(stack) -> None:
+    """A stack without a gateway runs the standby as a program of its own (umemc-enforcer-standby): it takes over
+    the moment the enforcer is SIGKILLed; supervisord restarts the killed one, which waits as the new standby."""
+    r = stack(leaking_stack("standby-program") + "[gateway]\nenabled = false\n")
     first = r.wait_for(lambda: r.events("enforcer_start"), what="the enforcer's start")
     main, standby = record(r.run_dir, "umemc-enforcer"), record(r.run_dir, "umemc-enforcer-standby")
     assert [e["detail"]["pid"] for e in first] == [main]  # the standby leaves the lock to umemc-enforcer
@@ -278,12 +314,13 @@ def test_the_standby_enforces_the_moment_the_enforcer_is_killed(stack) -> None:
 
 @needs_cgroups
 def test_with_both_enforcers_killed_the_kernel_still_holds_the_hard_quota(stack) -> None:
-    """The enforcer and its standby SIGKILLed together, before the leaker grows: nothing of umemc's userspace
-    enforces until supervisord has restarted them, and the worker's own cgroup (its limit set by the exec wrapper
-    at its start) holds the hard quota all the same: the kernel kills it at the limit, never past it."""
+    """The enforcer and its standby (the gateway's process, where it waits) SIGKILLed together, before the leaker
+    grows: nothing of umemc's userspace enforces until supervisord has restarted them, and the worker's own cgroup
+    (its limit set by the exec wrapper at its start) holds the hard quota all the same: the kernel kills it at the
+    limit, never past it."""
     r = stack(head("both", "max_kills = 100") + worker("leak", LEAK, 200, 2, 400, 10, memory="100MiB"))
     r.wait_for(lambda: r.events("enforcer_start"), what="the enforcer's start")
-    for name in ("umemc-enforcer", "umemc-enforcer-standby"):
+    for name in ("umemc-enforcer", "umemc-gateway"):
         os.kill(record(r.run_dir, name), signal.SIGKILL)
     kill = r.wait_for(lambda: r.events("hard_limit_kill", "leak"), timeout=60, what="the leaker killed")
     assert kill[0]["detail"]["by"] == "kernel"

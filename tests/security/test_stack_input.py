@@ -249,10 +249,12 @@ def test_no_program_but_the_stacks_own(tmp_path: Path, programs) -> None:
     """The generated config defines exactly umemc's programs and the stack's models, nothing else."""
     stack = tmp_path / "stack.toml"
     stack.write_text(WORKER + 'args = []\n[models.w.env]\nA = "]\\\\n[program:pwn]"\n')
-    assert sorted(programs(build_stack(stack, tmp_path / "bundle"))) == [
+    assert sorted(programs(build_stack(stack, tmp_path / "bundle"))) == ["umemc-enforcer", "umemc-gateway", "w"]
+    # a stack without a gateway runs its standby enforcer as a program of its own
+    stack.write_text(stack.read_text() + "[gateway]\nenabled = false\n")
+    assert sorted(programs(build_stack(stack, tmp_path / "bundle2"))) == [
         "umemc-enforcer",
         "umemc-enforcer-standby",
-        "umemc-gateway",
         "w",
     ]
 

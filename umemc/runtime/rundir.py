@@ -83,6 +83,12 @@ class RunDir(NamedTuple):
         return self.state / "enforcer.lock"
 
     @property
+    def enforcer_ready(self) -> Path:
+        """`pid starttime` of an enforcer process waiting on the lock, its imports done and the plan read (written
+        as it begins to wait): a standby enforcing in the gateway's process hands the lock back to it."""
+        return self.state / "enforcer.ready"
+
+    @property
     def events(self) -> Path:
         return self.state / "events.db"
 

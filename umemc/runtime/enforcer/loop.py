@@ -134,13 +134,20 @@ class Enforcer:
         self.run_start = self.events.last_id("up")
 
     # -- the loop -------------------------------------------------------------------------------
-    def run(self) -> None:
-        signal.signal(signal.SIGTERM, self._on_term)
-        signal.signal(signal.SIGHUP, self.on_hup)
+    def run(self, *, signals: bool = True, until: Callable[[], bool] | None = None) -> None:
+        """Enforce until SIGTERM (`signals`: this process's handlers are the enforcer's; a thread installs none), a
+        plan that changes more than its models, or `until()` says so (asked every SLOW_EVERY_S)."""
+        if signals:
+            signal.signal(signal.SIGTERM, self._on_term)
+            signal.signal(signal.SIGHUP, self.on_hup)
         self.events.add("enforcer_start", None, pid=os.getpid(), interval_s=self.interval)
         self.count_ooms_from_now()
-        next_tick = time.monotonic()
+        next_tick = asked = time.monotonic()
         while not self._stop:
+            if until is not None and time.monotonic() - asked >= SLOW_EVERY_S:
+                asked = time.monotonic()
+                if until():
+                    break
             try:
                 if self._new_plan:
                     self.adopt()

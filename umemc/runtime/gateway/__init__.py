@@ -83,11 +83,20 @@ async def serve(sched: Scheduler, token: str | None) -> None:
         f"umemc-gateway: serving {len(sched.models)} model(s) on http://{sched.gw.host}:{sched.gw.port}",
         flush=True,
     )
+    from ..enforcer import Standby
+
+    # the stack's standby enforcer, once this gateway serves (its imports are most of the enforcer's)
+    standby = Standby(sched.run.bundle).start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, lambda: take_new_plan(sched, stop))
+
+    def new_plan() -> None:
+        standby.on_hup()
+        take_new_plan(sched, stop)
+
+    loop.add_signal_handler(signal.SIGHUP, new_plan)
     await stop.wait()
     sched.refuse_queued()  # queued requests get 503 + Retry-After now, not a reset later
     await runner.cleanup()  # stops accepting, lets requests in flight finish (up to SHUTDOWN_S)
