@@ -115,23 +115,27 @@ def test_kernel_enforcement_zero_overshoot(stack) -> None:
 
 
 def test_enforcer_restarted_by_supervisord_keeps_enforcing(stack) -> None:
+    """The enforcer SIGKILLed: the standby in the gateway's process enforces meanwhile, supervisord restarts the
+    enforcer, which gets the lock back and enforces: it kills the leaker started after, and counts no restart of
+    the workers that ran all along."""
     text, pa, pb = neighbours()
     r = stack(base("off") + text + worker("leaker", "leaker.py", 512, 8, memory="270MiB", priority=10, mode="cold"))
     from umemc.runtime.supervisor import Supervisor
 
     sup = Supervisor(r.run_dir / "state" / "supervisor.sock")
-    old = sup.processes()["umemc-enforcer"]["pid"]
+    old, gateway = (sup.processes()[n]["pid"] for n in ("umemc-enforcer", "umemc-gateway"))
     os.kill(old, signal.SIGKILL)
-    r.wait_for(
-        lambda: sup.processes()["umemc-enforcer"]["statename"] == "RUNNING"
-        and sup.processes()["umemc-enforcer"]["pid"] != old,
+    new = r.wait_for(
+        lambda: (info := sup.processes()["umemc-enforcer"])["statename"] == "RUNNING"
+        and info["pid"] != old
+        and info["pid"],
         what="supervisord to restart the enforcer",
     )
+    starts = r.wait_for(lambda: r.events("enforcer_start")[2:] and r.events("enforcer_start"), what="the lock back")
+    assert [e["detail"]["pid"] for e in starts] == [old, gateway, new]
     sup.start("leaker")
     kill = r.wait_for(lambda: r.events("hard_limit_kill", "leaker"), what="the restarted enforcer to kill")
-    assert kill[0]["detail"]["by"] == "enforcer"
-    starts = [e for e in r.events("enforcer_start")]
-    assert len(starts) == 2
+    assert kill[0]["detail"]["by"] == "enforcer" and kill[0]["time"] > starts[2]["time"]
     assert len(r.events("start", "steady-a")) == 1  # the new enforcer did not count a restart
 
 

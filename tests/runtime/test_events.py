@@ -149,3 +149,23 @@ def test_an_exit_after_an_eviction_reads_as_the_eviction_and_a_start_after_a_res
         assert said(latest["c"].kind, latest["c"].detail) == "restored: it fits again after its eviction"
     finally:
         log.close()
+
+
+def test_where_a_damaged_log_went_is_read_from_the_reset_that_began_the_new_one(tmp_path: Path) -> None:
+    """The writer that moved a damaged log aside begins the new one with a reset naming where it went; another
+    writer that opened the new log (the restarted enforcer) reads it there. A reset that only says a writer reopened
+    the log names no move; one before the run's latest `up` belongs to an earlier run."""
+    from umemc.runtime.event_log import EventLog
+
+    log = EventLog(tmp_path / "events.db")
+    try:
+        assert log.moved_before() is None
+        log.add("event_log_reset", None, moved_to="/run/state/events.db.corrupt-1", reason="the event log was corrupt")
+        log.add("event_log_reset", None, reason="/run/state/events.db was deleted or replaced while in use")
+        assert log.moved_before() == "/run/state/events.db.corrupt-1"
+        log.add("up", None)
+        assert log.moved_before(log.last_id("up")) is None
+        log.add("event_log_reset", None, moved_to="/run/state/events.db.corrupt-2", reason="integrity check: x")
+        assert log.moved_before(log.last_id("up")) == "/run/state/events.db.corrupt-2"
+    finally:
+        log.close()

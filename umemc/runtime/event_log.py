@@ -265,6 +265,16 @@ class EventLog:
             GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"""
         return [(str(k), m, str(c), int(n)) for k, m, c, n in self._rows(sql, (after_id,))]
 
+    def moved_before(self, after_id: int = 0) -> str | None:
+        """Where a damaged log was moved, as the reset that began this one says (after after_id): what a writer
+        that opened the new log (a restarted enforcer, the standby handing back) says of the move it did not make."""
+        rows = self._rows(
+            "SELECT json_extract(detail, '$.moved_to') FROM events WHERE kind = 'event_log_reset' AND id > ? "
+            "AND json_extract(detail, '$.moved_to') IS NOT NULL ORDER BY id DESC LIMIT 1",
+            (after_id,),
+        )
+        return str(rows[0][0]) if rows else None
+
     def last_id(self, kind: str) -> int:
         rows = self._rows("SELECT MAX(id) FROM events WHERE kind = ?", (kind,))
         return int(rows[0][0] or 0) if rows else 0

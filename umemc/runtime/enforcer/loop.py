@@ -128,10 +128,12 @@ class Enforcer:
         return Worker(_quota(name, m), announce=announce, history=Series(window))
 
     def reopen_log(self) -> None:
-        """The event log as it is now (a standby that waited may hold a log since moved aside or replaced)."""
+        """The event log as it is now (a standby that waited may hold a log since moved aside or replaced), and what
+        became of a damaged one this run (the enforcer before this one may have moved it: its status said so)."""
         self.events.close()
         self.events = self.checks.events = EventLog(self.run_dir.events)
         self.run_start = self.events.last_id("up")
+        self.status.moved_before = self.events.moved_before(self.run_start)
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self, *, signals: bool = True, until: Callable[[], bool] | None = None) -> None:

@@ -20,6 +20,7 @@ class StatusWriter:
     def __init__(self, path: Path):
         self.path = path
         self._error: str | None = None
+        self.moved_before: str | None = None  # a move of the damaged log this run, made by an earlier writer
 
     def write(
         self, now: float, pressure: float, workers: list[Worker], events: EventLog, trends: dict[str, Any] | None = None
@@ -29,7 +30,7 @@ class StatusWriter:
             pid=os.getpid(),
             pressure=round(pressure, 4),
             events_error=events.error,
-            events_moved_to=None if events.moved_to is None else str(events.moved_to),
+            events_moved_to=str(events.moved_to) if events.moved_to is not None else self.moved_before,
             models={w.name: _worker(w) for w in workers},
             **(trends or {}),
         )
