@@ -177,6 +177,43 @@ def test_a_chunked_stream_comes_as_it_is_sent_read_or_piped_and_its_connection_i
     run(main())
 
 
+def test_the_chunks_one_read_brings_reach_the_sink_as_one_piece() -> None:
+    """A worker that writes fast sends several chunks in one segment: while piped, they reach the sink together (one
+    write to the client, not one per chunk); a chunk sent on its own is a piece of its own."""
+
+    async def main() -> None:
+        more, last = asyncio.Event(), asyncio.Event()
+
+        async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await w.request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n8\r\ndata: 0\n\r\n")
+            await more.wait()
+            writer.write(b"".join(b"8\r\ndata: %d\n\r\n" % i for i in (1, 2, 3)))  # one write: one segment
+            await last.wait()
+            writer.write(b"8\r\ndata: 4\n\r\n0\r\n\r\n")
+            await reader.read()
+
+        got: list[bytes] = []
+        came = asyncio.Event()
+
+        def sink(piece: bytes) -> bool:
+            got.append(piece)
+            came.set()
+            return True
+
+        async with Worker(stream) as w:
+            a = await Pool().request("GET", w.port, "/", {}, None, 5)
+            piping = asyncio.ensure_future(a.pipe(sink))
+            for step in (more, last):
+                await came.wait()
+                came.clear()
+                step.set()
+            assert await piping is False
+            assert got == [b"data: 0\n", b"data: 1\ndata: 2\ndata: 3\n", b"data: 4\n"]
+
+    run(main())
+
+
 def test_a_closed_port_is_unreachable() -> None:
     async def main() -> None:
         async with Worker(nothing) as w:

@@ -81,26 +81,41 @@ class Answer:
         self._watch: asyncio.TimerHandle | None = None
         self._sink: Callable[[bytes], bool] | None = None  # where the body goes as it comes (pipe)
         self._full = False  # the sink said its client takes no more for now
+        self._pending: list[bytes] = []  # pieces for the sink from the read being parsed (_flush hands them on)
 
     # -- fed by the connection
     def _feed(self, data: bytes) -> None:
         self._received += len(data)
-        sink = self._sink
-        if sink is not None:  # piped: the piece goes on from this callback, no task woken for it
-            try:
-                if sink(data):
-                    return
-            except Exception as exc:  # noqa: BLE001 - never into the parser: the piping task raises it (a client gone)
-                self._sink = None
-                self._fail(exc)
-                return
-            self._sink, self._full = None, True  # the client takes no more for now: the piping task waits for it
-            self._wake()
+        if self._sink is not None:  # piped: handed on once the connection's read is parsed (_flush), all in one
+            self._pending.append(data)
             return
         self._chunks.append(data)
         self._held += len(data)
         if self._held > HIGH_WATER:
             self._conn.pause()
+        self._wake()
+
+    def _flush(self) -> None:
+        """The pieces of the body one read of the connection brought (a chunked stream's chunks, several to a read
+        when the worker writes fast), into the sink as one: one write to the client, not one per chunk. From the
+        connection's own callback: no task wakes for them."""
+        if not self._pending:
+            return
+        data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
+        self._pending.clear()
+        sink = self._sink
+        if sink is None:  # cannot be: only this detaches the sink between reads
+            self._chunks.append(data)
+            self._held += len(data)
+            return
+        try:
+            if sink(data):
+                return
+        except Exception as exc:  # noqa: BLE001 - never into the parser: the piping task raises it (a client gone)
+            self._sink = None
+            self._fail(exc)
+            return
+        self._sink, self._full = None, True  # the client takes no more for now: the piping task waits for it
         self._wake()
 
     def _finish(self) -> None:
@@ -251,6 +266,9 @@ class _Conn(asyncio.Protocol):
             self._broken(
                 cause if isinstance(cause, PayloadError) else PayloadError(f"the worker's answer is not HTTP: {exc}")
             )
+        finally:
+            if self.answer is not None:  # what this read brought of a piped body, handed on in one piece
+                self.answer._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
