@@ -128,6 +128,19 @@ def test_answers_on_one_kept_alive_connection_and_the_request_as_sent() -> None:
     run(main())
 
 
+def collecting() -> tuple[list[bytes], asyncio.Event, Callable[[bytes], bool]]:
+    """A sink that keeps every piece it is given and sets an event at each; what it kept, the event, the sink."""
+    got: list[bytes] = []
+    came = asyncio.Event()
+
+    def sink(piece: bytes) -> bool:
+        got.append(piece)
+        came.set()
+        return True
+
+    return got, came, sink
+
+
 def test_a_chunked_stream_comes_as_it_is_sent_read_or_piped_and_its_connection_is_reused() -> None:
     async def main() -> None:
         go_on = asyncio.Event()
@@ -141,13 +154,7 @@ def test_a_chunked_stream_comes_as_it_is_sent_read_or_piped_and_its_connection_i
                 await go_on.wait()  # the first event is read before the second is sent
                 writer.write(b"7\r\ndata: 2\r\n0\r\n\r\n")
 
-        got: list[bytes] = []
-        came = asyncio.Event()
-
-        def sink(piece: bytes) -> bool:
-            got.append(piece)
-            came.set()
-            return True
+        got, came, sink = collecting()
 
         async with Worker(stream) as w:
             pool = Pool()
@@ -193,13 +200,7 @@ def test_the_chunks_one_read_brings_reach_the_sink_as_one_piece() -> None:
             writer.write(b"8\r\ndata: 4\n\r\n0\r\n\r\n")
             await reader.read()
 
-        got: list[bytes] = []
-        came = asyncio.Event()
-
-        def sink(piece: bytes) -> bool:
-            got.append(piece)
-            came.set()
-            return True
+        got, came, sink = collecting()
 
         async with Worker(stream) as w:
             a = await Pool().request("GET", w.port, "/", {}, None, 5)

@@ -253,25 +253,34 @@ def test_an_event_log_damaged_under_its_writers_is_moved_aside_while_they_run(st
     assert moved_and_reopened([e for e in json.loads(out) if e["kind"] == "event_log_reset"], state) == [str(moved[0])]
 
 
-def test_the_standby_in_the_gateway_enforces_the_moment_the_enforcer_is_killed_and_hands_back(stack) -> None:
-    """Userspace enforcement only (no kernel limit), a stack with a gateway: the enforcer SIGKILLed, the standby (a
-    thread of the gateway's process, waiting on the run's enforcer lock) takes over (the gateway's pid says
-    enforcer_start, no new process needed) and kills the leaker over its hard quota; supervisord restarts the
-    killed one, which waits for the lock, and the standby hands it back and waits again."""
-    r = stack(leaking_stack("standby"))
+def killed_and_taken_over(r: Any, standby: int) -> tuple[int, int]:
+    """The enforcer SIGKILLed once it enforces: the standby (the process `standby`, already running) takes over at
+    once (its own pid says enforcer_start) and kills the leaker over its hard quota; supervisord restarts the
+    killed one. The killed one's pid and the restarted one's."""
     first = r.wait_for(lambda: r.events("enforcer_start"), what="the enforcer's start")
-    main, gateway = record(r.run_dir, "umemc-enforcer"), record(r.run_dir, "umemc-gateway")
-    assert not (r.run_dir / "state" / "pids" / "umemc-enforcer-standby").exists()  # no program of its own
+    main = record(r.run_dir, "umemc-enforcer")
     assert [e["detail"]["pid"] for e in first] == [main]  # the standby leaves the lock to umemc-enforcer
     os.kill(main, signal.SIGKILL)
     took = r.wait_for(lambda: r.events("enforcer_start")[1:], what="the standby to take over")
-    assert [e["detail"]["pid"] for e in took] == [gateway]
+    assert [e["detail"]["pid"] for e in took] == [standby]
     kill = r.wait_for(lambda: r.events("hard_limit_kill", "leak"), timeout=40, what="the leaker killed")
     assert kill[0]["detail"]["by"] == "enforcer" and kill[0]["time"] >= took[0]["time"]
     restarted = r.wait_for(
         lambda: (pid := record(r.run_dir, "umemc-enforcer")) != main and alive(pid) and pid,
         what="umemc-enforcer restarted",
     )
+    return main, int(restarted)
+
+
+def test_the_standby_in_the_gateway_enforces_the_moment_the_enforcer_is_killed_and_hands_back(stack) -> None:
+    """Userspace enforcement only (no kernel limit), a stack with a gateway: the enforcer SIGKILLed, the standby (a
+    thread of the gateway's process, waiting on the run's enforcer lock) takes over (the gateway's pid says
+    enforcer_start, no new process needed) and kills the leaker over its hard quota; supervisord restarts the
+    killed one, which waits for the lock, and the standby hands it back and waits again."""
+    r = stack(leaking_stack("standby"))
+    assert not (r.run_dir / "state" / "pids" / "umemc-enforcer-standby").exists()  # no program of its own
+    gateway = record(r.run_dir, "umemc-gateway")
+    main, restarted = killed_and_taken_over(r, gateway)
     back = r.wait_for(lambda: r.events("enforcer_start")[2:], what="the lock handed back")
     assert [e["detail"]["pid"] for e in back] == [restarted]
     log = (r.run_dir / "state" / "logs" / "umemc-enforcer.log").read_text()
@@ -294,18 +303,8 @@ def test_without_a_gateway_the_standby_is_a_program_that_enforces_the_moment_the
     """A stack without a gateway runs the standby as a program of its own (umemc-enforcer-standby): it takes over
     the moment the enforcer is SIGKILLed; supervisord restarts the killed one, which waits as the new standby."""
     r = stack(leaking_stack("standby-program") + "[gateway]\nenabled = false\n")
-    first = r.wait_for(lambda: r.events("enforcer_start"), what="the enforcer's start")
-    main, standby = record(r.run_dir, "umemc-enforcer"), record(r.run_dir, "umemc-enforcer-standby")
-    assert [e["detail"]["pid"] for e in first] == [main]  # the standby leaves the lock to umemc-enforcer
-    os.kill(main, signal.SIGKILL)
-    took = r.wait_for(lambda: r.events("enforcer_start")[1:], what="the standby to take over")
-    assert [e["detail"]["pid"] for e in took] == [standby]
-    kill = r.wait_for(lambda: r.events("hard_limit_kill", "leak"), timeout=40, what="the leaker killed")
-    assert kill[0]["detail"]["by"] == "enforcer" and kill[0]["time"] >= took[0]["time"]
-    restarted = r.wait_for(
-        lambda: (pid := record(r.run_dir, "umemc-enforcer")) != main and alive(pid) and pid,
-        what="umemc-enforcer restarted",
-    )
+    standby = record(r.run_dir, "umemc-enforcer-standby")
+    main, restarted = killed_and_taken_over(r, standby)
     log = r.run_dir / "state" / "logs" / "umemc-enforcer.log"
     r.wait_for(lambda: "standby: another enforcer runs" in log.read_text(), what="it to wait as the standby")
     assert [e["detail"]["pid"] for e in r.events("enforcer_start")] == [main, standby]  # it did not take over
