@@ -294,7 +294,8 @@ def test_the_standby_in_the_gateway_enforces_the_moment_the_enforcer_is_killed_a
             "handed the lock back", waiting]  # fmt: skip
     r.wait_for(
         lambda: [x for x in gateway_log.read_text().splitlines() if x.startswith(who)] == said,
-        what="the standby's life in the gateway's log: it waited, enforced, handed back, waits again",
+        what="the standby's life in the gateway's log: it waited, enforced, handed back, waits again: "
+        + repr([x for x in gateway_log.read_text().splitlines() if x.startswith(who)]),
     )
     assert alive(restarted) and alive(gateway)
 

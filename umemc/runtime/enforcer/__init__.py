@@ -141,6 +141,17 @@ def waits(ready: Path) -> bool:
 GATEWAY_STANDBY = "umemc-gateway: standby enforcer"
 
 
+class _Asked:
+    """A question that remembers its last answer (why a loop that asked it ended)."""
+
+    def __init__(self, ask: Callable[[], bool]):
+        self.ask, self.said = ask, False
+
+    def __call__(self) -> bool:
+        self.said = self.ask()
+        return self.said
+
+
 class Standby:
     """The standby enforcer as a thread of the gateway's process (a daemon thread: it ends with the process). It
     waits on the run's enforcer lock with its Enforcer built (the plan read); once the enforcer process dies it
@@ -179,13 +190,14 @@ class Standby:
                 lock = _take_over(run.enforcer_lock, defer, who=GATEWAY_STANDBY)
                 if lock < 0:
                     return  # no lock to be had: the enforcer process enforces without it, and this one not at all
+                asked = _Asked(partial(waits, run.enforcer_ready))
                 try:
                     enforcer.reopen_log()
                     enforcer.on_hup()  # the plan as it is now (read in its first tick)
-                    enforcer.run(signals=False, until=partial(waits, run.enforcer_ready))
+                    enforcer.run(signals=False, until=asked)
                 finally:
-                    os.close(lock)
-                if waits(run.enforcer_ready):
+                    os.close(lock)  # the process that waits has it at once (and takes back its ready record)
+                if asked.said:
                     print(f"{GATEWAY_STANDBY}: the enforcer process waits: handed the lock back", file=sys.stderr,
                           flush=True)  # fmt: skip
                     defer = HANDED_BACK_S
