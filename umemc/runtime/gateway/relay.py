@@ -143,7 +143,9 @@ async def forward(
     captures = app[CAPTURES]
     seen = Seen(head_limit=captures.limit if captures.on else 0)
     try:
-        call = call._replace(body=for_worker(m, call.body))
+        body = for_worker(m, call.body)
+        if body is not call.body:  # an engine's own model name in it (most runtimes take the body as it came)
+            call = call._replace(body=body)
         if m.port is None:
             raise Refused(f"model {m.name} has no port: the gateway cannot route to it", "no_port")
         sched = app[SCHED]
@@ -403,7 +405,7 @@ WHOLE_LIMIT = 64 << 20  # an answer read whole to be renamed or translated; a la
 
 async def pass_through(request: web.Request, m: Model, call: Call, seen: Seen) -> web.StreamResponse:
     """The worker's answer as it gives it (its headers less the hop-by-hop ones), its model fields renamed."""
-    token, surface = request.app.get(TOKEN), surface_of(request.app[SURFACES], request.path)
+    token: str | None = request.app.get(TOKEN)
     sent = bool(token)
     headers = {k: v for k, v in request.headers.items() if to_worker(k, sent)}
     began = time.monotonic()
@@ -418,8 +420,10 @@ async def pass_through(request: web.Request, m: Model, call: Call, seen: Seen) -
             usage = NO_USAGE if call.path.endswith("/count_tokens") else read_usage(data)
             answered(request, m, seen, up.status, began, usage)
             data = renamed(data, call.asked) if _names_model(ctype) else data
-            if up.status >= 400 and surface.worker_error is not None and "json" in ctype:  # said in the API's shape
-                data = surface.worker_error(data, up.status)
+            if up.status >= 400 and "json" in ctype:  # said in the API's shape, where it has one of its own
+                surface = surface_of(request.app[SURFACES], request.path)
+                if surface.worker_error is not None:
+                    data = surface.worker_error(data, up.status)
             seen.keep(data)
             return web.Response(body=data, status=up.status, headers=out)
         resp = web.StreamResponse(status=up.status, headers=out)
