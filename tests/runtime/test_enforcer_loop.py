@@ -458,3 +458,76 @@ def test_two_kernel_kills_between_samples_give_up_at_once(tmp_path: Path) -> Non
     kills = [(d["by"], d["oom_kills"]) for k, d in loop.events() if k == "hard_limit_kill"]
     assert kills == [("kernel", 2)]
     assert [(f, t) for f, t, _ in loop.states()] == [("down", "up"), ("up", "oom_killed"), ("oom_killed", "given_up")]
+
+
+def test_the_standby_in_the_gateways_process_takes_over_enforces_and_hands_the_lock_back(
+    tmp_path: Path, capsys
+) -> None:
+    """The standby thread of a real bundle (no supervisord here: its ticks say so and go on): while another holds
+    the run's enforcer lock it waits; once that one lets go it enforces (its enforcer_start names this process);
+    once an enforcer process says it waits (the ready record, naming a live process) it hands the lock back within
+    a second and waits again."""
+    import fcntl
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import patience
+    from umemc.records import pid_line, write_atomic
+    from umemc.runtime.enforcer import Standby, _lock_file
+    from umemc.runtime.probes.host import start_time
+    from umemc.runtime.rundir import RunDir
+
+    (tmp_path / "stack.toml").write_text(STACK.format(policy='sample_interval = "100ms"\n'))
+    bundle = tmp_path / "run" / "bundle"
+    build(make_plan(load_stack(tmp_path / "stack.toml")), bundle, files_later=True)
+    run = RunDir.of_bundle(bundle)
+    run.state.mkdir(parents=True)
+    held = _lock_file(run.enforcer_lock)
+    assert held is not None
+    fcntl.flock(held, fcntl.LOCK_EX)  # the enforcer process enforces
+    who = "umemc-gateway: standby enforcer: "
+    said: list[str] = []
+
+    def until(lines: list[str], what: str) -> None:
+        deadline = time.monotonic() + patience(30)
+        while time.monotonic() < deadline:
+            said.extend(x for x in capsys.readouterr().err.splitlines() if x.startswith(who))
+            if said == lines:
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"{what}: {said}")
+
+    waiting = who + "standby: another enforcer runs; taking over when it stops"
+    standby = Standby(bundle).start()
+    waiter = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        until([waiting], "the standby waiting")
+        os.close(held)  # the enforcer process died: the kernel let go of its lock
+        enforcing = who + "the enforcer that ran stopped: enforcing"
+        until([waiting, enforcing], "the standby enforcing")
+        log = EventLog(run.events)
+        try:
+            deadline = time.monotonic() + patience(30)
+            while not (starts := [e.detail["pid"] for e in log.since(0) if e.kind == "enforcer_start"]):
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            assert starts == [os.getpid()]
+        finally:
+            log.close()
+        write_atomic(run.enforcer_ready, pid_line(waiter.pid, start_time(waiter.pid)))  # a restarted one waits
+        handed = who + "the enforcer process waits: handed the lock back"
+        until([waiting, enforcing, handed], "the lock handed back")
+        held = _lock_file(run.enforcer_lock)  # the restarted enforcer takes it
+        assert held is not None
+        fcntl.flock(held, fcntl.LOCK_EX)
+        until([waiting, enforcing, handed, waiting], "the standby waiting again")
+    finally:
+        assert waiter.stdin is not None
+        waiter.stdin.close()
+        waiter.wait()
+        standby.stop()
+        os.close(held)  # it takes the lock, sees it is stopped and ends
+        standby.thread.join(patience(30))
+    assert not standby.thread.is_alive()

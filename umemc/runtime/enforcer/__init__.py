@@ -142,12 +142,15 @@ GATEWAY_STANDBY = "umemc-gateway: standby enforcer"
 
 
 class _Asked:
-    """A question that remembers its last answer (why a loop that asked it ended)."""
+    """Whether to stop enforcing: once `stopped` is set, or once `ask` says so; remembers what `ask` said (why the
+    loop that asked it ended)."""
 
-    def __init__(self, ask: Callable[[], bool]):
-        self.ask, self.said = ask, False
+    def __init__(self, ask: Callable[[], bool], stopped: threading.Event):
+        self.ask, self.stopped, self.said = ask, stopped, False
 
     def __call__(self) -> bool:
+        if self.stopped.is_set():
+            return True
         self.said = self.ask()
         return self.said
 
@@ -171,7 +174,8 @@ class Standby:
         return self
 
     def stop(self) -> None:
-        """It ends at its next turn (a wait on the lock is not cut short: the thread ends with the process)."""
+        """It ends at its next turn, or within a second where it enforces (a wait on the lock is not cut short: the
+        thread ends with the process)."""
         self.stopped.set()
 
     def on_hup(self) -> None:
@@ -190,13 +194,15 @@ class Standby:
                 lock = _take_over(run.enforcer_lock, defer, who=GATEWAY_STANDBY)
                 if lock < 0:
                     return  # no lock to be had: the enforcer process enforces without it, and this one not at all
-                asked = _Asked(partial(waits, run.enforcer_ready))
+                asked = _Asked(partial(waits, run.enforcer_ready), self.stopped)
                 try:
                     enforcer.reopen_log()
                     enforcer.on_hup()  # the plan as it is now (read in its first tick)
                     enforcer.run(signals=False, until=asked)
                 finally:
                     os.close(lock)  # the process that waits has it at once (and takes back its ready record)
+                if self.stopped.is_set():
+                    return
                 if asked.said:
                     print(f"{GATEWAY_STANDBY}: the enforcer process waits: handed the lock back", file=sys.stderr,
                           flush=True)  # fmt: skip
