@@ -3,7 +3,9 @@ hand), and a worker's phase moves only along its table."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -11,6 +13,7 @@ from umemc.runtime.enforcer import rules
 from umemc.runtime.enforcer.worker_state import TRANSITIONS, IllegalTransition, Phase, Quota, Worker
 
 MiB = 1024 * 1024
+T = TypeVar("T")
 RESTARTED = "restarted before it was sampled"
 
 
@@ -280,7 +283,9 @@ def test_an_enforcer_process_waiting_for_the_lock_says_so_and_takes_it_back_once
     assert not waits(ready)
 
 
-def test_the_standby_in_the_gateways_process_outlives_a_failing_enforcer(tmp_path: Path, capsys) -> None:
+def test_the_standby_in_the_gateways_process_outlives_a_failing_enforcer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """An enforcer that cannot be built (here: no plan) or fails is said on the gateway's stderr and built afresh
     a second later; the gateway's process goes on (the standby is a daemon thread of it)."""
     from umemc.runtime.enforcer import Standby
@@ -300,3 +305,102 @@ def test_the_standby_in_the_gateways_process_outlives_a_failing_enforcer(tmp_pat
     plan = tmp_path / "bundle" / "plan.json"
     said = f"umemc-gateway: standby enforcer: ContractError: {plan}: cannot read: No such file or directory\n"
     assert paused == [1.0, 1.0] and capsys.readouterr().err == said * 2
+
+
+def standby_bundle(tmp_path: Path) -> Path:
+    """A real bundle of a one-worker stack (the enforcer loop tests' own), with its run's state dir."""
+    from tests.runtime.test_enforcer_loop import STACK
+    from umemc.budget.plan import make_plan
+    from umemc.commands.build import build
+    from umemc.stack.resolve import load_stack
+
+    (tmp_path / "stack.toml").write_text(STACK.format(policy='sample_interval = "100ms"\n'))
+    bundle = tmp_path / "run" / "bundle"
+    build(make_plan(load_stack(tmp_path / "stack.toml")), bundle, files_later=True)
+    (tmp_path / "run" / "state").mkdir(parents=True)
+    return bundle
+
+
+class Said:
+    """What the gateway's standby says on stderr (captured), line by line, as it says it."""
+
+    WHO = "umemc-gateway: standby enforcer: "
+    WAITING = WHO + "standby: another enforcer runs; taking over when it stops"
+    ENFORCING = WHO + "the enforcer that ran stopped: enforcing"
+    HANDED = WHO + "the enforcer process waits: handed the lock back"
+
+    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
+        self.capsys = capsys
+        self.lines: list[str] = []
+
+    def until(self, lines: list[str], what: str) -> None:
+        def heard() -> bool:
+            self.lines.extend(x for x in self.capsys.readouterr().err.splitlines() if x.startswith(self.WHO))
+            return self.lines == lines
+
+        if not self.wait(heard):
+            raise AssertionError(f"{what}: {self.lines}")
+
+    @staticmethod
+    def wait(predicate: Callable[[], T]) -> T:
+        """predicate()'s first truthy answer within an idle machine's 30 s (scaled by patience), else its last."""
+        import time
+
+        from tests.conftest import patience
+
+        deadline = time.monotonic() + patience(30)
+        while not (value := predicate()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return value
+
+
+def test_the_standby_in_the_gateways_process_takes_over_enforces_and_hands_the_lock_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The standby thread of a real bundle (no supervisord here: its ticks say so and go on): while another holds
+    the run's enforcer lock it waits; once that one lets go it enforces (its enforcer_start names this process);
+    once an enforcer process says it waits (the ready record, naming a live process) it hands the lock back within
+    a second and waits again."""
+    import fcntl
+    import os
+    import subprocess
+    import sys
+
+    from umemc.records import pid_line, write_atomic
+    from umemc.runtime.enforcer import Standby, _lock_file
+    from umemc.runtime.event_log import EventLog
+    from umemc.runtime.probes.host import start_time
+    from umemc.runtime.rundir import RunDir
+
+    bundle = standby_bundle(tmp_path)
+    run = RunDir.of_bundle(bundle)
+    held = _lock_file(run.enforcer_lock)
+    assert held is not None
+    fcntl.flock(held, fcntl.LOCK_EX)  # the enforcer process enforces
+    said = Said(capsys)
+    standby = Standby(bundle).start()
+    waiter = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        said.until([Said.WAITING], "the standby waiting")
+        os.close(held)  # the enforcer process died: the kernel let go of its lock
+        said.until([Said.WAITING, Said.ENFORCING], "the standby enforcing")
+        log = EventLog(run.events)
+        try:  # said as it took the lock; its enforcer_start follows
+            starts = said.wait(lambda: [e.detail["pid"] for e in log.since(0) if e.kind == "enforcer_start"])
+            assert starts == [os.getpid()]
+        finally:
+            log.close()
+        write_atomic(run.enforcer_ready, pid_line(waiter.pid, start_time(waiter.pid)))  # a restarted one waits
+        said.until([Said.WAITING, Said.ENFORCING, Said.HANDED], "the lock handed back")
+        again = _lock_file(run.enforcer_lock)  # the restarted enforcer takes it
+        assert again is not None
+        fcntl.flock(held := again, fcntl.LOCK_EX)
+        said.until([Said.WAITING, Said.ENFORCING, Said.HANDED, Said.WAITING], "the standby waiting again")
+    finally:
+        assert waiter.stdin is not None
+        waiter.stdin.close()
+        waiter.wait()
+        standby.stop()
+        os.close(held)  # it takes the lock, sees it is stopped and ends
+        standby.thread.join(30)
+    assert not standby.thread.is_alive()
