@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.runtime.conftest import free_port
 from umemc.runtime.gateway.process import _listens_on_psutil, listens_on
 from umemc.runtime.probes import sockets
 
@@ -79,7 +80,7 @@ def test_who_holds_a_listening_socket(listener: tuple[subprocess.Popen[str], int
 def test_the_port_check_answers_as_psutil_does(listener: tuple[subprocess.Popen[str], int, int]) -> None:
     """The worker's own process listens: yes. Another process asked about (one that neither listens nor has a
     child listening there): no, unless the listener carries the run's mark for that model (a daemon that left the
-    worker's tree). A process gone: cannot be told."""
+    worker's tree). A process gone: cannot be told. A port nothing listens on: no."""
     proc, port, _ = listener
     other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -89,6 +90,7 @@ def test_the_port_check_answers_as_psutil_does(listener: tuple[subprocess.Popen[
         ((other.pid, port, "run-1", "y"), False),  # this run's mark, another model
         ((other.pid, port, "run-1", "x"), True),  # left the tree, carrying the mark
         ((int(gone.stdout), port, "run-1", "x"), None),
+        ((proc.pid, free_port(), "run-1", "x"), False),  # a port nothing listens on
     ]
     try:
         for (pid, on, mark, model), expected in cases:

@@ -389,14 +389,16 @@ def listens_on(pid: int, port: int, *, mark: str, model: str) -> bool | None:
     inodes = sockets.listening(port)
     if inodes is None:
         return _listens_on_psutil(pid, port, mark=mark, model=model)
+    if not inodes:  # nothing listens there (any more)
+        return False
     try:
         if sockets.holds(pid, inodes):  # the worker's own process: llama-server, vLLM, a command
             return True
-        tree = [p.pid for p in psutil.Process(pid).children(recursive=True)]
+        tree = {p.pid for p in psutil.Process(pid).children(recursive=True)}
     except (OSError, psutil.NoSuchProcess, psutil.AccessDenied):
         return None
     procs = processes()
-    for other in (*tree, *procs.pids()):
+    for other in sorted(tree) + [x for x in procs.pids() if x != pid and x not in tree]:
         try:
             held = sockets.holds(other, inodes)
         except OSError:  # gone, or not ours to read
