@@ -389,11 +389,11 @@ def listens_on(pid: int, port: int, *, mark: str, model: str) -> bool | None:
     inodes = sockets.listening(port)
     if inodes is None:
         return _listens_on_psutil(pid, port, mark=mark, model=model)
-    if not inodes:  # nothing listens there (any more)
-        return False
     try:
         if sockets.holds(pid, inodes):  # the worker's own process: llama-server, vLLM, a command
             return True
+        if not inodes:  # it lives, and nothing listens there (any more)
+            return False
         tree = {p.pid for p in psutil.Process(pid).children(recursive=True)}
     except (OSError, psutil.NoSuchProcess, psutil.AccessDenied):
         return None
