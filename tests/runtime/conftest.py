@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 import pytest
@@ -18,6 +19,8 @@ import pytest
 from tests.conftest import patience
 from umemc.cli import main
 from umemc.runtime.preflight import read_sysctl
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[2]
 WORKERS = REPO / "tests" / "workers"
@@ -103,6 +106,19 @@ def worker(
     return text + (f"port = {port}\n" if port else "")
 
 
+def wait_for(predicate: Callable[[], T], timeout: float = 30, what: str = "condition", every: float = 0.05) -> T:
+    """Until predicate() is truthy (its value); `timeout` is an idle machine's bound, scaled by
+    tests.conftest.patience."""
+    timeout = patience(timeout)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
 class Running:
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
@@ -126,15 +142,7 @@ class Running:
         return [e for e in out if (kind is None or e["kind"] == kind) and (model is None or e["model"] == model)]
 
     def wait_for(self, predicate: Callable[[], object], timeout: float = 30, what: str = "condition") -> object:
-        """Until predicate() is truthy; `timeout` is an idle machine's bound, scaled by tests.conftest.patience."""
-        timeout = patience(timeout)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(0.05)
-        raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        return wait_for(predicate, timeout, what)
 
     def log_lines(self, name: str) -> list[str]:
         path = self.run_dir / "state" / "logs" / f"{name}.out.log"

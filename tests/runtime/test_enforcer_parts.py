@@ -3,9 +3,7 @@ hand), and a worker's phase moves only along its table."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
@@ -13,7 +11,6 @@ from umemc.runtime.enforcer import rules
 from umemc.runtime.enforcer.worker_state import TRANSITIONS, IllegalTransition, Phase, Quota, Worker
 
 MiB = 1024 * 1024
-T = TypeVar("T")
 RESTARTED = "restarted before it was sampled"
 
 
@@ -334,24 +331,16 @@ class Said:
         self.lines: list[str] = []
 
     def until(self, lines: list[str], what: str) -> None:
+        from tests.runtime.conftest import wait_for
+
         def heard() -> bool:
             self.lines.extend(x for x in self.capsys.readouterr().err.splitlines() if x.startswith(self.WHO))
             return self.lines == lines
 
-        if not self.wait(heard):
-            raise AssertionError(f"{what}: {self.lines}")
-
-    @staticmethod
-    def wait(predicate: Callable[[], T]) -> T:
-        """predicate()'s first truthy answer within an idle machine's 30 s (scaled by patience), else its last."""
-        import time
-
-        from tests.conftest import patience
-
-        deadline = time.monotonic() + patience(30)
-        while not (value := predicate()) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return value
+        try:
+            wait_for(heard, what=what, every=0.02)
+        except AssertionError:
+            raise AssertionError(f"{what}: {self.lines}") from None
 
 
 def test_the_standby_in_the_gateways_process_takes_over_enforces_and_hands_the_lock_back(
@@ -366,6 +355,7 @@ def test_the_standby_in_the_gateways_process_takes_over_enforces_and_hands_the_l
     import subprocess
     import sys
 
+    from tests.runtime.conftest import wait_for
     from umemc.records import pid_line, write_atomic
     from umemc.runtime.enforcer import Standby, _lock_file
     from umemc.runtime.event_log import EventLog
@@ -386,7 +376,11 @@ def test_the_standby_in_the_gateways_process_takes_over_enforces_and_hands_the_l
         said.until([Said.WAITING, Said.ENFORCING], "the standby enforcing")
         log = EventLog(run.events)
         try:  # said as it took the lock; its enforcer_start follows
-            starts = said.wait(lambda: [e.detail["pid"] for e in log.since(0) if e.kind == "enforcer_start"])
+            starts = wait_for(
+                lambda: [e.detail["pid"] for e in log.since(0) if e.kind == "enforcer_start"],
+                what="its enforcer_start",
+                every=0.02,
+            )
             assert starts == [os.getpid()]
         finally:
             log.close()

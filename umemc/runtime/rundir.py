@@ -279,12 +279,7 @@ class RunDir(NamedTuple):
 
     def record(self, name: str) -> PidRecord | None:
         """A program's `state/pids/NAME` record, None where it is missing or does not parse."""
-        from ..contract import PidRecord
-
-        try:
-            return PidRecord.parse(name, read_text(self.pids / name))
-        except (OSError, ValueError, IndexError):
-            return None
+        return read_record(self.pids / name, name)
 
     def recorded_at(self, name: str) -> float:
         """When a process's record was written (wall clock; 0 when there is none)."""
@@ -303,3 +298,14 @@ class RunDir(NamedTuple):
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(path.parent, 0o700)
         write_atomic(path, text)
+
+
+def read_record(path: Path, name: str = "") -> PidRecord | None:
+    """A `pid starttime` record at `path` (a program's in state/pids, the waiting enforcer's enforcer.ready), None
+    where it is missing or does not parse."""
+    from ..contract import PidRecord
+
+    try:
+        return PidRecord.parse(name, read_text(path))
+    except (OSError, ValueError, IndexError):
+        return None

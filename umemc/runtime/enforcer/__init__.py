@@ -28,6 +28,7 @@ phase: one state machine), `pressure` (the guard), `status_file` (enforcer.json)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import os
 import signal
@@ -115,27 +116,21 @@ def _say_ready(ready: Path) -> None:
 
 
 def _unsay_ready(ready: Path) -> None:
-    from ...contract import PidRecord
-    from ...records import read_text
+    from ..rundir import read_record
 
-    try:
-        if PidRecord.parse("", read_text(ready)).pid == os.getpid():
+    record = read_record(ready)
+    if record is not None and record.pid == os.getpid():
+        with contextlib.suppress(OSError):
             ready.unlink()
-    except (OSError, ValueError):
-        pass
 
 
 def waits(ready: Path) -> bool:
     """Whether an enforcer process other than this one waits on the lock (its `ready` record names it, alive)."""
-    from ...contract import PidRecord
-    from ...records import read_text
     from ..members import same_process
+    from ..rundir import read_record
 
-    try:
-        record = PidRecord.parse("", read_text(ready))
-    except (OSError, ValueError):
-        return False
-    return record.pid != os.getpid() and same_process(record)
+    record = read_record(ready)
+    return record is not None and record.pid != os.getpid() and same_process(record)
 
 
 GATEWAY_STANDBY = "umemc-gateway: standby enforcer"

@@ -104,10 +104,7 @@ class Answer:
         data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
         self._pending.clear()
         sink = self._sink
-        if sink is None:  # cannot be: only this detaches the sink between reads
-            self._chunks.append(data)
-            self._held += len(data)
-            return
+        assert sink is not None  # pieces wait here only for a sink, and only this detaches it within a read
         try:
             if sink(data):
                 return
