@@ -347,9 +347,9 @@ def test_the_standby_in_the_gateways_process_takes_over_enforces_and_hands_the_l
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The standby thread of a real bundle (no supervisord here: its ticks say so and go on): while another holds
-    the run's enforcer lock it waits; once that one lets go it enforces (its enforcer_start names this process);
-    once an enforcer process says it waits (the ready record, naming a live process) it hands the lock back within
-    a second and waits again."""
+    the run's enforcer lock it waits, with no event log open (none created); once that one lets go it enforces
+    (its enforcer_start names this process); once an enforcer process says it waits (the ready record, naming a
+    live process) it hands the lock back within a second and waits again."""
     import fcntl
     import os
     import subprocess
@@ -372,6 +372,7 @@ def test_the_standby_in_the_gateways_process_takes_over_enforces_and_hands_the_l
     waiter = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
         said.until([Said.WAITING], "the standby waiting")
+        assert not run.events.exists()  # until it enforces: a log deleted under the running stack stays deleted
         os.close(held)  # the enforcer process died: the kernel let go of its lock
         said.until([Said.WAITING, Said.ENFORCING], "the standby enforcing")
         log = EventLog(run.events)

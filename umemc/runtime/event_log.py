@@ -64,9 +64,19 @@ class Event:
 
 
 class EventLog:
-    def __init__(self, path: Path, max_rows: int = MAX_ROWS, max_age_s: float = MAX_AGE_S, *, recover: bool = True):
+    def __init__(
+        self,
+        path: Path,
+        max_rows: int = MAX_ROWS,
+        max_age_s: float = MAX_AGE_S,
+        *,
+        recover: bool = True,
+        lazy: bool = False,
+    ):
         """recover: move a corrupt database aside and start a new one (the runtime's writers); a reader
-        (`umemc events`) passes False and only reports what it found."""
+        (`umemc events`) passes False and only reports what it found. lazy: the file is opened (created) at the
+        log's first use, not here (an enforcer waiting for its lock touches no log: one deleted meanwhile stays
+        deleted, for `umemc status` to say so)."""
         self.path, self.max_rows, self.max_age_s, self.recover = path, max_rows, max_age_s, recover
         self.db: sqlite3.Connection | None = None
         self.error: str | None = None  # why the log is degraded; None when it works
@@ -75,7 +85,10 @@ class EventLog:
         self._next_try = 0.0
         self._next_verify = time.monotonic() + VERIFY_S
         self._inode: int | None = None
-        self._open()
+        if lazy:
+            self._next_try = 0.0
+        else:
+            self._open()
 
     # -- opening, recovering ----------------------------------------------------------------------
     def _open(self) -> None:

@@ -61,7 +61,6 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, enforcer.on_hup)  # a standby told of a new plan while it waits: not its end
     run = enforcer.run_dir
     lock = _take_over(run.enforcer_lock, STANDBY_DEFERS_S if args.standby else 0.0, ready=run.enforcer_ready)
-    enforcer.reopen_log()
     enforcer.on_hup()  # the plan as it is now, in case it changed while this one waited (read in its first tick)
     try:
         enforcer.run()
@@ -191,7 +190,6 @@ class Standby:
                     return  # no lock to be had: the enforcer process enforces without it, and this one not at all
                 asked = _Asked(partial(waits, run.enforcer_ready), self.stopped)
                 try:
-                    enforcer.reopen_log()
                     enforcer.on_hup()  # the plan as it is now (read in its first tick)
                     enforcer.run(signals=False, until=asked)
                 finally:

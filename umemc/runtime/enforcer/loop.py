@@ -59,7 +59,7 @@ class Enforcer:
         self.plan, self.plan_digest = read_plan(bundle / PLAN_FILE)
         self.run_dir = RunDir.of_bundle(bundle)
         self.interval = float(self.plan.policy.sample_interval_s)
-        self.events = EventLog(self.run_dir.events)
+        self.events = EventLog(self.run_dir.events, lazy=True)  # opened as it enforces (open_log)
         self.supervisor = supervisor or Supervisor(self.run_dir.socket())
         self.kill = kill or kill_tree
         self.sampler = Sampler(self.plan, self.run_dir, host)
@@ -69,7 +69,7 @@ class Enforcer:
         self.workers = {n: self._worker(n, m, window) for n, m in self.plan.models.items()}
         self.box = Series(window)  # the whole machine's used memory (usable - MemAvailable)
         self.own = Series(window)  # umemc's own processes: supervisord, the enforcer, the gateway
-        self.run_start = self.events.last_id("up")
+        self.run_start = 0  # the last `up` event's id: read as it opens its log
         # the box's temperatures and power, read off the loop every HEAT_EVERY_S (nvidia-smi is a process)
         self.heat_reads: OffLoop[Heat | None] = OffLoop(
             lambda: heat.read(self.plan.platform.kind, self.sampler.host.platform), HEAT_EVERY_S, None, "heat"
@@ -127,9 +127,10 @@ class Enforcer:
 
         return Worker(_quota(name, m), announce=announce, history=Series(window))
 
-    def reopen_log(self) -> None:
-        """The event log as it is now (a standby that waited may hold a log since moved aside or replaced), and what
-        became of a damaged one this run (the enforcer before this one may have moved it: its status said so)."""
+    def open_log(self) -> None:
+        """The event log as it is now, opened as this enforcer starts to enforce (one that waited for the lock, or
+        enforced before and handed it back, may hold a log since moved aside or replaced), and what became of a
+        damaged one this run (the enforcer before this one may have moved it: its status said so)."""
         self.events.close()
         self.events = self.checks.events = EventLog(self.run_dir.events)
         self.run_start = self.events.last_id("up")
@@ -142,6 +143,7 @@ class Enforcer:
         if signals:
             signal.signal(signal.SIGTERM, self._on_term)
             signal.signal(signal.SIGHUP, self.on_hup)
+        self.open_log()
         self.events.add("enforcer_start", None, pid=os.getpid(), interval_s=self.interval)
         self.count_ooms_from_now()
         next_tick = asked = time.monotonic()
