@@ -254,6 +254,68 @@ def test_a_starting_worker_is_asked_often_and_supervisord_seldom(tmp_path: Path)
     running(sched, body)
 
 
+def test_supervisords_table_is_asked_where_it_may_have_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where supervisord's children can be read, a round asks its XML-RPC table only where it may have changed: its
+    children changed, a program is STARTING, BACKOFF or STOPPING, the gateway started or stopped one, or
+    TABLE_EVERY_S passed; else the last answer serves (an idle stack's table is the same round after round). A
+    crash seen through the children moves the model DOWN in that round."""
+    from umemc.runtime.gateway import sync
+
+    class Counting(FakeSupervisor):
+        tables = 0
+
+        def processes(self) -> dict[str, dict[str, Any]]:
+            self.tables += 1
+            return super().processes()
+
+    sv = Counting(running=("a",))
+    sched = scheduler(tmp_path, model("a", 50) + model("c", 40, mode="cold"), sv)
+    kids = {frozenset({1000})}
+    sched.sync.children = lambda pid: next(iter(kids)) if pid == 4242 else frozenset({-1})
+    monkeypatch.setattr(sync, "TABLE_EVERY_S", 3600.0)
+
+    def now(k: frozenset[int]) -> None:
+        kids.clear()
+        kids.add(k)
+
+    async def body(s: Scheduler) -> None:
+        asked = sv.tables  # the start's own look
+        assert s.sync.supervisord_pid == 4242 and s.models["a"].ready
+        for _ in range(3):
+            await s.sync.refresh()
+        assert sv.tables == asked  # nothing changed: not asked
+        sv.states["a"] = "EXITED"  # it crashed; supervisord reaped it
+        now(frozenset())
+        await s.sync.refresh()
+        assert (sv.tables, s.models["a"].life.phase) == (asked + 1, Phase.DOWN)
+        sv.states["a"] = "STARTING"  # supervisord restarts it
+        now(frozenset({1001}))
+        await s.sync.refresh()
+        await s.sync.refresh()  # STARTING: asked again, though its children did not change
+        assert sv.tables == asked + 3
+        sv.states["a"] = "RUNNING"  # startsecs passed: no process started or ended
+        await s.sync.refresh()
+        await s.sync.refresh()
+        assert (sv.tables, s.models["a"].life.phase) == (asked + 4, Phase.READY)
+        async with s.slots.slot(s.models["c"]):  # the gateway starts a program: its own asks, and the next round's
+            pass
+        started = sv.tables
+        now(frozenset({1001, 1002}))
+        await s.sync.refresh()
+        await s.sync.refresh()
+        assert sv.tables == started + 1
+        monkeypatch.setattr(sync, "TABLE_EVERY_S", 0.0)
+        await s.sync.refresh()
+        assert sv.tables == started + 2  # at least every TABLE_EVERY_S
+        s.sync.children = None  # a platform where they cannot be read: every round
+        monkeypatch.setattr(sync, "TABLE_EVERY_S", 3600.0)
+        await s.sync.refresh()
+        await s.sync.refresh()
+        assert sv.tables == started + 4
+
+    running(sched, body)
+
+
 def test_a_cold_start_evicts_the_lower_priority_idle_model_only(tmp_path: Path) -> None:
     """Room for two: hot `lo` (10) and `mid` (30) run idle; a request for cold `hi` (50) stops `lo` alone."""
     sv = FakeSupervisor(running=("lo", "mid"))

@@ -67,6 +67,10 @@ async def serve(sched: Scheduler, token: str | None) -> None:
     from .app import make_app
 
     app = make_app(sched, token)
+    if sys.platform.startswith("linux"):  # supervisord's table asked where its children changed (sync.table)
+        from ..probes.proc import LinuxProcesses
+
+        sched.sync.children = LinuxProcesses().children  # its own: the standby thread reads /proc beside it
     # keepalive_timeout also bounds how long a connection may take to send a request's headers
     # (aiohttp closes a connection whose next request is incomplete then): no slow-header hold-outs
     runner = web.AppRunner(

@@ -263,6 +263,8 @@ class Process:
         return None
 
     async def processes(self) -> dict[str, dict[str, Any]]:
+        """supervisord's table, asked now (a start or a stop in progress); the next round asks it afresh too."""
+        self.parts.sync.look_again()
         return await asyncio.to_thread(self.parts.supervisor.processes)
 
     async def _ensure_started(self, m: Model) -> None:
@@ -275,6 +277,7 @@ class Process:
             # spawns now (STARTING on return), or supervisord's own restart after a crash already does
             await asyncio.to_thread(self.parts.supervisor.ensure_started, m.name)
             self.parts.sync.observe(m, {"statename": ProcState.STARTING})
+            self.parts.sync.look_again()
 
     async def _wait_healthy(self, m: Model) -> None:
         """Until supervisord runs it and its health URL answers. The worker is asked often in its first second (a

@@ -141,6 +141,7 @@ class Scheduler:
             m.plan = plan.models[name]
             self.sync.worker_lost(m, "restarted with its new settings")  # asked again once supervisord has it
         self.plan = plan
+        self.sync.look_again()  # the programs supervisord has now
         self.slots.reroute(plan.models)
         if self.process.metrics is not None:  # the HTTP side's, where it has them
             self.process.metrics.adopt(self.models)

@@ -27,9 +27,14 @@ from .model import ANSWERING, LIVE, Model, ProcState
 from .slots import Slots
 from .traffic import Traffic
 
-POLL_S = 0.5  # supervisord's process list and the enforcer's status file
+POLL_S = 0.5  # the round: the enforcer's status file, and supervisord's process table where it may have changed
+TABLE_EVERY_S = 5.0  # supervisord's process table asked at least this often, changed or not
 STATUS_FRESH_S = 5.0
+# a program in one of these states moves on without a process starting or ending (startsecs passing, a backoff
+# giving up): its table is asked every round while any is
+MOVING = frozenset({ProcState.STARTING, ProcState.BACKOFF, ProcState.STOPPING})
 Probe = Callable[[Model], Awaitable[bool]]
+Children = Callable[[int], frozenset[int]]
 
 
 class StateSync:
@@ -51,6 +56,12 @@ class StateSync:
         self.probe: Probe | None = None  # given by the HTTP side (its client)
         self.closing = False
         self.supervisord_pid: int | None = None
+        # supervisord's children, where this platform reads them for next to nothing (Linux's /proc: 20 us; its
+        # XML-RPC table costs the gateway ~1 ms and a thread's hand-off): given by the gateway's process
+        self.children: Children | None = None
+        self._table: dict[str, dict[str, Any]] | None = None  # supervisord's last answer, its time and its children
+        self._table_at = 0.0
+        self._table_children: frozenset[int] | None = None
         self.enforcer: EnforcerStatus | None = None  # its latest fresh status file
         self._status_text: bytes | None = None  # the status file last parsed, and what it said
         self._status_doc: EnforcerStatus | None = None
@@ -68,6 +79,7 @@ class StateSync:
     def stopped(self, m: Model) -> None:
         """The scheduler stopped it: nothing of it runs, nothing of it is held."""
         m.state, m.usage = ProcState.STOPPED, 0
+        self.look_again()
 
     def mark_unhealthy(self, m: Model, why: str) -> None:
         """A ready worker that stopped answering (SIGSTOP, a deadlock): no new request goes to it; the
@@ -81,7 +93,13 @@ class StateSync:
         """A request found the worker gone between two polls: it is DOWN until supervisord restarts it."""
         if m.ready:
             m.life.to(Phase.DOWN, why)
+        self.look_again()
         self.kick()
+
+    def look_again(self) -> None:
+        """supervisord's table asked afresh at the next round (the gateway started or stopped a program, or found
+        one gone, or its programs changed)."""
+        self._table = None
 
     def mark_healthy(self, m: Model, was: str | None = None) -> None:
         m.health_failures = 0
@@ -107,8 +125,7 @@ class StateSync:
 
     async def refresh(self) -> None:
         """supervisord's states and the enforcer's live usage."""
-        asked = time.monotonic()
-        infos = await asyncio.to_thread(self.supervisor.processes)
+        infos, asked = await self.table()
         status = self._enforcer_status()
         changed = False
         for m in self.models.values():
@@ -129,6 +146,26 @@ class StateSync:
             changed = True
         if changed:
             self.kick()
+
+    async def table(self) -> tuple[dict[str, dict[str, Any]], float]:
+        """supervisord's process table and when it was asked: asked again where it may have changed (a process of
+        supervisord's started or ended: its children changed; a program in a MOVING state; the gateway's own
+        look_again) and at least every TABLE_EVERY_S, else the last answer (an idle stack's table is the same
+        round after round). Every round where supervisord's children cannot be read."""
+        now = time.monotonic()
+        pid, children = self.supervisord_pid, self.children
+        seen = None if pid is None or children is None else children(pid)
+        last = self._table
+        if (
+            last is None
+            or seen is None
+            or seen != self._table_children
+            or now - self._table_at >= TABLE_EVERY_S
+            or any(ProcState.of(info) in MOVING for info in last.values())
+        ):
+            last = await asyncio.to_thread(self.supervisor.processes)  # raises: asked again next round
+            self._table, self._table_at, self._table_children = last, now, seen
+        return last, self._table_at
 
     async def _moved(self, m: Model, state: ProcState) -> bool:
         """What supervisord says moves the model: a serving worker that is no longer running is DOWN (crashed,
