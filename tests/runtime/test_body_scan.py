@@ -117,3 +117,73 @@ def test_a_mebibyte_prompt_routes() -> None:
     body = json.dumps({"model": "big", "messages": [{"role": "user", "content": prompt}]}).encode()
     assert len(body) > 1 << 20
     assert model_of("application/json", body) == "big"
+
+
+TRICKY = [
+    b'{"model": "a", "model": "b"}',  # the last one counts, as in every parser the workers use
+    b'{"model": 5}',
+    b'{"Model": "a"}',
+    b' \n{"model": "a"}\t',
+    b'{"model": "a"} junk',
+    b'\xef\xbb\xbf{"model": "a"}',  # a byte order mark
+    '{"model": "a", "x": "é"}'.encode("utf-16"),
+    '{"model": "a"}'.encode("utf-32-le"),
+    b'{"model": "a", "x": "\xff\xfe"}',  # not UTF-8 where only the parser that reads every string sees it
+    b'{"model": "a", "x": "\xed\xa0\x80"}',  # an encoded lone surrogate: read as strict_json reads it
+    b'{"model": "a\\ud800"}',
+    b'{"model": "a\\u0000"}',
+    b'{"model": "a", "x": "line\nbreak"}',
+    b'{"model": "a", "x": Infinity}',
+    b'{"model": "a", "x": 1e999}',
+    b'{"model": "a", "x": 123456789012345678901234567890}',
+    b'{"model": "a",}',
+    b'{"model": "a", "x": [' + b"[" * 63 + b"]" * 64 + b"}",
+    b'{"model": "a", "x": "' + b"[" * 100 + b'"}',  # brackets inside a string: read whole, not refused
+    b"",
+]
+MUTATIONS = b'{}[]":,\\ 0aeNn\xff\xed\x00\n'
+
+
+def strict_outcome(raw: bytes) -> tuple[str, str]:
+    """What the body routes to, or the refusal, as the whole strict parse says (json's decoder: strict_json)."""
+    try:
+        doc = strict_json(raw) if raw else None
+    except ValueError as exc:
+        return "refused", str(exc) if isinstance(exc, TooDeep) else "request body is not JSON"
+    if isinstance(doc, dict) and isinstance(doc.get("model"), str) and doc["model"]:
+        return "model", doc["model"]
+    return "refused", 'request has no "model" field: name a model of this stack (GET /v1/models)'
+
+
+def routed(raw: bytes) -> tuple[str, str]:
+    try:
+        return "model", model_of("application/json", raw)
+    except Refused as exc:
+        return "refused", exc.message
+
+
+def test_the_model_is_read_as_the_whole_strict_parse_reads_it() -> None:
+    """model_of reads the usual body for its model alone (msgspec); on awkward bodies, random documents and random
+    mutations of them, it routes or refuses exactly as the whole strict parse does."""
+    rng = random.Random(11)
+    bodies = [*AWKWARD, *TRICKY]
+    for _ in range(300):
+        doc = {"model": rng.choice(["a", "", 5, None, "m\u00e9"]), "x": _random_doc(rng, rng.randrange(0, 70))}
+        bodies.append(json.dumps(doc, ensure_ascii=rng.random() < 0.5).encode())
+    for raw in list(bodies):
+        for _ in range(8):
+            cut = bytearray(raw)
+            for _ in range(rng.randrange(1, 4)):
+                at = rng.randrange(0, len(cut) + 1)
+                choice = rng.random()
+                if choice < 0.4 and at < len(cut):
+                    cut[at] = rng.choice(MUTATIONS)
+                elif choice < 0.7:
+                    cut.insert(at, rng.choice(MUTATIONS))
+                elif at < len(cut):
+                    del cut[at]
+            bodies.append(bytes(cut))
+    outcomes = {routed(raw): raw for raw in bodies}
+    assert {kind for kind, _ in outcomes} == {"model", "refused"}  # both ways, many times over
+    for raw in bodies:
+        assert routed(raw) == strict_outcome(raw), raw[:200]
