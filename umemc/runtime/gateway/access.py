@@ -30,7 +30,7 @@ MAX_PENDING = 4096  # lines kept for the next flush at most: past it they are wr
 class AccessLog:
     def __init__(self, path: Path, max_bytes: int = MAX_BYTES):
         self.path, self.max_bytes = path, max_bytes
-        self.file: IO[str] | None = None
+        self.file: IO[bytes] | None = None
         self.size = 0
         self.failed: str | None = None
         self.next_try = 0.0
@@ -47,25 +47,34 @@ class AccessLog:
 
     def _write(self, pending: list[tuple[float, dict[str, Any]]]) -> None:
         now = time.time()
-        second, stamp = -1, ""
+        second, stamp = -1, b""
+        lines: list[bytes] = []
         try:
+            f = self._open(now)
             for t, entry in pending:
-                f = self._open(now)
                 if f is None:
                     return
                 if int(t) != second:  # the lines of a flush share their second: formatted once
                     second = int(t)
-                    stamp = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
-                # as datetime's isoformat(timespec="milliseconds") writes it: 2026-12-05T09:30:01.123+00:00
-                line = _ENCODE({"time": f"{stamp}.{int((t - second) * 1000):03d}+00:00", **entry})
-                f.write(line.decode() + "\n")
-                self.size += len(line) + 1
-            if self.file is not None:
-                self.file.flush()
+                    stamp = datetime.fromtimestamp(second, UTC).strftime('{"time":"%Y-%m-%dT%H:%M:%S').encode()
+                # the time first, as datetime's isoformat(timespec="milliseconds") writes it (2026-12-05T09:30:01.123
+                # +00:00), then the entry's fields: its encoding's opening brace replaced
+                body = _ENCODE(entry)
+                line = b"%b.%03d+00:00\"%b%b\n" % (stamp, int((t - second) * 1000), b"," if len(body) > 2 else b"",
+                                                   memoryview(body)[1:])  # fmt: skip
+                lines.append(line)
+                self.size += len(line)
+                if self.size >= self.max_bytes:  # full: what it holds is written, and the next line opens another
+                    f.write(b"".join(lines))
+                    lines.clear()
+                    f = self._open(now)
+            if f is not None and lines:
+                f.write(b"".join(lines))
+                f.flush()
         except OSError as exc:
             self._failed(exc, now)
 
-    def _open(self, now: float) -> IO[str] | None:
+    def _open(self, now: float) -> IO[bytes] | None:
         if self.file is not None and self.size < self.max_bytes:
             return self.file
         if self.file is None and self.failed is not None and now < self.next_try:
@@ -75,7 +84,7 @@ class AccessLog:
             self.file = None
             os.replace(self.path, self.path.with_name(self.path.name + ".1"))
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = open(self.path, "a", encoding="utf-8")  # held open for the gateway's life
+        self.file = open(self.path, "ab")  # held open for the gateway's life
         os.chmod(self.path, 0o600)
         self.size = self.file.tell()
         self.failed = None
