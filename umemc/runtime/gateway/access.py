@@ -60,8 +60,12 @@ class AccessLog:
                 # the time first, as datetime's isoformat(timespec="milliseconds") writes it (2026-12-05T09:30:01.123
                 # +00:00), then the entry's fields: its encoding's opening brace replaced
                 body = _ENCODE(entry)
-                line = b"%b.%03d+00:00\"%b%b\n" % (stamp, int((t - second) * 1000), b"," if len(body) > 2 else b"",
-                                                   memoryview(body)[1:])  # fmt: skip
+                line = b'%b.%03d+00:00"%b%b\n' % (
+                    stamp,
+                    int((t - second) * 1000),
+                    b"," if len(body) > 2 else b"",
+                    body[1:],
+                )
                 lines.append(line)
                 self.size += len(line)
                 if self.size >= self.max_bytes:  # full: what it holds is written, and the next line opens another
