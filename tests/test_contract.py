@@ -115,6 +115,20 @@ def test_live_status_round_trips() -> None:
     assert parse(EnforcerStatus, text, "enforcer.json") == status
 
 
+@pytest.mark.parametrize("golden", sorted(str(p.relative_to(REPO)) for p in (REPO / "tests/golden").rglob("plan.json")))
+def test_a_document_read_straight_is_what_the_whole_read_makes(golden: str) -> None:
+    """parse() reads a usual file straight into its document (msgspec's typed decoder); each golden bundle's plan,
+    and a plan whose duplicate key only Python's parser and msgspec's each take the last of, come out equal to the
+    document the JSON values make (json's parser, then msgspec's conversion)."""
+    import msgspec
+
+    text = (REPO / golden).read_text()
+    assert parse(PlanDoc, text, "plan.json") == msgspec.convert(json.loads(text), PlanDoc)
+    twice = text.replace('"stack": ', '"stack": "first", "stack": ', 1)
+    assert twice != text
+    assert parse(PlanDoc, twice, "plan.json") == msgspec.convert(json.loads(twice), PlanDoc)
+
+
 def test_enforcer_refuses_a_plan_of_another_version(bundle: Path, tmp_path: Path) -> None:
     from umemc.runtime.enforcer.loop import Enforcer
 
