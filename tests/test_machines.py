@@ -197,3 +197,32 @@ def test_capture_writes_what_replays_the_same(name: str, run_cli, monkeypatch, t
 def test_capture_refuses_a_name_that_is_not_a_tarball(run_cli, tmp_path: Path) -> None:
     code, _, err = run_cli("doctor", "--capture", str(tmp_path / "machine.zip"))
     assert (code, err) == (2, f"--capture {tmp_path / 'machine.zip'}: name a .tar.gz file\n")
+
+
+def test_a_recorded_macs_room_for_swap_is_its_own(run_cli, monkeypatch, tmp_path: Path) -> None:
+    """The room for macOS's swap files is a recorded Mac's own figure (facts.json, which a capture on a Mac writes),
+    never the disk of the machine replaying it: said where recorded, and said as not recorded where not."""
+    import shutil
+
+    now = "0.0 GiB in swap now; umemc reports swap that grows while the stack runs"
+    _, found = doctor(run_cli, monkeypatch, MACHINES / "apple-128")
+    swap = [f["message"] for f in found["findings"] if f["check"] == "swap"]
+    assert swap == [f"the room for swap files in / was not recorded with this machine ({now})"]
+    mac = tmp_path / "mac"
+    shutil.copytree(MACHINES / "apple-128", mac)
+    facts = json.loads((mac / "facts.json").read_text())
+    (mac / "facts.json").write_text(json.dumps({**facts, "swap_volume_free_bytes": 3 * GiB + GiB // 2}))
+    _, found = doctor(run_cli, monkeypatch, mac)
+    swap = [(f["status"], f["message"]) for f in found["findings"] if f["check"] == "swap"]
+    assert swap == [
+        (
+            "warn",  # advisory: swap is room to slow down in, not a refusal
+            "only 3.5 GiB free in /, where macOS keeps its swap files: under pressure it then kills programs or stops "
+            f"with 'Your system has run out of application memory' ({now})",
+        )
+    ]
+    code, _, err = run_cli("doctor", "--capture", str(tmp_path / "again.tar.gz"))
+    assert (code, err) == (0, "")
+    with tarfile.open(tmp_path / "again.tar.gz") as tar:
+        tar.extractall(tmp_path / "replay", filter="data")
+    assert json.loads((tmp_path / "replay" / "facts.json").read_text())["swap_volume_free_bytes"] == 3 * GiB + GiB // 2

@@ -36,7 +36,8 @@ def preflight(bundle: Path, sysctl: str, free: int = 200 * GiB) -> dict[str, tup
         host_os="darwin",
         box=box(sysctl, VM_STAT, plan.platform.gpu_window_bytes),
         sysctl=SysctlText(lambda: sysctl),
-        disk_free=lambda path: free,
+        swap_volume=lambda: "/",
+        swap_room=lambda path: free,
     )
     return {f.check: (f.ok, f.message, f.fix) for f in pf.run() if f.check in ("gpu window", "swap", "cgroups")}
 

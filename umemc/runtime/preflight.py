@@ -21,7 +21,7 @@ from typing import Any
 from ..contract import ModelDoc, PlanDoc
 from ..units import gib
 from .findings import Finding, umemc_command
-from .probes import hostroot
+from .probes import hostroot, machine
 from .probes.darwin import CommandSysctl, Sysctl, default_wired_limit
 from .probes.host import Box, probes
 from .rundir import GATEWAY, RunDir
@@ -38,8 +38,8 @@ class Preflight:
     root: Path = field(default_factory=hostroot.root)
     box: Box | None = None  # the machine's memory and swap (default: this host's probes)
     sysctl: Sysctl | None = None  # macOS's variables (default: the `sysctl` command)
-    vm_volume: str = "/System/Volumes/VM"  # where macOS keeps its swap files
-    disk_free: Callable[[str], int] = lambda path: shutil.disk_usage(path).free
+    swap_volume: Callable[[], str] = machine.swap_volume  # where macOS keeps its swap files
+    swap_room: Callable[[str], int | None] = machine.swap_room  # its free bytes (None: a recorded Mac's, unknown)
     findings: list[Finding] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -332,10 +332,13 @@ class Preflight:
     def _mac_swap(self, used: int) -> None:
         """macOS compresses and swaps instead of killing (swap cannot be turned off): room on the VM volume keeps a
         stack that outgrows memory slow rather than stopped, and umemc reports swap that grows (event swapping)."""
-        where = self.vm_volume if os.path.isdir(self.vm_volume) else "/"
-        free = self.disk_free(where)
+        where = self.swap_volume()
+        free = self.swap_room(where)
         want = max(MAC_SWAP_DISK, self.plan.platform.memory_bytes // 8)
         now = f"{gib(used)} GiB in swap now; umemc reports swap that grows while the stack runs"
+        if free is None:
+            self._passed("swap", f"the room for swap files in {where} was not recorded with this machine ({now})")
+            return
         if free >= want:
             self._passed("swap", f"{gib(free)} GiB free for swap files in {where} ({now})")
             return

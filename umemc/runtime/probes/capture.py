@@ -145,13 +145,18 @@ def script(name: str, recorded: list[tuple[list[str], int, str]]) -> str:
 
 
 def mac_facts() -> dict[str, object]:
-    """Metal's working set and the thermal state, where this is a Mac (a recorded one's, replayed)."""
+    """Metal's working set, the thermal state and the room for swap files, where this is a Mac (a recorded one's,
+    replayed)."""
     if hostroot.host_os() != "darwin":
         return {}
     from .heat import macos_thermal_state
-    from .machine import metal_working_set
+    from .machine import metal_working_set, swap_room, swap_volume
 
-    return {"metal_recommended_max_working_set_bytes": metal_working_set(), "thermal_state": macos_thermal_state()}
+    return {
+        "metal_recommended_max_working_set_bytes": metal_working_set(),
+        "thermal_state": macos_thermal_state(),
+        "swap_volume_free_bytes": swap_room(swap_volume()),
+    }
 
 
 def capture(out: Path, version: str) -> dict[str, object]:

@@ -215,7 +215,8 @@ def apple_window(memsize: int) -> Window:
 
 
 def facts() -> dict[str, object]:
-    """A recorded Mac's answers that no file or program gives (Metal's working set, the thermal state)."""
+    """A recorded Mac's answers that no file or program gives (Metal's working set, the thermal state, the room on
+    its swap volume)."""
     where = hostroot.recorded()
     if where is None:
         return {}
@@ -224,6 +225,27 @@ def facts() -> dict[str, object]:
     except (OSError, ValueError):
         return {}
     return loaded if isinstance(loaded, dict) else {}
+
+
+VM_VOLUME = "/System/Volumes/VM"  # where macOS keeps its swap files
+
+
+def swap_volume() -> str:
+    """Where macOS keeps its swap files: its VM volume, or / where there is none."""
+    import os
+
+    return VM_VOLUME if os.path.isdir(VM_VOLUME) else "/"
+
+
+def swap_room(where: str) -> int | None:
+    """Free bytes on the volume at `where`: this machine's, or what a recorded Mac's facts.json says of its swap
+    volume (None where it was not recorded: the room of the disk replaying it is no figure of that machine)."""
+    if hostroot.recorded() is not None:
+        value = facts().get("swap_volume_free_bytes")
+        return value if isinstance(value, int) and value >= 0 else None
+    import shutil
+
+    return shutil.disk_usage(where).free
 
 
 def metal_working_set() -> int | None:
