@@ -85,9 +85,7 @@ class EventLog:
         self._next_try = 0.0
         self._next_verify = time.monotonic() + VERIFY_S
         self._inode: int | None = None
-        if lazy:
-            self._next_try = 0.0
-        else:
+        if not lazy:  # else opened at its first use (_usable: _next_try is now)
             self._open()
 
     # -- opening, recovering ----------------------------------------------------------------------
