@@ -25,7 +25,9 @@ The figures and their meaning, with sources:
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -232,8 +234,6 @@ VM_VOLUME = "/System/Volumes/VM"  # where macOS keeps its swap files
 
 def swap_volume() -> str:
     """Where macOS keeps its swap files: its VM volume, or / where there is none."""
-    import os
-
     return VM_VOLUME if os.path.isdir(VM_VOLUME) else "/"
 
 
@@ -243,8 +243,6 @@ def swap_room(where: str) -> int | None:
     if hostroot.recorded() is not None:
         value = facts().get("swap_volume_free_bytes")
         return value if isinstance(value, int) and value >= 0 else None
-    import shutil
-
     return shutil.disk_usage(where).free
 
 
