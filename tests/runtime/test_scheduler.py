@@ -34,6 +34,11 @@ from umemc.stack.resolve import load_stack
 GiB = 1 << 30
 
 
+# a fake worker's pid: none a process can have (Linux's pids stay below PID_MAX_LIMIT, 2**22), so the gateway's
+# check of who listens on a port cannot find a live stranger under it (a fake pid 1002 once was a real process)
+NO_SUCH_PID = 1 << 22
+
+
 class FakeSupervisor:
     def __init__(self, running: tuple[str, ...] = ()) -> None:
         self.states = dict.fromkeys(running, "RUNNING")
@@ -44,7 +49,7 @@ class FakeSupervisor:
 
     def processes(self) -> dict[str, dict[str, Any]]:
         return {
-            n: {"name": n, "statename": s, "pid": 1000 + i, "spawnerr": ""}
+            n: {"name": n, "statename": s, "pid": NO_SUCH_PID + i, "spawnerr": ""}
             for i, (n, s) in enumerate(self.states.items())
         }
 
